@@ -1,0 +1,132 @@
+"""NumPy reference: dequantize any ggml tensor, and the one matmul entry point every weight goes through.
+
+A weight is a `QTensor`: its packed bytes as a read-only uint8 view (usually an mmap of the GGUF), its
+ggml type, and its logical shape in NumPy order (`[..., rows, cols]`, cols = ggml `ne0`, contiguous).
+Nothing here knows about models.
+
+    y = matmul(x, w)        x: [T, I] float32, w: QTensor [O, I]  ->  y: [T, O] float32
+                            (ggml_mul_mat(w, x) with ggml's ne = {I, O})
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import quants as gguf_quants
+from gguf.constants import GGMLQuantizationType
+
+from .formats import GGMLType, TypeInfo, type_info
+
+
+class QuantError(ValueError):
+    """A tensor whose bytes cannot be decoded (unsupported type, wrong byte count)."""
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """A packed ggml tensor: `raw` is uint8 `[*shape[:-1], row_bytes]`, shape is NumPy order."""
+    name: str
+    type: GGMLType
+    shape: tuple[int, ...]
+    raw: np.ndarray
+
+    @staticmethod
+    def from_raw(name: str, ggml_type, shape, raw: np.ndarray) -> "QTensor":
+        """Wrap packed bytes (any contiguous array, reinterpreted as uint8) as a QTensor, checking the size."""
+        info = type_info(ggml_type)
+        shape = tuple(int(s) for s in shape)
+        if not shape:
+            shape = (1,)
+        try:
+            row_bytes = info.row_bytes(shape[-1])
+        except ValueError as e:
+            raise QuantError(f"tensor {name!r}: {e}") from None
+        buf = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+        want = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes
+        if buf.size != want:
+            raise QuantError(f"tensor {name!r}: {info.type.name} {list(shape)} needs {want} bytes, got {buf.size}")
+        return QTensor(name, info.type, shape, buf.reshape(*shape[:-1], row_bytes))
+
+    @property
+    def info(self) -> TypeInfo:
+        return type_info(self.type)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, i: int) -> "QTensor":
+        """Slice along the first axis, e.g. one expert of a `[E, O, I]` tensor. Still packed, no copy."""
+        if self.ndim < 2:
+            raise IndexError(f"tensor {self.name!r} of shape {list(self.shape)} cannot be indexed")
+        n = self.shape[0]
+        if not -n <= i < n:
+            raise IndexError(f"tensor {self.name!r}: index {i} out of range for first axis of {n}")
+        return QTensor(f"{self.name}[{i}]", self.type, self.shape[1:], self.raw[i])
+
+    def rows(self, start: int, stop: int) -> "QTensor":
+        """Rows `start:stop` of a 2-D tensor, still packed."""
+        return QTensor(self.name, self.type, (stop - start, self.shape[-1]), self.raw[start:stop])
+
+
+def _decode(raw: np.ndarray, t: GGMLType, name: str) -> np.ndarray:
+    """Packed bytes `[..., row_bytes]` -> float32 `[..., cols]`."""
+    if t == GGMLType.F32:
+        return raw.view(np.float32)
+    if t == GGMLType.F16:
+        return raw.view(np.float16).astype(np.float32)
+    if t == GGMLType.F64:
+        return raw.view(np.float64).astype(np.float32)
+    if t in (GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64):
+        return raw.view({GGMLType.I8: np.int8, GGMLType.I16: np.int16,
+                         GGMLType.I32: np.int32, GGMLType.I64: np.int64}[t]).astype(np.float32)
+    try:
+        gq = GGMLQuantizationType(int(t))
+    except ValueError:
+        gq = None
+    if gq is None or gq not in gguf_quants._type_traits:
+        raise QuantError(f"tensor {name!r}: no NumPy decoder for ggml type {t.name} yet")
+    return gguf_quants.dequantize(raw, gq).astype(np.float32, copy=False)
+
+
+def dequantize(w: QTensor) -> np.ndarray:
+    """Decode a whole tensor to float32 of shape `w.shape`. For big tensors prefer `matmul` or `dequantize_rows`."""
+    return _decode(w.raw, w.type, w.name).reshape(w.shape)
+
+
+def dequantize_rows(w: QTensor, rows: np.ndarray) -> np.ndarray:
+    """Decode selected rows of a 2-D tensor (an embedding lookup): rows [N] -> [N, cols]."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= w.shape[0]):
+        raise IndexError(f"tensor {w.name!r}: row index out of range [0, {w.shape[0]}): {rows.min()}..{rows.max()}")
+    return _decode(np.ascontiguousarray(w.raw[rows]), w.type, w.name).reshape(len(rows), w.shape[-1])
+
+
+# Dequantized rows per chunk in matmul: bounds the float32 scratch to ~32 MB whatever the tensor size.
+CHUNK_ELEMENTS = 8 << 20
+
+
+def matmul(x: np.ndarray, w: QTensor) -> np.ndarray:
+    """y = x @ dequantize(w).T, in float32, one row block of w at a time.
+
+    x: [T, I] float32; w: [O, I] any ggml type  ->  [T, O] float32.
+    Same as llama.cpp's `ggml_mul_mat(w, x)` in exact arithmetic (llama.cpp additionally rounds x to
+    the weight's `vec_dot_type` first; that is a separate, named mode, not this function).
+    """
+    if w.ndim != 2:
+        raise QuantError(f"matmul: weight {w.name!r} must be 2-D, got shape {list(w.shape)}")
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise QuantError(f"matmul: input {list(x.shape)} does not match weight {w.name!r} {list(w.shape)} (need [T, {w.shape[1]}])")
+    O, I = w.shape
+    y = np.empty((x.shape[0], O), dtype=np.float32)
+    step = max(1, CHUNK_ELEMENTS // max(I, 1))
+    for r0 in range(0, O, step):
+        r1 = min(O, r0 + step)
+        wd = _decode(w.raw[r0:r1], w.type, w.name)   # [r, I]
+        np.matmul(x, wd.T, out=y[:, r0:r1])
+    return y

@@ -1,0 +1,34 @@
+"""Softmax attention over a KV cache, with grouped KV heads (MHA / GQA / MQA).
+
+Legend: T new tokens, S cached positions (including the new ones), H query heads, Hkv KV heads,
+K key head dim, V value head dim.
+
+    logits[h, t, s] = (q[t, h] . k[s, h // (H/Hkv)]) * kq_scale + mask[t, s]     mask: 0 or -inf (causal)
+    out[t, h]       = softmax_s(logits[h, t]) @ v[:, h // (H/Hkv)]
+
+llama.cpp: `build_attn_mha` without flash attention (src/llama-graph.cpp:2616-2755): `kq = mul_mat(k, q)`,
+`soft_max_ext(kq, mask, kq_scale)`, `kqv = mul_mat(v, kq)`, all in f32 with an f32 KV cache.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.softmax import softmax
+
+
+def causal_mask(q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+    """[T], [S] -> [T, S] with 0 where k_pos <= q_pos, -inf elsewhere."""
+    return np.where(k_pos[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float) -> np.ndarray:
+    """q: [T, H, K], k: [S, Hkv, K], v: [S, Hkv, V], mask: [T, S] -> [T, H, V]."""
+    T, H, K = q.shape
+    S, Hkv, _ = k.shape
+    assert H % Hkv == 0, f"{H} query heads do not group evenly over {Hkv} KV heads"
+    g = H // Hkv
+    qg = q.reshape(T, Hkv, g, K)                                          # [T, Hkv, g, K]
+    logits = np.einsum("tngk,snk->ngts", qg, k, dtype=np.float32)         # [Hkv, g, T, S]
+    probs = softmax(logits * np.float32(kq_scale) + mask)                 # [Hkv, g, T, S]
+    out = np.einsum("ngts,snv->tngv", probs, v, dtype=np.float32)         # [T, Hkv, g, V]
+    return out.reshape(T, H, v.shape[-1])

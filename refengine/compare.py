@@ -1,0 +1,257 @@
+"""Compare refengine against llama.cpp tensor by tensor; name the first tensor that diverges.
+
+Metrics per tensor (ref = llama.cpp, got = refengine, both flattened in NumPy order):
+
+    nmse    = sum((got - ref)^2) / sum(ref^2)
+    max_abs = max |got - ref|
+    cosine  = <got, ref> / (|got| |ref|)
+
+Logits add top-1 agreement and the KL divergence KL(P_ref || P_got) per position (mean and max).
+Expert ids (`ffn_moe_topk`) are compared as sets per token; a disagreement at the top-k boundary
+where llama.cpp's own probabilities tie (within `TIE_EPS`) is reported as a tie, not a failure.
+Tensors indexed by routing slot (`ffn_moe_up`, `ffn_moe_weights`, ...) are aligned by expert id first.
+NaN or inf never passes.
+
+Tolerances (NMSE, per tensor), by the activation rounding llama.cpp's CPU backend applies and this
+engine's *exact* mode does not (see `quant.formats` vec_dot_type):
+
+| weights in the model                      | exact mode |
+|-------------------------------------------|-----------|
+| F32 only                                  | 1e-8      |
+| F16 (activations rounded to f16)          | 1e-5      |
+| BF16 (activations rounded to bf16)        | 1e-3      |
+| quantized (activations to Q8_0/Q8_1/Q8_K) | 1e-2      |
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from quant import GGMLType
+
+TIE_EPS = 1e-5
+SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_up", "ffn_moe_gate",
+                "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_down", "ffn_moe_weighted")
+TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}
+
+
+def weight_class(types: set) -> str:
+    """The loosest activation rounding class among the matmul weight types of a model."""
+    names = {GGMLType(int(t)).name for t in types}
+    if names <= {"F32"}:
+        return "F32"
+    if names <= {"F32", "F16"}:
+        return "F16"
+    if names <= {"F32", "F16", "BF16"}:
+        return "BF16"
+    return "quantized"
+
+
+def tolerance(types: set, mode: str = "exact") -> float:
+    return TOLERANCE_EXACT[weight_class(types)]
+
+
+@dataclass
+class TensorStat:
+    name: str
+    shape: list
+    nmse: float
+    max_abs: float
+    cosine: float
+    ok: bool
+    note: str = ""
+
+
+@dataclass
+class LogitStat:
+    nmse: float
+    max_abs: float
+    cosine: float
+    top1_agreement: float
+    kld_mean: float
+    kld_max: float
+    first_top1_mismatch: int | None = None
+    margin_at_mismatch: float | None = None
+
+
+@dataclass
+class Report:
+    arch: str
+    ok: bool
+    tolerance: float
+    first_divergence: str | None
+    logits: LogitStat
+    tensors: list[TensorStat] = field(default_factory=list)
+    only_in_llamacpp: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def metrics(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float]:
+    r = np.asarray(ref, dtype=np.float64).reshape(-1)
+    g = np.asarray(got, dtype=np.float64).reshape(-1)
+    if not (np.all(np.isfinite(g)) and np.all(np.isfinite(r))):
+        return float("nan"), float("nan"), float("nan")
+    d = g - r
+    den = float(np.dot(r, r))
+    nmse = float(np.dot(d, d) / den) if den > 0 else float(np.dot(d, d))
+    max_abs = float(np.max(np.abs(d))) if d.size else 0.0
+    nr, ng = np.linalg.norm(r), np.linalg.norm(g)
+    cos = float(np.dot(r, g) / (nr * ng)) if nr > 0 and ng > 0 else float(nr == ng)
+    return nmse, max_abs, cos
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
+
+
+def logit_metrics(ref: np.ndarray, got: np.ndarray) -> LogitStat:
+    """ref, got: [T, V]."""
+    nmse, max_abs, cos = metrics(ref, got)
+    lr, lg = _log_softmax(ref), _log_softmax(got)
+    kld = np.sum(np.exp(lr) * (lr - lg), axis=-1)                         # [T]
+    a_ref, a_got = ref.argmax(-1), got.argmax(-1)
+    agree = a_ref == a_got
+    first = int(np.flatnonzero(~agree)[0]) if not agree.all() else None
+    margin = None
+    if first is not None:
+        top2 = np.sort(ref[first])[-2:]
+        margin = float(top2[1] - top2[0])
+    return LogitStat(nmse, max_abs, cos, float(agree.mean()), float(kld.mean()), float(kld.max()), first, margin)
+
+
+def _slot_alignment(ids_ref: np.ndarray, ids_got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """perm[t, a] = slot in `got` holding expert ids_ref[t, a]; valid[t, a] False where `got` lacks that expert."""
+    T, A = ids_ref.shape
+    perm = np.zeros((T, A), dtype=np.int64)
+    valid = np.ones((T, A), dtype=bool)
+    for t in range(T):
+        where = {int(e): a for a, e in enumerate(ids_got[t])}
+        for a, e in enumerate(ids_ref[t]):
+            if int(e) in where:
+                perm[t, a] = where[int(e)]
+            else:
+                valid[t, a] = False
+    return perm, valid
+
+
+def _topk_check(name, ref_ids, got_ids, ref_probs, got_probs) -> TensorStat:
+    """Expert sets per token. A differing set is a near-tie when llama.cpp's gap between the k-th and
+    (k+1)-th probability is within the measured probability error of that token (or TIE_EPS)."""
+    T, k = got_ids.shape
+    ref_ids = ref_ids.reshape(T, k)
+    bad, ties = 0, 0
+    for t in range(T):
+        if set(ref_ids[t].tolist()) == set(got_ids[t].tolist()):
+            continue
+        if ref_probs is not None:
+            pr = ref_probs.reshape(T, -1)[t]
+            p = np.sort(pr)[::-1]
+            err = float(np.max(np.abs(got_probs.reshape(T, -1)[t] - pr))) if got_probs is not None else 0.0
+            if k < p.size and p[k - 1] - p[k] <= 2 * err + TIE_EPS * abs(p[k - 1]):
+                ties += 1
+                continue
+        bad += 1
+    note = ", ".join(x for x in (f"{bad} token(s) route to different experts" if bad else "",
+                                 f"{ties} near-tie(s) at the top-k boundary" if ties else "") if x)
+    return TensorStat(name, list(got_ids.shape), float(bad), float(bad), 1.0, bad == 0, note)
+
+
+def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[list[TensorStat], list[str]]:
+    """Every tensor present in both, in llama.cpp's evaluation order."""
+    stats, missing = [], []
+    for name in order:
+        if name not in got:
+            missing.append(name)
+            continue
+        r, g = ref[name], got[name]
+        base, _, il = name.rpartition("-")
+        base = base if il.isdigit() else name
+        if base == "ffn_moe_topk":
+            stats.append(_topk_check(name, r, g, ref.get(f"ffn_moe_probs-{il}"), got.get(f"ffn_moe_probs-{il}")))
+            continue
+        note = ""
+        if base in SLOT_TENSORS and f"ffn_moe_topk-{il}" in ref and f"ffn_moe_topk-{il}" in got:
+            ids_g = got[f"ffn_moe_topk-{il}"]
+            ids_r = ref[f"ffn_moe_topk-{il}"].reshape(ids_g.shape)
+            perm, valid = _slot_alignment(ids_r, ids_g)
+            g = np.take_along_axis(g.reshape(*ids_g.shape, -1), perm[..., None], axis=1)
+            r = r.reshape(g.shape)
+            note = "aligned by expert id"
+            if not valid.all():
+                g, r = g[valid], r[valid]
+                note += f"; {int((~valid).sum())} slot(s) with a different expert left out"
+        if r.size != g.size:
+            stats.append(TensorStat(name, list(np.shape(got[name])), float("nan"), float("nan"), float("nan"), False,
+                                    f"size differs: llama.cpp {list(r.shape)}, refengine {list(np.shape(got[name]))}"))
+            continue
+        nmse, max_abs, cos = metrics(r, g)
+        ok = bool(np.isfinite(nmse) and nmse <= tol)
+        stats.append(TensorStat(name, list(np.shape(got[name])), nmse, max_abs, cos, ok, note))
+    return stats, missing
+
+
+def build_report(arch: str, ref_logits, got_logits, ref_tensors: dict, order: list[str], got_tensors: dict,
+                 tol: float) -> Report:
+    stats, missing = compare_traces(ref_tensors, order, got_tensors, tol)
+    lm = logit_metrics(ref_logits, got_logits)
+    logits_ok = bool(np.isfinite(lm.nmse) and lm.nmse <= tol and lm.top1_agreement == 1.0)
+    first = next((s.name for s in stats if not s.ok), None)
+    if first is None and not logits_ok:
+        first = "result_output"
+    return Report(arch, first is None and logits_ok, tol, first, lm, stats,
+                  [m for m in missing if not m.startswith(("node_", "norm")) and "(" not in m])
+
+
+def format_report(rep: Report, *, all_rows: bool = True) -> str:
+    lines = [f"{'tensor':<32} {'shape':<18} {'nmse':>10} {'max_abs':>10} {'cosine':>10}  status"]
+    for s in rep.tensors:
+        if not all_rows and s.ok:
+            continue
+        status = "ok" if s.ok else "DIVERGES"
+        if s.note:
+            status += f" ({s.note})"
+        lines.append(f"{s.name:<32} {str(s.shape):<18} {s.nmse:>10.3e} {s.max_abs:>10.3e} {s.cosine:>10.6f}  {status}")
+    lg = rep.logits
+    lines += [
+        "",
+        f"logits: nmse {lg.nmse:.3e}  max_abs {lg.max_abs:.3e}  cosine {lg.cosine:.8f}  "
+        f"top-1 agreement {100 * lg.top1_agreement:.1f}%  KL mean {lg.kld_mean:.3e}  max {lg.kld_max:.3e}",
+    ]
+    if lg.first_top1_mismatch is not None:
+        lines.append(f"first top-1 mismatch at position {lg.first_top1_mismatch}; "
+                     f"llama.cpp's top-2 margin there {lg.margin_at_mismatch:.4g}")
+    lines.append(f"tolerance (NMSE per tensor): {rep.tolerance:.0e}")
+    lines.append("verdict: " + ("MATCH" if rep.ok else f"DIVERGES, first at {rep.first_divergence}"))
+    return "\n".join(lines)
+
+
+def matmul_weight_types(model) -> set:
+    """ggml types of every weight the model multiplies by (token_embd only when it is the tied output)."""
+    import quant
+    model.load_all()
+    types = {model.g.output.type}
+    for il in range(model.cfg.n_layer):
+        types |= {v.type for v in vars(model.layer(il)).values() if isinstance(v, quant.QTensor)}
+    return types
+
+
+def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None) -> Report:
+    """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor."""
+    from .model import Model
+    from .oracle import run_llamacpp
+    from .runtime import Runtime
+    from .trace import Trace
+
+    model = Model(path)
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    trace = Trace()
+    got_logits = model.forward(tokens, rt=Runtime(mode=mode, backend=backend, trace=trace))
+    ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
+    if tol is None:
+        tol = tolerance(matmul_weight_types(model), mode)
+    return build_report(model.cfg.arch, ref.logits, got_logits, ref.tensors, ref.order, trace.tensors, tol)

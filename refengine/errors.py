@@ -1,0 +1,66 @@
+"""One exception type per category of bad input; every message names the file, tensor or key at fault."""
+from __future__ import annotations
+
+
+class RefengineError(Exception):
+    """Base of every error refengine raises on bad input."""
+
+
+class GGUFError(RefengineError):
+    """A GGUF file or split set that cannot be read as written."""
+
+
+class TruncatedFileError(GGUFError):
+    """The file ends before its header, metadata, tensor table or tensor data does."""
+
+
+class MalformedGGUFError(GGUFError):
+    """Bad magic, unsupported version, impossible counts or value types."""
+
+
+class MissingShardError(GGUFError):
+    """A split GGUF names a shard that is not on disk."""
+
+
+class ShardMismatchError(GGUFError):
+    """Shards disagree with each other (split.count, split.no, split.tensors.count, duplicate tensors)."""
+
+
+class TensorBoundsError(GGUFError):
+    """A tensor's bytes run past the end of its shard."""
+
+
+class UnknownTypeError(GGUFError):
+    """A tensor carries a ggml type id this engine does not know."""
+
+
+class ConfigError(RefengineError):
+    """Model metadata that is missing, inconsistent, or asks for math this engine does not implement."""
+
+
+class MissingKeyError(ConfigError):
+    """A required GGUF metadata key is absent."""
+
+
+class UnsupportedArchError(ConfigError):
+    """`general.architecture` names an architecture this engine does not implement."""
+
+
+class WeightError(RefengineError):
+    """A weight tensor that is missing or of the wrong shape."""
+
+
+class MissingTensorError(WeightError):
+    pass
+
+
+class ShapeError(WeightError):
+    pass
+
+
+class NonFiniteError(RefengineError):
+    """NaN or inf in a weight or an intermediate, naming where it first appeared."""
+
+
+class OracleError(RefengineError):
+    """The llama.cpp oracle could not be run (not installed, refused the file)."""

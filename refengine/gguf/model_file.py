@@ -1,0 +1,109 @@
+"""One virtual GGUF over all shards of a split set (`NAME-00001-of-000NN.gguf`).
+
+llama.cpp's `gguf-split` writes `split.no` (u16, 0-based), `split.count` (u16) and
+`split.tensors.count` (i32, total over all shards) into every shard; the model metadata lives in the
+first shard. `open_gguf` accepts any shard (or a plain single file) and checks that the set is
+complete and consistent before anything else is read.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from quant import QTensor
+
+from ..errors import MalformedGGUFError, MissingKeyError, MissingShardError, MissingTensorError, ShardMismatchError
+from .reader import GGUFFile, LazyArray, TensorInfo, read_gguf
+
+SPLIT_RE = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def shard_path(prefix: str, no: int, count: int) -> str:
+    """llama.cpp's `llama_split_path`: 0-based `no`."""
+    return f"{prefix}-{no + 1:05d}-of-{count:05d}.gguf"
+
+
+class GGUFModel:
+    """All shards of one model as a single file: metadata from shard 1, tensors from wherever they live."""
+
+    def __init__(self, shards: list[GGUFFile]):
+        self.shards = shards
+        self.path = shards[0].path
+        self.kv = shards[0].kv
+        self.kv_types = shards[0].kv_types
+        self.tensors: dict[str, TensorInfo] = {}
+        self._owner: dict[str, GGUFFile] = {}
+        for sh in shards:
+            for name, ti in sh.tensors.items():
+                if name in self.tensors:
+                    raise ShardMismatchError(f"tensor {name!r} is in both {self.tensors[name].path} and {sh.path}")
+                self.tensors[name] = ti
+                self._owner[name] = sh
+
+    # ---- metadata ----
+    @property
+    def arch(self) -> str:
+        return self.require("general.architecture")
+
+    def get(self, key: str, default=None):
+        v = self.kv.get(key, default)
+        return v.value if isinstance(v, LazyArray) else v
+
+    def require(self, key: str):
+        if key not in self.kv:
+            raise MissingKeyError(f"{self.path}: required metadata key {key!r} is missing")
+        return self.get(key)
+
+    # ---- tensors ----
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def tensor(self, name: str) -> QTensor:
+        if name not in self.tensors:
+            raise MissingTensorError(f"{self.path}: tensor {name!r} is not in the file")
+        return self._owner[name].tensor(name)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(sh.size for sh in self.shards)
+
+    def __repr__(self) -> str:
+        return f"<GGUFModel {self.path!r}: {len(self.shards)} shard(s), {len(self.tensors)} tensors>"
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFModel:
+    """Open a GGUF file or a whole split set given any of its shards."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        m = SPLIT_RE.match(path)
+        if m:
+            raise MissingShardError(f"{path}: shard {int(m['no'])} of {int(m['count'])} is missing")
+        raise MalformedGGUFError(f"{path}: no such file")
+    first = read_gguf(path)
+    count = first.kv.get("split.count", 0)
+    if not count or count == 1 and "split.no" not in first.kv:
+        return GGUFModel([first])
+
+    m = SPLIT_RE.match(path)
+    if not m:
+        raise ShardMismatchError(
+            f"{path}: has split.count = {count} but its name does not follow NAME-0000N-of-{count:05d}.gguf, "
+            f"so the other shards cannot be found")
+    prefix = m["prefix"]
+    if int(m["count"]) != count:
+        raise ShardMismatchError(f"{path}: file name says {int(m['count'])} shards, split.count says {count}")
+    paths = [shard_path(prefix, i, count) for i in range(count)]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise MissingShardError(f"{path}: split set of {count} shards is incomplete; missing: {', '.join(missing)}")
+    shards = [first if p == path else read_gguf(p) for p in paths]
+    for i, sh in enumerate(shards):
+        no, cnt = sh.kv.get("split.no"), sh.kv.get("split.count")
+        if no != i or cnt != count:
+            raise ShardMismatchError(f"{sh.path}: split.no = {no}, split.count = {cnt}; expected {i} and {count}")
+    model = GGUFModel(shards)
+    want = shards[0].kv.get("split.tensors.count")
+    if want is not None and want != len(model.tensors):
+        raise ShardMismatchError(
+            f"{shards[0].path}: split.tensors.count = {want} but the {count} shards hold {len(model.tensors)} tensors")
+    return model

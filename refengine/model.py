@@ -1,0 +1,95 @@
+"""The model: `forward(tokens, state) -> logits`, with weights read lazily from the GGUF.
+
+    x      = token_embd[tokens]                                [T, D]
+    x      = block_il(x) for il in 0..n_layer-1                (per-arch wiring, archs/*.py)
+    logits = rms_norm(x) * output_norm @ output.T              result_norm, result_output   [T, V]
+
+Opening a model reads only metadata and the tensor table; a layer's weights are mmapped views that
+are decoded when (and only as far as) a matmul needs them.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+import quant
+
+from .archs import get_arch
+from .cache import KVCache
+from .config import ModelConfig
+from .errors import ConfigError
+from .gguf import GGUFModel, open_gguf
+from .ops import rms_norm
+from .runtime import Runtime
+
+
+class Model:
+    def __init__(self, source: str | os.PathLike | GGUFModel, *, n_ctx: int | None = None):
+        self.gf = source if isinstance(source, GGUFModel) else open_gguf(source)
+        self.arch = get_arch(self.gf.get("general.architecture"), self.gf.path)
+        self.cfg: ModelConfig = self.arch.config_from_gguf(self.gf)
+        # context size: picks long/short rope factors like llama.cpp's n_ctx_seq
+        self.n_ctx = int(n_ctx or min(self.cfg.n_ctx_train, 4096))
+        self.g = self.arch.load_globals(self.gf, self.cfg)
+        self._layers: dict[int, object] = {}
+
+    @property
+    def path(self) -> str:
+        return self.gf.path
+
+    def layer(self, il: int):
+        if il not in self._layers:
+            self._layers[il] = self.arch.load_layer(self.gf, self.cfg, il)
+        return self._layers[il]
+
+    def load_all(self) -> None:
+        """Resolve every layer's tensor table now (shape and NaN checks of the small tensors); decodes no matrix."""
+        for il in range(self.cfg.n_layer):
+            self.layer(il)
+
+    def unused_tensors(self) -> list[str]:
+        """Tensors in the file that this arch's tables do not consume (llama.cpp refuses such files)."""
+        self.load_all()
+        used = set()
+        for ns in [self.g, *self._layers.values()]:
+            used.update(ns.tensor_names)
+        return sorted(n for n in self.gf.tensors if n not in used)
+
+    def new_state(self) -> KVCache:
+        return KVCache(self.cfg.n_layer)
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """tokens [T] int -> [T, D] float32 (`ggml_get_rows(tok_embd, tokens)`)."""
+        return quant.dequantize_rows(self.g.token_embd, tokens)
+
+    def forward(self, tokens, state: KVCache | None = None, rt: Runtime | None = None) -> np.ndarray:
+        """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None)."""
+        rt = rt or Runtime()
+        state = state if state is not None else self.new_state()
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise ConfigError("forward: no tokens given")
+        if tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab:
+            bad = tokens[(tokens < 0) | (tokens >= self.cfg.n_vocab)][0]
+            raise ConfigError(f"{self.path}: token id {bad} is outside the vocabulary [0, {self.cfg.n_vocab})")
+        T = tokens.size
+        if state.n_past + T > self.n_ctx:
+            raise ConfigError(f"{self.path}: {state.n_past + T} positions exceed the context size n_ctx = {self.n_ctx}")
+        pos = np.arange(state.n_past, state.n_past + T)                        # [T]
+        rope = self.arch.rope_for(self.cfg, self.g, pos, self.n_ctx)           # cos, sin [T, R/2]
+        x = self.embed(tokens)                                                 # [T, D]
+        rt.record("embd", -1, x)
+        for il in range(self.cfg.n_layer):
+            x = self.arch.block(x, self.layer(il), cfg=self.cfg, il=il, cache=state, pos=pos, rope=rope, rt=rt)
+        x = rms_norm(x, self.g.output_norm, self.cfg.rms_eps)
+        rt.record("result_norm", -1, x)
+        logits = rt.matmul(x, self.g.output)                                   # [T, V]
+        if self.g.output_scale is not None:
+            logits = logits * self.g.output_scale
+        rt.record("result_output", -1, logits)
+        state.n_past += T
+        if rt.check_finite and not np.all(np.isfinite(logits)):
+            warnings.warn(f"{self.path}: logits contain NaN/inf", RuntimeWarning, stacklevel=2)
+        return logits

@@ -1,0 +1,16 @@
+"""Normalizations, as ggml-cpu computes them (sums in double, scale in float: ops.cpp `ggml_compute_forward_rms_norm_f32`)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """y = x / sqrt(mean(x^2) + eps) * w   over the last axis.   x: [..., D], w: [D] -> [..., D]
+
+    llama.cpp: `build_norm(..., LLM_NORM_RMS)` = `ggml_rms_norm` then `ggml_mul` by the weight.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    mean = (np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float64) / x.shape[-1]).astype(np.float32)  # [..., 1]
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    y = x * scale
+    return y if w is None else y * w

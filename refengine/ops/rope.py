@@ -1,0 +1,75 @@
+"""Rotary position embedding, with YaRN and per-dimension frequency factors (`ggml_rope_ext`).
+
+For pair i < n_rot/2 at position p (ggml-cpu `ggml_rope_cache_init` / `rope_yarn`, ops.cpp:6180-6220):
+
+    theta_ext = p * base^(-2i/n_rot) / freq_factor[i]     (the power is built by repeated float32 multiply)
+    theta     = freq_scale * theta_ext                      (linear scaling)
+    yarn:       theta = theta * (1 - mix_i) + theta_ext * mix_i,  mix_i = ramp(i) * ext_factor
+                mscale *= 1 + 0.1 * ln(1 / freq_scale)
+    cos, sin  = cos(theta) * mscale, sin(theta) * mscale
+
+NORM mode rotates (x[2i], x[2i+1]); NEOX mode rotates (x[i], x[i + n_rot/2]). Dims >= n_rot pass through.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..config import ROPE_NEOX, ROPE_NORM
+
+
+def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    """`ggml_rope_yarn_corr_dims`: the dimension range over which YaRN ramps from interpolation to extrapolation."""
+    def corr_dim(n_rot_b):
+        return n_rot * math.log(n_ctx_orig / (n_rot_b * 2 * math.pi)) / (2 * math.log(base))
+    lo = math.floor(corr_dim(beta_fast))
+    hi = math.ceil(corr_dim(beta_slow))
+    return float(max(0, lo)), float(min(n_rot - 1, hi))
+
+
+def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: float = 1.0,
+                 ext_factor: float = 0.0, attn_factor: float = 1.0, n_ctx_orig: int = 0,
+                 beta_fast: float = 32.0, beta_slow: float = 1.0,
+                 freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """positions [T] -> cos, sin [T, n_rot/2] (float32), magnitude-scaled."""
+    half = n_rot // 2
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
+    # theta_i = p * theta_scale^i, by repeated float32 multiplication as ggml does
+    theta_ext = np.empty((len(positions), half), dtype=np.float32)            # [T, half]
+    acc = np.asarray(positions, dtype=np.float32)                              # [T]
+    for i in range(half):
+        theta_ext[:, i] = acc
+        acc = (acc * theta_scale).astype(np.float32)
+    if freq_factors is not None:
+        theta_ext = theta_ext / freq_factors.astype(np.float32)[None, :]
+    theta = np.float32(freq_scale) * theta_ext
+    mscale = np.float32(attn_factor)
+    if ext_factor != 0.0:
+        lo, hi = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow)
+        i0 = np.arange(0, n_rot, 2, dtype=np.float32)
+        y = (i0 / 2 - lo) / max(0.001, hi - lo)
+        ramp = 1 - np.clip(y, 0, 1)
+        mix = (ramp * ext_factor).astype(np.float32)
+        theta = theta * (1 - mix) + theta_ext * mix
+        mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
+    th = theta.astype(np.float64)
+    return (np.cos(th) * mscale).astype(np.float32), (np.sin(th) * mscale).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode: int) -> np.ndarray:
+    """x: [T, H, K], cos/sin: [T, n_rot/2] -> [T, H, K] with the first n_rot dims rotated."""
+    half = n_rot // 2
+    out = x.astype(np.float32, copy=True)
+    c, s = cos[:, None, :], sin[:, None, :]                                    # [T, 1, half]
+    if mode == ROPE_NORM:
+        x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]                          # [T, H, half]
+        out[..., 0:n_rot:2] = x0 * c - x1 * s
+        out[..., 1:n_rot:2] = x0 * s + x1 * c
+    elif mode == ROPE_NEOX:
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., half:n_rot] = x0 * s + x1 * c
+    else:
+        raise ValueError(f"rope mode {mode} is not NORM (0) or NEOX (2)")
+    return out

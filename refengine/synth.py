@@ -1,0 +1,260 @@
+"""Seeded synthetic GGUFs with exactly the tensor names, shapes and metadata llama.cpp expects.
+
+    write_synth("qwen3moe", "tiny.gguf", preset="tiny", wtype="Q4_K", seed=0, all_optional=True)
+
+- `tokenizer.ggml.model = "none"` and `{arch}.vocab_size`: llama.cpp needs no tokenizer.
+- Every tensor's values come from its own generator, seeded by (seed, crc32(name)): the same file
+  whatever the order or the number of layers written.
+- Matrices use std 1/sqrt(fan_in) so activations stay O(1); the output matrix is 3x wider so logits
+  are well spread (no near-ties at the top).
+- Weights are written in `wtype` when their rows fit its block (like llama.cpp's quantizer, rows that do
+  not fit fall back to Q8_0, then F16); 1-D tensors (norms, biases, scales) stay F32.
+- Streamed: one tensor (for big ones, one slab of rows) in memory at a time.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf import quants as gguf_quants
+from gguf.constants import GGMLQuantizationType
+from gguf.gguf_writer import WriterState
+from tqdm import tqdm
+
+from quant import GGMLType, type_info
+from quant import ggml as qggml
+
+from .errors import ConfigError
+
+# ---------------------------------------------------------------- presets
+
+PRESETS: dict[str, dict[str, dict]] = {
+    "llama": {
+        "tiny": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
+                     n_ctx=512, rope_base=10000.0, eps=1e-5),
+        "tiny-moe": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
+                         n_expert=4, n_expert_used=2, n_ctx=512, rope_base=10000.0, eps=1e-5),
+    },
+    "qwen3moe": {
+        "tiny": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=128, n_ff=768,
+                     n_expert=8, n_expert_used=2, n_ff_exp=256, n_ctx=512, rope_base=1e6, eps=1e-6),
+        # Qwen3-30B-A3B as published (config.json of Qwen/Qwen3-30B-A3B)
+        "qwen3-30b-a3b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4, head_dim=128,
+                              n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768, n_ctx=40960,
+                              rope_base=1e6, eps=1e-6),
+    },
+}
+
+
+@dataclass
+class TensorPlan:
+    name: str
+    shape: tuple[int, ...]     # NumPy order
+    kind: str                  # matrix | embed | output | norm | bias | scale | rope_freqs
+    fan_in: int = 1
+
+
+def plan_tensors(arch: str, p: dict, *, all_optional: bool = False, fused_qkv: bool = False,
+                 tied_output: bool = False) -> list[TensorPlan]:
+    """The tensor list llama.cpp's loader for `arch` creates, with optional ones when asked."""
+    D, V, K = p["n_embd"], p["n_vocab"], p["head_dim"]
+    H, Hkv = p["n_head"], p["n_head_kv"]
+    E = p.get("n_expert", 0)
+    moe = E > 0
+    F = p.get("n_ff_exp", p["n_ff"]) if moe else p["n_ff"]
+    qwen = arch == "qwen3moe"
+    t = [TensorPlan("token_embd.weight", (V, D), "embed")]
+    if all_optional and not qwen:
+        t.append(TensorPlan("rope_freqs.weight", (K // 2,), "rope_freqs"))
+    for il in range(p["n_layer"]):
+        b = f"blk.{il}."
+        t.append(TensorPlan(b + "attn_norm.weight", (D,), "norm"))
+        dims = {"q": H * K, "k": Hkv * K, "v": Hkv * K}
+        if fused_qkv:
+            t.append(TensorPlan(b + "attn_qkv.weight", (sum(dims.values()), D), "matrix", D))
+            if all_optional:
+                t += [TensorPlan(b + "attn_qkv.bias", (sum(dims.values()),), "bias"),
+                      TensorPlan(b + "attn_qkv.scale", (1,), "scale"),
+                      TensorPlan(b + "attn_qkv.input_scale", (1,), "scale")]
+        else:
+            for x, n in dims.items():
+                t.append(TensorPlan(b + f"attn_{x}.weight", (n, D), "matrix", D))
+                if all_optional:
+                    t += [TensorPlan(b + f"attn_{x}.bias", (n,), "bias"),
+                          TensorPlan(b + f"attn_{x}.scale", (1,), "scale"),
+                          TensorPlan(b + f"attn_{x}.input_scale", (1,), "scale")]
+        if qwen:
+            t += [TensorPlan(b + "attn_q_norm.weight", (K,), "norm"), TensorPlan(b + "attn_k_norm.weight", (K,), "norm")]
+        t.append(TensorPlan(b + "attn_output.weight", (D, H * K), "matrix", H * K))
+        if all_optional:
+            if not qwen:
+                t.append(TensorPlan(b + "attn_output.bias", (D,), "bias"))
+            t += [TensorPlan(b + "attn_output.scale", (1,), "scale"),
+                  TensorPlan(b + "attn_output.input_scale", (1,), "scale")]
+        t.append(TensorPlan(b + "ffn_norm.weight", (D,), "norm"))
+        if moe:
+            t.append(TensorPlan(b + "ffn_gate_inp.weight", (E, D), "router", D))
+            for x, shape, fan in (("gate", (E, F, D), D), ("down", (E, D, F), F), ("up", (E, F, D), D)):
+                t.append(TensorPlan(b + f"ffn_{x}_exps.weight", shape, "matrix", fan))
+                if all_optional:
+                    t += [TensorPlan(b + f"ffn_{x}_exps.scale", (E,), "scale"),
+                          TensorPlan(b + f"ffn_{x}_exps.input_scale", (E,), "scale")]
+        else:
+            for x, shape, fan in (("gate", (F, D), D), ("down", (D, F), F), ("up", (F, D), D)):
+                t.append(TensorPlan(b + f"ffn_{x}.weight", shape, "matrix", fan))
+                if all_optional:
+                    t += [TensorPlan(b + f"ffn_{x}.bias", (shape[0],), "bias"),
+                          TensorPlan(b + f"ffn_{x}.scale", (1,), "scale"),
+                          TensorPlan(b + f"ffn_{x}.input_scale", (1,), "scale")]
+    t.append(TensorPlan("output_norm.weight", (D,), "norm"))
+    if not tied_output:
+        t.append(TensorPlan("output.weight", (V, D), "output", D))
+    return t
+
+
+def metadata(arch: str, p: dict, *, all_optional: bool, name: str) -> list[tuple[str, object, str]]:
+    """(key, value, gguf value type) rows."""
+    a = arch
+    kv = [
+        ("general.name", name, "str"),
+        (f"{a}.context_length", p["n_ctx"], "u32"),
+        (f"{a}.embedding_length", p["n_embd"], "u32"),
+        (f"{a}.block_count", p["n_layer"], "u32"),
+        (f"{a}.feed_forward_length", p["n_ff"], "u32"),
+        (f"{a}.attention.head_count", p["n_head"], "u32"),
+        (f"{a}.attention.head_count_kv", p["n_head_kv"], "u32"),
+        (f"{a}.attention.layer_norm_rms_epsilon", p["eps"], "f32"),
+        (f"{a}.rope.freq_base", p["rope_base"], "f32"),
+        (f"{a}.vocab_size", p["n_vocab"], "u32"),
+        ("tokenizer.ggml.model", "none", "str"),
+    ]
+    if p["head_dim"] != p["n_embd"] // p["n_head"]:
+        kv += [(f"{a}.attention.key_length", p["head_dim"], "u32"),
+               (f"{a}.attention.value_length", p["head_dim"], "u32")]
+    if a == "llama":
+        kv.append((f"{a}.rope.dimension_count", p["head_dim"], "u32"))
+    if p.get("n_expert"):
+        kv += [(f"{a}.expert_count", p["n_expert"], "u32"), (f"{a}.expert_used_count", p["n_expert_used"], "u32")]
+        if "n_ff_exp" in p:
+            kv.append((f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"))
+    if all_optional and a == "llama":
+        # YaRN context extension (honored by llama.cpp for every arch through llama_context's cparams)
+        kv += [(f"{a}.rope.scaling.type", "yarn", "str"), (f"{a}.rope.scaling.factor", 4.0, "f32"),
+               (f"{a}.rope.scaling.original_context_length", p["n_ctx"] // 4, "u32")]
+    return kv
+
+
+# ---------------------------------------------------------------- values
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
+    """Yield float32 slabs of the tensor along its first axis (the whole tensor for small ones)."""
+    rng = _rng(seed, tp.name)
+    if tp.kind == "norm":
+        yield (1.0 + 0.1 * rng.standard_normal(tp.shape)).astype(np.float32)
+    elif tp.kind == "bias":
+        yield (0.1 * rng.standard_normal(tp.shape)).astype(np.float32)
+    elif tp.kind == "scale":
+        yield (1.0 + 0.2 * rng.standard_normal(tp.shape)).astype(np.float32)
+    elif tp.kind == "rope_freqs":
+        yield (1.0 + 3.0 * rng.random(tp.shape)).astype(np.float32)
+    else:
+        std = {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
+            tp.kind, 1.0 / np.sqrt(tp.fan_in))
+        n0 = tp.shape[0]
+        per = max(1, slab_rows // max(1, int(np.prod(tp.shape[1:-1], dtype=np.int64))))
+        for r in range(0, n0, per):
+            rows = min(per, n0 - r)
+            yield (std * rng.standard_normal((rows, *tp.shape[1:]), dtype=np.float32)).astype(np.float32)
+
+
+def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
+    """The stored type: 1-D tensors F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
+    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
+        return GGMLType.F32
+    n = tp.shape[-1]
+    for t in (wtype, GGMLType.Q8_0, GGMLType.F16):
+        if n % type_info(t).block_size == 0:
+            return t
+    return GGMLType.F32
+
+
+def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """float32 [..., n] -> stored array (float32, float16 or packed uint8)."""
+    if t == GGMLType.F32:
+        return x.astype(np.float32)
+    if t == GGMLType.F16:
+        return x.astype(np.float16)
+    if qggml.available():
+        return qggml.quantize(x.reshape(-1, x.shape[-1]), t).reshape(*x.shape[:-1], -1)
+    try:
+        return gguf_quants.quantize(x, GGMLQuantizationType(int(t)))
+    except (NotImplementedError, ValueError, gguf_quants.QuantError):
+        raise ConfigError(f"writing {t.name} needs ggml's quantizer: pip install 'llama-cpp-python==0.3.36'") from None
+
+
+# ---------------------------------------------------------------- writer
+
+def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wtype: str = "F32", seed: int = 0,
+                all_optional: bool = False, fused_qkv: bool = False, tied_output: bool = False,
+                layers: int | None = None, shards: int = 1, progress: bool = False) -> str:
+    """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks."""
+    if arch not in PRESETS:
+        raise ConfigError(f"no synthetic presets for arch {arch!r} (available: {', '.join(PRESETS)})")
+    if preset not in PRESETS[arch]:
+        raise ConfigError(f"arch {arch!r} has no preset {preset!r} (available: {', '.join(PRESETS[arch])})")
+    p = dict(PRESETS[arch][preset])
+    if layers is not None:
+        if not 1 <= layers <= p["n_layer"]:
+            raise ConfigError(f"--layers must be in 1..{p['n_layer']} for preset {preset!r}")
+        p["n_layer"] = layers
+    wt = type_info(wtype).type
+    if wt in (GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S, GGMLType.IQ1_M):
+        raise ConfigError(f"{wt.name} needs an importance matrix to quantize; pick another --type")
+
+    plan = plan_tensors(arch, p, all_optional=all_optional, fused_qkv=fused_qkv, tied_output=tied_output)
+    path = os.fspath(path)
+    n_tensors = len(plan)
+    per_shard = -(-n_tensors // shards) if shards > 1 else 0
+    w = GGUFWriter(path, arch, split_max_tensors=per_shard)
+    label = f"synthetic {arch} {preset} {wt.name} seed={seed}" + (" all-optional" if all_optional else "")
+    for key, val, vt in metadata(arch, p, all_optional=all_optional, name=label):
+        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
+    types = {tp.name: choose_type(tp, wt) for tp in plan}
+    for tp in plan:
+        t = types[tp.name]
+        nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))
+        # with raw_dtype given and a non-uint8 dtype, GGUFWriter takes the shape as the element shape
+        w.add_tensor_info(tp.name, tp.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(int(t)))
+    w.write_header_to_file(path)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    bar = tqdm(plan, desc=f"writing {os.path.basename(path)}", unit="tensor", disable=not progress)
+    for tp in bar:
+        _write_streamed(w, (encode(x, types[tp.name]) for x in tensor_slabs(tp, seed)))
+    w.close()
+    return str(w.format_shard_names(w.path)[0]) if shards > 1 else path
+
+
+def _write_streamed(w: GGUFWriter, slabs) -> None:
+    """`GGUFWriter.write_tensor_data` for a tensor delivered in slabs (bounded memory)."""
+    file_id = next(i for i, ts in enumerate(w.tensors) if len(ts) > 0)
+    fout = w.fout[file_id]
+    name = next(iter(w.tensors[file_id]))
+    ti = w.tensors[file_id].pop(name)
+    w.write_padding(fout, fout.tell())
+    n = 0
+    for s in slabs:
+        s = np.ascontiguousarray(s)
+        s.tofile(fout)
+        n += s.nbytes
+    if n != ti.nbytes:
+        raise RuntimeError(f"synth: tensor {name!r} wrote {n} bytes, planned {ti.nbytes}")
+    w.write_padding(fout, n)
+    w.state = WriterState.WEIGHTS

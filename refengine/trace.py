@@ -1,0 +1,39 @@
+"""Named intermediates, under llama.cpp's own graph names (`attn_norm-0`, `Qcur-0`, `l_out-3`, `result_output`).
+
+llama.cpp names a tensor `NAME-IL` when `cb(t, "NAME", il)` is called with il >= 0 and `NAME` when il < 0
+(`llm_graph_context::cb`). Arrays are stored in NumPy order, the reverse of ggml's `ne`
+(ggml `Qcur` with ne = {K, H, T} is a NumPy `[T, H, K]`), so the flat bytes line up with llama.cpp's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def tensor_name(name: str, il: int) -> str:
+    return f"{name}-{il}" if il >= 0 else name
+
+
+class Trace:
+    """Records intermediates; `names=None` keeps everything, otherwise only the listed names."""
+
+    def __init__(self, names: set[str] | None = None):
+        self.names = names
+        self.tensors: dict[str, np.ndarray] = {}
+
+    def __call__(self, name: str, il: int, value: np.ndarray) -> None:
+        key = tensor_name(name, il)
+        if self.names is None or key in self.names:
+            self.tensors[key] = np.array(value, copy=True)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.tensors[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def save(self, path: str) -> None:
+        """Write all tensors to one .npz file (readable by any engine with NumPy)."""
+        np.savez(path, **self.tensors)

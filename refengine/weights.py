@@ -1,0 +1,59 @@
+"""Weight tables: GGUF tensor name -> field, expected shape, required or optional.
+
+Every arch declares its tensors as `W(...)` rows; `load_tensors` resolves a table for one layer against
+the file, checks shapes, and returns a namespace whose fields are named after the GGUF tensors
+(`attn_q`, `attn_q_bias`, `attn_q_scale`, `ffn_gate_exps`). Large matrices stay packed, mmapped
+`QTensor`s; small vectors (norms, biases, scales) are decoded to float32 once and checked for NaN/inf.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+
+import quant
+from quant import QTensor
+
+from .errors import MissingTensorError, NonFiniteError, ShapeError
+
+
+@dataclass(frozen=True)
+class W:
+    field: str                  # attribute name on the loaded namespace
+    name: str                   # GGUF name, "{il}" replaced by the layer index
+    shape: Callable | None      # cfg, spec -> expected NumPy shape (reversed ggml ne), or None
+    required: bool = True
+    dense: bool = False         # decode to a float32 array at load (norms, biases, scales)
+
+
+def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleNamespace:
+    out, names = {}, []
+    for w in table:
+        name = w.name.format(il=il)
+        if name not in gf:
+            if w.required:
+                raise MissingTensorError(f"{gf.path}: required tensor {name!r} is missing")
+            out[w.field] = None
+            continue
+        t = gf.tensor(name)
+        if w.shape is not None:
+            want = tuple(int(s) for s in w.shape(cfg, spec))
+            got = t.shape
+            if got != want:   # llama.cpp's create_tensor demands the exact ne as well
+                raise ShapeError(f"{gf.path}: tensor {name!r} has shape {list(got)} (NumPy order), expected {list(want)}")
+        out[w.field] = dense_vector(t) if w.dense else t
+        names.append(name)
+    ns = SimpleNamespace(**out)
+    ns.tensor_names = names          # every GGUF tensor this table consumed
+    return ns
+
+
+def dense_vector(t: QTensor) -> np.ndarray:
+    """Decode a small tensor of any type to float32 and refuse NaN/inf, naming the tensor."""
+    a = quant.dequantize(t)
+    if not np.all(np.isfinite(a)):
+        bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
+        raise NonFiniteError(f"tensor {t.name!r} holds {bad.size} non-finite values (first at flat index {bad[0]})")
+    return a
