@@ -110,13 +110,15 @@ def dequantize_rows(w: QTensor, rows: np.ndarray) -> np.ndarray:
 CHUNK_ELEMENTS = 8 << 20
 
 
-def matmul(x: np.ndarray, w: QTensor) -> np.ndarray:
+def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact") -> np.ndarray:
     """y = x @ dequantize(w).T, in float32, one row block of w at a time.
 
     x: [T, I] float32; w: [O, I] any ggml type  ->  [T, O] float32.
     Same as llama.cpp's `ggml_mul_mat(w, x)` in exact arithmetic (llama.cpp additionally rounds x to
     the weight's `vec_dot_type` first; that is a separate, named mode, not this function).
     """
+    if mode != "exact":
+        raise QuantError(f"matmul: mode {mode!r} is not implemented (available: exact)")
     if w.ndim != 2:
         raise QuantError(f"matmul: weight {w.name!r} must be 2-D, got shape {list(w.shape)}")
     x = np.asarray(x, dtype=np.float32)

@@ -93,3 +93,18 @@ class Model:
         if rt.check_finite and not np.all(np.isfinite(logits)):
             warnings.warn(f"{self.path}: logits contain NaN/inf", RuntimeWarning, stacklevel=2)
         return logits
+
+    def generate(self, tokens, n: int, *, rt: Runtime | None = None, eos: int | None = None, on_token=None) -> list[int]:
+        """Greedy continuation: prefill `tokens`, then decode one token at a time (KV cache). Returns the new ids."""
+        state = self.new_state()
+        logits = self.forward(tokens, state, rt)
+        out: list[int] = []
+        for _ in range(n):
+            nxt = int(np.argmax(logits[-1]))
+            out.append(nxt)
+            if on_token is not None:
+                on_token(nxt)
+            if nxt == eos or len(out) == n:
+                break
+            logits = self.forward([nxt], state, rt)
+        return out

@@ -1,40 +1,69 @@
 """How a forward pass is executed: arithmetic mode, kernel backend, and an optional trace.
 
-Every weight multiply in the model goes through `Runtime.matmul`, so switching the backend or the
-mode never touches the model math.
+Every weight multiply in the model goes through `Runtime.matmul` and every routed-expert evaluation
+through `Runtime.moe_ffn`, so switching the backend or the mode never touches the model math.
+
+A backend is a module with the NumPy oracle's signatures:
+
+    matmul(x, w, *, mode="exact")          x [T, I] float32, w QTensor [O, I] -> [T, O]
+    moe_ffn(x, ids, weights, **kw)         optional; default: the loop oracle in refengine.moe
+
+    numpy  -> quant.ref   (the reference)
+    cpu    -> quant.cpu   (Numba kernels)
+    cuda   -> quant.cuda  (numba-cuda kernels)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib
+from dataclasses import dataclass
 
 import numpy as np
 
-import quant
 from quant import QTensor
 
-from .errors import ConfigError
+from .errors import ConfigError, NonFiniteError
 from .trace import Trace
 
 MODES = ("exact",)
-BACKENDS = ("numpy",)
+BACKENDS = {"numpy": "quant.ref"}
+
+
+def load_backend(name: str):
+    if name not in BACKENDS:
+        raise ConfigError(f"backend {name!r} is not available; choose one of {', '.join(BACKENDS)}")
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except ImportError as e:
+        raise ConfigError(f"backend {name!r} cannot be loaded: {e}") from None
 
 
 @dataclass
 class Runtime:
     mode: str = "exact"       # "exact": f32 math on dequantized weights
-    backend: str = "numpy"    # "numpy": quant.ref
+    backend: str = "numpy"    # see BACKENDS
     trace: Trace | None = None
     check_finite: bool = True
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r} is not available; choose one of {', '.join(MODES)}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend {self.backend!r} is not available; choose one of {', '.join(BACKENDS)}")
+        self._be = load_backend(self.backend)
 
     def matmul(self, x: np.ndarray, w: QTensor) -> np.ndarray:
-        """x: [T, I], w: [O, I] -> [T, O]."""
-        return quant.matmul(x, w)
+        """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""
+        y = self._be.matmul(x, w, mode=self.mode)
+        if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
+            raise NonFiniteError(f"weight {w.name!r} ({w.type.name}) produced NaN/inf from a finite input: "
+                                 f"the tensor holds non-finite values")
+        return y
+
+    def moe_ffn(self, x, ids, weights, **kw) -> np.ndarray:
+        """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts)."""
+        fn = getattr(self._be, "moe_ffn", None)
+        if fn is None:
+            from .moe import moe_ffn as fn
+            return fn(x, ids, weights, matmul=self.matmul, record=self.record, **kw)
+        return fn(x, ids, weights, mode=self.mode, record=self.record, **kw)
 
     def record(self, name: str, il: int, value: np.ndarray) -> None:
         if self.trace is not None:

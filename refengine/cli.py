@@ -1,0 +1,223 @@
+"""`refengine` command line: synth, compare, run, info.
+
+Exit status: 0 success / match, 1 divergence from llama.cpp, 2 bad input (the message names the
+file, tensor or key at fault).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+from quant import QuantError, UnknownTypeError
+
+from .errors import RefengineError
+
+DEFAULT_ARCH = "qwen3moe"
+
+
+def _tokens(s: str) -> list[int]:
+    try:
+        return [int(t) for t in s.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tokens wants comma-separated integers, got {s!r}") from None
+
+
+def _input_tokens(args, model) -> list[int]:
+    if args.tokens is not None and args.prompt is not None:
+        raise RefengineError("give either --tokens or --prompt, not both")
+    if args.tokens is not None:
+        return args.tokens
+    if args.prompt is not None:
+        from .tokenizer import Tokenizer
+        return Tokenizer(model.path, model.gf).encode(args.prompt)
+    rng = np.random.default_rng(0)                        # a fixed default input
+    return rng.integers(0, model.cfg.n_vocab, size=16).tolist()
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_synth(args) -> int:
+    from .synth import write_synth
+    out = write_synth(args.arch, args.output, preset=args.preset, wtype=args.type, seed=args.seed,
+                      all_optional=args.all_optional, fused_qkv=args.fused_qkv, tied_output=args.tied_output,
+                      layers=args.layers, shards=args.shards, progress=not args.quiet)
+    print(out)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import format_report, run_compare
+    from .model import Model
+    path = args.file
+    tmp = None
+    if path is None:
+        tmp = tempfile.TemporaryDirectory(prefix="refengine-")
+        from .synth import write_synth
+        path = write_synth(DEFAULT_ARCH, os.path.join(tmp.name, f"{DEFAULT_ARCH}-tiny.gguf"), preset="tiny")
+        if not args.json:
+            print(f"no FILE given: comparing a synthetic {DEFAULT_ARCH} (tiny preset, F32, seed 0) written to {path}\n")
+    try:
+        tokens = _input_tokens(args, Model(path))
+        rep = run_compare(path, tokens, mode=args.mode, backend=args.backend, tol=args.tol)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    if args.json:
+        d = rep.to_dict()
+        d["file"] = None if tmp is not None else path
+        d["tokens"] = [int(t) for t in tokens]
+        print(json.dumps(d, default=float))
+    else:
+        print(format_report(rep, all_rows=not args.failures_only))
+    return 0 if rep.ok else 1
+
+
+def cmd_run(args) -> int:
+    from .model import Model
+    from .runtime import Runtime
+    model = Model(args.file)
+    tokens = _input_tokens(args, model)
+    tok = None
+    if model.gf.get("tokenizer.ggml.model") not in (None, "none", "no_vocab"):
+        try:
+            from .tokenizer import Tokenizer
+            tok = Tokenizer(model.path, model.gf)
+        except RefengineError:
+            tok = None
+    rt = Runtime(mode=args.mode, backend=args.backend)
+    t0 = time.perf_counter()
+    pieces = []
+
+    def show(t):
+        if tok is not None:
+            s = tok.piece(t).decode("utf-8", errors="replace")
+            pieces.append(s)
+            print(s, end="", flush=True)
+        else:
+            print(t, end=" ", flush=True)
+    if tok is not None:
+        print(tok.decode(tokens), end="", flush=True)
+    out = model.generate(tokens, args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show)
+    dt = time.perf_counter() - t0
+    print()
+    print(f"[{len(tokens)} prompt tokens, {len(out)} generated in {dt:.2f} s: "
+          f"{len(out) / dt:.2f} tokens/s including prefill] ids: {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_info(args) -> int:
+    from collections import Counter
+
+    from .gguf import open_gguf
+    gf = open_gguf(args.file)
+    print(f"file:         {gf.path}")
+    print(f"shards:       {len(gf.shards)}" + ("" if len(gf.shards) == 1 else " (" + ", ".join(
+        os.path.basename(s.path) for s in gf.shards) + ")"))
+    print(f"size:         {gf.nbytes / 2**20:.1f} MiB")
+    print(f"architecture: {gf.get('general.architecture')}")
+    print(f"name:         {gf.get('general.name', '')}")
+    cnt, size = Counter(), Counter()
+    for ti in gf.tensors.values():
+        cnt[ti.type.name] += 1
+        size[ti.type.name] += ti.nbytes
+    print(f"tensors:      {len(gf.tensors)}")
+    for t, n in sorted(cnt.items(), key=lambda kv: -size[kv[0]]):
+        print(f"  {t:<8} {n:>6} tensors  {size[t] / 2**20:>10.1f} MiB")
+    try:
+        from .model import Model
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            m = Model(gf)
+            unused = m.unused_tensors()
+        c = m.cfg
+        print("hyperparameters:")
+        for k in ("n_vocab", "n_embd", "n_layer", "n_ctx_train", "head_dim_k", "head_dim_v", "n_rot", "rms_eps",
+                  "n_expert", "rope_freq_base", "rope_scaling_type", "rope_freq_scale"):
+            print(f"  {k:<18} {getattr(c, k)}")
+        l0 = c.layers[0]
+        print(f"  {'layer 0':<18} heads {l0.n_head}/{l0.n_head_kv} kv, ffn {l0.ffn}, n_ff {l0.n_ff}, "
+              f"n_ff_exp {l0.n_ff_exp}, experts used {l0.n_expert_used}")
+        for x in w:
+            print(f"warning: {x.message}")
+        if unused:
+            print(f"unused tensors (llama.cpp would refuse the file): {', '.join(unused)}")
+    except RefengineError as e:
+        print(f"model: not loadable by refengine: {e}")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="refengine", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("synth", help="write a seeded synthetic GGUF")
+    s.add_argument("arch", help="architecture: llama, qwen3moe")
+    s.add_argument("--preset", default="tiny", help="tiny (default), tiny-moe (llama), qwen3-30b-a3b (qwen3moe)")
+    s.add_argument("--type", default="F32", help="weight type: F32, F16, BF16, Q8_0, Q4_K, Q6_K, ... (default F32)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--all-optional", action="store_true", help="add every optional tensor and key llama.cpp accepts")
+    s.add_argument("--fused-qkv", action="store_true", help="one attn_qkv matrix instead of attn_q/k/v")
+    s.add_argument("--tied-output", action="store_true", help="no output.weight (reuse token_embd)")
+    s.add_argument("--layers", type=int, default=None, help="write only the first N blocks")
+    s.add_argument("--shards", type=int, default=1, help="split into N files (NAME-0000i-of-0000N.gguf)")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-o", "--output", required=True)
+    s.set_defaults(fn=cmd_synth)
+
+    def add_input(q):
+        g = q.add_argument_group("input (default: 16 fixed pseudo-random token ids)")
+        g.add_argument("--tokens", type=_tokens, default=None, help="comma-separated token ids")
+        g.add_argument("--prompt", default=None, help="text, tokenized with the file's own vocabulary")
+
+    def add_exec(q):
+        q.add_argument("--mode", default="exact", help="exact (f32 math on dequantized weights)")
+        q.add_argument("--backend", default="numpy", help="numpy")
+
+    c = sub.add_parser("compare", help="run refengine and llama.cpp, compare every named tensor")
+    c.add_argument("file", nargs="?", default=None, help="GGUF (any shard of a split set); "
+                   "default: a synthetic tiny qwen3moe generated on the spot")
+    add_input(c)
+    add_exec(c)
+    c.add_argument("--tol", type=float, default=None, help="NMSE tolerance per tensor (default: by weight types)")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--failures-only", action="store_true", help="print only the tensors over tolerance")
+    c.set_defaults(fn=cmd_compare)
+
+    r = sub.add_parser("run", help="greedy generation")
+    r.add_argument("file")
+    add_input(r)
+    add_exec(r)
+    r.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
+    r.set_defaults(fn=cmd_run)
+
+    i = sub.add_parser("info", help="architecture, hyperparameters, tensor types, size, shards")
+    i.add_argument("file")
+    i.set_defaults(fn=cmd_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except RefengineError as e:
+        print(f"refengine: error: {e}", file=sys.stderr)
+        return 2
+    except (UnknownTypeError, QuantError, OSError) as e:
+        # argument-level problems (unknown --type name, unwritable -o path)
+        print(f"refengine: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
