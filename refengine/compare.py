@@ -6,7 +6,9 @@ Metrics per tensor (ref = llama.cpp, got = refengine, both flattened in NumPy or
     max_abs = max |got - ref|
     cosine  = <got, ref> / (|got| |ref|)
 
-Logits add top-1 agreement and the KL divergence KL(P_ref || P_got) per position (mean and max).
+Logits add top-1 agreement and the KL divergence KL(P_ref || P_got) per position (mean and max). A top-1
+mismatch where llama.cpp's margin between its pick and ours is within twice the logit error at that
+position is a near-tie: reported, not failed (the same rule as for expert ids).
 Expert ids (`ffn_moe_topk`) are compared as sets per token; a disagreement at the top-k boundary
 where llama.cpp's own probabilities tie (within `TIE_EPS`) is reported as a tie, not a failure.
 Tensors indexed by routing slot (`ffn_moe_up`, `ffn_moe_weights`, ...) are aligned by expert id first.
@@ -32,7 +34,9 @@ from quant import GGMLType
 
 TIE_EPS = 1e-5
 SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_up", "ffn_moe_gate",
-                "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_down", "ffn_moe_weighted")
+                "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_up_scaled",
+                "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
+KV_PADDED = ("kq", "kq_soft_max")          # [H, T, n_kv] in llama.cpp, n_kv >= S cells used
 TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}
 
 
@@ -73,6 +77,8 @@ class LogitStat:
     kld_max: float
     first_top1_mismatch: int | None = None
     margin_at_mismatch: float | None = None
+    top1_near_ties: int = 0          # mismatches where llama.cpp's top-2 margin <= 2 x the logit error there
+    top1_unexplained: int = 0        # mismatches that are not near-ties (a failure)
 
 
 @dataclass
@@ -121,7 +127,14 @@ def logit_metrics(ref: np.ndarray, got: np.ndarray) -> LogitStat:
     if first is not None:
         top2 = np.sort(ref[first])[-2:]
         margin = float(top2[1] - top2[0])
-    return LogitStat(nmse, max_abs, cos, float(agree.mean()), float(kld.mean()), float(kld.max()), first, margin)
+    ties = 0
+    for t in np.flatnonzero(~agree):
+        # a swap is explained when llama.cpp's own margin between its pick and ours is within the error
+        gap = float(ref[t, a_ref[t]] - ref[t, a_got[t]])
+        if gap <= 2 * float(np.max(np.abs(got[t] - ref[t]))):
+            ties += 1
+    return LogitStat(nmse, max_abs, cos, float(agree.mean()), float(kld.mean()), float(kld.max()), first, margin,
+                     ties, int((~agree).sum()) - ties)
 
 
 def _slot_alignment(ids_ref: np.ndarray, ids_got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -161,6 +174,26 @@ def _topk_check(name, ref_ids, got_ids, ref_probs, got_probs) -> TensorStat:
     return TensorStat(name, list(got_ids.shape), float(bad), float(bad), 1.0, bad == 0, note)
 
 
+def _argsort_check(name, ref_order, got_order, ref_probs, got_probs) -> TensorStat:
+    """The full expert ranking: ours must be a descending order of llama.cpp's probabilities, up to the
+    measured probability error of the token (swaps of near-equal experts are ties)."""
+    T, E = got_order.shape
+    pr = ref_probs.reshape(T, E)
+    err = np.max(np.abs(got_probs.reshape(T, E) - pr), axis=-1) if got_probs is not None else np.zeros(T)
+    bad = ties = 0
+    for t in range(T):
+        if np.array_equal(ref_order.reshape(T, E)[t], got_order[t]):
+            continue
+        rise = np.max(np.diff(pr[t][got_order[t]]))                 # > 0 where our order goes up in ref probs
+        if rise <= 2 * err[t] + TIE_EPS * float(np.max(pr[t])):
+            ties += 1
+        else:
+            bad += 1
+    note = ", ".join(x for x in (f"{bad} token(s) ranked differently" if bad else "",
+                                 f"{ties} token(s) with near-equal experts swapped" if ties else "") if x)
+    return TensorStat(name, list(got_order.shape), float(bad), float(bad), 1.0, bad == 0, note)
+
+
 def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[list[TensorStat], list[str]]:
     """Every tensor present in both, in llama.cpp's evaluation order."""
     stats, missing = [], []
@@ -171,6 +204,9 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         r, g = ref[name], got[name]
         base, _, il = name.rpartition("-")
         base = base if il.isdigit() else name
+        if base == "ffn_moe_argsort":
+            stats.append(_argsort_check(name, r, g, ref.get(f"ffn_moe_probs-{il}"), got.get(f"ffn_moe_probs-{il}")))
+            continue
         if base == "ffn_moe_topk":
             stats.append(_topk_check(name, r, g, ref.get(f"ffn_moe_probs-{il}"), got.get(f"ffn_moe_probs-{il}")))
             continue
@@ -185,6 +221,16 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
             if not valid.all():
                 g, r = g[valid], r[valid]
                 note += f"; {int((~valid).sum())} slot(s) with a different expert left out"
+        if base == "ffn_moe_out" and f"ffn_moe_topk-{il}" in ref and f"ffn_moe_topk-{il}" in got:
+            # tokens whose expert set differs (near-ties, judged at ffn_moe_topk) sum different experts
+            ids_g = got[f"ffn_moe_topk-{il}"]
+            _, valid = _slot_alignment(ids_g, ref[f"ffn_moe_topk-{il}"].reshape(ids_g.shape))
+            same = valid.all(axis=1)
+            if not same.all():
+                g, r = g.reshape(len(same), -1)[same], r.reshape(len(same), -1)[same]
+                note = f"{int((~same).sum())} token(s) with a different expert set left out"
+        if base in KV_PADDED and r.shape[-1] > g.shape[-1] and r.size // r.shape[-1] == g.size // g.shape[-1]:
+            r = r.reshape(-1, r.shape[-1])[:, :g.shape[-1]]    # llama.cpp's KV view is padded past S
         if r.size != g.size:
             stats.append(TensorStat(name, list(np.shape(got[name])), float("nan"), float("nan"), float("nan"), False,
                                     f"size differs: llama.cpp {list(r.shape)}, refengine {list(np.shape(got[name]))}"))
@@ -199,7 +245,7 @@ def build_report(arch: str, ref_logits, got_logits, ref_tensors: dict, order: li
                  tol: float) -> Report:
     stats, missing = compare_traces(ref_tensors, order, got_tensors, tol)
     lm = logit_metrics(ref_logits, got_logits)
-    logits_ok = bool(np.isfinite(lm.nmse) and lm.nmse <= tol and lm.top1_agreement == 1.0)
+    logits_ok = bool(np.isfinite(lm.nmse) and lm.nmse <= tol and lm.top1_unexplained == 0)
     first = next((s.name for s in stats if not s.ok), None)
     if first is None and not logits_ok:
         first = "result_output"
@@ -224,7 +270,9 @@ def format_report(rep: Report, *, all_rows: bool = True) -> str:
     ]
     if lg.first_top1_mismatch is not None:
         lines.append(f"first top-1 mismatch at position {lg.first_top1_mismatch}; "
-                     f"llama.cpp's top-2 margin there {lg.margin_at_mismatch:.4g}")
+                     f"llama.cpp's top-2 margin there {lg.margin_at_mismatch:.4g}; "
+                     f"{lg.top1_near_ties} mismatch(es) within the logit error (near-ties), "
+                     f"{lg.top1_unexplained} not")
     lines.append(f"tolerance (NMSE per tensor): {rep.tolerance:.0e}")
     lines.append("verdict: " + ("MATCH" if rep.ok else f"DIVERGES, first at {rep.first_divergence}"))
     return "\n".join(lines)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import zlib
 from dataclasses import dataclass
 
@@ -203,13 +204,19 @@ def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
 
 def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wtype: str = "F32", seed: int = 0,
                 all_optional: bool = False, fused_qkv: bool = False, tied_output: bool = False,
-                layers: int | None = None, shards: int = 1, progress: bool = False) -> str:
-    """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks."""
+                layers: int | None = None, shards: int = 1, progress: bool = False,
+                overrides: dict | None = None) -> str:
+    """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks;
+    `overrides` replaces preset entries (e.g. {"n_expert_used": 8} for top-k equal to the expert count)."""
     if arch not in PRESETS:
         raise ConfigError(f"no synthetic presets for arch {arch!r} (available: {', '.join(PRESETS)})")
     if preset not in PRESETS[arch]:
         raise ConfigError(f"arch {arch!r} has no preset {preset!r} (available: {', '.join(PRESETS[arch])})")
     p = dict(PRESETS[arch][preset])
+    unknown = set(overrides or {}) - set(p) - {"n_expert", "n_expert_used", "n_ff_exp"}
+    if unknown:
+        raise ConfigError(f"unknown preset entries {sorted(unknown)}; known: {sorted(p)}")
+    p.update(overrides or {})
     if layers is not None:
         if not 1 <= layers <= p["n_layer"]:
             raise ConfigError(f"--layers must be in 1..{p['n_layer']} for preset {preset!r}")
@@ -232,14 +239,14 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
         nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))
         # with raw_dtype given and a non-uint8 dtype, GGUFWriter takes the shape as the element shape
         w.add_tensor_info(tp.name, tp.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(int(t)))
-    w.write_header_to_file(path)
+    w.write_header_to_file(Path(path))
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     bar = tqdm(plan, desc=f"writing {os.path.basename(path)}", unit="tensor", disable=not progress)
     for tp in bar:
         _write_streamed(w, (encode(x, types[tp.name]) for x in tensor_slabs(tp, seed)))
     w.close()
-    return str(w.format_shard_names(w.path)[0]) if shards > 1 else path
+    return str(w.format_shard_names(Path(path))[0]) if shards > 1 else path
 
 
 def _write_streamed(w: GGUFWriter, slabs) -> None:

@@ -26,9 +26,9 @@ def synth_model(tmp_path_factory):
     cache = {}
 
     def make(arch, **kw):
-        key = (arch, tuple(sorted(kw.items())))
+        key = arch + "".join(f"-{k}={v}" for k, v in sorted(kw.items()))
         if key not in cache:
-            name = arch + "".join(f"-{k}={v}" for k, v in sorted(kw.items())) + ".gguf"
+            name = f"m{len(cache)}.gguf"
             cache[key] = write_synth(arch, root / name, **kw)
         return cache[key]
     return make

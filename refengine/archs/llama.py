@@ -218,7 +218,7 @@ def linear(x, w, scale, bias, rt):
     return y
 
 
-def project_qkv(h, w, cfg, spec, rt):
+def project_qkv(h, w, cfg, spec, rt, il):
     """`build_qkv`: h [T, D] -> q [T, H, K], k [T, Hkv, K], v [T, Hkv, V]."""
     T = h.shape[0]
     H, Hkv, K, V = spec.n_head, spec.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
@@ -227,7 +227,11 @@ def project_qkv(h, w, cfg, spec, rt):
         if bias is None and getattr(w, "attn_q_bias", None) is not None \
                 and w.attn_k_bias is not None and w.attn_v_bias is not None:
             bias = np.concatenate([w.attn_q_bias, w.attn_k_bias, w.attn_v_bias])
-        qkv = linear(h, w.attn_qkv, w.attn_qkv_scale, bias, rt)          # [T, H*K + Hkv*K + Hkv*V]
+        qkv = linear(h, w.attn_qkv, w.attn_qkv_scale, None, rt)          # [T, H*K + Hkv*K + Hkv*V]
+        rt.record("wqkv", il, qkv)
+        if bias is not None:
+            qkv = qkv + bias
+            rt.record("wqkv_b", il, qkv)
         q = qkv[:, :H * K]
         k = qkv[:, H * K:H * K + Hkv * K]
         v = qkv[:, H * K + Hkv * K:]
@@ -241,7 +245,7 @@ def project_qkv(h, w, cfg, spec, rt):
 def self_attention(h, w, *, cfg, spec, il, cache, pos, rope, rt, qk_norm=None):
     """Attention sub-block: h [T, D] -> [T, D]. `qk_norm(q, k) -> (q, k)` runs before RoPE (Qwen3)."""
     T = h.shape[0]
-    q, k, v = project_qkv(h, w, cfg, spec, rt)
+    q, k, v = project_qkv(h, w, cfg, spec, rt, il)
     if qk_norm is not None:
         q, k = qk_norm(q, k)
     q = apply_rope(q, *rope, cfg.n_rot, cfg.rope_type)                   # [T, H, K]
@@ -251,7 +255,7 @@ def self_attention(h, w, *, cfg, spec, il, cache, pos, rope, rt, qk_norm=None):
     rt.record("Vcur", il, v)
     k_all, v_all = cache.append(il, k, v)                                # [S, Hkv, K], [S, Hkv, V]
     mask = causal_mask(pos, np.arange(k_all.shape[0]))                   # [T, S]
-    o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k))  # [T, H, V]
+    o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k), rt.record, il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]
     rt.record("kqv_out", il, o)
     return linear(o, w.attn_output, w.attn_output_scale, w.attn_output_bias, rt)
@@ -264,8 +268,10 @@ def dense_ffn(h, w, *, il, rt):
         rt.record(name, il, y)
         if b is not None:
             y = y + b
+            rt.record(name + "_b", il, y)
         if s is not None:
             y = y * s
+            rt.record(name + "_s", il, y)
         return y
     up = proj(h, w.ffn_up, w.ffn_up_bias, w.ffn_up_scale, "ffn_up")      # [T, F]
     gate = proj(h, w.ffn_gate, w.ffn_gate_bias, w.ffn_gate_scale, "ffn_gate")

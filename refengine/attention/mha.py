@@ -21,14 +21,23 @@ def causal_mask(q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
     return np.where(k_pos[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float) -> np.ndarray:
-    """q: [T, H, K], k: [S, Hkv, K], v: [S, Hkv, V], mask: [T, S] -> [T, H, V]."""
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float,
+              record=None, il: int = -1) -> np.ndarray:
+    """q: [T, H, K], k: [S, Hkv, K], v: [S, Hkv, V], mask: [T, S] -> [T, H, V].
+
+    Traces llama.cpp's `kq` (unscaled, unmasked logits), `kq_soft_max` and `kqv`, each [H, T, *].
+    """
     T, H, K = q.shape
     S, Hkv, _ = k.shape
+    V = v.shape[-1]
     assert H % Hkv == 0, f"{H} query heads do not group evenly over {Hkv} KV heads"
     g = H // Hkv
     qg = q.reshape(T, Hkv, g, K)                                          # [T, Hkv, g, K]
     logits = np.einsum("tngk,snk->ngts", qg, k, dtype=np.float32)         # [Hkv, g, T, S]
     probs = softmax(logits * np.float32(kq_scale) + mask)                 # [Hkv, g, T, S]
-    out = np.einsum("ngts,snv->tngv", probs, v, dtype=np.float32)         # [T, Hkv, g, V]
-    return out.reshape(T, H, v.shape[-1])
+    out = np.einsum("ngts,snv->ngtv", probs, v, dtype=np.float32)         # [Hkv, g, T, V]
+    if record is not None:
+        record("kq", il, logits.reshape(H, T, S))
+        record("kq_soft_max", il, probs.reshape(H, T, S))
+        record("kqv", il, out.reshape(H, T, V))
+    return out.reshape(H, T, V).transpose(1, 0, 2)                        # [T, H, V]

@@ -40,9 +40,10 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
             if gate_scale is not None:
                 g = g * gate_scale[e]
             gate_out[tok, slot] = g
-    rec("ffn_moe_up", il, up_out)
+    # llama.cpp renames a scaled expert output `*_scaled` (build_moe_ffn): one name per tensor
+    rec("ffn_moe_up" + ("_scaled" if up_scale is not None else ""), il, up_out)
     if gate is not None:
-        rec("ffn_moe_gate", il, gate_out)
+        rec("ffn_moe_gate" + ("_scaled" if gate_scale is not None else ""), il, gate_out)
         act = silu(gate_out) * up_out                                 # [T, A, I]
         rec("ffn_moe_swiglu", il, act)
     else:
@@ -54,7 +55,7 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
         if down_scale is not None:
             d = d * down_scale[e]
         down_out[tok, slot] = d
-    rec("ffn_moe_down", il, down_out)
+    rec("ffn_moe_down" + ("_scaled" if down_scale is not None else ""), il, down_out)
     weighted = down_out * weights[:, :, None]                         # [T, A, D]
     rec("ffn_moe_weighted", il, weighted)
     out = weighted[:, 0].copy()

@@ -31,14 +31,18 @@ def softmax_topk(logits: np.ndarray, k: int, *, norm_w: bool, w_scale: float = 0
     rec = record or (lambda *a: None)
     probs = softmax(logits)                                        # [T, E]
     rec("ffn_moe_probs", il, probs)
-    ids = topk_desc(probs, k)                                      # [T, A]
+    order = np.argsort(-probs, axis=-1, kind="stable").astype(np.int32)   # [T, E], descending
+    rec("ffn_moe_argsort", il, order)
+    ids = order[:, :k]                                             # [T, A]
     rec("ffn_moe_topk", il, ids)
     weights = np.take_along_axis(probs, ids, axis=-1)              # [T, A]
     rec("ffn_moe_weights", il, weights)
     if norm_w:
         wsum = np.sum(weights, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)  # [T, 1]
         rec("ffn_moe_weights_sum", il, wsum)
-        weights = weights / np.maximum(wsum, F16_MIN_NORMAL)
+        wsum = np.maximum(wsum, F16_MIN_NORMAL)
+        rec("ffn_moe_weights_sum_clamped", il, wsum)
+        weights = weights / wsum
         rec("ffn_moe_weights_norm", il, weights)
     if w_scale not in (0.0, 1.0):
         weights = weights * np.float32(w_scale)

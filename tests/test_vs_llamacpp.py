@@ -1,0 +1,114 @@
+"""Every named tensor and the logits of synthetic llama / qwen3moe models against llama.cpp.
+
+Tolerances are refengine.compare's table: NMSE <= 1e-8 for F32 weights (nothing is rounded on either side
+but the order of float sums). Quantized weights in exact mode differ by llama.cpp's activation
+rounding; there the figure is printed and top-1 agreement must be 100%.
+"""
+import numpy as np
+import pytest
+
+from refengine.compare import format_report, run_compare
+
+pytestmark = pytest.mark.oracle
+
+TOKENS = [7, 200, 13, 55, 1, 99, 144, 3, 250, 31, 8, 77, 19, 64, 128, 2, 240, 11, 90]
+
+# Names llama.cpp's graph produces that refengine must trace, per layer ({} = layer index).
+LLAMA_NAMES = ["attn_norm-{}", "Qcur-{}", "Kcur-{}", "Vcur-{}", "kq-{}", "kq_soft_max-{}", "kqv-{}", "kqv_out-{}", "attn_out-{}", "ffn_inp-{}",
+               "ffn_norm-{}", "l_out-{}"]
+DENSE_NAMES = ["ffn_up-{}", "ffn_gate-{}", "ffn_swiglu-{}", "ffn_out-{}"]
+MOE_NAMES = ["ffn_moe_logits-{}", "ffn_moe_probs-{}", "ffn_moe_topk-{}", "ffn_moe_weights-{}",
+             "ffn_moe_weights_sum-{}", "ffn_moe_weights_norm-{}", "ffn_moe_up-{}", "ffn_moe_gate-{}",
+             "ffn_moe_swiglu-{}", "ffn_moe_down-{}", "ffn_moe_weighted-{}", "ffn_moe_out-{}"]
+QWEN_NAMES = ["attn_norm-{}", "Qcur_normed-{}", "Kcur_normed-{}", "Qcur-{}", "Kcur-{}", "Vcur-{}", "kq-{}",
+              "kq_soft_max-{}", "kqv-{}", "kqv_out-{}",
+              "ffn_inp-{}", "ffn_norm-{}", "l_out-{}"] + MOE_NAMES
+GLOBAL_NAMES = ["embd", "result_norm", "result_output"]
+
+
+def expected_names(arch, moe, scaled=False, n_layer=2):
+    per = QWEN_NAMES if arch == "qwen3moe" else LLAMA_NAMES + (MOE_NAMES if moe else DENSE_NAMES)
+    if scaled:   # llama.cpp names a scaled expert output ffn_moe_up_scaled etc.
+        per = [n.replace("_up-", "_up_scaled-").replace("_gate-", "_gate_scaled-").replace("_down-", "_down_scaled-")
+               if n.startswith("ffn_moe_") else n for n in per]
+    return set(GLOBAL_NAMES) | {n.format(il) for il in range(n_layer) for n in per}
+
+
+def check(rep, arch, moe, tol=None, scaled=False):
+    table = format_report(rep)
+    compared = {s.name for s in rep.tensors}
+    missing = expected_names(arch, moe, scaled) - compared
+    assert not missing, f"not compared: {sorted(missing)}\n{table}"
+    assert not rep.only_in_llamacpp, f"llama.cpp tensors refengine does not trace: {rep.only_in_llamacpp}"
+    assert rep.ok, table
+    if tol is not None and tol <= 1e-8:
+        assert rep.logits.top1_agreement == 1.0, table
+    if tol is not None:
+        assert rep.logits.nmse <= tol, table
+
+
+F32_CASES = [
+    ("llama", dict()),
+    ("llama", dict(all_optional=True)),
+    ("llama", dict(all_optional=True, fused_qkv=True, tied_output=True)),
+    ("llama", dict(preset="tiny-moe")),
+    ("llama", dict(preset="tiny-moe", all_optional=True)),
+    ("qwen3moe", dict()),
+    ("qwen3moe", dict(all_optional=True)),
+    ("qwen3moe", dict(all_optional=True, fused_qkv=True, tied_output=True)),
+]
+
+
+@pytest.mark.parametrize("arch,kw", F32_CASES, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={w}" for k, w in v.items()) or "plain")
+def test_f32_matches_llamacpp(synth_model, arch, kw):
+    path = synth_model(arch, **kw)
+    rep = run_compare(path, TOKENS)
+    assert rep.tolerance == 1e-8
+    check(rep, arch, arch == "qwen3moe" or kw.get("preset") == "tiny-moe", tol=1e-8,
+          scaled=kw.get("all_optional", False))
+    for s in rep.tensors:
+        assert s.nmse <= 1e-8, (s.name, s.nmse)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
+def test_quantized_exact_mode(synth_model, arch, wtype, capsys):
+    """Exact mode on quantized weights: the NMSE is llama.cpp's activation rounding (Q8_0 / Q8_K activations),
+    printed; every top-1 disagreement must be a near-tie within the measured logit error."""
+    rep = run_compare(synth_model(arch, wtype=wtype), TOKENS)
+    with capsys.disabled():
+        print(f"\n  {arch} {wtype} exact mode vs llama.cpp: logits NMSE {rep.logits.nmse:.3e}, "
+              f"KL mean {rep.logits.kld_mean:.3e}, top-1 {100 * rep.logits.top1_agreement:.1f}% "
+              f"({rep.logits.top1_near_ties} near-ties)")
+    check(rep, arch, arch == "qwen3moe")
+    assert rep.logits.top1_unexplained == 0
+
+
+def test_one_token(synth_model):
+    rep = run_compare(synth_model("qwen3moe"), [42])
+    check(rep, "qwen3moe", True, tol=1e-8)
+
+
+def test_topk_equal_to_expert_count(synth_model):
+    """Every token uses every expert: routing reduces to a softmax-weighted sum."""
+    rep = run_compare(synth_model("qwen3moe", overrides={"n_expert_used": 8}), TOKENS[:5])
+    check(rep, "qwen3moe", True, tol=1e-8)
+
+
+def test_experts_without_tokens(synth_model):
+    """Two tokens, top-2 of 8: most experts receive no token and must contribute nothing."""
+    rep = run_compare(synth_model("qwen3moe", seed=5), TOKENS[:2])
+    check(rep, "qwen3moe", True, tol=1e-8)
+    ids = None
+    for s in rep.tensors:
+        if s.name == "ffn_moe_topk-0":
+            ids = s
+    assert ids is not None and ids.ok
+
+
+def test_json_fields_are_finite(synth_model):
+    rep = run_compare(synth_model("llama"), TOKENS[:4])
+    d = rep.to_dict()
+    for k in ("nmse", "max_abs", "cosine", "top1_agreement", "kld_mean", "kld_max"):
+        assert np.isfinite(d["logits"][k])
