@@ -57,90 +57,134 @@ def _skip(name: str) -> bool:
     return (not name) or name.endswith((".weight", ".bias", ".scale")) or name.startswith(("cache_", "leaf_"))
 
 
+class LlamaCpp:
+    """One llama.cpp model + context (CPU, f32 KV cache, flash attention off). Use as a context manager.
+
+    `decode(tokens)` appends tokens to the sequence and returns their logits [n, V]; while `recording`
+    is set, named intermediates are captured into `tensors` / `order`.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 512, n_batch: int = 512, trace: bool = False,
+                 n_threads: int | None = None, names: set[str] | None = None):
+        L = self.L = _import()
+        _quiet(L)
+        self.path = os.fspath(path)
+        self.tensors: dict[str, np.ndarray] = {}
+        self.order: list[str] = []
+        self.recording = trace
+        self.n_past = 0
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(self.path.encode(), mp)
+        if not self.model:
+            raise OracleError(f"{self.path}: llama.cpp refused to load the model (run `llama-cli` on it to see why)")
+
+        def cb(t, ask, user):
+            name = qggml.tensor_view(t).name.decode("utf-8", errors="replace")
+            if _skip(name) or (names is not None and name not in names):
+                return not ask
+            if ask:
+                return self.recording
+            got = qggml.read_tensor(t)
+            if got is not None and self.recording:
+                self.tensors[name] = got[1]
+                if name in self.order:
+                    self.order.remove(name)
+                self.order.append(name)
+            return True
+
+        self._cb = L.ggml_backend_sched_eval_callback(cb)      # kept alive as long as the context
+        cp = L.llama_context_default_params()
+        cp.n_ctx = int(n_ctx)
+        cp.n_batch = cp.n_ubatch = int(n_batch)
+        cp.n_seq_max = 1
+        cp.type_k = cp.type_v = GGML_TYPE_F32
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.n_threads = cp.n_threads_batch = int(n_threads or os.cpu_count() or 1)
+        cp.no_perf = True
+        if trace:
+            cp.cb_eval = self._cb
+            cp.cb_eval_user_data = None
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise OracleError(f"{self.path}: llama.cpp could not create a context (n_ctx = {n_ctx})")
+        self.n_batch = int(n_batch)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+
+    def decode(self, tokens) -> np.ndarray:
+        L = self.L
+        tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise OracleError(f"decode: {n} tokens, the batch holds 1..{self.n_batch}")
+        b = self.batch
+        b.n_tokens = n
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = self.n_past + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise OracleError(f"{self.path}: llama_decode returned {rc} at positions {self.n_past}..{self.n_past + n - 1}")
+        self.n_past += n
+        ptr = L.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n * self.n_vocab,)).reshape(n, self.n_vocab).copy()
+
+    def close(self):
+        if getattr(self, "ctx", None):
+            self.L.llama_batch_free(self.batch)
+            self.L.llama_free(self.ctx)
+            self.L.llama_model_free(self.model)
+            self.ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
 def run_llamacpp(path: str | os.PathLike, tokens, *, chunks: list[int] | None = None, trace: bool = True,
                  n_ctx: int | None = None, n_threads: int | None = None, names: set[str] | None = None) -> OracleResult:
     """Decode `tokens` with llama.cpp; `chunks` splits them into successive decode calls (default: one).
 
     Returns logits for every position; with `trace`, the named intermediates of the *first* chunk.
     """
-    L = _import()
-    _quiet(L)
-    tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     T = len(tokens)
     if T == 0:
         raise OracleError("no tokens to decode")
     chunks = chunks or [T]
     if sum(chunks) != T:
         raise OracleError(f"chunks {chunks} do not add up to {T} tokens")
-    path = os.fspath(path)
-    L.llama_backend_init()
+    n_ctx = int(n_ctx or max(256, -(-T // 256) * 256))
+    with LlamaCpp(path, n_ctx=n_ctx, n_batch=max(chunks), trace=trace, n_threads=n_threads, names=names) as lc:
+        out, pos = [], 0
+        for ci, n in enumerate(chunks):
+            lc.recording = trace and ci == 0
+            out.append(lc.decode(tokens[pos:pos + n]))
+            pos += n
+        return OracleResult(logits=np.concatenate(out), tensors=lc.tensors, order=lc.order)
 
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 0
-    model = L.llama_model_load_from_file(path.encode(), mp)
-    if not model:
-        raise OracleError(f"{path}: llama.cpp refused to load the model (run `llama-cli` on it to see why)")
 
-    captured: dict[str, np.ndarray] = {}
-    order: list[str] = []
-    state = {"recording": trace}
-
-    def cb(t, ask, user):
-        name = qggml.tensor_view(t).name.decode("utf-8", errors="replace")
-        if _skip(name) or (names is not None and name not in names):
-            return not ask
-        if ask:
-            return state["recording"]
-        got = qggml.read_tensor(t)
-        if got is not None and state["recording"]:
-            captured[name] = got[1]
-            if name in order:
-                order.remove(name)
-            order.append(name)
-        return True
-
-    cb_c = L.ggml_backend_sched_eval_callback(cb)
-    cp = L.llama_context_default_params()
-    cp.n_ctx = int(n_ctx or max(256, -(-T // 256) * 256))
-    cp.n_batch = cp.n_ubatch = max(chunks)
-    cp.n_seq_max = 1
-    cp.type_k = cp.type_v = GGML_TYPE_F32
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.n_threads = cp.n_threads_batch = int(n_threads or os.cpu_count() or 1)
-    cp.no_perf = True
-    if trace:
-        cp.cb_eval = cb_c
-        cp.cb_eval_user_data = None
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        L.llama_model_free(model)
-        raise OracleError(f"{path}: llama.cpp could not create a context (n_ctx = {cp.n_ctx})")
-    vocab = L.llama_model_get_vocab(model)
-    n_vocab = L.llama_vocab_n_tokens(vocab)
-    out = np.empty((T, n_vocab), dtype=np.float32)
-    try:
-        batch = L.llama_batch_init(max(chunks), 0, 1)
-        try:
-            pos = 0
-            for ci, n in enumerate(chunks):
-                state["recording"] = trace and ci == 0
-                batch.n_tokens = n
-                for i in range(n):
-                    batch.token[i] = tokens[pos + i]
-                    batch.pos[i] = pos + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = 1
-                rc = L.llama_decode(ctx, batch)
-                if rc != 0:
-                    raise OracleError(f"{path}: llama_decode returned {rc} at positions {pos}..{pos + n - 1}")
-                ptr = L.llama_get_logits(ctx)
-                out[pos:pos + n] = np.ctypeslib.as_array(ptr, shape=(n * n_vocab,)).reshape(n, n_vocab)
-                pos += n
-        finally:
-            L.llama_batch_free(batch)
-    finally:
-        L.llama_free(ctx)
-        L.llama_model_free(model)
-    del cb_c
-    return OracleResult(logits=out, tensors=captured, order=order)
+def generate_llamacpp(path: str | os.PathLike, tokens, n: int, *, n_ctx: int | None = None) -> tuple[list[int], np.ndarray]:
+    """Greedy continuation by llama.cpp: returns the n new ids and the logits that chose each, [n, V]."""
+    tokens = list(np.asarray(tokens, dtype=np.int64).reshape(-1))
+    n_ctx = int(n_ctx or max(256, -(-(len(tokens) + n) // 256) * 256))
+    with LlamaCpp(path, n_ctx=n_ctx, n_batch=max(len(tokens), 1)) as lc:
+        logits = lc.decode(tokens)[-1:]
+        ids, rows = [], []
+        for _ in range(n):
+            rows.append(logits[-1])
+            ids.append(int(np.argmax(logits[-1])))
+            if len(ids) < n:
+                logits = lc.decode([ids[-1]])
+        return ids, np.stack(rows)

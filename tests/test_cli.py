@@ -1,0 +1,72 @@
+"""The `refengine` command line: exit status 0 / 1 / 2, JSON fields, clear errors on bad input."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from refengine.cli import main
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "refengine.cli", *map(str, args)], capture_output=True, text=True)
+
+
+def test_help():
+    r = run("--help")
+    assert r.returncode == 0 and "synth" in r.stdout and "compare" in r.stdout
+    for cmd in ("synth", "compare", "run", "info"):
+        assert run(cmd, "--help").returncode == 0
+
+
+def test_synth_info_run(tmp_path, capsys):
+    f = tmp_path / "m.gguf"
+    assert main(["synth", "qwen3moe", "--type", "Q8_0", "--seed", "4", "-q", "-o", str(f)]) == 0
+    assert main(["info", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "architecture: qwen3moe" in out and "Q8_0" in out and "n_expert           8" in out
+    assert main(["run", str(f), "--tokens", "1,2,3", "-n", "4"]) == 0
+
+
+@pytest.mark.oracle
+def test_compare_json_default_model(capsys):
+    """No FILE: the embedded default (a synthetic qwen3moe generated on the spot)."""
+    assert main(["compare", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for k in ("arch", "ok", "first_divergence", "logits", "tensors"):
+        assert k in d
+    for k in ("nmse", "max_abs", "cosine", "top1_agreement", "kld_mean", "kld_max"):
+        assert k in d["logits"]
+    assert d["arch"] == "qwen3moe" and d["ok"] is True and d["first_divergence"] is None
+    assert d["logits"]["nmse"] <= 1e-8
+    assert len(d["tensors"]) > 40 and {"name", "nmse", "max_abs"} <= set(d["tensors"][0])
+
+
+@pytest.mark.oracle
+def test_compare_exit_1_on_divergence(tmp_path, capsys):
+    """A tolerance no f32 computation can meet must give exit status 1 and name the first tensor."""
+    f = tmp_path / "m.gguf"
+    main(["synth", "llama", "-q", "-o", str(f)])
+    capsys.readouterr()
+    rc = main(["compare", str(f), "--tokens", "1,2,3", "--tol", "0", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 1 and d["ok"] is False and d["first_divergence"] is not None
+
+
+def test_bad_input_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    assert main(["info", str(bad)]) == 2
+    assert "bad.gguf" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "missing.gguf")]) == 2
+    assert main(["synth", "nosucharch", "-o", str(tmp_path / "x.gguf")]) == 2
+    assert main(["synth", "llama", "--type", "Q9_9", "-o", str(tmp_path / "x.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "nosucharch" in err and "Q9_9" in err
+
+
+def test_prompt_on_file_without_tokenizer(tmp_path, capsys):
+    f = tmp_path / "m.gguf"
+    main(["synth", "llama", "-q", "-o", str(f)])
+    assert main(["run", str(f), "--prompt", "hello"]) == 2
+    assert "no tokenizer" in capsys.readouterr().err

@@ -1,0 +1,51 @@
+"""Decode equals prefill: prefill N tokens then k one-token decodes give the logits of one prefill of N+k."""
+import numpy as np
+import pytest
+
+from refengine import Model
+from refengine.compare import metrics
+
+TOKENS = [3, 141, 59, 26, 53, 58, 97, 93, 23, 84, 62, 64]
+
+
+@pytest.mark.parametrize("arch,kw", [("llama", {}), ("llama", dict(all_optional=True)),
+                                     ("qwen3moe", {}), ("qwen3moe", dict(wtype="Q4_K"))])
+def test_decode_equals_prefill(synth_model, arch, kw):
+    m = Model(synth_model(arch, **kw))
+    full = m.forward(TOKENS)                                   # [N+k, V]
+    state = m.new_state()
+    parts = [m.forward(TOKENS[:8], state)]
+    for t in TOKENS[8:]:
+        parts.append(m.forward([t], state))
+    step = np.concatenate(parts)
+    nmse, max_abs, _ = metrics(full, step)
+    assert nmse <= 1e-12, (nmse, max_abs)
+    assert np.array_equal(full.argmax(-1), step.argmax(-1))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_decode_matches_llamacpp_decode(synth_model, arch):
+    """The same prefill-then-decode schedule in llama.cpp (its KV cache) and in refengine."""
+    from refengine.oracle import run_llamacpp
+    path = synth_model(arch)
+    ref = run_llamacpp(path, TOKENS, chunks=[8, 1, 1, 1, 1], trace=False).logits
+    m = Model(path)
+    state = m.new_state()
+    got = np.concatenate([m.forward(TOKENS[:8], state)] + [m.forward([t], state) for t in TOKENS[8:]])
+    nmse, _, _ = metrics(ref, got)
+    assert nmse <= 1e-8, nmse
+
+
+def test_context_overflow_is_a_clear_error(synth_model):
+    from refengine.errors import ConfigError
+    m = Model(synth_model("llama"), n_ctx=8)
+    with pytest.raises(ConfigError, match="n_ctx = 8"):
+        m.forward(list(range(9)))
+
+
+def test_token_out_of_vocab(synth_model):
+    from refengine.errors import ConfigError
+    m = Model(synth_model("llama"))
+    with pytest.raises(ConfigError, match="token id 256 is outside the vocabulary"):
+        m.forward([1, 256])
