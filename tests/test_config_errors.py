@@ -1,0 +1,98 @@
+"""Metadata and weights: every key read with llama.cpp's defaults; bad input named precisely."""
+import warnings
+
+import numpy as np
+import pytest
+
+from gguf_edit import GGUFValueType, rewrite
+from refengine import Model
+from refengine.config import ConfigWarning
+from refengine.errors import (MissingKeyError, MissingTensorError, NonFiniteError, ShapeError,
+                              UnsupportedArchError)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    from refengine.synth import write_synth
+    return write_synth("llama", tmp_path_factory.mktemp("c") / "base.gguf", seed=1)
+
+
+def test_missing_required_key(base, tmp_path):
+    f = rewrite(base, tmp_path / "k.gguf", drop_keys={"llama.attention.layer_norm_rms_epsilon"})
+    with pytest.raises(MissingKeyError, match=r"k\.gguf.*'llama\.attention\.layer_norm_rms_epsilon'"):
+        Model(f)
+
+
+def test_extra_keys_from_other_tools_still_load(base, tmp_path):
+    f = rewrite(base, tmp_path / "x.gguf", set_keys={
+        "llama.some_new_hparam": (3, GGUFValueType.UINT32),
+        "othertool.note": ("written elsewhere", GGUFValueType.STRING),
+        "general.quantized_by": ("someone", GGUFValueType.STRING)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # no warning either: these keys change nothing
+        m = Model(f)
+    assert np.array_equal(m.forward([1, 2, 3]), Model(base).forward([1, 2, 3]))
+
+
+def test_math_key_llamacpp_ignores_is_never_silent(base, tmp_path):
+    f = rewrite(base, tmp_path / "s.gguf", set_keys={"llama.attention.scale": (0.5, GGUFValueType.FLOAT32)})
+    with pytest.warns(ConfigWarning, match="llama.attention.scale"):
+        m = Model(f)
+    assert m.cfg.ignored_keys == ("llama.attention.scale",)
+
+
+def test_wrong_shape(base, tmp_path):
+    f = rewrite(base, tmp_path / "w.gguf", drop_tensors={"blk.1.ffn_norm.weight"},
+                add_tensors={"blk.1.ffn_norm.weight": np.ones(128, dtype=np.float32)})
+    with pytest.raises(ShapeError, match=r"'blk\.1\.ffn_norm\.weight' has shape \[128\].*expected \[256\]"):
+        Model(f).forward([1])
+
+
+def test_missing_tensor(base, tmp_path):
+    f = rewrite(base, tmp_path / "m.gguf", drop_tensors={"blk.0.attn_k.weight"})
+    with pytest.raises(MissingTensorError, match=r"m\.gguf: required tensor 'blk\.0\.attn_k\.weight'"):
+        Model(f).forward([1])
+
+
+def test_nan_in_small_tensor(base, tmp_path):
+    def fn(name, raw):
+        if name == "blk.0.attn_norm.weight":
+            a = raw.reshape(-1).view(np.float32).copy()
+            a[5] = np.nan
+            return a.view(np.uint8)
+    f = rewrite(base, tmp_path / "n.gguf", tensor_fn=fn)
+    with pytest.raises(NonFiniteError, match="blk.0.attn_norm.weight"):
+        Model(f).forward([1])
+
+
+def test_nan_in_matrix(base, tmp_path):
+    def fn(name, raw):
+        if name == "blk.1.ffn_down.weight":
+            a = raw.reshape(-1).view(np.float32).copy()
+            a[1000] = np.inf
+            return a.view(np.uint8)
+    f = rewrite(base, tmp_path / "n2.gguf", tensor_fn=fn)
+    with pytest.raises(NonFiniteError, match="blk.1.ffn_down.weight"):
+        Model(f).forward([1, 2])
+
+
+def test_unsupported_arch(base, tmp_path):
+    f = rewrite(base, tmp_path / "a.gguf", set_keys={"general.architecture": ("gpt2", GGUFValueType.STRING)})
+    with pytest.raises(UnsupportedArchError, match="gpt2"):
+        Model(f)
+
+
+def test_unused_tensor_is_reported(base, tmp_path):
+    f = rewrite(base, tmp_path / "u.gguf", add_tensors={"blk.0.mystery.weight": np.ones(4)})
+    assert Model(f).unused_tensors() == ["blk.0.mystery.weight"]
+
+
+def test_per_layer_head_counts(tmp_path):
+    """attention.head_count_kv may be an array with one entry per layer (get_key_or_arr)."""
+    from refengine.synth import write_synth
+    base = write_synth("llama", tmp_path / "b.gguf", seed=2)
+    f = rewrite(base, tmp_path / "p.gguf", drop_keys={"llama.attention.head_count_kv"},
+                set_keys={"llama.attention.head_count_kv": ([2, 2], GGUFValueType.ARRAY)})
+    m = Model(f)
+    assert [l.n_head_kv for l in m.cfg.layers] == [2, 2]
+    assert np.array_equal(m.forward([4, 5]), Model(base).forward([4, 5]))
