@@ -1,7 +1,9 @@
 """Named intermediates, under llama.cpp's own graph names (`attn_norm-0`, `Qcur-0`, `l_out-3`, `result_output`).
 
 llama.cpp names a tensor `NAME-IL` when `cb(t, "NAME", il)` is called with il >= 0 and `NAME` when il < 0
-(`llm_graph_context::cb`). Arrays are stored in NumPy order, the reverse of ggml's `ne`
+(`llm_graph_context::cb`). A tensor keeps the *last* name given to it (the llama graph names the residual
+sum `ffn_out` and then `l_out`, so `ffn_out-IL` is the feed-forward output before the residual), and
+several tensors may share a name (`Qcur-IL` before and after RoPE): the last one computed counts. Arrays are stored in NumPy order, the reverse of ggml's `ne`
 (ggml `Qcur` with ne = {K, H, T} is a NumPy `[T, H, K]`), so the flat bytes line up with llama.cpp's.
 """
 from __future__ import annotations

@@ -13,9 +13,9 @@ One block (Legend: T tokens, D model dim, H/Hkv heads, K head dim, F ffn dim):
     a        = o @ Wo.T (*s_o) + b_o                                     attn_out       [T, D]
     x        = x + a                                                     ffn_inp
     h        = rms_norm(x) * ffn_norm                                    ffn_norm
-    dense:  f = ((silu(h@Wg.T + b_g)*s_g) * ((h@Wu.T + b_u)*s_u)) @ Wd.T + b_d) * s_d
-    moe:    f = build_moe_ffn(h) with softmax top-k and norm_w = true
-    x        = x + f                                                     ffn_out, l_out
+    dense:  f = (silu((h@Wg.T + b_g)*s_g) * ((h@Wu.T + b_u)*s_u)) @ Wd.T + b_d) * s_d      ffn_out
+    moe:    f = build_moe_ffn(h) with softmax top-k and norm_w = true             ffn_moe_out
+    x        = x + f                                                     l_out
 """
 from __future__ import annotations
 
