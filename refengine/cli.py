@@ -47,7 +47,8 @@ def cmd_synth(args) -> int:
     from .synth import write_synth
     out = write_synth(args.arch, args.output, preset=args.preset, wtype=args.type, seed=args.seed,
                       all_optional=args.all_optional, fused_qkv=args.fused_qkv, tied_output=args.tied_output,
-                      layers=args.layers, shards=args.shards, progress=not args.quiet)
+                      layers=args.layers, shards=args.shards, progress=not args.quiet,
+                      rope_scaling=args.rope_scaling)
     print(out)
     return 0
 
@@ -168,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--all-optional", action="store_true", help="add every optional tensor and key llama.cpp accepts")
     s.add_argument("--fused-qkv", action="store_true", help="one attn_qkv matrix instead of attn_q/k/v")
     s.add_argument("--tied-output", action="store_true", help="no output.weight (reuse token_embd)")
+    s.add_argument("--rope-scaling", default=None, choices=["none", "linear", "yarn", "longrope"],
+                   help="context extension keys (factor 4); --all-optional implies yarn")
     s.add_argument("--layers", type=int, default=None, help="write only the first N blocks")
     s.add_argument("--shards", type=int, default=1, help="split into N files (NAME-0000i-of-0000N.gguf)")
     s.add_argument("-q", "--quiet", action="store_true")

@@ -59,7 +59,7 @@ class TensorPlan:
 
 
 def plan_tensors(arch: str, p: dict, *, all_optional: bool = False, fused_qkv: bool = False,
-                 tied_output: bool = False) -> list[TensorPlan]:
+                 tied_output: bool = False, rope_scaling: str | None = None) -> list[TensorPlan]:
     """The tensor list llama.cpp's loader for `arch` creates, with optional ones when asked."""
     D, V, K = p["n_embd"], p["n_vocab"], p["head_dim"]
     H, Hkv = p["n_head"], p["n_head_kv"]
@@ -68,7 +68,12 @@ def plan_tensors(arch: str, p: dict, *, all_optional: bool = False, fused_qkv: b
     F = p.get("n_ff_exp", p["n_ff"]) if moe else p["n_ff"]
     qwen = arch == "qwen3moe"
     t = [TensorPlan("token_embd.weight", (V, D), "embed")]
-    if all_optional and not qwen:
+    if rope_scaling == "longrope":
+        if qwen:
+            raise ConfigError("qwen3moe has no long/short rope factor tensors; longrope is a llama option")
+        t += [TensorPlan("rope_factors_long.weight", (K // 2,), "rope_freqs"),
+              TensorPlan("rope_factors_short.weight", (K // 2,), "rope_freqs")]
+    elif all_optional and not qwen:
         t.append(TensorPlan("rope_freqs.weight", (K // 2,), "rope_freqs"))
     for il in range(p["n_layer"]):
         b = f"blk.{il}."
@@ -116,7 +121,7 @@ def plan_tensors(arch: str, p: dict, *, all_optional: bool = False, fused_qkv: b
     return t
 
 
-def metadata(arch: str, p: dict, *, all_optional: bool, name: str) -> list[tuple[str, object, str]]:
+def metadata(arch: str, p: dict, *, rope_scaling: str | None, name: str) -> list[tuple[str, object, str]]:
     """(key, value, gguf value type) rows."""
     a = arch
     kv = [
@@ -141,10 +146,11 @@ def metadata(arch: str, p: dict, *, all_optional: bool, name: str) -> list[tuple
         kv += [(f"{a}.expert_count", p["n_expert"], "u32"), (f"{a}.expert_used_count", p["n_expert_used"], "u32")]
         if "n_ff_exp" in p:
             kv.append((f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"))
-    if all_optional and a == "llama":
-        # YaRN context extension (honored by llama.cpp for every arch through llama_context's cparams)
-        kv += [(f"{a}.rope.scaling.type", "yarn", "str"), (f"{a}.rope.scaling.factor", 4.0, "f32"),
-               (f"{a}.rope.scaling.original_context_length", p["n_ctx"] // 4, "u32")]
+    if rope_scaling is not None:
+        # context extension, honored by llama.cpp for every arch through llama_context's cparams
+        kv += [(f"{a}.rope.scaling.type", rope_scaling, "str"), (f"{a}.rope.scaling.factor", 4.0, "f32"),
+               (f"{a}.rope.scaling.original_context_length", p["n_ctx"] // 4, "u32"),
+               (f"{a}.rope.scaling.attn_factor", 1.25, "f32")]
     return kv
 
 
@@ -205,9 +211,10 @@ def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
 def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wtype: str = "F32", seed: int = 0,
                 all_optional: bool = False, fused_qkv: bool = False, tied_output: bool = False,
                 layers: int | None = None, shards: int = 1, progress: bool = False,
-                overrides: dict | None = None) -> str:
+                overrides: dict | None = None, rope_scaling: str | None = None) -> str:
     """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks;
-    `overrides` replaces preset entries (e.g. {"n_expert_used": 8} for top-k equal to the expert count)."""
+    `overrides` replaces preset entries (e.g. {"n_expert_used": 8} for top-k equal to the expert count);
+    `rope_scaling` is none | linear | yarn | longrope (factor 4); `all_optional` implies yarn unless given."""
     if arch not in PRESETS:
         raise ConfigError(f"no synthetic presets for arch {arch!r} (available: {', '.join(PRESETS)})")
     if preset not in PRESETS[arch]:
@@ -225,13 +232,18 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     if wt in (GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S, GGMLType.IQ1_M):
         raise ConfigError(f"{wt.name} needs an importance matrix to quantize; pick another --type")
 
-    plan = plan_tensors(arch, p, all_optional=all_optional, fused_qkv=fused_qkv, tied_output=tied_output)
+    if rope_scaling is None and all_optional:
+        rope_scaling = "yarn"
+    if rope_scaling not in (None, "none", "linear", "yarn", "longrope"):
+        raise ConfigError(f"rope scaling {rope_scaling!r} is not one of none, linear, yarn, longrope")
+    plan = plan_tensors(arch, p, all_optional=all_optional, fused_qkv=fused_qkv, tied_output=tied_output,
+                        rope_scaling=rope_scaling)
     path = os.fspath(path)
     n_tensors = len(plan)
     per_shard = -(-n_tensors // shards) if shards > 1 else 0
     w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     label = f"synthetic {arch} {preset} {wt.name} seed={seed}" + (" all-optional" if all_optional else "")
-    for key, val, vt in metadata(arch, p, all_optional=all_optional, name=label):
+    for key, val, vt in metadata(arch, p, rope_scaling=rope_scaling, name=label):
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
     types = {tp.name: choose_type(tp, wt) for tp in plan}
     for tp in plan:

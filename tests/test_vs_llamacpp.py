@@ -51,11 +51,14 @@ F32_CASES = [
     ("llama", dict()),
     ("llama", dict(all_optional=True)),
     ("llama", dict(all_optional=True, fused_qkv=True, tied_output=True)),
+    ("llama", dict(rope_scaling="linear")),
+    ("llama", dict(rope_scaling="longrope")),
     ("llama", dict(preset="tiny-moe")),
     ("llama", dict(preset="tiny-moe", all_optional=True)),
     ("qwen3moe", dict()),
     ("qwen3moe", dict(all_optional=True)),
     ("qwen3moe", dict(all_optional=True, fused_qkv=True, tied_output=True)),
+    ("qwen3moe", dict(rope_scaling="linear")),
 ]
 
 
