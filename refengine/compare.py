@@ -98,8 +98,13 @@ class Report:
 def metrics(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float]:
     r = np.asarray(ref, dtype=np.float64).reshape(-1)
     g = np.asarray(got, dtype=np.float64).reshape(-1)
-    if not (np.all(np.isfinite(g)) and np.all(np.isfinite(r))):
-        return float("nan"), float("nan"), float("nan")
+    fin_r, fin_g = np.isfinite(r), np.isfinite(g)
+    if not (fin_r.all() and fin_g.all()):
+        # +-inf in the same places on both sides (masked scores) are equal; NaN or any other mismatch fails
+        if np.isnan(r).any() or np.isnan(g).any() or not np.array_equal(fin_r, fin_g) \
+                or not np.array_equal(r[~fin_r], g[~fin_g]):
+            return float("nan"), float("nan"), float("nan")
+        r, g = r[fin_r], g[fin_g]
     d = g - r
     den = float(np.dot(r, r))
     nmse = float(np.dot(d, d) / den) if den > 0 else float(np.dot(d, d))
@@ -204,11 +209,16 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         r, g = ref[name], got[name]
         base, _, il = name.rpartition("-")
         base = base if il.isdigit() else name
-        if base == "ffn_moe_argsort":
-            stats.append(_argsort_check(name, r, g, ref.get(f"ffn_moe_probs-{il}"), got.get(f"ffn_moe_probs-{il}")))
-            continue
-        if base == "ffn_moe_topk":
-            stats.append(_topk_check(name, r, g, ref.get(f"ffn_moe_probs-{il}"), got.get(f"ffn_moe_probs-{il}")))
+        if base in ("ffn_moe_argsort", "ffn_moe_topk", "ffn_moe_group_topk"):
+            # the scores the experts (or groups) were ranked by: masked by group routing when there is one
+            src = "ffn_moe_probs_masked" if f"ffn_moe_probs_masked-{il}" in ref else "ffn_moe_probs"
+            if base == "ffn_moe_group_topk":
+                stats.append(_topk_check(name, r, g, None, None))
+                continue
+            pr, pg = ref.get(f"{src}-{il}"), got.get(f"{src}-{il}")
+            pr, pg = (None if a is None else np.where(np.isfinite(a), a, -1e30) for a in (pr, pg))
+            check_fn = _argsort_check if base == "ffn_moe_argsort" else _topk_check
+            stats.append(check_fn(name, r, g, pr, pg))
             continue
         note = ""
         if base in SLOT_TENSORS and f"ffn_moe_topk-{il}" in ref and f"ffn_moe_topk-{il}" in got:

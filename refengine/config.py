@@ -54,6 +54,10 @@ class ModelConfig:
     rope_freq_scale: float    # 1 / rope.scaling.factor (or 1 / rope.scale_linear); 1 when absent or type none
     rope_attn_factor: float   # rope.scaling.attn_factor (default 1)
     n_ctx_orig_yarn: int      # rope.scaling.original_context_length (default context_length)
+    causal_attn: bool = True       # attention.causal (default true; false = every cached position visible)
+    n_expert_groups: int = 0       # expert_group_count (default 0: no group-limited routing)
+    n_group_used: int = 0          # expert_group_used_count
+    n_layer_nextn: int = 0         # nextn_predict_layers: MTP blocks after the trunk (not run here)
     yarn_beta_fast: float = 32.0   # llama.cpp default (not read from GGUF)
     yarn_beta_slow: float = 1.0    # llama.cpp default (not read from GGUF)
     layers: tuple[LayerSpec, ...] = field(default=())
@@ -126,12 +130,17 @@ class KeyReader:
 def read_common(r: KeyReader, *, rope_type: int, n_vocab: int) -> dict:
     """The hyperparameters every transformer arch reads (`load_hparams`, src/llama-model.cpp:1298-1470)."""
     gf = r.gf
-    n_layer = int(r.get("block_count", required=True))
+    n_layer_all = int(r.get("block_count", required=True))
+    n_nextn = int(r.get("nextn_predict_layers", 0))
+    if not 0 <= n_nextn < n_layer_all:
+        raise ConfigError(f"{gf.path}: {r._k('nextn_predict_layers')} = {n_nextn} leaves no trunk layer "
+                          f"of block_count = {n_layer_all}")
+    n_layer = n_layer_all - n_nextn              # the trunk llama.cpp runs (hparams.n_layer())
     n_embd = int(r.get("embedding_length", required=True))
     if n_layer <= 0 or n_embd <= 0:
         raise ConfigError(f"{gf.path}: block_count = {n_layer}, embedding_length = {n_embd} must be positive")
-    n_head = r.per_layer("attention.head_count", n_layer, required=True)
-    n_head_kv = r.per_layer("attention.head_count_kv", n_layer)
+    n_head = r.per_layer("attention.head_count", n_layer_all, required=True)[:n_layer]
+    n_head_kv = r.per_layer("attention.head_count_kv", n_layer_all)[:n_layer]
     n_head_kv = tuple(h if kv is None else kv for h, kv in zip(n_head, n_head_kv))
     if n_head[0] <= 0:
         raise ConfigError(f"{gf.path}: {r._k('attention.head_count')} must be positive")
@@ -148,6 +157,12 @@ def read_common(r: KeyReader, *, rope_type: int, n_vocab: int) -> dict:
         factor = r.get("rope.scale_linear", 0.0)
     freq_scale = 1.0 if (factor == 0.0 or scaling == "none") else 1.0 / float(factor)
 
+    n_expert = int(r.get("expert_count", 0))
+    n_groups = int(r.get("expert_group_count", 0))
+    n_group_used = int(r.get("expert_group_used_count", 0))
+    if n_groups > 1 and (n_expert % n_groups or not 0 < n_group_used < n_groups):
+        raise ConfigError(f"{gf.path}: expert_group_count = {n_groups}, expert_group_used_count = {n_group_used} "
+                          f"do not fit expert_count = {n_expert} (llama.cpp asserts E % groups == 0, 0 < used < groups)")
     vocab_key = r.get("vocab_size")
     if vocab_key is not None and int(vocab_key) != n_vocab:
         raise ConfigError(f"{gf.path}: {r._k('vocab_size')} = {vocab_key} but token_embd.weight has {n_vocab} rows")
@@ -155,7 +170,8 @@ def read_common(r: KeyReader, *, rope_type: int, n_vocab: int) -> dict:
         arch=r.arch, name=str(gf.get("general.name", "")), n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer,
         n_ctx_train=n_ctx_train, head_dim_k=head_k, head_dim_v=head_v, n_rot=n_rot,
         rms_eps=float(r.get("attention.layer_norm_rms_epsilon", required=True)),
-        n_expert=int(r.get("expert_count", 0)), rope_type=rope_type,
+        n_expert=n_expert, rope_type=rope_type, causal_attn=bool(r.get("attention.causal", True)),
+        n_expert_groups=n_groups, n_group_used=n_group_used, n_layer_nextn=n_nextn,
         rope_freq_base=float(r.get("rope.freq_base", 10000.0)), rope_scaling_type=scaling,
         rope_freq_scale=freq_scale, rope_attn_factor=float(r.get("rope.scaling.attn_factor", 1.0)),
         n_ctx_orig_yarn=int(r.get("rope.scaling.original_context_length", n_ctx_train)),

@@ -121,7 +121,8 @@ def plan_tensors(arch: str, p: dict, *, all_optional: bool = False, fused_qkv: b
     return t
 
 
-def metadata(arch: str, p: dict, *, rope_scaling: str | None, name: str) -> list[tuple[str, object, str]]:
+def metadata(arch: str, p: dict, *, all_optional: bool, rope_scaling: str | None,
+             name: str) -> list[tuple[str, object, str]]:
     """(key, value, gguf value type) rows."""
     a = arch
     kv = [
@@ -144,6 +145,10 @@ def metadata(arch: str, p: dict, *, rope_scaling: str | None, name: str) -> list
         kv.append((f"{a}.rope.dimension_count", p["head_dim"], "u32"))
     if p.get("n_expert"):
         kv += [(f"{a}.expert_count", p["n_expert"], "u32"), (f"{a}.expert_used_count", p["n_expert_used"], "u32")]
+        if all_optional and p["n_expert"] >= 4:
+            # group-limited routing, read by llama.cpp for every MoE arch (hparams.n_expert_groups)
+            kv += [(f"{a}.expert_group_count", p["n_expert"] // 2, "u32"),
+                   (f"{a}.expert_group_used_count", p["n_expert"] // 4, "u32")]
         if "n_ff_exp" in p:
             kv.append((f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"))
     if rope_scaling is not None:
@@ -243,7 +248,7 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     per_shard = -(-n_tensors // shards) if shards > 1 else 0
     w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     label = f"synthetic {arch} {preset} {wt.name} seed={seed}" + (" all-optional" if all_optional else "")
-    for key, val, vt in metadata(arch, p, rope_scaling=rope_scaling, name=label):
+    for key, val, vt in metadata(arch, p, all_optional=all_optional, rope_scaling=rope_scaling, name=label):
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
     types = {tp.name: choose_type(tp, wt) for tp in plan}
     for tp in plan:

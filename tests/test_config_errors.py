@@ -96,3 +96,24 @@ def test_per_layer_head_counts(tmp_path):
     m = Model(f)
     assert [l.n_head_kv for l in m.cfg.layers] == [2, 2]
     assert np.array_equal(m.forward([4, 5]), Model(base).forward([4, 5]))
+
+
+def test_nextn_layers_are_not_trunk(base, tmp_path):
+    """block_count counts MTP blocks (nextn_predict_layers) that the trunk does not run."""
+    f = rewrite(base, tmp_path / "n.gguf", drop_keys={"llama.block_count"}, set_keys={
+        "llama.block_count": (3, GGUFValueType.UINT32), "llama.nextn_predict_layers": (1, GGUFValueType.UINT32)})
+    m = Model(f)
+    assert m.cfg.n_layer == 2 and m.cfg.n_layer_nextn == 1
+    assert np.array_equal(m.forward([4, 5]), Model(base).forward([4, 5]))
+
+
+@pytest.mark.oracle
+def test_non_causal_attention_matches_llamacpp(base, tmp_path):
+    """attention.causal = false: every position sees the whole batch (llama.cpp's kq mask follows the key)."""
+    from refengine.compare import run_compare
+    f = rewrite(base, tmp_path / "nc.gguf", set_keys={"llama.attention.causal": (False, GGUFValueType.BOOL)})
+    rep = run_compare(f, [3, 1, 4, 1, 5, 9, 2, 6])
+    assert Model(f).cfg.causal_attn is False
+    assert rep.ok and rep.logits.nmse <= 1e-8, rep.first_divergence
+    causal = Model(base).forward([3, 1, 4, 1, 5, 9, 2, 6])
+    assert not np.allclose(causal[:-1], Model(f).forward([3, 1, 4, 1, 5, 9, 2, 6])[:-1])

@@ -28,9 +28,11 @@ GLOBAL_NAMES = ["embd", "result_norm", "result_output"]
 
 def expected_names(arch, moe, scaled=False, n_layer=2):
     per = QWEN_NAMES if arch == "qwen3moe" else LLAMA_NAMES + (MOE_NAMES if moe else DENSE_NAMES)
-    if scaled:   # llama.cpp names a scaled expert output ffn_moe_up_scaled etc.
+    if scaled:   # all-optional: llama.cpp names a scaled expert output ffn_moe_up_scaled etc.; group routing
         per = [n.replace("_up-", "_up_scaled-").replace("_gate-", "_gate_scaled-").replace("_down-", "_down_scaled-")
                if n.startswith("ffn_moe_") else n for n in per]
+        if moe:
+            per = per + ["ffn_moe_group_topk-{}", "ffn_moe_probs_masked-{}"]
     return set(GLOBAL_NAMES) | {n.format(il) for il in range(n_layer) for n in per}
 
 

@@ -55,11 +55,12 @@ def config_from_gguf(gf, *, arch: str = ARCH, rope_type: int = ROPE_TYPE, moe_on
     r = KeyReader(gf, arch)
     common, n_head, n_head_kv = read_common(r, rope_type=rope_type, n_vocab=token_rows(gf))
     L = common["n_layer"]
-    n_ff = r.per_layer("feed_forward_length", L, default=0)
+    L_all = L + common["n_layer_nextn"]
+    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
     # llama sizes its experts by feed_forward_length; qwen3moe reads expert_feed_forward_length and
     # falls back to feed_forward_length / expert_used_count (src/models/qwen3moe.cpp:51)
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L, default=0) if moe_only else n_ff
-    n_used = r.per_layer("expert_used_count", L, default=0)
+    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, default=0)[:L] if moe_only else n_ff
+    n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
     n_expert = common["n_expert"]
     if n_expert > 0 and max(n_used) == 0:
         raise ConfigError(f"{gf.path}: {arch}.expert_count = {n_expert} but {arch}.expert_used_count is missing or 0")
@@ -254,7 +255,8 @@ def self_attention(h, w, *, cfg, spec, il, cache, pos, rope, rt, qk_norm=None):
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)
     k_all, v_all = cache.append(il, k, v)                                # [S, Hkv, K], [S, Hkv, V]
-    mask = causal_mask(pos, np.arange(k_all.shape[0]))                   # [T, S]
+    S = k_all.shape[0]
+    mask = causal_mask(pos, np.arange(S)) if cfg.causal_attn else np.zeros((T, S), np.float32)   # [T, S]
     o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k), rt.record, il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]
     rt.record("kqv_out", il, o)
@@ -285,6 +287,7 @@ def moe_block(h, w, *, cfg, spec, il, rt, norm_w=True, w_scale=0.0):
     logits = rt.matmul(h, w.ffn_gate_inp)                                # [T, E]
     rt.record("ffn_moe_logits", il, logits)
     ids, weights = softmax_topk(logits, spec.n_expert_used, norm_w=norm_w, w_scale=w_scale,
+                                n_groups=cfg.n_expert_groups, n_group_used=cfg.n_group_used,
                                 record=rt.record, il=il)                 # [T, A], [T, A]
     return rt.moe_ffn(h, ids, weights, up=w.ffn_up_exps, gate=w.ffn_gate_exps, down=w.ffn_down_exps,
                       up_scale=w.ffn_up_exps_scale, gate_scale=w.ffn_gate_exps_scale,
