@@ -131,6 +131,9 @@ def cmd_info(args) -> int:
     print(f"tensors:      {len(gf.tensors)}")
     for t, n in sorted(cnt.items(), key=lambda kv: -size[kv[0]]):
         print(f"  {t:<8} {n:>6} tensors  {size[t] / 2**20:>10.1f} MiB")
+    if args.tensors:
+        for name, ti in gf.tensors.items():
+            print(f"  {name:<40} {ti.type.name:<8} {str(list(ti.shape)):<22} {os.path.basename(ti.path)}")
     try:
         from .model import Model
         with warnings.catch_warnings(record=True) as w:
@@ -140,7 +143,8 @@ def cmd_info(args) -> int:
         c = m.cfg
         print("hyperparameters:")
         for k in ("n_vocab", "n_embd", "n_layer", "n_ctx_train", "head_dim_k", "head_dim_v", "n_rot", "rms_eps",
-                  "n_expert", "rope_freq_base", "rope_scaling_type", "rope_freq_scale"):
+                  "n_expert", "n_expert_groups", "n_group_used", "causal_attn", "rope_freq_base",
+                  "rope_scaling_type", "rope_freq_scale", "n_ctx_orig_yarn"):
             print(f"  {k:<18} {getattr(c, k)}")
         l0 = c.layers[0]
         print(f"  {'layer 0':<18} heads {l0.n_head}/{l0.n_head_kv} kv, ffn {l0.ffn}, n_ff {l0.n_ff}, "
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="architecture, hyperparameters, tensor types, size, shards")
     i.add_argument("file")
+    i.add_argument("--tensors", action="store_true", help="list every tensor: name, type, shape (NumPy order), shard")
     i.set_defaults(fn=cmd_info)
     return p
 
