@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import quants as gguf_quants
-from gguf.constants import GGMLQuantizationType
 
+from .decode import DecodeError, decode
 from .formats import GGMLType, TypeInfo, type_info
 
 
@@ -74,23 +73,11 @@ class QTensor:
 
 
 def _decode(raw: np.ndarray, t: GGMLType, name: str) -> np.ndarray:
-    """Packed bytes `[..., row_bytes]` -> float32 `[..., cols]`."""
-    if t == GGMLType.F32:
-        return raw.view(np.float32)
-    if t == GGMLType.F16:
-        return raw.view(np.float16).astype(np.float32)
-    if t == GGMLType.F64:
-        return raw.view(np.float64).astype(np.float32)
-    if t in (GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64):
-        return raw.view({GGMLType.I8: np.int8, GGMLType.I16: np.int16,
-                         GGMLType.I32: np.int32, GGMLType.I64: np.int64}[t]).astype(np.float32)
+    """Packed bytes `[..., row_bytes]` -> float32 `[..., cols]` (bit-exact with ggml, see `quant.decode`)."""
     try:
-        gq = GGMLQuantizationType(int(t))
-    except ValueError:
-        gq = None
-    if gq is None or gq not in gguf_quants._type_traits:
-        raise QuantError(f"tensor {name!r}: no NumPy decoder for ggml type {t.name} yet")
-    return gguf_quants.dequantize(raw, gq).astype(np.float32, copy=False)
+        return decode(raw, t)
+    except DecodeError as e:
+        raise QuantError(f"tensor {name!r}: {e}") from None
 
 
 def dequantize(w: QTensor) -> np.ndarray:
