@@ -1,0 +1,149 @@
+"""Device helpers shared by every kernel: bit casts, unaligned 32-bit reads, float16 scales, warp sums.
+
+Every helper has a plain-Python twin for the CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`), where device
+functions run as Python and `libdevice` is not available; on the GPU the twin is never compiled.
+
+Weights live on the device as one flat uint32 array per tensor (`w32`), the GGUF bytes unchanged and
+padded by 16 bytes, so a 4-byte read at any byte offset is two aligned word loads and a funnel shift.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
+
+SIM = bool(cuda.simulator_enabled) if hasattr(cuda, "simulator_enabled") else False
+try:
+    from numba.cuda import config as _cfg
+    SIM = SIM or bool(getattr(_cfg, "ENABLE_CUDASIM", False))
+except ImportError:                                        # pragma: no cover
+    pass
+
+MAGIC = 8388608.0            # 2^23: as_f32(0x4B000000 | q) == 2^23 + q exactly for 0 <= q < 2^23
+MAGIC_BITS = 0x4B000000
+
+if SIM:
+    def as_f32(u):
+        """uint32 bit pattern -> float32 (reinterpret, no conversion)."""
+        return np.uint32(u).view(np.float32)
+
+    def f16_to_f32(h):
+        """IEEE half bit pattern (low 16 bits of h) -> float32."""
+        return np.float32(np.uint16(int(h) & 0xFFFF).view(np.float16))
+
+    def expf(x):
+        return np.float32(math.exp(float(x))) if x > -88.0 else np.float32(0.0)
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True, inline=True)
+    def as_f32(u):
+        return libdevice.int_as_float(int32(u))
+
+
+    @cuda.jit(device=True, inline=True)
+    def expf(x):
+        return libdevice.expf(x)
+
+
+@cuda.jit(device=True, inline=True)
+def _h2f(h):
+    """IEEE half -> float32 by bit manipulation (normals, subnormals, zero, inf, NaN)."""
+    h = uint32(h) & uint32(0xFFFF)
+    sign = (h & uint32(0x8000)) << uint32(16)
+    ex = (h >> uint32(10)) & uint32(0x1F)
+    man = h & uint32(0x3FF)
+    if ex == uint32(0x1F):                                   # inf / NaN
+        return as_f32(sign | uint32(0x7F800000) | (man << uint32(13)))
+    if ex == uint32(0):                                      # zero / subnormal: man * 2^-24
+        v = float32(man) * float32(5.9604644775390625e-08)
+        return -v if sign else v
+    return as_f32(sign | ((ex + uint32(112)) << uint32(23)) | (man << uint32(13)))
+
+
+if not SIM:
+    f16_to_f32 = _h2f
+
+
+@cuda.jit(device=True, inline=True)
+def ld32(w32, off):
+    """The 4 bytes at byte offset `off` (any alignment) as a little-endian uint32."""
+    i = off >> 2
+    sh = (off & 3) * 8
+    if sh == 0:
+        return uint32(w32[i])
+    v = (uint64(w32[i + 1]) << uint64(32)) | uint64(w32[i])
+    return uint32((v >> uint64(sh)) & uint64(0xFFFFFFFF))
+
+
+@cuda.jit(device=True, inline=True)
+def ld16(w32, off):
+    """The 2 bytes at an even byte offset as uint32."""
+    return (uint32(w32[off >> 2]) >> uint32((off & 2) * 8)) & uint32(0xFFFF)
+
+
+@cuda.jit(device=True, inline=True)
+def ld8(w32, off):
+    return (uint32(w32[off >> 2]) >> uint32((off & 3) * 8)) & uint32(0xFF)
+
+
+@cuda.jit(device=True, inline=True)
+def byte(u, k):
+    """Byte k (0..3) of a uint32."""
+    return (uint32(u) >> uint32(8 * k)) & uint32(0xFF)
+
+
+@cuda.jit(device=True, inline=True)
+def u2f(q):
+    """Small unsigned int (< 2^23) -> float32 exactly, without the slow int->float conversion."""
+    return as_f32(uint32(q) | uint32(MAGIC_BITS)) - float32(MAGIC)
+
+
+@cuda.jit(device=True, inline=True)
+def silu(x):
+    """x / (1 + exp(-x)), as ggml's `ggml_silu_f32`."""
+    return x / (float32(1.0) + expf(-x))
+
+
+@cuda.jit(device=True, inline=True)
+def warp_sum(v):
+    """Sum of v over the 32 lanes of a warp (every lane gets the total). All 32 lanes must call it."""
+    v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 16)
+    v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 8)
+    v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 4)
+    v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 2)
+    v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 1)
+    return v
+
+
+if SIM:
+    # The simulator has no warp shuffles: the 32 lanes (Python threads) meet at a barrier instead.
+    import threading
+
+    _warps: dict = {}
+    _warps_lock = threading.Lock()
+
+    class _Warp:
+        def __init__(self):
+            self.vals = [0.0] * 32
+            self.total = 0.0
+            self.meet = threading.Barrier(32, action=self._sum)
+            self.done = threading.Barrier(32)
+
+        def _sum(self):
+            self.total = np.float32(sum(np.float32(x) for x in self.vals))
+
+    @cuda.jit(device=True)
+    def warp_sum(v):  # noqa: F811
+        key = (cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.threadIdx.y, cuda.threadIdx.z,
+               cuda.threadIdx.x // 32)
+        with _warps_lock:
+            w = _warps.get(key)
+            if w is None:
+                w = _warps[key] = _Warp()
+        w.vals[cuda.threadIdx.x % 32] = v
+        w.meet.wait()
+        total = w.total
+        w.done.wait()
+        return total

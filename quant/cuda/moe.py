@@ -1,0 +1,225 @@
+"""Grouped expert dispatch: all routed experts of a layer in one launch per matrix.
+
+Legend: T tokens, D model dim, E experts, A active experts per token, I expert hidden dim.
+
+    pairs (t, a) sorted by expert ids[t, a]                       groups: one per routed expert
+    act[t*A + a] = silu(x[t] @ gate_e.T * sg[e]) * (x[t] @ up_e.T * su[e])       one launch (GLU)
+    dn[t*A + a]  = (act[t*A + a] @ down_e.T * sd[e]) * weights[t, a]            one launch
+    out[t]       = dn[t*A + 0] + dn[t*A + 1] + ... (slot order, like ggml)       one launch
+
+The intermediate `act` and `dn` stay on the device. With more than 8 tokens for some expert the
+projections use the tiled GEMM (gate and up separately, then the activation). Same contract and
+trace records as the loop oracle `refengine.moe.experts.moe_ffn` (llama.cpp: `build_moe_ffn`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from ..ref import QuantError
+from ._dev import silu
+from .gemv import GroupTable
+from .ops import GEMM_SHAPE, NT_MAX, grouped, supported
+from .weights import DeviceWeight, device_weight
+
+BN = GEMM_SHAPE["BN"]
+
+
+# ------------------------------------------------------------------ groups
+def groups_from_ids(ids: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Host: ids [T, A] -> (table with x row = token, table with x row = pair, max pairs of one group)."""
+    T, A = ids.shape
+    flat = ids.reshape(-1).astype(np.int64)
+    order = np.argsort(flat, kind="stable")                  # pairs sorted by expert, then by (t, a)
+    gexp, counts = np.unique(flat, return_counts=True)
+    gmax = min(E, T * A)
+    tab_x = GroupTable.build(gexp, counts, order // A, order, gmax, BN)
+    tab_p = GroupTable.build(gexp, counts, order, order, gmax, BN)
+    return tab_x, tab_p, int(counts.max())
+
+
+@cuda.jit
+def bucket_kernel(ids, E, A, n, bn, tab_x, tab_p, cnt, fill):
+    """Device: ids [n = T*A] -> the two group tables (x row = token, x row = pair). One block.
+
+    cnt, fill: int32 [E] scratch. Groups in ascending expert order; within a group pairs arrive in
+    any order (each pair's result does not depend on its place). Grid 1, block 256.
+    """
+    tid = cuda.threadIdx.x
+    nth = cuda.blockDim.x
+    gmax = min(E, n)
+    for e in range(tid, E, nth):
+        cnt[e] = 0
+    cuda.syncthreads()
+    for i in range(tid, n, nth):
+        cuda.atomic.add(cnt, ids[i], 1)
+    cuda.syncthreads()
+    if tid == 0:                                        # serial scan over E experts: groups and tiles
+        g = 0
+        off = 0
+        q0 = 2 + 2 * gmax + 2 * n
+        nt = 0
+        for e in range(E):
+            c = cnt[e]
+            fill[e] = off
+            if c > 0:
+                tab_x[1 + g] = e
+                tab_x[1 + gmax + g] = off
+                for s in range(off, off + c, bn):
+                    tab_x[q0 + 1 + 2 * nt] = g
+                    tab_x[q0 + 2 + 2 * nt] = s
+                    nt += 1
+                g += 1
+                off += c
+        tab_x[0] = g
+        for k in range(g, gmax + 1):
+            tab_x[1 + gmax + k] = off
+        tab_x[q0] = nt
+    cuda.syncthreads()
+    for i in range(tid, n, nth):
+        pos = cuda.atomic.add(fill, ids[i], 1)
+        tab_x[2 + 2 * gmax + pos] = i // A
+        tab_x[2 + 2 * gmax + n + pos] = i
+    cuda.syncthreads()
+    size = 3 + 2 * gmax + 2 * n + 2 * (gmax + n // bn + 1)
+    for i in range(tid, size, nth):
+        tab_p[i] = tab_x[i]
+    cuda.syncthreads()
+    for i in range(tid, n, nth):
+        tab_p[2 + 2 * gmax + i] = tab_x[2 + 2 * gmax + n + i]
+
+
+# ------------------------------------------------------------------ elementwise stages
+@cuda.jit
+def swiglu_kernel(g, u, out, has_gate):
+    """out = silu(g) * u, or silu(u) without a gate. Grid-stride over the [N, I] elements."""
+    N, I = out.shape
+    for i in range(cuda.grid(1), N * I, cuda.gridsize(1)):
+        r = i // I
+        c = i - r * I
+        if has_gate:
+            out[r, c] = silu(g[r, c]) * u[r, c]
+        else:
+            out[r, c] = silu(u[r, c])
+
+
+@cuda.jit
+def combine_kernel(dn, A, res, has_res, out):
+    """out[t, d] = (res[t, d] +) dn[t*A, d] + dn[t*A + 1, d] + ... in slot order. Grid-stride over T*D."""
+    T, D = out.shape
+    for i in range(cuda.grid(1), T * D, cuda.gridsize(1)):
+        t = i // D
+        d = i - t * D
+        s = dn[t * A, d]
+        for a in range(1, A):
+            s += dn[t * A + a, d]
+        if has_res:
+            s = res[t, d] + s
+        out[t, d] = s
+
+
+def _grid(n: int, block: int = 256) -> int:
+    return max(1, min(math.ceil(n / block), 4096))
+
+
+# ------------------------------------------------------------------ device-level dispatch
+def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int, A: int, wts, *,
+                   up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight, sc_gu, sc_d,
+                   res=None, out=None, scratch=None, stream=0, kernel: str = "auto"):
+    """Device arrays in and out: xd [T, D], wts [T*A] routing weights, tables on the device.
+
+    sc_gu: float32 [2E] (gate scales then up scales), sc_d: float32 [E]. Returns out [T, D].
+    scratch: dict of reusable buffers (act [T*A, I], dn [T*A, D], and for the GEMM path g, u).
+    """
+    T, D = xd.shape
+    I = up.O
+    s = scratch if scratch is not None else {}
+
+    def buf(name, shape):
+        b = s.get(name)
+        if b is None or b.shape != shape:
+            b = s[name] = cuda.device_array(shape, dtype=np.float32, stream=stream)
+        return b
+    act = buf("act", (n_pairs, I))
+    dn = buf("dn", (n_pairs, D))
+    if out is None:
+        out = cuda.device_array((T, D), dtype=np.float32, stream=stream)
+    small = kernel == "gemv" or (kernel == "auto" and max_per_group <= NT_MAX)
+    if small and gate is not None:
+        grouped(gate, xd, act, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, up=up, stream=stream)
+    else:
+        E = up.E
+        u = buf("u", (n_pairs, I))
+        grouped(up, xd, u, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu[E:], kernel=kernel, stream=stream)
+        g = u
+        if gate is not None:
+            g = buf("g", (n_pairs, I))
+            grouped(gate, xd, g, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, kernel=kernel, stream=stream)
+        swiglu_kernel[_grid(n_pairs * I), 256, stream](g, u, act, gate is not None)
+    grouped(down, act, dn, tab_p, gmax, n_pairs, max_per_group, sc=sc_d, rw=wts, kernel=kernel, stream=stream)
+    combine_kernel[_grid(T * D), 256, stream](dn, A, res if res is not None else out, res is not None, out)
+    return out
+
+
+# ------------------------------------------------------------------ host API (the backend's moe_ffn)
+def _scales(s, E):
+    return np.ones(E, np.float32) if s is None else np.asarray(s, dtype=np.float32).reshape(E)
+
+
+def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, down, up_scale=None,
+            gate_scale=None, down_scale=None, mode: str = "exact", record=None, il: int = -1,
+            kernel: str = "auto") -> np.ndarray:
+    """x [T, D], ids / weights [T, A] -> [T, D]; `gate` may be None (then act = silu(up)).
+
+    With `record` the intermediates are computed unfused and handed to it under the loop oracle's names.
+    """
+    if mode != "exact":
+        raise QuantError(f"moe_ffn: mode {mode!r} is not implemented (available: exact)")
+    for m in (up, gate, down):
+        if m is not None and not supported(m):
+            raise QuantError(f"moe_ffn: no CUDA decoder for {m.type.name} tensor {m.name!r}; use the numpy backend")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    ids = np.asarray(ids, dtype=np.int32)
+    T, D = x.shape
+    A = ids.shape[1]
+    E = up.shape[0]
+    used = np.unique(ids)
+    dup = device_weight(up).ensure(used)
+    dgate = device_weight(gate).ensure(used) if gate is not None else None
+    ddown = device_weight(down).ensure(used)
+    tab_x, tab_p, mpg = groups_from_ids(ids, E)
+    gmax = min(E, T * A)
+    n = T * A
+    xd = cuda.to_device(x)
+    tx, tp = cuda.to_device(tab_x), cuda.to_device(tab_p)
+    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, E), _scales(up_scale, E)]))
+    sc_d = cuda.to_device(_scales(down_scale, E))
+    wts = cuda.to_device(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1))
+    if record is None:
+        return moe_ffn_device(xd, tx, tp, gmax, n, mpg, A, wts, up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
+                              sc_d=sc_d, kernel=kernel).copy_to_host()
+    # traced: every intermediate of the loop oracle, computed by the same kernels, unfused
+    I = up.shape[1]
+    u = cuda.device_array((n, I), np.float32)
+    grouped(dup, xd, u, tx, gmax, n, mpg, sc=sc_gu[E:], kernel=kernel)
+    record("ffn_moe_up", il, u.copy_to_host().reshape(T, A, I))
+    g = u
+    if dgate is not None:
+        g = cuda.device_array((n, I), np.float32)
+        grouped(dgate, xd, g, tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
+        record("ffn_moe_gate", il, g.copy_to_host().reshape(T, A, I))
+    act = cuda.device_array((n, I), np.float32)
+    swiglu_kernel[_grid(n * I), 256](g, u, act, dgate is not None)
+    record("ffn_moe_swiglu" if dgate is not None else "ffn_moe_silu", il, act.copy_to_host().reshape(T, A, I))
+    dn = cuda.device_array((n, D), np.float32)
+    grouped(ddown, act, dn, tp, gmax, n, mpg, sc=sc_d, kernel=kernel)
+    down_out = dn.copy_to_host().reshape(T, A, D)
+    record("ffn_moe_down", il, down_out)
+    weighted = down_out * np.asarray(weights, dtype=np.float32)[:, :, None]
+    record("ffn_moe_weighted", il, weighted)
+    out = weighted[:, 0].copy()
+    for a in range(1, A):
+        out += weighted[:, a]
+    return out

@@ -1,0 +1,133 @@
+"""Host wrappers: launch the grouped kernels of `gemv.py` for a dense matmul or for groups of experts.
+
+    y = matmul(x, w)                     x [T, I] float32 (host), w QTensor [O, I]  ->  [T, O] (host)
+    grouped(dw, xd, yd, grp, ...)        device arrays in and out, one launch for all groups
+
+Kernel choice (`kernel="auto"`): T <= 8 tokens per group -> warp GEMV with NT = T rounded up to a
+power of two; more tokens and I % 128 == 0 -> tiled GEMM; otherwise warp GEMV, 8 tokens per pass.
+
+Launch shapes (documented here, used below):
+- naive: grid (ceil(O / 128), n_pairs), block 128: one thread per (pair, row).
+- gemv:  grid (ceil(O / (RW * WARPS)), GMAX), block 32 * WARPS: one warp per RW rows of one group;
+         blocks of groups past G (known only on the device) return at once.
+- gemm:  grid (ceil(O / BM), n_tiles_max), block (BM / TM) * (BN / TN): one block per BM x BN tile.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from .. import ref
+from ..formats import GGMLType
+from ..ref import QTensor, QuantError
+from .decoders import SPECS
+from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
+from .weights import DeviceWeight, device_weight
+
+# (RW rows per warp, WARPS per block) of the warp GEMV, per type; measured on the H200 (BENCHMARKS.md)
+GEMV_SHAPE: dict[GGMLType, tuple[int, int]] = {}
+GEMV_DEFAULT = (1, 4)
+GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=2)
+NT_MAX = 8
+
+
+def supported(w: QTensor) -> bool:
+    """True when the kernels read this tensor directly (type with a decoder, row a whole number of blocks)."""
+    s = SPECS.get(w.type)
+    return s is not None and w.shape[-1] % s.BS == 0
+
+
+def _nt(n: int) -> int:
+    return 1 if n <= 1 else 2 if n <= 2 else 4 if n <= 4 else 8
+
+
+@functools.lru_cache(maxsize=None)
+def _ones(n: int):
+    return cuda.to_device(np.ones(n, dtype=np.float32))
+
+
+@functools.lru_cache(maxsize=64)
+def _dense_groups_dev(T: int):
+    return cuda.to_device(dense_groups(T, GEMM_SHAPE["BN"]))
+
+
+def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_group: int, *, sc=None, rw=None,
+            up: DeviceWeight | None = None, kernel: str = "auto", shape=None, stream=0) -> None:
+    """yd[out(j)] = sc[e] * xd[tok(j)] @ W_e^T for every pair j of every group, in one launch.
+
+    dw: the weights ([E, O, I] or [O, I]); xd [*, I], yd [*, O] float32 device arrays; grp the group
+    table on the device (`GroupTable`); max_per_group bounds the pairs of one group (picks the kernel).
+    sc: float32 [E] (or [2E] with `up`) per-matrix scales, default 1; rw: float32 [n_out] row weights.
+    up: a second matrix of the same type and shape: writes silu(gate) * up instead (gemv only).
+    """
+    O, I, E = dw.O, dw.I, dw.E
+    if sc is None:
+        sc = _ones(2 * E)
+    rwa = rw if rw is not None else _ones(1)
+    if kernel == "auto":
+        kernel = "gemv" if (max_per_group <= NT_MAX or I % 128 or up is not None) else "gemm"
+    tab = dw.tab
+    if kernel == "naive":
+        k = naive_kernel(dw.type)
+        k[(math.ceil(O / 128), n_pairs), 128, stream](dw.w32, dw.w16, tab, xd, yd, sc, grp, O, I, dw.rowb,
+                                                      dw.estride, gmax, n_pairs)
+        if rw is not None:
+            raise QuantError("naive kernel: row weights are not supported")
+    elif kernel == "gemv":
+        RW, WARPS = shape or GEMV_SHAPE.get(dw.type, GEMV_DEFAULT)
+        k = gemv_kernel(dw.type, _nt(max_per_group), RW, WARPS, up is not None, rw is not None)
+        u = up if up is not None else dw
+        k[(math.ceil(O / (RW * WARPS)), gmax), 32 * WARPS, stream](
+            dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
+    elif kernel == "gemm":
+        if I % 128:
+            raise QuantError(f"gemm kernel needs I % 128 == 0, got I = {I}")
+        sh = dict(GEMM_SHAPE, **(shape or {}))
+        k = gemm_kernel(dw.type, sh["BM"], sh["BN"], sh["TM"], sh["TN"], rw is not None)
+        ntiles = gmax + n_pairs // sh["BN"] + 1
+        nth = (sh["BM"] // sh["TM"]) * (sh["BN"] // sh["TN"])
+        k[(math.ceil(O / sh["BM"]), ntiles), nth, stream](dw.w32, dw.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb,
+                                                          dw.estride, gmax, n_pairs, E)
+    else:
+        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, gemm, auto)")
+
+
+def dense(dw: DeviceWeight, xd, yd, *, kernel: str = "auto", shape=None, stream=0) -> None:
+    """yd [T, O] = xd [T, I] @ W^T on the device."""
+    T = xd.shape[0]
+    grp = _dense_groups_dev(T)
+    grouped(dw, xd, yd, grp, 1, T, T, kernel=kernel, shape=shape, stream=stream)
+
+
+def _check(x, w: QTensor, mode: str) -> np.ndarray:
+    if mode != "exact":
+        raise QuantError(f"matmul: mode {mode!r} is not implemented (available: exact)")
+    if w.ndim != 2:
+        raise QuantError(f"matmul: weight {w.name!r} must be 2-D, got shape {list(w.shape)}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise QuantError(f"matmul: input {list(x.shape)} does not match weight {w.name!r} {list(w.shape)} "
+                         f"(need [T, {w.shape[1]}])")
+    return x
+
+
+def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", kernel: str = "auto", shape=None) -> np.ndarray:
+    """y = x @ dequantize(w).T on the GPU.   x [T, I] float32, w [O, I]  ->  [T, O] float32 (host arrays).
+
+    Same contract as `quant.ref.matmul`. Types without a CUDA decoder (or rows that are not whole
+    blocks) are multiplied by the NumPy reference instead.
+    """
+    x = _check(x, w, mode)
+    if not supported(w):
+        return ref.matmul(x, w, mode=mode)
+    dw = device_weight(w).ensure()
+    xd = cuda.to_device(x)
+    yd = cuda.device_array((x.shape[0], w.shape[0]), dtype=np.float32)
+    dense(dw, xd, yd, kernel=kernel, shape=shape)
+    return yd.copy_to_host()
+
+
+__all__ = ["matmul", "dense", "grouped", "supported", "GroupTable", "GEMV_SHAPE", "GEMM_SHAPE"]
