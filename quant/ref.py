@@ -97,20 +97,29 @@ def dequantize_rows(w: QTensor, rows: np.ndarray) -> np.ndarray:
 CHUNK_ELEMENTS = 8 << 20
 
 
+MODES = ("exact", "llamacpp")
+
+
 def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact") -> np.ndarray:
     """y = x @ dequantize(w).T, in float32, one row block of w at a time.
 
     x: [T, I] float32; w: [O, I] any ggml type  ->  [T, O] float32.
-    Same as llama.cpp's `ggml_mul_mat(w, x)` in exact arithmetic (llama.cpp additionally rounds x to
-    the weight's `vec_dot_type` first; that is a separate, named mode, not this function).
+    mode "exact":    the product with the dequantized weights, nothing else rounded.
+    mode "llamacpp": x is first rounded to the weight's partner type as ggml-cpu does
+                     (`quant.llamacpp.round_activations`: Q8_0 / Q8_1 / Q8_K blocks, f16, bf16), which is
+                     what `ggml_mul_mat(w, x)` on llama.cpp's CPU backend computes.
     """
-    if mode != "exact":
-        raise QuantError(f"matmul: mode {mode!r} is not implemented (available: exact)")
+    if mode not in MODES:
+        raise QuantError(f"matmul: mode {mode!r} is not implemented (available: {', '.join(MODES)})")
     if w.ndim != 2:
         raise QuantError(f"matmul: weight {w.name!r} must be 2-D, got shape {list(w.shape)}")
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise QuantError(f"matmul: input {list(x.shape)} does not match weight {w.name!r} {list(w.shape)} (need [T, {w.shape[1]}])")
+    x_in = x
+    if mode == "llamacpp":
+        from .llamacpp import round_activations
+        x = round_activations(x, w.type)                 # [T, I], the values ggml-cpu's dot products see
     O, I = w.shape
     y = np.empty((x.shape[0], O), dtype=np.float32)
     step = max(1, CHUNK_ELEMENTS // max(I, 1))
@@ -118,4 +127,7 @@ def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact") -> np.ndarray:
         r1 = min(O, r0 + step)
         wd = _decode(w.raw[r0:r1], w.type, w.name)   # [r, I]
         np.matmul(x, wd.T, out=y[:, r0:r1])
+    if mode == "llamacpp" and w.type in (GGMLType.Q4_1, GGMLType.Q5_1):
+        from .llamacpp import q8_1_min_term
+        y += q8_1_min_term(x_in, w.raw, w.type)          # ggml uses the fp16 block sum s of Q8_1
     return y

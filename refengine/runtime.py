@@ -24,7 +24,7 @@ from quant import QTensor
 from .errors import ConfigError, NonFiniteError
 from .trace import Trace
 
-MODES = ("exact",)
+MODES = ("exact", "llamacpp")
 BACKENDS = {"numpy": "quant.ref"}
 
 
@@ -39,7 +39,8 @@ def load_backend(name: str):
 
 @dataclass
 class Runtime:
-    mode: str = "exact"       # "exact": f32 math on dequantized weights
+    mode: str = "exact"       # "exact": f32 math on dequantized weights; "llamacpp": activations rounded
+                              # to the weight's partner type first, as ggml-cpu does (quant.llamacpp)
     backend: str = "numpy"    # see BACKENDS
     trace: Trace | None = None
     check_finite: bool = True

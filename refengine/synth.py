@@ -204,7 +204,10 @@ def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
     if t == GGMLType.F16:
         return x.astype(np.float16)
     if qggml.available():
-        return qggml.quantize(x.reshape(-1, x.shape[-1]), t).reshape(*x.shape[:-1], -1)
+        # IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M: ggml's quantizer needs an importance matrix; an imatrix of ones
+        # (every column equally important) keeps the file deterministic
+        imatrix = np.ones(x.shape[-1], dtype=np.float32) if qggml.requires_imatrix(t) else None
+        return qggml.quantize(x.reshape(-1, x.shape[-1]), t, imatrix).reshape(*x.shape[:-1], -1)
     try:
         return gguf_quants.quantize(x, GGMLQuantizationType(int(t)))
     except (NotImplementedError, ValueError, gguf_quants.QuantError):
@@ -234,9 +237,6 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
             raise ConfigError(f"--layers must be in 1..{p['n_layer']} for preset {preset!r}")
         p["n_layer"] = layers
     wt = type_info(wtype).type
-    if wt in (GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S, GGMLType.IQ1_M):
-        raise ConfigError(f"{wt.name} needs an importance matrix to quantize; pick another --type")
-
     if rope_scaling is None and all_optional:
         rope_scaling = "yarn"
     if rope_scaling not in (None, "none", "linear", "yarn", "longrope"):
