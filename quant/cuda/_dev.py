@@ -67,25 +67,41 @@ if not SIM:
 
 
 @cuda.jit(device=True, inline=True)
-def ld32(w32, off):
-    """The 4 bytes at byte offset `off` (any alignment) as a little-endian uint32."""
-    i = off >> 2
-    sh = (off & 3) * 8
-    if sh == 0:
-        return uint32(w32[i])
-    v = (uint64(w32[i + 1]) << uint64(32)) | uint64(w32[i])
-    return uint32((v >> uint64(sh)) & uint64(0xFFFFFFFF))
+def ld32(w32, base, o):
+    """The 4 bytes at byte offset base + o (any alignment) as a little-endian uint32.
+
+    Two aligned word loads and a funnel shift, without a branch (lanes of a warp differ in alignment).
+    base: uint64; o: a small non-negative int. Unsigned offsets spare numba's negative-index fix-up."""
+    off = base + uint64(o)
+    i = off >> uint64(2)
+    v = (uint64(w32[i + uint64(1)]) << uint64(32)) | uint64(w32[i])
+    return uint32((v >> ((off & uint64(3)) << uint64(3))) & uint64(0xFFFFFFFF))
 
 
 @cuda.jit(device=True, inline=True)
-def ld16(w32, off):
-    """The 2 bytes at an even byte offset as uint32."""
-    return (uint32(w32[off >> 2]) >> uint32((off & 2) * 8)) & uint32(0xFFFF)
+def ld32a(w32, base, o):
+    """The 4 bytes at a byte offset known to be a multiple of 4."""
+    return uint32(w32[(base + uint64(o)) >> uint64(2)])
 
 
 @cuda.jit(device=True, inline=True)
-def ld8(w32, off):
-    return (uint32(w32[off >> 2]) >> uint32((off & 3) * 8)) & uint32(0xFF)
+def ld16(w32, base, o):
+    """The 2 bytes at an even byte offset base + o, as uint32."""
+    off = base + uint64(o)
+    return (uint32(w32[off >> uint64(2)]) >> uint32((off & uint64(2)) << uint64(3))) & uint32(0xFFFF)
+
+
+@cuda.jit(device=True, inline=True)
+def ld8(w32, base, o):
+    """The byte at base + o, as uint32."""
+    off = base + uint64(o)
+    return (uint32(w32[off >> uint64(2)]) >> uint32((off & uint64(3)) << uint64(3))) & uint32(0xFF)
+
+
+@cuda.jit(device=True, inline=True)
+def hf(w16, base, o):
+    """The float16 at the even byte offset base + o, as float32 (hardware conversion)."""
+    return float32(w16[(base + uint64(o)) >> uint64(1)])
 
 
 @cuda.jit(device=True, inline=True)

@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..formats import GGMLType
-from ._dev import MAGIC, MAGIC_BITS, as_f32, byte, f16_to_f32, ld16, ld32, ld8, u2f
+from ._dev import MAGIC, MAGIC_BITS, as_f32, byte, f16_to_f32, hf, ld16, ld32, ld32a, ld8, u2f
 
 
 @dataclass(frozen=True)
@@ -58,25 +58,22 @@ _f = u2f          # a small unsigned integer -> float32, exactly
 
 @cuda.jit(device=True, inline=True)
 def dec_f32(w32, w16, tb, base, p, v, r):
-    o = (base + 32 * p) >> 2
     for k in range(8):
-        v[r, k] = as_f32(w32[o + k])
+        v[r, k] = as_f32(ld32a(w32, base, 32 * p + 4 * k))
     return 8 * p
 
 
 @cuda.jit(device=True, inline=True)
 def dec_f16(w32, w16, tb, base, p, v, r):
-    o = (base + 16 * p) >> 1
     for k in range(8):
-        v[r, k] = float32(w16[o + k])
+        v[r, k] = hf(w16, base, 16 * p + 2 * k)
     return 8 * p
 
 
 @cuda.jit(device=True, inline=True)
 def dec_bf16(w32, w16, tb, base, p, v, r):
-    o = (base + 16 * p) >> 2
     for k in range(4):
-        u = uint32(w32[o + k])
+        u = ld32a(w32, base, 16 * p + 4 * k)
         v[r, 2 * k] = as_f32(u << uint32(16))
         v[r, 2 * k + 1] = as_f32(u & uint32(0xFFFF0000))
     return 8 * p
@@ -96,63 +93,65 @@ def dec_bf16(w32, w16, tb, base, p, v, r):
 def _nibbles(v, r, q, a_lo, b_lo):
     """v[r, 0:4] = a*lo(q bytes) + b, v[r, 4:8] = a*hi(q bytes) + b."""
     for k in range(4):
-        v[r, k] = a_lo * _f((q >> uint32(8 * k)) & uint32(15)) + b_lo
-        v[r, 4 + k] = a_lo * _f((q >> uint32(8 * k + 4)) & uint32(15)) + b_lo
+        v[r, k] = cuda.fma(a_lo, _f((q >> uint32(8 * k)) & uint32(15)), b_lo)
+        v[r, 4 + k] = cuda.fma(a_lo, _f((q >> uint32(8 * k + 4)) & uint32(15)), b_lo)
 
 
 @cuda.jit(device=True, inline=True)
 def dec_q4_0(w32, w16, tb, base, p, v, r):
-    d = float32(w16[base >> 1])
-    q = ld32(w32, base + 2 + 4 * p)
+    d = hf(w16, base, 0)
+    q = ld32(w32, base, 2 + 4 * p)
+    m = d * float32(-8.0)                                   # exact: d*(q - 8) == fma(d, q, -8d)
     for k in range(4):
-        v[r, k] = d * (_f((q >> uint32(8 * k)) & uint32(15)) - float32(8.0))
-        v[r, 4 + k] = d * (_f((q >> uint32(8 * k + 4)) & uint32(15)) - float32(8.0))
+        v[r, k] = cuda.fma(d, _f((q >> uint32(8 * k)) & uint32(15)), m)
+        v[r, 4 + k] = cuda.fma(d, _f((q >> uint32(8 * k + 4)) & uint32(15)), m)
     return 4 * p
 
 
 @cuda.jit(device=True, inline=True)
 def dec_q4_1(w32, w16, tb, base, p, v, r):
-    d = float32(w16[base >> 1])
-    m = float32(w16[(base >> 1) + 1])
-    q = ld32(w32, base + 4 + 4 * p)
+    d = hf(w16, base, 0)
+    m = hf(w16, base, 2)
+    q = ld32a(w32, base, 4 + 4 * p)
     _nibbles(v, r, q, d, m)
     return 4 * p
 
 
 @cuda.jit(device=True, inline=True)
 def dec_q5_0(w32, w16, tb, base, p, v, r):
-    d = float32(w16[base >> 1])
-    qh = ld32(w32, base + 2)
-    q = ld32(w32, base + 6 + 4 * p)
+    d = hf(w16, base, 0)
+    qh = ld32(w32, base, 2)
+    q = ld32(w32, base, 6 + 4 * p)
+    m16 = d * float32(-16.0)
     for k in range(4):
         j = 4 * p + k
         lo = ((q >> uint32(8 * k)) & uint32(15)) | (((qh >> uint32(j)) & uint32(1)) << uint32(4))
         hi = ((q >> uint32(8 * k + 4)) & uint32(15)) | (((qh >> uint32(j + 16)) & uint32(1)) << uint32(4))
-        v[r, k] = d * (_f(lo) - float32(16.0))
-        v[r, 4 + k] = d * (_f(hi) - float32(16.0))
+        v[r, k] = cuda.fma(d, _f(lo), m16)
+        v[r, 4 + k] = cuda.fma(d, _f(hi), m16)
     return 4 * p
 
 
 @cuda.jit(device=True, inline=True)
 def dec_q5_1(w32, w16, tb, base, p, v, r):
-    d = float32(w16[base >> 1])
-    m = float32(w16[(base >> 1) + 1])
-    qh = ld32(w32, base + 4)
-    q = ld32(w32, base + 8 + 4 * p)
+    d = hf(w16, base, 0)
+    m = hf(w16, base, 2)
+    qh = ld32a(w32, base, 4)
+    q = ld32a(w32, base, 8 + 4 * p)
     for k in range(4):
         j = 4 * p + k
         lo = ((q >> uint32(8 * k)) & uint32(15)) | (((qh >> uint32(j)) & uint32(1)) << uint32(4))
         hi = ((q >> uint32(8 * k + 4)) & uint32(15)) | (((qh >> uint32(j + 16)) & uint32(1)) << uint32(4))
-        v[r, k] = d * _f(lo) + m
-        v[r, 4 + k] = d * _f(hi) + m
+        v[r, k] = cuda.fma(d, _f(lo), m)
+        v[r, 4 + k] = cuda.fma(d, _f(hi), m)
     return 4 * p
 
 
 @cuda.jit(device=True, inline=True)
 def dec_q8_0(w32, w16, tb, base, p, v, r):
-    d = float32(w16[base >> 1])
-    q0 = ld32(w32, base + 2 + 8 * p)
-    q1 = ld32(w32, base + 6 + 8 * p)
+    d = hf(w16, base, 0)
+    q0 = ld32(w32, base, 2 + 8 * p)
+    q1 = ld32(w32, base, 6 + 8 * p)
     for k in range(4):
         # int8 -> float: (q ^ 0x80) = q + 128 in 0..255, then the exponent trick
         v[r, k] = d * (as_f32(((q0 >> uint32(8 * k)) & uint32(255) ^ uint32(128)) | uint32(MAGIC_BITS))
@@ -164,8 +163,8 @@ def dec_q8_0(w32, w16, tb, base, p, v, r):
 
 @cuda.jit(device=True, inline=True)
 def dec_iq4_nl(w32, w16, tb, base, p, v, r):
-    d = float32(w16[base >> 1])
-    q = ld32(w32, base + 2 + 4 * p)
+    d = hf(w16, base, 0)
+    q = ld32(w32, base, 2 + 4 * p)
     for k in range(4):
         v[r, k] = d * as_f32(tb[(q >> uint32(8 * k)) & uint32(15)])
         v[r, 4 + k] = d * as_f32(tb[(q >> uint32(8 * k + 4)) & uint32(15)])
@@ -182,8 +181,8 @@ def e8m0_half(e):
 
 @cuda.jit(device=True, inline=True)
 def dec_mxfp4(w32, w16, tb, base, p, v, r):
-    d = e8m0_half(ld8(w32, base))
-    q = ld32(w32, base + 1 + 4 * p)
+    d = e8m0_half(ld8(w32, base, 0))
+    q = ld32(w32, base, 1 + 4 * p)
     for k in range(4):
         v[r, k] = as_f32(tb[(q >> uint32(8 * k)) & uint32(15)]) * d
         v[r, 4 + k] = as_f32(tb[(q >> uint32(8 * k + 4)) & uint32(15)]) * d
@@ -211,8 +210,8 @@ def ue4m3_half(x):
 @cuda.jit(device=True, inline=True)
 def dec_nvfp4(w32, w16, tb, base, p, v, r):
     s = p >> 1
-    d = ue4m3_half(ld8(w32, base + s))
-    q = ld32(w32, base + 4 + 4 * p)
+    d = ue4m3_half(ld8(w32, base, s))
+    q = ld32a(w32, base, 4 + 4 * p)
     for k in range(4):
         v[r, k] = as_f32(tb[(q >> uint32(8 * k)) & uint32(15)]) * d
         v[r, 4 + k] = as_f32(tb[(q >> uint32(8 * k + 4)) & uint32(15)]) * d
@@ -250,25 +249,24 @@ def _scale_min_k4(s0, s1, s2, j):
 @cuda.jit(device=True, inline=True)
 def dec_q4_k(w32, w16, tb, base, p, v, r):
     g = p >> 2
-    d = float32(w16[base >> 1])
-    dmin = float32(w16[(base >> 1) + 1])
-    s0 = ld32(w32, base + 4)
-    s1 = ld32(w32, base + 8)
-    s2 = ld32(w32, base + 12)
+    d = hf(w16, base, 0)
+    dmin = hf(w16, base, 2)
+    s0 = ld32a(w32, base, 4)
+    s1 = ld32a(w32, base, 8)
+    s2 = ld32a(w32, base, 12)
     sc0, m0 = _scale_min_k4(s0, s1, s2, 2 * g)
     sc1, m1 = _scale_min_k4(s0, s1, s2, 2 * g + 1)
     a0 = d * _f(sc0)
     b0 = dmin * _f(m0)
     a1 = d * _f(sc1)
     b1 = dmin * _f(m1)
-    o = base + 16 + 32 * g + 8 * (p & 3)
-    qa = ld32(w32, o)
-    qb = ld32(w32, o + 4)
+    qa = ld32a(w32, base, 16 + 32 * g + 8 * (p & 3))
+    qb = ld32a(w32, base, 20 + 32 * g + 8 * (p & 3))
     for k in range(4):
-        v[r, k] = a0 * _f((qa >> uint32(8 * k)) & uint32(15)) - b0
-        v[r, 4 + k] = a0 * _f((qb >> uint32(8 * k)) & uint32(15)) - b0
-        v[r, 8 + k] = a1 * _f((qa >> uint32(8 * k + 4)) & uint32(15)) - b1
-        v[r, 12 + k] = a1 * _f((qb >> uint32(8 * k + 4)) & uint32(15)) - b1
+        v[r, k] = cuda.fma(a0, _f((qa >> uint32(8 * k)) & uint32(15)), -b0)
+        v[r, 4 + k] = cuda.fma(a0, _f((qb >> uint32(8 * k)) & uint32(15)), -b0)
+        v[r, 8 + k] = cuda.fma(a1, _f((qa >> uint32(8 * k + 4)) & uint32(15)), -b1)
+        v[r, 12 + k] = cuda.fma(a1, _f((qb >> uint32(8 * k + 4)) & uint32(15)), -b1)
     return 64 * g + 8 * (p & 3)
 
 
@@ -277,11 +275,11 @@ def dec_q4_k(w32, w16, tb, base, p, v, r):
 @cuda.jit(device=True, inline=True)
 def dec_q5_k(w32, w16, tb, base, p, v, r):
     g = p >> 2
-    d = float32(w16[base >> 1])
-    dmin = float32(w16[(base >> 1) + 1])
-    s0 = ld32(w32, base + 4)
-    s1 = ld32(w32, base + 8)
-    s2 = ld32(w32, base + 12)
+    d = hf(w16, base, 0)
+    dmin = hf(w16, base, 2)
+    s0 = ld32a(w32, base, 4)
+    s1 = ld32a(w32, base, 8)
+    s2 = ld32a(w32, base, 12)
     sc0, m0 = _scale_min_k4(s0, s1, s2, 2 * g)
     sc1, m1 = _scale_min_k4(s0, s1, s2, 2 * g + 1)
     a0 = d * _f(sc0)
@@ -289,19 +287,19 @@ def dec_q5_k(w32, w16, tb, base, p, v, r):
     a1 = d * _f(sc1)
     b1 = dmin * _f(m1)
     l0 = 8 * (p & 3)
-    qa = ld32(w32, base + 48 + 32 * g + l0)
-    qb = ld32(w32, base + 52 + 32 * g + l0)
-    ha = ld32(w32, base + 16 + l0)
-    hb = ld32(w32, base + 20 + l0)
+    qa = ld32a(w32, base, 48 + 32 * g + l0)
+    qb = ld32a(w32, base, 52 + 32 * g + l0)
+    ha = ld32a(w32, base, 16 + l0)
+    hb = ld32a(w32, base, 20 + l0)
     sl = uint32(2 * g)
     for k in range(4):
         sh = uint32(8 * k)
-        v[r, k] = a0 * _f(((qa >> sh) & uint32(15)) | (((ha >> (sh + sl)) & uint32(1)) << uint32(4))) - b0
-        v[r, 4 + k] = a0 * _f(((qb >> sh) & uint32(15)) | (((hb >> (sh + sl)) & uint32(1)) << uint32(4))) - b0
-        v[r, 8 + k] = a1 * _f(((qa >> (sh + uint32(4))) & uint32(15))
-                              | (((ha >> (sh + sl + uint32(1))) & uint32(1)) << uint32(4))) - b1
-        v[r, 12 + k] = a1 * _f(((qb >> (sh + uint32(4))) & uint32(15))
-                               | (((hb >> (sh + sl + uint32(1))) & uint32(1)) << uint32(4))) - b1
+        v[r, k] = cuda.fma(a0, _f(((qa >> sh) & uint32(15)) | (((ha >> (sh + sl)) & uint32(1)) << uint32(4))), -b0)
+        v[r, 4 + k] = cuda.fma(a0, _f(((qb >> sh) & uint32(15)) | (((hb >> (sh + sl)) & uint32(1)) << uint32(4))), -b0)
+        v[r, 8 + k] = cuda.fma(a1, _f(((qa >> (sh + uint32(4))) & uint32(15))
+                                      | (((ha >> (sh + sl + uint32(1))) & uint32(1)) << uint32(4))), -b1)
+        v[r, 12 + k] = cuda.fma(a1, _f(((qb >> (sh + uint32(4))) & uint32(15))
+                                       | (((hb >> (sh + sl + uint32(1))) & uint32(1)) << uint32(4))), -b1)
     return 64 * g + l0
 
 
@@ -313,23 +311,24 @@ def dec_q5_k(w32, w16, tb, base, p, v, r):
 def dec_q6_k(w32, w16, tb, base, p, v, r):
     h = p >> 3
     l0 = 4 * (p & 7)
-    d = float32(w16[(base + 208) >> 1])
-    qa = ld32(w32, base + 64 * h + l0)               # ql, runs 0 (lo) and 2 (hi)
-    qb = ld32(w32, base + 64 * h + 32 + l0)          # ql, runs 1 (lo) and 3 (hi)
-    qh = ld32(w32, base + 128 + 32 * h + l0)
-    sa = ld32(w32, base + 192 + 8 * h)               # scales of this half, bytes 0..3
-    sb = ld32(w32, base + 196 + 8 * h)               # bytes 4..7
+    d = hf(w16, base, 208)
+    qa = ld32(w32, base, 64 * h + l0)               # ql, runs 0 (lo) and 2 (hi)
+    qb = ld32(w32, base, 64 * h + 32 + l0)          # ql, runs 1 (lo) and 3 (hi)
+    qh = ld32(w32, base, 128 + 32 * h + l0)
+    sa = ld32(w32, base, 192 + 8 * h)               # scales of this half, bytes 0..3
+    sb = ld32(w32, base, 196 + 8 * h)               # bytes 4..7
     si = uint32(8 * (l0 >> 4))                       # +1 scale for l >= 16
     for j in range(4):
         sw = sa if j < 2 else sb
         scb = (sw >> (uint32(16 * (j & 1)) + si)) & uint32(255)
         a = d * (_f(scb ^ uint32(128)) - float32(128.0))          # int8 scale
+        m = a * float32(-32.0)                                     # exact: a*(q - 32) == fma(a, q, -32a)
         qw = qa if (j & 1) == 0 else qb
         nsh = uint32(4 * (j >> 1))
         for k in range(4):
             lo = (qw >> (uint32(8 * k) + nsh)) & uint32(15)
             hi = (qh >> uint32(8 * k + 2 * j)) & uint32(3)
-            v[r, 4 * j + k] = a * (_f(lo | (hi << uint32(4))) - float32(32.0))
+            v[r, 4 * j + k] = cuda.fma(a, _f(lo | (hi << uint32(4))), m)
     return 128 * h + l0
 
 
@@ -340,11 +339,11 @@ def dec_q6_k(w32, w16, tb, base, p, v, r):
 def dec_q2_k(w32, w16, tb, base, p, v, r):
     h = p >> 3
     l0 = 4 * (p & 7)
-    d = float32(w16[(base + 80) >> 1])
-    dmin = float32(w16[(base + 82) >> 1])
-    q = ld32(w32, base + 16 + 32 * h + l0)
-    sa = ld32(w32, base + 8 * h)
-    sb = ld32(w32, base + 8 * h + 4)
+    d = hf(w16, base, 80)
+    dmin = hf(w16, base, 82)
+    q = ld32a(w32, base, 16 + 32 * h + l0)
+    sa = ld32a(w32, base, 8 * h)
+    sb = ld32a(w32, base, 8 * h + 4)
     si = uint32(8 * (l0 >> 4))
     for j in range(4):
         sw = sa if j < 2 else sb
@@ -352,7 +351,7 @@ def dec_q2_k(w32, w16, tb, base, p, v, r):
         a = d * _f(sc & uint32(15))
         b = dmin * _f(sc >> uint32(4))
         for k in range(4):
-            v[r, 4 * j + k] = a * _f((q >> uint32(8 * k + 2 * j)) & uint32(3)) - b
+            v[r, 4 * j + k] = cuda.fma(a, _f((q >> uint32(8 * k + 2 * j)) & uint32(3)), -b)
     return 128 * h + l0
 
 
@@ -364,12 +363,12 @@ def dec_q2_k(w32, w16, tb, base, p, v, r):
 def dec_q3_k(w32, w16, tb, base, p, v, r):
     h = p >> 3
     l0 = 4 * (p & 7)
-    d = float32(w16[(base + 108) >> 1])
-    q = ld32(w32, base + 32 + 32 * h + l0)
-    hm = ld32(w32, base + l0)
-    s0 = ld32(w32, base + 96)
-    s1 = ld32(w32, base + 100)
-    s2 = ld32(w32, base + 104)
+    d = hf(w16, base, 108)
+    q = ld32(w32, base, 32 + 32 * h + l0)
+    hm = ld32(w32, base, l0)
+    s0 = ld32(w32, base, 96)
+    s1 = ld32(w32, base, 100)
+    s2 = ld32(w32, base, 104)
     for j in range(4):
         i = 8 * h + 2 * j + (l0 >> 4)
         if i < 8:
@@ -401,8 +400,8 @@ def _ksigns(s7):
 @cuda.jit(device=True, inline=True)
 def _grid8(v, r, o, tb, gi, signs, db):
     """v[r, o:o+8] = db * grid8[gi] with signs (bit j set -> negative)."""
-    g0 = uint32(tb[2 * gi])
-    g1 = uint32(tb[2 * gi + 1])
+    g0 = uint32(tb[gi << uint32(1)])
+    g1 = uint32(tb[(gi << uint32(1)) | uint32(1)])
     for j in range(4):
         a = db * _f((g0 >> uint32(8 * j)) & uint32(255))
         b = db * _f((g1 >> uint32(8 * j)) & uint32(255))
@@ -415,9 +414,9 @@ def _grid8(v, r, o, tb, gi, signs, db):
 @cuda.jit(device=True, inline=True)
 def dec_iq2_xxs(w32, w16, tb, base, p, v, r):
     ib = p >> 1
-    d = float32(w16[base >> 1])
-    aux0 = ld32(w32, base + 2 + 8 * ib)
-    aux1 = ld32(w32, base + 6 + 8 * ib)
+    d = hf(w16, base, 0)
+    aux0 = ld32(w32, base, 2 + 8 * ib)
+    aux1 = ld32(w32, base, 6 + 8 * ib)
     db = d * (float32(0.5) + _f(aux1 >> uint32(28))) * float32(0.25)
     for li in range(2):
         l = 2 * (p & 1) + li
@@ -429,11 +428,11 @@ def dec_iq2_xxs(w32, w16, tb, base, p, v, r):
 @cuda.jit(device=True, inline=True)
 def dec_iq2_xs(w32, w16, tb, base, p, v, r):
     ib = p >> 1
-    d = float32(w16[base >> 1])
-    sc = (ld8(w32, base + 66 + ib) >> uint32(4 * (p & 1))) & uint32(15)
+    d = hf(w16, base, 0)
+    sc = (ld8(w32, base, 66 + ib) >> uint32(4 * (p & 1))) & uint32(15)
     db = d * (float32(0.5) + _f(sc)) * float32(0.25)
     for li in range(2):
-        q = ld16(w32, base + 2 + 2 * (4 * ib + 2 * (p & 1) + li))
+        q = ld16(w32, base, 2 + 2 * (4 * ib + 2 * (p & 1) + li))
         _grid8(v, r, 8 * li, tb, q & uint32(511), _ksigns(q >> uint32(9)), db)
     return 16 * p
 
@@ -442,14 +441,14 @@ def dec_iq2_xs(w32, w16, tb, base, p, v, r):
 @cuda.jit(device=True, inline=True)
 def dec_iq2_s(w32, w16, tb, base, p, v, r):
     ib = p >> 1
-    d = float32(w16[base >> 1])
-    sc = (ld8(w32, base + 74 + ib) >> uint32(4 * (p & 1))) & uint32(15)
+    d = hf(w16, base, 0)
+    sc = (ld8(w32, base, 74 + ib) >> uint32(4 * (p & 1))) & uint32(15)
     db = d * (float32(0.5) + _f(sc)) * float32(0.25)
-    qh = ld8(w32, base + 66 + ib)
+    qh = ld8(w32, base, 66 + ib)
     for li in range(2):
         l = 2 * (p & 1) + li
-        gi = ld8(w32, base + 2 + 4 * ib + l) | ((qh << uint32(8 - 2 * l)) & uint32(0x300))
-        _grid8(v, r, 8 * li, tb, gi, ld8(w32, base + 34 + 4 * ib + l), db)
+        gi = ld8(w32, base, 2 + 4 * ib + l) | ((qh << uint32(8 - 2 * l)) & uint32(0x300))
+        _grid8(v, r, 8 * li, tb, gi, ld8(w32, base, 34 + 4 * ib + l), db)
     return 16 * p
 
 
@@ -458,13 +457,13 @@ def dec_iq2_s(w32, w16, tb, base, p, v, r):
 @cuda.jit(device=True, inline=True)
 def dec_iq3_xxs(w32, w16, tb, base, p, v, r):
     ib = p >> 1
-    d = float32(w16[base >> 1])
-    aux = ld32(w32, base + 66 + 4 * ib)
+    d = hf(w16, base, 0)
+    aux = ld32(w32, base, 66 + 4 * ib)
     db = d * (float32(0.5) + _f(aux >> uint32(28))) * float32(0.5)
     for li in range(2):
         l = 2 * (p & 1) + li
         signs = _ksigns(aux >> uint32(7 * l))
-        g = ld16(w32, base + 2 + 8 * ib + 2 * l)       # two grid indices
+        g = ld16(w32, base, 2 + 8 * ib + 2 * l)       # two grid indices
         g0 = uint32(tb[g & uint32(255)])
         g1 = uint32(tb[g >> uint32(8)])
         for j in range(4):
@@ -480,14 +479,14 @@ def dec_iq3_xxs(w32, w16, tb, base, p, v, r):
 @cuda.jit(device=True, inline=True)
 def dec_iq3_s(w32, w16, tb, base, p, v, r):
     ib = p >> 1
-    d = float32(w16[base >> 1])
-    sc = (ld8(w32, base + 106 + (ib >> 1)) >> uint32(4 * (ib & 1))) & uint32(15)
+    d = hf(w16, base, 0)
+    sc = (ld8(w32, base, 106 + (ib >> 1)) >> uint32(4 * (ib & 1))) & uint32(15)
     db = d * (float32(1.0) + float32(2.0) * _f(sc))
-    qh = ld8(w32, base + 66 + ib)
+    qh = ld8(w32, base, 66 + ib)
     for li in range(2):
         l = 2 * (p & 1) + li
-        signs = ld8(w32, base + 74 + 4 * ib + l)
-        g = ld16(w32, base + 2 + 8 * ib + 2 * l)
+        signs = ld8(w32, base, 74 + 4 * ib + l)
+        g = ld16(w32, base, 2 + 8 * ib + 2 * l)
         i0 = (g & uint32(255)) | ((qh << uint32(8 - 2 * l)) & uint32(256))
         i1 = (g >> uint32(8)) | ((qh << uint32(7 - 2 * l)) & uint32(256))
         g0 = uint32(tb[i0])
@@ -503,8 +502,8 @@ def dec_iq3_s(w32, w16, tb, base, p, v, r):
 @cuda.jit(device=True, inline=True)
 def _grid1(v, r, o, tb, gi, dl, delta):
     """v[r, o:o+8] = dl * (iq1s_grid[gi] + delta); the table holds grid value + 1 (0, 1, 2) per byte."""
-    g0 = uint32(tb[2 * gi])
-    g1 = uint32(tb[2 * gi + 1])
+    g0 = uint32(tb[gi << uint32(1)])
+    g1 = uint32(tb[(gi << uint32(1)) | uint32(1)])
     for j in range(4):
         v[r, o + j] = dl * (_f((g0 >> uint32(8 * j)) & uint32(255)) - float32(1.0) + delta)
         v[r, o + 4 + j] = dl * (_f((g1 >> uint32(8 * j)) & uint32(255)) - float32(1.0) + delta)
@@ -515,13 +514,13 @@ def _grid1(v, r, o, tb, gi, dl, delta):
 @cuda.jit(device=True, inline=True)
 def dec_iq1_s(w32, w16, tb, base, p, v, r):
     ib = p >> 1
-    d = float32(w16[base >> 1])
-    qh = ld16(w32, base + 34 + 2 * ib)
+    d = hf(w16, base, 0)
+    qh = ld16(w32, base, 34 + 2 * ib)
     dl = d * (float32(2.0) * _f((qh >> uint32(12)) & uint32(7)) + float32(1.0))
     delta = float32(-0.125) if qh & uint32(0x8000) else float32(0.125)
     for li in range(2):
         l = 2 * (p & 1) + li
-        gi = ld8(w32, base + 2 + 4 * ib + l) | (((qh >> uint32(3 * l)) & uint32(7)) << uint32(8))
+        gi = ld8(w32, base, 2 + 4 * ib + l) | (((qh >> uint32(3 * l)) & uint32(7)) << uint32(8))
         _grid1(v, r, 8 * li, tb, gi, dl, delta)
     return 16 * p
 
@@ -532,19 +531,19 @@ def dec_iq1_s(w32, w16, tb, base, p, v, r):
 def dec_iq1_m(w32, w16, tb, base, p, v, r):
     ib = p >> 1
     hl = p & 1
-    sc0 = ld32(w32, base + 48)
-    sc1 = ld32(w32, base + 52)
+    sc0 = ld32a(w32, base, 48)
+    sc1 = ld32a(w32, base, 52)
     bits = ((sc0 >> uint32(12)) & uint32(0xF)) | ((sc0 >> uint32(24)) & uint32(0xF0)) \
         | ((sc1 >> uint32(4)) & uint32(0xF00)) | ((sc1 >> uint32(16)) & uint32(0xF000))
     d = f16_to_f32(bits)
-    scw = ld16(w32, base + 48 + 2 * (ib >> 1))
+    scw = ld16(w32, base, 48 + 2 * (ib >> 1))
     s3 = (scw >> uint32(6 * (ib & 1) + 3 * hl)) & uint32(7)
     dl = d * (float32(2.0) * _f(s3) + float32(1.0))
-    qh = ld8(w32, base + 32 + 2 * ib + hl)
+    qh = ld8(w32, base, 32 + 2 * ib + hl)
     for li in range(2):
         l = 2 * hl + li
         sh = uint32(8 - 4 * li)
-        gi = ld8(w32, base + 4 * ib + l) | ((qh << sh) & uint32(0x700))
+        gi = ld8(w32, base, 4 * ib + l) | ((qh << sh) & uint32(0x700))
         delta = float32(-0.125) if qh & uint32(0x08 << (4 * li)) else float32(0.125)
         _grid1(v, r, 8 * li, tb, gi, dl, delta)
     return 16 * p
@@ -556,14 +555,13 @@ def dec_iq1_m(w32, w16, tb, base, p, v, r):
 @cuda.jit(device=True, inline=True)
 def dec_iq4_xs(w32, w16, tb, base, p, v, r):
     ib = p >> 1
-    d = float32(w16[base >> 1])
-    sh = ld16(w32, base + 2)
-    sl = ld8(w32, base + 4 + (ib >> 1))
+    d = hf(w16, base, 0)
+    sh = ld16(w32, base, 2)
+    sl = ld8(w32, base, 4 + (ib >> 1))
     ls = ((sl >> uint32(4 * (ib & 1))) & uint32(15)) | (((sh >> uint32(2 * ib)) & uint32(3)) << uint32(4))
     dl = d * (_f(ls) - float32(32.0))
-    o = base + 8 + 16 * ib + 8 * (p & 1)
-    qa = ld32(w32, o)
-    qb = ld32(w32, o + 4)
+    qa = ld32a(w32, base, 8 + 16 * ib + 8 * (p & 1))
+    qb = ld32a(w32, base, 12 + 16 * ib + 8 * (p & 1))
     for k in range(4):
         v[r, k] = dl * as_f32(tb[(qa >> uint32(8 * k)) & uint32(15)])
         v[r, 4 + k] = dl * as_f32(tb[(qb >> uint32(8 * k)) & uint32(15)])

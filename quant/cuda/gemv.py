@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32, uint32, uint64
 
 from ._dev import silu, warp_sum
 from .decoders import spec, tables
@@ -98,7 +98,7 @@ def naive_kernel(t):
         v = cuda.local.array((1, NV), float32)
         acc = float32(0.0)
         for b in range(I // BS):
-            base = e * estride + o * rowb + b * TS
+            base = uint64(e) * uint64(estride) + uint64(o) * uint64(rowb) + uint64(b) * uint64(TS)
             for p in range(P):
                 c0 = dec(w32, w16, tb, base, p, v, 0)
                 for q in range(R):
@@ -143,7 +143,7 @@ def gemv_kernel(t, NT: int = 1, RW: int = 1, WARPS: int = 4, glu: bool = False, 
         e = grp[1 + g]
         j0 = grp[1 + GMAX + g]
         j1 = grp[2 + GMAX + g]
-        ebase = e * estride
+        ebase = uint64(e) * uint64(estride)
         v = cuda.local.array((RW, NV), float32)
         vu = cuda.local.array((RU, NV), float32)
         acc = cuda.local.array((RW, NT), float32)
@@ -152,7 +152,7 @@ def gemv_kernel(t, NT: int = 1, RW: int = 1, WARPS: int = 4, glu: bool = False, 
         nparts = (I // BS) * P
         for c in range(j0, j1, NT):
             for tt in range(NT):
-                xrow[tt] = grp[2 + 2 * GMAX + min(c + tt, j1 - 1)]
+                xrow[tt] = grp[2 + 2 * GMAX + min(c + tt, j1 - 1)]               # token rows of this pass
                 for r in range(RW):
                     acc[r, tt] = float32(0.0)
                 for r in range(RU):
@@ -163,23 +163,23 @@ def gemv_kernel(t, NT: int = 1, RW: int = 1, WARPS: int = 4, glu: bool = False, 
                 p = it - b * P
                 c0 = 0
                 for r in range(RW):
-                    rb = ebase + min(row0 + r, O - 1) * rowb + b * TS
+                    rb = ebase + uint64(min(row0 + r, O - 1)) * uint64(rowb) + uint64(b) * uint64(TS)
                     c0 = dec(w32, w16, stab, rb, p, v, r)         # RW x NV weights into registers
                     if GLU:
                         dec(u32, u16, stab, rb, p, vu, r)
-                col = b * BS + c0
+                col = uint64(b * BS + c0)
                 # stage 3: every decoded weight is used for all NT tokens
                 for tt in range(NT):
                     if c + tt < j1:
-                        xr = xrow[tt]
+                        xr = uint64(xrow[tt])
                         for q in range(R):
                             for k in range(RL):
-                                xv = x[xr, col + q * RS + k]
+                                xv = x[xr, col + uint64(q * RS + k)]
                                 for r in range(RW):
-                                    acc[r, tt] += v[r, q * RL + k] * xv
+                                    acc[r, tt] = cuda.fma(v[r, q * RL + k], xv, acc[r, tt])
                                 for r in range(RU):
                                     if GLU:
-                                        accu[r, tt] += vu[r, q * RL + k] * xv
+                                        accu[r, tt] = cuda.fma(vu[r, q * RL + k], xv, accu[r, tt])
             # stage 4: warp reduction, lane 0 applies the scales and writes
             for tt in range(NT):
                 if c + tt < j1:
@@ -227,7 +227,7 @@ def gemm_kernel(t, BM: int = 64, BN: int = 32, TM: int = 4, TN: int = 2, rwt: bo
         j1 = min(j0 + BN, grp[2 + GMAX + g])
         e = grp[1 + g]
         row0 = cuda.blockIdx.x * BM
-        ebase = e * estride
+        ebase = uint64(e) * uint64(estride)
         ty = tid // TX
         tx = tid % TX
         v = cuda.local.array((1, NV), float32)
@@ -248,7 +248,7 @@ def gemm_kernel(t, BM: int = 64, BN: int = 32, TM: int = 4, TN: int = 2, rwt: bo
                 else:
                     bb = k0 // BS + qk // P
                     p = qk % P
-                rb = ebase + min(row0 + r, O - 1) * rowb + bb * TS
+                rb = ebase + uint64(min(row0 + r, O - 1)) * uint64(rowb) + uint64(bb) * uint64(TS)
                 c0 = dec(w32, w16, tb, rb, p, v, 0)
                 cb = bb * BS + c0 - k0
                 for q in range(R):
@@ -271,7 +271,7 @@ def gemm_kernel(t, BM: int = 64, BN: int = 32, TM: int = 4, TN: int = 2, rwt: bo
                     bx[jj] = Xs[kk, tx + jj * TX]
                 for i in range(TM):
                     for jj in range(TN):
-                        acc[i, jj] += a[i] * bx[jj]
+                        acc[i, jj] = cuda.fma(a[i], bx[jj], acc[i, jj])
             cuda.syncthreads()
         # stage 4: scales and scatter to the output rows of the pairs
         for i in range(TM):
