@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--prompt", default=None, help="text, tokenized with the file's own vocabulary")
 
     def add_exec(q):
-        q.add_argument("--mode", default="exact", help="exact (f32 math on dequantized weights)")
+        q.add_argument("--mode", default="exact", help="exact (f32 math on dequantized weights) or llamacpp "
+                       "(activations rounded to the weight's partner type Q8_0/Q8_1/Q8_K/f16/bf16 first, as ggml-cpu)")
         q.add_argument("--backend", default="numpy", help="numpy")
 
     c = sub.add_parser("compare", help="run refengine and llama.cpp, compare every named tensor")

@@ -1,0 +1,141 @@
+"""Rounding flips: why llama.cpp mode agrees with llama.cpp to 1e-13 on some runs and to 1e-6 on others.
+
+In llama.cpp mode every quantized matmul rounds its input exactly as ggml-cpu does (`quant.llamacpp`). Our
+input and llama.cpp's input to that matmul still differ by float-order noise (different summation orders
+in norms, attention and the matmuls themselves: NMSE ~1e-13, |delta| ~ 1e-7 |x|). The two round to the
+same code unless a value lies within |delta| of a rounding boundary; the chance of that, per value, is
+about |delta| / step, where step is the partner type's spacing there (Q8_0/Q8_1/Q8_K: the block's d;
+f16: 2^-10 |x|; bf16: 2^-7 |x|). A *flip* then moves one value by a whole step, an error ~step/|delta|
+(1e4..1e6) times larger than the noise that caused it, and later quantizers amplify it again (an input
+error e gives an output error ~sqrt(e * step)): one flip is enough to take the logits from ~1e-13 to
+1e-8..1e-4 NMSE.
+
+    census = flip_census(model, ref_tensors, got_tensors)
+    [FlipStat("attn_norm-1", "Q8_K", flips=1, expected=0.61, values=4096), ...]
+
+`expected` = sum |delta| / step over the tensor: the number of flips the noise alone predicts.
+Input tensors are found by llama.cpp's graph names; the weights they feed by their GGUF names.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from quant import GGMLType
+from quant.llamacpp import partner, quantize_activation
+from quant.rounding import bf16_round, fp16_round
+
+# llama.cpp graph tensor that is the input of a quantized matmul -> the GGUF weights it multiplies
+MATMUL_INPUTS = [
+    (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
+    (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
+    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight"]),
+    (r"ffn_swiglu-(\d+)", ["blk.{il}.ffn_down.weight"]),
+    (r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
+    (r"result_norm", ["output.weight", "token_embd.weight"]),
+]
+
+
+@dataclass
+class FlipStat:
+    name: str            # llama.cpp's name of the matmul input
+    partner: str         # the type it is rounded to
+    flips: int           # rounded values that differ between llama.cpp's input and ours
+    expected: float      # sum |delta| / step: flips predicted by the float noise alone
+    values: int          # values compared
+    max_rel_delta: float  # max |delta| / max |x| of its row (the float noise)
+
+
+def _step(x: np.ndarray, p: GGMLType) -> np.ndarray:
+    """The rounding step of partner type p at every value of x [R, n] (same shape)."""
+    if p == GGMLType.F16:
+        return np.spacing(np.abs(fp16_round(x)).astype(np.float16)).astype(np.float32)
+    if p == GGMLType.BF16:
+        r = np.abs(bf16_round(x))
+        return np.where(r > 0, np.exp2(np.floor(np.log2(np.maximum(r, 1e-38))) - 7), 1e-38).astype(np.float32)
+    blk = {GGMLType.Q8_0: 32, GGMLType.Q8_1: 32, GGMLType.Q8_K: 256}[p]
+    b = x.reshape(-1, blk)
+    amax = np.max(np.abs(b), axis=-1, keepdims=True)
+    return np.broadcast_to(amax / 127.0, b.shape).reshape(x.shape)
+
+
+def _codes(x: np.ndarray, p: GGMLType) -> np.ndarray:
+    """The rounding decisions of partner type p for x [R, n]: f16/bf16 bits, or the int8 codes of
+    Q8_0/Q8_1/Q8_K with the sign of d folded in (Q8_K's d takes the sign of the block's extreme value)."""
+    if p == GGMLType.F16:
+        return fp16_round(x).view(np.uint32)
+    if p == GGMLType.BF16:
+        return bf16_round(x).view(np.uint32)
+    blk, size, q0 = {GGMLType.Q8_0: (32, 34, 2), GGMLType.Q8_1: (32, 36, 4), GGMLType.Q8_K: (256, 292, 4)}[p]
+    b = quantize_activation(x, p).reshape(-1, size)
+    q = b[:, q0:q0 + blk].view(np.int8).astype(np.int16)
+    d = b[:, 0:4].copy().view(np.float32)[:, 0] if p == GGMLType.Q8_K else b[:, 0:2].copy().view(np.float16)[:, 0]
+    return np.where(np.signbit(d)[:, None], -q, q)
+
+
+def count_flips(ref: np.ndarray, got: np.ndarray, p: GGMLType) -> FlipStat:
+    """Compare the partner-type rounding of two versions of one activation, ref/got [R, n]."""
+    ref = np.asarray(ref, dtype=np.float32).reshape(-1, ref.shape[-1])
+    got = np.asarray(got, dtype=np.float32).reshape(ref.shape)
+    flips = int(np.count_nonzero(_codes(ref, p) != _codes(got, p)))
+    delta = np.abs(got.astype(np.float64) - ref)
+    expected = float(np.sum(delta / np.maximum(_step(ref, p), 1e-38)))
+    rel = float(np.max(delta / np.maximum(np.max(np.abs(ref), axis=-1, keepdims=True), 1e-30))) if ref.size else 0.0
+    return FlipStat("", p.name, flips, expected, int(ref.size), rel)
+
+
+def _aligned_slots(ref: dict, got: dict, name: str, il: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """ffn_moe_swiglu [T, A, I] of both runs with slots matched by expert id (rows with equal experts only)."""
+    from .compare import _slot_alignment
+    ids_g = got.get(f"ffn_moe_topk-{il}")
+    ids_r = ref.get(f"ffn_moe_topk-{il}")
+    if ids_g is None or ids_r is None:
+        return None
+    g = got[name]
+    perm, valid = _slot_alignment(ids_r.reshape(ids_g.shape), ids_g)
+    g = np.take_along_axis(g, perm[..., None], axis=1)
+    r = ref[name].reshape(g.shape)
+    return r[valid], g[valid]
+
+
+def flip_census(model, ref: dict, got: dict, order: list[str] | None = None) -> list[FlipStat]:
+    """For every traced input of a quantized matmul, in llama.cpp's evaluation order, the flips between
+    llama.cpp's rounding of it and ours. `ref`/`got`: name -> array (oracle tensors, refengine trace)."""
+    out = []
+    for name in [n for n in (order or ref) if n in got and n in ref]:
+        for pat, weights in MATMUL_INPUTS:
+            m = re.fullmatch(pat, name)
+            if not m:
+                continue
+            il = m.group(1) if m.groups() else ""
+            wnames = [w.format(il=il) for w in weights if w.format(il=il) in model.gf.tensors]
+            parts = sorted({partner(model.gf.tensors[w].type) for w in wnames}, key=int)
+            pair = _aligned_slots(ref, got, name, il) if name.startswith("ffn_moe_swiglu") else \
+                (ref[name].reshape(np.shape(got[name])), got[name])
+            if pair is None:
+                continue
+            r, g = pair
+            for p in parts:
+                if p == GGMLType.F32:
+                    continue
+                s = count_flips(r.reshape(-1, r.shape[-1]), g.reshape(-1, g.shape[-1]), p)
+                s.name = name
+                out.append(s)
+    return out
+
+
+def run_flip_census(path, tokens) -> tuple[float, list[FlipStat]]:
+    """Run refengine in llama.cpp mode and llama.cpp on `tokens`; return (logits NMSE, census)."""
+    from .compare import metrics
+    from .model import Model
+    from .oracle import run_llamacpp
+    from .runtime import Runtime
+    from .trace import Trace
+
+    model = Model(path)
+    trace = Trace()
+    logits = model.forward(np.asarray(tokens), rt=Runtime(mode="llamacpp", trace=trace))
+    ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
+    return metrics(ref.logits, logits)[0], flip_census(model, ref.tensors, trace.tensors, ref.order)
