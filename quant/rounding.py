@@ -78,14 +78,20 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 def seq_sum(a: np.ndarray, axis: int = -1) -> np.ndarray:
     """`float s = 0; for (i...) s += a[i];` along `axis`, in float32, strictly left to right.
 
-    `np.add.accumulate` adds in sequence (unlike `np.sum`, which sums pairwise); the final `+ 0` turns
-    an all-negative-zero sum into +0, as the C loop that starts from `0` does.
+    One vector add per position along `axis` (over all the other axes at once); unlike `np.sum`, which
+    adds pairwise, this keeps C's order. Starting from `0` turns an all-negative-zero sum into +0, as C does.
     """
-    a = np.asarray(a, dtype=F32)
-    return np.add.accumulate(a, axis=axis, dtype=F32).take(-1, axis=axis) + F32(0.0)
+    a = np.moveaxis(np.asarray(a, dtype=F32), axis, 0)
+    s = np.zeros(a.shape[1:], dtype=F32)
+    for row in a:
+        s += row
+    return s
 
 
 def seq_sum_from_first(a: np.ndarray, axis: int = -1) -> np.ndarray:
     """`float s = a[0]; for (i = 1...) s += a[i];` (no leading `0 +`)."""
-    a = np.asarray(a, dtype=F32)
-    return np.add.accumulate(a, axis=axis, dtype=F32).take(-1, axis=axis)
+    a = np.moveaxis(np.asarray(a, dtype=F32), axis, 0)
+    s = a[0].copy()
+    for row in a[1:]:
+        s += row
+    return s

@@ -1,4 +1,4 @@
-"""`refengine` command line: synth, compare, run, info.
+"""`refengine` command line: synth, compare, run, quantize, info.
 
 Exit status: 0 success / match, 1 divergence from llama.cpp, 2 bad input (the message names the
 file, tensor or key at fault).
@@ -113,6 +113,21 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_quantize(args) -> int:
+    from quant.recipes import load_recipe
+
+    from .quantize import quantize_gguf
+    recipe = load_recipe(args.recipe)
+    s = quantize_gguf(args.input, args.output, recipe, progress=not args.quiet, engine=args.engine)
+    kinds = ", ".join(f"{n} {t}" for t, n in sorted(s.counts().items(), key=lambda kv: -kv[1]))
+    falls = [f"{name}: {note}" for name, _, _, note in s.tensors if "->" in note]
+    print(f"{s.path}: {len(s.tensors)} tensors ({kinds}), {s.bytes_in / 2**20:.1f} MiB -> "
+          f"{s.bytes_out / 2**20:.1f} MiB with recipe {recipe.name} ({s.engine} quantizers)")
+    for f in falls:
+        print(f"  fallback {f}")
+    return 0
+
+
 def cmd_info(args) -> int:
     from collections import Counter
 
@@ -207,6 +222,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_exec(r)
     r.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
     r.set_defaults(fn=cmd_run)
+
+    qz = sub.add_parser("quantize", help="rewrite a GGUF with a per-tensor type recipe",
+                        description="Recipes: a name (f32, f16, bf16, q8_0, q6_k, q4_k, q2_k, q4_k_m, moe-q2k, "
+                        "moe-iq2) or a file of 'GLOB TYPE' lines, first match wins (quant/recipes.py). Norms, "
+                        "routers and 1-D tensors stay as they are; rows that do not fit a type's block fall back "
+                        "as in llama.cpp.")
+    qz.add_argument("input", help="GGUF (any shard of a split set)")
+    qz.add_argument("output", help="GGUF to write (one file)")
+    qz.add_argument("--recipe", required=True, help="recipe name or file")
+    qz.add_argument("--engine", default="auto", choices=("auto", "numpy", "ggml"),
+                    help="quantizers: numpy (the reference), ggml (same bytes, much faster), "
+                    "auto = ggml when llama-cpp-python is installed (default)")
+    qz.add_argument("-q", "--quiet", action="store_true")
+    qz.set_defaults(fn=cmd_quantize)
 
     i = sub.add_parser("info", help="architecture, hyperparameters, tensor types, size, shards")
     i.add_argument("file")

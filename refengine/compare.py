@@ -288,12 +288,14 @@ def format_report(rep: Report, *, all_rows: bool = True) -> str:
                      f"llama.cpp's top-2 margin there {lg.margin_at_mismatch:.4g}; "
                      f"{lg.top1_near_ties} mismatch(es) within the logit error (near-ties), "
                      f"{lg.top1_unexplained} not")
-    flipped = [f for f in rep.flips if f.flips]
+    flipped = [f for f in rep.flips if f.flips or f.scale_flips]
     if flipped:
         f0 = flipped[0]
-        lines.append(f"rounding flips (llamacpp mode): first at {f0.name} ({f0.flips} of {f0.values} {f0.partner} "
-                     f"codes differ; float noise alone predicts {f0.expected:.2g}), "
-                     f"{sum(f.flips for f in rep.flips)} in total: see refengine.flips")
+        what = (f"{f0.flips} of {f0.values} {f0.partner} codes differ; float noise alone predicts {f0.expected:.2g}"
+                if f0.flips else f"{f0.scale_flips} {f0.partner} block scale(s) differ; float noise alone predicts "
+                f"{f0.expected_scale:.2g}")
+        lines.append(f"rounding flips (llamacpp mode): first at {f0.name} ({what}), "
+                     f"{sum(f.flips + f.scale_flips for f in rep.flips)} in total: see refengine.flips")
     lines.append(f"tolerance (NMSE per tensor): {rep.tolerance:.0e}")
     lines.append("verdict: " + ("MATCH" if rep.ok else f"DIVERGES, first at {rep.first_divergence}"))
     return "\n".join(lines)

@@ -13,7 +13,9 @@ error e gives an output error ~sqrt(e * step)): one flip is enough to take the l
     census = flip_census(model, ref_tensors, got_tensors)
     [FlipStat("attn_norm-1", "Q8_K", flips=1, expected=0.61, values=4096), ...]
 
-`expected` = sum |delta| / step over the tensor: the number of flips the noise alone predicts.
+`expected` = sum |delta| / step over the tensor: the number of flips the noise alone predicts. For Q8_0 and
+Q8_1 the block scale d = fp16(amax/127) is a rounding decision as well: `scale_flips` counts blocks whose
+d differs (every value of the block then moves by one fp16 step, ~1e-3 relative).
 Input tensors are found by llama.cpp's graph names; the weights they feed by their GGUF names.
 """
 from __future__ import annotations
@@ -46,6 +48,12 @@ class FlipStat:
     expected: float      # sum |delta| / step: flips predicted by the float noise alone
     values: int          # values compared
     max_rel_delta: float  # max |delta| / max |x| of its row (the float noise)
+    scale_flips: int = 0  # Q8_0/Q8_1 blocks whose fp16 d differs (amax/127 rounded the other way)
+    expected_scale: float = 0.0
+
+    @property
+    def any(self) -> bool:
+        return bool(self.flips or self.scale_flips)
 
 
 def _step(x: np.ndarray, p: GGMLType) -> np.ndarray:
@@ -61,29 +69,44 @@ def _step(x: np.ndarray, p: GGMLType) -> np.ndarray:
     return np.broadcast_to(amax / 127.0, b.shape).reshape(x.shape)
 
 
-def _codes(x: np.ndarray, p: GGMLType) -> np.ndarray:
+def _codes(x: np.ndarray, p: GGMLType) -> tuple[np.ndarray, np.ndarray | None]:
     """The rounding decisions of partner type p for x [R, n]: f16/bf16 bits, or the int8 codes of
-    Q8_0/Q8_1/Q8_K with the sign of d folded in (Q8_K's d takes the sign of the block's extreme value)."""
+    Q8_0/Q8_1/Q8_K with the sign of d folded in (Q8_K's d takes the sign of the block's extreme value);
+    plus, for Q8_0/Q8_1, the fp16 bits of each block's d (rounding amax/127 to fp16 is a decision too)."""
     if p == GGMLType.F16:
-        return fp16_round(x).view(np.uint32)
+        return fp16_round(x).view(np.uint32), None
     if p == GGMLType.BF16:
-        return bf16_round(x).view(np.uint32)
+        return bf16_round(x).view(np.uint32), None
     blk, size, q0 = {GGMLType.Q8_0: (32, 34, 2), GGMLType.Q8_1: (32, 36, 4), GGMLType.Q8_K: (256, 292, 4)}[p]
     b = quantize_activation(x, p).reshape(-1, size)
     q = b[:, q0:q0 + blk].view(np.int8).astype(np.int16)
-    d = b[:, 0:4].copy().view(np.float32)[:, 0] if p == GGMLType.Q8_K else b[:, 0:2].copy().view(np.float16)[:, 0]
-    return np.where(np.signbit(d)[:, None], -q, q)
+    if p == GGMLType.Q8_K:
+        d = b[:, 0:4].copy().view(np.float32)[:, 0]
+        return np.where(np.signbit(d)[:, None], -q, q), None
+    return q, b[:, 0:2].copy().view(np.uint16)[:, 0]
+
+
+def _amax_step(x: np.ndarray, p: GGMLType) -> np.ndarray:
+    """Per Q8_0/Q8_1 block: the change of amax that moves fp16(amax/127) by one half-precision step."""
+    amax = np.max(np.abs(x.reshape(-1, 32)), axis=-1)
+    return 127.0 * np.spacing(fp16_round(amax / np.float32(127)).astype(np.float16)).astype(np.float64)
 
 
 def count_flips(ref: np.ndarray, got: np.ndarray, p: GGMLType) -> FlipStat:
     """Compare the partner-type rounding of two versions of one activation, ref/got [R, n]."""
     ref = np.asarray(ref, dtype=np.float32).reshape(-1, ref.shape[-1])
     got = np.asarray(got, dtype=np.float32).reshape(ref.shape)
-    flips = int(np.count_nonzero(_codes(ref, p) != _codes(got, p)))
+    (cr, dr), (cg, dg) = _codes(ref, p), _codes(got, p)
+    flips = int(np.count_nonzero(cr != cg))
     delta = np.abs(got.astype(np.float64) - ref)
     expected = float(np.sum(delta / np.maximum(_step(ref, p), 1e-38)))
+    scale_flips, expected_scale = 0, 0.0
+    if dr is not None:
+        scale_flips = int(np.count_nonzero(dr != dg))
+        da = np.abs(np.max(np.abs(got.reshape(-1, 32)), -1).astype(np.float64) - np.max(np.abs(ref.reshape(-1, 32)), -1))
+        expected_scale = float(np.sum(da / _amax_step(ref, p)))
     rel = float(np.max(delta / np.maximum(np.max(np.abs(ref), axis=-1, keepdims=True), 1e-30))) if ref.size else 0.0
-    return FlipStat("", p.name, flips, expected, int(ref.size), rel)
+    return FlipStat("", p.name, flips, expected, int(ref.size), rel, scale_flips, expected_scale)
 
 
 def _aligned_slots(ref: dict, got: dict, name: str, il: str) -> tuple[np.ndarray, np.ndarray] | None:

@@ -203,13 +203,14 @@ def test_logits_within_1e7(runs, arch, wtype):
     if figure <= tol:
         return
     rep = build_report(model.cfg.arch, ref.logits, logits, ref.tensors, ref.order, got, tol)
-    census = [f for f in flip_census(model, ref.tensors, got, ref.order) if f.flips]
+    census = [f for f in flip_census(model, ref.tensors, got, ref.order) if f.flips or f.scale_flips]
     names = [s.name for s in rep.tensors]
     first_bad = names.index(rep.first_divergence) if rep.first_divergence in names else len(names)
     if census and census[0].name in names and names.index(census[0].name) < first_bad:
         f = census[0]
         pytest.xfail(f"{arch} {wtype}: logits NMSE {figure:.2e} > {tol:g}: rounding flip at {f.name} "
-                     f"({f.flips} {f.partner} code(s) of {f.values}; float noise predicts {f.expected:.2g}) "
-                     f"before the first divergence {rep.first_divergence}")
+                     f"({f.flips} {f.partner} code(s) of {f.values}, {f.scale_flips} block scale(s); float noise "
+                     f"predicts {f.expected:.2g} and {f.expected_scale:.2g}) before the first divergence "
+                     f"{rep.first_divergence}")
     pytest.fail(f"{arch} {wtype}: logits NMSE {figure:.2e} > {tol:g} with no rounding flip before "
                 f"the first divergence {rep.first_divergence}")
