@@ -165,13 +165,14 @@ def run_flip_census(path, tokens) -> tuple[float, list[FlipStat]]:
 
 
 def main(argv=None) -> int:
-    """`python -m refengine.flips`: the llama.cpp-mode agreement table of docs/quant.md (synthetic models,
-    16 tokens per run, several token seeds per type)."""
+    """`python -m refengine.flips`: the llama.cpp-mode agreement table of docs/quant.md (synthetic tiny
+    models, 16 tokens per run, several token seeds per type)."""
     import argparse
     import os
     import tempfile
 
     from .compare import run_compare
+    from .model import Model
     from .synth import write_synth
 
     ap = argparse.ArgumentParser(prog="python -m refengine.flips", description=main.__doc__)
@@ -179,30 +180,34 @@ def main(argv=None) -> int:
     ap.add_argument("--types", nargs="+", default=["F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "Q2_K", "IQ2_XXS", "MXFP4"])
     ap.add_argument("--seeds", type=int, default=8, help="token seeds per model (default 8)")
     args = ap.parse_args(argv)
-    print("| arch | type | exact NMSE (seed 0) | llamacpp NMSE (seed 0) | runs without flip | "
-          "median NMSE without flip | median / max NMSE with a flip | first flip (seed 0) |")
+
+    def fmt(v: list[float]) -> str:
+        return f"{np.median(v):.1e} / {max(v):.1e}" if v else "-"
+
+    print("| arch | type | exact (seed 0) | llamacpp (seed 0) | runs without flip | median without flip | "
+          "median / max with a flip | first flip at seed 0 |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for arch in args.arch:
             for t in args.types:
                 path = write_synth(arch, os.path.join(tmp, f"{arch}-{t}.gguf"), wtype=t)
-                vocab = 256
-                runs = []
-                for seed in range(args.seeds):
-                    tokens = np.random.default_rng(seed).integers(0, vocab, 16)
-                    nmse, census = run_flip_census(path, tokens)
+                vocab = Model(path).cfg.n_vocab
+                tokens = [np.random.default_rng(seed).integers(0, vocab, 16) for seed in range(args.seeds)]
+                runs = []                                             # (logits NMSE, flipped tensors)
+                for tok in tokens:
+                    nmse, census = run_flip_census(path, tok)
                     runs.append((nmse, [f for f in census if f.any]))
-                exact = run_compare(path, np.random.default_rng(0).integers(0, vocab, 16), mode="exact").logits.nmse
-                clean = [n for n, f in runs if not f]
-                flipped = [n for n, f in runs if f]
-                f0 = runs[0][1][0] if runs[0][1] else None
-                first = "-" if f0 is None else (f"{f0.name} ({f0.flips} code(s), {f0.scale_flips} scale(s); "
-                                                f"predicted {f0.expected + f0.expected_scale:.2g})")
-                med = lambda v: f"{np.median(v):.1e}" if v else "-"   # noqa: E731
-                print(f"| {arch} | {t} | {exact:.1e} | {runs[0][0]:.1e} | {len(clean)}/{len(runs)} | {med(clean)} | "
-                      f"{med(flipped)} / {max(flipped):.1e} | {first} |" if flipped else
-                      f"| {arch} | {t} | {exact:.1e} | {runs[0][0]:.1e} | {len(clean)}/{len(runs)} | {med(clean)} | - | "
-                      f"{first} |", flush=True)
+                exact = run_compare(path, tokens[0], mode="exact").logits.nmse
+                clean = [n for n, fl in runs if not fl]
+                flipped = [n for n, fl in runs if fl]
+                first = "-"
+                if runs[0][1]:
+                    f = runs[0][1][0]
+                    first = (f"{f.name} ({f.flips} code(s), {f.scale_flips} scale(s); "
+                             f"predicted {f.expected + f.expected_scale:.2g})")
+                med_clean = f"{np.median(clean):.1e}" if clean else "-"
+                print(f"| {arch} | {t} | {exact:.1e} | {runs[0][0]:.1e} | {len(clean)}/{len(runs)} | {med_clean} | "
+                      f"{fmt(flipped)} | {first} |", flush=True)
     return 0
 
 
