@@ -119,7 +119,10 @@ def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact") -> np.ndarray:
     x_in = x
     if mode == "llamacpp":
         from .llamacpp import round_activations
-        x = round_activations(x, w.type)                 # [T, I], the values ggml-cpu's dot products see
+        try:
+            x = round_activations(x, w.type)             # [T, I], the values ggml-cpu's dot products see
+        except ValueError as e:
+            raise QuantError(f"matmul: weight {w.name!r}: {e}") from None
     O, I = w.shape
     y = np.empty((x.shape[0], O), dtype=np.float32)
     step = max(1, CHUNK_ELEMENTS // max(I, 1))
