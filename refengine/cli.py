@@ -120,11 +120,14 @@ def cmd_quantize(args) -> int:
     recipe = load_recipe(args.recipe)
     s = quantize_gguf(args.input, args.output, recipe, progress=not args.quiet, engine=args.engine)
     kinds = ", ".join(f"{n} {t}" for t, n in sorted(s.counts().items(), key=lambda kv: -kv[1]))
-    falls = [f"{name}: {note}" for name, _, _, note in s.tensors if "->" in note]
+    falls: dict[str, list[str]] = {}
+    for name, _, _, note in s.tensors:
+        if "->" in note:
+            falls.setdefault(note, []).append(name)
     print(f"{s.path}: {len(s.tensors)} tensors ({kinds}), {s.bytes_in / 2**20:.1f} MiB -> "
           f"{s.bytes_out / 2**20:.1f} MiB with recipe {recipe.name} ({s.engine} quantizers)")
-    for f in falls:
-        print(f"  fallback {f}")
+    for note, names in falls.items():
+        print(f"  fallback {note}: {len(names)} tensor(s), e.g. {names[0]}")
     return 0
 
 
