@@ -1,0 +1,103 @@
+"""The two parallel Numba drivers, specialized per ggml type and compiled lazily on first use.
+
+    kernels(kind).grouped(raw, x, xs, seg, active, y, tile)
+        raw: uint8 [E, O, row_bytes]   packed weights of E matrices (E = 1 for a plain matmul)
+        x:   f32 [N, I]                activation rows, grouped: matrix e owns rows seg[e]:seg[e+1]
+        xs:  f32 [N, I/16]             sums of x over 16 elements (fused kernels' mins and offsets)
+        active: int64 [A]              the matrices that own at least one row; others are not read
+        y:   f32 [N, O]                y[n] = x[n] @ W_e.T for the e that owns row n
+    kernels(kind).dequant_rows(raw, out)       raw [R, row_bytes] -> out f32 [R, I]
+
+Thread split of `grouped`: the work items are (active matrix, tile of `tile` weight rows), handed
+out by `prange`; each thread decodes every weight row of its tile exactly once and applies it to
+all of that matrix's activation rows:
+  - one activation row and a fused kernel for the type (dot.py): the bytes are consumed directly;
+  - otherwise: decode CHUNK weights of the row into a per-thread float32 scratch (dequant.py),
+    then one vectorized dot per activation row against it (float64 running sums per row).
+Nothing of size O x I is ever materialized.
+
+`kind` is a closure constant, so each type compiles its own small kernel (Numba prunes the other
+types' branches) and `cache=True` stores it next to this file for the next process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import njit, prange
+
+from ..formats import type_info
+from .dequant import KINDS, deq_block
+from .dot import FUSED, row_dot
+
+# reassociation lets LLVM vectorize the reductions, contraction gives FMAs; no nnan/ninf:
+# NaN and inf in a weight must reach the output exactly as in the NumPy oracle.
+FASTMATH = {"reassoc", "contract", "nsz"}
+CHUNK = 256             # weights decoded to scratch per step of the non-fused path
+
+
+@dataclass(frozen=True)
+class Kernels:
+    kind: int
+    grouped: object
+    dequant_rows: object
+
+
+@lru_cache(maxsize=None)
+def kernels(kind: int) -> Kernels:
+    """The compiled drivers for ggml type id `kind` (compiled at the first call, not here)."""
+    if kind not in KINDS:
+        raise KeyError(kind)
+    info = type_info(kind)
+    bs, ts = info.block_size, info.type_size
+    fused = kind in FUSED
+    chunk = max(CHUNK, bs)
+
+    @njit(cache=True, parallel=True)
+    def dequant_rows(raw, out):
+        nb = out.shape[1] // bs
+        for r in prange(raw.shape[0]):
+            row = raw[r]
+            dst = out[r]
+            for b in range(nb):
+                deq_block(kind, row, ts * b, dst, bs * b)
+
+    @njit(cache=True, parallel=True, fastmath=FASTMATH)
+    def grouped(raw, x, xs, seg, active, y, tile):
+        O = raw.shape[1]
+        I = x.shape[1]
+        ntiles = (O + tile - 1) // tile
+        for item in prange(active.size * ntiles):
+            e = active[item // ntiles]
+            r0 = (item % ntiles) * tile
+            r1 = min(O, r0 + tile)
+            n0 = seg[e]
+            n = seg[e + 1] - n0
+            c = np.empty(16, np.float32)                        # per-thread block-scale scratch
+            m = np.empty(16, np.float32)
+            if fused and n == 1:
+                # GEMV: fused decode + dot straight from the packed row
+                for r in range(r0, r1):
+                    y[n0, r] = row_dot(kind, raw[e, r], x[n0], xs[n0], c, m)
+            else:
+                # small batch: decode a chunk once, use it for all n activation rows
+                w = np.empty(chunk, np.float32)
+                acc = np.empty(n, np.float64)
+                for r in range(r0, r1):
+                    row = raw[e, r]
+                    acc[:] = 0.0
+                    for c0 in range(0, I, chunk):
+                        c1 = min(I, c0 + chunk)
+                        for b in range(c0 // bs, c1 // bs):
+                            deq_block(kind, row, ts * b, w, bs * b - c0)
+                        for t in range(n):
+                            xt = x[n0 + t]
+                            s = np.float32(0)
+                            for i in range(c1 - c0):
+                                s += w[i] * xt[c0 + i]
+                            acc[t] += s
+                    for t in range(n):
+                        y[n0 + t, r] = acc[t]
+
+    return Kernels(kind, grouped, dequant_rows)

@@ -1,0 +1,146 @@
+"""Host side of the Numba CPU backend: the oracle's `matmul` signature, and the grouped form MoE uses.
+
+    matmul(x, w)                    x: f32 [T, I], w: QTensor [O, I] of any ggml type  ->  [T, O]
+    grouped_matmul(x, w, seg, active)   w: QTensor [E, O, I]; rows seg[e]:seg[e+1] of x use W_e
+    dequantize(w)                   QTensor [..., I] -> f32, by the naive kernels of dequant.py
+
+Which path (T = activation rows of one matrix):
+  T < blas_min_tokens   `kernels.grouped`: fused GEMV for T = 1 where the type has one, else
+                        decode-to-scratch GEMM; the weight bytes are read once per call.
+  T >= blas_min_tokens  dequantize `CHUNK_ELEMENTS` of weight rows at a time (parallel Numba), then
+                        float32 BLAS on them, like the NumPy oracle but with a fast decoder.
+Types without a Numba decoder (F64 and the integer types, which are never matmul weights) use the
+NumPy oracle itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import get_num_threads
+
+from .. import ref
+from ..ref import QTensor, QuantError
+from .dequant import KINDS
+from .kernels import kernels
+
+BLAS_MIN_TOKENS = 16            # activation rows from which dequantize + BLAS beats the fused kernels
+CHUNK_ELEMENTS = 8 << 20        # weights dequantized per BLAS step (32 MB of float32 scratch)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only C-contiguous view: mmapped weights and test arrays then share one compiled kernel."""
+    a = np.ascontiguousarray(a)
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _check_x(x: np.ndarray, w: QTensor) -> np.ndarray:
+    x = np.asarray(x)
+    I = w.shape[-1]
+    if x.ndim != 2 or x.shape[1] != I:
+        raise QuantError(f"matmul: input {list(x.shape)} does not match weight {w.name!r} "
+                         f"{list(w.shape)} (need [T, {I}])")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _check_mode(mode: str) -> None:
+    if mode != "exact":
+        raise QuantError(f"matmul: mode {mode!r} is not implemented by the cpu backend (available: exact)")
+
+
+def _row_sums16(x: np.ndarray) -> np.ndarray:
+    """x [N, I] -> sums over each 16 consecutive elements [N, I // 16] (empty when I % 16 != 0)."""
+    N, I = x.shape
+    if I % 16:
+        return np.zeros((N, 0), dtype=np.float32)
+    return x.reshape(N, I // 16, 16).sum(axis=-1, dtype=np.float32)
+
+
+def default_tile(O: int, items: int = 1) -> int:
+    """Weight rows per work item: about 8 items per thread, at most 64 rows."""
+    per = -(-O * items // (8 * get_num_threads()))
+    return int(max(1, min(64, -(-per // items))))
+
+
+def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", tile_rows: int | None = None,
+           blas_min_tokens: int = BLAS_MIN_TOKENS) -> np.ndarray:
+    """y = x @ dequantize(w).T in float32.   x: [T, I], w: [O, I]  ->  [T, O]   (`ggml_mul_mat(w, x)`)"""
+    _check_mode(mode)
+    if w.ndim != 2:
+        raise QuantError(f"matmul: weight {w.name!r} must be 2-D, got shape {list(w.shape)}")
+    x = _check_x(x, w)
+    kind = int(w.type)
+    if kind not in KINDS:
+        return ref.matmul(x, w, mode=mode)
+    T, O = x.shape[0], w.shape[0]
+    y = np.empty((T, O), dtype=np.float32)
+    if T == 0 or O == 0:
+        return y
+    raw = _readonly(w.raw)                                                  # [O, row_bytes]
+    if T >= blas_min_tokens:
+        _blas(x, raw, kind, y)
+        return y
+    seg = np.array([0, T], dtype=np.int64)
+    active = np.zeros(1, dtype=np.int64)
+    tile = tile_rows or default_tile(O)
+    kernels(kind).grouped(raw[None], x, _row_sums16(x), seg, active, y, tile)
+    return y
+
+
+def _blas(x: np.ndarray, raw: np.ndarray, kind: int, y: np.ndarray) -> None:
+    """Large T: decode a block of weight rows (Numba, parallel), multiply it with BLAS; repeat."""
+    T, I = x.shape
+    O = raw.shape[0]
+    step = max(1, CHUNK_ELEMENTS // max(I, 1))
+    wd = np.empty((min(step, O), I), dtype=np.float32)
+    deq = kernels(kind).dequant_rows
+    for r0 in range(0, O, step):
+        r1 = min(O, r0 + step)
+        deq(raw[r0:r1], wd[: r1 - r0])                                       # [r, I]
+        np.matmul(x, wd[: r1 - r0].T, out=y[:, r0:r1])
+
+
+def grouped_matmul(x: np.ndarray, w: QTensor, seg: np.ndarray, *, mode: str = "exact",
+                   tile_rows: int | None = None, blas_min_tokens: int = BLAS_MIN_TOKENS) -> np.ndarray:
+    """Many matrices at once: w [E, O, I]; rows seg[e]:seg[e+1] of x [N, I] are multiplied by W_e.
+
+    Only matrices that own rows are read. Matrices with at least `blas_min_tokens` rows go through
+    dequantize + BLAS one by one; all the others share one parallel kernel launch.  ->  [N, O]
+    """
+    _check_mode(mode)
+    if w.ndim != 3:
+        raise QuantError(f"grouped_matmul: weight {w.name!r} must be 3-D [E, O, I], got {list(w.shape)}")
+    x = _check_x(x, w)
+    E, O = w.shape[0], w.shape[1]
+    seg = np.asarray(seg, dtype=np.int64)
+    if seg.shape != (E + 1,) or seg[0] != 0 or seg[-1] != x.shape[0] or np.any(np.diff(seg) < 0):
+        raise QuantError(f"grouped_matmul: seg must be {E + 1} non-decreasing offsets from 0 to {x.shape[0]} "
+                         f"for weight {w.name!r}")
+    y = np.empty((x.shape[0], O), dtype=np.float32)
+    counts = np.diff(seg)
+    kind = int(w.type)
+    if kind not in KINDS:
+        for e in np.nonzero(counts)[0]:
+            y[seg[e]:seg[e + 1]] = ref.matmul(x[seg[e]:seg[e + 1]], w[int(e)], mode=mode)
+        return y
+    raw = _readonly(w.raw)                                                  # [E, O, row_bytes]
+    big = np.nonzero(counts >= blas_min_tokens)[0]
+    for e in big:
+        _blas(x[seg[e]:seg[e + 1]], raw[e], kind, y[seg[e]:seg[e + 1]])
+    active = np.nonzero((counts > 0) & (counts < blas_min_tokens))[0].astype(np.int64)
+    if active.size:
+        tile = tile_rows or default_tile(O, active.size)
+        kernels(kind).grouped(raw, x, _row_sums16(x), seg, active, y, tile)
+    return y
+
+
+def dequantize(w: QTensor) -> np.ndarray:
+    """Decode a whole tensor to float32 of shape `w.shape` with the Numba block decoders."""
+    kind = int(w.type)
+    if kind not in KINDS:
+        return ref.dequantize(w)
+    raw = _readonly(w.raw).reshape(-1, w.raw.shape[-1])
+    out = np.empty((raw.shape[0], w.shape[-1]), dtype=np.float32)
+    if out.size:
+        kernels(kind).dequant_rows(raw, out)
+    return out.reshape(w.shape)
