@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add_exec(q):
         q.add_argument("--mode", default="exact", help="exact (f32 math on dequantized weights) or llamacpp "
                        "(activations rounded to the weight's partner type Q8_0/Q8_1/Q8_K/f16/bf16 first, as ggml-cpu)")
-        q.add_argument("--backend", default="numpy", help="numpy")
+        q.add_argument("--backend", default="numpy", help="numpy (the reference), cpu (Numba kernels on the packed weights), cuda (numba-cuda kernels on an NVIDIA GPU)")
 
     c = sub.add_parser("compare", help="run refengine and llama.cpp, compare every named tensor")
     c.add_argument("file", nargs="?", default=None, help="GGUF (any shard of a split set); "

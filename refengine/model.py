@@ -68,6 +68,9 @@ class Model:
         """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None)."""
         rt = rt or Runtime()
         state = state if state is not None else self.new_state()
+        device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
+        if device_forward is not None:
+            return device_forward(tokens, state)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
             raise ConfigError("forward: no tokens given")

@@ -44,7 +44,7 @@ def check_available() -> None:
     try:
         _cuda.detect()
     except Exception as e:                                       # pragma: no cover
-        why = f" ({e})"
+        why = " (" + " ".join(str(e).split())[:200] + ")"
     raise GPUUnavailable("the cuda backend needs an NVIDIA GPU with a working driver, and numba-cuda found none"
                          f"{why}; use --backend numpy, or set NUMBA_ENABLE_CUDASIM=1 to run the kernels in "
                          "numba's (slow) simulator")

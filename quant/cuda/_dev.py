@@ -133,6 +133,29 @@ def warp_sum(v):
     return v
 
 
+@cuda.jit(device=True, inline=True)
+def warp_max(v):
+    """Maximum of v over the 32 lanes of a warp (every lane gets it)."""
+    v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 16))
+    v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 8))
+    v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 4))
+    v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 2))
+    v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 1))
+    return v
+
+
+@cuda.jit(device=True, inline=True)
+def warp_argmax(v, i):
+    """(max of v, its index) over the warp; the lower index wins a tie."""
+    for o in (16, 8, 4, 2, 1):
+        ov = cuda.shfl_xor_sync(0xFFFFFFFF, v, o)
+        oi = cuda.shfl_xor_sync(0xFFFFFFFF, i, o)
+        if ov > v or (ov == v and oi < i):
+            v = ov
+            i = oi
+    return v, i
+
+
 if SIM:
     # The simulator has no warp shuffles: the 32 lanes (Python threads) meet at a barrier instead.
     import threading
@@ -142,24 +165,50 @@ if SIM:
 
     class _Warp:
         def __init__(self):
-            self.vals = [0.0] * 32
-            self.total = 0.0
-            self.meet = threading.Barrier(32, action=self._sum)
+            self.vals = [None] * 32
+            self.out = None
+            self.op = None
+            self.meet = threading.Barrier(32, action=self._reduce)
             self.done = threading.Barrier(32)
 
-        def _sum(self):
-            self.total = np.float32(sum(np.float32(x) for x in self.vals))
+        def _reduce(self):
+            self.out = self.op(self.vals)
 
-    @cuda.jit(device=True)
-    def warp_sum(v):  # noqa: F811
+    def _warp_reduce(v, op):
         key = (cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.threadIdx.y, cuda.threadIdx.z,
                cuda.threadIdx.x // 32)
         with _warps_lock:
             w = _warps.get(key)
             if w is None:
                 w = _warps[key] = _Warp()
+        w.op = op
         w.vals[cuda.threadIdx.x % 32] = v
         w.meet.wait()
-        total = w.total
+        out = w.out
         w.done.wait()
-        return total
+        return out
+
+    def _sum(vals):
+        t = type(vals[0])(0)
+        for x in vals:
+            t = t + x
+        return t
+
+    def _argmax(vals):
+        best = vals[0]
+        for x in vals[1:]:
+            if x[0] > best[0] or (x[0] == best[0] and x[1] < best[1]):
+                best = x
+        return best
+
+    @cuda.jit(device=True)
+    def warp_sum(v):  # noqa: F811
+        return _warp_reduce(v, _sum)
+
+    @cuda.jit(device=True)
+    def warp_max(v):  # noqa: F811
+        return _warp_reduce(v, max)
+
+    @cuda.jit(device=True)
+    def warp_argmax(v, i):  # noqa: F811
+        return _warp_reduce((v, i), _argmax)

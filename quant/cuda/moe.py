@@ -204,19 +204,20 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
     I = up.shape[1]
     u = cuda.device_array((n, I), np.float32)
     grouped(dup, xd, u, tx, gmax, n, mpg, sc=sc_gu[E:], kernel=kernel)
-    record("ffn_moe_up", il, u.copy_to_host().reshape(T, A, I))
+    # llama.cpp renames a scaled expert output `*_scaled` (build_moe_ffn), as the loop oracle does
+    record("ffn_moe_up" + ("_scaled" if up_scale is not None else ""), il, u.copy_to_host().reshape(T, A, I))
     g = u
     if dgate is not None:
         g = cuda.device_array((n, I), np.float32)
         grouped(dgate, xd, g, tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
-        record("ffn_moe_gate", il, g.copy_to_host().reshape(T, A, I))
+        record("ffn_moe_gate" + ("_scaled" if gate_scale is not None else ""), il, g.copy_to_host().reshape(T, A, I))
     act = cuda.device_array((n, I), np.float32)
     swiglu_kernel[_grid(n * I), 256](g, u, act, dgate is not None)
     record("ffn_moe_swiglu" if dgate is not None else "ffn_moe_silu", il, act.copy_to_host().reshape(T, A, I))
     dn = cuda.device_array((n, D), np.float32)
     grouped(ddown, act, dn, tp, gmax, n, mpg, sc=sc_d, kernel=kernel)
     down_out = dn.copy_to_host().reshape(T, A, D)
-    record("ffn_moe_down", il, down_out)
+    record("ffn_moe_down" + ("_scaled" if down_scale is not None else ""), il, down_out)
     weighted = down_out * np.asarray(weights, dtype=np.float32)[:, :, None]
     record("ffn_moe_weighted", il, weighted)
     out = weighted[:, 0].copy()

@@ -41,7 +41,8 @@ def supported(w: QTensor) -> bool:
 
 
 def _nt(n: int) -> int:
-    return 1 if n <= 1 else 2 if n <= 2 else 4 if n <= 4 else 8
+    """Tokens per pass of the warp GEMV: 1 (decode) or 8 (one compiled variant serves 2..8 tokens)."""
+    return 1 if n <= 1 else 8
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,191 @@
+"""Real-size qwen3moe layers on the GPU: decode and prefill time per layer, and GPU == CPU on the same input.
+
+    python benchmarks/cuda_layers.py --type Q4_K [--layers 3] [--dir /tmp/rs] [--check] [--json out.json]
+
+The model is the `qwen3-30b-a3b` preset (Qwen3-30B-A3B's published shapes: hidden 2048, 32 / 4 heads of
+128, 128 experts of 768 x 2048, 8 used, vocab 151936) with `--layers` blocks. Its tensor table and
+metadata are `refengine.synth`'s; the matrices hold random packed bytes with block scales set so
+that every weight has mean 0 and std 1/sqrt(fan_in) (quantizing 1.8 G weights with ggml's quantizer
+takes minutes, and the GPU machine has no libggml). Per-layer cost is the difference between runs of
+the first 1 and the first L blocks (the output head cancels), as llama.cpp's anchor does:
+
+    decode:  a 16-token prompt, then 64 tokens one by one (CUDA graph replays); median per token
+    prefill: 512 tokens in one forward (fresh cache); median of 3
+    check:   the whole file's forward (16-token prompt + 2 decoded tokens) on the GPU and with the NumPy
+             backend on the CPU: relative RMS of the logits, and the argmax tokens
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf.constants import GGMLQuantizationType
+
+import quant.cuda  # noqa: F401  (numpy shim before numba)
+from quant import GGMLType, ref, type_info
+from quant.cuda.testdata import random_raw
+from refengine import synth
+from refengine.model import Model
+from refengine.runtime import Runtime
+
+LLAMA = {"Q4_K": (53.0, 1.43), "Q8_0": (71.0, 1.66)}        # us decode / ms prefill per layer (anchor, Q4_K_M / Q8_0)
+_KAPPA: dict = {}
+
+
+def kappa(t: GGMLType, rng) -> float:
+    """std of the decoded weights per unit of block scale, for centered random bytes of type t."""
+    if t not in _KAPPA:
+        q = random_raw(t, (64, 1024), rng, scale=1.0, centered=True)
+        from quant import QTensor
+        w = ref.dequantize(QTensor.from_raw("k", t, (64, 1024), q))
+        _KAPPA[t] = float(np.std(w))
+    return _KAPPA[t]
+
+
+def write_random_model(path: str, wtype: str, layers: int, seed: int = 0, arch="qwen3moe",
+                       preset="qwen3-30b-a3b") -> str:
+    p = dict(synth.PRESETS[arch][preset])
+    p["n_layer"] = layers
+    wt = type_info(wtype).type
+    plan = synth.plan_tensors(arch, p)
+    w = GGUFWriter(path, arch)
+    for key, val, vt in synth.metadata(arch, p, all_optional=False, rope_scaling=None,
+                                       name=f"random packed {arch} {preset} {wt.name} seed={seed}"):
+        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
+    types = {tp.name: synth.choose_type(tp, wt) for tp in plan}
+    for tp in plan:
+        t = types[tp.name]
+        nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))
+        w.add_tensor_info(tp.name, tp.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(int(t)))
+    from pathlib import Path
+    w.write_header_to_file(Path(path))
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for tp in plan:
+        t = types[tp.name]
+        if t == GGMLType.F32 or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
+            slabs = (synth.encode(x, t) for x in synth.tensor_slabs(tp, seed))
+        else:
+            std = {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
+                tp.kind, 1.0 / np.sqrt(tp.fan_in))
+            s = std / kappa(t, rng)
+            per = max(1, 4096 // max(1, int(np.prod(tp.shape[1:-1], dtype=np.int64))))
+            slabs = (random_raw(t, (min(per, tp.shape[0] - r), *tp.shape[1:]), rng, scale=s, centered=True)
+                     for r in range(0, tp.shape[0], per))
+        synth._write_streamed(w, slabs)
+    w.close()
+    return path
+
+
+def rel_rms(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
+
+
+def time_decode(model, n_layer: int, prompt, n_tok: int) -> dict:
+    from refengine.cuda import DeviceModel
+    dm = DeviceModel(model, n_layer=n_layer)
+    st = model.new_state()
+    t0 = time.perf_counter()
+    logits = dm.forward(prompt, st)
+    t_prompt = time.perf_counter() - t0
+    tok = int(np.argmax(logits[-1]))
+    dts = []
+    for _ in range(n_tok):
+        t0 = time.perf_counter()
+        logits = dm.forward([tok], st)
+        dts.append(time.perf_counter() - t0)
+        tok = int(np.argmax(logits[-1]))
+    return dict(decode_us=statistics.median(dts[3:]) * 1e6, first_us=[d * 1e6 for d in dts[:3]],
+                prompt_s=t_prompt, replays=dm.n_replays)
+
+
+def time_prefill(model, n_layer: int, tokens, reps: int = 3) -> float:
+    from refengine.cuda import DeviceModel
+    dm = DeviceModel(model, n_layer=n_layer)
+    dm.forward(tokens, model.new_state())                      # compile + warm
+    dts = []
+    for _ in range(reps):
+        st = model.new_state()
+        t0 = time.perf_counter()
+        dm.forward(tokens, st)
+        dts.append(time.perf_counter() - t0)
+    return statistics.median(dts) * 1e3
+
+
+def check(model, prompt, n_dec=2) -> dict:
+    """The whole file on the GPU (device path) and on the CPU (NumPy backend), same tokens."""
+    out = {}
+    for name, rt in (("gpu", Runtime(backend="cuda")), ("cpu", Runtime())):
+        st = model.new_state()
+        t0 = time.perf_counter()
+        lg = [model.forward(prompt, st, rt)]
+        toks = []
+        for _ in range(n_dec):
+            toks.append(int(np.argmax(lg[-1][-1])))
+            lg.append(model.forward([toks[-1]], st, rt))
+        out[name] = dict(logits=lg, tokens=toks, s=time.perf_counter() - t0)
+    g, c = out["gpu"], out["cpu"]
+    r = dict(prefill_rel_rms=rel_rms(g["logits"][0], c["logits"][0]),
+             decode_rel_rms=[rel_rms(a, b) for a, b in zip(g["logits"][1:], c["logits"][1:])],
+             argmax_equal=bool(np.array_equal(np.argmax(g["logits"][0], -1), np.argmax(c["logits"][0], -1))),
+             tokens_gpu=g["tokens"], tokens_cpu=c["tokens"], cpu_s=c["s"], gpu_s=g["s"])
+    r["max_abs"] = float(max(np.max(np.abs(a - b)) for a, b in zip(g["logits"], c["logits"])))
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--type", default="Q4_K")
+    ap.add_argument("--layers", type=int, default=3, help="blocks in the file (per-layer cost from 1..L)")
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--check", action="store_true", help="GPU logits against the NumPy backend on the CPU")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    path = os.path.join(a.dir, f"qwen3-30b-a3b-L{a.layers}-{a.type}-random.gguf")
+    t0 = time.perf_counter()
+    if not os.path.exists(path):
+        write_random_model(path, a.type, a.layers)
+    print(f"{path}: {os.path.getsize(path) / 2**30:.2f} GiB written in {time.perf_counter() - t0:.0f} s", flush=True)
+    model = Model(path)
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, model.cfg.n_vocab, 16).tolist()
+    long = rng.integers(0, model.cfg.n_vocab, a.prefill).tolist()
+    res = dict(type=a.type, file=os.path.basename(path), layers=a.layers, decode={}, prefill_ms={})
+    Ls = sorted({1, min(2, a.layers), a.layers})
+    for L in Ls:
+        res["decode"][L] = time_decode(model, L, prompt, a.decode_tokens)
+        print(f"L={L}: decode {res['decode'][L]['decode_us']:.1f} us/token (first {res['decode'][L]['first_us']})",
+              flush=True)
+    for L in Ls:
+        res["prefill_ms"][L] = time_prefill(model, L, long)
+        print(f"L={L}: prefill {a.prefill} tokens {res['prefill_ms'][L]:.2f} ms", flush=True)
+    Lmax = Ls[-1]
+    if Lmax > 1:
+        d = res["decode"]
+        res["decode_us_per_layer"] = (d[Lmax]["decode_us"] - d[1]["decode_us"]) / (Lmax - 1)
+        res["prefill_ms_per_layer"] = (res["prefill_ms"][Lmax] - res["prefill_ms"][1]) / (Lmax - 1)
+        ll = LLAMA.get(a.type)
+        print(f"{a.type}: per layer decode {res['decode_us_per_layer']:.1f} us, prefill {a.prefill} "
+              f"{res['prefill_ms_per_layer']:.2f} ms" + (f"  (llama.cpp {ll[0]} us, {ll[1]} ms)" if ll else ""),
+              flush=True)
+    if a.check:
+        res["check"] = check(model, prompt)
+        print("check:", {k: v for k, v in res["check"].items()}, flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

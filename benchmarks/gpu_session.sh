@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (device tool): carried wheels, then the stages named in $STAGES, each under a
+# time limit; everything is appended to $OUT/session.log, tables and figures land in $OUT as JSON / Markdown.
+#   STAGES="info layers matmul tests" bash benchmarks/gpu_session.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG="$OUT/session.log"
+export PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl >> "$LOG" 2>&1
+stage() { echo "=== $1 ($(date +%T))" | tee -a "$LOG"; }
+for st in ${STAGES:-info layers matmul tests}; do
+  case $st in
+    info) stage info
+      nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv >> "$LOG" 2>&1
+      python3 -c "import numpy, numba, numba_cuda, sys; print(sys.version.split()[0], numpy.__version__, numba.__version__, numba_cuda.__version__)" >> "$LOG" 2>&1 ;;
+    layers) for t in ${LAYER_TYPES:-Q4_K Q8_0}; do stage "layers $t"
+        timeout ${LAYER_TIMEOUT:-200} python3 benchmarks/cuda_layers.py --type $t --dir /tmp --check \
+          --json "$OUT/layers_$t.json" ${LAYER_ARGS:-} >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done ;;
+    matmul) stage matmul
+      timeout ${MATMUL_TIMEOUT:-300} python3 benchmarks/cuda_matmul.py --json "$OUT/matmul.json" --md "$OUT/matmul.md" \
+        ${MATMUL_ARGS:-} >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
+    tests) stage tests
+      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_layer.py tests/test_cuda_kernels.py} \
+        -k "${TEST_K:-not ptx}" --durations=15 >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
+  esac
+done
+stage done
+grep -v "^ok \|^\.\+$" "$LOG" | tail -60

@@ -1,0 +1,98 @@
+"""Compile the quant.cuda kernels for Hopper (sm_90) without a GPU: `python -m quant.cuda.ptx [--all] [-j N]`.
+
+Default: every kernel for every type (naive, warp GEMV, tiled GEMM) plus the GLU / row-weight variants
+for two types; `--all`: every variant for every type. Exit status 0: all compiled; 1: a kernel failed
+(named); 3: NVVM/NVRTC missing (numba-cuda[cu13]). Needs NUMBA_ENABLE_CUDASIM unset.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+import quant.cuda  # noqa: F401  (numpy shim)
+from numba import cuda
+
+from ._dev import SIM
+from .decoders import SPECS
+from .gemv import gemm_kernel, gemv_kernel, naive_kernel
+from .moe import bucket_kernel, combine_kernel, swiglu_kernel
+
+A1U32, A1F16, A1F32, A1I32 = "uint32[::1]", "float16[::1]", "float32[::1]", "int32[::1]"
+A2F32 = "float32[:, ::1]"
+I64 = "int64"
+SIG_NAIVE = f"void({A1U32}, {A1F16}, {A1U32}, {A2F32}, {A2F32}, {A1F32}, {A1I32}, " + ", ".join([I64] * 6) + ")"
+SIG_GEMV = (f"void({A1U32}, {A1F16}, {A1U32}, {A1F16}, {A1U32}, {A2F32}, {A2F32}, {A1F32}, {A1F32}, {A1I32}, "
+            + ", ".join([I64] * 7) + ")")
+SIG_GEMM = f"void({A1U32}, {A1F16}, {A1U32}, {A2F32}, {A2F32}, {A1F32}, {A1F32}, {A1I32}, " + ", ".join([I64] * 7) + ")"
+
+
+def kernels(all_variants: bool = False):
+    """(name, python function, signature) for the kernels the host code launches."""
+    out = []
+    for t in SPECS:
+        n = t.name
+        variants = all_variants or t.name in ("Q4_K", "Q8_0")
+        out.append((f"naive[{n}]", naive_kernel(t), SIG_NAIVE))
+        out.append((f"gemv[{n}, NT=1]", gemv_kernel(t, 1, 1, 4, False, False), SIG_GEMV))
+        out.append((f"gemm[{n}]", gemm_kernel(t, 64, 32, 4, 2, False), SIG_GEMM))
+        if variants:
+            out.append((f"gemv[{n}, NT=8, glu]", gemv_kernel(t, 8, 1, 4, True, False), SIG_GEMV))
+            out.append((f"gemv[{n}, NT=8, rw]", gemv_kernel(t, 8, 2, 4, False, True), SIG_GEMV))
+            out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 2, True), SIG_GEMM))
+    out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
+    out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
+    out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))
+    return out
+
+
+def compile_all(items, cc=(9, 0), verbose=True) -> list[str]:
+    failed = []
+    for name, k, sig in items:
+        t0 = time.perf_counter()
+        try:
+            ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=cc)
+            assert ".entry" in ptx
+            if verbose:
+                print(f"ok   {name:32s} {time.perf_counter() - t0:5.1f} s  {ptx.count(chr(10))} lines "
+                      f"{'LOCAL MEMORY' if '.local' in ptx else ''}", flush=True)
+        except Exception as e:                            # noqa: BLE001 - report every failure
+            failed.append(f"{name}: {type(e).__name__}: {str(e)[:500]}")
+            print(f"FAIL {name}: {e}", flush=True)
+    return failed
+
+
+def main() -> int:
+    if SIM:
+        print("NUMBA_ENABLE_CUDASIM is set: nothing to compile")
+        return 3
+    try:
+        importlib.import_module("cuda.bindings")
+        from numba.cuda.cudadrv import nvvm
+        nvvm.NVVM()
+    except Exception as e:                                # noqa: BLE001
+        print(f"NVVM is not available ({e}); pip install 'numba-cuda[cu13]'")
+        return 3
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--all", action="store_true", help="every variant for every type")
+    ap.add_argument("-j", type=int, default=1, help="worker processes")
+    a = ap.parse_args()
+    n = len(kernels(a.all))
+    if a.j > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(a.j) as ex:
+            failed = sum(ex.map(_worker, [(a.all, i, a.j) for i in range(a.j)]), [])
+    else:
+        failed = compile_all(kernels(a.all))
+    print(f"{len(failed)} of {n} failed" if failed else f"all {n} kernels compile for sm_90")
+    return 1 if failed else 0
+
+
+def _worker(args):
+    all_variants, i, j = args
+    return compile_all(kernels(all_variants)[i::j])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Device kernels for the parts of a block that are not weight multiplies (numba-cuda).
+
+Legend: T tokens, D model dim, S cache length, H / Hkv query / KV heads, K head dim, R rope dims,
+E experts, A active experts per token.
+
+Each kernel is the device form of one NumPy op of `refengine.ops` / `refengine.attention` /
+`refengine.moe.router`, and is tested against it (tests/test_cuda_layer.py). The position of the first
+new token is read from device memory (`pos[0]`), so a captured CUDA graph replays for any position.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32, float64, int32
+
+from quant.cuda._dev import expf, warp_argmax, warp_max, warp_sum
+
+MAX_S = 4096          # attention: cache positions held in shared memory per (head, token) block
+MAX_E = 1024          # routing: experts per token
+
+
+@cuda.jit(device=True, inline=True)
+def _block_sum64(v, buf):
+    """Sum of v over the block (float64, blockDim.x <= 1024); `buf` is a shared float64[32]."""
+    lane = cuda.threadIdx.x % 32
+    wid = cuda.threadIdx.x // 32
+    v = warp_sum(v)
+    if lane == 0:
+        buf[wid] = v
+    cuda.syncthreads()
+    nw = (cuda.blockDim.x + 31) // 32
+    t = float64(0.0)
+    for i in range(nw):
+        t += buf[i]
+    cuda.syncthreads()
+    return t
+
+
+@cuda.jit
+def rms_norm_kernel(x, w, eps, out):
+    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w   (`ops.rms_norm`: the sum in float64).
+
+    x, out: [T, D]; w: [D]. Grid T, block 256."""
+    buf = cuda.shared.array(32, float64)
+    t = cuda.blockIdx.x
+    D = x.shape[1]
+    s = float64(0.0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = float64(x[t, i])
+        s += v * v
+    s = _block_sum64(s, buf)
+    scale = float32(1.0) / math.sqrt(float32(s / D) + float32(eps))
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        out[t, i] = (x[t, i] * scale) * w[i]
+
+
+@cuda.jit
+def add_kernel(a, b, out):
+    """out = a + b, elementwise over [T, D]. Grid-stride."""
+    T, D = out.shape
+    for i in range(cuda.grid(1), T * D, cuda.gridsize(1)):
+        t = i // D
+        d = i - t * D
+        out[t, d] = a[t, d] + b[t, d]
+
+
+@cuda.jit
+def qk_rope_kernel(qkv, H, Hkv, K, qn, kn, has_norm, eps, cos, sin, n_rot, neox, pos, kc, vc, q):
+    """Split the fused projection, optional per-head RMS norm, RoPE, and append k, v to the cache.
+
+    qkv: [T, H*K + 2*Hkv*K] (q | k | v); qn, kn: [K] norm weights (`attn_q_norm`, `attn_k_norm`);
+    cos, sin: [T, n_rot/2]; kc, vc: [S_max, Hkv, K] caches written at rows pos[0] + t;
+    q: [T, H, K] out. NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2). Grid (T, H + 2 Hkv), block K.
+    """
+    buf = cuda.shared.array(32, float64)
+    hv = cuda.shared.array(1024, float32)
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    i = cuda.threadIdx.x
+    if h < H:
+        off = h * K
+    else:
+        off = H * K + (h - H) * K
+    x = qkv[t, off + i] if i < K else float32(0.0)
+    if h >= H + Hkv:                                         # v head: straight into the cache
+        if i < K:
+            vc[pos[0] + t, h - H - Hkv, i] = x
+        return
+    if has_norm:
+        s = _block_sum64(float64(x) * float64(x), buf)
+        scale = float32(1.0) / math.sqrt(float32(s / K) + float32(eps))
+        wv = qn[i] if h < H else kn[i]
+        if i < K:
+            x = (x * scale) * wv
+    if i < K:
+        hv[i] = x
+    cuda.syncthreads()
+    half = n_rot // 2
+    if i < n_rot:
+        if neox:
+            j = i % half
+            c, sn = cos[t, j], sin[t, j]
+            if i < half:
+                x = hv[i] * c - hv[i + half] * sn
+            else:
+                x = hv[i - half] * sn + hv[i] * c
+        else:
+            j = i // 2
+            c, sn = cos[t, j], sin[t, j]
+            if i % 2 == 0:
+                x = hv[i] * c - hv[i + 1] * sn
+            else:
+                x = hv[i - 1] * sn + hv[i] * c
+    if i < K:
+        if h < H:
+            q[t, h, i] = x
+        else:
+            kc[pos[0] + t, h - H, i] = x
+
+
+@cuda.jit
+def attention_kernel(q, kc, vc, pos, kq_scale, out):
+    """Causal softmax attention over the cache (`attention.mha.attention` with `causal_mask`).
+
+    q: [T, H, K]; kc, vc: [S_max, Hkv, K]; token t sees cache rows 0 .. pos[0] + t; out: [T, H*K].
+    Grid (H, T), block 128 (4 warps): scores one warp per key (lanes over K), float64 softmax sum,
+    then one thread per output dim over the keys.
+    """
+    sc = cuda.shared.array(MAX_S, float32)
+    qs = cuda.shared.array(256, float32)
+    buf = cuda.shared.array(32, float64)
+    mx = cuda.shared.array(4, float32)
+    h = cuda.blockIdx.x
+    t = cuda.blockIdx.y
+    T, H, K = q.shape
+    Hkv = kc.shape[1]
+    hk = h // (H // Hkv)
+    S = pos[0] + t + 1
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    wid = tid // 32
+    for i in range(tid, K, 128):
+        qs[i] = q[t, h, i]
+    cuda.syncthreads()
+    # scores: warp per key, lanes over the head dim
+    m = float32(-3.0e38)
+    for s in range(wid, S, 4):                     # every lane of a warp runs the same keys
+        d = float32(0.0)
+        for i in range(lane, K, 32):
+            d = cuda.fma(qs[i], kc[s, hk, i], d)
+        d = warp_sum(d) * float32(kq_scale)
+        if lane == 0:
+            sc[s] = d
+        m = max(m, d)
+    if lane == 0:
+        mx[wid] = m
+    cuda.syncthreads()
+    m = max(max(mx[0], mx[1]), max(mx[2], mx[3]))
+    # softmax: exp in float32, sum in float64 (`ops.softmax`)
+    acc = float64(0.0)
+    for s in range(tid, S, 128):
+        e = expf(sc[s] - m)
+        sc[s] = e
+        acc += float64(e)
+    tot = _block_sum64(acc, buf)
+    for s in range(tid, S, 128):
+        sc[s] = float32(sc[s] / tot)
+    cuda.syncthreads()
+    # weighted sum of values, one thread per output dim
+    for i in range(tid, K, 128):
+        o = float32(0.0)
+        for s in range(S):
+            o = cuda.fma(sc[s], vc[s, hk, i], o)
+        out[t, h * K + i] = o
+
+
+@cuda.jit
+def route_kernel(logits, k, norm_w, ids, wts):
+    """Softmax top-k routing (`moe.router.softmax_topk`): logits [T, E] -> ids [T, A] int32, wts [T*A].
+
+    Probabilities in float32 with a float64 sum; top-k by repeated arg-max (lower index first on
+    ties); weights renormalized by their float64 sum clamped at 2^-14 when norm_w. Grid T, block 32.
+    """
+    p = cuda.shared.array(MAX_E, float32)
+    t = cuda.blockIdx.x
+    E = logits.shape[1]
+    lane = cuda.threadIdx.x
+    m = float32(-3.0e38)
+    for e in range(lane, E, 32):
+        m = max(m, logits[t, e])
+    m = warp_max(m)
+    s = float64(0.0)
+    for e in range(lane, E, 32):
+        v = expf(logits[t, e] - m)
+        p[e] = v
+        s += float64(v)
+    s = warp_sum(s)
+    cuda.syncthreads()                                   # the block is one warp
+    for e in range(lane, E, 32):
+        p[e] = float32(p[e] / s)
+    cuda.syncthreads()
+    wsum = float64(0.0)
+    for a in range(k):
+        best = float32(-1.0)
+        bi = int32(E)
+        for e in range(lane, E, 32):
+            if p[e] > best:
+                best = p[e]
+                bi = int32(e)
+        best, bi = warp_argmax(best, bi)
+        if lane == 0:
+            ids[t, a] = bi
+            wts[t * k + a] = best
+            p[bi] = float32(-2.0)
+        wsum += float64(best)
+        cuda.syncthreads()
+    if norm_w and lane == 0:
+        d = max(float32(wsum), float32(6.103515625e-5))
+        for a in range(k):
+            wts[t * k + a] = wts[t * k + a] / d

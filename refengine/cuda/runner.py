@@ -1,0 +1,316 @@
+"""The whole forward pass on the GPU for `llama` and `qwen3moe`: activations never leave the device.
+
+    dm = DeviceModel(model)                 # checks the arch and the layers' tensors; uploads nothing
+    logits = dm.forward(tokens, state)      # same contract as Model.forward (state: KVCache)
+
+Per layer (Legend: T tokens, D model dim, H/Hkv heads, K head dim, E experts, A active):
+
+    h    = rms_norm(x) * attn_norm                        rms_norm_kernel
+    qkv  = h @ [Wq; Wk; Wv].T                              one GEMV/GEMM (q, k, v rows side by side)
+    q, k = rope(norm(q)), rope(norm(k)); cache <- k, v     qk_rope_kernel
+    o    = attention(q, cache)                             attention_kernel
+    x    = x + o @ Wo.T                                    GEMV + add_kernel
+    h    = rms_norm(x) * ffn_norm                          rms_norm_kernel
+    moe:   ids, w = softmax_topk(h @ Wr.T)                 GEMV + route_kernel + bucket_kernel
+           x = x + sum_a w_a down_e(silu(gate_e h) up_e h) grouped GLU, grouped down, combine
+    dense: x = x + down(silu(gate h) * up h)               GLU GEMV, GEMV, combine
+
+Weights are uploaded packed when a layer first runs (all experts: routing happens on the device).
+The KV cache lives on the device beside the host `KVCache` (`state.device`); the position of the
+first new token is a device scalar, so the launches of one decode step are captured once as a CUDA
+graph and replayed for every later token (`graphs=True`). Used by `Runtime(backend="cuda")` when no
+trace is recorded; the traced path runs the same kernels op by op from the NumPy block code.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import quant.cuda  # noqa: F401  (numpy shim before numba)
+from numba import cuda
+
+from quant import QTensor
+from quant.cuda.gemv import GroupTable, dense_groups
+from quant.cuda.moe import BN, bucket_kernel, combine_kernel, moe_ffn_device
+from quant.cuda.ops import dense, grouped, supported
+from quant.cuda.weights import device_weight
+
+from ..config import ROPE_NEOX, ROPE_NORM
+from ..errors import ConfigError
+from .kernels import MAX_E, MAX_S, add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel
+
+OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_output_bias", "attn_q_scale",
+            "attn_k_scale", "attn_v_scale", "attn_qkv_scale", "attn_output_scale", "ffn_gate_bias", "ffn_up_bias",
+            "ffn_down_bias", "ffn_gate_scale", "ffn_up_scale", "ffn_down_scale")
+
+
+def unsupported(model) -> str | None:
+    """Why `model` cannot run on the device path (None when it can)."""
+    if model.arch.ARCH not in ("llama", "qwen3moe"):
+        return f"architecture {model.arch.ARCH}"
+    cfg = model.cfg
+    if cfg.rope_type not in (ROPE_NORM, ROPE_NEOX):
+        return f"rope type {cfg.rope_type}"
+    if model.n_ctx > MAX_S:
+        return f"n_ctx {model.n_ctx} > {MAX_S}"
+    if cfg.n_expert > MAX_E:
+        return f"{cfg.n_expert} experts > {MAX_E}"
+    if cfg.head_dim_k > 256:
+        return f"head dim {cfg.head_dim_k}"
+    if not supported(model.g.output):
+        return f"output type {model.g.output.type.name}"
+    for il in range(cfg.n_layer):
+        w = model.layer(il)
+        for f in OPTIONAL:
+            if getattr(w, f, None) is not None:
+                return f"layer {il}: optional tensor {f}"
+        for f in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+                  "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            t = getattr(w, f, None)
+            if t is not None and not supported(t):
+                return f"layer {il}: {f} of type {t.type.name}"
+    return None
+
+
+def _vec(a) -> object:
+    return cuda.to_device(np.ascontiguousarray(a, dtype=np.float32))
+
+
+class DeviceLayer:
+    """One block's weights on the device (packed matrices, float32 vectors)."""
+
+    def __init__(self, w, cfg, il: int, stream):
+        spec = cfg.layers[il]
+        self.spec = spec
+        self.attn_norm = _vec(w.attn_norm)
+        self.ffn_norm = _vec(w.ffn_norm)
+        self.q_norm = _vec(w.attn_q_norm) if getattr(w, "attn_q_norm", None) is not None else None
+        self.k_norm = _vec(w.attn_k_norm) if getattr(w, "attn_k_norm", None) is not None else None
+        if getattr(w, "attn_qkv", None) is not None:
+            self._qkv_host = w.attn_qkv
+        else:
+            self._qkv_host = self._concat([w.attn_q, w.attn_k, w.attn_v])
+        self.qkv = device_weight(self._qkv_host).ensure(stream=stream)
+        self.o = device_weight(w.attn_output).ensure(stream=stream)
+        self.moe = spec.ffn == "moe"
+        if self.moe:
+            self.router = device_weight(w.ffn_gate_inp).ensure(stream=stream)
+            self.up = device_weight(w.ffn_up_exps).ensure(stream=stream)
+            self.gate = device_weight(w.ffn_gate_exps).ensure(stream=stream) if w.ffn_gate_exps is not None else None
+            self.down = device_weight(w.ffn_down_exps).ensure(stream=stream)
+            E = cfg.n_expert
+            ones = np.ones(E, np.float32)
+            gs = w.ffn_gate_exps_scale if w.ffn_gate_exps_scale is not None else ones
+            us = w.ffn_up_exps_scale if w.ffn_up_exps_scale is not None else ones
+            ds = w.ffn_down_exps_scale if w.ffn_down_exps_scale is not None else ones
+            self.sc_gu = _vec(np.concatenate([gs, us]))
+            self.sc_d = _vec(ds)
+        else:
+            self.up = device_weight(w.ffn_up).ensure(stream=stream)
+            self.gate = device_weight(w.ffn_gate).ensure(stream=stream)
+            self.down = device_weight(w.ffn_down).ensure(stream=stream)
+            self.sc_gu = _vec(np.ones(2, np.float32))
+            self.sc_d = _vec(np.ones(1, np.float32))
+
+    @staticmethod
+    def _concat(ts: list[QTensor]) -> QTensor:
+        """q, k, v rows side by side in one packed tensor (one launch instead of three). Same type needed."""
+        if len({t.type for t in ts}) != 1:
+            raise ConfigError("device path: attn_q / attn_k / attn_v of different types")
+        raw = np.concatenate([np.asarray(t.raw) for t in ts], axis=0)
+        return QTensor.from_raw(ts[0].name.replace("attn_q", "attn_qkv"), ts[0].type,
+                                (sum(t.shape[0] for t in ts), ts[0].shape[1]), raw)
+
+
+class DeviceState:
+    """Device KV cache of every layer and the position scalar."""
+
+    def __init__(self, cfg, n_ctx: int, stream):
+        self.kc, self.vc = [], []
+        for il in range(cfg.n_layer):
+            Hkv = cfg.layers[il].n_head_kv
+            self.kc.append(cuda.device_array((n_ctx, Hkv, cfg.head_dim_k), np.float32, stream=stream))
+            self.vc.append(cuda.device_array((n_ctx, Hkv, cfg.head_dim_v), np.float32, stream=stream))
+        self.pos = cuda.device_array(1, np.int32, stream=stream)
+
+
+class DeviceModel:
+    def __init__(self, model, *, graphs: bool | None = None, n_layer: int | None = None):
+        """graphs: capture decode steps as CUDA graphs (default on a GPU); n_layer: run only the first
+        n_layer blocks, then the output head (benchmarks: per-layer cost by difference)."""
+        why = unsupported(model)
+        if why is not None:
+            raise ConfigError(f"{model.path}: the cuda device path does not support {why}")
+        self.model = model
+        self.cfg = model.cfg
+        self.stream = cuda.stream()
+        self.n_layer = self.cfg.n_layer if n_layer is None else int(n_layer)
+        self.layers: list[DeviceLayer | None] = [None] * self.cfg.n_layer
+        self.out_norm = _vec(model.g.output_norm)
+        self.output = device_weight(model.g.output).ensure(stream=self.stream)
+        self.out_scale = None if model.g.output_scale is None else float(np.asarray(model.g.output_scale).reshape(-1)[0])
+        self.bufs: dict[int, dict] = {}
+        self.graphs_on = (not quant.cuda.SIM) if graphs is None else graphs      # the simulator has no graphs
+        self.graphs: dict[int, object] = {}
+        self.n_replays = 0
+
+    def layer(self, il: int) -> DeviceLayer:
+        if self.layers[il] is None:
+            self.layers[il] = DeviceLayer(self.model.layer(il), self.cfg, il, self.stream)
+        return self.layers[il]
+
+    # ------------------------------------------------------------ buffers (fixed per T: graph-safe)
+    def _buffers(self, T: int) -> dict:
+        if T in self.bufs:
+            return self.bufs[T]
+        cfg, s = self.cfg, self.stream
+        D, K = cfg.n_embd, cfg.head_dim_k
+        H = max(sp.n_head for sp in cfg.layers)
+        Hkv = max(sp.n_head_kv for sp in cfg.layers)
+        A = max([sp.n_expert_used for sp in cfg.layers] + [1])
+        E = max(cfg.n_expert, 1)
+
+        def z(*shape, dt=np.float32):
+            return cuda.device_array(shape, dt, stream=s)
+        b = dict(x=z(T, D), xo=z(T, D), x2=z(T, D), h=z(T, D), qkv=z(T, (H + 2 * Hkv) * K), q=z(T, H, K), att=z(T, H * K),
+                 a=z(T, D), cos=z(T, cfg.n_rot // 2), sin=z(T, cfg.n_rot // 2), logits=z(T, cfg.n_vocab),
+                 rlog=z(T, E), ids=z(T, A, dt=np.int32), wts=z(T * A), scratch={})
+        gmax = min(E, T * A)
+        n = T * A
+        b["tab_x"] = z(GroupTable.size(gmax, n, BN), dt=np.int32)
+        b["tab_p"] = z(GroupTable.size(gmax, n, BN), dt=np.int32)
+        b["cnt"] = z(E, dt=np.int32)
+        b["fill"] = z(E, dt=np.int32)
+        b["dense_grp"] = cuda.to_device(dense_groups(T, BN), stream=s)
+        self.bufs[T] = b
+        return b
+
+    # ------------------------------------------------------------ one layer, device arrays only
+    def _layer(self, il: int, T: int, b: dict, st: DeviceState, x, xo):
+        """x [T, D] -> xo [T, D] for layer il (all launches on self.stream)."""
+        cfg, s = self.cfg, self.stream
+        L = self.layer(il)
+        sp = L.spec
+        H, Hkv, K = sp.n_head, sp.n_head_kv, cfg.head_dim_k
+        h, qkv, q, att, a, x2 = b["h"], b["qkv"], b["q"], b["att"], b["a"], b["x2"]
+        rms_norm_kernel[T, 256, s](x, L.attn_norm, cfg.rms_eps, h)
+        qkv_v = qkv[:, :(H + 2 * Hkv) * K] if qkv.shape[1] != (H + 2 * Hkv) * K else qkv
+        dense(L.qkv, h, qkv_v, stream=s)
+        qn = L.q_norm if L.q_norm is not None else L.attn_norm
+        kn = L.k_norm if L.k_norm is not None else L.attn_norm
+        qv = q if q.shape[1] == H else q[:, :H, :]
+        qk_rope_kernel[(T, H + 2 * Hkv), K, s](qkv_v, H, Hkv, K, qn, kn, L.q_norm is not None, cfg.rms_eps,
+                                               b["cos"], b["sin"], cfg.n_rot, cfg.rope_type == ROPE_NEOX,
+                                               st.pos, st.kc[il], st.vc[il], qv)
+        attv = att if att.shape[1] == H * K else att[:, :H * K]
+        attention_kernel[(H, T), 128, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
+        dense(L.o, attv, a, stream=s)
+        add_kernel[min(4096, (T * cfg.n_embd + 255) // 256), 256, s](x, a, x2)            # ffn_inp
+        rms_norm_kernel[T, 256, s](x2, L.ffn_norm, cfg.rms_eps, h)
+        if L.moe:
+            A, E = sp.n_expert_used, cfg.n_expert
+            dense(L.router, h, b["rlog"], stream=s)
+            ids = b["ids"] if b["ids"].shape[1] == A else b["ids"][:, :A]
+            route_kernel[T, 32, s](b["rlog"], A, True, ids, b["wts"])
+            n = T * A
+            gmax = min(E, n)
+            bucket_kernel[1, 256, s](b["ids"].reshape(T * b["ids"].shape[1]) if b["ids"].shape[1] == A else ids,
+                                     E, A, n, BN, b["tab_x"], b["tab_p"], b["cnt"], b["fill"])
+            moe_ffn_device(h, b["tab_x"], b["tab_p"], gmax, n, T, A, b["wts"], up=L.up, gate=L.gate, down=L.down,
+                           sc_gu=L.sc_gu, sc_d=L.sc_d, res=x2, out=xo, scratch=b["scratch"], stream=s)
+        else:
+            grp = b["dense_grp"]
+            act = b["scratch"].get("dense_act")
+            if act is None or act.shape != (T, L.up.O):
+                act = b["scratch"]["dense_act"] = cuda.device_array((T, L.up.O), np.float32, stream=s)
+            grouped(L.gate, h, act, grp, 1, T, T, sc=L.sc_gu, up=L.up, stream=s)
+            dn = b["scratch"].get("dense_dn")
+            if dn is None or dn.shape != (T, cfg.n_embd):
+                dn = b["scratch"]["dense_dn"] = cuda.device_array((T, cfg.n_embd), np.float32, stream=s)
+            grouped(L.down, act, dn, grp, 1, T, T, stream=s)
+            combine_kernel[min(4096, (T * cfg.n_embd + 255) // 256), 256, s](dn, 1, x2, True, xo)
+
+    def _steps(self, T: int, b: dict, st: DeviceState) -> None:
+        """Every launch of one forward of T tokens after the inputs are in b['x'], b['cos'], b['sin'], st.pos."""
+        cur, nxt = b["x"], b["xo"]
+        for il in range(self.n_layer):
+            self._layer(il, T, b, st, cur, nxt)
+            cur, nxt = nxt, cur
+        b["final"] = cur
+        rms_norm_kernel[T, 256, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
+        dense(self.output, b["h"], b["logits"], stream=self.stream)
+
+    # ------------------------------------------------------------ forward
+    def forward(self, tokens, state) -> np.ndarray:
+        m, cfg = self.model, self.cfg
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise ConfigError("forward: no tokens given")
+        if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
+            bad = tokens[(tokens < 0) | (tokens >= cfg.n_vocab)][0]
+            raise ConfigError(f"{m.path}: token id {bad} is outside the vocabulary [0, {cfg.n_vocab})")
+        T = tokens.size
+        if state.n_past + T > m.n_ctx:
+            raise ConfigError(f"{m.path}: {state.n_past + T} positions exceed the context size n_ctx = {m.n_ctx}")
+        st = getattr(state, "device", None)
+        if st is None:
+            if state.n_past:
+                raise ConfigError("the cuda device path continues only a state it started (its KV cache is on the GPU)")
+            st = state.device = DeviceState(cfg, m.n_ctx, self.stream)
+        for il in range(self.n_layer):
+            self.layer(il)
+        pos = np.arange(state.n_past, state.n_past + T)
+        cos, sin = m.arch.rope_for(cfg, m.g, pos, m.n_ctx)
+        b = self._buffers(T)
+        s = self.stream
+        b["x"].copy_to_device(np.ascontiguousarray(m.embed(tokens), dtype=np.float32), stream=s)
+        b["cos"].copy_to_device(np.ascontiguousarray(cos, dtype=np.float32), stream=s)
+        b["sin"].copy_to_device(np.ascontiguousarray(sin, dtype=np.float32), stream=s)
+        st.pos.copy_to_device(np.array([state.n_past], np.int32), stream=s)
+        key = (T, id(st))
+        g = self.graphs.get(key)
+        if g is not None:
+            g.launch(s)                                  # replay: one launch for the whole step
+            self.n_replays += 1
+        elif self.graphs_on and T == 1 and b.get("warm"):
+            self.graphs = {k: v for k, v in self.graphs.items() if k[0] != T}    # one state at a time
+            self.graphs[key] = g = Graph.capture(lambda: self._steps(T, b, st), s)
+            g.launch(s)
+        else:
+            self._steps(T, b, st)                        # eager (also compiles and warms every kernel)
+            b["warm"] = True
+        logits = b["logits"].copy_to_host(stream=s)
+        s.synchronize()
+        if self.out_scale is not None:
+            logits = logits * np.float32(self.out_scale)
+        state.n_past += T
+        return logits
+
+
+class Graph:
+    """A CUDA graph captured from the launches of one stream (through the CUDA driver API)."""
+
+    def __init__(self, exe):
+        self.exe = exe
+
+    @staticmethod
+    def _check(res, what):
+        err = res[0] if isinstance(res, tuple) else res
+        if int(err) != 0:
+            raise RuntimeError(f"{what} failed: {err}")
+        return res[1] if isinstance(res, tuple) and len(res) > 1 else None
+
+    @classmethod
+    def capture(cls, fn, stream) -> "Graph":
+        from cuda.bindings import driver as cu
+        h = cu.CUstream(int(stream.handle))
+        cls._check(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "begin capture")
+        try:
+            fn()
+        finally:
+            graph = cls._check(cu.cuStreamEndCapture(h), "end capture")
+        exe = cls._check(cu.cuGraphInstantiate(graph, 0), "instantiate graph")
+        return cls(exe)
+
+    def launch(self, stream) -> None:
+        from cuda.bindings import driver as cu
+        self._check(cu.cuGraphLaunch(self.exe, cu.CUstream(int(stream.handle))), "graph launch")

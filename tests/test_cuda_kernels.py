@@ -1,0 +1,160 @@
+"""quant.cuda kernels against the NumPy oracle (quant.ref), for every type they decode.
+
+Runs on the GPU when there is one, else in numba's CUDA simulator on toy sizes (conftest.py sets
+NUMBA_ENABLE_CUDASIM=1 without /dev/nvidia*). Weights are random bytes with finite block scales
+(`quant.cuda.testdata`): every bit pattern a decoder can meet. Tolerance: relative RMS <= 1e-5 (float32
+sums in another order than NumPy's; the decoders themselves are exact up to one rounding).
+Separately, every kernel is compiled for sm_90 (`compile_ptx`) in a subprocess without the simulator.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+cuda_mod = pytest.importorskip("numba.cuda")
+qc = pytest.importorskip("quant.cuda")
+
+from quant import GGMLType, ref  # noqa: E402
+from quant.cuda import moe as cmoe  # noqa: E402
+from quant.cuda import ops  # noqa: E402
+from quant.cuda.decoders import SPECS  # noqa: E402
+from quant.cuda.testdata import random_qtensor  # noqa: E402
+
+GPU = not qc.SIM and qc.available()
+TOL = 1e-5
+TYPES = list(SPECS)
+# sizes: a few rows in the simulator (~100 us per weight and token), real tiles on the GPU
+O, I = (256, 1024) if GPU else (4, 256)
+T_GEMM = 70 if GPU else 33                   # more than one 32-token tile, not a multiple of it
+# the simulator runs one Python thread per CUDA thread: a 64-thread tile (same 32-token tiles) keeps it quick
+GEMM_SHAPE = None if GPU else dict(BM=16, BN=32, TM=2, TN=4)
+
+
+def rel_rms(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.all(np.isfinite(got)), "non-finite output"
+    return float(np.sqrt(np.mean((got - want) ** 2) / max(np.mean(want ** 2), 1e-30)))
+
+
+def assert_close(name, got, want, tol=TOL):
+    r = rel_rms(got, want)
+    assert r <= tol, f"{name}: relative RMS {r:.2e} > {tol:.0e} (max abs {np.max(np.abs(got - want)):.3e})"
+
+
+@pytest.fixture(scope="module")
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def few_threads(monkeypatch):
+    """In the simulator: 8 rows per warp, 1 warp per block (fewer Python threads; same code path)."""
+    if not GPU:
+        monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1))
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_gemv_naive_and_warp(t, rng):
+    w = random_qtensor(t, (O, I), rng)
+    for T in (1, 3):
+        x = rng.standard_normal((T, I)).astype(np.float32)
+        want = ref.matmul(x, w)
+        assert_close(f"{t.name} naive T={T}", ops.matmul(x, w, kernel="naive"), want)
+        assert_close(f"{t.name} gemv T={T}", ops.matmul(x, w, kernel="gemv"), want)
+    if GPU:                                   # every row-group shape the benchmark may pick
+        for shape in ((2, 4), (1, 8), (4, 2)):
+            assert_close(f"{t.name} gemv {shape}", ops.matmul(x, w, kernel="gemv", shape=shape), want)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_gemm(t, rng):
+    w = random_qtensor(t, (O + 3, I), rng)      # a partial row tile too
+    x = rng.standard_normal((T_GEMM, I)).astype(np.float32)
+    assert_close(f"{t.name} gemm", ops.matmul(x, w, kernel="gemm", shape=GEMM_SHAPE), ref.matmul(x, w))
+
+
+MOE_TYPES = [GGMLType.Q8_0, GGMLType.Q4_0] if not GPU else TYPES
+
+
+@pytest.mark.parametrize("t", MOE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("kernel", ["gemv", "gemm"])
+def test_moe_ffn(t, kernel, rng, few_threads):
+    """Grouped dispatch against the loop oracle: fused and traced, experts with no token, scales."""
+    from refengine.moe.experts import moe_ffn as loop_moe
+    if kernel == "gemm" and not GPU:
+        pytest.skip("the tiled GEMM needs rows of 128 weights: too slow for the simulator (GPU only)")
+    E, A, T = (4, 2, 2) if not GPU else (16, 4, 20)
+    D, F = (32, 32) if not GPU else (512, 256)
+    if SPECS[t].BS > 32:
+        D, F = 256, 256
+        if not GPU:
+            pytest.skip("256-weight blocks: too slow for the simulator")
+    up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
+    down = random_qtensor(t, (E, D, F), rng, "down")
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids = np.stack([rng.permutation(E - 1)[:A] for _ in range(T)]).astype(np.int32)   # expert E-1 unused
+    wts = rng.uniform(0.1, 1.0, (T, A)).astype(np.float32)
+    sc = dict(up_scale=rng.uniform(0.5, 2, E).astype(np.float32), down_scale=rng.uniform(0.5, 2, E).astype(np.float32))
+    rec_w, rec_g = {}, {}
+    want = loop_moe(x, ids, wts, up=up, gate=gate, down=down, matmul=ref.matmul,
+                    record=lambda n, il, v: rec_w.__setitem__(n, v), **sc)
+    assert_close("fused", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, kernel=kernel, **sc), want)
+    got = cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, kernel=kernel,
+                       record=lambda n, il, v: rec_g.__setitem__(n, v), **sc)
+    assert_close("traced", got, want)
+    assert set(rec_g) == set(rec_w)
+    for k in rec_w:
+        assert_close(k, rec_g[k], rec_w[k])
+    if t == MOE_TYPES[0]:                      # no gate: act = silu(up)
+        want = loop_moe(x, ids, wts, up=up, gate=None, down=down, matmul=ref.matmul)
+        assert_close("no gate", cmoe.moe_ffn(x, ids, wts, up=up, gate=None, down=down, kernel=kernel), want)
+
+
+def test_bucket_kernel_matches_host(rng):
+    """Device grouping (tokens sorted by expert) gives the host's groups, tiles and pairs."""
+    from quant.cuda.gemv import GroupTable
+    E, A, T = 7, 3, 5
+    ids = np.stack([rng.permutation(E)[:A] for _ in range(T)]).astype(np.int32)
+    tx, tp, _ = cmoe.groups_from_ids(ids, E)
+    n, gmax = ids.size, min(E, ids.size)
+    dx = cuda_mod.to_device(np.full(GroupTable.size(gmax, n, cmoe.BN), -7, np.int32))
+    dp = cuda_mod.to_device(np.full(GroupTable.size(gmax, n, cmoe.BN), -7, np.int32))
+    cmoe.bucket_kernel[1, 256](cuda_mod.to_device(ids.reshape(-1)), E, A, n, cmoe.BN, dx, dp,
+                               cuda_mod.device_array(E, np.int32), cuda_mod.device_array(E, np.int32))
+    hx, hp = dx.copy_to_host(), dp.copy_to_host()
+    P = 2 + 2 * gmax
+    assert np.array_equal(hx[:P], tx[:P]) and np.array_equal(hx[P + 2 * n:], tx[P + 2 * n:])
+    for g in range(tx[0]):                     # pairs of a group in any order
+        a, b = tx[1 + gmax + g], tx[2 + gmax + g]
+        for dev, host in ((hx, tx), (hp, tp)):
+            assert sorted(zip(dev[P + a:P + b], dev[P + n + a:P + n + b])) == \
+                sorted(zip(host[P + a:P + b], host[P + n + a:P + n + b]))
+
+
+def test_backend_contract(rng):
+    """The backend module has the oracle's signature, errors and fallbacks."""
+    from quant.ref import QuantError
+    w = random_qtensor(GGMLType.Q8_0, (4, 64), rng)
+    with pytest.raises(QuantError):
+        qc.matmul(np.zeros((2, 32), np.float32), w)
+    with pytest.raises(QuantError):
+        qc.matmul(np.zeros((2, 64), np.float32), w, mode="nope")
+    odd = random_qtensor(GGMLType.F32, (3, 40), rng)           # rows not a whole pseudo-block: NumPy path
+    x = rng.standard_normal((2, 40)).astype(np.float32)
+    assert_close("fallback", qc.matmul(x, odd), ref.matmul(x, odd))
+
+
+def test_ptx_sm90_every_kernel():
+    """Every kernel compiles for Hopper (sm_90) with NVRTC/NVVM; no GPU needed."""
+    try:
+        import cuda.bindings  # noqa: F401
+    except ImportError:
+        pytest.skip("numba-cuda[cu13] (NVVM/NVRTC) is not installed")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    r = subprocess.run([sys.executable, "-m", "quant.cuda.ptx", "-j", "2"], env=env, capture_output=True, text=True,
+                       timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if r.returncode == 3:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
