@@ -75,7 +75,7 @@ def test_gemm(t, rng):
     assert_close(f"{t.name} gemm", ops.matmul(x, w, kernel="gemm", shape=GEMM_SHAPE), ref.matmul(x, w))
 
 
-MOE_TYPES = [GGMLType.Q8_0, GGMLType.Q4_0] if not GPU else TYPES
+MOE_TYPES = [GGMLType.Q8_0] if not GPU else TYPES
 
 
 @pytest.mark.parametrize("t", MOE_TYPES, ids=lambda t: t.name)
@@ -107,7 +107,7 @@ def test_moe_ffn(t, kernel, rng, few_threads):
     assert set(rec_g) == set(rec_w)
     for k in rec_w:
         assert_close(k, rec_g[k], rec_w[k])
-    if t == MOE_TYPES[0]:                      # no gate: act = silu(up)
+    if GPU and t == MOE_TYPES[0]:              # no gate: act = silu(up)
         want = loop_moe(x, ids, wts, up=up, gate=None, down=down, matmul=ref.matmul)
         assert_close("no gate", cmoe.moe_ffn(x, ids, wts, up=up, gate=None, down=down, kernel=kernel), want)
 
@@ -125,7 +125,8 @@ def test_bucket_kernel_matches_host(rng):
                                cuda_mod.device_array(E, np.int32), cuda_mod.device_array(E, np.int32))
     hx, hp = dx.copy_to_host(), dp.copy_to_host()
     P = 2 + 2 * gmax
-    assert np.array_equal(hx[:P], tx[:P]) and np.array_equal(hx[P + 2 * n:], tx[P + 2 * n:])
+    q0 = P + 2 * n                             # tile count, then (group, first pair) per tile
+    assert np.array_equal(hx[:P], tx[:P]) and np.array_equal(hx[q0:q0 + 1 + 2 * tx[q0]], tx[q0:q0 + 1 + 2 * tx[q0]])
     for g in range(tx[0]):                     # pairs of a group in any order
         a, b = tx[1 + gmax + g], tx[2 + gmax + g]
         for dev, host in ((hx, tx), (hp, tp)):
