@@ -66,7 +66,7 @@ def cmd_compare(args) -> int:
             print(f"no FILE given: comparing a synthetic {DEFAULT_ARCH} (tiny preset, F32, seed 0) written to {path}\n")
     try:
         tokens = _input_tokens(args, Model(path))
-        rep = run_compare(path, tokens, mode=args.mode, backend=args.backend, tol=args.tol)
+        rep = run_compare(path, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_input(c)
     add_exec(c)
     c.add_argument("--tol", type=float, default=None, help="NMSE tolerance per tensor (default: by weight types)")
+    c.add_argument("--local", action="store_true", help="feed every layer llama.cpp's own input to it: each "
+                   "layer's figure is then its own error, not the sum of the earlier layers'")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--failures-only", action="store_true", help="print only the tensors over tolerance")
     c.set_defaults(fn=cmd_compare)

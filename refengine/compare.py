@@ -311,8 +311,13 @@ def matmul_weight_types(model) -> set:
     return types
 
 
-def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None) -> Report:
-    """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor."""
+def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,
+                local: bool = False) -> Report:
+    """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor.
+
+    local: feed every block llama.cpp's own input to it (`embd`, `l_out-0`, ...) and the head llama.cpp's
+    last `l_out`, so each layer's figure is its own error, not what earlier layers accumulated.
+    """
     from .model import Model
     from .oracle import run_llamacpp
     from .runtime import Runtime
@@ -321,8 +326,14 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     model = Model(path)
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     trace = Trace()
-    got_logits = model.forward(tokens, rt=Runtime(mode=mode, backend=backend, trace=trace))
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
+    rt = Runtime(mode=mode, backend=backend, trace=trace)
+    if local:
+        L = model.cfg.n_layer
+        inputs = [ref.tensors["embd"]] + [ref.tensors[f"l_out-{il}"] for il in range(L - 1)]
+        got_logits = model.forward_local(tokens, inputs, ref.tensors[f"l_out-{L - 1}"], rt)
+    else:
+        got_logits = model.forward(tokens, rt=rt)
     if tol is None:
         tol = tolerance(matmul_weight_types(model), mode)
     rep = build_report(model.cfg.arch, ref.logits, got_logits, ref.tensors, ref.order, trace.tensors, tol)

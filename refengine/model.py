@@ -64,38 +64,64 @@ class Model:
         """tokens [T] int -> [T, D] float32 (`ggml_get_rows(tok_embd, tokens)`)."""
         return quant.dequantize_rows(self.g.token_embd, tokens)
 
-    def forward(self, tokens, state: KVCache | None = None, rt: Runtime | None = None) -> np.ndarray:
-        """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None)."""
-        rt = rt or Runtime()
-        state = state if state is not None else self.new_state()
-        device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
-        if device_forward is not None:
-            return device_forward(tokens, state)
+    def _check_tokens(self, tokens, n_past: int) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
             raise ConfigError("forward: no tokens given")
         if tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab:
             bad = tokens[(tokens < 0) | (tokens >= self.cfg.n_vocab)][0]
             raise ConfigError(f"{self.path}: token id {bad} is outside the vocabulary [0, {self.cfg.n_vocab})")
-        T = tokens.size
-        if state.n_past + T > self.n_ctx:
-            raise ConfigError(f"{self.path}: {state.n_past + T} positions exceed the context size n_ctx = {self.n_ctx}")
-        pos = np.arange(state.n_past, state.n_past + T)                        # [T]
-        rope = self.arch.rope_for(self.cfg, self.g, pos, self.n_ctx)           # cos, sin [T, R/2]
-        x = self.embed(tokens)                                                 # [T, D]
-        rt.record("embd", -1, x)
-        for il in range(self.cfg.n_layer):
-            x = self.arch.block(x, self.layer(il), cfg=self.cfg, il=il, cache=state, pos=pos, rope=rope, rt=rt)
+        if n_past + tokens.size > self.n_ctx:
+            raise ConfigError(f"{self.path}: {n_past + tokens.size} positions exceed the context size n_ctx = {self.n_ctx}")
+        return tokens
+
+    def head(self, x: np.ndarray, rt: Runtime) -> np.ndarray:
+        """Final norm and output projection: x [T, D] -> logits [T, V]."""
         x = rms_norm(x, self.g.output_norm, self.cfg.rms_eps)
         rt.record("result_norm", -1, x)
         logits = rt.matmul(x, self.g.output)                                   # [T, V]
         if self.g.output_scale is not None:
             logits = logits * self.g.output_scale
         rt.record("result_output", -1, logits)
-        state.n_past += T
         if rt.check_finite and not np.all(np.isfinite(logits)):
-            warnings.warn(f"{self.path}: logits contain NaN/inf", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{self.path}: logits contain NaN/inf", RuntimeWarning, stacklevel=3)
         return logits
+
+    def forward(self, tokens, state: KVCache | None = None, rt: Runtime | None = None) -> np.ndarray:
+        """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None)."""
+        rt = rt or Runtime()
+        state = state if state is not None else self.new_state()
+        tokens = self._check_tokens(tokens, state.n_past)
+        device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
+        if device_forward is not None:
+            return device_forward(tokens, state)
+        T = tokens.size
+        pos = np.arange(state.n_past, state.n_past + T)                        # [T]
+        rope = self.arch.rope_for(self.cfg, self.g, pos, self.n_ctx)           # cos, sin [T, R/2]
+        x = self.embed(tokens)                                                 # [T, D]
+        rt.record("embd", -1, x)
+        for il in range(self.cfg.n_layer):
+            x = self.arch.block(x, self.layer(il), cfg=self.cfg, il=il, cache=state, pos=pos, rope=rope, rt=rt)
+        logits = self.head(x, rt)
+        state.n_past += T
+        return logits
+
+    def forward_local(self, tokens, layer_inputs, head_input, rt: Runtime | None = None) -> np.ndarray:
+        """Each block run on a given input instead of the previous block's output (one prefill from position 0).
+
+        layer_inputs: n_layer arrays [T, D] (e.g. llama.cpp's `embd`, `l_out-0`, ...); head_input [T, D].
+        Measures every layer's own error, free of what earlier layers accumulated.
+        """
+        rt = rt or Runtime()
+        tokens = self._check_tokens(tokens, 0)
+        T, D = tokens.size, self.cfg.n_embd
+        pos = np.arange(T)
+        rope = self.arch.rope_for(self.cfg, self.g, pos, self.n_ctx)
+        rt.record("embd", -1, self.embed(tokens))
+        for il in range(self.cfg.n_layer):
+            x = np.asarray(layer_inputs[il], dtype=np.float32).reshape(T, D)
+            self.arch.block(x, self.layer(il), cfg=self.cfg, il=il, cache=self.new_state(), pos=pos, rope=rope, rt=rt)
+        return self.head(np.asarray(head_input, dtype=np.float32).reshape(T, D), rt)
 
     def generate(self, tokens, n: int, *, rt: Runtime | None = None, eos: int | None = None, on_token=None) -> list[int]:
         """Greedy continuation: prefill `tokens`, then decode one token at a time (KV cache). Returns the new ids."""

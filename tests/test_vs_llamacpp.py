@@ -117,3 +117,11 @@ def test_json_fields_are_finite(synth_model):
     d = rep.to_dict()
     for k in ("nmse", "max_abs", "cosine", "top1_agreement", "kld_mean", "kld_max"):
         assert np.isfinite(d["logits"][k])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_local_mode_equals_whole_model_on_f32(synth_model, arch):
+    """With F32 weights, feeding each layer llama.cpp's input changes nothing measurable."""
+    path = synth_model(arch, all_optional=True)
+    rep = run_compare(path, TOKENS, local=True)
+    check(rep, arch, True if arch == "qwen3moe" else False, tol=1e-8, scaled=True)
