@@ -4,6 +4,7 @@ Same signatures as the NumPy oracle (`quant.ref`), so `refengine` switches to it
 `Runtime(backend="cpu")` / `--backend cpu`:
 
     matmul(x, w, *, mode="exact")      x [T, I] float32, w QTensor [O, I] (any ggml type) -> [T, O]
+                                       (mode "llamacpp": x rounded to the weight's partner type first)
     moe_ffn(x, ids, weights, *, up, gate, down, ...)   routed experts, grouped by expert
     grouped_matmul(x, w, seg)          w [E, O, I]; rows seg[e]:seg[e+1] of x use matrix e
     dequantize(w)                      whole tensor -> float32 (the naive block decoders)
@@ -16,5 +17,6 @@ split), `matmul.py` (host wrappers: GEMV / small batch / dequantize + BLAS), `mo
 Nothing is compiled at import: each type's kernels compile on first use and are cached on disk.
 """
 from .matmul import BLAS_MIN_TOKENS, dequantize, grouped_matmul, matmul
+from .moe import moe_ffn
 
-__all__ = ["BLAS_MIN_TOKENS", "dequantize", "grouped_matmul", "matmul"]
+__all__ = ["BLAS_MIN_TOKENS", "dequantize", "grouped_matmul", "matmul", "moe_ffn"]

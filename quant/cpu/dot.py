@@ -1,26 +1,28 @@
 """Fused GEMV row kernels: one packed weight row . one activation row, read straight from the bytes.
 
-    dot_<type>(row, x, xs, c, m) -> float64      row: uint8 [row_bytes], x: f32 [I],
-                                                 xs: f32 [I/16] sums of x over each 16 elements,
-                                                 c, m: f32 [16] per-thread scratch for block scales
+    dot_<type>(row, x, c, m) -> float64      row: uint8 [row_bytes], x: f32 [I],
+                                             c, m: f32 [16] per-thread scratch for block scales
 
-Every quantized format is affine per group of 16 or 32 weights: w = c * q - m, with q a small
-unsigned integer (or a table value) and c, m per group. So
+Every quantized format here is affine per sub-block of 16 or 32 weights: w = c q - m, with q a small
+unsigned integer (or a code-book value) and c, m per sub-block (Q4_K: c = d sc, m = dmin mn; Q6_K:
+c = d sc, m = 32 c; ...). A kernel computes, per weight,
 
-    sum_i w_i x_i = sum_groups  c * sum_i (q_i x_i)  -  m * sum_i x_i
+    w = fma(c, q, -m)          (one rounding, where ggml's dequantize rounds twice)
+    s = fma(w, x, s)
 
-and the second sum is `xs`, computed once per activation row and shared by all rows of the weight
-(it carries the mins of Q4_1/Q5_1/Q2_K/Q4_K/Q5_K and the offsets -8, -16, -4, -32, -1 of
-Q4_0/Q5_0/Q3_K/Q6_K/TQ2_0). What remains per weight is: unpack q, convert, multiply by c, add x q.
+or, where the offset is an integer and one scale covers two lanes (Q4_0: w = d (q - 8)),
+s += d ((q0 - 8) x0 + (q1 - 8) x1), which is as exact (q - 8 is an exact float) and one op cheaper.
+Either way it costs about a float32 dot product plus the unpacking of q, and the dequantized row
+is never written anywhere.
 
-Loop shape, the same in every kernel (the stage comments below refer to it):
-  1. per group of 256 weights, decode the block scales into scalars / the small `c`, `m` arrays;
-  2. one inner loop over the 16 (or 32) lanes of a sub-block, whose body covers all 16 (or 8)
-     sub-blocks of the group through a fully unrolled constant loop: LLVM vectorizes the lane
-     loop into 512-bit `vpmovzxbd / vpsrld / vcvtdq2ps / vfmadd` and reduces once per 256 weights;
-  3. the mins/offsets against `xs`, and a float64 running sum per row (so a 14336-long row adds
-     no more rounding than a float32 BLAS).
-Types without a kernel here (grids, ternary, NVFP4, Q1_0, Q2_0) go through dequantize-to-scratch.
+Loop shape, the same in every kernel (the stage comments refer to it):
+  1. per group of 256 weights, decode the sub-block scales into `c`, `m` (or scalars);
+  2. one inner loop over the 16 (or 32) lanes of a sub-block whose body covers every sub-block of
+     the group (a constant loop that LLVM unrolls): LLVM vectorizes the lane loop into 512-bit
+     `vpmovzxbd / vpsrld / vcvtdq2ps / vfmadd` and reduces to a scalar once per 256 weights;
+  3. a float64 running sum per row, so a 14336-long row adds no more rounding than float32 BLAS.
+Types without a kernel here (grids, ternary TQ1_0, NVFP4, Q1_0, Q2_0) go through decode-to-scratch
+(kernels.py), and every kernel is tested against the NumPy oracle.
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ from numba import njit
 from numba.extending import overload
 
 from .dequant import (BF16, F16, F32, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
-                      Q6_K, Q8_0, Q8_1, Q8_K, TQ2_0, literal_kind, q3_k_scale, scale_min_k4)
-from .llvm import bits_f32, bf16_at, f16_at, f32_at, i8_f32, u16_at, u32_at
+                      Q6_K, Q8_0, Q8_1, Q8_K, TQ2_0, literal_kind, q3_k_scale)
+from .llvm import bits_f32, bf16_at, f16_at, f32_at, i8_f32, ld, u16_at, u32_at
 from .tables import E8M0_HALF, KV_IQ4NL, KV_MXFP4
 
 J = dict(cache=True, inline="always")
@@ -40,317 +42,378 @@ FLOAT_CHUNK = 1024      # float rows: reduce into the float64 sum every FLOAT_CH
 # ---------------------------------------------------------------- plain floats
 
 @njit(**J)
-def dot_f32(row, x, xs, c, m):
+def dot_f32(row, x, c, m):
     acc = 0.0
     for c0 in range(0, x.size, FLOAT_CHUNK):
         s = np.float32(0)
         for i in range(c0, min(x.size, c0 + FLOAT_CHUNK)):
-            s += f32_at(row, 4 * i) * x[i]
+            s += f32_at(row, 4 * i) * ld(x, i)
         acc += s
     return acc
 
 
 @njit(**J)
-def dot_f16(row, x, xs, c, m):
+def dot_f16(row, x, c, m):
     acc = 0.0
     for c0 in range(0, x.size, FLOAT_CHUNK):
         s = np.float32(0)
         for i in range(c0, min(x.size, c0 + FLOAT_CHUNK)):
-            s += f16_at(row, 2 * i) * x[i]
+            s += f16_at(row, 2 * i) * ld(x, i)
         acc += s
     return acc
 
 
 @njit(**J)
-def dot_bf16(row, x, xs, c, m):
+def dot_bf16(row, x, c, m):
     acc = 0.0
     for c0 in range(0, x.size, FLOAT_CHUNK):
         s = np.float32(0)
         for i in range(c0, min(x.size, c0 + FLOAT_CHUNK)):
-            s += bf16_at(row, 2 * i) * x[i]
+            s += bf16_at(row, 2 * i) * ld(x, i)
         acc += s
     return acc
 
 
 # ---------------------------------------------------------------- 32-element blocks, 8 per group
-# Blocks of 32 are processed 8 at a time (256 weights, one reduction): `grp_<type>(.., g0, nk)` does
-# blocks g0 .. g0+nk-1. `dot_blocks32` calls it with the constant nk = 8 (fully unrolled, vectorized
-# over the lanes) and once more with the 1..7 blocks left at the end of a row.
-# (`grp` is passed as a function argument: the kernels are specialized per type at compile time.)
+# `grp_<type>(row, x, c, m, g0, nk)` does blocks g0 .. g0+nk-1 of a row: `dot_<type>` calls it with
+# the constant nk = 8 (unrolled, 256 weights per reduction) and once more for the 1..7 blocks left.
 
 @njit(**J)
-def grp_q8_0(row, x, xs, c, m, g0, nk):
+def grp_q8_0(row, x, c, m, g0, nk):
     o = 34 * g0
     for k in range(nk):                                         # 1. block scales
         c[k] = f16_at(row, o + 34 * k)
     s = np.float32(0)
     for l in range(32):                                         # 2. lane loop, blocks unrolled
         for k in range(nk):
-            s += c[k] * i8_f32(row[o + 34 * k + 2 + l]) * x[32 * (g0 + k) + l]
+            s += c[k] * i8_f32(ld(row, o + 34 * k + 2 + l)) * ld(x, 32 * (g0 + k) + l)
     return s
 
 
 @njit(**J)
-def grp_q8_1(row, x, xs, c, m, g0, nk):
+def grp_q8_1(row, x, c, m, g0, nk):
     o = 36 * g0
     for k in range(nk):
         c[k] = f16_at(row, o + 36 * k)
     s = np.float32(0)
     for l in range(32):
         for k in range(nk):
-            s += c[k] * i8_f32(row[o + 36 * k + 4 + l]) * x[32 * (g0 + k) + l]
+            s += c[k] * i8_f32(ld(row, o + 36 * k + 4 + l)) * ld(x, 32 * (g0 + k) + l)
     return s
 
 
 @njit(**J)
-def grp_q4_0(row, x, xs, c, m, g0, nk):
+def grp_q4_0(row, x, c, m, g0, nk):
     o = 18 * g0
-    for k in range(nk):                                         # 1. scales
+    for k in range(nk):                                         # 1. block scales
         c[k] = f16_at(row, o + 18 * k)
     s = np.float32(0)
     for l in range(16):                                         # 2. byte l: nibbles of x[l], x[l + 16]
-        for k in range(nk):
-            v = row[o + 18 * k + 2 + l]
+        for k in range(nk):                                     #    w = d (q - 8); q - 8 is exact
+            v = ld(row, o + 18 * k + 2 + l)
             xo = 32 * (g0 + k)
-            s += c[k] * (bits_f32(v, 0, 15) * x[xo + l] + bits_f32(v, 4, 15) * x[xo + 16 + l])
-    off = np.float32(0)                                         # 3. q - 8: minus 8 d sum(x)
-    for k in range(nk):
-        off += c[k] * (xs[2 * (g0 + k)] + xs[2 * (g0 + k) + 1])
-    return s - np.float32(8) * off
+            s += c[k] * ((bits_f32(v, 0, 15) - np.float32(8)) * ld(x, xo + l)
+                         + (bits_f32(v, 4, 15) - np.float32(8)) * ld(x, xo + 16 + l))
+    return s
 
 
 @njit(**J)
-def grp_q4_1(row, x, xs, c, m, g0, nk):
+def grp_q4_1(row, x, c, m, g0, nk):
     o = 20 * g0
-    for k in range(nk):
+    for k in range(nk):                                         # 1. w = d q + min
         c[k] = f16_at(row, o + 20 * k)
-        m[k] = f16_at(row, o + 20 * k + 2)
+        m[k] = -f16_at(row, o + 20 * k + 2)
     s = np.float32(0)
     for l in range(16):
         for k in range(nk):
-            v = row[o + 20 * k + 4 + l]
+            v = ld(row, o + 20 * k + 4 + l)
             xo = 32 * (g0 + k)
-            s += c[k] * (bits_f32(v, 0, 15) * x[xo + l] + bits_f32(v, 4, 15) * x[xo + 16 + l])
-    mins = np.float32(0)                                        # 3. + m sum(x)
-    for k in range(nk):
-        mins += m[k] * (xs[2 * (g0 + k)] + xs[2 * (g0 + k) + 1])
-    return s + mins
+            s += ((c[k] * bits_f32(v, 0, 15) - m[k]) * ld(x, xo + l)
+                  + (c[k] * bits_f32(v, 4, 15) - m[k]) * ld(x, xo + 16 + l))
+    return s
 
 
 @njit(**J)
-def grp_q5_0(row, x, xs, c, m, g0, nk):
+def grp_q5_0(row, x, c, m, g0, nk):
     o = 22 * g0
     for k in range(nk):
         c[k] = f16_at(row, o + 22 * k)
     s = np.float32(0)
     for l in range(16):
-        for k in range(nk):
+        for k in range(nk):                                     # w = d (q - 16)
             b = o + 22 * k
             qh = u32_at(row, b + 2)                             # 5th bits: bit l -> x[l], bit 16+l -> x[16+l]
-            v = row[b + 6 + l]
+            v = ld(row, b + 6 + l)
             xo = 32 * (g0 + k)
-            q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(qh, l, 1)
-            q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(qh, l + 16, 1)
-            s += c[k] * (q0 * x[xo + l] + q1 * x[xo + 16 + l])
-    off = np.float32(0)                                         # 3. q - 16
-    for k in range(nk):
-        off += c[k] * (xs[2 * (g0 + k)] + xs[2 * (g0 + k) + 1])
-    return s - np.float32(16) * off
+            q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(qh, l, 1) - np.float32(16)
+            q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(qh, l + 16, 1) - np.float32(16)
+            s += c[k] * (q0 * ld(x, xo + l) + q1 * ld(x, xo + 16 + l))
+    return s
 
 
 @njit(**J)
-def grp_q5_1(row, x, xs, c, m, g0, nk):
+def grp_q5_1(row, x, c, m, g0, nk):
     o = 24 * g0
     for k in range(nk):
         c[k] = f16_at(row, o + 24 * k)
-        m[k] = f16_at(row, o + 24 * k + 2)
+        m[k] = -f16_at(row, o + 24 * k + 2)
     s = np.float32(0)
     for l in range(16):
         for k in range(nk):
             b = o + 24 * k
             qh = u32_at(row, b + 4)
-            v = row[b + 8 + l]
+            v = ld(row, b + 8 + l)
             xo = 32 * (g0 + k)
             q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(qh, l, 1)
             q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(qh, l + 16, 1)
-            s += c[k] * (q0 * x[xo + l] + q1 * x[xo + 16 + l])
-    mins = np.float32(0)
-    for k in range(nk):
-        mins += m[k] * (xs[2 * (g0 + k)] + xs[2 * (g0 + k) + 1])
-    return s + mins
+            s += (c[k] * q0 - m[k]) * ld(x, xo + l) + (c[k] * q1 - m[k]) * ld(x, xo + 16 + l)
+    return s
 
 
 @njit(**J)
-def grp_iq4_nl(row, x, xs, c, m, g0, nk):
+def grp_iq4_nl(row, x, c, m, g0, nk):
     o = 18 * g0
     for k in range(nk):
         c[k] = f16_at(row, o + 18 * k)
     s = np.float32(0)
-    for l in range(16):                                         # non-linear: a 16-entry table per nibble
+    for l in range(16):                                         # non-linear: a 16-entry code book
         for k in range(nk):
-            v = row[o + 18 * k + 2 + l]
+            v = ld(row, o + 18 * k + 2 + l)
             xo = 32 * (g0 + k)
-            s += c[k] * (KV_IQ4NL[v & 15] * x[xo + l] + KV_IQ4NL[v >> 4] * x[xo + 16 + l])
+            s += c[k] * (ld(KV_IQ4NL, v & 15) * ld(x, xo + l) + ld(KV_IQ4NL, v >> 4) * ld(x, xo + 16 + l))
     return s
 
 
 @njit(**J)
-def grp_mxfp4(row, x, xs, c, m, g0, nk):
+def grp_mxfp4(row, x, c, m, g0, nk):
     o = 17 * g0
     for k in range(nk):
-        c[k] = E8M0_HALF[row[o + 17 * k]]
+        c[k] = ld(E8M0_HALF, row[o + 17 * k])
     s = np.float32(0)
     for l in range(16):
         for k in range(nk):
-            v = row[o + 17 * k + 1 + l]
+            v = ld(row, o + 17 * k + 1 + l)
             xo = 32 * (g0 + k)
-            s += c[k] * (KV_MXFP4[v & 15] * x[xo + l] + KV_MXFP4[v >> 4] * x[xo + 16 + l])
+            s += c[k] * (ld(KV_MXFP4, v & 15) * ld(x, xo + l) + ld(KV_MXFP4, v >> 4) * ld(x, xo + 16 + l))
     return s
 
 
 @njit(**J)
-def dot_blocks32(grp, row, x, xs, c, m):
-    """Row . x for a 32-block type whose group kernel is `grp` (passed as a function)."""
+def dot_q8_0(row, x, c, m):
     nb = x.size // 32
     full = nb - nb % 8
     acc = 0.0
     for g0 in range(0, full, 8):
-        acc += grp(row, x, xs, c, m, g0, 8)
+        acc += grp_q8_0(row, x, c, m, g0, 8)
     if full < nb:
-        acc += grp(row, x, xs, c, m, full, nb - full)
+        acc += grp_q8_0(row, x, c, m, full, nb - full)
+    return acc
+
+
+@njit(**J)
+def dot_q8_1(row, x, c, m):
+    nb = x.size // 32
+    full = nb - nb % 8
+    acc = 0.0
+    for g0 in range(0, full, 8):
+        acc += grp_q8_1(row, x, c, m, g0, 8)
+    if full < nb:
+        acc += grp_q8_1(row, x, c, m, full, nb - full)
+    return acc
+
+
+@njit(**J)
+def dot_q4_0(row, x, c, m):
+    nb = x.size // 32
+    full = nb - nb % 8
+    acc = 0.0
+    for g0 in range(0, full, 8):
+        acc += grp_q4_0(row, x, c, m, g0, 8)
+    if full < nb:
+        acc += grp_q4_0(row, x, c, m, full, nb - full)
+    return acc
+
+
+@njit(**J)
+def dot_q4_1(row, x, c, m):
+    nb = x.size // 32
+    full = nb - nb % 8
+    acc = 0.0
+    for g0 in range(0, full, 8):
+        acc += grp_q4_1(row, x, c, m, g0, 8)
+    if full < nb:
+        acc += grp_q4_1(row, x, c, m, full, nb - full)
+    return acc
+
+
+@njit(**J)
+def dot_q5_0(row, x, c, m):
+    nb = x.size // 32
+    full = nb - nb % 8
+    acc = 0.0
+    for g0 in range(0, full, 8):
+        acc += grp_q5_0(row, x, c, m, g0, 8)
+    if full < nb:
+        acc += grp_q5_0(row, x, c, m, full, nb - full)
+    return acc
+
+
+@njit(**J)
+def dot_q5_1(row, x, c, m):
+    nb = x.size // 32
+    full = nb - nb % 8
+    acc = 0.0
+    for g0 in range(0, full, 8):
+        acc += grp_q5_1(row, x, c, m, g0, 8)
+    if full < nb:
+        acc += grp_q5_1(row, x, c, m, full, nb - full)
+    return acc
+
+
+@njit(**J)
+def dot_iq4_nl(row, x, c, m):
+    nb = x.size // 32
+    full = nb - nb % 8
+    acc = 0.0
+    for g0 in range(0, full, 8):
+        acc += grp_iq4_nl(row, x, c, m, g0, 8)
+    if full < nb:
+        acc += grp_iq4_nl(row, x, c, m, full, nb - full)
+    return acc
+
+
+@njit(**J)
+def dot_mxfp4(row, x, c, m):
+    nb = x.size // 32
+    full = nb - nb % 8
+    acc = 0.0
+    for g0 in range(0, full, 8):
+        acc += grp_mxfp4(row, x, c, m, g0, 8)
+    if full < nb:
+        acc += grp_mxfp4(row, x, c, m, full, nb - full)
     return acc
 
 
 # ---------------------------------------------------------------- 256-element super-blocks
 
 @njit(**J)
-def dot_q2_k(row, x, xs, c, m):
+def dot_q2_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 84 * b
         d = f16_at(row, o + 80)
         dmin = f16_at(row, o + 82)
         for i in range(16):                                     # 1. 4-bit scale and min per 16
-            sc = row[o + i]
-            c[i] = d * np.float32(sc & 0xF)
-            m[i] = dmin * np.float32(sc >> 4)
+            c[i] = d * bits_f32(ld(row, o + i), 0, 15)
+            m[i] = dmin * bits_f32(ld(row, o + i), 4, 15)
         s = np.float32(0)
         xo = 256 * b
-        for l in range(16):                                     # 2. 16 lanes x 16 groups
+        for l in range(16):                                     # 2. 16 lanes x 16 sub-blocks
             for n in range(2):
                 for j in range(4):
                     for h in range(2):
-                        q = bits_f32(row[o + 16 + 32 * n + 16 * h + l], 2 * j, 3)
-                        s += c[8 * n + 2 * j + h] * q * x[xo + 128 * n + 32 * j + 16 * h + l]
-        mins = np.float32(0)                                    # 3. mins
-        for i in range(16):
-            mins += m[i] * xs[16 * b + i]
-        acc += s - mins
+                        i = 8 * n + 2 * j + h
+                        q = bits_f32(ld(row, o + 16 + 32 * n + 16 * h + l), 2 * j, 3)
+                        s += (c[i] * q - m[i]) * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
+        acc += s
     return acc
 
 
 @njit(**J)
-def dot_q3_k(row, x, xs, c, m):
+def dot_q3_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 110 * b
         d = f16_at(row, o + 108)
-        for i in range(16):                                     # 1. signed 6-bit scales
+        for i in range(16):                                     # 1. signed 6-bit scales; w = c q - 4 c
             c[i] = d * q3_k_scale(row, o, i)
+            m[i] = np.float32(4) * c[i]
         s = np.float32(0)
         xo = 256 * b
         for l in range(16):                                     # 2. q = 2 low bits + 4 * hmask bit
             for n in range(2):
                 for j in range(4):
                     for h in range(2):
-                        q = (bits_f32(row[o + 32 + 32 * n + 16 * h + l], 2 * j, 3)
-                             + np.float32(4) * bits_f32(row[o + 16 * h + l], 4 * n + j, 1))
-                        s += c[8 * n + 2 * j + h] * q * x[xo + 128 * n + 32 * j + 16 * h + l]
-        off = np.float32(0)                                     # 3. q - 4
-        for i in range(16):
-            off += c[i] * xs[16 * b + i]
-        acc += s - np.float32(4) * off
+                        i = 8 * n + 2 * j + h
+                        q = (bits_f32(ld(row, o + 32 + 32 * n + 16 * h + l), 2 * j, 3)
+                             + np.float32(4) * bits_f32(ld(row, o + 16 * h + l), 4 * n + j, 1))
+                        s += (c[i] * q - m[i]) * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
+        acc += s
     return acc
 
 
 @njit(**J)
-def dot_q4_k(row, x, xs, c, m):
+def k4_scales(row, o, d, dmin, c, m):
+    """get_scale_min_k4 for all 8 sub-blocks of a Q4_K/Q5_K block at o: c = d sc, m = dmin mn."""
+    for i in range(4):
+        c[i] = d * bits_f32(ld(row, o + 4 + i), 0, 63)
+        m[i] = dmin * bits_f32(ld(row, o + 8 + i), 0, 63)
+        c[4 + i] = d * (bits_f32(ld(row, o + 12 + i), 0, 15) + np.float32(16) * bits_f32(ld(row, o + 4 + i), 6, 3))
+        m[4 + i] = dmin * (bits_f32(ld(row, o + 12 + i), 4, 15) + np.float32(16) * bits_f32(ld(row, o + 8 + i), 6, 3))
+
+
+@njit(**J)
+def dot_q4_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 144 * b
-        d = f16_at(row, o)
-        dmin = f16_at(row, o + 2)
-        for i in range(8):                                      # 1. 6-bit scales and mins per 32
-            sc, mn = scale_min_k4(row, o + 4, i)
-            c[i] = d * np.float32(sc)
-            m[i] = dmin * np.float32(mn)
+        k4_scales(row, o, f16_at(row, o), f16_at(row, o + 2), c, m)   # 1. 6-bit scales and mins per 32
         s = np.float32(0)
         xo = 256 * b
-        for l in range(32):                                     # 2. 32 lanes x 8 groups
+        for l in range(32):                                     # 2. 32 lanes x 8 sub-blocks
             for j in range(4):
-                v = row[o + 16 + 32 * j + l]
-                s += (c[2 * j] * bits_f32(v, 0, 15) * x[xo + 64 * j + l]
-                      + c[2 * j + 1] * bits_f32(v, 4, 15) * x[xo + 64 * j + 32 + l])
-        mins = np.float32(0)                                    # 3. mins
-        for i in range(8):
-            mins += m[i] * (xs[16 * b + 2 * i] + xs[16 * b + 2 * i + 1])
-        acc += s - mins
+                v = ld(row, o + 16 + 32 * j + l)
+                s += ((c[2 * j] * bits_f32(v, 0, 15) - m[2 * j]) * ld(x, xo + 64 * j + l)
+                      + (c[2 * j + 1] * bits_f32(v, 4, 15) - m[2 * j + 1]) * ld(x, xo + 64 * j + 32 + l))
+        acc += s
     return acc
 
 
 @njit(**J)
-def dot_q5_k(row, x, xs, c, m):
+def dot_q5_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 176 * b
-        d = f16_at(row, o)
-        dmin = f16_at(row, o + 2)
-        for i in range(8):
-            sc, mn = scale_min_k4(row, o + 4, i)
-            c[i] = d * np.float32(sc)
-            m[i] = dmin * np.float32(mn)
+        k4_scales(row, o, f16_at(row, o), f16_at(row, o + 2), c, m)
         s = np.float32(0)
         xo = 256 * b
         for l in range(32):                                     # 2. 4 low bits + 16 * qh bit
-            h = row[o + 16 + l]
+            h = ld(row, o + 16 + l)
             for j in range(4):
-                v = row[o + 48 + 32 * j + l]
+                v = ld(row, o + 48 + 32 * j + l)
                 q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(h, 2 * j, 1)
                 q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(h, 2 * j + 1, 1)
-                s += c[2 * j] * q0 * x[xo + 64 * j + l] + c[2 * j + 1] * q1 * x[xo + 64 * j + 32 + l]
-        mins = np.float32(0)
-        for i in range(8):
-            mins += m[i] * (xs[16 * b + 2 * i] + xs[16 * b + 2 * i + 1])
-        acc += s - mins
+                s += ((c[2 * j] * q0 - m[2 * j]) * ld(x, xo + 64 * j + l)
+                      + (c[2 * j + 1] * q1 - m[2 * j + 1]) * ld(x, xo + 64 * j + 32 + l))
+        acc += s
     return acc
 
 
 @njit(**J)
-def dot_q6_k(row, x, xs, c, m):
+def dot_q6_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 210 * b
         d = f16_at(row, o + 208)
-        for i in range(16):                                     # 1. int8 scale per 16
-            c[i] = d * i8_f32(row[o + 192 + i])
+        for i in range(16):                                     # 1. int8 scale per 16; w = c q - 32 c
+            c[i] = d * i8_f32(ld(row, o + 192 + i))
+            m[i] = np.float32(32) * c[i]
         s = np.float32(0)
         xo = 256 * b
         for l in range(16):                                     # 2. q = 4 bits of ql + 16 * 2 bits of qh
             for n in range(2):
                 for qq in range(4):
                     for h in range(2):
-                        lo = bits_f32(row[o + 64 * n + 32 * (qq & 1) + 16 * h + l], 4 * (qq >> 1), 15)
-                        hi = bits_f32(row[o + 128 + 32 * n + 16 * h + l], 2 * qq, 3)
-                        s += c[8 * n + 2 * qq + h] * (lo + np.float32(16) * hi) * x[xo + 128 * n + 32 * qq + 16 * h + l]
-        off = np.float32(0)                                     # 3. q - 32
-        for i in range(16):
-            off += c[i] * xs[16 * b + i]
-        acc += s - np.float32(32) * off
+                        i = 8 * n + 2 * qq + h
+                        lo = bits_f32(ld(row, o + 64 * n + 32 * (qq & 1) + 16 * h + l), 4 * (qq >> 1), 15)
+                        hi = bits_f32(ld(row, o + 128 + 32 * n + 16 * h + l), 2 * qq, 3)
+                        s += (c[i] * (lo + np.float32(16) * hi) - m[i]) * ld(x, xo + 128 * n + 32 * qq + 16 * h + l)
+        acc += s
     return acc
 
 
 @njit(**J)
-def dot_q8_k(row, x, xs, c, m):
+def dot_q8_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 292 * b
@@ -358,72 +421,65 @@ def dot_q8_k(row, x, xs, c, m):
         s = np.float32(0)
         for l in range(32):
             for j in range(8):
-                s += i8_f32(row[o + 4 + 32 * j + l]) * x[256 * b + 32 * j + l]
-        acc += d * s
+                s += d * i8_f32(ld(row, o + 4 + 32 * j + l)) * ld(x, 256 * b + 32 * j + l)
+        acc += s
     return acc
 
 
 @njit(**J)
-def dot_tq2_0(row, x, xs, c, m):
+def dot_tq2_0(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 66 * b
-        d = f16_at(row, o + 64)
         s = np.float32(0)
         xo = 256 * b
-        for l in range(32):                                     # 2-bit planes: q in 0..2, w = (q - 1) d
+        for l in range(32):                                     # 2-bit planes: w = d (q - 1)
             for j in range(2):
-                v = row[o + 32 * j + l]
+                v = ld(row, o + 32 * j + l)
                 for p in range(4):
-                    s += bits_f32(v, 2 * p, 3) * x[xo + 128 * j + 32 * p + l]
-        tot = np.float32(0)
-        for i in range(16):
-            tot += xs[16 * b + i]
-        acc += d * (s - tot)
+                    s += (bits_f32(v, 2 * p, 3) - np.float32(1)) * ld(x, xo + 128 * j + 32 * p + l)
+        acc += f16_at(row, o + 64) * s
     return acc
 
 
 @njit(**J)
-def dot_iq4_xs(row, x, xs, c, m):
+def dot_iq4_xs(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 136 * b
         d = f16_at(row, o)
         sh = u16_at(row, o + 2)
         for ib in range(8):                                     # 1. 6-bit scales, minus 32
-            ls = ((row[o + 4 + ib // 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+            ls = ((ld(row, o + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
             c[ib] = d * np.float32(ls - 32)
         s = np.float32(0)
         xo = 256 * b
         for l in range(16):
             for ib in range(8):
-                v = row[o + 8 + 16 * ib + l]
-                s += c[ib] * (KV_IQ4NL[v & 15] * x[xo + 32 * ib + l] + KV_IQ4NL[v >> 4] * x[xo + 32 * ib + 16 + l])
+                v = ld(row, o + 8 + 16 * ib + l)
+                s += c[ib] * (ld(KV_IQ4NL, v & 15) * ld(x, xo + 32 * ib + l) + ld(KV_IQ4NL, v >> 4) * ld(x, xo + 32 * ib + 16 + l))
         acc += s
     return acc
 
 
 # ---------------------------------------------------------------- dispatch
 
-DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q2_K: dot_q2_k, Q3_K: dot_q3_k, Q4_K: dot_q4_k,
-       Q5_K: dot_q5_k, Q6_K: dot_q6_k, Q8_K: dot_q8_k, TQ2_0: dot_tq2_0, IQ4_XS: dot_iq4_xs}
-GRP32 = {Q8_0: grp_q8_0, Q8_1: grp_q8_1, Q4_0: grp_q4_0, Q4_1: grp_q4_1, Q5_0: grp_q5_0, Q5_1: grp_q5_1,
-         IQ4_NL: grp_iq4_nl, MXFP4: grp_mxfp4}
-FUSED = tuple(DOT) + tuple(GRP32)
+DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q8_0: dot_q8_0, Q8_1: dot_q8_1, Q4_0: dot_q4_0,
+       Q4_1: dot_q4_1, Q5_0: dot_q5_0, Q5_1: dot_q5_1, IQ4_NL: dot_iq4_nl, MXFP4: dot_mxfp4, Q2_K: dot_q2_k,
+       Q3_K: dot_q3_k, Q4_K: dot_q4_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k, Q8_K: dot_q8_k, TQ2_0: dot_tq2_0,
+       IQ4_XS: dot_iq4_xs}
+FUSED = tuple(DOT)
 
 
-def row_dot(kind, row, x, xs, c, m):
-    """Numba only: fused row . x for ggml type `kind` (a constant in FUSED)."""
+def row_dot(kind, row, x, c, m):
+    """Numba only: fused row . x for ggml type `kind` (a compile-time constant in FUSED)."""
     raise NotImplementedError("row_dot is callable from Numba-compiled code only")
 
 
 @overload(row_dot, inline="always", prefer_literal=True)
-def _row_dot(kind, row, x, xs, c, m):
-    k = literal_kind(kind)
-    if k in GRP32:
-        grp = GRP32[k]
-        return lambda kind, row, x, xs, c, m: dot_blocks32(grp, row, x, xs, c, m)
-    if k in DOT:
-        fn = DOT[k]
-        return lambda kind, row, x, xs, c, m: fn(row, x, xs, c, m)
-    return lambda kind, row, x, xs, c, m: 0.0          # not fused: the drivers never call it
+def _row_dot(kind, row, x, c, m):
+    # resolved while typing: only this type's kernel is compiled into the caller
+    fn = DOT.get(literal_kind(kind))
+    if fn is None:
+        return lambda kind, row, x, c, m: 0.0           # not fused: the drivers never call it
+    return lambda kind, row, x, c, m: fn(row, x, c, m)

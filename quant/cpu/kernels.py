@@ -1,9 +1,8 @@
 """The two parallel Numba drivers, specialized per ggml type and compiled lazily on first use.
 
-    kernels(kind).grouped(raw, x, xs, seg, active, y, tile)
+    kernels(kind).grouped(raw, x, seg, active, y, tile)
         raw: uint8 [E, O, row_bytes]   packed weights of E matrices (E = 1 for a plain matmul)
         x:   f32 [N, I]                activation rows, grouped: matrix e owns rows seg[e]:seg[e+1]
-        xs:  f32 [N, I/16]             sums of x over 16 elements (fused kernels' mins and offsets)
         active: int64 [A]              the matrices that own at least one row; others are not read
         y:   f32 [N, O]                y[n] = x[n] @ W_e.T for the e that owns row n
     kernels(kind).dequant_rows(raw, out)       raw [R, row_bytes] -> out f32 [R, I]
@@ -64,7 +63,7 @@ def kernels(kind: int) -> Kernels:
                 deq_block(kind, row, ts * b, dst, bs * b)
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
-    def grouped(raw, x, xs, seg, active, y, tile):
+    def grouped(raw, x, seg, active, y, tile):
         O = raw.shape[1]
         I = x.shape[1]
         ntiles = (O + tile - 1) // tile
@@ -79,7 +78,7 @@ def kernels(kind: int) -> Kernels:
             if fused and n == 1:
                 # GEMV: fused decode + dot straight from the packed row
                 for r in range(r0, r1):
-                    y[n0, r] = row_dot(kind, raw[e, r], x[n0], xs[n0], c, m)
+                    y[n0, r] = row_dot(kind, raw[e, r], x[n0], c, m)
             else:
                 # small batch: decode a chunk once, use it for all n activation rows
                 w = np.empty(chunk, np.float32)

@@ -12,6 +12,9 @@ emit the 32-bit (or 16-bit) IR directly, so the loops that call them vectorize t
     u16_at(row, o), u32_at(row, o)    little-endian unsigned integers (as int64)
     i8_f32(v)                  the byte v read as int8 -> float32
     f16_bits(u)                the low 16 bits of u read as a half -> float32
+    ld(a, i)                   a[i] without the negative-index wraparound (see its docstring)
+    fma(a, b, c)               a * b + c, one rounding
+    st_u32(a, o, v)            store the low 32 bits of v at byte offset o of a uint8 array
 
 `row` is a 1-D uint8 array (one packed row of a ggml tensor); `o` a byte offset.
 """
@@ -121,3 +124,77 @@ def f16_bits(typingctx, u):
     def codegen(context, builder, signature, args):
         return builder.fpext(builder.bitcast(builder.trunc(args[0], I16), ir.HalfType()), F32)
     return sig, codegen
+
+
+@intrinsic
+def ld(typingctx, a, i):
+    """a[i] for a 1-D contiguous array and a non-negative index, without Numba's negative-index
+    wraparound. That `i < 0 ? i + n : i` select, when LLVM cannot prove it away, turns the contiguous
+    loads of a lane loop into byte-by-byte gathers (`vpinsrb`); the kernels index through `ld`."""
+    if not (isinstance(a, types.Array) and a.ndim == 1):
+        return None
+    sig = a.dtype(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.load(builder.gep(data, [args[1]]))
+    return sig, codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c in float32 with one rounding (`llvm.fma.f32`)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.fma", [F32], ir.FunctionType(F32, [F32, F32, F32]))
+        return builder.call(fn, args)
+    return sig, codegen
+
+
+@intrinsic
+def st_u32(typingctx, a, o, v):
+    """Store the low 32 bits of integer v, little-endian, at byte offset o of a uint8 array."""
+    sig = types.void(a, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], I32)
+        builder.store(builder.trunc(args[2], I32), p, align=1)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def add(typingctx, a, b):
+    """a + b in float32 with no fast-math flags: LLVM keeps this addition where it is written, so an
+    explicit tree of `add`s stays a tree (short dependency chains) instead of being reassociated
+    into one long chain through the accumulator."""
+    sig = types.float32(types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], args[1])
+    return sig, codegen
+
+
+def _widen16(signed):
+    def impl(typingctx, src, off, dst, doff):
+        sig = types.void(src, types.intp, dst, types.intp)
+
+        def codegen(context, builder, signature, args):
+            v16 = ir.VectorType(I8, 16)
+            p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], v16)
+            b = builder.load(p, align=1)
+            i = builder.sext(b, ir.VectorType(I32, 16)) if signed else builder.zext(b, ir.VectorType(I32, 16))
+            f = builder.sitofp(i, ir.VectorType(F32, 16))
+            ddata = context.make_array(signature.args[2])(context, builder, args[2]).data
+            q = builder.bitcast(builder.gep(ddata, [args[3]]), ir.PointerType(ir.VectorType(F32, 16)))
+            builder.store(f, q, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return impl
+
+
+widen16_u8 = intrinsic(_widen16(False))
+widen16_u8.__doc__ = "dst[doff:doff+16] = float32(src[off:off+16]) for 16 bytes read as uint8 (one vector op)."
+widen16_i8 = intrinsic(_widen16(True))
+widen16_i8.__doc__ = "dst[doff:doff+16] = float32(src[off:off+16]) for 16 bytes read as int8 (one vector op)."

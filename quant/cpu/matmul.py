@@ -18,6 +18,7 @@ import numpy as np
 from numba import get_num_threads
 
 from .. import ref
+from ..formats import GGMLType
 from ..ref import QTensor, QuantError
 from .dequant import KINDS
 from .kernels import kernels
@@ -43,17 +44,25 @@ def _check_x(x: np.ndarray, w: QTensor) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def _check_mode(mode: str) -> None:
-    if mode != "exact":
-        raise QuantError(f"matmul: mode {mode!r} is not implemented by the cpu backend (available: exact)")
+def _activations(x: np.ndarray, w: QTensor, mode: str) -> np.ndarray:
+    """The activation values the kernels multiply: x itself ("exact"), or x rounded to the weight's
+    partner type as ggml-cpu does ("llamacpp", `quant.llamacpp.round_activations`)."""
+    if mode == "exact":
+        return x
+    if mode != "llamacpp":
+        raise QuantError(f"matmul: mode {mode!r} is not implemented (available: {', '.join(ref.MODES)})")
+    from ..llamacpp import round_activations
+    try:
+        return np.ascontiguousarray(round_activations(x, w.type), dtype=np.float32)
+    except ValueError as e:
+        raise QuantError(f"matmul: weight {w.name!r}: {e}") from None
 
 
-def _row_sums16(x: np.ndarray) -> np.ndarray:
-    """x [N, I] -> sums over each 16 consecutive elements [N, I // 16] (empty when I % 16 != 0)."""
-    N, I = x.shape
-    if I % 16:
-        return np.zeros((N, 0), dtype=np.float32)
-    return x.reshape(N, I // 16, 16).sum(axis=-1, dtype=np.float32)
+def _min_term(x: np.ndarray, raw: np.ndarray, w: QTensor, mode: str, y: np.ndarray) -> None:
+    """llama.cpp mode, Q4_1/Q5_1 weights: add the Q8_1 block-sum term ggml-cpu uses (quant.llamacpp)."""
+    if mode == "llamacpp" and w.type in (GGMLType.Q4_1, GGMLType.Q5_1) and x.shape[0]:
+        from ..llamacpp import q8_1_min_term
+        y += q8_1_min_term(x, raw, w.type)
 
 
 def default_tile(O: int, items: int = 1) -> int:
@@ -64,14 +73,18 @@ def default_tile(O: int, items: int = 1) -> int:
 
 def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", tile_rows: int | None = None,
            blas_min_tokens: int = BLAS_MIN_TOKENS) -> np.ndarray:
-    """y = x @ dequantize(w).T in float32.   x: [T, I], w: [O, I]  ->  [T, O]   (`ggml_mul_mat(w, x)`)"""
-    _check_mode(mode)
+    """y = x @ dequantize(w).T in float32.   x: [T, I], w: [O, I]  ->  [T, O]   (`ggml_mul_mat(w, x)`)
+
+    mode "exact" multiplies x itself; "llamacpp" first rounds x to the weight's partner type, as the
+    NumPy oracle does (`quant.ref.matmul`).
+    """
     if w.ndim != 2:
         raise QuantError(f"matmul: weight {w.name!r} must be 2-D, got shape {list(w.shape)}")
-    x = _check_x(x, w)
+    x_in = _check_x(x, w)
     kind = int(w.type)
     if kind not in KINDS:
-        return ref.matmul(x, w, mode=mode)
+        return ref.matmul(x_in, w, mode=mode)
+    x = _activations(x_in, w, mode)
     T, O = x.shape[0], w.shape[0]
     y = np.empty((T, O), dtype=np.float32)
     if T == 0 or O == 0:
@@ -79,11 +92,12 @@ def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", tile_rows: int | N
     raw = _readonly(w.raw)                                                  # [O, row_bytes]
     if T >= blas_min_tokens:
         _blas(x, raw, kind, y)
-        return y
-    seg = np.array([0, T], dtype=np.int64)
-    active = np.zeros(1, dtype=np.int64)
-    tile = tile_rows or default_tile(O)
-    kernels(kind).grouped(raw[None], x, _row_sums16(x), seg, active, y, tile)
+    else:
+        seg = np.array([0, T], dtype=np.int64)
+        active = np.zeros(1, dtype=np.int64)
+        tile = tile_rows or default_tile(O)
+        kernels(kind).grouped(raw[None], x, seg, active, y, tile)
+    _min_term(x_in, raw, w, mode, y)
     return y
 
 
@@ -107,10 +121,9 @@ def grouped_matmul(x: np.ndarray, w: QTensor, seg: np.ndarray, *, mode: str = "e
     Only matrices that own rows are read. Matrices with at least `blas_min_tokens` rows go through
     dequantize + BLAS one by one; all the others share one parallel kernel launch.  ->  [N, O]
     """
-    _check_mode(mode)
     if w.ndim != 3:
         raise QuantError(f"grouped_matmul: weight {w.name!r} must be 3-D [E, O, I], got {list(w.shape)}")
-    x = _check_x(x, w)
+    x_in = _check_x(x, w)
     E, O = w.shape[0], w.shape[1]
     seg = np.asarray(seg, dtype=np.int64)
     if seg.shape != (E + 1,) or seg[0] != 0 or seg[-1] != x.shape[0] or np.any(np.diff(seg) < 0):
@@ -121,8 +134,9 @@ def grouped_matmul(x: np.ndarray, w: QTensor, seg: np.ndarray, *, mode: str = "e
     kind = int(w.type)
     if kind not in KINDS:
         for e in np.nonzero(counts)[0]:
-            y[seg[e]:seg[e + 1]] = ref.matmul(x[seg[e]:seg[e + 1]], w[int(e)], mode=mode)
+            y[seg[e]:seg[e + 1]] = ref.matmul(x_in[seg[e]:seg[e + 1]], w[int(e)], mode=mode)
         return y
+    x = _activations(x_in, w, mode)
     raw = _readonly(w.raw)                                                  # [E, O, row_bytes]
     big = np.nonzero(counts >= blas_min_tokens)[0]
     for e in big:
@@ -130,7 +144,9 @@ def grouped_matmul(x: np.ndarray, w: QTensor, seg: np.ndarray, *, mode: str = "e
     active = np.nonzero((counts > 0) & (counts < blas_min_tokens))[0].astype(np.int64)
     if active.size:
         tile = tile_rows or default_tile(O, active.size)
-        kernels(kind).grouped(raw, x, _row_sums16(x), seg, active, y, tile)
+        kernels(kind).grouped(raw, x, seg, active, y, tile)
+    for e in np.nonzero(counts)[0]:
+        _min_term(x_in[seg[e]:seg[e + 1]], raw[e], w, mode, y[seg[e]:seg[e + 1]])
     return y
 
 
