@@ -66,7 +66,7 @@ def cmd_compare(args) -> int:
             print(f"no FILE given: comparing a synthetic {DEFAULT_ARCH} (tiny preset, F32, seed 0) written to {path}\n")
     try:
         tokens = _input_tokens(args, Model(path))
-        rep = run_compare(path, tokens, mode=args.mode, backend=args.backend, tol=args.tol)
+        rep = run_compare(path, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add_exec(q):
         q.add_argument("--mode", default="exact", help="exact (f32 math on dequantized weights) or llamacpp "
                        "(activations rounded to the weight's partner type Q8_0/Q8_1/Q8_K/f16/bf16 first, as ggml-cpu)")
-        q.add_argument("--backend", default="numpy", help="numpy (the reference), cpu (Numba kernels on the packed weights)")
+        q.add_argument("--backend", default="numpy", help="numpy (the reference), cpu (Numba kernels on the packed weights), cuda (numba-cuda kernels on an NVIDIA GPU)")
 
     c = sub.add_parser("compare", help="run refengine and llama.cpp, compare every named tensor")
     c.add_argument("file", nargs="?", default=None, help="GGUF (any shard of a split set); "
@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_input(c)
     add_exec(c)
     c.add_argument("--tol", type=float, default=None, help="NMSE tolerance per tensor (default: by weight types)")
+    c.add_argument("--local", action="store_true", help="feed every layer llama.cpp's own input to it: each "
+                   "layer's figure is then its own error, not the sum of the earlier layers'")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--failures-only", action="store_true", help="print only the tensors over tolerance")
     c.set_defaults(fn=cmd_compare)

@@ -25,16 +25,23 @@ from .errors import ConfigError, NonFiniteError
 from .trace import Trace
 
 MODES = ("exact", "llamacpp")
-BACKENDS = {"numpy": "quant.ref", "cpu": "quant.cpu"}
+BACKENDS = {"numpy": "quant.ref", "cpu": "quant.cpu", "cuda": "quant.cuda"}
 
 
 def load_backend(name: str):
     if name not in BACKENDS:
         raise ConfigError(f"backend {name!r} is not available; choose one of {', '.join(BACKENDS)}")
     try:
-        return importlib.import_module(BACKENDS[name])
+        mod = importlib.import_module(BACKENDS[name])
     except ImportError as e:
         raise ConfigError(f"backend {name!r} cannot be loaded: {e}") from None
+    check = getattr(mod, "check_available", None)          # e.g. cuda: is there a GPU?
+    if check is not None:
+        try:
+            check()
+        except RuntimeError as e:
+            raise ConfigError(f"backend {name!r}: {e}") from None
+    return mod
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Runtime:
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r} is not available; choose one of {', '.join(MODES)}")
         self._be = load_backend(self.backend)
+        self._device_models = {}
 
     def matmul(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""
@@ -64,7 +72,19 @@ class Runtime:
         if fn is None:
             from .moe import moe_ffn as fn
             return fn(x, ids, weights, matmul=self.matmul, record=self.record, **kw)
-        return fn(x, ids, weights, mode=self.mode, record=self.record, **kw)
+        return fn(x, ids, weights, mode=self.mode, record=self.record if self.trace is not None else None, **kw)
+
+    def device_forward(self, model):
+        """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None
+        when the NumPy block code must run op by op: another backend, a trace, another mode, or an
+        arch / tensor the device path does not cover."""
+        if self.backend != "cuda" or self.trace is not None or self.mode != "exact":
+            return None
+        from .cuda import DeviceModel, unsupported
+        if id(model) not in self._device_models:
+            self._device_models[id(model)] = None if unsupported(model) else DeviceModel(model)
+        dm = self._device_models[id(model)]
+        return None if dm is None else dm.forward
 
     def record(self, name: str, il: int, value: np.ndarray) -> None:
         if self.trace is not None:
