@@ -24,64 +24,13 @@ import sys
 import time
 
 import numpy as np
-from gguf import GGUFWriter
-from gguf.constants import GGMLQuantizationType
 
 import quant.cuda  # noqa: F401  (numpy shim before numba)
-from quant import GGMLType, ref, type_info
-from quant.cuda.testdata import random_raw
-from refengine import synth
+from refengine.cuda.randmodel import write_random_model
 from refengine.model import Model
 from refengine.runtime import Runtime
 
 LLAMA = {"Q4_K": (53.0, 1.43), "Q8_0": (71.0, 1.66)}        # us decode / ms prefill per layer (anchor, Q4_K_M / Q8_0)
-_KAPPA: dict = {}
-
-
-def kappa(t: GGMLType, rng) -> float:
-    """std of the decoded weights per unit of block scale, for centered random bytes of type t."""
-    if t not in _KAPPA:
-        q = random_raw(t, (64, 1024), rng, scale=1.0, centered=True)
-        from quant import QTensor
-        w = ref.dequantize(QTensor.from_raw("k", t, (64, 1024), q))
-        _KAPPA[t] = float(np.std(w))
-    return _KAPPA[t]
-
-
-def write_random_model(path: str, wtype: str, layers: int, seed: int = 0, arch="qwen3moe",
-                       preset="qwen3-30b-a3b") -> str:
-    p = dict(synth.PRESETS[arch][preset])
-    p["n_layer"] = layers
-    wt = type_info(wtype).type
-    plan = synth.plan_tensors(arch, p)
-    w = GGUFWriter(path, arch)
-    for key, val, vt in synth.metadata(arch, p, all_optional=False, rope_scaling=None,
-                                       name=f"random packed {arch} {preset} {wt.name} seed={seed}"):
-        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
-    types = {tp.name: synth.choose_type(tp, wt) for tp in plan}
-    for tp in plan:
-        t = types[tp.name]
-        nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))
-        w.add_tensor_info(tp.name, tp.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(int(t)))
-    from pathlib import Path
-    w.write_header_to_file(Path(path))
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for tp in plan:
-        t = types[tp.name]
-        if t == GGMLType.F32 or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
-            slabs = (synth.encode(x, t) for x in synth.tensor_slabs(tp, seed))
-        else:
-            std = {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
-                tp.kind, 1.0 / np.sqrt(tp.fan_in))
-            s = std / kappa(t, rng)
-            per = max(1, 4096 // max(1, int(np.prod(tp.shape[1:-1], dtype=np.int64))))
-            slabs = (random_raw(t, (min(per, tp.shape[0] - r), *tp.shape[1:]), rng, scale=s, centered=True)
-                     for r in range(0, tp.shape[0], per))
-        synth._write_streamed(w, slabs)
-    w.close()
-    return path
 
 
 def rel_rms(a, b):
@@ -170,6 +119,14 @@ def main(argv=None) -> int:
         res["prefill_ms"][L] = time_prefill(model, L, long)
         print(f"L={L}: prefill {a.prefill} tokens {res['prefill_ms'][L]:.2f} ms", flush=True)
     Lmax = Ls[-1]
+    from refengine.cuda import DeviceModel
+    dm = DeviceModel(model, n_layer=Lmax)
+    st = model.new_state()
+    dm.forward(prompt, st)
+    res["profile_decode_us"] = dm.profile([int(prompt[0])], st)
+    res["profile_prefill_us"] = dm.profile(long, model.new_state())
+    for k in ("profile_decode_us", "profile_prefill_us"):
+        print(f"{k} (L={Lmax}): " + ", ".join(f"{n} {v:.1f}" for n, v in res[k].items()), flush=True)
     if Lmax > 1:
         d = res["decode"]
         res["decode_us_per_layer"] = (d[Lmax]["decode_us"] - d[1]["decode_us"]) / (Lmax - 1)

@@ -53,7 +53,7 @@ LLAMA_MOE_US = {
     "IQ2_XS": (8.0, 15.2, 29.7, 171.6), "IQ4_XS": (6.1, 11.7, 22.1, None),
 }
 PRIORITY = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16"]
-SHAPES = [(1, 4), (2, 4), (1, 8), (2, 2), (4, 2)]          # (rows per warp, warps per block) tried
+SHAPES = [(2, 8, 2), (1, 8, 2), (2, 4, 2), (4, 4, 2), (2, 8, 4), (1, 16, 2)]   # (rows, split-K warps, parts in flight)
 L2_BYTES = 50e6
 
 
@@ -125,7 +125,7 @@ def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, 
                                                 stream=s), reps if n <= 8 else 12)
         return statistics.median(dt)
     if tune:
-        res["tune"] = {f"{rw}x{wp}": run(1, "gemv", (rw, wp), check=(rw, wp) != (1, 4)) for rw, wp in SHAPES}
+        res["tune"] = {"x".join(map(str, sh)): run(1, "gemv", sh, check=sh != ops.GEMV_DEFAULT) for sh in SHAPES}
         best = min(res["tune"], key=res["tune"].get)
         ops.GEMV_SHAPE[t] = tuple(int(v) for v in best.split("x"))
         res["shape"] = best
@@ -197,14 +197,14 @@ def markdown(gemv: list[dict], moe: list[dict], ceiling: float, dev: str) -> str
          f"**{ceiling:.0f} GB/s**.", "",
          "GEMV, W 4096 x 14336 (packed GGUF bytes, float32 activations, result equal to the NumPy oracle within "
          "rel-RMS 1e-5). `x llama` = llama.cpp time / ours (> 1: we are faster).", "",
-         "| type | RWxW | n=1 us | GB/s | % copy | llama n=1 | x llama n=1 | n=2 us | x llama | n=4 us | x llama "
+         "| type | RWxKSxU | n=1 us | GB/s | % copy | llama n=1 | x llama n=1 | n=2 us | x llama | n=4 us | x llama "
          "| n=8 us | prefill 512 us | TFLOP/s |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in gemv:
         g, xl, ll = r["gemv"], r.get("x_llama", {}), r.get("llama_us", (None,) * 4)
         f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"         # noqa: E731
         pf = r.get("prefill", {})
-        L.append(f"| {r['type']} | {r.get('shape', '%dx%d' % ops.GEMV_SHAPE.get(GGMLType[r['type']], ops.GEMV_DEFAULT))} "
+        L.append(f"| {r['type']} | {r.get('shape', 'x'.join(map(str, ops.GEMV_SHAPE.get(GGMLType[r['type']], ops.GEMV_DEFAULT))))} "
                  f"| {f(g[1]['us'])} | {f(g[1]['gbs'], 0)} | {f(r['pct_copy'], 0)}% | {f(ll[0])} | {f(xl.get(1), 2)} "
                  f"| {f(g[2]['us'])} | {f(xl.get(2), 2)} | {f(g[4]['us'])} | {f(xl.get(4), 2)} | {f(g[8]['us'])} "
                  f"| {f(pf.get('us'), 0)} | {f(pf.get('tflops'), 1)} |")

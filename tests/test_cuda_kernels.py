@@ -50,9 +50,9 @@ def rng():
 
 @pytest.fixture
 def few_threads(monkeypatch):
-    """In the simulator: 8 rows per warp, 1 warp per block (fewer Python threads; same code path)."""
+    """In the simulator: 8 rows and 1 warp per block (fewer Python threads; same code path)."""
     if not GPU:
-        monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1))
+        monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -64,7 +64,7 @@ def test_gemv_naive_and_warp(t, rng):
         assert_close(f"{t.name} naive T={T}", ops.matmul(x, w, kernel="naive"), want)
         assert_close(f"{t.name} gemv T={T}", ops.matmul(x, w, kernel="gemv"), want)
     if GPU:                                   # every row-group shape the benchmark may pick
-        for shape in ((2, 4), (1, 8), (4, 2)):
+        for shape in ((1, 8, 2), (2, 4, 4), (4, 2, 1)):
             assert_close(f"{t.name} gemv {shape}", ops.matmul(x, w, kernel="gemv", shape=shape), want)
 
 

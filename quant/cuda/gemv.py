@@ -12,9 +12,10 @@ call go in one launch. The group table is one int32 array (see `GroupTable`).
 Three kernels, same math, same signature:
 - `naive_kernel`: one thread per (pair, output row), a plain loop over the row's blocks. Obviously
   right; the reference the fast kernels are checked against on the device.
-- `gemv_kernel`: one warp per RW rows, lanes over the parts of the row, NT tokens per pass with the
-  decoded weights kept in registers and reused for every token; `glu=True` decodes a second matrix
-  (up) beside the first (gate) and writes silu(gate) * up. For decode and small batches.
+- `gemv_kernel`: a block of KS warps per RW rows, split-K over the warps, lanes over the parts of
+  a row, U parts per lane in flight, NT tokens per pass with the decoded weights kept in registers
+  and reused for every token; `glu=True` decodes a second matrix (up) beside the first (gate) and
+  writes silu(gate) * up. For decode and small batches.
 - `gemm_kernel`: BM x BN output tiles; each K step decodes a [128, BM] weight tile into shared
   memory once and reuses it for BN tokens. For prefill.
 """
@@ -110,8 +111,9 @@ def naive_kernel(t):
 
 # ------------------------------------------------------------------ warp GEMV
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(t, NT: int = 1, RW: int = 1, WARPS: int = 4, glu: bool = False, rwt: bool = False):
-    """Warp GEMV over groups. NT tokens per pass, RW rows per warp, WARPS warps per block.
+def gemv_kernel(t, NT: int = 1, RW: int = 1, KS: int = 4, glu: bool = False, rwt: bool = False, U: int = 2):
+    """Split-K warp GEMV over groups: a block of KS warps computes RW rows of one group, warp w taking the
+    w-th K slice of the row, lanes striding over its parts, U parts per lane in flight; NT tokens per pass.
 
     glu: W is gate and U is up; writes silu(sc[e] gate) * (sc[E + e] up).
     rwt: multiply each output row by rw[out(j)] (the routing weight of that token and slot).
@@ -119,79 +121,113 @@ def gemv_kernel(t, NT: int = 1, RW: int = 1, WARPS: int = 4, glu: bool = False, 
     s = spec(t)
     dec, P, NV, R, RL, RS, BS, TS = s.dec, s.P, s.NV, s.R, s.RL, s.RS, s.BS, s.TS
     TABW = len(tables()[s.table])
-    NTH = 32 * WARPS
+    NTH = 32 * KS
     RU = RW if glu else 1                      # rows of the second matrix (1 = unused)
     GLU, RWT = glu, rwt
+
+    @cuda.jit(device=True, inline=True)
+    def part(w32, w16, u32, u16, stab, x, xrow, it, ebase, row0, O, rowb, v, vu, acc, accu, nt):
+        """Decode part `it` of the RW rows (and of up) and accumulate its dot with nt tokens."""
+        b = it // P
+        p = it - b * P
+        c0 = 0
+        for r in range(RW):
+            rb = ebase + uint64(min(row0 + r, O - 1)) * uint64(rowb) + uint64(b) * uint64(TS)
+            c0 = dec(w32, w16, stab, rb, p, v, r)
+            if GLU:
+                dec(u32, u16, stab, rb, p, vu, r)
+        col = uint64(b * BS + c0)
+        for tt in range(NT):
+            if NT == 1 or tt < nt:
+                xr = uint64(xrow[tt])
+                for q in range(R):
+                    for k in range(RL):
+                        xv = x[xr, col + uint64(q * RS + k)]
+                        for r in range(RW):
+                            acc[r, tt] = cuda.fma(v[r, q * RL + k], xv, acc[r, tt])
+                        for r in range(RU):
+                            if GLU:
+                                accu[r, tt] = cuda.fma(vu[r, q * RL + k], xv, accu[r, tt])
 
     @cuda.jit
     def gemv(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
         # stage 0: the type's lookup table (grid / fp4 values) into shared memory
         stab = cuda.shared.array(TABW, uint32)
+        red = cuda.shared.array((KS, RW, NT), float32)
+        redu = cuda.shared.array((KS, RU, NT), float32)
         tid = cuda.threadIdx.x
         for i in range(tid, TABW, NTH):
             stab[i] = tb[i]
         cuda.syncthreads()
-        # stage 1: which group, which rows
+        # stage 1: which group, which rows, which K slice (block-uniform exits only: barriers follow)
         g = cuda.blockIdx.y
         if g >= grp[0]:
             return
-        warp = tid // 32
-        lane = tid % 32
-        row0 = (cuda.blockIdx.x * WARPS + warp) * RW
+        row0 = cuda.blockIdx.x * RW
         if row0 >= O:
             return
+        warp = tid // 32
+        lane = tid % 32
         e = grp[1 + g]
         j0 = grp[1 + GMAX + g]
         j1 = grp[2 + GMAX + g]
         ebase = uint64(e) * uint64(estride)
+        nparts = (I // BS) * P
+        per = ((nparts + KS - 1) // KS + 31) // 32 * 32
+        pw0 = warp * per
+        pw1 = min(nparts, pw0 + per)
         v = cuda.local.array((RW, NV), float32)
         vu = cuda.local.array((RU, NV), float32)
         acc = cuda.local.array((RW, NT), float32)
         accu = cuda.local.array((RU, NT), float32)
         xrow = cuda.local.array(NT, int32)
-        nparts = (I // BS) * P
         for c in range(j0, j1, NT):
+            nt = min(NT, j1 - c)
             for tt in range(NT):
                 xrow[tt] = grp[2 + 2 * GMAX + min(c + tt, j1 - 1)]               # token rows of this pass
                 for r in range(RW):
                     acc[r, tt] = float32(0.0)
                 for r in range(RU):
                     accu[r, tt] = float32(0.0)
-            # stage 2: lanes stride over the parts of the row; consecutive lanes read consecutive bytes
-            for it in range(lane, nparts, 32):
-                b = it // P
-                p = it - b * P
-                c0 = 0
-                for r in range(RW):
-                    rb = ebase + uint64(min(row0 + r, O - 1)) * uint64(rowb) + uint64(b) * uint64(TS)
-                    c0 = dec(w32, w16, stab, rb, p, v, r)         # RW x NV weights into registers
-                    if GLU:
-                        dec(u32, u16, stab, rb, p, vu, r)
-                col = uint64(b * BS + c0)
-                # stage 3: every decoded weight is used for all NT tokens
-                for tt in range(NT):
-                    if c + tt < j1:
-                        xr = uint64(xrow[tt])
-                        for q in range(R):
-                            for k in range(RL):
-                                xv = x[xr, col + uint64(q * RS + k)]
-                                for r in range(RW):
-                                    acc[r, tt] = cuda.fma(v[r, q * RL + k], xv, acc[r, tt])
-                                for r in range(RU):
-                                    if GLU:
-                                        accu[r, tt] = cuda.fma(vu[r, q * RL + k], xv, accu[r, tt])
-            # stage 4: warp reduction, lane 0 applies the scales and writes
+            # stage 2: U parts per lane per step (their loads in flight together), then the tail
+            it = pw0 + lane
+            while it + 32 * (U - 1) < pw1:
+                for u in range(U):
+                    part(w32, w16, u32, u16, stab, x, xrow, it + 32 * u, ebase, row0, O, rowb, v, vu, acc, accu, nt)
+                it += 32 * U
+            while it < pw1:
+                part(w32, w16, u32, u16, stab, x, xrow, it, ebase, row0, O, rowb, v, vu, acc, accu, nt)
+                it += 32
+            # stage 3: warp sums into shared memory, then the KS slices in a fixed order
             for tt in range(NT):
-                if c + tt < j1:
+                for r in range(RW):
+                    a = warp_sum(acc[r, tt])
+                    if lane == 0:
+                        red[warp, r, tt] = a
+                for r in range(RU):
+                    if GLU:
+                        a = warp_sum(accu[r, tt])
+                        if lane == 0:
+                            redu[warp, r, tt] = a
+            cuda.syncthreads()
+            for i in range(tid, RW * NT, NTH):                # RW * NT may exceed the block
+                r = i // NT
+                tt = i - r * NT
+                if tt < nt and row0 + r < O:
+                    a = red[0, r, tt]
+                    for w in range(1, KS):
+                        a += red[w, r, tt]
+                    a = a * sc[e]
+                    if GLU:
+                        u = redu[0, r, tt]
+                        for w in range(1, KS):
+                            u += redu[w, r, tt]
+                        a = silu(a) * (u * sc[E + e])
                     orow = grp[2 + 2 * GMAX + NP + c + tt]
-                    for r in range(RW):
-                        a = warp_sum(acc[r, tt]) * sc[e]
-                        if GLU:
-                            a = silu(a) * (warp_sum(accu[r, tt]) * sc[E + e])
-                        if RWT:
-                            a = a * rw[orow]
-                        if lane == 0 and row0 + r < O:
-                            y[orow, row0 + r] = a
+                    if RWT:
+                        a = a * rw[orow]
+                    y[orow, row0 + r] = a
+            cuda.syncthreads()
     return gemv
 
 

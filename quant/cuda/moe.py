@@ -127,7 +127,7 @@ def _grid(n: int, block: int = 256) -> int:
 # ------------------------------------------------------------------ device-level dispatch
 def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int, A: int, wts, *,
                    up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight, sc_gu, sc_d,
-                   res=None, out=None, scratch=None, stream=0, kernel: str = "auto"):
+                   res=None, out=None, scratch=None, stream=0, kernel: str = "auto", mark=None):
     """Device arrays in and out: xd [T, D], wts [T*A] routing weights, tables on the device.
 
     sc_gu: float32 [2E] (gate scales then up scales), sc_d: float32 [E]. Returns out [T, D].
@@ -136,6 +136,7 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     T, D = xd.shape
     I = up.O
     s = scratch if scratch is not None else {}
+    mark = mark or (lambda name: None)                    # profiling hook (stage names)
 
     def buf(name, shape):
         b = s.get(name)
@@ -147,6 +148,7 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     if out is None:
         out = cuda.device_array((T, D), dtype=np.float32, stream=stream)
     small = kernel == "gemv" or (kernel == "auto" and max_per_group <= NT_MAX)
+    mark("experts_gate_up")
     if small and gate is not None:
         grouped(gate, xd, act, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, up=up, stream=stream)
     else:
@@ -158,7 +160,9 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
             g = buf("g", (n_pairs, I))
             grouped(gate, xd, g, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, kernel=kernel, stream=stream)
         swiglu_kernel[_grid(n_pairs * I), 256, stream](g, u, act, gate is not None)
+    mark("experts_down")
     grouped(down, act, dn, tab_p, gmax, n_pairs, max_per_group, sc=sc_d, rw=wts, kernel=kernel, stream=stream)
+    mark("experts_combine")
     combine_kernel[_grid(T * D), 256, stream](dn, A, res if res is not None else out, res is not None, out)
     return out
 

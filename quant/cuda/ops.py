@@ -8,8 +8,8 @@ power of two; more tokens and I % 128 == 0 -> tiled GEMM; otherwise warp GEMV, 8
 
 Launch shapes (documented here, used below):
 - naive: grid (ceil(O / 128), n_pairs), block 128: one thread per (pair, row).
-- gemv:  grid (ceil(O / (RW * WARPS)), GMAX), block 32 * WARPS: one warp per RW rows of one group;
-         blocks of groups past G (known only on the device) return at once.
+- gemv:  grid (ceil(O / RW), GMAX), block 32 * KS: one block per RW rows of one group, its KS warps
+         splitting the row; blocks of groups past G (known only on the device) return at once.
 - gemm:  grid (ceil(O / BM), n_tiles_max), block (BM / TM) * (BN / TN): one block per BM x BN tile.
 """
 from __future__ import annotations
@@ -27,10 +27,11 @@ from .decoders import SPECS
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .weights import DeviceWeight, device_weight
 
-# (RW rows per warp, WARPS per block) of the warp GEMV, per type; measured on the H200 (BENCHMARKS.md)
-GEMV_SHAPE: dict[GGMLType, tuple[int, int]] = {}
-GEMV_DEFAULT = (1, 4)
-GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=2)
+# (RW rows per block, KS warps splitting K, U parts in flight per lane) of the warp GEMV, per type;
+# chosen on the H200 by benchmarks/cuda_matmul.py (BENCHMARKS.md)
+GEMV_SHAPE: dict[GGMLType, tuple[int, int, int]] = {}
+GEMV_DEFAULT = (2, 8, 2)
+GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
 
@@ -78,10 +79,11 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         if rw is not None:
             raise QuantError("naive kernel: row weights are not supported")
     elif kernel == "gemv":
-        RW, WARPS = shape or GEMV_SHAPE.get(dw.type, GEMV_DEFAULT)
-        k = gemv_kernel(dw.type, _nt(max_per_group), RW, WARPS, up is not None, rw is not None)
+        RW, KS, U = shape or GEMV_SHAPE.get(dw.type, GEMV_DEFAULT)
+        KS = max(1, min(KS, (I // dw.spec.BS * dw.spec.P + 31) // 32))      # no idle warps on short rows
+        k = gemv_kernel(dw.type, _nt(max_per_group), RW, KS, up is not None, rw is not None, U)
         u = up if up is not None else dw
-        k[(math.ceil(O / (RW * WARPS)), gmax), 32 * WARPS, stream](
+        k[(math.ceil(O / RW), gmax), 32 * KS, stream](
             dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
     elif kernel == "gemm":
         if I % 128:

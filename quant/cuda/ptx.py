@@ -34,12 +34,12 @@ def kernels(all_variants: bool = False):
         n = t.name
         variants = all_variants or t.name in ("Q4_K", "Q8_0")
         out.append((f"naive[{n}]", naive_kernel(t), SIG_NAIVE))
-        out.append((f"gemv[{n}, NT=1]", gemv_kernel(t, 1, 1, 4, False, False), SIG_GEMV))
-        out.append((f"gemm[{n}]", gemm_kernel(t, 64, 32, 4, 2, False), SIG_GEMM))
+        out.append((f"gemv[{n}, NT=1]", gemv_kernel(t, 1, 2, 8, False, False, 2), SIG_GEMV))
+        out.append((f"gemm[{n}]", gemm_kernel(t, 64, 32, 4, 4, False), SIG_GEMM))
         if variants:
-            out.append((f"gemv[{n}, NT=8, glu]", gemv_kernel(t, 8, 1, 4, True, False), SIG_GEMV))
-            out.append((f"gemv[{n}, NT=8, rw]", gemv_kernel(t, 8, 2, 4, False, True), SIG_GEMV))
-            out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 2, True), SIG_GEMM))
+            out.append((f"gemv[{n}, NT=8, glu]", gemv_kernel(t, 8, 2, 4, True, False, 2), SIG_GEMV))
+            out.append((f"gemv[{n}, NT=8, rw]", gemv_kernel(t, 8, 2, 4, False, True, 2), SIG_GEMV))
+            out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 4, True), SIG_GEMM))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))

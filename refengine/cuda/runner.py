@@ -36,7 +36,8 @@ from quant.cuda.weights import device_weight
 
 from ..config import ROPE_NEOX, ROPE_NORM
 from ..errors import ConfigError
-from .kernels import MAX_E, MAX_S, add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel
+from .kernels import (MAX_E, MAX_S, add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel,
+                      sleep_kernel)
 
 OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_output_bias", "attn_q_scale",
             "attn_k_scale", "attn_v_scale", "attn_qkv_scale", "attn_output_scale", "ffn_gate_bias", "ffn_up_bias",
@@ -152,6 +153,7 @@ class DeviceModel:
         self.graphs_on = (not quant.cuda.SIM) if graphs is None else graphs      # the simulator has no graphs
         self.graphs: dict[int, object] = {}
         self.n_replays = 0
+        self._marks = None                     # [(stage name, event)] while profiling
 
     def layer(self, il: int) -> DeviceLayer:
         if self.layers[il] is None:
@@ -192,32 +194,44 @@ class DeviceModel:
         sp = L.spec
         H, Hkv, K = sp.n_head, sp.n_head_kv, cfg.head_dim_k
         h, qkv, q, att, a, x2 = b["h"], b["qkv"], b["q"], b["att"], b["a"], b["x2"]
+        self._mark("attn_norm")
         rms_norm_kernel[T, 256, s](x, L.attn_norm, cfg.rms_eps, h)
+        self._mark("qkv")
         qkv_v = qkv[:, :(H + 2 * Hkv) * K] if qkv.shape[1] != (H + 2 * Hkv) * K else qkv
         dense(L.qkv, h, qkv_v, stream=s)
         qn = L.q_norm if L.q_norm is not None else L.attn_norm
         kn = L.k_norm if L.k_norm is not None else L.attn_norm
         qv = q if q.shape[1] == H else q[:, :H, :]
+        self._mark("qk_norm_rope")
         qk_rope_kernel[(T, H + 2 * Hkv), K, s](qkv_v, H, Hkv, K, qn, kn, L.q_norm is not None, cfg.rms_eps,
                                                b["cos"], b["sin"], cfg.n_rot, cfg.rope_type == ROPE_NEOX,
                                                st.pos, st.kc[il], st.vc[il], qv)
         attv = att if att.shape[1] == H * K else att[:, :H * K]
+        self._mark("attention")
         attention_kernel[(H, T), 128, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
+        self._mark("attn_output")
         dense(L.o, attv, a, stream=s)
+        self._mark("residual")
         add_kernel[min(4096, (T * cfg.n_embd + 255) // 256), 256, s](x, a, x2)            # ffn_inp
+        self._mark("ffn_norm")
         rms_norm_kernel[T, 256, s](x2, L.ffn_norm, cfg.rms_eps, h)
         if L.moe:
             A, E = sp.n_expert_used, cfg.n_expert
+            self._mark("router")
             dense(L.router, h, b["rlog"], stream=s)
             ids = b["ids"] if b["ids"].shape[1] == A else b["ids"][:, :A]
+            self._mark("route_topk")
             route_kernel[T, 32, s](b["rlog"], A, True, ids, b["wts"])
             n = T * A
             gmax = min(E, n)
+            self._mark("bucket")
             bucket_kernel[1, 256, s](b["ids"].reshape(T * b["ids"].shape[1]) if b["ids"].shape[1] == A else ids,
                                      E, A, n, BN, b["tab_x"], b["tab_p"], b["cnt"], b["fill"])
             moe_ffn_device(h, b["tab_x"], b["tab_p"], gmax, n, T, A, b["wts"], up=L.up, gate=L.gate, down=L.down,
-                           sc_gu=L.sc_gu, sc_d=L.sc_d, res=x2, out=xo, scratch=b["scratch"], stream=s)
+                           sc_gu=L.sc_gu, sc_d=L.sc_d, res=x2, out=xo, scratch=b["scratch"], stream=s,
+                           mark=self._mark)
         else:
+            self._mark("ffn")
             grp = b["dense_grp"]
             act = b["scratch"].get("dense_act")
             if act is None or act.shape != (T, L.up.O):
@@ -236,8 +250,33 @@ class DeviceModel:
             self._layer(il, T, b, st, cur, nxt)
             cur, nxt = nxt, cur
         b["final"] = cur
+        self._mark("output")
         rms_norm_kernel[T, 256, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
         dense(self.output, b["h"], b["logits"], stream=self.stream)
+
+    # ------------------------------------------------------------ profile
+    def _mark(self, name: str) -> None:
+        if self._marks is not None:
+            ev = cuda.event()
+            ev.record(self.stream)
+            self._marks.append((name, ev))
+
+    def profile(self, tokens, state) -> dict:
+        """GPU time per stage (microseconds, summed over layers) of one eager forward of `tokens`.
+
+        Every launch is queued behind a sleeping kernel first, so the events time the GPU, not Python."""
+        self.graphs_on, saved = False, self.graphs_on
+        self.forward(tokens, self.model.new_state())               # compiled, buffers for this T ready
+        self._marks = []
+        try:
+            self.forward(tokens, state)
+        finally:
+            marks, self._marks, self.graphs_on = self._marks, None, saved
+        out: dict = {}
+        for (name, e0), (_, e1) in zip(marks, marks[1:]):
+            out[name] = out.get(name, 0.0) + cuda.event_elapsed_time(e0, e1) * 1e3
+        out["total"] = cuda.event_elapsed_time(marks[0][1], marks[-1][1]) * 1e3
+        return out
 
     # ------------------------------------------------------------ forward
     def forward(self, tokens, state) -> np.ndarray:
@@ -276,7 +315,10 @@ class DeviceModel:
             self.graphs[key] = g = Graph.capture(lambda: self._steps(T, b, st), s)
             g.launch(s)
         else:
+            if self._marks is not None:                  # profiling: queue everything behind a sleep
+                sleep_kernel[1, 32, s](20000)
             self._steps(T, b, st)                        # eager (also compiles and warms every kernel)
+            self._mark("end")
             b["warm"] = True
         logits = b["logits"].copy_to_host(stream=s)
         s.synchronize()

@@ -1,0 +1,69 @@
+"""GGUF models with random packed weights, for any synth preset and weight type, without a quantizer.
+
+`refengine.synth` quantizes float weights with ggml's quantizer (llama-cpp-python), which the GPU machine
+does not have, and which takes minutes for a real-size model. This writes the same tensor table and
+metadata (synth's `plan_tensors` / `metadata`) with random quant bytes instead, block scales chosen so
+that every matrix has mean 0 and synth's standard deviation (1/sqrt(fan_in); embeddings 1; output
+3/sqrt(fan_in); router 2/sqrt(fan_in)). Norms and other vectors are synth's own values.
+
+    write_random_model("/tmp/m.gguf", "Q4_K", layers=2, arch="qwen3moe", preset="qwen3-30b-a3b")
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf.constants import GGMLQuantizationType
+
+from quant import GGMLType, QTensor, ref, type_info
+from quant.cuda.testdata import random_raw
+
+from .. import synth
+
+_KAPPA: dict = {}
+
+
+def kappa(t: GGMLType, rng) -> float:
+    """std of the decoded weights per unit of block scale, for centered random bytes of type t."""
+    if t not in _KAPPA:
+        q = random_raw(t, (64, 1024), rng, scale=1.0, centered=True)
+        w = ref.dequantize(QTensor.from_raw("k", t, (64, 1024), q))
+        _KAPPA[t] = float(np.std(w))
+    return _KAPPA[t]
+
+
+def write_random_model(path: str, wtype: str, layers: int | None = None, seed: int = 0, arch="qwen3moe",
+                       preset="qwen3-30b-a3b") -> str:
+    p = dict(synth.PRESETS[arch][preset])
+    if layers is not None:
+        p["n_layer"] = layers
+    wt = type_info(wtype).type
+    plan = synth.plan_tensors(arch, p)
+    w = GGUFWriter(path, arch)
+    for key, val, vt in synth.metadata(arch, p, all_optional=False, rope_scaling=None,
+                                       name=f"random packed {arch} {preset} {wt.name} seed={seed}"):
+        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
+    types = {tp.name: synth.choose_type(tp, wt) for tp in plan}
+    for tp in plan:
+        t = types[tp.name]
+        nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))
+        w.add_tensor_info(tp.name, tp.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(int(t)))
+    w.write_header_to_file(Path(path))
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for tp in plan:
+        t = types[tp.name]
+        if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
+            slabs = (synth.encode(x, t) for x in synth.tensor_slabs(tp, seed))
+        else:
+            std = {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
+                tp.kind, 1.0 / np.sqrt(tp.fan_in))
+            s = std / kappa(t, rng)
+            per = max(1, 4096 // max(1, int(np.prod(tp.shape[1:-1], dtype=np.int64))))
+            slabs = (random_raw(t, (min(per, tp.shape[0] - r), *tp.shape[1:]), rng, scale=s, centered=True)
+                     for r in range(0, tp.shape[0], per))
+        synth._write_streamed(w, slabs)
+    w.close()
+    return path
