@@ -50,7 +50,8 @@ def _activations(x: np.ndarray, w: QTensor, mode: str) -> np.ndarray:
     if mode == "exact":
         return x
     if mode != "llamacpp":
-        raise QuantError(f"matmul: mode {mode!r} is not implemented (available: {', '.join(ref.MODES)})")
+        raise QuantError(f"matmul: weight {w.name!r}: mode {mode!r} is not implemented "
+                         f"(available: {', '.join(ref.MODES)})")
     from ..llamacpp import round_activations
     try:
         return np.ascontiguousarray(round_activations(x, w.type), dtype=np.float32)

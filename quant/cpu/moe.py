@@ -38,6 +38,11 @@ def _scaled(y: np.ndarray, scale, expert_of_row: np.ndarray) -> np.ndarray:
     return y * s[:, None]
 
 
+def _suffix(scale) -> str:
+    """llama.cpp names a scaled expert output `*_scaled` (build_moe_ffn): one name per tensor."""
+    return "" if scale is None else "_scaled"
+
+
 def _scatter(rows: np.ndarray, tok: np.ndarray, slot: np.ndarray, T: int, A: int) -> np.ndarray:
     """Rows [T*A, n] in expert order -> [T, A, n] in (token, slot) order."""
     out = np.zeros((T, A, rows.shape[1]), dtype=np.float32)
@@ -70,12 +75,12 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up: QTensor,
 
     u = _scaled(grouped_matmul(xg, up, seg, **kw), up_scale, e_row)        # [T*A, I]
     if record is not None:
-        rec("ffn_moe_up", il, _scatter(u, tok, slot, T, A))
+        rec("ffn_moe_up" + _suffix(up_scale), il, _scatter(u, tok, slot, T, A))
     if gate is not None:
         g = _scaled(grouped_matmul(xg, gate, seg, **kw), gate_scale, e_row)  # [T*A, I]
         h = silu(g) * u
         if record is not None:
-            rec("ffn_moe_gate", il, _scatter(g, tok, slot, T, A))
+            rec("ffn_moe_gate" + _suffix(gate_scale), il, _scatter(g, tok, slot, T, A))
             rec("ffn_moe_swiglu", il, _scatter(h, tok, slot, T, A))
     else:
         h = silu(u)
@@ -84,7 +89,7 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up: QTensor,
 
     y = _scaled(grouped_matmul(h, down, seg, **kw), down_scale, e_row)    # [T*A, D]
     down_out = _scatter(y, tok, slot, T, A)                                # [T, A, D]
-    rec("ffn_moe_down", il, down_out)
+    rec("ffn_moe_down" + _suffix(down_scale), il, down_out)
     weighted = down_out * np.asarray(weights, dtype=np.float32)[:, :, None]  # [T, A, D]
     rec("ffn_moe_weighted", il, weighted)
     out = weighted[:, 0].copy()
