@@ -43,7 +43,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ..formats import GGMLType as T
-from .llvm import bits_f32, bf16_at, f16_at, f16_bits, f32_at, i8_f32, u16_at, u32_at
+from .llvm import bits_f32, bf16_at, f16_at, f16_bits, f32_at, i8_f32, ld, st, u16_at, u32_at
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, SIGNS8, UE4M3_HALF)
 
@@ -67,17 +67,17 @@ J = dict(cache=True, inline="always")
 
 @njit(**J)
 def deq_f32(row, o, out, p):
-    out[p] = f32_at(row, o)
+    st(out, p, f32_at(row, o))
 
 
 @njit(**J)
 def deq_f16(row, o, out, p):
-    out[p] = f16_at(row, o)
+    st(out, p, f16_at(row, o))
 
 
 @njit(**J)
 def deq_bf16(row, o, out, p):
-    out[p] = bf16_at(row, o)
+    st(out, p, bf16_at(row, o))
 
 
 # ---------------------------------------------------------------- 32-element blocks
@@ -86,9 +86,9 @@ def deq_bf16(row, o, out, p):
 def deq_q4_0(row, o, out, p):
     d = f16_at(row, o)
     for j in range(16):
-        v = row[o + 2 + j]
-        out[p + j] = (bits_f32(v, 0, 15) - np.float32(8)) * d
-        out[p + j + 16] = (bits_f32(v, 4, 15) - np.float32(8)) * d
+        v = ld(row, o + 2 + j)
+        st(out, p + j, (bits_f32(v, 0, 15) - np.float32(8)) * d)
+        st(out, p + j + 16, (bits_f32(v, 4, 15) - np.float32(8)) * d)
 
 
 @njit(**J)
@@ -96,9 +96,9 @@ def deq_q4_1(row, o, out, p):
     d = f16_at(row, o)
     m = f16_at(row, o + 2)
     for j in range(16):
-        v = row[o + 4 + j]
-        out[p + j] = bits_f32(v, 0, 15) * d + m
-        out[p + j + 16] = bits_f32(v, 4, 15) * d + m
+        v = ld(row, o + 4 + j)
+        st(out, p + j, bits_f32(v, 0, 15) * d + m)
+        st(out, p + j + 16, bits_f32(v, 4, 15) * d + m)
 
 
 @njit(**J)
@@ -106,11 +106,11 @@ def deq_q5_0(row, o, out, p):
     d = f16_at(row, o)
     qh = u32_at(row, o + 2)
     for j in range(16):
-        v = row[o + 6 + j]
+        v = ld(row, o + 6 + j)
         h0 = np.float32(((qh >> j) & 1) << 4)                   # 5th bit of x[j]
         h1 = np.float32(((qh >> (j + 16)) & 1) << 4)            # 5th bit of x[j + 16]
-        out[p + j] = (bits_f32(v, 0, 15) + h0 - np.float32(16)) * d
-        out[p + j + 16] = (bits_f32(v, 4, 15) + h1 - np.float32(16)) * d
+        st(out, p + j, (bits_f32(v, 0, 15) + h0 - np.float32(16)) * d)
+        st(out, p + j + 16, (bits_f32(v, 4, 15) + h1 - np.float32(16)) * d)
 
 
 @njit(**J)
@@ -119,43 +119,43 @@ def deq_q5_1(row, o, out, p):
     m = f16_at(row, o + 2)
     qh = u32_at(row, o + 4)
     for j in range(16):
-        v = row[o + 8 + j]
+        v = ld(row, o + 8 + j)
         h0 = np.float32(((qh >> j) & 1) << 4)
         h1 = np.float32(((qh >> (j + 16)) & 1) << 4)
-        out[p + j] = (bits_f32(v, 0, 15) + h0) * d + m
-        out[p + j + 16] = (bits_f32(v, 4, 15) + h1) * d + m
+        st(out, p + j, (bits_f32(v, 0, 15) + h0) * d + m)
+        st(out, p + j + 16, (bits_f32(v, 4, 15) + h1) * d + m)
 
 
 @njit(**J)
 def deq_q8_0(row, o, out, p):
     d = f16_at(row, o)
     for j in range(32):
-        out[p + j] = i8_f32(row[o + 2 + j]) * d
+        st(out, p + j, i8_f32(ld(row, o + 2 + j)) * d)
 
 
 @njit(**J)
 def deq_q8_1(row, o, out, p):
     d = f16_at(row, o)                                          # (the second f16, d * sum(qs), is unused)
     for j in range(32):
-        out[p + j] = i8_f32(row[o + 4 + j]) * d
+        st(out, p + j, i8_f32(ld(row, o + 4 + j)) * d)
 
 
 @njit(**J)
 def deq_iq4_nl(row, o, out, p):
     d = f16_at(row, o)
     for j in range(16):
-        v = row[o + 2 + j]
-        out[p + j] = d * KV_IQ4NL[v & 15]
-        out[p + j + 16] = d * KV_IQ4NL[v >> 4]
+        v = ld(row, o + 2 + j)
+        st(out, p + j, d * ld(KV_IQ4NL, v & 15))
+        st(out, p + j + 16, d * ld(KV_IQ4NL, v >> 4))
 
 
 @njit(**J)
 def deq_mxfp4(row, o, out, p):
-    d = E8M0_HALF[row[o]]
+    d = ld(E8M0_HALF, ld(row, o))
     for j in range(16):
-        v = row[o + 1 + j]
-        out[p + j] = KV_MXFP4[v & 15] * d
-        out[p + j + 16] = KV_MXFP4[v >> 4] * d
+        v = ld(row, o + 1 + j)
+        st(out, p + j, ld(KV_MXFP4, v & 15) * d)
+        st(out, p + j + 16, ld(KV_MXFP4, v >> 4) * d)
 
 
 # ---------------------------------------------------------------- 1- and 2-bit scalar blocks
@@ -164,24 +164,24 @@ def deq_mxfp4(row, o, out, p):
 def deq_q1_0(row, o, out, p):
     d = f16_at(row, o)
     for j in range(128):
-        out[p + j] = d if (row[o + 2 + (j >> 3)] >> (j & 7)) & 1 else -d
+        st(out, p + j, d if (ld(row, o + 2 + (j >> 3)) >> (j & 7)) & 1 else -d)
 
 
 @njit(**J)
 def deq_q2_0(row, o, out, p):
     d = f16_at(row, o)
     for j in range(64):
-        out[p + j] = (bits_f32(row[o + 2 + (j >> 2)], 2 * (j & 3), 3) - np.float32(1)) * d
+        st(out, p + j, (bits_f32(ld(row, o + 2 + (j >> 2)), 2 * (j & 3), 3) - np.float32(1)) * d)
 
 
 @njit(**J)
 def deq_nvfp4(row, o, out, p):
     for s in range(4):
-        d = UE4M3_HALF[row[o + s]]
+        d = ld(UE4M3_HALF, ld(row, o + s))
         for j in range(8):
-            v = row[o + 4 + 8 * s + j]
-            out[p + 16 * s + j] = KV_MXFP4[v & 15] * d
-            out[p + 16 * s + 8 + j] = KV_MXFP4[v >> 4] * d
+            v = ld(row, o + 4 + 8 * s + j)
+            st(out, p + 16 * s + j, ld(KV_MXFP4, v & 15) * d)
+            st(out, p + 16 * s + 8 + j, ld(KV_MXFP4, v >> 4) * d)
 
 
 # ---------------------------------------------------------------- K-quants (256-element super-blocks)
@@ -190,9 +190,9 @@ def deq_nvfp4(row, o, out, p):
 def scale_min_k4(row, sc, j):
     """get_scale_min_k4: the 6-bit scale and min of group j (0..7) from the 12 bytes at sc."""
     if j < 4:
-        return row[sc + j] & 63, row[sc + j + 4] & 63
-    return ((row[sc + j + 4] & 0xF) | ((row[sc + j - 4] >> 6) << 4),
-            (row[sc + j + 4] >> 4) | ((row[sc + j] >> 6) << 4))
+        return ld(row, sc + j) & 63, ld(row, sc + j + 4) & 63
+    return ((ld(row, sc + j + 4) & 0xF) | ((ld(row, sc + j - 4) >> 6) << 4),
+            (ld(row, sc + j + 4) >> 4) | ((ld(row, sc + j) >> 6) << 4))
 
 
 @njit(**J)
@@ -202,19 +202,19 @@ def deq_q2_k(row, o, out, p):
     for n in range(2):                                          # two halves of 128
         for j in range(4):                                      # 2-bit plane j of the 32 bytes
             for h in range(2):                                  # bytes 0..15, 16..31: one scale each
-                sc = row[o + 8 * n + 2 * j + h]
+                sc = ld(row, o + 8 * n + 2 * j + h)
                 dl = d * np.float32(sc & 0xF)
                 ml = dmin * np.float32(sc >> 4)
                 for l in range(16):
-                    q = bits_f32(row[o + 16 + 32 * n + 16 * h + l], 2 * j, 3)
-                    out[p + 128 * n + 32 * j + 16 * h + l] = dl * q - ml
+                    q = bits_f32(ld(row, o + 16 + 32 * n + 16 * h + l), 2 * j, 3)
+                    st(out, p + 128 * n + 32 * j + 16 * h + l, dl * q - ml)
 
 
 @njit(**J)
 def q3_k_scale(row, o, i):
     """The i-th (0..15) 6-bit scale of a Q3_K block, minus 32: low 4 bits from bytes 0..7, high 2 from 8..11."""
-    lo = (row[o + 96 + (i & 7)] >> (4 * (i >> 3))) & 0xF
-    hi = (row[o + 104 + (i & 3)] >> (2 * (i >> 2))) & 3
+    lo = (ld(row, o + 96 + (i & 7)) >> (4 * (i >> 3))) & 0xF
+    hi = (ld(row, o + 104 + (i & 3)) >> (2 * (i >> 2))) & 3
     return np.float32((lo | (hi << 4)) - 32)
 
 
@@ -228,8 +228,8 @@ def deq_q3_k(row, o, out, p):
                 dl = d * q3_k_scale(row, o, 8 * n + 2 * j + h)
                 for l in range(16):
                     b = 16 * h + l
-                    q = bits_f32(row[o + 32 + 32 * n + b], 2 * j, 3) - np.float32(4) + np.float32(4) * bits_f32(row[o + b], m, 1)
-                    out[p + 128 * n + 32 * j + b] = dl * q
+                    q = bits_f32(ld(row, o + 32 + 32 * n + b), 2 * j, 3) - np.float32(4) + np.float32(4) * bits_f32(ld(row, o + b), m, 1)
+                    st(out, p + 128 * n + 32 * j + b, dl * q)
 
 
 @njit(**J)
@@ -244,9 +244,9 @@ def deq_q4_k(row, o, out, p):
         d2 = d * np.float32(s1)
         m2f = dmin * np.float32(m1)
         for l in range(32):
-            v = row[o + 16 + 32 * j + l]
-            out[p + 64 * j + l] = d1 * bits_f32(v, 0, 15) - m1f
-            out[p + 64 * j + 32 + l] = d2 * bits_f32(v, 4, 15) - m2f
+            v = ld(row, o + 16 + 32 * j + l)
+            st(out, p + 64 * j + l, d1 * bits_f32(v, 0, 15) - m1f)
+            st(out, p + 64 * j + 32 + l, d2 * bits_f32(v, 4, 15) - m2f)
 
 
 @njit(**J)
@@ -261,10 +261,10 @@ def deq_q5_k(row, o, out, p):
         d2 = d * np.float32(s1)
         m2f = dmin * np.float32(m1)
         for l in range(32):
-            v = row[o + 48 + 32 * j + l]
-            h = row[o + 16 + l]
-            out[p + 64 * j + l] = d1 * (bits_f32(v, 0, 15) + np.float32(16) * bits_f32(h, 2 * j, 1)) - m1f
-            out[p + 64 * j + 32 + l] = d2 * (bits_f32(v, 4, 15) + np.float32(16) * bits_f32(h, 2 * j + 1, 1)) - m2f
+            v = ld(row, o + 48 + 32 * j + l)
+            h = ld(row, o + 16 + l)
+            st(out, p + 64 * j + l, d1 * (bits_f32(v, 0, 15) + np.float32(16) * bits_f32(h, 2 * j, 1)) - m1f)
+            st(out, p + 64 * j + 32 + l, d2 * (bits_f32(v, 4, 15) + np.float32(16) * bits_f32(h, 2 * j + 1, 1)) - m2f)
 
 
 @njit(**J)
@@ -275,23 +275,23 @@ def deq_q6_k(row, o, out, p):
         qh = o + 128 + 32 * n
         sc = o + 192 + 8 * n
         for l in range(32):
-            h = row[qh + l]
-            q1 = bits_f32(row[ql + l], 0, 15) + np.float32(16) * bits_f32(h, 0, 3) - np.float32(32)
-            q2 = bits_f32(row[ql + 32 + l], 0, 15) + np.float32(16) * bits_f32(h, 2, 3) - np.float32(32)
-            q3 = bits_f32(row[ql + l], 4, 15) + np.float32(16) * bits_f32(h, 4, 3) - np.float32(32)
-            q4 = bits_f32(row[ql + 32 + l], 4, 15) + np.float32(16) * bits_f32(h, 6, 3) - np.float32(32)
+            h = ld(row, qh + l)
+            q1 = bits_f32(ld(row, ql + l), 0, 15) + np.float32(16) * bits_f32(h, 0, 3) - np.float32(32)
+            q2 = bits_f32(ld(row, ql + 32 + l), 0, 15) + np.float32(16) * bits_f32(h, 2, 3) - np.float32(32)
+            q3 = bits_f32(ld(row, ql + l), 4, 15) + np.float32(16) * bits_f32(h, 4, 3) - np.float32(32)
+            q4 = bits_f32(ld(row, ql + 32 + l), 4, 15) + np.float32(16) * bits_f32(h, 6, 3) - np.float32(32)
             i = l // 16
-            out[p + 128 * n + l] = d * i8_f32(row[sc + i]) * q1
-            out[p + 128 * n + 32 + l] = d * i8_f32(row[sc + i + 2]) * q2
-            out[p + 128 * n + 64 + l] = d * i8_f32(row[sc + i + 4]) * q3
-            out[p + 128 * n + 96 + l] = d * i8_f32(row[sc + i + 6]) * q4
+            st(out, p + 128 * n + l, d * i8_f32(ld(row, sc + i)) * q1)
+            st(out, p + 128 * n + 32 + l, d * i8_f32(ld(row, sc + i + 2)) * q2)
+            st(out, p + 128 * n + 64 + l, d * i8_f32(ld(row, sc + i + 4)) * q3)
+            st(out, p + 128 * n + 96 + l, d * i8_f32(ld(row, sc + i + 6)) * q4)
 
 
 @njit(**J)
 def deq_q8_k(row, o, out, p):
     d = f32_at(row, o)
     for j in range(256):
-        out[p + j] = d * i8_f32(row[o + 4 + j])
+        st(out, p + j, d * i8_f32(ld(row, o + 4 + j)))
 
 
 # ---------------------------------------------------------------- ternary
@@ -309,15 +309,15 @@ def deq_tq1_0(row, o, out, p):
     k = 0
     for n in range(5):                                          # qs[0:32]: 5 digits per byte
         for m in range(32):
-            out[p + k] = (tq1_digit(np.int64(row[o + m]), n) - np.float32(1)) * d
+            st(out, p + k, (tq1_digit(np.int64(ld(row, o + m)), n) - np.float32(1)) * d)
             k += 1
     for n in range(5):                                          # qs[32:48]
         for m in range(16):
-            out[p + k] = (tq1_digit(np.int64(row[o + 32 + m]), n) - np.float32(1)) * d
+            st(out, p + k, (tq1_digit(np.int64(ld(row, o + 32 + m)), n) - np.float32(1)) * d)
             k += 1
     for n in range(4):                                          # qh[4]: 4 digits per byte
         for m in range(4):
-            out[p + k] = (tq1_digit(np.int64(row[o + 48 + m]), n) - np.float32(1)) * d
+            st(out, p + k, (tq1_digit(np.int64(ld(row, o + 48 + m)), n) - np.float32(1)) * d)
             k += 1
 
 
@@ -327,7 +327,7 @@ def deq_tq2_0(row, o, out, p):
     for j in range(2):
         for l in range(4):
             for m in range(32):
-                out[p + 128 * j + 32 * l + m] = (bits_f32(row[o + 32 * j + m], 2 * l, 3) - np.float32(1)) * d
+                st(out, p + 128 * j + 32 * l + m, (bits_f32(ld(row, o + 32 * j + m), 2 * l, 3) - np.float32(1)) * d)
 
 
 # ---------------------------------------------------------------- i-quants (grids of 8 or 4 values)
@@ -340,40 +340,40 @@ def deq_iq2_xxs(row, o, out, p):
         aux = u32_at(row, q + 4)                                # 4 x 7 sign bits, 4-bit scale on top
         db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
         for l in range(4):
-            g = row[q + l]
+            g = ld(row, q + l)
             s = (aux >> (7 * l)) & 127
             for j in range(8):
-                out[p + 32 * ib + 8 * l + j] = db * GRID_IQ2XXS[g, j] * SIGNS7[s, j]
+                st(out, p + 32 * ib + 8 * l + j, db * ld(GRID_IQ2XXS, 8 * g + j) * ld(SIGNS7, 8 * s + j))
 
 
 @njit(**J)
 def deq_iq2_xs(row, o, out, p):
     d = f16_at(row, o)
     for ib in range(8):
-        sc = row[o + 66 + ib]
+        sc = ld(row, o + 66 + ib)
         db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
         db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
         for l in range(4):
             q = u16_at(row, o + 2 + 8 * ib + 2 * l)
             db = db0 if l < 2 else db1
             for j in range(8):
-                out[p + 32 * ib + 8 * l + j] = db * GRID_IQ2XS[q & 511, j] * SIGNS7[q >> 9, j]
+                st(out, p + 32 * ib + 8 * l + j, db * ld(GRID_IQ2XS, 8 * (q & 511) + j) * ld(SIGNS7, 8 * (q >> 9) + j))
 
 
 @njit(**J)
 def deq_iq2_s(row, o, out, p):
     d = f16_at(row, o)
     for ib in range(8):
-        sc = row[o + 74 + ib]
-        qh = np.int64(row[o + 66 + ib])
+        sc = ld(row, o + 74 + ib)
+        qh = np.int64(ld(row, o + 66 + ib))
         db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
         db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
         for l in range(4):
-            g = np.int64(row[o + 2 + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300)
-            s = row[o + 34 + 4 * ib + l]
+            g = np.int64(ld(row, o + 2 + 4 * ib + l)) | ((qh << (8 - 2 * l)) & 0x300)
+            s = ld(row, o + 34 + 4 * ib + l)
             db = db0 if l < 2 else db1
             for j in range(8):
-                out[p + 32 * ib + 8 * l + j] = db * GRID_IQ2S[g, j] * SIGNS8[s, j]
+                st(out, p + 32 * ib + 8 * l + j, db * ld(GRID_IQ2S, 8 * g + j) * ld(SIGNS8, 8 * s + j))
 
 
 @njit(**J)
@@ -384,27 +384,27 @@ def deq_iq3_xxs(row, o, out, p):
         db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
         for l in range(4):
             s = (aux >> (7 * l)) & 127
-            g1 = row[o + 2 + 8 * ib + 2 * l]
-            g2 = row[o + 2 + 8 * ib + 2 * l + 1]
+            g1 = ld(row, o + 2 + 8 * ib + 2 * l)
+            g2 = ld(row, o + 2 + 8 * ib + 2 * l + 1)
             for j in range(4):
-                out[p + 32 * ib + 8 * l + j] = db * GRID_IQ3XXS[g1, j] * SIGNS7[s, j]
-                out[p + 32 * ib + 8 * l + 4 + j] = db * GRID_IQ3XXS[g2, j] * SIGNS7[s, 4 + j]
+                st(out, p + 32 * ib + 8 * l + j, db * ld(GRID_IQ3XXS, 4 * g1 + j) * ld(SIGNS7, 8 * s + j))
+                st(out, p + 32 * ib + 8 * l + 4 + j, db * ld(GRID_IQ3XXS, 4 * g2 + j) * ld(SIGNS7, 8 * s + 4 + j))
 
 
 @njit(**J)
 def deq_iq3_s(row, o, out, p):
     d = f16_at(row, o)
     for ib in range(8):                                         # 32 elements each; a scale nibble per 32
-        sc = row[o + 106 + ib // 2]
+        sc = ld(row, o + 106 + ib // 2)
         db = d * np.float32(1 + 2 * ((sc >> (4 * (ib & 1))) & 0xF))
-        qh = np.int64(row[o + 66 + ib])
+        qh = np.int64(ld(row, o + 66 + ib))
         for l in range(4):
-            g1 = np.int64(row[o + 2 + 8 * ib + 2 * l]) | ((qh << (8 - 2 * l)) & 256)
-            g2 = np.int64(row[o + 2 + 8 * ib + 2 * l + 1]) | ((qh << (7 - 2 * l)) & 256)
-            s = row[o + 74 + 4 * ib + l]
+            g1 = np.int64(ld(row, o + 2 + 8 * ib + 2 * l)) | ((qh << (8 - 2 * l)) & 256)
+            g2 = np.int64(ld(row, o + 2 + 8 * ib + 2 * l + 1)) | ((qh << (7 - 2 * l)) & 256)
+            s = ld(row, o + 74 + 4 * ib + l)
             for j in range(4):
-                out[p + 32 * ib + 8 * l + j] = db * GRID_IQ3S[g1, j] * SIGNS8[s, j]
-                out[p + 32 * ib + 8 * l + 4 + j] = db * GRID_IQ3S[g2, j] * SIGNS8[s, 4 + j]
+                st(out, p + 32 * ib + 8 * l + j, db * ld(GRID_IQ3S, 4 * g1 + j) * ld(SIGNS8, 8 * s + j))
+                st(out, p + 32 * ib + 8 * l + 4 + j, db * ld(GRID_IQ3S, 4 * g2 + j) * ld(SIGNS8, 8 * s + 4 + j))
 
 
 @njit(**J)
@@ -415,9 +415,9 @@ def deq_iq1_s(row, o, out, p):
         dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
         delta = -IQ1S_DELTA if qh & 0x8000 else IQ1S_DELTA
         for l in range(4):
-            g = np.int64(row[o + 2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
+            g = np.int64(ld(row, o + 2 + 4 * ib + l)) | (((qh >> (3 * l)) & 7) << 8)
             for j in range(8):
-                out[p + 32 * ib + 8 * l + j] = dl * (GRID_IQ1S[g, j] + delta)
+                st(out, p + 32 * ib + 8 * l + j, dl * (ld(GRID_IQ1S, 8 * g + j) + delta))
 
 
 @njit(**J)
@@ -438,12 +438,12 @@ def deq_iq1_m(row, o, out, p):
         dl1 = d * np.float32(2 * ((sc >> (6 * (ib % 2))) & 7) + 1)
         dl2 = d * np.float32(2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1)
         for l in range(4):
-            qh = np.int64(row[o + 32 + 2 * ib + l // 2])
-            g = np.int64(row[o + 4 * ib + l]) | ((qh << (8 - 4 * (l % 2))) & 0x700)
+            qh = np.int64(ld(row, o + 32 + 2 * ib + l // 2))
+            g = np.int64(ld(row, o + 4 * ib + l)) | ((qh << (8 - 4 * (l % 2))) & 0x700)
             delta = -IQ1S_DELTA if qh & (0x08 << (4 * (l % 2))) else IQ1S_DELTA
             dl = dl1 if l < 2 else dl2
             for j in range(8):
-                out[p + 32 * ib + 8 * l + j] = dl * (GRID_IQ1S[g, j] + delta)
+                st(out, p + 32 * ib + 8 * l + j, dl * (ld(GRID_IQ1S, 8 * g + j) + delta))
 
 
 @njit(**J)
@@ -451,12 +451,12 @@ def deq_iq4_xs(row, o, out, p):
     d = f16_at(row, o)
     sh = u16_at(row, o + 2)
     for ib in range(8):
-        ls = ((row[o + 4 + ib // 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+        ls = ((ld(row, o + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
         dl = d * np.float32(ls - 32)
         for j in range(16):
-            v = row[o + 8 + 16 * ib + j]
-            out[p + 32 * ib + j] = dl * KV_IQ4NL[v & 15]
-            out[p + 32 * ib + 16 + j] = dl * KV_IQ4NL[v >> 4]
+            v = ld(row, o + 8 + 16 * ib + j)
+            st(out, p + 32 * ib + j, dl * ld(KV_IQ4NL, v & 15))
+            st(out, p + 32 * ib + 16 + j, dl * ld(KV_IQ4NL, v >> 4))
 
 
 # ---------------------------------------------------------------- dispatch

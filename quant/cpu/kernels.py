@@ -20,6 +20,8 @@ types' branches) and `cache=True` stores it next to this file for the next proce
 """
 from __future__ import annotations
 
+import os
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,11 +31,27 @@ from numba import njit, prange
 from ..formats import type_info
 from .dequant import KINDS, deq_block
 from .dot import FUSED, row_dot
+from .llvm import ld
 
 # reassociation lets LLVM vectorize the reductions, contraction gives FMAs; no nnan/ninf:
 # NaN and inf in a weight must reach the output exactly as in the NumPy oracle.
 FASTMATH = {"reassoc", "contract", "nsz"}
 CHUNK = 256             # weights decoded to scratch per step of the non-fused path
+
+
+def _source_version() -> int:
+    """crc32 of the kernel sources this file inlines. Numba's on-disk cache only watches the file of
+    the cached function (this one); the kernels capture this number as a closure variable, which is
+    part of the cache key, so editing dequant.py, dot.py, llvm.py or tables.py recompiles them too."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    crc = 0
+    for name in ("dequant.py", "dot.py", "llvm.py", "tables.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            crc = zlib.crc32(f.read(), crc)
+    return crc
+
+
+SOURCE_VERSION = _source_version()
 
 
 @dataclass(frozen=True)
@@ -52,9 +70,12 @@ def kernels(kind: int) -> Kernels:
     bs, ts = info.block_size, info.type_size
     fused = kind in FUSED
     chunk = max(CHUNK, bs)
+    version = SOURCE_VERSION                                    # in the cache key (see _source_version)
 
     @njit(cache=True, parallel=True)
     def dequant_rows(raw, out):
+        if version < 0:                                         # never true; keeps `version` a closure cell
+            return
         nb = out.shape[1] // bs
         for r in prange(raw.shape[0]):
             row = raw[r]
@@ -64,6 +85,8 @@ def kernels(kind: int) -> Kernels:
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
     def grouped(raw, x, seg, active, y, tile):
+        if version < 0:                                         # never true; keeps `version` a closure cell
+            return
         O = raw.shape[1]
         I = x.shape[1]
         ntiles = (O + tile - 1) // tile
@@ -94,7 +117,7 @@ def kernels(kind: int) -> Kernels:
                             xt = x[n0 + t]
                             s = np.float32(0)
                             for i in range(c1 - c0):
-                                s += w[i] * xt[c0 + i]
+                                s += ld(w, i) * ld(xt, c0 + i)
                             acc[t] += s
                     for t in range(n):
                         y[n0 + t, r] = acc[t]

@@ -12,7 +12,7 @@ emit the 32-bit (or 16-bit) IR directly, so the loops that call them vectorize t
     u16_at(row, o), u32_at(row, o)    little-endian unsigned integers (as int64)
     i8_f32(v)                  the byte v read as int8 -> float32
     f16_bits(u)                the low 16 bits of u read as a half -> float32
-    ld(a, i)                   a[i] without the negative-index wraparound (see its docstring)
+    ld(a, i), st(a, i, v)      a[i] and a[i] = v without the negative-index wraparound (see `ld`)
     fma(a, b, c)               a * b + c, one rounding
     st_u32(a, o, v)            store the low 32 bits of v at byte offset o of a uint8 array
 
@@ -198,3 +198,18 @@ widen16_u8 = intrinsic(_widen16(False))
 widen16_u8.__doc__ = "dst[doff:doff+16] = float32(src[off:off+16]) for 16 bytes read as uint8 (one vector op)."
 widen16_i8 = intrinsic(_widen16(True))
 widen16_i8.__doc__ = "dst[doff:doff+16] = float32(src[off:off+16]) for 16 bytes read as int8 (one vector op)."
+
+
+@intrinsic
+def st(typingctx, a, i, v):
+    """a[i] = v for a 1-D contiguous array and a non-negative index, without the wraparound select
+    (see `ld`)."""
+    if not (isinstance(a, types.Array) and a.ndim == 1):
+        return None
+    sig = types.void(a, types.intp, a.dtype)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        builder.store(args[2], builder.gep(data, [args[1]]))
+        return context.get_dummy_value()
+    return sig, codegen

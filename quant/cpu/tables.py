@@ -3,7 +3,8 @@
 The grid bytes themselves are ggml's (`ggml-common.h`: iq2xxs_grid, iq2xs_grid, iq2s_grid,
 iq3xxs_grid, iq3s_grid, iq1s_grid, ksigns_iq2xs, kvalues_iq4nl, kvalues_mxfp4), read here from the
 copies `gguf.quants` ships, then widened once to float32 rows so a kernel loads 8 (or 4) ready
-values per grid index instead of unpacking bytes:
+values per grid index instead of unpacking bytes. Stored flat (row g of GRID [N, 8] is
+GRID[8 g : 8 g + 8]) so the kernels index them with `ld`, one address computation per value:
 
     GRID_IQ2XXS [256, 8]   GRID_IQ2XS [512, 8]   GRID_IQ2S [1024, 8]     values 8, 25, 43
     GRID_IQ3XXS [256, 4]   GRID_IQ3S  [512, 4]                           values 4..62 / 1..15
@@ -24,13 +25,13 @@ from gguf import quants as gq
 
 def _grid(cls, rows: int, cols: int) -> np.ndarray:
     cls.init_grid()
-    return np.ascontiguousarray(cls.grid.reshape(rows, cols), dtype=np.float32)
+    return np.ascontiguousarray(cls.grid.reshape(rows * cols), dtype=np.float32)
 
 
 def _sign_rows(sign_bytes: np.ndarray) -> np.ndarray:
     """bytes [N] -> float32 [N, 8]: -1 where bit j of the byte is set, else +1."""
     bits = (sign_bytes[:, None] >> np.arange(8, dtype=np.uint8)[None, :]) & 1
-    return np.where(bits == 1, np.float32(-1), np.float32(1)).astype(np.float32)
+    return np.where(bits == 1, np.float32(-1), np.float32(1)).astype(np.float32).reshape(-1)
 
 
 def _ue4m3_half(x: int) -> float:

@@ -1,0 +1,159 @@
+"""GEMV speed on the CPU per ggml type: quant.cpu (Numba) next to the NumPy oracle and llama.cpp.
+
+    python benchmarks/cpu_matmul.py [--types q4_K,q8_0] [--rows 4096] [--cols 14336] [--rounds 5]
+                                    [--write BENCHMARKS.md]
+
+Weights O x I = 4096 x 14336 (the llama.cpp anchor's shape), Gaussian rows quantized by ggml's own
+quantizer (`ggml_quantize_chunk`, an importance matrix of ones where the type needs one); one f32
+activation row. GB/s counts the packed weight bytes read once per GEMV.
+
+  numba   quant.cpu.matmul (fused dequantize + dot on the packed bytes, Numba's default thread count)
+  oracle  quant.ref.matmul (NumPy decode to float32 + BLAS), the reference every kernel is tested against
+  ggml    llama.cpp's own CPU matmul, `ggml_mul_mat` on the bundled libggml-cpu through ctypes
+          (benchmarks/ggml_mulmat.py), with as many threads as Numba; it rounds the activations to the
+          weight's partner type (Q8_0/Q8_1/Q8_K) and uses integer SIMD dot products
+
+The machine is shared, so numba and ggml are timed in alternating rounds within one run, and each
+figure is the median over all rounds; the ratio ggml_time / numba_time is what to compare across runs
+(> 1: quant.cpu is faster). OpenMP workers are told to sleep when idle (OMP_WAIT_POLICY=PASSIVE) so
+Numba's threads do not spin against ggml's.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import numba  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ggml_mulmat import GGMLMulMat  # noqa: E402
+
+from quant import QTensor, cpu, ref  # noqa: E402
+from quant import ggml as qggml  # noqa: E402
+from quant.formats import GGMLType, type_info  # noqa: E402
+
+# the types llama.cpp's test-backend-ops measures for MUL_MAT (../shared/anchors/llamacpp-cpu.md)
+TYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q1_0", "q2_0", "mxfp4", "nvfp4",
+         "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "tq2_0", "tq1_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs",
+         "iq1_s", "iq1_m", "iq4_nl", "iq3_s", "iq4_xs"]
+SECTION = "## CPU (project machine: 2 cores, no GPU)"
+
+
+def weights(t: GGMLType, wf: np.ndarray) -> np.ndarray:
+    if t == GGMLType.F32:
+        return np.ascontiguousarray(wf).view(np.uint8)
+    imat = np.ones(wf.shape[1], np.float32) if qggml.requires_imatrix(t) else None
+    return qggml.quantize(wf, t, imatrix=imat)
+
+
+def timed(fn, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def measure(name: str, wf: np.ndarray, x: np.ndarray, rounds: int, reps: int, oracle_reps: int) -> dict:
+    t = type_info(name).type
+    O, I = wf.shape
+    raw = weights(t, wf)
+    w = QTensor.from_raw(name, t, (O, I), raw)
+    y = cpu.matmul(x, w)                                        # compiles (or loads the cache)
+    t_or = timed(lambda: ref.matmul(x, w), oracle_reps)
+    y_ref = ref.matmul(x, w)
+    err = float(np.sqrt(np.mean((y.astype(np.float64) - y_ref) ** 2) / np.mean(y_ref.astype(np.float64) ** 2)))
+    gm = GGMLMulMat(raw, t, O, I, 1, numba.get_num_threads())
+    gm.run(x)
+    t_nb, t_gg = [], []
+    for _ in range(rounds):                                     # alternate: both see the same machine load
+        t_nb += timed(lambda: cpu.matmul(x, w), reps)
+        t_gg += timed(lambda: gm.run(x), reps)
+    gm.close()
+    nb, gg, orc = float(np.median(t_nb)), float(np.median(t_gg)), float(np.median(t_or))
+    gbs = lambda s: raw.nbytes / s / 1e9  # noqa: E731
+    return dict(type=name, bpw=8 * type_info(t).type_size / type_info(t).block_size, numba_us=nb * 1e6,
+                numba=gbs(nb), ggml=gbs(gg), oracle=gbs(orc), vs_ggml=gg / nb, vs_oracle=orc / nb, relrms=err)
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| type | bits/weight | quant.cpu us | quant.cpu GB/s | llama.cpp GB/s | NumPy oracle GB/s | "
+           "vs llama.cpp | vs oracle | rel-RMS vs oracle |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['type']} | {r['bpw']:.4g} | {r['numba_us']:.0f} | {r['numba']:.1f} | {r['ggml']:.1f} | "
+                   f"{r['oracle']:.2f} | {r['vs_ggml']:.2f}x | {r['vs_oracle']:.0f}x | {r['relrms']:.1e} |")
+    return "\n".join(out)
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()}; numba {numba.__version__} ({numba.get_num_threads()} threads, {numba.threading_layer()} layer), numpy {np.__version__}"
+
+
+def write_section(path: str, text: str) -> None:
+    """Put `text` under the CPU section of BENCHMARKS.md, replacing what was there up to the next section."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    i = lines.index(SECTION)
+    j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+    lines[i + 1:j] = ["", text, ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--types", default=",".join(TYPES), help="comma-separated ggml type names")
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--cols", type=int, default=14336)
+    p.add_argument("--rounds", type=int, default=5, help="alternating numba/ggml rounds")
+    p.add_argument("--reps", type=int, default=4, help="GEMVs per engine per round")
+    p.add_argument("--oracle-reps", type=int, default=2)
+    p.add_argument("--write", default=None, help="BENCHMARKS.md to update (its CPU section)")
+    a = p.parse_args(argv)
+    rng = np.random.default_rng(0)
+    wf = rng.standard_normal((a.rows, a.cols), dtype=np.float32)
+    x = rng.standard_normal((1, a.cols), dtype=np.float32)
+    rows = []
+    for name in a.types.split(","):
+        r = measure(name, wf, x, a.rounds, a.reps, a.oracle_reps)
+        rows.append(r)
+        print(f"{name:8s} quant.cpu {r['numba']:6.1f} GB/s  llama.cpp {r['ggml']:6.1f} GB/s  "
+              f"oracle {r['oracle']:6.2f} GB/s  vs llama.cpp {r['vs_ggml']:.2f}x  rel-RMS {r['relrms']:.1e}", flush=True)
+    t = table(rows)
+    print()
+    print(t)
+    if a.write:
+        cmd = "python benchmarks/cpu_matmul.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        ahead = sum(r["vs_ggml"] > 1 for r in rows)
+        text = "\n".join([
+            f"GEMV y = x W^T, W {a.rows} x {a.cols} per ggml type (Gaussian rows quantized by ggml), one f32",
+            "activation row; GB/s of packed weights read once; median over alternating rounds in one run.",
+            f"quant.cpu ahead of llama.cpp's CPU kernels on {ahead} of {len(rows)} types.",
+            "",
+            f"- command: `{cmd.strip()}`",
+            f"- machine: {machine()}",
+            f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}",
+            "",
+            t])
+        write_section(a.write, text)
+        print(f"\nwrote the CPU section of {a.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
