@@ -31,11 +31,12 @@ from numba import njit
 from numba.extending import overload
 
 from .dequant import (BF16, F16, F32, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
-                      Q6_K, Q8_0, Q8_1, Q8_K, TQ2_0, literal_kind, q3_k_scale)
-from .llvm import bits_f32, bf16_at, f16_at, f32_at, i8_f32, ld, u16_at, u32_at
+                      Q6_K, Q8_0, Q8_1, Q8_K, TQ2_0, literal_kind)
+from .llvm import bits_f32, bf16_at, f16_at, f32_at, i8_f32, ld, scales16_i8, scales16_u8, u16_at, u32_at
 from .tables import E8M0_HALF, KV_IQ4NL, KV_MXFP4
 
 J = dict(cache=True, inline="always")
+LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
 FLOAT_CHUNK = 1024      # float rows: reduce into the float64 sum every FLOAT_CHUNK elements
 
 
@@ -296,6 +297,9 @@ def dot_mxfp4(row, x, c, m):
 
 # ---------------------------------------------------------------- 256-element super-blocks
 
+# Scales: the 12 or 16 scale bytes are rearranged with 32-bit masks into 16 bytes (ggml's trick) and
+# widened to 16 float32 scales in one go (`scales16_*`); scalar code spends ~100 instructions there.
+
 @njit(**J)
 def dot_q2_k(row, x, c, m):
     acc = 0.0
@@ -303,18 +307,21 @@ def dot_q2_k(row, x, c, m):
         o = 84 * b
         d = f16_at(row, o + 80)
         dmin = f16_at(row, o + 82)
-        for i in range(16):                                     # 1. 4-bit scale and min per 16
-            c[i] = d * bits_f32(ld(row, o + i), 0, 15)
-            m[i] = dmin * bits_f32(ld(row, o + i), 4, 15)
+        w0 = u32_at(row, o)                                     # 1. 16 bytes: scale (low 4 bits), min (high 4)
+        w1 = u32_at(row, o + 4)
+        w2 = u32_at(row, o + 8)
+        w3 = u32_at(row, o + 12)
+        scales16_u8(c, 0, w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
+        scales16_u8(m, 0, (w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, dmin, dmin)
         s = np.float32(0)
         xo = 256 * b
-        for l in range(16):                                     # 2. 16 lanes x 16 sub-blocks
+        for l in range(16):                                     # 2. 16 lanes x 16 sub-blocks, w = c q - m
             for n in range(2):
                 for j in range(4):
                     for h in range(2):
                         i = 8 * n + 2 * j + h
                         q = bits_f32(ld(row, o + 16 + 32 * n + 16 * h + l), 2 * j, 3)
-                        s += (c[i] * q - m[i]) * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
+                        s += (ld(c, i) * q - ld(m, i)) * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
         acc += s
     return acc
 
@@ -324,32 +331,37 @@ def dot_q3_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 110 * b
-        d = f16_at(row, o + 108)
-        for i in range(16):                                     # 1. signed 6-bit scales; w = c q - 4 c
-            c[i] = d * q3_k_scale(row, o, i)
-            m[i] = np.float32(4) * c[i]
+        a0 = u32_at(row, o + 96)                                # 1. 16 6-bit scales: low 4 bits in bytes 0..7,
+        a1 = u32_at(row, o + 100)                               #    high 2 bits in bytes 8..11 (ggml's aux[])
+        t = u32_at(row, o + 104)
+        s0 = (a0 & LO4) | ((t & HI2) << 4)
+        s1 = (a1 & LO4) | (((t >> 2) & HI2) << 4)
+        s2 = ((a0 >> 4) & LO4) | (((t >> 4) & HI2) << 4)
+        s3 = ((a1 >> 4) & LO4) | (((t >> 6) & HI2) << 4)
+        d = f16_at(row, o + 108)                                #    bytes - 32 as int8: (b + 0x60) ^ 0x80
+        scales16_i8(c, 0, (s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8, (s2 + 0x60606060) ^ SIGN8,
+                    (s3 + 0x60606060) ^ SIGN8, d, d)
         s = np.float32(0)
         xo = 256 * b
-        for l in range(16):                                     # 2. q = 2 low bits + 4 * hmask bit
+        for l in range(16):                                     # 2. q = 2 low bits + 4 * hmask bit - 4
             for n in range(2):
                 for j in range(4):
                     for h in range(2):
-                        i = 8 * n + 2 * j + h
                         q = (bits_f32(ld(row, o + 32 + 32 * n + 16 * h + l), 2 * j, 3)
-                             + np.float32(4) * bits_f32(ld(row, o + 16 * h + l), 4 * n + j, 1))
-                        s += (c[i] * q - m[i]) * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
+                             + np.float32(4) * bits_f32(ld(row, o + 16 * h + l), 4 * n + j, 1) - np.float32(4))
+                        s += ld(c, 8 * n + 2 * j + h) * q * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
         acc += s
     return acc
 
 
 @njit(**J)
-def k4_scales(row, o, d, dmin, c, m):
-    """get_scale_min_k4 for all 8 sub-blocks of a Q4_K/Q5_K block at o: c = d sc, m = dmin mn."""
-    for i in range(4):
-        c[i] = d * bits_f32(ld(row, o + 4 + i), 0, 63)
-        m[i] = dmin * bits_f32(ld(row, o + 8 + i), 0, 63)
-        c[4 + i] = d * (bits_f32(ld(row, o + 12 + i), 0, 15) + np.float32(16) * bits_f32(ld(row, o + 4 + i), 6, 3))
-        m[4 + i] = dmin * (bits_f32(ld(row, o + 12 + i), 4, 15) + np.float32(16) * bits_f32(ld(row, o + 8 + i), 6, 3))
+def k4_scales(row, o, c):
+    """get_scale_min_k4 for the 8 sub-blocks of the Q4_K/Q5_K block at o: c[i] = d sc_i, c[8 + i] = dmin mn_i."""
+    w0 = u32_at(row, o + 4)
+    w1 = u32_at(row, o + 8)
+    w2 = u32_at(row, o + 12)
+    scales16_u8(c, 0, w0 & LO6, (w2 & LO4) | ((w0 >> 2) & (HI2 << 4)),
+                w1 & LO6, ((w2 >> 4) & LO4) | ((w1 >> 2) & (HI2 << 4)), f16_at(row, o), f16_at(row, o + 2))
 
 
 @njit(**J)
@@ -357,14 +369,14 @@ def dot_q4_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 144 * b
-        k4_scales(row, o, f16_at(row, o), f16_at(row, o + 2), c, m)   # 1. 6-bit scales and mins per 32
+        k4_scales(row, o, c)                                    # 1. 6-bit scales and mins per 32
         s = np.float32(0)
         xo = 256 * b
         for l in range(32):                                     # 2. 32 lanes x 8 sub-blocks
             for j in range(4):
                 v = ld(row, o + 16 + 32 * j + l)
-                s += ((c[2 * j] * bits_f32(v, 0, 15) - m[2 * j]) * ld(x, xo + 64 * j + l)
-                      + (c[2 * j + 1] * bits_f32(v, 4, 15) - m[2 * j + 1]) * ld(x, xo + 64 * j + 32 + l))
+                s += ((ld(c, 2 * j) * bits_f32(v, 0, 15) - ld(c, 8 + 2 * j)) * ld(x, xo + 64 * j + l)
+                      + (ld(c, 2 * j + 1) * bits_f32(v, 4, 15) - ld(c, 9 + 2 * j)) * ld(x, xo + 64 * j + 32 + l))
         acc += s
     return acc
 
@@ -374,7 +386,7 @@ def dot_q5_k(row, x, c, m):
     acc = 0.0
     for b in range(x.size // 256):
         o = 176 * b
-        k4_scales(row, o, f16_at(row, o), f16_at(row, o + 2), c, m)
+        k4_scales(row, o, c)
         s = np.float32(0)
         xo = 256 * b
         for l in range(32):                                     # 2. 4 low bits + 16 * qh bit
@@ -383,8 +395,8 @@ def dot_q5_k(row, x, c, m):
                 v = ld(row, o + 48 + 32 * j + l)
                 q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(h, 2 * j, 1)
                 q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(h, 2 * j + 1, 1)
-                s += ((c[2 * j] * q0 - m[2 * j]) * ld(x, xo + 64 * j + l)
-                      + (c[2 * j + 1] * q1 - m[2 * j + 1]) * ld(x, xo + 64 * j + 32 + l))
+                s += ((ld(c, 2 * j) * q0 - ld(c, 8 + 2 * j)) * ld(x, xo + 64 * j + l)
+                      + (ld(c, 2 * j + 1) * q1 - ld(c, 9 + 2 * j)) * ld(x, xo + 64 * j + 32 + l))
         acc += s
     return acc
 
@@ -395,19 +407,18 @@ def dot_q6_k(row, x, c, m):
     for b in range(x.size // 256):
         o = 210 * b
         d = f16_at(row, o + 208)
-        for i in range(16):                                     # 1. int8 scale per 16; w = c q - 32 c
-            c[i] = d * i8_f32(ld(row, o + 192 + i))
-            m[i] = np.float32(32) * c[i]
+        scales16_i8(c, 0, u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200),   # 1. int8 scales
+                    u32_at(row, o + 204), d, d)
         s = np.float32(0)
         xo = 256 * b
-        for l in range(16):                                     # 2. q = 4 bits of ql + 16 * 2 bits of qh
+        for l in range(16):                                     # 2. q = 4 bits of ql + 16 * 2 bits of qh - 32
             for n in range(2):
                 for qq in range(4):
                     for h in range(2):
-                        i = 8 * n + 2 * qq + h
                         lo = bits_f32(ld(row, o + 64 * n + 32 * (qq & 1) + 16 * h + l), 4 * (qq >> 1), 15)
                         hi = bits_f32(ld(row, o + 128 + 32 * n + 16 * h + l), 2 * qq, 3)
-                        s += (c[i] * (lo + np.float32(16) * hi) - m[i]) * ld(x, xo + 128 * n + 32 * qq + 16 * h + l)
+                        s += (ld(c, 8 * n + 2 * qq + h) * (lo + np.float32(16) * hi - np.float32(32))
+                              * ld(x, xo + 128 * n + 32 * qq + 16 * h + l))
         acc += s
     return acc
 
