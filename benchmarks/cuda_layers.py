@@ -46,27 +46,29 @@ def time_decode(model, n_layer: int, prompt, n_tok: int) -> dict:
     logits = dm.forward(prompt, st)
     t_prompt = time.perf_counter() - t0
     tok = int(np.argmax(logits[-1]))
-    dts = []
+    dts, gpu = [], []
     for _ in range(n_tok):
         t0 = time.perf_counter()
         logits = dm.forward([tok], st)
         dts.append(time.perf_counter() - t0)
+        gpu.append(dm.last_gpu_us)
         tok = int(np.argmax(logits[-1]))
-    return dict(decode_us=statistics.median(dts[3:]) * 1e6, first_us=[d * 1e6 for d in dts[:3]],
-                prompt_s=t_prompt, replays=dm.n_replays)
+    return dict(decode_gpu_us=statistics.median(gpu[3:]), decode_wall_us=statistics.median(dts[3:]) * 1e6,
+                first_wall_us=[d * 1e6 for d in dts[:3]], prompt_s=t_prompt, replays=dm.n_replays)
 
 
-def time_prefill(model, n_layer: int, tokens, reps: int = 3) -> float:
+def time_prefill(model, n_layer: int, tokens, reps: int = 3) -> dict:
     from refengine.cuda import DeviceModel
     dm = DeviceModel(model, n_layer=n_layer)
     dm.forward(tokens, model.new_state())                      # compile + warm
-    dts = []
+    dts, gpu = [], []
     for _ in range(reps):
         st = model.new_state()
         t0 = time.perf_counter()
         dm.forward(tokens, st)
         dts.append(time.perf_counter() - t0)
-    return statistics.median(dts) * 1e3
+        gpu.append(dm.last_gpu_us)
+    return dict(gpu_ms=statistics.median(gpu) / 1e3, wall_ms=statistics.median(dts) * 1e3)
 
 
 def check(model, prompt, n_dec=2) -> dict:
@@ -95,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--type", default="Q4_K")
     ap.add_argument("--layers", type=int, default=3, help="blocks in the file (per-layer cost from 1..L)")
     ap.add_argument("--dir", default="/tmp")
-    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--decode-tokens", type=int, default=40)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--check", action="store_true", help="GPU logits against the NumPy backend on the CPU")
     ap.add_argument("--json", default=None)
@@ -112,12 +114,12 @@ def main(argv=None) -> int:
     res = dict(type=a.type, file=os.path.basename(path), layers=a.layers, decode={}, prefill_ms={})
     Ls = sorted({1, min(2, a.layers), a.layers})
     for L in Ls:
-        res["decode"][L] = time_decode(model, L, prompt, a.decode_tokens)
-        print(f"L={L}: decode {res['decode'][L]['decode_us']:.1f} us/token (first {res['decode'][L]['first_us']})",
-              flush=True)
-    for L in Ls:
-        res["prefill_ms"][L] = time_prefill(model, L, long)
-        print(f"L={L}: prefill {a.prefill} tokens {res['prefill_ms'][L]:.2f} ms", flush=True)
+        res["decode"][L] = d = time_decode(model, L, prompt, a.decode_tokens)
+        print(f"L={L}: decode {d['decode_gpu_us']:.1f} us GPU, {d['decode_wall_us']:.1f} us wall per token "
+              f"({d['replays']} graph replays)", flush=True)
+    for L in sorted({1, a.layers}):
+        res["prefill_ms"][L] = p = time_prefill(model, L, long)
+        print(f"L={L}: prefill {a.prefill} tokens {p['gpu_ms']:.2f} ms GPU, {p['wall_ms']:.2f} ms wall", flush=True)
     Lmax = Ls[-1]
     from refengine.cuda import DeviceModel
     dm = DeviceModel(model, n_layer=Lmax)
@@ -128,13 +130,15 @@ def main(argv=None) -> int:
     for k in ("profile_decode_us", "profile_prefill_us"):
         print(f"{k} (L={Lmax}): " + ", ".join(f"{n} {v:.1f}" for n, v in res[k].items()), flush=True)
     if Lmax > 1:
-        d = res["decode"]
-        res["decode_us_per_layer"] = (d[Lmax]["decode_us"] - d[1]["decode_us"]) / (Lmax - 1)
-        res["prefill_ms_per_layer"] = (res["prefill_ms"][Lmax] - res["prefill_ms"][1]) / (Lmax - 1)
+        d, p = res["decode"], res["prefill_ms"]
+        for k in ("gpu", "wall"):
+            res[f"decode_{k}_us_per_layer"] = (d[Lmax][f"decode_{k}_us"] - d[1][f"decode_{k}_us"]) / (Lmax - 1)
+            res[f"prefill_{k}_ms_per_layer"] = (p[Lmax][f"{k}_ms"] - p[1][f"{k}_ms"]) / (Lmax - 1)
         ll = LLAMA.get(a.type)
-        print(f"{a.type}: per layer decode {res['decode_us_per_layer']:.1f} us, prefill {a.prefill} "
-              f"{res['prefill_ms_per_layer']:.2f} ms" + (f"  (llama.cpp {ll[0]} us, {ll[1]} ms)" if ll else ""),
-              flush=True)
+        print(f"{a.type}: per layer decode {res['decode_gpu_us_per_layer']:.1f} us GPU "
+              f"({res['decode_wall_us_per_layer']:.1f} us wall), prefill {a.prefill} "
+              f"{res['prefill_gpu_ms_per_layer']:.2f} ms GPU ({res['prefill_wall_ms_per_layer']:.2f} ms wall)"
+              + (f"  (llama.cpp {ll[0]} us, {ll[1]} ms)" if ll else ""), flush=True)
     if a.check:
         res["check"] = check(model, prompt)
         print("check:", {k: v for k, v in res["check"].items()}, flush=True)

@@ -5,8 +5,8 @@
 - GEMV: W 4096 x 14336 (4096 outputs, 14336 inputs), 1, 2, 4, 8 tokens; prefill: 512 tokens (tiled GEMM).
 - Expert dispatch (llama.cpp MUL_MAT_ID): 128 experts of 768 x 2048, 8 used per token, 1, 4, 8, 32 tokens;
   timed from device expert ids: grouping by expert (bucket kernel) + one grouped launch.
-- CUDA events around every launch, median of many; all launches queued behind a sleeping kernel so
-  that Python's launch cost stays out of the GPU timeline; several weight buffers rotated so that the
+- CUDA events around every launch, median of many; all launches queued behind a spinning kernel
+  (`quant.cuda.timing`) so that Python's launch cost stays out of the GPU timeline; several weight buffers rotated so that the
   50 MB L2 holds none of the next launch's weights.
 - GB/s counts packed weight bytes read once (dispatch: the distinct experts used); "% copy" is that over
   the device-to-device copy bandwidth (read + write) measured in the same process; "x llama" is
@@ -33,6 +33,7 @@ from quant.cuda import ops
 from quant.cuda.decoders import SPECS
 from quant.cuda.gemv import GroupTable, dense_groups
 from quant.cuda.testdata import random_qtensor
+from quant.cuda.timing import Timer
 from quant.cuda.weights import device_weight
 
 # llama.cpp on the same H200 (test-backend-ops perf -o MUL_MAT / MUL_MAT_ID, CUDA 13.0, sm_90, 2026-11-29:
@@ -53,38 +54,9 @@ LLAMA_MOE_US = {
     "IQ2_XS": (8.0, 15.2, 29.7, 171.6), "IQ4_XS": (6.1, 11.7, 22.1, None),
 }
 PRIORITY = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16"]
-SHAPES = [(2, 8, 2), (1, 8, 2), (2, 4, 2), (4, 4, 2), (2, 8, 4), (1, 16, 2)]   # (rows, split-K warps, parts in flight)
+TUNED = ["Q4_K", "Q6_K", "Q8_0"]
+SHAPES = [(2, 8, 2), (4, 4, 2), (2, 8, 4)]          # (rows, split-K warps, parts in flight) tried
 L2_BYTES = 50e6
-
-
-@cuda.jit
-def sleep_kernel(n):
-    """Keeps the stream busy while the host queues the launches to be timed."""
-    if cuda.threadIdx.x == 0:
-        for _ in range(n):
-            cuda.nanosleep(1000)
-
-
-class Timer:
-    def __init__(self):
-        self.s = cuda.stream()
-
-    def run(self, launch, n: int, warm: int = 3) -> list[float]:
-        """Microseconds of each of n launches (launch(i, stream)), queued behind a sleeping kernel."""
-        s = self.s
-        t0 = time.perf_counter()
-        for i in range(warm):
-            launch(i, s)
-        s.synchronize()
-        per_launch = (time.perf_counter() - t0) / warm                 # host cost, upper bound
-        ev = [cuda.event() for _ in range(n + 1)]
-        sleep_kernel[1, 32, s](int(min(2e6, 1.5 * n * per_launch * 1e6 + 2000)))
-        for i in range(n):
-            ev[i].record(s)
-            launch(i, s)
-        ev[n].record(s)
-        s.synchronize()
-        return [cuda.event_elapsed_time(ev[i], ev[i + 1]) * 1e3 for i in range(n)]
 
 
 def copy_ceiling(timer: Timer, nbytes: int = 2 << 30) -> float:
@@ -246,38 +218,55 @@ def main(argv=None) -> int:
     ceiling = copy_ceiling(timer)
     print(f"{dev}: copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = dict(device=dev, ceiling_gbs=ceiling, gemv=[], moe=[])
-    for t in types:
+
+    def do_gemv(t):
         t0 = time.perf_counter()
         try:
-            r = bench_gemv(t, timer, rng, ceiling, reps=reps, tune=(t.name in PRIORITY and not a.no_tune))
+            r = bench_gemv(t, timer, rng, ceiling, reps=reps, tune=(t.name in TUNED and not a.no_tune))
         except Exception as e:                                     # noqa: BLE001 - report and go on
             print(f"{t.name}: FAILED {type(e).__name__}: {e}", flush=True)
             out.setdefault("failed", []).append(f"gemv {t.name}: {e}")
-            continue
+            return
         out["gemv"].append(r)
+        _save(a, out, ceiling, dev)
         print(f"{t.name:8s} n=1 {r['gemv'][1]['us']:7.1f} us {r['gemv'][1]['gbs']:6.0f} GB/s {r['pct_copy']:4.0f}% "
               f"x llama {r.get('x_llama', {}).get(1, float('nan')):.2f}  n=8 {r['gemv'][8]['us']:.1f} us  "
               f"prefill {r.get('prefill', {}).get('us', float('nan')):.0f} us  shape {r.get('shape', '-')}  "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    for t in moe_types:
+
+    def do_moe(t):
         try:
             r = bench_moe(t, timer, rng, ceiling, reps=reps)
         except Exception as e:                                     # noqa: BLE001
             print(f"moe {t.name}: FAILED {type(e).__name__}: {e}", flush=True)
             out.setdefault("failed", []).append(f"moe {t.name}: {e}")
-            continue
+            return
         out["moe"].append(r)
+        _save(a, out, ceiling, dev)
         print(f"moe {t.name:8s} " + "  ".join(f"n={n} {v['us']:.1f} us" for n, v in r["moe"].items())
               + f"  x llama {r.get('x_llama', {})}", flush=True)
+    first = [t for t in types if t.name in PRIORITY]                # priority types, dispatch, then the rest
+    for t in first:
+        do_gemv(t)
+    for t in moe_types:
+        do_moe(t)
+    for t in types:
+        if t not in first:
+            do_gemv(t)
+    print(_save(a, out, ceiling, dev))
+    return 1 if out.get("failed") else 0
+
+
+def _save(a, out, ceiling, dev) -> str:
+    """Write the JSON and the Markdown table so far (a time limit may stop the run)."""
     md = markdown(out["gemv"], out["moe"], ceiling, dev)
-    print(md)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1, default=float)
     if a.md:
         with open(a.md, "w") as f:
             f.write(md + "\n")
-    return 1 if out.get("failed") else 0
+    return md
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from ._dev import SIM
 from .decoders import SPECS
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
+from .timing import spin_kernel
 
 A1U32, A1F16, A1F32, A1I32 = "uint32[::1]", "float16[::1]", "float32[::1]", "int32[::1]"
 A2F32 = "float32[:, ::1]"
@@ -43,6 +44,7 @@ def kernels(all_variants: bool = False):
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))
+    out.append(("spin", spin_kernel, f"void(int64, {A1F32})"))
     return out
 
 

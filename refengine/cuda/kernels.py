@@ -19,14 +19,6 @@ MAX_S = 4096          # attention: cache positions held in shared memory per (he
 MAX_E = 1024          # routing: experts per token
 
 
-@cuda.jit
-def sleep_kernel(n):
-    """Keeps a stream busy for about n microseconds while the host queues launches (profiling)."""
-    if cuda.threadIdx.x == 0:
-        for _ in range(n):
-            cuda.nanosleep(1000)
-
-
 @cuda.jit(device=True, inline=True)
 def _block_sum64(v, buf):
     """Sum of v over the block (float64, blockDim.x <= 1024); `buf` is a shared float64[32]."""

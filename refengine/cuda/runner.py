@@ -36,8 +36,9 @@ from quant.cuda.weights import device_weight
 
 from ..config import ROPE_NEOX, ROPE_NORM
 from ..errors import ConfigError
-from .kernels import (MAX_E, MAX_S, add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel,
-                      sleep_kernel)
+from quant.cuda.timing import Spinner
+
+from .kernels import MAX_E, MAX_S, add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel
 
 OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_output_bias", "attn_q_scale",
             "attn_k_scale", "attn_v_scale", "attn_qkv_scale", "attn_output_scale", "ffn_gate_bias", "ffn_up_bias",
@@ -154,6 +155,9 @@ class DeviceModel:
         self.graphs: dict[int, object] = {}
         self.n_replays = 0
         self._marks = None                     # [(stage name, event)] while profiling
+        self._ev = (cuda.event(), cuda.event())
+        self.last_gpu_us = None                # GPU time of the last forward's launches (events)
+        self._spin = None
 
     def layer(self, il: int) -> DeviceLayer:
         if self.layers[il] is None:
@@ -264,7 +268,7 @@ class DeviceModel:
     def profile(self, tokens, state) -> dict:
         """GPU time per stage (microseconds, summed over layers) of one eager forward of `tokens`.
 
-        Every launch is queued behind a sleeping kernel first, so the events time the GPU, not Python."""
+        Every launch is queued behind a spinning kernel first, so the events time the GPU, not Python."""
         self.graphs_on, saved = False, self.graphs_on
         self.forward(tokens, self.model.new_state())               # compiled, buffers for this T ready
         self._marks = []
@@ -307,6 +311,7 @@ class DeviceModel:
         st.pos.copy_to_device(np.array([state.n_past], np.int32), stream=s)
         key = (T, id(st))
         g = self.graphs.get(key)
+        self._ev[0].record(s)
         if g is not None:
             g.launch(s)                                  # replay: one launch for the whole step
             self.n_replays += 1
@@ -315,13 +320,17 @@ class DeviceModel:
             self.graphs[key] = g = Graph.capture(lambda: self._steps(T, b, st), s)
             g.launch(s)
         else:
-            if self._marks is not None:                  # profiling: queue everything behind a sleep
-                sleep_kernel[1, 32, s](20000)
+            if self._marks is not None:                  # profiling: queue everything behind a spin
+                self._spin = self._spin or Spinner()
+                self._spin(s, 30000)
             self._steps(T, b, st)                        # eager (also compiles and warms every kernel)
             self._mark("end")
             b["warm"] = True
+        self._ev[1].record(s)
         logits = b["logits"].copy_to_host(stream=s)
         s.synchronize()
+        if not quant.cuda.SIM:                           # the simulator keeps no event times
+            self.last_gpu_us = cuda.event_elapsed_time(*self._ev) * 1e3
         if self.out_scale is not None:
             logits = logits * np.float32(self.out_scale)
         state.n_past += T

@@ -1,0 +1,72 @@
+"""GPU timing with CUDA events, with the host's launch cost kept out of the measured timeline.
+
+    t = Timer(); us = t.run(lambda i, stream: launch(i, stream), n)    # microseconds of each launch
+
+Before the timed launches are queued, the stream is kept busy by `spin_kernel` (a chain of dependent
+FMAs, calibrated once against events), so the GPU runs the launches back to back.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from numba import cuda, float32
+
+
+@cuda.jit
+def spin_kernel(n, out):
+    """One thread runs n dependent FMAs (a fixed GPU-side delay)."""
+    x = float32(1.0)
+    for _ in range(n):
+        x = cuda.fma(x, float32(0.9999999), float32(1e-7))
+    if cuda.threadIdx.x == 0:
+        out[0] = x
+
+
+class Spinner:
+    """Delays a stream by about `us` microseconds (calibrated on first use)."""
+
+    def __init__(self):
+        self.out = cuda.device_array(1, np.float32)
+        self.ns_per_iter = None
+
+    def _calibrate(self, stream):
+        n = 1 << 20
+        spin_kernel[1, 1, stream](1024, self.out)              # compile, warm
+        e0, e1 = cuda.event(), cuda.event()
+        e0.record(stream)
+        spin_kernel[1, 1, stream](n, self.out)
+        e1.record(stream)
+        e1.synchronize()
+        self.ns_per_iter = max(0.05, cuda.event_elapsed_time(e0, e1) * 1e6 / n)
+
+    def __call__(self, stream, us: float) -> None:
+        if self.ns_per_iter is None:
+            self._calibrate(stream)
+        spin_kernel[1, 1, stream](int(us * 1e3 / self.ns_per_iter) + 1, self.out)
+
+
+class Timer:
+    def __init__(self, stream=None):
+        self.s = stream or cuda.stream()
+        self.spin = Spinner()
+
+    def run(self, launch, n: int, warm: int = 3) -> list[float]:
+        """Microseconds of each of n launches (`launch(i, stream)`), queued behind a spinning kernel."""
+        s = self.s
+        for i in range(warm):
+            launch(i, s)
+        s.synchronize()
+        t0 = time.perf_counter()
+        for i in range(warm):
+            launch(i, s)
+        per_launch = (time.perf_counter() - t0) / warm             # host cost per launch (with GPU time)
+        s.synchronize()
+        ev = [cuda.event() for _ in range(n + 1)]
+        self.spin(s, min(3e6, 2.0 * n * per_launch * 1e6 + 2000))
+        for i in range(n):
+            ev[i].record(s)
+            launch(i, s)
+        ev[n].record(s)
+        s.synchronize()
+        return [cuda.event_elapsed_time(ev[i], ev[i + 1]) * 1e3 for i in range(n)]
