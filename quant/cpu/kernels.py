@@ -15,8 +15,10 @@ all of that matrix's activation rows:
     then one vectorized dot per activation row against it (float64 running sums per row).
 Nothing of size O x I is ever materialized.
 
-`kind` is a closure constant, so each type compiles its own small kernel (Numba prunes the other
-types' branches) and `cache=True` stores it next to this file for the next process.
+`kind` is a closure constant: `deq_block` / `row_dot` resolve it while Numba types the kernel
+(overloads with `prefer_literal`), so each type compiles only its own decoder, and `cache=True`
+stores the result next to this file for the next process. Tile sizes (`tile` rows per work item,
+CHUNK weights per scratch step) are arguments / module constants, not baked into the kernels.
 """
 from __future__ import annotations
 

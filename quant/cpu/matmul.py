@@ -1,8 +1,11 @@
 """Host side of the Numba CPU backend: the oracle's `matmul` signature, and the grouped form MoE uses.
 
-    matmul(x, w)                    x: f32 [T, I], w: QTensor [O, I] of any ggml type  ->  [T, O]
-    grouped_matmul(x, w, seg, active)   w: QTensor [E, O, I]; rows seg[e]:seg[e+1] of x use W_e
+    matmul(x, w, mode="exact")      x: f32 [T, I], w: QTensor [O, I] of any ggml type  ->  [T, O]
+    grouped_matmul(x, w, seg)       w: QTensor [E, O, I]; rows seg[e]:seg[e+1] of x use W_e  ->  [N, O]
     dequantize(w)                   QTensor [..., I] -> f32, by the naive kernels of dequant.py
+
+mode "exact" multiplies x itself; "llamacpp" first rounds x to the weight's partner type exactly as
+the NumPy oracle does (quant.llamacpp), then runs the same kernels.
 
 Which path (T = activation rows of one matrix):
   T < blas_min_tokens   `kernels.grouped`: fused GEMV for T = 1 where the type has one, else
