@@ -2,8 +2,9 @@
 
     t = Timer(); us = t.run(lambda i, stream: launch(i, stream), n)    # microseconds of each launch
 
-Before the timed launches are queued, the stream is kept busy by `spin_kernel` (a chain of dependent
-FMAs, calibrated once against events), so the GPU runs the launches back to back.
+Before the timed launches are queued, the stream is kept busy by `spin_kernel` (chains of dependent
+FMAs on every SM, calibrated once against events), so the GPU runs the launches back to back; the
+spin loads the whole chip so that its clocks stay up (a one-thread spin let them drop).
 """
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from numba import cuda, float32
 
 @cuda.jit
 def spin_kernel(n, out):
-    """One thread runs n dependent FMAs (a fixed GPU-side delay)."""
+    """Every thread runs n dependent FMAs (a fixed GPU-side delay that keeps the SMs busy)."""
     x = float32(1.0)
     for _ in range(n):
         x = cuda.fma(x, float32(0.9999999), float32(1e-7))
-    if cuda.threadIdx.x == 0:
+    if cuda.grid(1) == 0:
         out[0] = x
+
+
+GRID = 264                    # two blocks per SM of an H100 / H200
 
 
 class Spinner:
@@ -32,10 +36,10 @@ class Spinner:
 
     def _calibrate(self, stream):
         n = 1 << 20
-        spin_kernel[1, 1, stream](1024, self.out)              # compile, warm
+        spin_kernel[GRID, 128, stream](1024, self.out)          # compile, warm
         e0, e1 = cuda.event(), cuda.event()
         e0.record(stream)
-        spin_kernel[1, 1, stream](n, self.out)
+        spin_kernel[GRID, 128, stream](n, self.out)
         e1.record(stream)
         e1.synchronize()
         self.ns_per_iter = max(0.05, cuda.event_elapsed_time(e0, e1) * 1e6 / n)
@@ -43,7 +47,7 @@ class Spinner:
     def __call__(self, stream, us: float) -> None:
         if self.ns_per_iter is None:
             self._calibrate(stream)
-        spin_kernel[1, 1, stream](int(us * 1e3 / self.ns_per_iter) + 1, self.out)
+        spin_kernel[GRID, 128, stream](int(us * 1e3 / self.ns_per_iter) + 1, self.out)
 
 
 class Timer:
