@@ -19,7 +19,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..ref import QuantError
-from ._dev import silu
+from ._dev import SIM, silu
 from .gemv import GroupTable
 from .ops import GEMM_SHAPE, NT_MAX, grouped, supported
 from .weights import DeviceWeight, device_weight
@@ -120,7 +120,11 @@ def combine_kernel(dn, A, res, has_res, out):
         out[t, d] = s
 
 
-def _grid(n: int, block: int = 256) -> int:
+# threads per block of the elementwise kernels (the simulator runs one Python thread per CUDA thread)
+EW = 32 if SIM else 256
+
+
+def _grid(n: int, block: int = EW) -> int:
     return max(1, min(math.ceil(n / block), 4096))
 
 
@@ -159,11 +163,11 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
         if gate is not None:
             g = buf("g", (n_pairs, I))
             grouped(gate, xd, g, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, kernel=kernel, stream=stream)
-        swiglu_kernel[_grid(n_pairs * I), 256, stream](g, u, act, gate is not None)
+        swiglu_kernel[_grid(n_pairs * I), EW, stream](g, u, act, gate is not None)
     mark("experts_down")
     grouped(down, act, dn, tab_p, gmax, n_pairs, max_per_group, sc=sc_d, rw=wts, kernel=kernel, stream=stream)
     mark("experts_combine")
-    combine_kernel[_grid(T * D), 256, stream](dn, A, res if res is not None else out, res is not None, out)
+    combine_kernel[_grid(T * D), EW, stream](dn, A, res if res is not None else out, res is not None, out)
     return out
 
 
@@ -216,7 +220,7 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
         grouped(dgate, xd, g, tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
         record("ffn_moe_gate" + ("_scaled" if gate_scale is not None else ""), il, g.copy_to_host().reshape(T, A, I))
     act = cuda.device_array((n, I), np.float32)
-    swiglu_kernel[_grid(n * I), 256](g, u, act, dgate is not None)
+    swiglu_kernel[_grid(n * I), EW](g, u, act, dgate is not None)
     record("ffn_moe_swiglu" if dgate is not None else "ffn_moe_silu", il, act.copy_to_host().reshape(T, A, I))
     dn = cuda.device_array((n, D), np.float32)
     grouped(ddown, act, dn, tp, gmax, n, mpg, sc=sc_d, kernel=kernel)

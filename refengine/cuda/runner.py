@@ -30,7 +30,7 @@ from numba import cuda
 
 from quant import QTensor
 from quant.cuda.gemv import GroupTable, dense_groups
-from quant.cuda.moe import BN, bucket_kernel, combine_kernel, moe_ffn_device
+from quant.cuda.moe import BN, EW, bucket_kernel, combine_kernel, moe_ffn_device
 from quant.cuda.ops import dense, grouped, supported
 from quant.cuda.weights import device_weight
 
@@ -199,7 +199,7 @@ class DeviceModel:
         H, Hkv, K = sp.n_head, sp.n_head_kv, cfg.head_dim_k
         h, qkv, q, att, a, x2 = b["h"], b["qkv"], b["q"], b["att"], b["a"], b["x2"]
         self._mark("attn_norm")
-        rms_norm_kernel[T, 256, s](x, L.attn_norm, cfg.rms_eps, h)
+        rms_norm_kernel[T, EW, s](x, L.attn_norm, cfg.rms_eps, h)
         self._mark("qkv")
         qkv_v = qkv[:, :(H + 2 * Hkv) * K] if qkv.shape[1] != (H + 2 * Hkv) * K else qkv
         dense(L.qkv, h, qkv_v, stream=s)
@@ -216,9 +216,9 @@ class DeviceModel:
         self._mark("attn_output")
         dense(L.o, attv, a, stream=s)
         self._mark("residual")
-        add_kernel[min(4096, (T * cfg.n_embd + 255) // 256), 256, s](x, a, x2)            # ffn_inp
+        add_kernel[min(4096, (T * cfg.n_embd + EW - 1) // EW), EW, s](x, a, x2)            # ffn_inp
         self._mark("ffn_norm")
-        rms_norm_kernel[T, 256, s](x2, L.ffn_norm, cfg.rms_eps, h)
+        rms_norm_kernel[T, EW, s](x2, L.ffn_norm, cfg.rms_eps, h)
         if L.moe:
             A, E = sp.n_expert_used, cfg.n_expert
             self._mark("router")
@@ -229,7 +229,7 @@ class DeviceModel:
             n = T * A
             gmax = min(E, n)
             self._mark("bucket")
-            bucket_kernel[1, 256, s](b["ids"].reshape(T * b["ids"].shape[1]) if b["ids"].shape[1] == A else ids,
+            bucket_kernel[1, EW, s](b["ids"].reshape(T * b["ids"].shape[1]) if b["ids"].shape[1] == A else ids,
                                      E, A, n, BN, b["tab_x"], b["tab_p"], b["cnt"], b["fill"])
             moe_ffn_device(h, b["tab_x"], b["tab_p"], gmax, n, T, A, b["wts"], up=L.up, gate=L.gate, down=L.down,
                            sc_gu=L.sc_gu, sc_d=L.sc_d, res=x2, out=xo, scratch=b["scratch"], stream=s,
@@ -245,7 +245,7 @@ class DeviceModel:
             if dn is None or dn.shape != (T, cfg.n_embd):
                 dn = b["scratch"]["dense_dn"] = cuda.device_array((T, cfg.n_embd), np.float32, stream=s)
             grouped(L.down, act, dn, grp, 1, T, T, stream=s)
-            combine_kernel[min(4096, (T * cfg.n_embd + 255) // 256), 256, s](dn, 1, x2, True, xo)
+            combine_kernel[min(4096, (T * cfg.n_embd + EW - 1) // EW), EW, s](dn, 1, x2, True, xo)
 
     def _steps(self, T: int, b: dict, st: DeviceState) -> None:
         """Every launch of one forward of T tokens after the inputs are in b['x'], b['cos'], b['sin'], st.pos."""
@@ -255,7 +255,7 @@ class DeviceModel:
             cur, nxt = nxt, cur
         b["final"] = cur
         self._mark("output")
-        rms_norm_kernel[T, 256, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
+        rms_norm_kernel[T, EW, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
         dense(self.output, b["h"], b["logits"], stream=self.stream)
 
     # ------------------------------------------------------------ profile
