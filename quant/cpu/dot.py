@@ -1,28 +1,21 @@
 """Fused GEMV row kernels: one packed weight row . one activation row, read straight from the bytes.
 
-    dot_<type>(row, x, c, m) -> float64      row: uint8 [row_bytes], x: f32 [I],
+    dot_<type>(row, x) -> float64      row: uint8 [row_bytes], x: f32 [I],
                                              c, m: f32 [16] per-thread scratch for block scales
 
-Every quantized format here is affine per sub-block of 16 or 32 weights: w = c q - m, with q a small
-unsigned integer (or a code-book value) and c, m per sub-block (Q4_K: c = d sc, m = dmin mn; Q6_K:
-c = d sc, m = 32 c; ...). A kernel computes, per weight,
+Written with the 16-lane vectors of simd.py (one AVX-512 register), one ggml block at a time, in
+the order of the block's bytes. Every quantized format is affine per sub-block of 16 or 32 weights,
+w = c q - m, with q a small integer or a code-book value; per 16 weights a kernel
 
-    w = fma(c, q, -m)          (one rounding, where ggml's dequantize rounds twice)
-    s = fma(w, x, s)
-
-or, where the offset is an integer and one scale covers two lanes (Q4_0: w = d (q - 8)),
-s += d ((q0 - 8) x0 + (q1 - 8) x1), which is as exact (q - 8 is an exact float) and one op cheaper.
-Either way it costs about a float32 dot product plus the unpacking of q, and the dequantized row
-is never written anywhere.
-
-Loop shape, the same in every kernel (the stage comments refer to it):
-  1. per group of 256 weights, decode the sub-block scales into `c`, `m` (or scalars);
-  2. one inner loop over the 16 (or 32) lanes of a sub-block whose body covers every sub-block of
-     the group (a constant loop that LLVM unrolls): LLVM vectorizes the lane loop into 512-bit
-     `vpmovzxbd / vpsrld / vcvtdq2ps / vfmadd` and reduces to a scalar once per 256 weights;
-  3. a float64 running sum per row, so a 14336-long row adds no more rounding than float32 BLAS.
-Types without a kernel here (grids, ternary TQ1_0, NVFP4, Q1_0, Q2_0) go through decode-to-scratch
-(kernels.py), and every kernel is tested against the NumPy oracle.
+  1. unpacks 16 q from the bytes (shift, mask; `lut` turns 4-bit codes into their float values
+     -- Q4_0's q - 8, IQ4_NL's and MXFP4's code books -- in one `vpermps`; otherwise `to_f32`),
+  2. forms the weights w = fma(c, q, -m) (one rounding; ggml's decoder rounds d*q and the
+     subtraction separately) or folds the block scale in after the dot (Q4_0: d (q - 8) . x),
+  3. accumulates w * x into a vector; the 16 lanes are added to a float64 sum once per 256
+     weights, so a 14336-long row adds no more rounding than a float32 BLAS.
+The scales of a K-quant block are decoded 16 at a time into one register (simd.scales_*) from the
+12-16 scale bytes rearranged with 32-bit masks (ggml's layout tricks), and broadcast lane by lane. The readable per-element decoders are in
+dequant.py; every kernel here is tested against the NumPy oracle.
 """
 from __future__ import annotations
 
@@ -30,278 +23,208 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
-from .dequant import (BF16, F16, F32, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
-                      Q6_K, Q8_0, Q8_1, Q8_K, TQ2_0, literal_kind)
-from .llvm import bits_f32, bf16_at, f16_at, f32_at, i8_f32, ld, scales16_i8, scales16_u8, u16_at, u32_at
-from .tables import E8M0_HALF, KV_IQ4NL, KV_MXFP4
+from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
+                      MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+                      Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind, tq1_digit)
+from .llvm import bf16_at, f16_at, f32_at, ld, u16_at, u32_at
+from .simd import (add, addc, band, bf16x16, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lanes, load16,
+                   lane, lut, mul, nib8x2, rows4, rows8, scales_i8, scales_u8, shl, shr, splat, splat2, to_f32, u8x16, zeros)
+from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
+                     IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, SIGNS8, UE4M3_HALF)
 
 J = dict(cache=True, inline="always")
 LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
-FLOAT_CHUNK = 1024      # float rows: reduce into the float64 sum every FLOAT_CHUNK elements
+FLOAT_CHUNK = 1024                                          # float rows: flush to float64 every 1024
+
+# 16-entry code books for `lut` (index = the 4-bit code)
+Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: q - 8
+TERNARY = np.array([-1, 0, 1, 2] + [0] * 12, dtype=np.float32)          # 2-bit codes: q - 1
+KV_IQ4 = KV_IQ4NL.astype(np.float32)
+KV_FP4 = KV_MXFP4.astype(np.float32)
 
 
 # ---------------------------------------------------------------- plain floats
 
 @njit(**J)
-def dot_f32(row, x, c, m):
+def dot_f32(row, x):
+    n16 = x.size - x.size % 16
     acc = 0.0
-    for c0 in range(0, x.size, FLOAT_CHUNK):
-        s = np.float32(0)
-        for i in range(c0, min(x.size, c0 + FLOAT_CHUNK)):
-            s += f32_at(row, 4 * i) * ld(x, i)
-        acc += s
+    for c0 in range(0, n16, FLOAT_CHUNK):
+        v = zeros()
+        for i in range(c0, min(n16, c0 + FLOAT_CHUNK), 16):
+            v = fma(f32x16_at(row, 4 * i), load16(x, i), v)
+        acc += hsum(v)
+    for i in range(n16, x.size):
+        acc += f32_at(row, 4 * i) * ld(x, i)
     return acc
 
 
 @njit(**J)
-def dot_f16(row, x, c, m):
+def dot_f16(row, x):
+    n16 = x.size - x.size % 16
     acc = 0.0
-    for c0 in range(0, x.size, FLOAT_CHUNK):
-        s = np.float32(0)
-        for i in range(c0, min(x.size, c0 + FLOAT_CHUNK)):
-            s += f16_at(row, 2 * i) * ld(x, i)
-        acc += s
+    for c0 in range(0, n16, FLOAT_CHUNK):
+        v = zeros()
+        for i in range(c0, min(n16, c0 + FLOAT_CHUNK), 16):
+            v = fma(f16x16(row, 2 * i), load16(x, i), v)        # vcvtph2ps
+        acc += hsum(v)
+    for i in range(n16, x.size):
+        acc += f16_at(row, 2 * i) * ld(x, i)
     return acc
 
 
 @njit(**J)
-def dot_bf16(row, x, c, m):
+def dot_bf16(row, x):
+    n16 = x.size - x.size % 16
     acc = 0.0
-    for c0 in range(0, x.size, FLOAT_CHUNK):
-        s = np.float32(0)
-        for i in range(c0, min(x.size, c0 + FLOAT_CHUNK)):
-            s += bf16_at(row, 2 * i) * ld(x, i)
-        acc += s
+    for c0 in range(0, n16, FLOAT_CHUNK):
+        v = zeros()
+        for i in range(c0, min(n16, c0 + FLOAT_CHUNK), 16):
+            v = fma(bf16x16(row, 2 * i), load16(x, i), v)       # bf16 bits << 16
+        acc += hsum(v)
+    for i in range(n16, x.size):
+        acc += bf16_at(row, 2 * i) * ld(x, i)
     return acc
 
 
-# ---------------------------------------------------------------- 32-element blocks, 8 per group
-# `grp_<type>(row, x, c, m, g0, nk)` does blocks g0 .. g0+nk-1 of a row: `dot_<type>` calls it with
-# the constant nk = 8 (unrolled, 256 weights per reduction) and once more for the 1..7 blocks left.
+# ---------------------------------------------------------------- 32-element blocks
+# `blk_<type>(row, o, x, xo, tab)` returns the block's contribution as 16 lanes (to be summed);
+# `dot_blocks32` walks the blocks, flushing the lanes into the float64 sum every 8 blocks.
 
 @njit(**J)
-def grp_q8_0(row, x, c, m, g0, nk):
-    o = 34 * g0
-    for k in range(nk):                                         # 1. block scales
-        c[k] = f16_at(row, o + 34 * k)
-    s = np.float32(0)
-    for l in range(32):                                         # 2. lane loop, blocks unrolled
-        for k in range(nk):
-            s += c[k] * i8_f32(ld(row, o + 34 * k + 2 + l)) * ld(x, 32 * (g0 + k) + l)
-    return s
+def blk_q8_0(row, o, x, xo, tab):
+    t = fma(i8x16f(row, o + 18), load16(x, xo + 16), mul(i8x16f(row, o + 2), load16(x, xo)))
+    return mul(splat(f16_at(row, o)), t)
 
 
 @njit(**J)
-def grp_q8_1(row, x, c, m, g0, nk):
-    o = 36 * g0
-    for k in range(nk):
-        c[k] = f16_at(row, o + 36 * k)
-    s = np.float32(0)
-    for l in range(32):
-        for k in range(nk):
-            s += c[k] * i8_f32(ld(row, o + 36 * k + 4 + l)) * ld(x, 32 * (g0 + k) + l)
-    return s
+def blk_q8_1(row, o, x, xo, tab):
+    t = fma(i8x16f(row, o + 20), load16(x, xo + 16), mul(i8x16f(row, o + 4), load16(x, xo)))
+    return mul(splat(f16_at(row, o)), t)
 
 
 @njit(**J)
-def grp_q4_0(row, x, c, m, g0, nk):
-    o = 18 * g0
-    for k in range(nk):                                         # 1. block scales
-        c[k] = f16_at(row, o + 18 * k)
-    s = np.float32(0)
-    for l in range(16):                                         # 2. byte l: nibbles of x[l], x[l + 16]
-        for k in range(nk):                                     #    w = d (q - 8); q - 8 is exact
-            v = ld(row, o + 18 * k + 2 + l)
-            xo = 32 * (g0 + k)
-            s += c[k] * ((bits_f32(v, 0, 15) - np.float32(8)) * ld(x, xo + l)
-                         + (bits_f32(v, 4, 15) - np.float32(8)) * ld(x, xo + 16 + l))
-    return s
+def blk_q4_0(row, o, x, xo, tab):
+    q = u8x16(row, o + 2)                                       # byte j: nibbles of x[j], x[j + 16]
+    t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
+    return mul(splat(f16_at(row, o)), t)                        # d ((q - 8) . x)
 
 
 @njit(**J)
-def grp_q4_1(row, x, c, m, g0, nk):
-    o = 20 * g0
-    for k in range(nk):                                         # 1. w = d q + min
-        c[k] = f16_at(row, o + 20 * k)
-        m[k] = -f16_at(row, o + 20 * k + 2)
-    s = np.float32(0)
-    for l in range(16):
-        for k in range(nk):
-            v = ld(row, o + 20 * k + 4 + l)
-            xo = 32 * (g0 + k)
-            s += ((c[k] * bits_f32(v, 0, 15) - m[k]) * ld(x, xo + l)
-                  + (c[k] * bits_f32(v, 4, 15) - m[k]) * ld(x, xo + 16 + l))
-    return s
+def blk_q4_1(row, o, x, xo, tab):
+    d = splat(f16_at(row, o))
+    mn = splat(f16_at(row, o + 2))
+    q = u8x16(row, o + 4)
+    w0 = fma(d, to_f32(band(q, 15)), mn)                        # w = d q + m
+    w1 = fma(d, to_f32(shr(q, 4)), mn)
+    return fma(w1, load16(x, xo + 16), mul(w0, load16(x, xo)))
 
 
 @njit(**J)
-def grp_q5_0(row, x, c, m, g0, nk):
-    o = 22 * g0
-    for k in range(nk):
-        c[k] = f16_at(row, o + 22 * k)
-    s = np.float32(0)
-    for l in range(16):
-        for k in range(nk):                                     # w = d (q - 16)
-            b = o + 22 * k
-            qh = u32_at(row, b + 2)                             # 5th bits: bit l -> x[l], bit 16+l -> x[16+l]
-            v = ld(row, b + 6 + l)
-            xo = 32 * (g0 + k)
-            q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(qh, l, 1) - np.float32(16)
-            q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(qh, l + 16, 1) - np.float32(16)
-            s += c[k] * (q0 * ld(x, xo + l) + q1 * ld(x, xo + 16 + l))
-    return s
+def blk_q5_0(row, o, x, xo, tab):
+    qh = u32_at(row, o + 2)                                     # 5th bits: bit j -> x[j]
+    q = u8x16(row, o + 6)
+    q0 = to_f32(ior(band(q, 15), shl(lanes(qh, 1, 1), 4)))
+    q1 = to_f32(ior(shr(q, 4), shl(lanes(qh >> 16, 1, 1), 4)))
+    t = fma(addc(q1, np.float32(-16)), load16(x, xo + 16), mul(addc(q0, np.float32(-16)), load16(x, xo)))
+    return mul(splat(f16_at(row, o)), t)
 
 
 @njit(**J)
-def grp_q5_1(row, x, c, m, g0, nk):
-    o = 24 * g0
-    for k in range(nk):
-        c[k] = f16_at(row, o + 24 * k)
-        m[k] = -f16_at(row, o + 24 * k + 2)
-    s = np.float32(0)
-    for l in range(16):
-        for k in range(nk):
-            b = o + 24 * k
-            qh = u32_at(row, b + 4)
-            v = ld(row, b + 8 + l)
-            xo = 32 * (g0 + k)
-            q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(qh, l, 1)
-            q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(qh, l + 16, 1)
-            s += (c[k] * q0 - m[k]) * ld(x, xo + l) + (c[k] * q1 - m[k]) * ld(x, xo + 16 + l)
-    return s
+def blk_q5_1(row, o, x, xo, tab):
+    d = splat(f16_at(row, o))
+    mn = splat(f16_at(row, o + 2))
+    qh = u32_at(row, o + 4)
+    q = u8x16(row, o + 8)
+    w0 = fma(d, to_f32(ior(band(q, 15), shl(lanes(qh, 1, 1), 4))), mn)
+    w1 = fma(d, to_f32(ior(shr(q, 4), shl(lanes(qh >> 16, 1, 1), 4))), mn)
+    return fma(w1, load16(x, xo + 16), mul(w0, load16(x, xo)))
 
 
 @njit(**J)
-def grp_iq4_nl(row, x, c, m, g0, nk):
-    o = 18 * g0
-    for k in range(nk):
-        c[k] = f16_at(row, o + 18 * k)
-    s = np.float32(0)
-    for l in range(16):                                         # non-linear: a 16-entry code book
-        for k in range(nk):
-            v = ld(row, o + 18 * k + 2 + l)
-            xo = 32 * (g0 + k)
-            s += c[k] * (ld(KV_IQ4NL, v & 15) * ld(x, xo + l) + ld(KV_IQ4NL, v >> 4) * ld(x, xo + 16 + l))
-    return s
+def blk_iq4_nl(row, o, x, xo, tab):
+    q = u8x16(row, o + 2)
+    t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
+    return mul(splat(f16_at(row, o)), t)
 
 
 @njit(**J)
-def grp_mxfp4(row, x, c, m, g0, nk):
-    o = 17 * g0
-    for k in range(nk):
-        c[k] = ld(E8M0_HALF, row[o + 17 * k])
-    s = np.float32(0)
-    for l in range(16):
-        for k in range(nk):
-            v = ld(row, o + 17 * k + 1 + l)
-            xo = 32 * (g0 + k)
-            s += c[k] * (ld(KV_MXFP4, v & 15) * ld(x, xo + l) + ld(KV_MXFP4, v >> 4) * ld(x, xo + 16 + l))
-    return s
+def blk_mxfp4(row, o, x, xo, tab):
+    q = u8x16(row, o + 1)
+    t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
+    return mul(splat(ld(E8M0_HALF, ld(row, o))), t)
 
 
 @njit(**J)
-def dot_q8_0(row, x, c, m):
+def dot_blocks32(blk, ts, tab, row, x):
+    """Row . x for a 32-block type with block function `blk` and `ts` bytes per block."""
+    T = load16(tab, 0)                                          # the code book, once per row
     nb = x.size // 32
-    full = nb - nb % 8
     acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_q8_0(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_q8_0(row, x, c, m, full, nb - full)
+    for g0 in range(0, nb, 8):
+        v = zeros()
+        for b in range(g0, min(nb, g0 + 8)):
+            v = add(v, blk(row, ts * b, x, 32 * b, T))
+        acc += hsum(v)
+    return acc
+
+
+# ---------------------------------------------------------------- 64- and 128-element blocks
+
+@njit(**J)
+def dot_q1_0(row, x):
+    acc = 0.0
+    for b in range(x.size // 128):                              # 128 sign bits: w = +-d
+        o = 18 * b
+        d = f16_at(row, o)
+        d2 = splat(np.float32(2) * d)
+        md = splat(-d)
+        v = zeros()
+        for k in range(8):
+            w = fma(d2, to_f32(lanes(u16_at(row, o + 2 + 2 * k), 1, 1)), md)
+            v = fma(w, load16(x, 128 * b + 16 * k), v)
+        acc += hsum(v)
     return acc
 
 
 @njit(**J)
-def dot_q8_1(row, x, c, m):
-    nb = x.size // 32
-    full = nb - nb % 8
+def dot_q2_0(row, x):
+    T = load16(TERNARY, 0)
     acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_q8_1(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_q8_1(row, x, c, m, full, nb - full)
+    for g0 in range(0, x.size // 64, 4):
+        v = zeros()
+        for b in range(g0, min(x.size // 64, g0 + 4)):          # 2-bit codes: w = d (q - 1)
+            o = 18 * b
+            t = zeros()
+            for k in range(4):
+                t = fma(lut(T, lanes(u32_at(row, o + 2 + 4 * k), 2, 3)), load16(x, 64 * b + 16 * k), t)
+            v = fma(splat(f16_at(row, o)), t, v)
+        acc += hsum(v)
     return acc
 
 
 @njit(**J)
-def dot_q4_0(row, x, c, m):
-    nb = x.size // 32
-    full = nb - nb % 8
+def dot_nvfp4(row, x):
+    T = load16(KV_FP4, 0)
     acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_q4_0(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_q4_0(row, x, c, m, full, nb - full)
+    for g0 in range(0, x.size // 64, 4):
+        v = zeros()
+        for b in range(g0, min(x.size // 64, g0 + 4)):          # 4 sub-blocks of 16, UE4M3 scale each
+            o = 36 * b
+            for s in range(4):
+                t = mul(lut(T, nib8x2(row, o + 4 + 8 * s)), load16(x, 64 * b + 16 * s))
+                v = fma(splat(ld(UE4M3_HALF, ld(row, o + s))), t, v)
+        acc += hsum(v)
     return acc
 
 
-@njit(**J)
-def dot_q4_1(row, x, c, m):
-    nb = x.size // 32
-    full = nb - nb % 8
-    acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_q4_1(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_q4_1(row, x, c, m, full, nb - full)
-    return acc
-
+# ---------------------------------------------------------------- K-quants (256-element blocks)
+# Scales: the 12-16 scale bytes, rearranged with 32-bit masks, are widened to 16 float32 scales by
+# one vector operation (scales_*) kept in a register (mins with the minus sign folded in); `lane`
+# broadcasts the one a sub-block needs.
 
 @njit(**J)
-def dot_q5_0(row, x, c, m):
-    nb = x.size // 32
-    full = nb - nb % 8
-    acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_q5_0(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_q5_0(row, x, c, m, full, nb - full)
-    return acc
-
-
-@njit(**J)
-def dot_q5_1(row, x, c, m):
-    nb = x.size // 32
-    full = nb - nb % 8
-    acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_q5_1(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_q5_1(row, x, c, m, full, nb - full)
-    return acc
-
-
-@njit(**J)
-def dot_iq4_nl(row, x, c, m):
-    nb = x.size // 32
-    full = nb - nb % 8
-    acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_iq4_nl(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_iq4_nl(row, x, c, m, full, nb - full)
-    return acc
-
-
-@njit(**J)
-def dot_mxfp4(row, x, c, m):
-    nb = x.size // 32
-    full = nb - nb % 8
-    acc = 0.0
-    for g0 in range(0, full, 8):
-        acc += grp_mxfp4(row, x, c, m, g0, 8)
-    if full < nb:
-        acc += grp_mxfp4(row, x, c, m, full, nb - full)
-    return acc
-
-
-# ---------------------------------------------------------------- 256-element super-blocks
-
-# Scales: the 12 or 16 scale bytes are rearranged with 32-bit masks into 16 bytes (ggml's trick) and
-# widened to 16 float32 scales in one go (`scales16_*`); scalar code spends ~100 instructions there.
-
-@njit(**J)
-def dot_q2_k(row, x, c, m):
+def dot_q2_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 84 * b
@@ -311,23 +234,23 @@ def dot_q2_k(row, x, c, m):
         w1 = u32_at(row, o + 4)
         w2 = u32_at(row, o + 8)
         w3 = u32_at(row, o + 12)
-        scales16_u8(c, 0, w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
-        scales16_u8(m, 0, (w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, dmin, dmin)
-        s = np.float32(0)
-        xo = 256 * b
-        for l in range(16):                                     # 2. 16 lanes x 16 sub-blocks, w = c q - m
-            for n in range(2):
-                for j in range(4):
-                    for h in range(2):
-                        i = 8 * n + 2 * j + h
-                        q = bits_f32(ld(row, o + 16 + 32 * n + 16 * h + l), 2 * j, 3)
-                        s += (ld(c, i) * q - ld(m, i)) * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
-        acc += s
+        sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
+        mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
+        v0, v1 = zeros(), zeros()
+        for n in range(2):                                      # 2. 2-bit plane j of 32 bytes, 16 at a time
+            q0 = u8x16(row, o + 16 + 32 * n)
+            q1 = u8x16(row, o + 32 + 32 * n)
+            for j in range(4):
+                i = 8 * n + 2 * j
+                xo = 256 * b + 128 * n + 32 * j
+                v0 = fma(fma(lane(sc, i), to_f32(band(shr(q0, 2 * j), 3)), lane(mn, i)), load16(x, xo), v0)
+                v1 = fma(fma(lane(sc, i + 1), to_f32(band(shr(q1, 2 * j), 3)), lane(mn, i + 1)), load16(x, xo + 16), v1)
+        acc += hsum(add(v0, v1))
     return acc
 
 
 @njit(**J)
-def dot_q3_k(row, x, c, m):
+def dot_q3_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 110 * b
@@ -338,159 +261,367 @@ def dot_q3_k(row, x, c, m):
         s1 = (a1 & LO4) | (((t >> 2) & HI2) << 4)
         s2 = ((a0 >> 4) & LO4) | (((t >> 4) & HI2) << 4)
         s3 = ((a1 >> 4) & LO4) | (((t >> 6) & HI2) << 4)
-        d = f16_at(row, o + 108)                                #    bytes - 32 as int8: (b + 0x60) ^ 0x80
-        scales16_i8(c, 0, (s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8, (s2 + 0x60606060) ^ SIGN8,
-                    (s3 + 0x60606060) ^ SIGN8, d, d)
-        s = np.float32(0)
-        xo = 256 * b
-        for l in range(16):                                     # 2. q = 2 low bits + 4 * hmask bit - 4
-            for n in range(2):
-                for j in range(4):
-                    for h in range(2):
-                        q = (bits_f32(ld(row, o + 32 + 32 * n + 16 * h + l), 2 * j, 3)
-                             + np.float32(4) * bits_f32(ld(row, o + 16 * h + l), 4 * n + j, 1) - np.float32(4))
-                        s += ld(c, 8 * n + 2 * j + h) * q * ld(x, xo + 128 * n + 32 * j + 16 * h + l)
-        acc += s
+        s0, s1, s2, s3 = ((s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8,   # bytes - 32 as int8
+                          (s2 + 0x60606060) ^ SIGN8, (s3 + 0x60606060) ^ SIGN8)
+        d = f16_at(row, o + 108)
+        sc = scales_i8(s0, s1, s2, s3, d, d)                    # c = d sc
+        mn = scales_i8(s0, s1, s2, s3, np.float32(-4) * d, np.float32(-4) * d)      # -4 c, exactly
+        hm0 = u8x16(row, o)
+        hm1 = u8x16(row, o + 16)
+        v0, v1 = zeros(), zeros()
+        for n in range(2):                                      # 2. q = 2 low bits + 4 * hmask bit, w = c q - 4 c
+            q0 = u8x16(row, o + 32 + 32 * n)
+            q1 = u8x16(row, o + 48 + 32 * n)
+            for j in range(4):
+                i = 8 * n + 2 * j
+                xo = 256 * b + 128 * n + 32 * j
+                qa = ior(band(shr(q0, 2 * j), 3), shl(band(shr(hm0, 4 * n + j), 1), 2))
+                qb = ior(band(shr(q1, 2 * j), 3), shl(band(shr(hm1, 4 * n + j), 1), 2))
+                v0 = fma(fma(lane(sc, i), to_f32(qa), lane(mn, i)), load16(x, xo), v0)
+                v1 = fma(fma(lane(sc, i + 1), to_f32(qb), lane(mn, i + 1)), load16(x, xo + 16), v1)
+        acc += hsum(add(v0, v1))
     return acc
 
 
 @njit(**J)
-def k4_scales(row, o, c):
-    """get_scale_min_k4 for the 8 sub-blocks of the Q4_K/Q5_K block at o: c[i] = d sc_i, c[8 + i] = dmin mn_i."""
+def k4_scales(row, o):
+    """get_scale_min_k4 for the 8 sub-blocks of the Q4_K/Q5_K block at o: lanes i < 8: d sc_i,
+    lanes 8 + i: -dmin mn_i."""
     w0 = u32_at(row, o + 4)
     w1 = u32_at(row, o + 8)
     w2 = u32_at(row, o + 12)
-    scales16_u8(c, 0, w0 & LO6, (w2 & LO4) | ((w0 >> 2) & (HI2 << 4)),
-                w1 & LO6, ((w2 >> 4) & LO4) | ((w1 >> 2) & (HI2 << 4)), f16_at(row, o), f16_at(row, o + 2))
+    return scales_u8(w0 & LO6, (w2 & LO4) | ((w0 >> 2) & (HI2 << 4)),
+                     w1 & LO6, ((w2 >> 4) & LO4) | ((w1 >> 2) & (HI2 << 4)), f16_at(row, o), -f16_at(row, o + 2))
 
 
 @njit(**J)
-def dot_q4_k(row, x, c, m):
+def dot_q4_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 144 * b
-        k4_scales(row, o, c)                                    # 1. 6-bit scales and mins per 32
-        s = np.float32(0)
-        xo = 256 * b
-        for l in range(32):                                     # 2. 32 lanes x 8 sub-blocks
-            for j in range(4):
-                v = ld(row, o + 16 + 32 * j + l)
-                s += ((ld(c, 2 * j) * bits_f32(v, 0, 15) - ld(c, 8 + 2 * j)) * ld(x, xo + 64 * j + l)
-                      + (ld(c, 2 * j + 1) * bits_f32(v, 4, 15) - ld(c, 9 + 2 * j)) * ld(x, xo + 64 * j + 32 + l))
-        acc += s
+        sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
+        v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()     #    four accumulator chains
+        for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
+            c0, m0 = lane(sc, 2 * j), lane(sc, 8 + 2 * j)
+            c1, m1 = lane(sc, 2 * j + 1), lane(sc, 9 + 2 * j)
+            xo = 256 * b + 64 * j
+            q = u8x16(row, o + 16 + 32 * j)
+            v0 = fma(fma(c0, to_f32(band(q, 15)), m0), load16(x, xo), v0)
+            v1 = fma(fma(c1, to_f32(shr(q, 4)), m1), load16(x, xo + 32), v1)
+            q = u8x16(row, o + 32 + 32 * j)
+            v2 = fma(fma(c0, to_f32(band(q, 15)), m0), load16(x, xo + 16), v2)
+            v3 = fma(fma(c1, to_f32(shr(q, 4)), m1), load16(x, xo + 48), v3)
+        acc += hsum(add(add(v0, v1), add(v2, v3)))
     return acc
 
 
 @njit(**J)
-def dot_q5_k(row, x, c, m):
+def dot_q5_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 176 * b
-        k4_scales(row, o, c)
-        s = np.float32(0)
-        xo = 256 * b
-        for l in range(32):                                     # 2. 4 low bits + 16 * qh bit
-            h = ld(row, o + 16 + l)
-            for j in range(4):
-                v = ld(row, o + 48 + 32 * j + l)
-                q0 = bits_f32(v, 0, 15) + np.float32(16) * bits_f32(h, 2 * j, 1)
-                q1 = bits_f32(v, 4, 15) + np.float32(16) * bits_f32(h, 2 * j + 1, 1)
-                s += ((ld(c, 2 * j) * q0 - ld(c, 8 + 2 * j)) * ld(x, xo + 64 * j + l)
-                      + (ld(c, 2 * j + 1) * q1 - ld(c, 9 + 2 * j)) * ld(x, xo + 64 * j + 32 + l))
-        acc += s
+        sc = k4_scales(row, o)
+        v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()
+        qh0 = u8x16(row, o + 16)                                # 5th bits: bit 2j / 2j+1 of qh[l]
+        qh1 = u8x16(row, o + 32)
+        for j in range(4):
+            c0, m0 = lane(sc, 2 * j), lane(sc, 8 + 2 * j)
+            c1, m1 = lane(sc, 2 * j + 1), lane(sc, 9 + 2 * j)
+            xo = 256 * b + 64 * j
+            q = u8x16(row, o + 48 + 32 * j)
+            v0 = fma(fma(c0, to_f32(ior(band(q, 15), shl(band(shr(qh0, 2 * j), 1), 4))), m0), load16(x, xo), v0)
+            v1 = fma(fma(c1, to_f32(ior(shr(q, 4), shl(band(shr(qh0, 2 * j + 1), 1), 4))), m1), load16(x, xo + 32), v1)
+            q = u8x16(row, o + 64 + 32 * j)
+            v2 = fma(fma(c0, to_f32(ior(band(q, 15), shl(band(shr(qh1, 2 * j), 1), 4))), m0), load16(x, xo + 16), v2)
+            v3 = fma(fma(c1, to_f32(ior(shr(q, 4), shl(band(shr(qh1, 2 * j + 1), 1), 4))), m1), load16(x, xo + 48), v3)
+        acc += hsum(add(add(v0, v1), add(v2, v3)))
     return acc
 
 
 @njit(**J)
-def dot_q6_k(row, x, c, m):
+def dot_q6_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 210 * b
         d = f16_at(row, o + 208)
-        scales16_i8(c, 0, u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200),   # 1. int8 scales
-                    u32_at(row, o + 204), d, d)
-        s = np.float32(0)
-        xo = 256 * b
-        for l in range(16):                                     # 2. q = 4 bits of ql + 16 * 2 bits of qh - 32
-            for n in range(2):
-                for qq in range(4):
-                    for h in range(2):
-                        lo = bits_f32(ld(row, o + 64 * n + 32 * (qq & 1) + 16 * h + l), 4 * (qq >> 1), 15)
-                        hi = bits_f32(ld(row, o + 128 + 32 * n + 16 * h + l), 2 * qq, 3)
-                        s += (ld(c, 8 * n + 2 * qq + h) * (lo + np.float32(16) * hi - np.float32(32))
-                              * ld(x, xo + 128 * n + 32 * qq + 16 * h + l))
-        acc += s
+        w0, w1, w2, w3 = u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204)
+        sc = scales_i8(w0, w1, w2, w3, d, d)                    # 1. int8 scales: c = d sc
+        mn = scales_i8(w0, w1, w2, w3, np.float32(-32) * d, np.float32(-32) * d)    # -32 c, exactly
+        v0, v1 = zeros(), zeros()
+        for n in range(2):                                      # 2. q = 4 bits of ql + 16 * 2 bits of qh
+            qh0 = u8x16(row, o + 128 + 32 * n)
+            qh1 = u8x16(row, o + 144 + 32 * n)
+            for qq in range(4):
+                i = 8 * n + 2 * qq
+                ql0 = u8x16(row, o + 64 * n + 32 * (qq & 1))
+                ql1 = u8x16(row, o + 64 * n + 32 * (qq & 1) + 16)
+                qa = ior(band(shr(ql0, 4 * (qq >> 1)), 15), shl(band(shr(qh0, 2 * qq), 3), 4))
+                qb = ior(band(shr(ql1, 4 * (qq >> 1)), 15), shl(band(shr(qh1, 2 * qq), 3), 4))
+                xo = 256 * b + 128 * n + 32 * qq
+                v0 = fma(fma(lane(sc, i), to_f32(qa), lane(mn, i)), load16(x, xo), v0)     # d sc (q - 32)
+                v1 = fma(fma(lane(sc, i + 1), to_f32(qb), lane(mn, i + 1)), load16(x, xo + 16), v1)
+        acc += hsum(add(v0, v1))
     return acc
 
 
 @njit(**J)
-def dot_q8_k(row, x, c, m):
+def dot_q8_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 292 * b
-        d = f32_at(row, o)
-        s = np.float32(0)
-        for l in range(32):
-            for j in range(8):
-                s += d * i8_f32(ld(row, o + 4 + 32 * j + l)) * ld(x, 256 * b + 32 * j + l)
-        acc += s
+        v = zeros()
+        for k in range(16):
+            v = fma(i8x16f(row, o + 4 + 16 * k), load16(x, 256 * b + 16 * k), v)
+        acc += f32_at(row, o) * hsum(v)
     return acc
 
 
 @njit(**J)
-def dot_tq2_0(row, x, c, m):
+def dot_tq2_0(row, x):
+    T = load16(TERNARY, 0)
     acc = 0.0
     for b in range(x.size // 256):
         o = 66 * b
-        s = np.float32(0)
-        xo = 256 * b
-        for l in range(32):                                     # 2-bit planes: w = d (q - 1)
-            for j in range(2):
-                v = ld(row, o + 32 * j + l)
+        v = zeros()
+        for j in range(2):                                      # 2-bit planes p of 32 bytes: w = d (q - 1)
+            for h in range(2):
+                q = u8x16(row, o + 32 * j + 16 * h)
                 for p in range(4):
-                    s += (bits_f32(v, 2 * p, 3) - np.float32(1)) * ld(x, xo + 128 * j + 32 * p + l)
-        acc += f16_at(row, o + 64) * s
+                    v = fma(lut(T, band(shr(q, 2 * p), 3)), load16(x, 256 * b + 128 * j + 32 * p + 16 * h), v)
+        acc += f16_at(row, o + 64) * hsum(v)
     return acc
 
 
 @njit(**J)
-def dot_iq4_xs(row, x, c, m):
+def dot_tq1_0(row, x):
+    T = load16(TERNARY, 0)
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 54 * b
+        xo = 256 * b
+        v = zeros()
+        for h in range(2):                                      # qs[0:32]: 5 base-3 digits per byte
+            q = u8x16(row, o + 16 * h)
+            for n in range(5):                                  # digit n: ((q 3^n mod 256) * 3) >> 8
+                dn = shr(imul(band(imul(q, 3 ** n), 255), 3), 8)
+                v = fma(lut(T, dn), load16(x, xo + 32 * n + 16 * h), v)
+        q = u8x16(row, o + 32)                                  # qs[32:48]
+        for n in range(5):
+            dn = shr(imul(band(imul(q, 3 ** n), 255), 3), 8)
+            v = fma(lut(T, dn), load16(x, xo + 160 + 16 * n), v)
+        s = hsum(v)
+        for n in range(4):                                      # qh[4]: 4 digits per byte (16 weights)
+            for k in range(4):
+                s += (tq1_digit(np.int64(ld(row, o + 48 + k)), n) - np.float32(1)) * ld(x, xo + 240 + 4 * n + k)
+        acc += f16_at(row, o + 52) * s
+    return acc
+
+
+@njit(**J)
+def dot_iq4_xs(row, x):
+    T = load16(KV_IQ4, 0)
     acc = 0.0
     for b in range(x.size // 256):
         o = 136 * b
         d = f16_at(row, o)
         sh = u16_at(row, o + 2)
-        for ib in range(8):                                     # 1. 6-bit scales, minus 32
+        v = zeros()
+        for ib in range(8):                                     # 8 sub-blocks of 32, 6-bit scale - 32
             ls = ((ld(row, o + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
-            c[ib] = d * np.float32(ls - 32)
-        s = np.float32(0)
-        xo = 256 * b
-        for l in range(16):
-            for ib in range(8):
-                v = ld(row, o + 8 + 16 * ib + l)
-                s += c[ib] * (ld(KV_IQ4NL, v & 15) * ld(x, xo + 32 * ib + l) + ld(KV_IQ4NL, v >> 4) * ld(x, xo + 32 * ib + 16 + l))
-        acc += s
+            q = u8x16(row, o + 8 + 16 * ib)
+            xo = 256 * b + 32 * ib
+            t = fma(lut(T, shr(q, 4)), load16(x, xo + 16), mul(lut(T, band(q, 15)), load16(x, xo)))
+            v = fma(splat(d * np.float32(ls - 32)), t, v)
+        acc += hsum(v)
+    return acc
+
+
+# ---------------------------------------------------------------- i-quants: grids of 8 (or 4) values
+# Per sub-block of 32: four grid rows (a byte or 9-10 bits each) and four sign patterns are loaded as
+# two 16-lane vectors each (rows8: two rows of the flat float tables), w = grid * sign, scaled per 32.
+
+@njit(**J)
+def dot_iq2_xxs(row, x):
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 66 * b
+        d = f16_at(row, o)
+        v = zeros()
+        for ib in range(8):
+            q = o + 2 + 8 * ib
+            aux = u32_at(row, q + 4)                            # 4 x 7 sign bits, 4-bit scale on top
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+            g01 = mul(rows8(GRID_IQ2XXS, ld(row, q), ld(row, q + 1)), rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
+            g23 = mul(rows8(GRID_IQ2XXS, ld(row, q + 2), ld(row, q + 3)),
+                      rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
+            xo = 256 * b + 32 * ib
+            v = fma(splat(db), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
+        acc += hsum(v)
+    return acc
+
+
+@njit(**J)
+def dot_iq2_xs(row, x):
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 74 * b
+        d = f16_at(row, o)
+        v = zeros()
+        for ib in range(8):
+            sc = ld(row, o + 66 + ib)
+            q0, q1 = u16_at(row, o + 2 + 8 * ib), u16_at(row, o + 4 + 8 * ib)
+            q2, q3 = u16_at(row, o + 6 + 8 * ib), u16_at(row, o + 8 + 8 * ib)
+            g01 = mul(rows8(GRID_IQ2XS, q0 & 511, q1 & 511), rows8(SIGNS7, q0 >> 9, q1 >> 9))
+            g23 = mul(rows8(GRID_IQ2XS, q2 & 511, q3 & 511), rows8(SIGNS7, q2 >> 9, q3 >> 9))
+            db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
+            db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
+            xo = 256 * b + 32 * ib
+            v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
+        acc += hsum(v)
+    return acc
+
+
+@njit(**J)
+def dot_iq2_s(row, x):
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 82 * b
+        d = f16_at(row, o)
+        v = zeros()
+        for ib in range(8):
+            sc = ld(row, o + 74 + ib)
+            qh = np.int64(ld(row, o + 66 + ib))
+            q = o + 2 + 4 * ib
+            s = o + 34 + 4 * ib
+            g01 = mul(rows8(GRID_IQ2S, ld(row, q) | ((qh << 8) & 0x300), ld(row, q + 1) | ((qh << 6) & 0x300)),
+                      rows8(SIGNS8, ld(row, s), ld(row, s + 1)))
+            g23 = mul(rows8(GRID_IQ2S, ld(row, q + 2) | ((qh << 4) & 0x300), ld(row, q + 3) | ((qh << 2) & 0x300)),
+                      rows8(SIGNS8, ld(row, s + 2), ld(row, s + 3)))
+            db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
+            db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
+            xo = 256 * b + 32 * ib
+            v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
+        acc += hsum(v)
+    return acc
+
+
+@njit(**J)
+def dot_iq3_xxs(row, x):
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 98 * b
+        d = f16_at(row, o)
+        v = zeros()
+        for ib in range(8):
+            aux = u32_at(row, o + 66 + 4 * ib)
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+            q = o + 2 + 8 * ib
+            g0 = mul(rows4(GRID_IQ3XXS, ld(row, q), ld(row, q + 1), ld(row, q + 2), ld(row, q + 3)),
+                     rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
+            g1 = mul(rows4(GRID_IQ3XXS, ld(row, q + 4), ld(row, q + 5), ld(row, q + 6), ld(row, q + 7)),
+                     rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
+            xo = 256 * b + 32 * ib
+            v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
+        acc += hsum(v)
+    return acc
+
+
+@njit(**J)
+def dot_iq3_s(row, x):
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 110 * b
+        d = f16_at(row, o)
+        v = zeros()
+        for ib in range(8):
+            sc = ld(row, o + 106 + ib // 2)
+            db = d * np.float32(1 + 2 * ((sc >> (4 * (ib & 1))) & 0xF))
+            qh = np.int64(ld(row, o + 66 + ib))
+            q = o + 2 + 8 * ib
+            s = o + 74 + 4 * ib
+            g0 = mul(rows4(GRID_IQ3S, ld(row, q) | ((qh << 8) & 256), ld(row, q + 1) | ((qh << 7) & 256),
+                           ld(row, q + 2) | ((qh << 6) & 256), ld(row, q + 3) | ((qh << 5) & 256)),
+                     rows8(SIGNS8, ld(row, s), ld(row, s + 1)))
+            g1 = mul(rows4(GRID_IQ3S, ld(row, q + 4) | ((qh << 4) & 256), ld(row, q + 5) | ((qh << 3) & 256),
+                           ld(row, q + 6) | ((qh << 2) & 256), ld(row, q + 7) | ((qh << 1) & 256)),
+                     rows8(SIGNS8, ld(row, s + 2), ld(row, s + 3)))
+            xo = 256 * b + 32 * ib
+            v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
+        acc += hsum(v)
+    return acc
+
+
+@njit(**J)
+def dot_iq1_s(row, x):
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 50 * b
+        d = f16_at(row, o)
+        v = zeros()
+        for ib in range(8):
+            qh = u16_at(row, o + 34 + 2 * ib)
+            dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
+            delta = -IQ1S_DELTA if qh & 0x8000 else IQ1S_DELTA
+            q = o + 2 + 4 * ib
+            g01 = addc(rows8(GRID_IQ1S, ld(row, q) | ((qh << 8) & 0x700), ld(row, q + 1) | ((qh << 5) & 0x700)), delta)
+            g23 = addc(rows8(GRID_IQ1S, ld(row, q + 2) | ((qh << 2) & 0x700), ld(row, q + 3) | ((qh >> 1) & 0x700)),
+                       delta)
+            xo = 256 * b + 32 * ib
+            v = fma(splat(dl), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
+        acc += hsum(v)
+    return acc
+
+
+@njit(**J)
+def dot_iq1_m(row, x):
+    acc = 0.0
+    for b in range(x.size // 256):
+        o = 56 * b
+        d = iq1_m_scale(row, o)
+        v = zeros()
+        for ib in range(8):
+            sc = u16_at(row, o + 48 + 2 * (ib // 2))
+            dl1 = d * np.float32(2 * ((sc >> (6 * (ib % 2))) & 7) + 1)
+            dl2 = d * np.float32(2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1)
+            h0 = np.int64(ld(row, o + 32 + 2 * ib))
+            h1 = np.int64(ld(row, o + 33 + 2 * ib))
+            q = o + 4 * ib
+            g01 = add(rows8(GRID_IQ1S, ld(row, q) | ((h0 << 8) & 0x700), ld(row, q + 1) | ((h0 << 4) & 0x700)),
+                      splat2(-IQ1S_DELTA if h0 & 0x08 else IQ1S_DELTA, -IQ1S_DELTA if h0 & 0x80 else IQ1S_DELTA))
+            g23 = add(rows8(GRID_IQ1S, ld(row, q + 2) | ((h1 << 8) & 0x700), ld(row, q + 3) | ((h1 << 4) & 0x700)),
+                      splat2(-IQ1S_DELTA if h1 & 0x08 else IQ1S_DELTA, -IQ1S_DELTA if h1 & 0x80 else IQ1S_DELTA))
+            xo = 256 * b + 32 * ib
+            v = fma(splat(dl2), mul(g23, load16(x, xo + 16)), fma(splat(dl1), mul(g01, load16(x, xo)), v))
+        acc += hsum(v)
     return acc
 
 
 # ---------------------------------------------------------------- dispatch
 
-DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q8_0: dot_q8_0, Q8_1: dot_q8_1, Q4_0: dot_q4_0,
-       Q4_1: dot_q4_1, Q5_0: dot_q5_0, Q5_1: dot_q5_1, IQ4_NL: dot_iq4_nl, MXFP4: dot_mxfp4, Q2_K: dot_q2_k,
-       Q3_K: dot_q3_k, Q4_K: dot_q4_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k, Q8_K: dot_q8_k, TQ2_0: dot_tq2_0,
-       IQ4_XS: dot_iq4_xs}
-FUSED = tuple(DOT)
+DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q1_0: dot_q1_0, Q2_0: dot_q2_0, NVFP4: dot_nvfp4,
+       Q2_K: dot_q2_k, Q3_K: dot_q3_k, Q4_K: dot_q4_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k, Q8_K: dot_q8_k,
+       TQ1_0: dot_tq1_0, TQ2_0: dot_tq2_0, IQ4_XS: dot_iq4_xs, IQ2_XXS: dot_iq2_xxs, IQ2_XS: dot_iq2_xs,
+       IQ2_S: dot_iq2_s, IQ3_XXS: dot_iq3_xxs, IQ3_S: dot_iq3_s, IQ1_S: dot_iq1_s, IQ1_M: dot_iq1_m}
+# 32-element blocks: (block function, bytes per block, code book for `lut`)
+BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4_0: (blk_q4_0, 18, Q4_OFFSET),
+            Q4_1: (blk_q4_1, 20, Q4_OFFSET), Q5_0: (blk_q5_0, 22, Q4_OFFSET), Q5_1: (blk_q5_1, 24, Q4_OFFSET),
+            IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
+FUSED = tuple(DOT) + tuple(BLOCKS32)
 
 
-def row_dot(kind, row, x, c, m):
+def row_dot(kind, row, x):
     """Numba only: fused row . x for ggml type `kind` (a compile-time constant in FUSED)."""
     raise NotImplementedError("row_dot is callable from Numba-compiled code only")
 
 
 @overload(row_dot, inline="always", prefer_literal=True)
-def _row_dot(kind, row, x, c, m):
+def _row_dot(kind, row, x):
     # resolved while typing: only this type's kernel is compiled into the caller
-    fn = DOT.get(literal_kind(kind))
+    k = literal_kind(kind)
+    if k in BLOCKS32:
+        blk, ts, tab = BLOCKS32[k]
+        return lambda kind, row, x: dot_blocks32(blk, ts, tab, row, x)
+    fn = DOT.get(k)
     if fn is None:
-        return lambda kind, row, x, c, m: 0.0           # not fused: the drivers never call it
-    return lambda kind, row, x, c, m: fn(row, x, c, m)
+        return lambda kind, row, x: 0.0           # not fused: the drivers never call it
+    return lambda kind, row, x: fn(row, x)

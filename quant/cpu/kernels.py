@@ -1,19 +1,20 @@
 """The two parallel Numba drivers, specialized per ggml type and compiled lazily on first use.
 
-    kernels(kind).grouped(raw, x, seg, active, y, tile)
+    kernels(kind).gemv(raw, x, seg, active, y, tile)      matrices with one activation row each
+    kernels(kind).gemm(raw, x, seg, active, y, tile)      matrices with several
         raw: uint8 [E, O, row_bytes]   packed weights of E matrices (E = 1 for a plain matmul)
         x:   f32 [N, I]                activation rows, grouped: matrix e owns rows seg[e]:seg[e+1]
-        active: int64 [A]              the matrices that own at least one row; others are not read
+        active: int64 [A]              the matrices to compute; the others are not read
         y:   f32 [N, O]                y[n] = x[n] @ W_e.T for the e that owns row n
     kernels(kind).dequant_rows(raw, out)       raw [R, row_bytes] -> out f32 [R, I]
 
-Thread split of `grouped`: the work items are (active matrix, tile of `tile` weight rows), handed
-out by `prange`; each thread decodes every weight row of its tile exactly once and applies it to
-all of that matrix's activation rows:
-  - one activation row and a fused kernel for the type (dot.py): the bytes are consumed directly;
-  - otherwise: decode CHUNK weights of the row into a per-thread float32 scratch (dequant.py),
-    then one vectorized dot per activation row against it (float64 running sums per row).
-Nothing of size O x I is ever materialized.
+Thread split: the work items are (active matrix, tile of `tile` weight rows), handed out by
+`prange`; each thread decodes every weight row of its tile exactly once:
+  - gemv: the fused kernel of dot.py consumes the bytes directly (T = 1, and decode-time MoE);
+  - gemm: CHUNK weights of the row are decoded into a per-item float32 scratch (dequant.py), then
+    one vectorized dot per activation row against it (float64 running sums per row).
+The two are separate kernels on purpose: in one parallel loop body LLVM compiled the fused path
+a third slower. Nothing of size O x I is ever materialized.
 
 `kind` is a closure constant: `deq_block` / `row_dot` resolve it while Numba types the kernel
 (overloads with `prefer_literal`), so each type compiles only its own decoder, and `cache=True`
@@ -44,10 +45,10 @@ CHUNK = 256             # weights decoded to scratch per step of the non-fused p
 def _source_version() -> int:
     """crc32 of the kernel sources this file inlines. Numba's on-disk cache only watches the file of
     the cached function (this one); the kernels capture this number as a closure variable, which is
-    part of the cache key, so editing dequant.py, dot.py, llvm.py or tables.py recompiles them too."""
+    part of the cache key, so editing dequant.py, dot.py, llvm.py, simd.py or tables.py recompiles them."""
     here = os.path.dirname(os.path.abspath(__file__))
     crc = 0
-    for name in ("dequant.py", "dot.py", "llvm.py", "tables.py"):
+    for name in ("dequant.py", "dot.py", "llvm.py", "simd.py", "tables.py"):
         with open(os.path.join(here, name), "rb") as f:
             crc = zlib.crc32(f.read(), crc)
     return crc
@@ -59,18 +60,18 @@ SOURCE_VERSION = _source_version()
 @dataclass(frozen=True)
 class Kernels:
     kind: int
-    grouped: object
+    gemv: object            # None for a type without a fused kernel
+    gemm: object
     dequant_rows: object
 
 
 @lru_cache(maxsize=None)
 def kernels(kind: int) -> Kernels:
-    """The compiled drivers for ggml type id `kind` (compiled at the first call, not here)."""
+    """The compiled drivers for ggml type id `kind` (compiled at their first call, not here)."""
     if kind not in KINDS:
         raise KeyError(kind)
     info = type_info(kind)
     bs, ts = info.block_size, info.type_size
-    fused = kind in FUSED
     chunk = max(CHUNK, bs)
     version = SOURCE_VERSION                                    # in the cache key (see _source_version)
 
@@ -86,8 +87,24 @@ def kernels(kind: int) -> Kernels:
                 deq_block(kind, row, ts * b, dst, bs * b)
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
-    def grouped(raw, x, seg, active, y, tile):
-        if version < 0:                                         # never true; keeps `version` a closure cell
+    def gemv(raw, x, seg, active, y, tile):
+        """Matrices in `active` own exactly one activation row: fused decode + dot on the bytes."""
+        if version < 0:
+            return
+        O = raw.shape[1]
+        ntiles = (O + tile - 1) // tile
+        for item in prange(active.size * ntiles):
+            e = active[item // ntiles]
+            r0 = (item % ntiles) * tile
+            n0 = seg[e]
+            we, xr, yr = raw[e], x[n0], y[n0]
+            for r in range(r0, min(O, r0 + tile)):
+                yr[r] = row_dot(kind, we[r], xr)
+
+    @njit(cache=True, parallel=True, fastmath=FASTMATH)
+    def gemm(raw, x, seg, active, y, tile):
+        """Small batches: decode CHUNK weights once into scratch, use them for all the matrix's rows."""
+        if version < 0:
             return
         O = raw.shape[1]
         I = x.shape[1]
@@ -95,33 +112,24 @@ def kernels(kind: int) -> Kernels:
         for item in prange(active.size * ntiles):
             e = active[item // ntiles]
             r0 = (item % ntiles) * tile
-            r1 = min(O, r0 + tile)
             n0 = seg[e]
             n = seg[e + 1] - n0
-            c = np.empty(16, np.float32)                        # per-thread block-scale scratch
-            m = np.empty(16, np.float32)
-            if fused and n == 1:
-                # GEMV: fused decode + dot straight from the packed row
-                for r in range(r0, r1):
-                    y[n0, r] = row_dot(kind, raw[e, r], x[n0], c, m)
-            else:
-                # small batch: decode a chunk once, use it for all n activation rows
-                w = np.empty(chunk, np.float32)
-                acc = np.empty(n, np.float64)
-                for r in range(r0, r1):
-                    row = raw[e, r]
-                    acc[:] = 0.0
-                    for c0 in range(0, I, chunk):
-                        c1 = min(I, c0 + chunk)
-                        for b in range(c0 // bs, c1 // bs):
-                            deq_block(kind, row, ts * b, w, bs * b - c0)
-                        for t in range(n):
-                            xt = x[n0 + t]
-                            s = np.float32(0)
-                            for i in range(c1 - c0):
-                                s += ld(w, i) * ld(xt, c0 + i)
-                            acc[t] += s
+            w = np.empty(chunk, np.float32)                     # per-item scratch
+            acc = np.empty(n, np.float64)
+            for r in range(r0, min(O, r0 + tile)):
+                row = raw[e, r]
+                acc[:] = 0.0
+                for c0 in range(0, I, chunk):
+                    c1 = min(I, c0 + chunk)
+                    for b in range(c0 // bs, c1 // bs):
+                        deq_block(kind, row, ts * b, w, bs * b - c0)
                     for t in range(n):
-                        y[n0 + t, r] = acc[t]
+                        xt = x[n0 + t]
+                        s = np.float32(0)
+                        for i in range(c1 - c0):
+                            s += ld(w, i) * ld(xt, c0 + i)
+                        acc[t] += s
+                for t in range(n):
+                    y[n0 + t, r] = acc[t]
 
-    return Kernels(kind, grouped, dequant_rows)
+    return Kernels(kind, gemv if kind in FUSED else None, gemm, dequant_rows)

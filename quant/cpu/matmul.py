@@ -8,8 +8,8 @@ mode "exact" multiplies x itself; "llamacpp" first rounds x to the weight's part
 the NumPy oracle does (quant.llamacpp), then runs the same kernels.
 
 Which path (T = activation rows of one matrix):
-  T < blas_min_tokens   `kernels.grouped`: fused GEMV for T = 1 where the type has one, else
-                        decode-to-scratch GEMM; the weight bytes are read once per call.
+  T < blas_min_tokens   `kernels.gemv` (fused, T = 1) or `kernels.gemm` (decode-to-scratch);
+                        the weight bytes are read once per call.
   T >= blas_min_tokens  dequantize `CHUNK_ELEMENTS` of weight rows at a time (parallel Numba), then
                         float32 BLAS on them, like the NumPy oracle but with a fast decoder.
 Types without a Numba decoder (F64 and the integer types, which are never matmul weights) use the
@@ -97,12 +97,24 @@ def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", tile_rows: int | N
     if T >= blas_min_tokens:
         _blas(x, raw, kind, y)
     else:
-        seg = np.array([0, T], dtype=np.int64)
-        active = np.zeros(1, dtype=np.int64)
-        tile = tile_rows or default_tile(O)
-        kernels(kind).grouped(raw[None], x, seg, active, y, tile)
+        _launch(kind, raw[None], x, np.array([0, T], dtype=np.int64), np.zeros(1, dtype=np.int64), y, tile_rows)
     _min_term(x_in, raw, w, mode, y)
     return y
+
+
+def _launch(kind: int, raw: np.ndarray, x: np.ndarray, seg: np.ndarray, active: np.ndarray, y: np.ndarray,
+            tile_rows: int | None) -> None:
+    """Matrices `active` of raw [E, O, row_bytes] with one activation row go to the fused GEMV kernel
+    (when the type has one), the others to the decode-to-scratch GEMM kernel."""
+    k = kernels(kind)
+    counts = seg[active + 1] - seg[active]
+    one = active[counts == 1] if k.gemv is not None else active[:0]
+    many = active[counts != 1] if k.gemv is not None else active
+    O = raw.shape[1]
+    if one.size:
+        k.gemv(raw, x, seg, one, y, tile_rows or default_tile(O, one.size))
+    if many.size:
+        k.gemm(raw, x, seg, many, y, tile_rows or default_tile(O, many.size))
 
 
 def _blas(x: np.ndarray, raw: np.ndarray, kind: int, y: np.ndarray) -> None:
@@ -147,8 +159,7 @@ def grouped_matmul(x: np.ndarray, w: QTensor, seg: np.ndarray, *, mode: str = "e
         _blas(x[seg[e]:seg[e + 1]], raw[e], kind, y[seg[e]:seg[e + 1]])
     active = np.nonzero((counts > 0) & (counts < blas_min_tokens))[0].astype(np.int64)
     if active.size:
-        tile = tile_rows or default_tile(O, active.size)
-        kernels(kind).grouped(raw, x, seg, active, y, tile)
+        _launch(kind, raw, x, seg, active, y, tile_rows)
     for e in np.nonzero(counts)[0]:
         _min_term(x_in[seg[e]:seg[e + 1]], raw[e], w, mode, y[seg[e]:seg[e + 1]])
     return y

@@ -1,0 +1,389 @@
+"""16-lane vectors for the fused kernels: a few LLVM vector operations exposed to Numba.
+
+LLVM's auto-vectorizer decides on its own which loop to vectorize, whether to unroll it away, and
+how to chain the accumulators; on the packed ggml layouts it often decides badly (byte gathers,
+scalarized scale decoding, 64-bit lanes, table lookups as gathers). The kernels in dot.py therefore
+say what they mean with these values, the way ggml's C kernels use intrinsics:
+
+    f32x16, i32x16                      value types (an LLVM <16 x float> / <16 x i32>, kept in
+                                        registers: one zmm with AVX-512, two ymm with AVX2)
+    u8x16(row, o)     -> i32x16         16 bytes at row[o:], zero-extended
+    i8x16f(row, o)    -> f32x16         16 bytes read as int8, converted
+    f16x16(row, o), bf16x16(row, o), f32x16_at(row, o)  -> f32x16    16 halves / bfloat16 / floats at byte o
+    load16(a, i)      -> f32x16         a[i:i+16] of a float32 array
+    rows8(tab, g0, g1) -> f32x16        tab[8 g0 : 8 g0 + 8] ++ tab[8 g1 : 8 g1 + 8]  (grid rows)
+    rows4(tab, g0, g1, g2, g3) -> f32x16
+    lanes(w, stride, mask) -> i32x16    lane l = (w >> (stride * l)) & mask   (bit fields of one word)
+    nib8x2(row, o)    -> i32x16         low nibbles of 8 bytes, then their high nibbles
+    shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), ior(a, b), to_f32(v)   integer lanes
+    lut(tab, idx)     -> f32x16         tab[idx] lane by lane, tab a f32x16 of 16 code-book values
+                                        (`vpermps` with AVX-512; a portable extract/insert otherwise)
+    scales_u8(w0, w1, w2, w3, d_lo, d_hi), scales_i8(...) -> f32x16     16 block scales from 16 bytes
+    lane(v, i)        -> f32x16         lane i of v broadcast
+    splat(s), splat2(a, b), zeros(), fma(a, b, c), mul(a, b), add(a, b), addc(a, s), hsum(a) -> float32
+
+Every operation is exact IEEE float32 (fma rounds once); `hsum` adds the 16 lanes in a tree.
+"""
+from __future__ import annotations
+
+from llvmlite import binding as llb
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+F32 = ir.FloatType()
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+VF = ir.VectorType(F32, 16)
+VI = ir.VectorType(I32, 16)
+HAVE_AVX512 = "+avx512f" in llb.get_host_cpu_features().flatten().split(",")
+
+
+class F32x16Type(types.Type):
+    def __init__(self):
+        super().__init__(name="f32x16")
+
+
+class I32x16Type(types.Type):
+    def __init__(self):
+        super().__init__(name="i32x16")
+
+
+f32x16 = F32x16Type()
+i32x16 = I32x16Type()
+
+
+@register_model(F32x16Type)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, VF)
+
+
+@register_model(I32x16Type)
+class _I32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, VI)
+
+
+# ---------------------------------------------------------------- helpers (IR)
+
+def _data(context, builder, aryty, ary):
+    return context.make_array(aryty)(context, builder, ary).data
+
+
+def _at(context, builder, aryty, ary, index, to):
+    """Pointer of type `to` at element `index` of the array (byte offset for uint8 rows)."""
+    return builder.bitcast(builder.gep(_data(context, builder, aryty, ary), [index]), ir.PointerType(to))
+
+
+def _splat(builder, value, vty):
+    v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(VI, [0] * 16))
+
+
+def _i32(builder, v):
+    w = v.type.width
+    return v if w == 32 else (builder.trunc(v, I32) if w > 32 else builder.zext(v, I32))
+
+
+def _fn(builder, name, ret, args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+# ---------------------------------------------------------------- loads
+
+@intrinsic
+def u8x16(typingctx, row, o):
+    sig = i32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        b = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I8, 16)), align=1)
+        return builder.zext(b, VI)
+    return sig, codegen
+
+
+@intrinsic
+def i8x16f(typingctx, row, o):
+    sig = f32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        b = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I8, 16)), align=1)
+        return builder.sitofp(b, VF)
+    return sig, codegen
+
+
+@intrinsic
+def f16x16(typingctx, row, o):
+    sig = f32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        h = builder.load(_at(context, builder, signature.args[0], args[0], args[1],
+                             ir.VectorType(ir.HalfType(), 16)), align=1)
+        return builder.fpext(h, VF)
+    return sig, codegen
+
+
+@intrinsic
+def bf16x16(typingctx, row, o):
+    sig = f32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        h = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I16, 16)), align=1)
+        w = builder.shl(builder.zext(h, VI), ir.Constant(VI, [16] * 16))
+        return builder.bitcast(w, VF)
+    return sig, codegen
+
+
+@intrinsic
+def f32x16_at(typingctx, row, o):
+    sig = f32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.load(_at(context, builder, signature.args[0], args[0], args[1], VF), align=1)
+    return sig, codegen
+
+
+@intrinsic
+def load16(typingctx, a, i):
+    if not (isinstance(a, types.Array) and a.dtype == types.float32):
+        return None
+    sig = f32x16(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.load(_at(context, builder, signature.args[0], args[0], args[1], VF), align=4)
+    return sig, codegen
+
+
+def _rows(n):
+    def impl(typingctx, tab, *gs):
+        sig = f32x16(tab, *([types.intp] * n))
+
+        def codegen(context, builder, signature, args):
+            width = 16 // n
+            parts = [builder.load(_at(context, builder, signature.args[0], args[0],
+                                      builder.mul(g, ir.Constant(g.type, width)), ir.VectorType(F32, width)), align=4)
+                     for g in args[1:]]
+            while len(parts) > 1:                               # concatenate neighbours, level by level
+                w = parts[0].type.count
+                mask = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
+                parts = [builder.shuffle_vector(parts[k], parts[k + 1], mask) for k in range(0, len(parts), 2)]
+            return parts[0]
+        return sig, codegen
+    return impl
+
+
+@intrinsic
+def rows8(typingctx, tab, g0, g1):
+    """tab[8 g0 : 8 g0 + 8] ++ tab[8 g1 : 8 g1 + 8] of a flat float32 table of 8-value rows."""
+    return _rows(2)(typingctx, tab, g0, g1)
+
+
+@intrinsic
+def rows4(typingctx, tab, g0, g1, g2, g3):
+    """Four 4-value rows of a flat float32 table, concatenated."""
+    return _rows(4)(typingctx, tab, g0, g1, g2, g3)
+
+
+# ---------------------------------------------------------------- integer lanes
+
+@intrinsic
+def lanes(typingctx, w, stride, mask):
+    """Lane l = (w >> (stride * l)) & mask, for a scalar integer word w (its low 32 bits)."""
+    if not (isinstance(w, types.Integer) and isinstance(stride, types.IntegerLiteral)):
+        return None
+    s = stride.literal_value
+    sig = i32x16(w, stride, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v = _splat(builder, _i32(builder, args[0]), VI)
+        v = builder.lshr(v, ir.Constant(VI, [s * l for l in range(16)]))
+        return builder.and_(v, _splat(builder, _i32(builder, args[2]), VI))
+    return sig, codegen
+
+
+def _int_op(op):
+    def impl(typingctx, v, c):
+        sig = i32x16(i32x16, types.intp)
+
+        def codegen(context, builder, signature, args):
+            return getattr(builder, op)(args[0], _splat(builder, _i32(builder, args[1]), VI))
+        return sig, codegen
+    return impl
+
+
+shr = intrinsic(_int_op("lshr"))
+shl = intrinsic(_int_op("shl"))
+band = intrinsic(_int_op("and_"))
+imul = intrinsic(_int_op("mul"))
+iadd = intrinsic(_int_op("add"))
+
+
+@intrinsic
+def ior(typingctx, a, b):
+    """a | b lane by lane."""
+    sig = i32x16(i32x16, i32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.or_(args[0], args[1])
+    return sig, codegen
+
+
+@intrinsic
+def nib8x2(typingctx, row, o):
+    """The 8 bytes at row[o:]: lanes 0..7 their low nibbles, lanes 8..15 their high nibbles."""
+    sig = i32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        b = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I8, 8)), align=1)
+        w = builder.shuffle_vector(b, b, ir.Constant(ir.VectorType(I32, 16), list(range(8)) * 2))
+        w = builder.zext(w, VI)
+        w = builder.lshr(w, ir.Constant(VI, [0] * 8 + [4] * 8))
+        return builder.and_(w, ir.Constant(VI, [15] * 16))
+    return sig, codegen
+
+
+@intrinsic
+def to_f32(typingctx, v):
+    sig = f32x16(i32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.sitofp(args[0], VF)
+    return sig, codegen
+
+
+@intrinsic
+def lut(typingctx, tab, idx):
+    """tab[idx[l]] for each lane (idx in 0..15)."""
+    sig = f32x16(f32x16, i32x16)
+
+    def codegen(context, builder, signature, args):
+        if HAVE_AVX512:
+            return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [args[0], args[1]])
+        out = ir.Constant(VF, ir.Undefined)
+        for lane in range(16):
+            k = builder.extract_element(args[1], ir.Constant(I32, lane))
+            out = builder.insert_element(out, builder.extract_element(args[0], k), ir.Constant(I32, lane))
+        return out
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- float lanes
+
+@intrinsic
+def splat(typingctx, s):
+    sig = f32x16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return _splat(builder, args[0], VF)
+    return sig, codegen
+
+
+def _scales(signed):
+    def impl(typingctx, w0, w1, w2, w3, d_lo, d_hi):
+        sig = f32x16(types.int64, types.int64, types.int64, types.int64, types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            v4 = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
+            for k in range(4):
+                v4 = builder.insert_element(v4, builder.trunc(args[k], I32), ir.Constant(I32, k))
+            b16 = builder.bitcast(v4, ir.VectorType(I8, 16))
+            i16 = builder.sext(b16, VI) if signed else builder.zext(b16, VI)
+            d = ir.Constant(VF, ir.Undefined)
+            for lane in range(16):
+                d = builder.insert_element(d, args[4] if lane < 8 else args[5], ir.Constant(I32, lane))
+            return builder.fmul(builder.sitofp(i16, VF), d)
+        return sig, codegen
+    return impl
+
+
+scales_u8 = intrinsic(_scales(False))
+scales_u8.__doc__ = """(d_lo if l < 8 else d_hi) * float32(byte l of the little-endian words w0..w3), l < 16: the 12-16
+scale bytes of a K-quant block, rearranged with 32-bit masks as ggml does, widened in one go."""
+scales_i8 = intrinsic(_scales(True))
+scales_i8.__doc__ = "As scales_u8, with the bytes read as int8."
+
+
+@intrinsic
+def lane(typingctx, v, i):
+    """Lane i of v in all 16 lanes (a register broadcast once loops are unrolled and i is constant)."""
+    sig = f32x16(f32x16, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return _splat(builder, builder.extract_element(args[0], builder.trunc(args[1], I32)), VF)
+    return sig, codegen
+
+
+@intrinsic
+def splat2(typingctx, a, b):
+    """Lanes 0..7 = a, lanes 8..15 = b."""
+    sig = f32x16(types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        v = ir.Constant(VF, ir.Undefined)
+        for lane in range(16):
+            v = builder.insert_element(v, args[0] if lane < 8 else args[1], ir.Constant(I32, lane))
+        return v
+    return sig, codegen
+
+
+@intrinsic
+def zeros(typingctx):
+    sig = f32x16()
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(VF, [0.0] * 16)
+    return sig, codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    sig = f32x16(f32x16, f32x16, f32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.call(_fn(builder, "llvm.fma.v16f32", VF, [VF, VF, VF]), args)
+    return sig, codegen
+
+
+@intrinsic
+def mul(typingctx, a, b):
+    sig = f32x16(f32x16, f32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fmul(args[0], args[1])
+    return sig, codegen
+
+
+@intrinsic
+def add(typingctx, a, b):
+    sig = f32x16(f32x16, f32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], args[1])
+    return sig, codegen
+
+
+@intrinsic
+def addc(typingctx, a, s):
+    """a + s in every lane (s a float32 scalar)."""
+    sig = f32x16(f32x16, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], _splat(builder, args[1], VF))
+    return sig, codegen
+
+
+@intrinsic
+def hsum(typingctx, a):
+    """The 16 lanes added as a tree: ((l0 + l8) + (l4 + l12)) + ...  -> float32."""
+    sig = types.float32(f32x16)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        n = 16
+        while n > 1:
+            n //= 2
+            lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+            v = builder.fadd(lo, hi)
+        return builder.extract_element(v, ir.Constant(I32, 0))
+    return sig, codegen
