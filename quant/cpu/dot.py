@@ -25,10 +25,11 @@ from numba.extending import overload
 
 from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-                      Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind, tq1_digit)
-from .llvm import bf16_at, f16_at, f32_at, ld, u16_at, u32_at
-from .simd import (add, addc, band, bf16x16, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lanes, load16,
-                   lane, lut, mul, nib8x2, rows4, rows8, scales_i8, scales_u8, shl, shr, splat, splat2, to_f32, u8x16, zeros)
+                      Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
+from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
+from .simd import (add, addc, band, base3_tail, bf16x16, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lanes, load16,
+                   lane, lut, mul, nib8x2, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2, to_f32,
+                   u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, SIGNS8, UE4M3_HALF)
 
@@ -177,12 +178,9 @@ def dot_q1_0(row, x):
     for b in range(x.size // 128):                              # 128 sign bits: w = +-d
         o = 18 * b
         d = f16_at(row, o)
-        d2 = splat(np.float32(2) * d)
-        md = splat(-d)
         v = zeros()
         for k in range(8):
-            w = fma(d2, to_f32(lanes(u16_at(row, o + 2 + 2 * k), 1, 1)), md)
-            v = fma(w, load16(x, 128 * b + 16 * k), v)
+            v = fma(select_bits(u16_at(row, o + 2 + 2 * k), d, -d), load16(x, 128 * b + 16 * k), v)
         acc += hsum(v)
     return acc
 
@@ -409,11 +407,8 @@ def dot_tq1_0(row, x):
         for n in range(5):
             dn = shr(imul(band(imul(q, 3 ** n), 255), 3), 8)
             v = fma(lut(T, dn), load16(x, xo + 160 + 16 * n), v)
-        s = hsum(v)
-        for n in range(4):                                      # qh[4]: 4 digits per byte (16 weights)
-            for k in range(4):
-                s += (tq1_digit(np.int64(ld(row, o + 48 + k)), n) - np.float32(1)) * ld(x, xo + 240 + 4 * n + k)
-        acc += f16_at(row, o + 52) * s
+        v = fma(lut(T, base3_tail(u32_at(row, o + 48))), load16(x, xo + 240), v)   # qh[4]: 4 digits per byte
+        acc += f16_at(row, o + 52) * hsum(v)
     return acc
 
 
@@ -561,7 +556,7 @@ def dot_iq1_s(row, x):
         for ib in range(8):
             qh = u16_at(row, o + 34 + 2 * ib)
             dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
-            delta = -IQ1S_DELTA if qh & 0x8000 else IQ1S_DELTA
+            delta = IQ1S_DELTA - np.float32(0.25) * bits_f32(qh, 15, 1)     # -+1/8, branch-free
             q = o + 2 + 4 * ib
             g01 = addc(rows8(GRID_IQ1S, ld(row, q) | ((qh << 8) & 0x700), ld(row, q + 1) | ((qh << 5) & 0x700)), delta)
             g23 = addc(rows8(GRID_IQ1S, ld(row, q + 2) | ((qh << 2) & 0x700), ld(row, q + 3) | ((qh >> 1) & 0x700)),
@@ -586,10 +581,11 @@ def dot_iq1_m(row, x):
             h0 = np.int64(ld(row, o + 32 + 2 * ib))
             h1 = np.int64(ld(row, o + 33 + 2 * ib))
             q = o + 4 * ib
+            q8 = np.float32(0.25)                               # deltas -+1/8 from bits 3 and 7, branch-free
             g01 = add(rows8(GRID_IQ1S, ld(row, q) | ((h0 << 8) & 0x700), ld(row, q + 1) | ((h0 << 4) & 0x700)),
-                      splat2(-IQ1S_DELTA if h0 & 0x08 else IQ1S_DELTA, -IQ1S_DELTA if h0 & 0x80 else IQ1S_DELTA))
+                      splat2(IQ1S_DELTA - q8 * bits_f32(h0, 3, 1), IQ1S_DELTA - q8 * bits_f32(h0, 7, 1)))
             g23 = add(rows8(GRID_IQ1S, ld(row, q + 2) | ((h1 << 8) & 0x700), ld(row, q + 3) | ((h1 << 4) & 0x700)),
-                      splat2(-IQ1S_DELTA if h1 & 0x08 else IQ1S_DELTA, -IQ1S_DELTA if h1 & 0x80 else IQ1S_DELTA))
+                      splat2(IQ1S_DELTA - q8 * bits_f32(h1, 3, 1), IQ1S_DELTA - q8 * bits_f32(h1, 7, 1)))
             xo = 256 * b + 32 * ib
             v = fma(splat(dl2), mul(g23, load16(x, xo + 16)), fma(splat(dl1), mul(g01, load16(x, xo)), v))
         acc += hsum(v)

@@ -15,6 +15,8 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     rows4(tab, g0, g1, g2, g3) -> f32x16
     lanes(w, stride, mask) -> i32x16    lane l = (w >> (stride * l)) & mask   (bit fields of one word)
     nib8x2(row, o)    -> i32x16         low nibbles of 8 bytes, then their high nibbles
+    select_bits(w, a, b) -> f32x16      lane l = a if bit l of w else b   (Q1_0's signs)
+    base3_tail(w)     -> i32x16         TQ1_0's 16 digits packed in 4 bytes
     shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), ior(a, b), to_f32(v)   integer lanes
     lut(tab, idx)     -> f32x16         tab[idx] lane by lane, tab a f32x16 of 16 code-book values
                                         (`vpermps` with AVX-512; a portable extract/insert otherwise)
@@ -243,6 +245,31 @@ def nib8x2(typingctx, row, o):
 
 
 @intrinsic
+def select_bits(typingctx, w, a, b):
+    """Lane l = a where bit l of the 16-bit word w is set, else b (a mask-register blend)."""
+    sig = f32x16(types.int64, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        mask = builder.bitcast(builder.trunc(args[0], I16), ir.VectorType(ir.IntType(1), 16))
+        return builder.select(mask, _splat(builder, args[1], VF), _splat(builder, args[2], VF))
+    return sig, codegen
+
+
+@intrinsic
+def base3_tail(typingctx, w):
+    """TQ1_0's last 16 weights from its 4 qh bytes (w, little-endian): lane l = base-3 digit (l >> 2)
+    of byte (l & 3), computed as ggml does: ((byte * 3^n) mod 256) * 3 >> 8."""
+    sig = i32x16(types.int64)
+
+    def codegen(context, builder, signature, args):
+        v = _splat(builder, _i32(builder, args[0]), VI)
+        v = builder.and_(builder.lshr(v, ir.Constant(VI, [8 * (l & 3) for l in range(16)])), ir.Constant(VI, [255] * 16))
+        v = builder.and_(builder.mul(v, ir.Constant(VI, [3 ** (l >> 2) for l in range(16)])), ir.Constant(VI, [255] * 16))
+        return builder.lshr(builder.mul(v, ir.Constant(VI, [3] * 16)), ir.Constant(VI, [8] * 16))
+    return sig, codegen
+
+
+@intrinsic
 def to_f32(typingctx, v):
     sig = f32x16(i32x16)
 
@@ -319,10 +346,8 @@ def splat2(typingctx, a, b):
     sig = f32x16(types.float32, types.float32)
 
     def codegen(context, builder, signature, args):
-        v = ir.Constant(VF, ir.Undefined)
-        for lane in range(16):
-            v = builder.insert_element(v, args[0] if lane < 8 else args[1], ir.Constant(I32, lane))
-        return v
+        a, b = _splat(builder, args[0], VF), _splat(builder, args[1], VF)
+        return builder.shuffle_vector(a, b, ir.Constant(VI, list(range(8)) + list(range(24, 32))))
     return sig, codegen
 
 
