@@ -28,7 +28,7 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, band, base3_tail, bf16x16, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lanes, load16,
-                   lane, lut, mul, nib8x2, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2, to_f32,
+                   lane, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2, to_f32,
                    u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, SIGNS8, UE4M3_HALF)
@@ -36,12 +36,21 @@ from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, G
 J = dict(cache=True, inline="always")
 LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
 FLOAT_CHUNK = 1024                                          # float rows: flush to float64 every 1024
+PREFETCH = 2048          # bytes ahead of the block being decoded that the kernels ask the cache for
 
 # 16-entry code books for `lut` (index = the 4-bit code)
 Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: q - 8
 TERNARY = np.array([-1, 0, 1, 2] + [0] * 12, dtype=np.float32)          # 2-bit codes: q - 1
 KV_IQ4 = KV_IQ4NL.astype(np.float32)
 KV_FP4 = KV_MXFP4.astype(np.float32)
+
+
+@njit(**J)
+def ahead(row, o, n):
+    """Prefetch the n bytes PREFETCH ahead of byte o: the hardware prefetcher alone left the
+    DRAM-bound rows ~40% slower than rows already in cache."""
+    for k in range(0, n, 64):
+        prefetch(row, o + PREFETCH + k)
 
 
 # ---------------------------------------------------------------- plain floats
@@ -53,6 +62,7 @@ def dot_f32(row, x):
     for c0 in range(0, n16, FLOAT_CHUNK):
         v = zeros()
         for i in range(c0, min(n16, c0 + FLOAT_CHUNK), 16):
+            prefetch(row, 4 * i + PREFETCH)
             v = fma(f32x16_at(row, 4 * i), load16(x, i), v)
         acc += hsum(v)
     for i in range(n16, x.size):
@@ -67,6 +77,7 @@ def dot_f16(row, x):
     for c0 in range(0, n16, FLOAT_CHUNK):
         v = zeros()
         for i in range(c0, min(n16, c0 + FLOAT_CHUNK), 16):
+            prefetch(row, 2 * i + PREFETCH)
             v = fma(f16x16(row, 2 * i), load16(x, i), v)        # vcvtph2ps
         acc += hsum(v)
     for i in range(n16, x.size):
@@ -81,6 +92,7 @@ def dot_bf16(row, x):
     for c0 in range(0, n16, FLOAT_CHUNK):
         v = zeros()
         for i in range(c0, min(n16, c0 + FLOAT_CHUNK), 16):
+            prefetch(row, 2 * i + PREFETCH)
             v = fma(bf16x16(row, 2 * i), load16(x, i), v)       # bf16 bits << 16
         acc += hsum(v)
     for i in range(n16, x.size):
@@ -163,6 +175,7 @@ def dot_blocks32(blk, ts, tab, row, x):
     nb = x.size // 32
     acc = 0.0
     for g0 in range(0, nb, 8):
+        ahead(row, ts * g0, 8 * ts)
         v = zeros()
         for b in range(g0, min(nb, g0 + 8)):
             v = add(v, blk(row, ts * b, x, 32 * b, T))
@@ -177,6 +190,7 @@ def dot_q1_0(row, x):
     acc = 0.0
     for b in range(x.size // 128):                              # 128 sign bits: w = +-d
         o = 18 * b
+        ahead(row, o, 18)
         d = f16_at(row, o)
         v = zeros()
         for k in range(8):
@@ -193,6 +207,7 @@ def dot_q2_0(row, x):
         v = zeros()
         for b in range(g0, min(x.size // 64, g0 + 4)):          # 2-bit codes: w = d (q - 1)
             o = 18 * b
+            ahead(row, o, 18)
             t = zeros()
             for k in range(4):
                 t = fma(lut(T, lanes(u32_at(row, o + 2 + 4 * k), 2, 3)), load16(x, 64 * b + 16 * k), t)
@@ -209,6 +224,7 @@ def dot_nvfp4(row, x):
         v = zeros()
         for b in range(g0, min(x.size // 64, g0 + 4)):          # 4 sub-blocks of 16, UE4M3 scale each
             o = 36 * b
+            ahead(row, o, 36)
             for s in range(4):
                 t = mul(lut(T, nib8x2(row, o + 4 + 8 * s)), load16(x, 64 * b + 16 * s))
                 v = fma(splat(ld(UE4M3_HALF, ld(row, o + s))), t, v)
@@ -226,6 +242,7 @@ def dot_q2_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 84 * b
+        ahead(row, o, 84)
         d = f16_at(row, o + 80)
         dmin = f16_at(row, o + 82)
         w0 = u32_at(row, o)                                     # 1. 16 bytes: scale (low 4 bits), min (high 4)
@@ -252,6 +269,7 @@ def dot_q3_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 110 * b
+        ahead(row, o, 110)
         a0 = u32_at(row, o + 96)                                # 1. 16 6-bit scales: low 4 bits in bytes 0..7,
         a1 = u32_at(row, o + 100)                               #    high 2 bits in bytes 8..11 (ggml's aux[])
         t = u32_at(row, o + 104)
@@ -297,6 +315,7 @@ def dot_q4_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 144 * b
+        ahead(row, o, 144)
         sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
         v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()     #    four accumulator chains
         for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
@@ -318,6 +337,7 @@ def dot_q5_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 176 * b
+        ahead(row, o, 176)
         sc = k4_scales(row, o)
         v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()
         qh0 = u8x16(row, o + 16)                                # 5th bits: bit 2j / 2j+1 of qh[l]
@@ -341,6 +361,7 @@ def dot_q6_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 210 * b
+        ahead(row, o, 210)
         d = f16_at(row, o + 208)
         w0, w1, w2, w3 = u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204)
         sc = scales_i8(w0, w1, w2, w3, d, d)                    # 1. int8 scales: c = d sc
@@ -367,6 +388,7 @@ def dot_q8_k(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 292 * b
+        ahead(row, o, 292)
         v = zeros()
         for k in range(16):
             v = fma(i8x16f(row, o + 4 + 16 * k), load16(x, 256 * b + 16 * k), v)
@@ -380,6 +402,7 @@ def dot_tq2_0(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 66 * b
+        ahead(row, o, 66)
         v = zeros()
         for j in range(2):                                      # 2-bit planes p of 32 bytes: w = d (q - 1)
             for h in range(2):
@@ -396,6 +419,7 @@ def dot_tq1_0(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 54 * b
+        ahead(row, o, 54)
         xo = 256 * b
         v = zeros()
         for h in range(2):                                      # qs[0:32]: 5 base-3 digits per byte
@@ -418,6 +442,7 @@ def dot_iq4_xs(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 136 * b
+        ahead(row, o, 136)
         d = f16_at(row, o)
         sh = u16_at(row, o + 2)
         v = zeros()
@@ -440,6 +465,7 @@ def dot_iq2_xxs(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 66 * b
+        ahead(row, o, 66)
         d = f16_at(row, o)
         v = zeros()
         for ib in range(8):
@@ -460,6 +486,7 @@ def dot_iq2_xs(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 74 * b
+        ahead(row, o, 74)
         d = f16_at(row, o)
         v = zeros()
         for ib in range(8):
@@ -481,6 +508,7 @@ def dot_iq2_s(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 82 * b
+        ahead(row, o, 82)
         d = f16_at(row, o)
         v = zeros()
         for ib in range(8):
@@ -505,6 +533,7 @@ def dot_iq3_xxs(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 98 * b
+        ahead(row, o, 98)
         d = f16_at(row, o)
         v = zeros()
         for ib in range(8):
@@ -526,6 +555,7 @@ def dot_iq3_s(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 110 * b
+        ahead(row, o, 110)
         d = f16_at(row, o)
         v = zeros()
         for ib in range(8):
@@ -551,6 +581,7 @@ def dot_iq1_s(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 50 * b
+        ahead(row, o, 50)
         d = f16_at(row, o)
         v = zeros()
         for ib in range(8):
@@ -572,6 +603,7 @@ def dot_iq1_m(row, x):
     acc = 0.0
     for b in range(x.size // 256):
         o = 56 * b
+        ahead(row, o, 56)
         d = iq1_m_scale(row, o)
         v = zeros()
         for ib in range(8):

@@ -18,7 +18,7 @@ NumPy oracle itself.
 from __future__ import annotations
 
 import numpy as np
-from numba import get_num_threads
+from numba import get_num_threads, set_parallel_chunksize
 
 from .. import ref
 from ..formats import GGMLType
@@ -70,9 +70,9 @@ def _min_term(x: np.ndarray, raw: np.ndarray, w: QTensor, mode: str, y: np.ndarr
 
 
 def default_tile(O: int, items: int = 1) -> int:
-    """Weight rows per work item: about 8 items per thread, at most 64 rows."""
-    per = -(-O * items // (8 * get_num_threads()))
-    return int(max(1, min(64, -(-per // items))))
+    """Weight rows per work item: about 32 items per thread (handed out dynamically), 4 to 64 rows."""
+    per = -(-O * items // (32 * get_num_threads()))
+    return int(max(min(4, O), min(64, -(-per // items))))
 
 
 def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", tile_rows: int | None = None,
@@ -111,10 +111,16 @@ def _launch(kind: int, raw: np.ndarray, x: np.ndarray, seg: np.ndarray, active: 
     one = active[counts == 1] if k.gemv is not None else active[:0]
     many = active[counts != 1] if k.gemv is not None else active
     O = raw.shape[1]
-    if one.size:
-        k.gemv(raw, x, seg, one, y, tile_rows or default_tile(O, one.size))
-    if many.size:
-        k.gemm(raw, x, seg, many, y, tile_rows or default_tile(O, many.size))
+    # dynamic scheduling, one work item at a time: on a shared machine a thread that is not running
+    # leaves its items to the others instead of holding up the whole parallel region
+    old = set_parallel_chunksize(1)
+    try:
+        if one.size:
+            k.gemv(raw, x, seg, one, y, tile_rows or default_tile(O, one.size))
+        if many.size:
+            k.gemm(raw, x, seg, many, y, tile_rows or default_tile(O, many.size))
+    finally:
+        set_parallel_chunksize(old)
 
 
 def _blas(x: np.ndarray, raw: np.ndarray, kind: int, y: np.ndarray) -> None:

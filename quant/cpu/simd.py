@@ -186,6 +186,19 @@ def rows4(typingctx, tab, g0, g1, g2, g3):
     return _rows(4)(typingctx, tab, g0, g1, g2, g3)
 
 
+@intrinsic
+def prefetch(typingctx, row, o):
+    """Hint the cache line at byte o of row into L1 (`prefetcht0`); no effect on results."""
+    sig = types.void(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _at(context, builder, signature.args[0], args[0], args[1], I8)
+        fn = _fn(builder, "llvm.prefetch.p0", ir.VoidType(), [ir.PointerType(I8), I32, I32, I32])
+        builder.call(fn, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 # ---------------------------------------------------------------- integer lanes
 
 @intrinsic
