@@ -93,23 +93,24 @@ def cmd_run(args) -> int:
         except RefengineError:
             tok = None
     rt = Runtime(mode=args.mode, backend=args.backend)
-    t0 = time.perf_counter()
-    pieces = []
+    stamps = []                                   # time at each new token (the first comes after the prefill)
 
     def show(t):
+        stamps.append(time.perf_counter())
         if tok is not None:
-            s = tok.piece(t).decode("utf-8", errors="replace")
-            pieces.append(s)
-            print(s, end="", flush=True)
+            print(tok.piece(t).decode("utf-8", errors="replace"), end="", flush=True)
         else:
             print(t, end=" ", flush=True)
     if tok is not None:
         print(tok.decode(tokens), end="", flush=True)
+    t0 = time.perf_counter()
     out = model.generate(tokens, args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show)
-    dt = time.perf_counter() - t0
     print()
-    print(f"[{len(tokens)} prompt tokens, {len(out)} generated in {dt:.2f} s: "
-          f"{len(out) / dt:.2f} tokens/s including prefill] ids: {out}", file=sys.stderr)
+    prefill = stamps[0] - t0
+    decode = f"{(len(stamps) - 1) / (stamps[-1] - stamps[0]):.2f} tokens/s" if len(stamps) > 1 else "-"
+    print(f"[prefill {len(tokens)} tokens: {prefill:.2f} s ({len(tokens) / prefill:.1f} tokens/s); "
+          f"decode {len(out) - 1} tokens: {decode}; backend {args.backend}, mode {args.mode}] ids: {out}",
+          file=sys.stderr)
     return 0
 
 
