@@ -11,8 +11,9 @@ Same signatures as the NumPy oracle (`quant.ref`), so `refengine` switches to it
 
 Files, in reading order: `llvm.py` (byte loads and 32-bit unpacking as LLVM intrinsics),
 `tables.py` (grids and code books), `dequant.py` (naive per-block decoders, the readable
-reference), `dot.py` (fused GEMV row kernels), `kernels.py` (the parallel drivers and their thread
-split), `matmul.py` (host wrappers: GEMV / small batch / dequantize + BLAS), `moe.py`.
+reference), `simd.py` (16-lane vector values and operations), `dot.py` (fused GEMV row kernels
+written with them), `kernels.py` (the parallel drivers and their thread split), `matmul.py` (host
+wrappers: GEMV / small batch / dequantize + BLAS), `moe.py` (expert dispatch).
 
 Nothing is compiled at import: each type's kernels compile on first use and are cached on disk.
 """

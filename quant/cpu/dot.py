@@ -1,7 +1,6 @@
 """Fused GEMV row kernels: one packed weight row . one activation row, read straight from the bytes.
 
-    dot_<type>(row, x) -> float64      row: uint8 [row_bytes], x: f32 [I],
-                                             c, m: f32 [16] per-thread scratch for block scales
+    dot_<type>(row, x) -> float64      row: uint8 [row_bytes], x: f32 [I]
 
 Written with the 16-lane vectors of simd.py (one AVX-512 register), one ggml block at a time, in
 the order of the block's bytes. Every quantized format is affine per sub-block of 16 or 32 weights,
@@ -14,8 +13,9 @@ w = c q - m, with q a small integer or a code-book value; per 16 weights a kerne
   3. accumulates w * x into a vector; the 16 lanes are added to a float64 sum once per 256
      weights, so a 14336-long row adds no more rounding than a float32 BLAS.
 The scales of a K-quant block are decoded 16 at a time into one register (simd.scales_*) from the
-12-16 scale bytes rearranged with 32-bit masks (ggml's layout tricks), and broadcast lane by lane. The readable per-element decoders are in
-dequant.py; every kernel here is tested against the NumPy oracle.
+12-16 scale bytes rearranged with 32-bit masks (ggml's layout tricks), then broadcast lane by lane.
+Each kernel also prefetches 2 KB ahead of the block it decodes (`ahead`). The readable
+per-element decoders are in dequant.py; every kernel here is tested against the NumPy oracle.
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
-from .simd import (add, addc, band, base3_tail, bf16x16, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lanes, load16,
-                   lane, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2, to_f32,
-                   u8x16, zeros)
+from .simd import (add, addc, band, base3_tail, bf16x16, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
+                   lanes, load16, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl,
+                   shr, splat, splat2, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, SIGNS8, UE4M3_HALF)
 

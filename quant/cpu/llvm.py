@@ -13,8 +13,6 @@ emit the 32-bit (or 16-bit) IR directly, so the loops that call them vectorize t
     i8_f32(v)                  the byte v read as int8 -> float32
     f16_bits(u)                the low 16 bits of u read as a half -> float32
     ld(a, i), st(a, i, v)      a[i] and a[i] = v without the negative-index wraparound (see `ld`)
-    fma(a, b, c)               a * b + c, one rounding
-    st_u32(a, o, v)            store the low 32 bits of v at byte offset o of a uint8 array
 
 `row` is a 1-D uint8 array (one packed row of a ggml tensor); `o` a byte offset.
 """
@@ -142,65 +140,6 @@ def ld(typingctx, a, i):
 
 
 @intrinsic
-def fma(typingctx, a, b, c):
-    """a * b + c in float32 with one rounding (`llvm.fma.f32`)."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.fma", [F32], ir.FunctionType(F32, [F32, F32, F32]))
-        return builder.call(fn, args)
-    return sig, codegen
-
-
-@intrinsic
-def st_u32(typingctx, a, o, v):
-    """Store the low 32 bits of integer v, little-endian, at byte offset o of a uint8 array."""
-    sig = types.void(a, types.intp, types.int64)
-
-    def codegen(context, builder, signature, args):
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], I32)
-        builder.store(builder.trunc(args[2], I32), p, align=1)
-        return context.get_dummy_value()
-    return sig, codegen
-
-
-@intrinsic
-def add(typingctx, a, b):
-    """a + b in float32 with no fast-math flags: LLVM keeps this addition where it is written, so an
-    explicit tree of `add`s stays a tree (short dependency chains) instead of being reassociated
-    into one long chain through the accumulator."""
-    sig = types.float32(types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.fadd(args[0], args[1])
-    return sig, codegen
-
-
-def _widen16(signed):
-    def impl(typingctx, src, off, dst, doff):
-        sig = types.void(src, types.intp, dst, types.intp)
-
-        def codegen(context, builder, signature, args):
-            v16 = ir.VectorType(I8, 16)
-            p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], v16)
-            b = builder.load(p, align=1)
-            i = builder.sext(b, ir.VectorType(I32, 16)) if signed else builder.zext(b, ir.VectorType(I32, 16))
-            f = builder.sitofp(i, ir.VectorType(F32, 16))
-            ddata = context.make_array(signature.args[2])(context, builder, args[2]).data
-            q = builder.bitcast(builder.gep(ddata, [args[3]]), ir.PointerType(ir.VectorType(F32, 16)))
-            builder.store(f, q, align=4)
-            return context.get_dummy_value()
-        return sig, codegen
-    return impl
-
-
-widen16_u8 = intrinsic(_widen16(False))
-widen16_u8.__doc__ = "dst[doff:doff+16] = float32(src[off:off+16]) for 16 bytes read as uint8 (one vector op)."
-widen16_i8 = intrinsic(_widen16(True))
-widen16_i8.__doc__ = "dst[doff:doff+16] = float32(src[off:off+16]) for 16 bytes read as int8 (one vector op)."
-
-
-@intrinsic
 def st(typingctx, a, i, v):
     """a[i] = v for a 1-D contiguous array and a non-negative index, without the wraparound select
     (see `ld`)."""
@@ -213,35 +152,3 @@ def st(typingctx, a, i, v):
         builder.store(args[2], builder.gep(data, [args[1]]))
         return context.get_dummy_value()
     return sig, codegen
-
-
-def _scales16(signed):
-    def impl(typingctx, dst, p, w0, w1, w2, w3, d_lo, d_hi):
-        sig = types.void(dst, types.intp, types.int64, types.int64, types.int64, types.int64,
-                         types.float32, types.float32)
-
-        def codegen(context, builder, signature, args):
-            v4 = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
-            for k in range(4):
-                v4 = builder.insert_element(v4, builder.trunc(args[2 + k], I32), ir.Constant(I32, k))
-            b16 = builder.bitcast(v4, ir.VectorType(I8, 16))
-            i16 = builder.sext(b16, ir.VectorType(I32, 16)) if signed else builder.zext(b16, ir.VectorType(I32, 16))
-            f16 = builder.sitofp(i16, ir.VectorType(F32, 16))
-            dv = ir.Constant(ir.VectorType(F32, 16), ir.Undefined)
-            for k in range(16):
-                dv = builder.insert_element(dv, args[6] if k < 8 else args[7], ir.Constant(I32, k))
-            out = builder.fmul(f16, dv)
-            data = context.make_array(signature.args[0])(context, builder, args[0]).data
-            q = builder.bitcast(builder.gep(data, [args[1]]), ir.PointerType(ir.VectorType(F32, 16)))
-            builder.store(out, q, align=4)
-            return context.get_dummy_value()
-        return sig, codegen
-    return impl
-
-
-scales16_u8 = intrinsic(_scales16(False))
-scales16_u8.__doc__ = """dst[p + i] = (d_lo if i < 8 else d_hi) * float32(byte i of the words w0..w3), i < 16, the 16
-bytes read as uint8 (little-endian words): a block's sub-block scales decoded in a few vector ops
-where scalar code needs ~100 (the words are prepared with 32-bit masks, as ggml does)."""
-scales16_i8 = intrinsic(_scales16(True))
-scales16_i8.__doc__ = "As scales16_u8, with the 16 bytes read as int8."
