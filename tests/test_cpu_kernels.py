@@ -1,9 +1,9 @@
 """quant.cpu (Numba kernels) against the NumPy oracle (quant.ref), for every type it decodes.
 
 - The naive block decoders (quant.cpu.dequantize) are bit-exact with quant.ref.dequantize.
-- matmul: GEMV (T = 1, the fused kernels), small batches T = 2, 3, 8 (decode-to-scratch), T = 20
-  (dequantize + BLAS); rows that are not a multiple of the row tile, a single row, rows whose 32-blocks
-  do not fill a group of 8. Relative RMS <= 1e-6 against quant.ref.matmul (float32 sums in another
+- matmul: GEMV (T = 1, 2, 3: the fused kernels), batches T = 8, 20 (decode-to-scratch), and the
+  dequantize + BLAS path; rows that are not a multiple of the row tile, a single row, rows whose
+  32-blocks do not fill a group of 8. Relative RMS <= 1e-6 against quant.ref.matmul (float32 sums in another
   order; the kernels round each weight once, where ggml's decoder may round twice).
 - Weights are random bytes with finite block scales (every bit pattern a decoder can meet), and for the
   common types also ggml-quantized Gaussian rows; non-finite scales give non-finite rows, like the oracle.
@@ -101,8 +101,9 @@ def test_matmul_every_type(t, rng):
     w = random_weight(t, O, I, rng)
     np.testing.assert_array_equal(cpu.dequantize(w), ref.dequantize(w))
     x = rng.standard_normal((20, I), dtype=np.float32)
-    for T in (1, 2, 3, 8, 20):
+    for T in (1, 2, 3, 8, 20):                                   # fused GEMV per row up to 4, then scratch
         assert_close(f"{t.name} T={T}", cpu.matmul(x[:T], w), ref.matmul(x[:T], w))
+    assert_close(f"{t.name} BLAS", cpu.matmul(x, w, blas_min_tokens=16), ref.matmul(x, w))   # dequantize + BLAS
     assert_close(f"{t.name} tile 7", cpu.matmul(x[:1], w, tile_rows=7), ref.matmul(x[:1], w))
     one = w.rows(3, 4)                                           # a single weight row
     assert_close(f"{t.name} one row", cpu.matmul(x[:8], one), ref.matmul(x[:8], one))
@@ -134,9 +135,9 @@ def test_non_finite_weights_propagate(t, rng):
     raw[2, off:off + 2] = np.array([np.nan], np.float16).view(np.uint8)
     bad = QTensor.from_raw("w", t, w.shape, raw)
     x = np.random.default_rng(1).standard_normal((3, w.shape[1]), dtype=np.float32)
-    for T in (1, 3, 20):
+    for T, blas in ((1, 128), (3, 128), (8, 128), (20, 16)):      # gemv, gemv, scratch, BLAS
         xt = np.resize(x, (T, w.shape[1]))
-        got, want = cpu.matmul(xt, bad), ref.matmul(xt, bad)
+        got, want = cpu.matmul(xt, bad, blas_min_tokens=blas), ref.matmul(xt, bad)
         np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
         assert not np.isfinite(got[:, 2]).any()
         ok = np.isfinite(want)

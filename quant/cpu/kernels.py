@@ -10,7 +10,8 @@
 
 Thread split: the work items are (active matrix, tile of `tile` weight rows), handed out by
 `prange`; each thread decodes every weight row of its tile exactly once:
-  - gemv: the fused kernel of dot.py consumes the bytes directly (T = 1, and decode-time MoE);
+  - gemv: the fused kernel of dot.py consumes the bytes directly, once per activation row
+    (T = 1, decode-time MoE, and batches up to `gemv_max_rows` where decoding again beats scratch);
   - gemm: CHUNK weights of the row are decoded into a per-item float32 scratch (dequant.py), then
     one vectorized dot per activation row against it (float64 running sums per row).
 The two are separate kernels on purpose: in one parallel loop body LLVM compiled the fused path
@@ -88,7 +89,8 @@ def kernels(kind: int) -> Kernels:
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
     def gemv(raw, x, seg, active, y, tile):
-        """Matrices in `active` own exactly one activation row: fused decode + dot on the bytes."""
+        """Fused decode + dot on the bytes, once per activation row of the matrix (few rows: the
+        weight row is decoded again for each, but read from memory once; it stays in L1)."""
         if version < 0:
             return
         O = raw.shape[1]
@@ -96,10 +98,10 @@ def kernels(kind: int) -> Kernels:
         for item in prange(active.size * ntiles):
             e = active[item // ntiles]
             r0 = (item % ntiles) * tile
-            n0 = seg[e]
-            we, xr, yr = raw[e], x[n0], y[n0]
+            we = raw[e]
             for r in range(r0, min(O, r0 + tile)):
-                yr[r] = row_dot(kind, we[r], xr)
+                for n in range(seg[e], seg[e + 1]):
+                    y[n, r] = row_dot(kind, we[r], x[n])
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
     def gemm(raw, x, seg, active, y, tile):

@@ -8,8 +8,9 @@ mode "exact" multiplies x itself; "llamacpp" first rounds x to the weight's part
 the NumPy oracle does (quant.llamacpp), then runs the same kernels.
 
 Which path (T = activation rows of one matrix):
-  T < blas_min_tokens   `kernels.gemv` (fused, T = 1) or `kernels.gemm` (decode-to-scratch);
-                        the weight bytes are read once per call.
+  T <= GEMV_MAX_ROWS    `kernels.gemv`: the fused kernel once per row (the row stays in L1);
+  T < blas_min_tokens   `kernels.gemm`: decode CHUNK weights to scratch once, dot every row;
+                        either way the weight bytes are read from memory once per call.
   T >= blas_min_tokens  dequantize `CHUNK_ELEMENTS` of weight rows at a time (parallel Numba), then
                         float32 BLAS on them, like the NumPy oracle but with a fast decoder.
 Types without a Numba decoder (F64 and the integer types, which are never matmul weights) use the
@@ -26,7 +27,11 @@ from ..ref import QTensor, QuantError
 from .dequant import KINDS
 from .kernels import kernels
 
-BLAS_MIN_TOKENS = 16            # activation rows from which dequantize + BLAS beats the fused kernels
+# measured on the project machine (Q4_K / IQ2_XXS, 4096 x 14336): re-running the fused GEMV per row
+# beats decode-to-scratch up to ~4 rows; dequantizing the whole matrix for BLAS only pays from ~128
+# rows (it writes and reads 4 bytes per weight where the kernels read the packed bytes once)
+GEMV_MAX_ROWS = 4               # activation rows per matrix up to which the fused GEMV kernel is used
+BLAS_MIN_TOKENS = 128           # activation rows from which dequantize + BLAS is used
 CHUNK_ELEMENTS = 8 << 20        # weights dequantized per BLAS step (32 MB of float32 scratch)
 
 
@@ -103,13 +108,14 @@ def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", tile_rows: int | N
 
 
 def _launch(kind: int, raw: np.ndarray, x: np.ndarray, seg: np.ndarray, active: np.ndarray, y: np.ndarray,
-            tile_rows: int | None) -> None:
-    """Matrices `active` of raw [E, O, row_bytes] with one activation row go to the fused GEMV kernel
-    (when the type has one), the others to the decode-to-scratch GEMM kernel."""
+            tile_rows: int | None, gemv_max_rows: int = GEMV_MAX_ROWS) -> None:
+    """Matrices `active` of raw [E, O, row_bytes] with at most `gemv_max_rows` activation rows go to the
+    fused GEMV kernel (when the type has one), the others to the decode-to-scratch GEMM kernel."""
     k = kernels(kind)
     counts = seg[active + 1] - seg[active]
-    one = active[counts == 1] if k.gemv is not None else active[:0]
-    many = active[counts != 1] if k.gemv is not None else active
+    few = counts <= gemv_max_rows
+    one = active[few] if k.gemv is not None else active[:0]
+    many = active[~few] if k.gemv is not None else active
     O = raw.shape[1]
     # dynamic scheduling, one work item at a time: on a shared machine a thread that is not running
     # leaves its items to the others instead of holding up the whole parallel region
