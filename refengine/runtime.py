@@ -72,7 +72,12 @@ class Runtime:
         if fn is None:
             from .moe import moe_ffn as fn
             return fn(x, ids, weights, matmul=self.matmul, record=self.record, **kw)
-        return fn(x, ids, weights, mode=self.mode, record=self.record if self.trace is not None else None, **kw)
+        y = fn(x, ids, weights, mode=self.mode, record=self.record if self.trace is not None else None, **kw)
+        if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
+            names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
+            raise NonFiniteError(f"routed experts ({names}) produced NaN/inf from a finite input: "
+                                 f"an expert that tokens were routed to holds non-finite values")
+        return y
 
     def device_forward(self, model):
         """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None
