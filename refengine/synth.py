@@ -165,6 +165,12 @@ def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
+def matrix_std(tp: TensorPlan) -> float:
+    """Standard deviation of a matrix's values: 1/sqrt(fan_in); embeddings 1; output 3x and router 2x wider."""
+    return {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
+        tp.kind, 1.0 / np.sqrt(tp.fan_in))
+
+
 def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
     """Yield float32 slabs of the tensor along its first axis (the whole tensor for small ones)."""
     rng = _rng(seed, tp.name)
@@ -177,8 +183,7 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
     elif tp.kind == "rope_freqs":
         yield (1.0 + 3.0 * rng.random(tp.shape)).astype(np.float32)
     else:
-        std = {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
-            tp.kind, 1.0 / np.sqrt(tp.fan_in))
+        std = matrix_std(tp)
         n0 = tp.shape[0]
         per = max(1, slab_rows // max(1, int(np.prod(tp.shape[1:-1], dtype=np.int64))))
         for r in range(0, n0, per):
@@ -244,11 +249,22 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     plan = plan_tensors(arch, p, all_optional=all_optional, fused_qkv=fused_qkv, tied_output=tied_output,
                         rope_scaling=rope_scaling)
     path = os.fspath(path)
-    n_tensors = len(plan)
-    per_shard = -(-n_tensors // shards) if shards > 1 else 0
-    w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     label = f"synthetic {arch} {preset} {wt.name} seed={seed}" + (" all-optional" if all_optional else "")
-    for key, val, vt in metadata(arch, p, all_optional=all_optional, rope_scaling=rope_scaling, name=label):
+    w, types = open_writer(path, arch, plan, metadata(arch, p, all_optional=all_optional, rope_scaling=rope_scaling,
+                                                       name=label), wt, shards=shards)
+    bar = tqdm(plan, desc=f"writing {os.path.basename(path)}", unit="tensor", disable=not progress)
+    for tp in bar:
+        _write_streamed(w, (encode(x, types[tp.name]) for x in tensor_slabs(tp, seed)))
+    w.close()
+    return str(w.format_shard_names(Path(path))[0]) if shards > 1 else path
+
+
+def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLType, *, shards: int = 1):
+    """A GGUFWriter with metadata and the tensor table written, ready for `_write_streamed` in plan order.
+    Returns (writer, {tensor name: stored type})."""
+    per_shard = -(-len(plan) // shards) if shards > 1 else 0
+    w = GGUFWriter(path, arch, split_max_tensors=per_shard)
+    for key, val, vt in kv_rows:
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
     types = {tp.name: choose_type(tp, wt) for tp in plan}
     for tp in plan:
@@ -259,11 +275,7 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     w.write_header_to_file(Path(path))
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    bar = tqdm(plan, desc=f"writing {os.path.basename(path)}", unit="tensor", disable=not progress)
-    for tp in bar:
-        _write_streamed(w, (encode(x, types[tp.name]) for x in tensor_slabs(tp, seed)))
-    w.close()
-    return str(w.format_shard_names(Path(path))[0]) if shards > 1 else path
+    return w, types
 
 
 def _write_streamed(w: GGUFWriter, slabs) -> None:

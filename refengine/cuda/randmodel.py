@@ -10,11 +10,8 @@ that every matrix has mean 0 and synth's standard deviation (1/sqrt(fan_in); emb
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
-from gguf.constants import GGMLQuantizationType
 
 from quant import GGMLType, QTensor, ref, type_info
 from quant.cuda.testdata import random_raw
@@ -40,27 +37,16 @@ def write_random_model(path: str, wtype: str, layers: int | None = None, seed: i
         p["n_layer"] = layers
     wt = type_info(wtype).type
     plan = synth.plan_tensors(arch, p)
-    w = GGUFWriter(path, arch)
-    for key, val, vt in synth.metadata(arch, p, all_optional=False, rope_scaling=None,
-                                       name=f"random packed {arch} {preset} {wt.name} seed={seed}"):
-        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32}[vt](key, val)
-    types = {tp.name: synth.choose_type(tp, wt) for tp in plan}
-    for tp in plan:
-        t = types[tp.name]
-        nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))
-        w.add_tensor_info(tp.name, tp.shape, np.dtype(np.float32), nbytes, raw_dtype=GGMLQuantizationType(int(t)))
-    w.write_header_to_file(Path(path))
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
+    kv = synth.metadata(arch, p, all_optional=False, rope_scaling=None,
+                        name=f"random packed {arch} {preset} {wt.name} seed={seed}")
+    w, types = synth.open_writer(path, arch, plan, kv, wt)
     rng = np.random.default_rng(seed)
     for tp in plan:
         t = types[tp.name]
         if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
             slabs = (synth.encode(x, t) for x in synth.tensor_slabs(tp, seed))
         else:
-            std = {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
-                tp.kind, 1.0 / np.sqrt(tp.fan_in))
-            s = std / kappa(t, rng)
+            s = synth.matrix_std(tp) / kappa(t, rng)
             per = max(1, 4096 // max(1, int(np.prod(tp.shape[1:-1], dtype=np.int64))))
             slabs = (random_raw(t, (min(per, tp.shape[0] - r), *tp.shape[1:]), rng, scale=s, centered=True)
                      for r in range(0, tp.shape[0], per))
