@@ -65,8 +65,9 @@ def cmd_compare(args) -> int:
         if not args.json:
             print(f"no FILE given: comparing a synthetic {DEFAULT_ARCH} (tiny preset, F32, seed 0) written to {path}\n")
     try:
-        tokens = _input_tokens(args, Model(path))
-        rep = run_compare(path, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local)
+        model = Model(path)
+        tokens = _input_tokens(args, model)
+        rep = run_compare(model, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local)
     finally:
         if tmp is not None:
             tmp.cleanup()

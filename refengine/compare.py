@@ -314,6 +314,7 @@ def matmul_weight_types(model) -> set:
 def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,
                 local: bool = False) -> Report:
     """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor.
+    `path` is a GGUF path or an already opened Model.
 
     local: feed every block llama.cpp's own input to it (`embd`, `l_out-0`, ...) and the head llama.cpp's
     last `l_out`, so each layer's figure is its own error, not what earlier layers accumulated.
@@ -323,7 +324,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     from .runtime import Runtime
     from .trace import Trace
 
-    model = Model(path)
+    model = path if isinstance(path, Model) else Model(path)
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     trace = Trace()
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
