@@ -5,9 +5,13 @@
 - GEMV: W 4096 x 14336 (4096 outputs, 14336 inputs), 1, 2, 4, 8 tokens; prefill: 512 tokens (tiled GEMM).
 - Expert dispatch (llama.cpp MUL_MAT_ID): 128 experts of 768 x 2048, 8 used per token, 1, 4, 8, 32 tokens;
   timed from device expert ids: grouping by expert (bucket kernel) + one grouped launch.
-- CUDA events around every launch, median of many; all launches queued behind a spinning kernel
-  (`quant.cuda.timing`) so that Python's launch cost stays out of the GPU timeline; several weight buffers rotated so that the
-  50 MB L2 holds none of the next launch's weights.
+- Timed from CUDA graphs (`quant.cuda.timing.Timer.graph`): 40 launches (6 for prefill) captured in one
+  graph, the graph replayed 15 times, each replay event-timed and divided by its launches; median over the
+  replays. numba's host-side launch cost (tens of us) is paid at capture and stays out of the figure; the
+  gaps between the kernels of a graph stay in it. Several weight buffers rotated so that the 50 MB L2 holds
+  none of the next launch's weights.
+- Kernel: `auto` (what the engine runs): the fast GEMV (`quant.cuda.fast`) for Q4_K, Q6_K, Q8_0, Q4_0, the
+  generic warp GEMV for the other types; for the fast types the generic kernel's n=1 time is shown too.
 - GB/s counts packed weight bytes read once (dispatch: the distinct experts used); "% copy" is that over
   the device-to-device copy bandwidth (read + write) measured in the same process; "x llama" is
   llama.cpp's time over ours (> 1: faster than llama.cpp). Every configuration is also checked
@@ -31,6 +35,7 @@ from quant import GGMLType, ref
 from quant.cuda import moe as cmoe
 from quant.cuda import ops
 from quant.cuda.decoders import SPECS
+from quant.cuda.fast import FSPECS
 from quant.cuda.gemv import GroupTable, dense_groups
 from quant.cuda.testdata import random_qtensor
 from quant.cuda.timing import Timer
@@ -54,8 +59,9 @@ LLAMA_MOE_US = {
     "IQ2_XS": (8.0, 15.2, 29.7, 171.6), "IQ4_XS": (6.1, 11.7, 22.1, None),
 }
 PRIORITY = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16"]
-TUNED = ["Q4_K", "Q6_K", "Q8_0"]
-SHAPES = [(2, 8, 2), (4, 4, 2), (2, 8, 4)]          # (rows, split-K warps, parts in flight) tried
+TUNED = ["Q4_K", "Q6_K", "Q8_0", "Q4_0"]
+SHAPES = [(2, 8, 2), (4, 4, 2), (2, 8, 4)]          # generic GEMV: (rows, split-K warps, parts in flight) tried
+FAST_SHAPES = [(1, 4), (2, 4), (4, 4), (2, 8), (4, 2), (1, 8), (2, 2)]   # fast GEMV: (rows per warp, warps per block)
 L2_BYTES = 50e6
 
 
@@ -83,6 +89,7 @@ def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, 
     wref = ws[0].rows(0, rows)
 
     def run(n, kernel, shape=None, check=True):
+        kernel = "fast" if kernel == "auto" and n <= 8 and fast else ("gemv" if kernel == "auto" else kernel)
         x = rng.standard_normal((n, I)).astype(np.float32)
         xd = cuda.to_device(x)
         yd = cuda.device_array((n, O), np.float32)
@@ -93,16 +100,23 @@ def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, 
             res["check"][f"{kernel}{shape or ''} n={n}"] = r
             if not r <= 1e-5:
                 raise AssertionError(f"{t.name} {kernel} n={n}: relative RMS {r:.2e} against the oracle")
-        dt = timer.run(lambda i, s: ops.grouped(dws[i % nbuf], xd, yd, grp, 1, n, n, kernel=kernel, shape=shape,
-                                                stream=s), reps if n <= 8 else 12)
+        dt = timer.graph(lambda i, s: ops.grouped(dws[i % nbuf], xd, yd, grp, 1, n, n, kernel=kernel, shape=shape,
+                                                  stream=s), 40 if n <= 8 else 6, replays=reps)
         return statistics.median(dt)
+    fast = t in FSPECS
+    res["kernel"] = "fast" if fast else "gemv"
     if tune:
-        res["tune"] = {"x".join(map(str, sh)): run(1, "gemv", sh, check=sh != ops.GEMV_DEFAULT) for sh in SHAPES}
+        kind, shapes, table, default = (("fast", FAST_SHAPES, ops.FAST_SHAPE, ops.FAST_DEFAULT) if fast else
+                                         ("gemv", SHAPES, ops.GEMV_SHAPE, ops.GEMV_DEFAULT))
+        res["tune"] = {"x".join(map(str, sh)): run(1, kind, sh) for sh in shapes}
         best = min(res["tune"], key=res["tune"].get)
-        ops.GEMV_SHAPE[t] = tuple(int(v) for v in best.split("x"))
+        table[t] = tuple(int(v) for v in best.split("x"))
         res["shape"] = best
+    if fast:
+        us = run(1, "gemv")
+        res["generic_n1"] = dict(us=us, gbs=nbytes / us / 1e3)
     for n in ns:
-        us = run(n, "gemv")
+        us = run(n, "auto")
         res["gemv"][n] = dict(us=us, gbs=nbytes / us / 1e3)
     if prefill and I % 128 == 0:
         us = run(prefill, "gemm")
@@ -138,7 +152,7 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
         tabs = [(cuda.to_device(ids.reshape(-1)), cuda.device_array(size, np.int32), cuda.device_array(size, np.int32))
                 for ids in idss]
         cnt, fill = cuda.device_array(E, np.int32), cuda.device_array(E, np.int32)
-        kernel = "gemv"
+        kernel = "auto"
 
         def launch(i, s):
             idd, tx, tp = tabs[i % nsets]
@@ -153,7 +167,7 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
         res["check"][n] = r
         if not r <= 1e-5:
             raise AssertionError(f"{t.name} dispatch n={n}: relative RMS {r:.2e} against the oracle")
-        us = statistics.median(timer.run(launch, reps))
+        us = statistics.median(timer.graph(launch, 40, replays=reps))
         res["moe"][n] = dict(us=us, distinct=distinct, gbs=distinct * ebytes / us / 1e3)
     ll = LLAMA_MOE_US.get(t.name)
     if ll:
@@ -169,17 +183,18 @@ def markdown(gemv: list[dict], moe: list[dict], ceiling: float, dev: str) -> str
          f"**{ceiling:.0f} GB/s**.", "",
          "GEMV, W 4096 x 14336 (packed GGUF bytes, float32 activations, result equal to the NumPy oracle within "
          "rel-RMS 1e-5). `x llama` = llama.cpp time / ours (> 1: we are faster).", "",
-         "| type | RWxKSxU | n=1 us | GB/s | % copy | llama n=1 | x llama n=1 | n=2 us | x llama | n=4 us | x llama "
-         "| n=8 us | prefill 512 us | TFLOP/s |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| type | kernel (shape) | n=1 us | GB/s | % copy | llama n=1 | x llama n=1 | n=2 us | x llama | n=4 us "
+         "| x llama | n=8 us | prefill 512 us | TFLOP/s | generic GEMV n=1 us |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in gemv:
         g, xl, ll = r["gemv"], r.get("x_llama", {}), r.get("llama_us", (None,) * 4)
         f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"         # noqa: E731
         pf = r.get("prefill", {})
-        L.append(f"| {r['type']} | {r.get('shape', 'x'.join(map(str, ops.GEMV_SHAPE.get(GGMLType[r['type']], ops.GEMV_DEFAULT))))} "
+        shape = r.get("shape") or "x".join(map(str, ops.GEMV_SHAPE.get(GGMLType[r["type"]], ops.GEMV_DEFAULT)))
+        L.append(f"| {r['type']} | {r.get('kernel', 'gemv')} ({shape}) "
                  f"| {f(g[1]['us'])} | {f(g[1]['gbs'], 0)} | {f(r['pct_copy'], 0)}% | {f(ll[0])} | {f(xl.get(1), 2)} "
                  f"| {f(g[2]['us'])} | {f(xl.get(2), 2)} | {f(g[4]['us'])} | {f(xl.get(4), 2)} | {f(g[8]['us'])} "
-                 f"| {f(pf.get('us'), 0)} | {f(pf.get('tflops'), 1)} |")
+                 f"| {f(pf.get('us'), 0)} | {f(pf.get('tflops'), 1)} | {f(r.get('generic_n1', {}).get('us'))} |")
     L += ["", "Expert dispatch (MUL_MAT_ID): 128 experts of 768 x 2048, 8 used per token; grouping by expert on the "
           "device + one grouped launch. GB/s over the distinct experts read.", "",
           "| type | n=1 us | GB/s | llama | x llama | n=4 us | x llama | n=8 us | x llama | n=32 us | x llama |",
@@ -210,7 +225,7 @@ def main(argv=None) -> int:
         SPECS, key=lambda t: (t.name not in PRIORITY, PRIORITY.index(t.name) if t.name in PRIORITY else 0))
     moe_types = [GGMLType[s] for s in a.moe_types.split(",")] if a.moe_types else \
         [GGMLType[n] for n in LLAMA_MOE_US if GGMLType[n] in SPECS]
-    reps = 30 if a.quick else 100
+    reps = 7 if a.quick else 15
     rng = np.random.default_rng(0)
     timer = Timer()
     dev = cuda.get_current_device().name

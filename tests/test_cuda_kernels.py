@@ -20,6 +20,8 @@ from quant import GGMLType, ref  # noqa: E402
 from quant.cuda import moe as cmoe  # noqa: E402
 from quant.cuda import ops  # noqa: E402
 from quant.cuda.decoders import SPECS  # noqa: E402
+from quant.cuda.fast import FSPECS  # noqa: E402
+from quant.ref import QuantError  # noqa: E402
 from quant.cuda.testdata import random_qtensor  # noqa: E402
 
 GPU = not qc.SIM and qc.available()
@@ -53,6 +55,7 @@ def few_threads(monkeypatch):
     """In the simulator: 8 rows and 1 warp per block (fewer Python threads; same code path)."""
     if not GPU:
         monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
+        monkeypatch.setattr(ops, "FAST_DEFAULT", (2, 1))
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -68,6 +71,26 @@ def test_gemv_naive_and_warp(t, rng):
             assert_close(f"{t.name} gemv {shape}", ops.matmul(x, w, kernel="gemv", shape=shape), want)
 
 
+@pytest.mark.parametrize("t", list(FSPECS), ids=lambda t: t.name)
+def test_fast_gemv(t, rng):
+    """The fast GEMV (unit decoders, 128-bit loads, prmt conversions): 1 token, 3, and 9 (two passes of 8)."""
+    w = random_qtensor(t, (O + 1, I), rng)          # an odd row count: a partial group of rows
+    shape = None if GPU else (2, 1)
+    for T in (1, 3, 9):
+        x = rng.standard_normal((T, I)).astype(np.float32)
+        want = ref.matmul(x, w)
+        assert_close(f"{t.name} fast T={T}", ops.matmul(x, w, kernel="fast", shape=shape), want)
+    if GPU:                                          # every shape the benchmark may pick
+        for shape in ((1, 4), (4, 4), (2, 8), (4, 2), (1, 8), (2, 2)):
+            assert_close(f"{t.name} fast {shape}", ops.matmul(x, w, kernel="fast", shape=shape), want)
+
+
+def test_fast_kernel_refuses_other_types(rng):
+    w = random_qtensor(GGMLType.Q5_K, (4, 256), rng)
+    with pytest.raises(QuantError, match="fast kernel"):
+        ops.matmul(np.ones((1, 256), np.float32), w, kernel="fast")
+
+
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 def test_gemm(t, rng):
     w = random_qtensor(t, (O + 3, I), rng)      # a partial row tile too
@@ -79,10 +102,12 @@ MOE_TYPES = [GGMLType.Q8_0] if not GPU else TYPES
 
 
 @pytest.mark.parametrize("t", MOE_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("kernel", ["gemv", "gemm"])
+@pytest.mark.parametrize("kernel", ["gemv", "fast", "gemm"])
 def test_moe_ffn(t, kernel, rng, few_threads):
     """Grouped dispatch against the loop oracle: fused and traced, experts with no token, scales."""
     from refengine.moe.experts import moe_ffn as loop_moe
+    if kernel == "fast" and t not in FSPECS:
+        pytest.skip(f"no fast GEMV for {t.name}")
     if kernel == "gemm" and not GPU:
         pytest.skip("the tiled GEMM needs rows of 128 weights: too slow for the simulator (GPU only)")
     E, A, T = (4, 2, 2) if not GPU else (16, 4, 20)

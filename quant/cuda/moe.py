@@ -151,10 +151,11 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     dn = buf("dn", (n_pairs, D))
     if out is None:
         out = cuda.device_array((T, D), dtype=np.float32, stream=stream)
-    small = kernel == "gemv" or (kernel == "auto" and max_per_group <= NT_MAX)
+    small = kernel in ("gemv", "fast") or (kernel == "auto" and max_per_group <= NT_MAX)
     mark("experts_gate_up")
     if small and gate is not None:
-        grouped(gate, xd, act, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, up=up, stream=stream)
+        grouped(gate, xd, act, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, up=up, stream=stream,
+                kernel=kernel if kernel in ("gemv", "fast") else "auto")
     else:
         E = up.E
         u = buf("u", (n_pairs, I))

@@ -24,6 +24,7 @@ from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
 from .decoders import SPECS
+from .fast import fast_supported, fgemv_kernel
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .weights import DeviceWeight, device_weight
 
@@ -31,6 +32,9 @@ from .weights import DeviceWeight, device_weight
 # chosen on the H200 by benchmarks/cuda_matmul.py (BENCHMARKS.md)
 GEMV_SHAPE: dict[GGMLType, tuple[int, int, int]] = {}
 GEMV_DEFAULT = (2, 8, 2)
+# (RW rows per warp, KS warps splitting K) of the fast GEMV (`fast.py`), per type
+FAST_SHAPE: dict[GGMLType, tuple[int, int]] = {}
+FAST_DEFAULT = (2, 4)
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -71,6 +75,8 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
     rwa = rw if rw is not None else _ones(1)
     if kernel == "auto":
         kernel = "gemv" if (max_per_group <= NT_MAX or I % 128 or up is not None) else "gemm"
+        if kernel == "gemv" and fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd):
+            kernel = "fast"
     tab = dw.tab
     if kernel == "naive":
         k = naive_kernel(dw.type)
@@ -85,6 +91,16 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         u = up if up is not None else dw
         k[(math.ceil(O / RW), gmax), 32 * KS, stream](
             dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
+    elif kernel == "fast":
+        if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
+            raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
+                             "(or the input is not 16-byte aligned)")
+        RW, KS = shape or FAST_SHAPE.get(dw.type, FAST_DEFAULT)
+        KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
+        k = fgemv_kernel(dw.type, _nt(max_per_group), RW, KS, up is not None, rw is not None)
+        u = up if up is not None else dw
+        k[(math.ceil(O / RW), gmax), 32 * KS, stream](
+            dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
     elif kernel == "gemm":
         if I % 128:
             raise QuantError(f"gemm kernel needs I % 128 == 0, got I = {I}")
@@ -95,7 +111,18 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         k[(math.ceil(O / sh["BM"]), ntiles), nth, stream](dw.w32, dw.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb,
                                                           dw.estride, gmax, n_pairs, E)
     else:
-        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, gemm, auto)")
+        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, gemm, auto)")
+
+
+def _units(t: GGMLType) -> int:
+    from .fast import FSPECS
+    return FSPECS[t].UPB
+
+
+def _aligned16(xd) -> bool:
+    """The fast kernels read activations in 16-byte loads: the array must start 16-byte aligned."""
+    cai = getattr(xd, "__cuda_array_interface__", None)
+    return cai is None or cai["data"][0] % 16 == 0        # None: the simulator (host arrays, no alignment)
 
 
 def dense(dw: DeviceWeight, xd, yd, *, kernel: str = "auto", shape=None, stream=0) -> None:

@@ -1,6 +1,12 @@
 """GPU timing with CUDA events, with the host's launch cost kept out of the measured timeline.
 
     t = Timer(); us = t.run(lambda i, stream: launch(i, stream), n)    # microseconds of each launch
+    us = t.graph(lambda i, stream: launch(i, stream), n)                # per launch, from CUDA graph replays
+
+`graph` is the one to trust for short kernels: n launches are captured in one CUDA graph and the
+graph is replayed, so numba's host-side launch cost (tens of microseconds, more than a GEMV) is paid
+once at capture; each replay is event-timed and divided by n. `run` queues eager launches behind a
+spinning kernel; it measures the launch rate whenever the host is slower than the GPU.
 
 Before the timed launches are queued, the stream is kept busy by `spin_kernel` (chains of dependent
 FMAs on every SM, calibrated once against events), so the GPU runs the launches back to back; the
@@ -50,6 +56,36 @@ class Spinner:
         spin_kernel[GRID, 128, stream](int(us * 1e3 / self.ns_per_iter) + 1, self.out)
 
 
+class Graph:
+    """A CUDA graph captured from the launches of one stream (through the CUDA driver API)."""
+
+    def __init__(self, exe):
+        self.exe = exe
+
+    @staticmethod
+    def _check(res, what):
+        err = res[0] if isinstance(res, tuple) else res
+        if int(err) != 0:
+            raise RuntimeError(f"{what} failed: {err}")
+        return res[1] if isinstance(res, tuple) and len(res) > 1 else None
+
+    @classmethod
+    def capture(cls, fn, stream) -> "Graph":
+        from cuda.bindings import driver as cu
+        h = cu.CUstream(int(stream.handle))
+        cls._check(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "begin capture")
+        try:
+            fn()
+        finally:
+            graph = cls._check(cu.cuStreamEndCapture(h), "end capture")
+        exe = cls._check(cu.cuGraphInstantiate(graph, 0), "instantiate graph")
+        return cls(exe)
+
+    def launch(self, stream) -> None:
+        from cuda.bindings import driver as cu
+        self._check(cu.cuGraphLaunch(self.exe, cu.CUstream(int(stream.handle))), "graph launch")
+
+
 class Timer:
     def __init__(self, stream=None):
         self.s = stream or cuda.stream()
@@ -74,3 +110,21 @@ class Timer:
         ev[n].record(s)
         s.synchronize()
         return [cuda.event_elapsed_time(ev[i], ev[i + 1]) * 1e3 for i in range(n)]
+
+    def graph(self, launch, n: int = 50, replays: int = 15) -> list[float]:
+        """Microseconds per launch: launches 0..n-1 captured in one graph, replayed; one figure per replay."""
+        s = self.s
+        for i in range(min(n, 3)):                      # compile, allocate caches: nothing may allocate in capture
+            launch(i, s)
+        s.synchronize()
+        g = Graph.capture(lambda: [launch(i, s) for i in range(n)], s)
+        g.launch(s)
+        s.synchronize()
+        ev = [cuda.event() for _ in range(replays + 1)]
+        self.spin(s, 1000.0)
+        ev[0].record(s)
+        for r in range(replays):
+            g.launch(s)
+            ev[r + 1].record(s)
+        s.synchronize()
+        return [cuda.event_elapsed_time(ev[r], ev[r + 1]) * 1e3 / n for r in range(replays)]

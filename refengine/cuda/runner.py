@@ -36,7 +36,7 @@ from quant.cuda.weights import device_weight
 
 from ..config import ROPE_NEOX, ROPE_NORM
 from ..errors import ConfigError
-from quant.cuda.timing import Spinner
+from quant.cuda.timing import Graph, Spinner
 
 from .kernels import MAX_E, MAX_S, add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel
 
@@ -335,33 +335,3 @@ class DeviceModel:
             logits = logits * np.float32(self.out_scale)
         state.n_past += T
         return logits
-
-
-class Graph:
-    """A CUDA graph captured from the launches of one stream (through the CUDA driver API)."""
-
-    def __init__(self, exe):
-        self.exe = exe
-
-    @staticmethod
-    def _check(res, what):
-        err = res[0] if isinstance(res, tuple) else res
-        if int(err) != 0:
-            raise RuntimeError(f"{what} failed: {err}")
-        return res[1] if isinstance(res, tuple) and len(res) > 1 else None
-
-    @classmethod
-    def capture(cls, fn, stream) -> "Graph":
-        from cuda.bindings import driver as cu
-        h = cu.CUstream(int(stream.handle))
-        cls._check(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "begin capture")
-        try:
-            fn()
-        finally:
-            graph = cls._check(cu.cuStreamEndCapture(h), "end capture")
-        exe = cls._check(cu.cuGraphInstantiate(graph, 0), "instantiate graph")
-        return cls(exe)
-
-    def launch(self, stream) -> None:
-        from cuda.bindings import driver as cu
-        self._check(cu.cuGraphLaunch(self.exe, cu.CUstream(int(stream.handle))), "graph launch")

@@ -1,0 +1,324 @@
+"""Fast warp GEMV for the main types (Q4_K, Q6_K, Q8_0, Q4_0): same math and signature as `gemv.gemv_kernel`.
+
+    y[out(j), o] = sc[e] * (x[tok(j)] . W_e[o])     over the groups of a `GroupTable` (dense = one group)
+
+What differs from the generic kernel (`gemv.py`), all to cut instructions and loads per weight:
+- A lane takes a *unit* of 32 weights (a quarter-group of a K-quant block, a whole Q8_0 / Q4_0 block):
+  per-block headers (scales, mins) are decoded once per 32 weights, not per 8 or 16.
+- Weight bytes and activations come in 128-bit loads (`vec.ld4u`, `vec.ld4f`) where the layout is
+  16-byte aligned (Q4_K), in aligned 32-bit words joined by `prmt` where it is not (Q6_K, Q8_0, Q4_0:
+  blocks of 210 / 34 / 18 bytes).
+- A byte q becomes the float 2^23 + q by one `prmt` under the exponent byte 0x4B, then one subtraction
+  (the type's offset folded in: 2^23 + 32 for Q6_K, 2^23 + 8 for Q4_0, 2^23 + 128 for int8): exact.
+- The scale is applied once per run: a * sum(q * x) (+ b * sum(x) for the K-quant mins), the integer
+  weights q multiplied as exact floats. This reorders float32 sums against the oracle
+  (dequantize, then dot), within the kernels' tolerance (relative RMS <= 1e-5).
+- RW rows per warp share each activation load; KS warps of a block split K; NT tokens per pass.
+
+A decoder `dec(w32, w16, base, c, q, sa, sb, r)` fills, for unit c of the block at byte `base`:
+    q[r, j*RL + k]   the integer weight (as an exact float) of column  col(c, j) + k,   j < NR, k < RL
+    sa[r, j], sb[r, j]   the run's weight = sa * q + sb   (sb only where the type has mins: HASB)
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from numba import cuda, float32, int32, uint32, uint64
+
+from ..formats import GGMLType
+from ._dev import MAGIC, MAGIC_BITS, as_f32, hf, silu, u2f, warp_sum
+from .decoders import _scale_min_k4
+from .vec import h2f, ld4f, ld4u, prmt
+
+SEL = 0x7650          # prmt selector: byte k of a under bytes 1..3 of b = MAGIC_BITS (add k for byte k)
+LO4 = 0x0F0F0F0F
+
+
+@dataclass(frozen=True)
+class FSpec:
+    type: GGMLType
+    BS: int           # weights per block
+    TS: int           # bytes per block
+    UPB: int          # units (lanes) per block
+    NR: int           # runs per unit
+    RL: int           # weights per run (a multiple of 4)
+    HASB: bool        # weight = sa*q + sb (mins), else sa*q
+    ALIGN16: bool     # the decoder reads 16-byte aligned words (needs rows of a multiple of 16 bytes)
+    dec: object
+    col: object       # col(c, j): first column of run j of unit c, relative to the block
+
+    @property
+    def NV(self) -> int:
+        return self.NR * self.RL
+
+
+@cuda.jit(device=True, inline=True)
+def _qf(w, k, off):
+    """Byte k of w as the exact float (byte - off + 2^23) - 2^23 (off folded into the subtraction)."""
+    return as_f32(prmt(w, uint32(MAGIC_BITS), uint32(SEL + k))) - off
+
+
+@cuda.jit(device=True, inline=True)
+def _w2(w32, off):
+    """The 8 bytes at the even byte offset `off` as two uint32 (three aligned loads, two prmt)."""
+    a = off >> uint64(2)
+    w0 = w32[a]
+    w1 = w32[a + uint64(1)]
+    w2 = w32[a + uint64(2)]
+    sel = uint32(0x3210) + uint32(off & uint64(2)) * uint32(0x1111)
+    return prmt(w0, w1, sel), prmt(w1, w2, sel)
+
+
+# ------------------------------------------------------------------ Q4_K: 144 B = d|dmin|scales[12] + qs[128]
+# unit c (0..7): qs bytes 16c..16c+15 = group g = c/2, half c%2: low nibbles -> sub-block 2g, columns
+# 64g + 16(c%2) + 0..15; high nibbles -> sub-block 2g+1, 32 columns further.
+@cuda.jit(device=True, inline=True)
+def col_q4_k(c, j):
+    return 64 * (c >> 1) + 16 * (c & 1) + 32 * j
+
+
+@cuda.jit(device=True, inline=True)
+def dec_q4_k(w32, w16, base, c, q, sa, sb, r):
+    i = base >> uint64(2)
+    h0, s0, s1, s2 = ld4u(w32, i)
+    q0, q1, q2, q3 = ld4u(w32, i + uint64(4 + 4 * c))
+    d = h2f(h0)
+    dmin = h2f(h0 >> uint32(16))
+    g = c >> 1
+    sc0, m0 = _scale_min_k4(s0, s1, s2, 2 * g)
+    sc1, m1 = _scale_min_k4(s0, s1, s2, 2 * g + 1)
+    sa[r, 0] = d * u2f(sc0)
+    sb[r, 0] = -(dmin * u2f(m0))
+    sa[r, 1] = d * u2f(sc1)
+    sb[r, 1] = -(dmin * u2f(m1))
+    for t in range(4):
+        w = q0 if t == 0 else (q1 if t == 1 else (q2 if t == 2 else q3))
+        lo = w & uint32(LO4)
+        hi = (w >> uint32(4)) & uint32(LO4)
+        for k in range(4):
+            q[r, 4 * t + k] = _qf(lo, k, float32(MAGIC))
+            q[r, 16 + 4 * t + k] = _qf(hi, k, float32(MAGIC))
+
+
+# ------------------------------------------------------------------ Q6_K: 210 B = ql[128] | qh[64] | scales[16] | d
+# unit c (0..7): half h = c/4, l0 = 8(c%4): ql[64h + l0 ..+8] (A lo, C hi), ql[64h + 32 + l0 ..+8] (B lo,
+# D hi), qh[32h + l0 ..+8] (bits 0-1 A, 2-3 B, 4-5 C, 6-7 D); run j at column 128h + l0 + 32j,
+# scale scales[8h + l0/16 + 2j]; weight = d * scale * (q - 32).
+@cuda.jit(device=True, inline=True)
+def col_q6_k(c, j):
+    return 128 * (c >> 2) + 8 * (c & 3) + 32 * j
+
+
+@cuda.jit(device=True, inline=True)
+def dec_q6_k(w32, w16, base, c, q, sa, sb, r):
+    h = c >> 2
+    l0 = 8 * (c & 3)
+    a0, a1 = _w2(w32, base + uint64(64 * h + l0))
+    b0, b1 = _w2(w32, base + uint64(64 * h + 32 + l0))
+    e0, e1 = _w2(w32, base + uint64(128 + 32 * h + l0))
+    s0, s1 = _w2(w32, base + uint64(192 + 8 * h))
+    d = hf(w16, base, 208)
+    i0 = l0 >> 4
+    for j in range(4):
+        sw = s0 if j < 2 else s1
+        sbyte = (sw >> uint32(8 * (i0 + 2 * (j & 1)))) & uint32(255)
+        sa[r, j] = d * (u2f(sbyte ^ uint32(128)) - float32(128.0))
+    off = float32(MAGIC + 32.0)
+    for t in range(2):
+        qa = a0 if t == 0 else a1
+        qb = b0 if t == 0 else b1
+        qh = e0 if t == 0 else e1
+        vA = (qa & uint32(LO4)) | ((qh << uint32(4)) & uint32(0x30303030))
+        vB = (qb & uint32(LO4)) | ((qh << uint32(2)) & uint32(0x30303030))
+        vC = ((qa >> uint32(4)) & uint32(LO4)) | (qh & uint32(0x30303030))
+        vD = ((qb >> uint32(4)) & uint32(LO4)) | ((qh >> uint32(2)) & uint32(0x30303030))
+        for k in range(4):
+            q[r, 4 * t + k] = _qf(vA, k, off)
+            q[r, 8 + 4 * t + k] = _qf(vB, k, off)
+            q[r, 16 + 4 * t + k] = _qf(vC, k, off)
+            q[r, 24 + 4 * t + k] = _qf(vD, k, off)
+
+
+# ------------------------------------------------------------------ Q8_0: 34 B = d | qs[32] int8 (one unit)
+@cuda.jit(device=True, inline=True)
+def col_one(c, j):
+    return 16 * j
+
+
+@cuda.jit(device=True, inline=True)
+def col_q8_0(c, j):
+    return 0
+
+
+@cuda.jit(device=True, inline=True)
+def dec_q8_0(w32, w16, base, c, q, sa, sb, r):
+    a = base >> uint64(2)
+    sel = uint32(0x5432) + uint32(base & uint64(2)) * uint32(0x1111)        # qs at base + 2: 2 or 4 bytes in
+    sa[r, 0] = hf(w16, base, 0)
+    w = w32[a]
+    off = float32(MAGIC + 128.0)
+    for t in range(8):
+        wn = w32[a + uint64(t + 1)]
+        v = prmt(w, wn, sel) ^ uint32(0x80808080)                              # int8 + 128, as unsigned bytes
+        for k in range(4):
+            q[r, 4 * t + k] = _qf(v, k, off)
+        w = wn
+
+
+# ------------------------------------------------------------------ Q4_0: 18 B = d | qs[16]; lo -> 0..15, hi -> 16..31
+@cuda.jit(device=True, inline=True)
+def dec_q4_0(w32, w16, base, c, q, sa, sb, r):
+    a = base >> uint64(2)
+    sel = uint32(0x5432) + uint32(base & uint64(2)) * uint32(0x1111)
+    sa[r, 0] = hf(w16, base, 0)
+    sa[r, 1] = sa[r, 0]
+    w = w32[a]
+    off = float32(MAGIC + 8.0)
+    for t in range(4):
+        wn = w32[a + uint64(t + 1)]
+        v = prmt(w, wn, sel)
+        lo = v & uint32(LO4)
+        hi = (v >> uint32(4)) & uint32(LO4)
+        for k in range(4):
+            q[r, 4 * t + k] = _qf(lo, k, off)
+            q[r, 16 + 4 * t + k] = _qf(hi, k, off)
+        w = wn
+
+
+T = GGMLType
+FSPECS = {
+    T.Q4_K: FSpec(T.Q4_K, 256, 144, 8, 2, 16, True, True, dec_q4_k, col_q4_k),
+    T.Q6_K: FSpec(T.Q6_K, 256, 210, 8, 4, 8, False, False, dec_q6_k, col_q6_k),
+    T.Q8_0: FSpec(T.Q8_0, 32, 34, 1, 1, 32, False, False, dec_q8_0, col_q8_0),
+    T.Q4_0: FSpec(T.Q4_0, 32, 18, 1, 2, 16, False, False, dec_q4_0, col_one),
+}
+
+
+def fast_supported(t: GGMLType, rowb: int, estride: int) -> bool:
+    s = FSPECS.get(t)
+    return s is not None and (not s.ALIGN16 or (rowb % 16 == 0 and estride % 16 == 0))
+
+
+@functools.lru_cache(maxsize=None)
+def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rwt: bool = False):
+    """Grouped warp GEMV: a block of KS warps computes RW rows of one group (grid (ceil(O/RW), GMAX)),
+    the warps splitting the row's units, lanes striding over them. Same arguments as `gemv.gemv_kernel`
+    (the lookup table argument `tb` is unused: none of these types has one)."""
+    s = FSPECS[t]
+    dec, col, BS, TS, UPB, NR, RL, NV, HASB = s.dec, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.HASB
+    NTH = 32 * KS
+    RU = RW if glu else 1
+    GLU, RWT = glu, rwt
+
+    @cuda.jit(device=True, inline=True)
+    def dot_rows(q, sa, sb, xv, xs, acc, tt, NRW):
+        for r in range(NRW):
+            a = float32(0.0)
+            for j in range(NR):
+                dj = float32(0.0)
+                for k in range(RL):
+                    dj = cuda.fma(q[r, j * RL + k], xv[j * RL + k], dj)
+                a = cuda.fma(sa[r, j], dj, a)
+                if HASB:
+                    a = cuda.fma(sb[r, j], xs[j], a)
+            acc[r, tt] += a
+
+    @cuda.jit
+    def fgemv(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
+        red = cuda.shared.array((KS, RW, NT), float32)
+        redu = cuda.shared.array((KS, RU, NT), float32)
+        tid = cuda.threadIdx.x
+        g = cuda.blockIdx.y
+        if g >= grp[0]:
+            return
+        row0 = cuda.blockIdx.x * RW
+        if row0 >= O:
+            return
+        warp = tid // 32
+        lane = tid % 32
+        e = grp[1 + g]
+        j0 = grp[1 + GMAX + g]
+        j1 = grp[2 + GMAX + g]
+        ebase = uint64(e) * uint64(estride)
+        nunits = (I // BS) * UPB
+        q = cuda.local.array((RW, NV), float32)
+        sa = cuda.local.array((RW, NR), float32)
+        sb = cuda.local.array((RW, NR), float32)
+        qu = cuda.local.array((RU, NV), float32)
+        sau = cuda.local.array((RU, NR), float32)
+        sbu = cuda.local.array((RU, NR), float32)
+        xv = cuda.local.array(NV, float32)
+        xs = cuda.local.array(NR, float32)
+        acc = cuda.local.array((RW, NT), float32)
+        accu = cuda.local.array((RU, NT), float32)
+        xrow = cuda.local.array(NT, int32)
+        for c0 in range(j0, j1, NT):
+            nt = min(NT, j1 - c0)
+            for tt in range(NT):
+                xrow[tt] = grp[2 + 2 * GMAX + min(c0 + tt, j1 - 1)]
+                for r in range(RW):
+                    acc[r, tt] = float32(0.0)
+                for r in range(RU):
+                    accu[r, tt] = float32(0.0)
+            u = warp * 32 + lane
+            while u < nunits:
+                b = u // UPB
+                c = u - b * UPB
+                for r in range(RW):
+                    rb = ebase + uint64(min(row0 + r, O - 1)) * uint64(rowb) + uint64(b) * uint64(TS)
+                    dec(w32, w16, rb, c, q, sa, sb, r)
+                    if GLU:
+                        dec(u32, u16, rb, c, qu, sau, sbu, r)
+                for tt in range(NT):
+                    if NT == 1 or tt < nt:
+                        xo = uint64(xrow[tt]) * uint64(I) + uint64(b * BS)
+                        for j in range(NR):
+                            cj = uint64(col(c, j))
+                            sj = float32(0.0)
+                            for k4 in range(RL // 4):
+                                v0, v1, v2, v3 = ld4f(x, xo + cj + uint64(4 * k4))
+                                xv[j * RL + 4 * k4] = v0
+                                xv[j * RL + 4 * k4 + 1] = v1
+                                xv[j * RL + 4 * k4 + 2] = v2
+                                xv[j * RL + 4 * k4 + 3] = v3
+                                if HASB:
+                                    sj += (v0 + v1) + (v2 + v3)
+                            xs[j] = sj
+                        dot_rows(q, sa, sb, xv, xs, acc, tt, RW)
+                        if GLU:
+                            dot_rows(qu, sau, sbu, xv, xs, accu, tt, RU)
+                u += NTH
+            for tt in range(NT):
+                for r in range(RW):
+                    a = warp_sum(acc[r, tt])
+                    if lane == 0:
+                        red[warp, r, tt] = a
+                for r in range(RU):
+                    if GLU:
+                        a = warp_sum(accu[r, tt])
+                        if lane == 0:
+                            redu[warp, r, tt] = a
+            cuda.syncthreads()
+            for i in range(tid, RW * NT, NTH):
+                r = i // NT
+                tt = i - r * NT
+                if tt < nt and row0 + r < O:
+                    a = red[0, r, tt]
+                    for w in range(1, KS):
+                        a += red[w, r, tt]
+                    a = a * sc[e]
+                    if GLU:
+                        uu = redu[0, r, tt]
+                        for w in range(1, KS):
+                            uu += redu[w, r, tt]
+                        a = silu(a) * (uu * sc[E + e])
+                    orow = grp[2 + 2 * GMAX + NP + c0 + tt]
+                    if RWT:
+                        a = a * rw[orow]
+                    y[orow, row0 + r] = a
+            cuda.syncthreads()
+    return fgemv
+
+
+__all__ = ["FSPECS", "fgemv_kernel", "fast_supported"]

@@ -1,0 +1,115 @@
+"""Three PTX instructions numba-cuda does not emit by itself, as tiny intrinsics (with simulator twins).
+
+    a, b, c, d = ld4u(w32, i)      w32[i : i + 4] in one 128-bit load (ld.global.nc.v4.u32); i % 4 == 0
+    a, b, c, d = ld4f(x, i)        the float32 elements i .. i + 3 of x (any shape, flat index), one load
+    r = prmt(a, b, sel)            byte permute: byte k of r = byte (sel >> 4k) & 7 of the 8 bytes b:a
+    f = h2f(u)                     the low 16 bits of u as an IEEE half -> float32 (cvt.f32.f16)
+
+Why: numba indexes one element per load, so a lane reading 16 contiguous bytes issues 4 loads (and a
+float32 activation run of 4 issues 4), which is what capped the first kernels; and a byte turned into a
+float costs a shift, a mask and an or in numba, one `prmt` here (see `fast.py`: the byte lands under the
+exponent 0x4B, 2^23 + byte, and one subtraction gives the exact float).
+
+The vector loads go through the read-only (non-coherent) path: only for data no kernel writes while
+it runs (weights, activations of an earlier launch). Alignment is the caller's promise: device arrays
+start 256-byte aligned and `i` must be a multiple of 4 elements.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, uint32
+
+from ._dev import SIM
+
+if SIM:
+    def ld4u(a, i):
+        f = a.reshape(-1)
+        i = int(i)
+        assert i % 4 == 0, "ld4u: unaligned index"
+        return f[i], f[i + 1], f[i + 2], f[i + 3]
+
+    def ld4f(a, i):
+        f = a.reshape(-1)
+        i = int(i)
+        assert i % 4 == 0, "ld4f: unaligned index"
+        return f[i], f[i + 1], f[i + 2], f[i + 3]
+
+    def prmt(a, b, sel):
+        v = (int(b) << 32) | int(a)
+        sel = int(sel)
+        r = 0
+        for k in range(4):
+            r |= ((v >> (8 * ((sel >> (4 * k)) & 7))) & 0xFF) << (8 * k)
+        return np.uint32(r)
+
+    def h2f(u):
+        return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
+
+else:
+    from llvmlite import ir
+    from numba.core import types
+    from numba.cuda.extending import intrinsic
+
+    _I16, _I32, _I64, _F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+    def _addr(context, builder, aryty, ary, idx):
+        data = context.make_array(aryty)(context, builder, ary).data
+        return builder.ptrtoint(builder.gep(data, [idx]), _I64)
+
+    def _ld4(elem, suffix, cons):
+        asm_ty = ir.LiteralStructType([elem] * 4)
+        text = ("{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+                f"ld.global.nc.v4.{suffix} {{$0, $1, $2, $3}}, [g]; }}")
+        fnty = ir.FunctionType(asm_ty, [_I64])
+        return ir.InlineAsm(fnty, text, f"={cons},={cons},={cons},={cons},l", side_effect=False)
+
+    def _make_ld4(nbtype, elem, suffix, cons):
+        @intrinsic
+        def ld4(typingctx, a, i):
+            if not isinstance(a, types.Array) or a.dtype != nbtype or not isinstance(i, types.Integer):
+                return None
+            sig = types.UniTuple(nbtype, 4)(a, i)
+
+            def codegen(context, builder, signature, args):
+                idx = args[1]
+                if idx.type.width < 64:
+                    idx = builder.sext(idx, _I64) if signature.args[1].signed else builder.zext(idx, _I64)
+                res = builder.call(_ld4(elem, suffix, cons), [_addr(context, builder, signature.args[0], args[0], idx)])
+                vals = [builder.extract_value(res, k) for k in range(4)]
+                return context.make_tuple(builder, signature.return_type, vals)
+            return sig, codegen
+        return ld4
+
+    ld4u = _make_ld4(types.uint32, _I32, "u32", "r")
+    ld4f = _make_ld4(types.float32, _F32, "f32", "f")
+
+    @intrinsic
+    def _prmt(typingctx, a, b, sel):
+        sig = types.uint32(types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(_I32, [_I32, _I32, _I32])
+            asm = ir.InlineAsm(fnty, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", side_effect=False)
+            return builder.call(asm, list(args))
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def prmt(a, b, sel):
+        return _prmt(uint32(a), uint32(b), uint32(sel))
+
+    @intrinsic
+    def _h2f(typingctx, u):
+        sig = types.float32(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            h = builder.trunc(args[0], _I16)
+            asm = ir.InlineAsm(ir.FunctionType(_F32, [_I16]), "cvt.f32.f16 $0, $1;", "=f,h", side_effect=False)
+            return builder.call(asm, [h])
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def h2f(u):
+        return _h2f(uint32(u))
+
+
+__all__ = ["ld4u", "ld4f", "prmt", "h2f"]
