@@ -27,7 +27,7 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
-from .simd import (add, addc, band, base3_tail, bf16x16, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
+from .simd import (add, addc, band, base3_tail, bf16x16, bytes_i8, bytes_u8, ilane, imulv, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
                    lanes, load16, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl,
                    shr, splat, splat2, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
@@ -43,6 +43,7 @@ Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: 
 TERNARY = np.array([-1, 0, 1, 2] + [0] * 12, dtype=np.float32)          # 2-bit codes: q - 1
 KV_IQ4 = KV_IQ4NL.astype(np.float32)
 KV_FP4 = KV_MXFP4.astype(np.float32)
+IOTA = np.arange(16, dtype=np.float32)                                 # q itself
 
 
 @njit(**J)
@@ -238,29 +239,35 @@ def dot_nvfp4(row, x):
 # broadcasts the one a sub-block needs.
 
 @njit(**J)
-def dot_q2_k(row, x):
+def dot_q2_k(row, x, xs):
     acc = 0.0
     for b in range(x.size // 256):
         o = 84 * b
         ahead(row, o, 84)
-        d = f16_at(row, o + 80)
-        dmin = f16_at(row, o + 82)
         w0 = u32_at(row, o)                                     # 1. 16 bytes: scale (low 4 bits), min (high 4)
         w1 = u32_at(row, o + 4)
         w2 = u32_at(row, o + 8)
         w3 = u32_at(row, o + 12)
-        sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
-        mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
-        v0, v1 = zeros(), zeros()
-        for n in range(2):                                      # 2. 2-bit plane j of 32 bytes, 16 at a time
-            q0 = u8x16(row, o + 16 + 32 * n)
+        sc = bytes_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4)   #    integer scales
+        mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -f16_at(row, o + 82),
+                       -f16_at(row, o + 82))
+        vm = mul(mn, load16(xs, 16 * b))                        #    the mins: -dmin m_i . sum(x of group i)
+        v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()   # one chain per 2-bit plane j
+        for n in range(2):                                      # 2. plane j of 32 bytes, 16 at a time: the
+            q0 = u8x16(row, o + 16 + 32 * n)                    #    field masked in place is 4^j q
             q1 = u8x16(row, o + 32 + 32 * n)
-            for j in range(4):
-                i = 8 * n + 2 * j
-                xo = 256 * b + 128 * n + 32 * j
-                v0 = fma(fma(lane(sc, i), to_f32(band(shr(q0, 2 * j), 3)), lane(mn, i)), load16(x, xo), v0)
-                v1 = fma(fma(lane(sc, i + 1), to_f32(band(shr(q1, 2 * j), 3)), lane(mn, i + 1)), load16(x, xo + 16), v1)
-        acc += hsum(add(v0, v1))
+            xo = 256 * b + 128 * n
+            i = 8 * n
+            v0 = fma(to_f32(imulv(ilane(sc, i + 1), band(q1, 3))), load16(x, xo + 16),
+                     fma(to_f32(imulv(ilane(sc, i), band(q0, 3))), load16(x, xo), v0))
+            v1 = fma(to_f32(imulv(ilane(sc, i + 3), band(q1, 12))), load16(x, xo + 48),
+                     fma(to_f32(imulv(ilane(sc, i + 2), band(q0, 12))), load16(x, xo + 32), v1))
+            v2 = fma(to_f32(imulv(ilane(sc, i + 5), band(q1, 48))), load16(x, xo + 80),
+                     fma(to_f32(imulv(ilane(sc, i + 4), band(q0, 48))), load16(x, xo + 64), v2))
+            v3 = fma(to_f32(imulv(ilane(sc, i + 7), band(q1, 192))), load16(x, xo + 112),
+                     fma(to_f32(imulv(ilane(sc, i + 6), band(q0, 192))), load16(x, xo + 96), v3))
+        v = fma(splat(np.float32(1 / 64)), v3, fma(splat(np.float32(1 / 16)), v2, fma(splat(np.float32(0.25)), v1, v0)))
+        acc += hsum(fma(splat(f16_at(row, o + 80)), v, vm))    # d (sc q . x) - dmin (m . sum x)
     return acc
 
 
@@ -311,24 +318,24 @@ def k4_scales(row, o):
 
 
 @njit(**J)
-def dot_q4_k(row, x):
+def dot_q4_k(row, x, xs):
+    T = load16(IOTA, 0)
     acc = 0.0
     for b in range(x.size // 256):
         o = 144 * b
         ahead(row, o, 144)
         sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
-        v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()     #    four accumulator chains
+        vm = mul(sc, load16(xs, 16 * b))                        #    the mins: -dmin m_i . sum(x of group i)
+        v0, v1 = zeros(), zeros()
         for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
-            c0, m0 = lane(sc, 2 * j), lane(sc, 8 + 2 * j)
-            c1, m1 = lane(sc, 2 * j + 1), lane(sc, 9 + 2 * j)
             xo = 256 * b + 64 * j
-            q = u8x16(row, o + 16 + 32 * j)
-            v0 = fma(fma(c0, to_f32(band(q, 15)), m0), load16(x, xo), v0)
-            v1 = fma(fma(c1, to_f32(shr(q, 4)), m1), load16(x, xo + 32), v1)
-            q = u8x16(row, o + 32 + 32 * j)
-            v2 = fma(fma(c0, to_f32(band(q, 15)), m0), load16(x, xo + 16), v2)
-            v3 = fma(fma(c1, to_f32(shr(q, 4)), m1), load16(x, xo + 48), v3)
-        acc += hsum(add(add(v0, v1), add(v2, v3)))
+            qa = u8x16(row, o + 16 + 32 * j)
+            qb = u8x16(row, o + 32 + 32 * j)
+            t0 = fma(to_f32(band(qb, 15)), load16(x, xo + 16), mul(to_f32(band(qa, 15)), load16(x, xo)))
+            t1 = fma(to_f32(shr(qb, 4)), load16(x, xo + 48), mul(to_f32(shr(qa, 4)), load16(x, xo + 32)))
+            v0 = fma(lane(sc, 2 * j), t0, v0)                   # d sc_i (q . x)
+            v1 = fma(lane(sc, 2 * j + 1), t1, v1)
+        acc += hsum(add(add(v0, v1), vm))
     return acc
 
 
@@ -627,29 +634,54 @@ def dot_iq1_m(row, x):
 # ---------------------------------------------------------------- dispatch
 
 DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q1_0: dot_q1_0, Q2_0: dot_q2_0, NVFP4: dot_nvfp4,
-       Q2_K: dot_q2_k, Q3_K: dot_q3_k, Q4_K: dot_q4_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k, Q8_K: dot_q8_k,
+       Q3_K: dot_q3_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k, Q8_K: dot_q8_k,
        TQ1_0: dot_tq1_0, TQ2_0: dot_tq2_0, IQ4_XS: dot_iq4_xs, IQ2_XXS: dot_iq2_xxs, IQ2_XS: dot_iq2_xs,
        IQ2_S: dot_iq2_s, IQ3_XXS: dot_iq3_xxs, IQ3_S: dot_iq3_s, IQ1_S: dot_iq1_s, IQ1_M: dot_iq1_m}
 # 32-element blocks: (block function, bytes per block, code book for `lut`)
 BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4_0: (blk_q4_0, 18, Q4_OFFSET),
             Q4_1: (blk_q4_1, 20, Q4_OFFSET), Q5_0: (blk_q5_0, 22, Q4_OFFSET), Q5_1: (blk_q5_1, 24, Q4_OFFSET),
             IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
-FUSED = tuple(DOT) + tuple(BLOCKS32)
+# kernels that take the activation group sums (x_sums): group size
+DOT_XS = {Q2_K: dot_q2_k, Q4_K: dot_q4_k}
+XS_GROUP = {Q2_K: 16, Q4_K: 32}
+FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32)
 
 
-def row_dot(kind, row, x):
-    """Numba only: fused row . x for ggml type `kind` (a compile-time constant in FUSED)."""
+def row_dot(kind, row, x, xs):
+    """Numba only: fused row . x for ggml type `kind` (a compile-time constant in FUSED); xs = x_sums(kind, x)
+    for that row."""
     raise NotImplementedError("row_dot is callable from Numba-compiled code only")
 
 
 @overload(row_dot, inline="always", prefer_literal=True)
-def _row_dot(kind, row, x):
+def _row_dot(kind, row, x, xs):
     # resolved while typing: only this type's kernel is compiled into the caller
     k = literal_kind(kind)
     if k in BLOCKS32:
         blk, ts, tab = BLOCKS32[k]
-        return lambda kind, row, x: dot_blocks32(blk, ts, tab, row, x)
+        return lambda kind, row, x, xs: dot_blocks32(blk, ts, tab, row, x)
+    fn = DOT_XS.get(k)
+    if fn is not None:
+        return lambda kind, row, x, xs: fn(row, x, xs)
     fn = DOT.get(k)
     if fn is None:
-        return lambda kind, row, x: 0.0           # not fused: the drivers never call it
-    return lambda kind, row, x: fn(row, x)
+        return lambda kind, row, x, xs: 0.0       # not fused: the drivers never call it
+    return lambda kind, row, x, xs: fn(row, x)
+
+
+def x_sums(kind: int, x: np.ndarray) -> np.ndarray:
+    """Per-group sums of the activation rows, for the kernels that fold a block's offset term (the
+    K-quant mins, Q3_K's -4, Q6_K's -32) into one multiply per block:  x [N, I] -> f32 [N, L].
+
+    Q2_K, Q3_K, Q6_K: L = I / 16, the sum of each 16 (one per sub-block);
+    Q4_K, Q5_K:       L = I / 16, per 256: 8 zeros then the sums of its 8 groups of 32 (the lanes
+                      of the mins in k4_scales). Sums in float64, rounded once. Other types: L = 0.
+    """
+    N, I = x.shape
+    g = XS_GROUP.get(kind)
+    if g is None:
+        return np.zeros((N, 0), np.float32)
+    s = x.reshape(N, I // g, g).sum(axis=-1, dtype=np.float64)              # [N, I / g]
+    if g == 32:
+        s = np.concatenate([np.zeros_like(s).reshape(N, -1, 8), s.reshape(N, -1, 8)], axis=-1)   # [N, I/256, 16]
+    return np.ascontiguousarray(s.reshape(N, -1), dtype=np.float32)

@@ -88,7 +88,7 @@ def kernels(kind: int) -> Kernels:
                 deq_block(kind, row, ts * b, dst, bs * b)
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
-    def gemv(raw, x, seg, active, y, tile):
+    def gemv(raw, x, xs, seg, active, y, tile):
         """Fused decode + dot on the bytes, once per activation row of the matrix (few rows: the
         weight row is decoded again for each, but read from memory once; it stays in L1)."""
         if version < 0:
@@ -101,7 +101,7 @@ def kernels(kind: int) -> Kernels:
             we = raw[e]
             for r in range(r0, min(O, r0 + tile)):
                 for n in range(seg[e], seg[e + 1]):
-                    y[n, r] = row_dot(kind, we[r], x[n])
+                    y[n, r] = row_dot(kind, we[r], x[n], xs[n])
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
     def gemm(raw, x, seg, active, y, tile):

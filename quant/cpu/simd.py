@@ -39,6 +39,7 @@ I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 VF = ir.VectorType(F32, 16)
 VI = ir.VectorType(I32, 16)
 HAVE_AVX512 = "+avx512f" in llb.get_host_cpu_features().flatten().split(",")
+llb.initialize_native_asmparser()           # for the inline-asm lane broadcast (_lane)
 
 
 class F32x16Type(types.Type):
@@ -86,6 +87,17 @@ def _splat(builder, value, vty):
 def _i32(builder, v):
     w = v.type.width
     return v if w == 32 else (builder.trunc(v, I32) if w > 32 else builder.zext(v, I32))
+
+
+def _lane(builder, v, i, kind):
+    """Lane i of v in all 16 lanes: one `vpermd`/`vpermps` with AVX-512 (LLVM's own broadcast of a
+    lane above 3 takes two shuffles), an extract and splat otherwise."""
+    i32 = builder.trunc(i, I32)
+    if HAVE_AVX512:                 # inline asm: LLVM would turn a constant permutation back into two shuffles
+        op = "vpermd" if kind == "si" else "vpermps"
+        asm = ir.InlineAsm(ir.FunctionType(v.type, [v.type, VI]), f"{op} $1, $2, $0", "=v,v,v")
+        return builder.call(asm, [v, _splat(builder, i32, VI)])
+    return _splat(builder, builder.extract_element(v, i32), v.type)
 
 
 def _fn(builder, name, ret, args):
@@ -307,6 +319,48 @@ def lut(typingctx, tab, idx):
     return sig, codegen
 
 
+def _bytes(signed):
+    def impl(typingctx, w0, w1, w2, w3):
+        sig = i32x16(types.int64, types.int64, types.int64, types.int64)
+
+        def codegen(context, builder, signature, args):
+            v4 = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
+            for k in range(4):
+                v4 = builder.insert_element(v4, builder.trunc(args[k], I32), ir.Constant(I32, k))
+            b16 = builder.bitcast(v4, ir.VectorType(I8, 16))
+            return builder.sext(b16, VI) if signed else builder.zext(b16, VI)
+        return sig, codegen
+    return impl
+
+
+bytes_u8 = intrinsic(_bytes(False))
+bytes_u8.__doc__ = """Lane l = byte l of the little-endian words w0..w3 (l < 16), zero-extended: 16 integer
+K-quant scales in one register."""
+bytes_i8 = intrinsic(_bytes(True))
+bytes_i8.__doc__ = "As bytes_u8, with the bytes read as int8."
+
+
+@intrinsic
+def ilane(typingctx, v, i):
+    """Lane i of the integer vector v in all 16 lanes."""
+    sig = i32x16(i32x16, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return _lane(builder, args[0], args[1], "si")
+    return sig, codegen
+
+
+@intrinsic
+def imulv(typingctx, a, b):
+    """a * b lane by lane (32-bit integers; the kernels' products stay far below 2^24, so they
+    convert to float32 exactly)."""
+    sig = i32x16(i32x16, i32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.mul(args[0], args[1])
+    return sig, codegen
+
+
 # ---------------------------------------------------------------- float lanes
 
 @intrinsic
@@ -349,7 +403,7 @@ def lane(typingctx, v, i):
     sig = f32x16(f32x16, types.intp)
 
     def codegen(context, builder, signature, args):
-        return _splat(builder, builder.extract_element(args[0], builder.trunc(args[1], I32)), VF)
+        return _lane(builder, args[0], args[1], "sf")
     return sig, codegen
 
 
