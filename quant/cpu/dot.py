@@ -27,7 +27,8 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
-from .simd import (add, addc, band, base3_tail, bf16x16, bytes_i8, bytes_u8, ilane, imulv, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
+from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bytes_i8, bytes_u8,
+                   ilane, imulv, spread, widen, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
                    lanes, load16, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl,
                    shr, splat, splat2, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
@@ -102,85 +103,84 @@ def dot_bf16(row, x):
 
 
 # ---------------------------------------------------------------- 32-element blocks
-# `blk_<type>(row, o, x, xo, tab)` returns the block's contribution as 16 lanes (to be summed);
-# `dot_blocks32` walks the blocks, flushing the lanes into the float64 sum every 8 blocks.
+# `blk_<type>(row, o, x, xo, tab, v, m, xs)` adds the block's d (q . x) to the 16 lanes v and its
+# offset term (Q5_0's -16 d, Q4_1/Q5_1's m, times xs = the sum of the block's 32 x)
+# to the float32 m; `dot_blocks32` walks the blocks, flushing both into the float64 sum every 8 blocks.
 
 @njit(**J)
-def blk_q8_0(row, o, x, xo, tab):
+def blk_q8_0(row, o, x, xo, tab, v, m, xs):
     t = fma(i8x16f(row, o + 18), load16(x, xo + 16), mul(i8x16f(row, o + 2), load16(x, xo)))
-    return mul(splat(f16_at(row, o)), t)
+    return fma(splat(f16_at(row, o)), t, v), m
 
 
 @njit(**J)
-def blk_q8_1(row, o, x, xo, tab):
+def blk_q8_1(row, o, x, xo, tab, v, m, xs):
     t = fma(i8x16f(row, o + 20), load16(x, xo + 16), mul(i8x16f(row, o + 4), load16(x, xo)))
-    return mul(splat(f16_at(row, o)), t)
+    return fma(splat(f16_at(row, o)), t, v), m
 
 
 @njit(**J)
-def blk_q4_0(row, o, x, xo, tab):
+def blk_q4_0(row, o, x, xo, tab, v, m, xs):
     q = u8x16(row, o + 2)                                       # byte j: nibbles of x[j], x[j + 16]
     t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
-    return mul(splat(f16_at(row, o)), t)                        # d ((q - 8) . x)
+    return fma(splat(f16_at(row, o)), t, v), m                  # d ((q - 8) . x)
 
 
 @njit(**J)
-def blk_q4_1(row, o, x, xo, tab):
-    d = splat(f16_at(row, o))
-    mn = splat(f16_at(row, o + 2))
+def blk_q4_1(row, o, x, xo, tab, v, m, xs):
     q = u8x16(row, o + 4)
-    w0 = fma(d, to_f32(band(q, 15)), mn)                        # w = d q + m
-    w1 = fma(d, to_f32(shr(q, 4)), mn)
-    return fma(w1, load16(x, xo + 16), mul(w0, load16(x, xo)))
+    t = fma(to_f32(shr(q, 4)), load16(x, xo + 16), mul(to_f32(band(q, 15)), load16(x, xo)))
+    return fma(splat(f16_at(row, o)), t, v), m + f16_at(row, o + 2) * xs     # d (q . x) + m sum(x)
 
 
 @njit(**J)
-def blk_q5_0(row, o, x, xo, tab):
+def blk_q5_0(row, o, x, xo, tab, v, m, xs):
     qh = u32_at(row, o + 2)                                     # 5th bits: bit j -> x[j]
     q = u8x16(row, o + 6)
     q0 = to_f32(ior(band(q, 15), shl(lanes(qh, 1, 1), 4)))
     q1 = to_f32(ior(shr(q, 4), shl(lanes(qh >> 16, 1, 1), 4)))
-    t = fma(addc(q1, np.float32(-16)), load16(x, xo + 16), mul(addc(q0, np.float32(-16)), load16(x, xo)))
-    return mul(splat(f16_at(row, o)), t)
+    d = f16_at(row, o)
+    return fma(splat(d), fma(q1, load16(x, xo + 16), mul(q0, load16(x, xo))), v), m + np.float32(-16) * d * xs
 
 
 @njit(**J)
-def blk_q5_1(row, o, x, xo, tab):
-    d = splat(f16_at(row, o))
-    mn = splat(f16_at(row, o + 2))
+def blk_q5_1(row, o, x, xo, tab, v, m, xs):
     qh = u32_at(row, o + 4)
     q = u8x16(row, o + 8)
-    w0 = fma(d, to_f32(ior(band(q, 15), shl(lanes(qh, 1, 1), 4))), mn)
-    w1 = fma(d, to_f32(ior(shr(q, 4), shl(lanes(qh >> 16, 1, 1), 4))), mn)
-    return fma(w1, load16(x, xo + 16), mul(w0, load16(x, xo)))
+    q0 = to_f32(ior(band(q, 15), shl(lanes(qh, 1, 1), 4)))
+    q1 = to_f32(ior(shr(q, 4), shl(lanes(qh >> 16, 1, 1), 4)))
+    t = fma(q1, load16(x, xo + 16), mul(q0, load16(x, xo)))
+    return fma(splat(f16_at(row, o)), t, v), m + f16_at(row, o + 2) * xs
 
 
 @njit(**J)
-def blk_iq4_nl(row, o, x, xo, tab):
+def blk_iq4_nl(row, o, x, xo, tab, v, m, xs):
     q = u8x16(row, o + 2)
     t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
-    return mul(splat(f16_at(row, o)), t)
+    return fma(splat(f16_at(row, o)), t, v), m
 
 
 @njit(**J)
-def blk_mxfp4(row, o, x, xo, tab):
+def blk_mxfp4(row, o, x, xo, tab, v, m, xs):
     q = u8x16(row, o + 1)
     t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
-    return mul(splat(ld(E8M0_HALF, ld(row, o))), t)
+    return fma(splat(ld(E8M0_HALF, ld(row, o))), t, v), m
 
 
 @njit(**J)
-def dot_blocks32(blk, ts, tab, row, x):
-    """Row . x for a 32-block type with block function `blk` and `ts` bytes per block."""
+def dot_blocks32(blk, ts, tab, row, x, xs):
+    """Row . x for a 32-block type with block function `blk` and `ts` bytes per block; xs: the sums of
+    x per 32 (x_sums), read only by the types with an offset term."""
     T = load16(tab, 0)                                          # the code book, once per row
     nb = x.size // 32
     acc = 0.0
     for g0 in range(0, nb, 8):
         ahead(row, ts * g0, 8 * ts)
         v = zeros()
+        m = np.float32(0)
         for b in range(g0, min(nb, g0 + 8)):
-            v = add(v, blk(row, ts * b, x, 32 * b, T))
-        acc += hsum(v)
+            v, m = blk(row, ts * b, x, 32 * b, T, v, m, ld(xs, b) if xs.size else np.float32(0))
+        acc += hsum(v) + m
     return acc
 
 
@@ -233,6 +233,17 @@ def dot_nvfp4(row, x):
     return acc
 
 
+@njit(**J)
+def lanes4(q, x, xo):
+    """Lane l of sum_k q_k x'[xo + 16 k + l], q_k = byte k of lane l of q masked in place (256^k times
+    its value; the top byte shifted down): 64 weights with no widening shuffle. x' = x_lanes(x):
+    x'[xo + 16 k + l] = x[xo + 4 l + k] / 256^k (k < 3), so each product is exact."""
+    t = mul(to_f32(band(q, 0xFF)), load16(x, xo))
+    t = fma(to_f32(band(q, 0xFF00)), load16(x, xo + 16), t)
+    t = fma(to_f32(band(q, 0xFF0000)), load16(x, xo + 32), t)
+    return fma(to_f32(shr(q, 24)), load16(x, xo + 48), t)
+
+
 # ---------------------------------------------------------------- K-quants (256-element blocks)
 # Scales: the 12-16 scale bytes, rearranged with 32-bit masks, are widened to 16 float32 scales by
 # one vector operation (scales_*) kept in a register (mins with the minus sign folded in); `lane`
@@ -248,31 +259,32 @@ def dot_q2_k(row, x, xs):
         w1 = u32_at(row, o + 4)
         w2 = u32_at(row, o + 8)
         w3 = u32_at(row, o + 12)
-        sc = bytes_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4)   #    integer scales
-        mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -f16_at(row, o + 82),
-                       -f16_at(row, o + 82))
-        vm = mul(mn, load16(xs, 16 * b))                        #    the mins: -dmin m_i . sum(x of group i)
-        v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()   # one chain per 2-bit plane j
-        for n in range(2):                                      # 2. plane j of 32 bytes, 16 at a time: the
-            q0 = u8x16(row, o + 16 + 32 * n)                    #    field masked in place is 4^j q
-            q1 = u8x16(row, o + 32 + 32 * n)
-            xo = 256 * b + 128 * n
-            i = 8 * n
-            v0 = fma(to_f32(imulv(ilane(sc, i + 1), band(q1, 3))), load16(x, xo + 16),
-                     fma(to_f32(imulv(ilane(sc, i), band(q0, 3))), load16(x, xo), v0))
-            v1 = fma(to_f32(imulv(ilane(sc, i + 3), band(q1, 12))), load16(x, xo + 48),
-                     fma(to_f32(imulv(ilane(sc, i + 2), band(q0, 12))), load16(x, xo + 32), v1))
-            v2 = fma(to_f32(imulv(ilane(sc, i + 5), band(q1, 48))), load16(x, xo + 80),
-                     fma(to_f32(imulv(ilane(sc, i + 4), band(q0, 48))), load16(x, xo + 64), v2))
-            v3 = fma(to_f32(imulv(ilane(sc, i + 7), band(q1, 192))), load16(x, xo + 112),
-                     fma(to_f32(imulv(ilane(sc, i + 6), band(q0, 192))), load16(x, xo + 96), v3))
-        v = fma(splat(np.float32(1 / 64)), v3, fma(splat(np.float32(1 / 16)), v2, fma(splat(np.float32(0.25)), v1, v0)))
-        acc += hsum(fma(splat(f16_at(row, o + 80)), v, vm))    # d (sc q . x) - dmin (m . sum x)
+        d = f16_at(row, o + 80)
+        dmin = f16_at(row, o + 82)
+        sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
+        mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
+        v = mul(mn, load16(xs, 16 * b))                         #    the mins: -dmin m_i . sum(x of group i)
+        for n in range(2):                                      # 2. 2-bit field j of byte l of 32 -> x[32 j + l]
+            qs = b32x2(row, o + 16 + 32 * n)
+            for h in range(2):                                  #    fields 2h, 2h + 1: 64 weights in order
+                q = as_i32(bmask(bsh(qs, 4 * h, 4 * h + 2), 3))
+                v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(q, x, 256 * b + 128 * n + 64 * h), v)
+        acc += hsum(v)
     return acc
 
 
 @njit(**J)
-def dot_q3_k(row, x):
+def field(v, lo, dst, mask):
+    """The bit field (v >> lo) & mask moved to bit dst: one shift and one mask (no shift if lo == dst)."""
+    if lo > dst:
+        return band(shr(v, lo - dst), mask << dst)
+    if lo < dst:
+        return band(shl(v, dst - lo), mask << dst)
+    return band(v, mask << dst)
+
+
+@njit(**J)
+def dot_q3_k(row, x, xs):
     acc = 0.0
     for b in range(x.size // 256):
         o = 110 * b
@@ -286,23 +298,16 @@ def dot_q3_k(row, x):
         s3 = ((a1 >> 4) & LO4) | (((t >> 6) & HI2) << 4)
         s0, s1, s2, s3 = ((s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8,   # bytes - 32 as int8
                           (s2 + 0x60606060) ^ SIGN8, (s3 + 0x60606060) ^ SIGN8)
-        d = f16_at(row, o + 108)
-        sc = scales_i8(s0, s1, s2, s3, d, d)                    # c = d sc
-        mn = scales_i8(s0, s1, s2, s3, np.float32(-4) * d, np.float32(-4) * d)      # -4 c, exactly
-        hm0 = u8x16(row, o)
-        hm1 = u8x16(row, o + 16)
-        v0, v1 = zeros(), zeros()
-        for n in range(2):                                      # 2. q = 2 low bits + 4 * hmask bit, w = c q - 4 c
-            q0 = u8x16(row, o + 32 + 32 * n)
-            q1 = u8x16(row, o + 48 + 32 * n)
-            for j in range(4):
-                i = 8 * n + 2 * j
-                xo = 256 * b + 128 * n + 32 * j
-                qa = ior(band(shr(q0, 2 * j), 3), shl(band(shr(hm0, 4 * n + j), 1), 2))
-                qb = ior(band(shr(q1, 2 * j), 3), shl(band(shr(hm1, 4 * n + j), 1), 2))
-                v0 = fma(fma(lane(sc, i), to_f32(qa), lane(mn, i)), load16(x, xo), v0)
-                v1 = fma(fma(lane(sc, i + 1), to_f32(qb), lane(mn, i + 1)), load16(x, xo + 16), v1)
-        acc += hsum(add(v0, v1))
+        sc = scales_i8(s0, s1, s2, s3, f16_at(row, o + 108), f16_at(row, o + 108))    # c = d sc
+        vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -4 c . sum(x of group i), below
+        hm = b32x2(row, o)                                      #    bit 4n + j of hmask[l] -> x[128 n + 32 j + l]
+        v = zeros()
+        for n in range(2):                                      # 2. q = 2 low bits + 4 * hmask bit, w = c (q - 4)
+            qs = b32x2(row, o + 32 + 32 * n)
+            for h in range(2):                                  #    fields j = 2h, 2h + 1: 64 weights in order
+                q = bor(bmask(bsh(qs, 4 * h, 4 * h + 2), 3), bmask(bsh(hm, 4 * n + 2 * h - 2, 4 * n + 2 * h - 1), 4))
+                v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(as_i32(q), x, 256 * b + 128 * n + 64 * h), v)
+        acc += hsum(fma(splat(np.float32(-4)), vm, v))
     return acc
 
 
@@ -319,52 +324,37 @@ def k4_scales(row, o):
 
 @njit(**J)
 def dot_q4_k(row, x, xs):
-    T = load16(IOTA, 0)
     acc = 0.0
     for b in range(x.size // 256):
         o = 144 * b
         ahead(row, o, 144)
         sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
-        vm = mul(sc, load16(xs, 16 * b))                        #    the mins: -dmin m_i . sum(x of group i)
-        v0, v1 = zeros(), zeros()
+        v = mul(sc, load16(xs, 16 * b))                         #    the mins: -dmin m_i . sum(x of group i)
         for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
-            xo = 256 * b + 64 * j
-            qa = u8x16(row, o + 16 + 32 * j)
-            qb = u8x16(row, o + 32 + 32 * j)
-            t0 = fma(to_f32(band(qb, 15)), load16(x, xo + 16), mul(to_f32(band(qa, 15)), load16(x, xo)))
-            t1 = fma(to_f32(shr(qb, 4)), load16(x, xo + 48), mul(to_f32(shr(qa, 4)), load16(x, xo + 32)))
-            v0 = fma(lane(sc, 2 * j), t0, v0)                   # d sc_i (q . x)
-            v1 = fma(lane(sc, 2 * j + 1), t1, v1)
-        acc += hsum(add(add(v0, v1), vm))
+            q = as_i32(bmask(bsh(b32x2(row, o + 16 + 32 * j), 0, 4), 15))
+            v = fma(spread(sc, 2 * j, 8), lanes4(q, x, 256 * b + 64 * j), v)      # d sc_i (q . x)
+        acc += hsum(v)
     return acc
 
 
 @njit(**J)
-def dot_q5_k(row, x):
+def dot_q5_k(row, x, xs):
     acc = 0.0
     for b in range(x.size // 256):
         o = 176 * b
         ahead(row, o, 176)
-        sc = k4_scales(row, o)
-        v0, v1, v2, v3 = zeros(), zeros(), zeros(), zeros()
-        qh0 = u8x16(row, o + 16)                                # 5th bits: bit 2j / 2j+1 of qh[l]
-        qh1 = u8x16(row, o + 32)
-        for j in range(4):
-            c0, m0 = lane(sc, 2 * j), lane(sc, 8 + 2 * j)
-            c1, m1 = lane(sc, 2 * j + 1), lane(sc, 9 + 2 * j)
-            xo = 256 * b + 64 * j
-            q = u8x16(row, o + 48 + 32 * j)
-            v0 = fma(fma(c0, to_f32(ior(band(q, 15), shl(band(shr(qh0, 2 * j), 1), 4))), m0), load16(x, xo), v0)
-            v1 = fma(fma(c1, to_f32(ior(shr(q, 4), shl(band(shr(qh0, 2 * j + 1), 1), 4))), m1), load16(x, xo + 32), v1)
-            q = u8x16(row, o + 64 + 32 * j)
-            v2 = fma(fma(c0, to_f32(ior(band(q, 15), shl(band(shr(qh1, 2 * j), 1), 4))), m0), load16(x, xo + 16), v2)
-            v3 = fma(fma(c1, to_f32(ior(shr(q, 4), shl(band(shr(qh1, 2 * j + 1), 1), 4))), m1), load16(x, xo + 48), v3)
-        acc += hsum(add(add(v0, v1), add(v2, v3)))
+        sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
+        v = mul(sc, load16(xs, 16 * b))                         #    the mins: -dmin m_i . sum(x of group i)
+        qh = b32x2(row, o + 16)                                 # 5th bits: bit 2j / 2j+1 of qh[l]
+        for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
+            q = bor(bmask(bsh(b32x2(row, o + 48 + 32 * j), 0, 4), 15), bmask(bsh(qh, 2 * j - 4, 2 * j - 3), 16))
+            v = fma(spread(sc, 2 * j, 8), lanes4(as_i32(q), x, 256 * b + 64 * j), v)
+        acc += hsum(v)
     return acc
 
 
 @njit(**J)
-def dot_q6_k(row, x):
+def dot_q6_k(row, x, xs):
     acc = 0.0
     for b in range(x.size // 256):
         o = 210 * b
@@ -372,21 +362,17 @@ def dot_q6_k(row, x):
         d = f16_at(row, o + 208)
         w0, w1, w2, w3 = u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204)
         sc = scales_i8(w0, w1, w2, w3, d, d)                    # 1. int8 scales: c = d sc
-        mn = scales_i8(w0, w1, w2, w3, np.float32(-32) * d, np.float32(-32) * d)    # -32 c, exactly
+        vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -32 c . sum(x of group i), below
         v0, v1 = zeros(), zeros()
-        for n in range(2):                                      # 2. q = 4 bits of ql + 16 * 2 bits of qh
-            qh0 = u8x16(row, o + 128 + 32 * n)
-            qh1 = u8x16(row, o + 144 + 32 * n)
-            for qq in range(4):
-                i = 8 * n + 2 * qq
-                ql0 = u8x16(row, o + 64 * n + 32 * (qq & 1))
-                ql1 = u8x16(row, o + 64 * n + 32 * (qq & 1) + 16)
-                qa = ior(band(shr(ql0, 4 * (qq >> 1)), 15), shl(band(shr(qh0, 2 * qq), 3), 4))
-                qb = ior(band(shr(ql1, 4 * (qq >> 1)), 15), shl(band(shr(qh1, 2 * qq), 3), 4))
-                xo = 256 * b + 128 * n + 32 * qq
-                v0 = fma(fma(lane(sc, i), to_f32(qa), lane(mn, i)), load16(x, xo), v0)     # d sc (q - 32)
-                v1 = fma(fma(lane(sc, i + 1), to_f32(qb), lane(mn, i + 1)), load16(x, xo + 16), v1)
-        acc += hsum(add(v0, v1))
+        for n in range(2):                                      # 2. per 128 weights, on the packed bytes:
+            ql = b64(row, o + 64 * n)                           #    ql[l] low nibble -> x[l], ql[l + 32] -> x[l + 32],
+            qh = b32x2(row, o + 128 + 32 * n)                   #    high nibbles -> x[l + 64], x[l + 96];
+            q0 = as_i32(bor(bmask(ql, 15), bmask(bsh(qh, -4, -2), 48)))       # qh[l] bits 2k, 2k+1 -> 16, 32
+            q1 = as_i32(bor(bmask(bsh(ql, 4, 4), 15), bmask(bsh(qh, 0, 2), 48)))  # q0: x[0:64], q1: x[64:128]
+            xo = 256 * b + 128 * n                              # 3. byte k of each lane in place (x_lanes)
+            v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c (q . x)
+            v1 = fma(spread(sc, 8 * n + 4, 4), lanes4(q1, x, xo + 64), v1)
+        acc += hsum(fma(splat(np.float32(-32)), vm, add(v0, v1)))
     return acc
 
 
@@ -634,7 +620,7 @@ def dot_iq1_m(row, x):
 # ---------------------------------------------------------------- dispatch
 
 DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q1_0: dot_q1_0, Q2_0: dot_q2_0, NVFP4: dot_nvfp4,
-       Q3_K: dot_q3_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k, Q8_K: dot_q8_k,
+       Q8_K: dot_q8_k,
        TQ1_0: dot_tq1_0, TQ2_0: dot_tq2_0, IQ4_XS: dot_iq4_xs, IQ2_XXS: dot_iq2_xxs, IQ2_XS: dot_iq2_xs,
        IQ2_S: dot_iq2_s, IQ3_XXS: dot_iq3_xxs, IQ3_S: dot_iq3_s, IQ1_S: dot_iq1_s, IQ1_M: dot_iq1_m}
 # 32-element blocks: (block function, bytes per block, code book for `lut`)
@@ -642,8 +628,8 @@ BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4
             Q4_1: (blk_q4_1, 20, Q4_OFFSET), Q5_0: (blk_q5_0, 22, Q4_OFFSET), Q5_1: (blk_q5_1, 24, Q4_OFFSET),
             IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
 # kernels that take the activation group sums (x_sums): group size
-DOT_XS = {Q2_K: dot_q2_k, Q4_K: dot_q4_k}
-XS_GROUP = {Q2_K: 16, Q4_K: 32}
+DOT_XS = {Q2_K: dot_q2_k, Q3_K: dot_q3_k, Q4_K: dot_q4_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k}
+XS_GROUP = {Q2_K: 16, Q3_K: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, Q4_1: 32, Q5_0: 32, Q5_1: 32}
 FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32)
 
 
@@ -659,7 +645,7 @@ def _row_dot(kind, row, x, xs):
     k = literal_kind(kind)
     if k in BLOCKS32:
         blk, ts, tab = BLOCKS32[k]
-        return lambda kind, row, x, xs: dot_blocks32(blk, ts, tab, row, x)
+        return lambda kind, row, x, xs: dot_blocks32(blk, ts, tab, row, x, xs)
     fn = DOT_XS.get(k)
     if fn is not None:
         return lambda kind, row, x, xs: fn(row, x, xs)
@@ -670,18 +656,33 @@ def _row_dot(kind, row, x, xs):
 
 
 def x_sums(kind: int, x: np.ndarray) -> np.ndarray:
-    """Per-group sums of the activation rows, for the kernels that fold a block's offset term (the
-    K-quant mins, Q3_K's -4, Q6_K's -32) into one multiply per block:  x [N, I] -> f32 [N, L].
+    """Per-group sums of the activation rows, for the kernels that fold a block's offset term (mins,
+    Q4_0's -8, Q3_K's -4, Q6_K's -32, TQ's -1, ...) into one multiply per group:  x [N, I] -> f32 [N, L].
 
-    Q2_K, Q3_K, Q6_K: L = I / 16, the sum of each 16 (one per sub-block);
-    Q4_K, Q5_K:       L = I / 16, per 256: 8 zeros then the sums of its 8 groups of 32 (the lanes
-                      of the mins in k4_scales). Sums in float64, rounded once. Other types: L = 0.
+    L = I / g for the group size g = XS_GROUP[kind] (the sum of each g consecutive x), except
+    Q4_K, Q5_K: L = I / 16, per 256: 8 zeros then the sums of its 8 groups of 32 (the lanes of the
+    mins in k4_scales). Sums in float64, rounded once. Types without an offset term: L = 0.
     """
     N, I = x.shape
     g = XS_GROUP.get(kind)
     if g is None:
         return np.zeros((N, 0), np.float32)
     s = x.reshape(N, I // g, g).sum(axis=-1, dtype=np.float64)              # [N, I / g]
-    if g == 32:
+    if kind in (Q4_K, Q5_K):
         s = np.concatenate([np.zeros_like(s).reshape(N, -1, 8), s.reshape(N, -1, 8)], axis=-1)   # [N, I/256, 16]
     return np.ascontiguousarray(s.reshape(N, -1), dtype=np.float32)
+
+
+# kernels that read x in lane order (lanes4): x' = x_lanes(kind, x)
+X_LANES = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+_LANE_SCALE = np.array([1, 2.0 ** -8, 2.0 ** -16, 1], np.float32)
+
+
+def x_lanes(kind: int, x: np.ndarray) -> np.ndarray:
+    """x as the kernels of X_LANES read it: per 64, x'[16 k + l] = x[4 l + k] / 256^k for k < 3 and
+    x[4 l + 3] for k = 3 (see lanes4; exact: powers of two).  x [N, I] -> [N, I]; other types: x."""
+    if kind not in X_LANES:
+        return x
+    N, I = x.shape
+    xp = x.reshape(N, I // 64, 16, 4).transpose(0, 1, 3, 2) * _LANE_SCALE[:, None]   # [N, I/64, 4, 16]
+    return np.ascontiguousarray(xp.reshape(N, I), dtype=np.float32)

@@ -25,7 +25,7 @@ from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
 from .dequant import KINDS
-from .dot import x_sums
+from .dot import x_lanes, x_sums
 from .kernels import kernels
 
 # measured on the project machine (Q4_K / IQ2_XXS, 4096 x 14336): re-running the fused GEMV per row
@@ -123,7 +123,7 @@ def _launch(kind: int, raw: np.ndarray, x: np.ndarray, seg: np.ndarray, active: 
     old = set_parallel_chunksize(1)
     try:
         if one.size:
-            k.gemv(raw, x, x_sums(kind, x), seg, one, y, tile_rows or default_tile(O, one.size))
+            k.gemv(raw, x_lanes(kind, x), x_sums(kind, x), seg, one, y, tile_rows or default_tile(O, one.size))
         if many.size:
             k.gemm(raw, x, seg, many, y, tile_rows or default_tile(O, many.size))
     finally:

@@ -52,8 +52,15 @@ class I32x16Type(types.Type):
         super().__init__(name="i32x16")
 
 
+class U8x64Type(types.Type):
+    def __init__(self):
+        super().__init__(name="u8x64")
+
+
 f32x16 = F32x16Type()
 i32x16 = I32x16Type()
+u8x64 = U8x64Type()
+VB = ir.VectorType(I8, 64)
 
 
 @register_model(F32x16Type)
@@ -66,6 +73,12 @@ class _F32x16Model(models.PrimitiveModel):
 class _I32x16Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
         super().__init__(dmm, fe_type, VI)
+
+
+@register_model(U8x64Type)
+class _U8x64Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, VB)
 
 
 # ---------------------------------------------------------------- helpers (IR)
@@ -358,6 +371,116 @@ def imulv(typingctx, a, b):
 
     def codegen(context, builder, signature, args):
         return builder.mul(args[0], args[1])
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- 64 bytes at a time
+# Bit fields are cheapest to move while still packed: one byte operation on 64 bytes does the work
+# of four on 16 widened lanes. `widen` then takes 16 of the bytes to 32-bit lanes.
+
+@intrinsic
+def b64(typingctx, row, o):
+    """The 64 bytes at row[o:]."""
+    sig = u8x64(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.load(_at(context, builder, signature.args[0], args[0], args[1], VB), align=1)
+    return sig, codegen
+
+
+@intrinsic
+def b32x2(typingctx, row, o):
+    """The 32 bytes at row[o:], twice (bytes 0..31 and 32..63)."""
+    sig = u8x64(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        h = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I8, 32)), align=1)
+        return builder.shuffle_vector(h, h, ir.Constant(ir.VectorType(I32, 64), list(range(32)) * 2))
+    return sig, codegen
+
+
+@intrinsic
+def bsh(typingctx, v, s_lo, s_hi):
+    """Bytes 0..31 shifted right by s_lo bits, bytes 32..63 by s_hi (a negative count shifts left),
+    as 64-bit lanes (`vpsrlvq` / `vpsllvq`): bits of the neighbouring byte move in, so a `bmask`
+    must follow. Counts in -7..7, of one sign, constants once the kernel's loops are unrolled."""
+    sig = u8x64(u8x64, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        Q = ir.VectorType(ir.IntType(64), 8)
+        q = builder.bitcast(args[0], Q)
+        c = builder.shuffle_vector(_splat(builder, args[1], ir.VectorType(ir.IntType(64), 16)),
+                                   _splat(builder, args[2], ir.VectorType(ir.IntType(64), 16)),
+                                   ir.Constant(ir.VectorType(I32, 8), [0] * 4 + [16] * 4))
+        left = builder.icmp_signed("<", builder.add(args[1], args[2]), ir.Constant(args[1].type, 0))
+        r = builder.select(left, builder.shl(q, builder.neg(c)), builder.lshr(q, c))
+        return builder.bitcast(r, VB)
+    return sig, codegen
+
+
+@intrinsic
+def bmask(typingctx, v, m):
+    """v & m in every byte (m a constant)."""
+    if not isinstance(m, types.IntegerLiteral):
+        return None
+    c = m.literal_value
+    sig = u8x64(u8x64, m)
+
+    def codegen(context, builder, signature, args):
+        return builder.and_(args[0], ir.Constant(VB, [c] * 64))
+    return sig, codegen
+
+
+@intrinsic
+def bor(typingctx, a, b):
+    """a | b byte by byte."""
+    sig = u8x64(u8x64, u8x64)
+
+    def codegen(context, builder, signature, args):
+        return builder.or_(args[0], args[1])
+    return sig, codegen
+
+
+@intrinsic
+def widen(typingctx, v, g):
+    """Bytes 16 g .. 16 g + 15 of v (g = 0..3), zero-extended to 32-bit lanes."""
+    sig = i32x16(u8x64, types.intp)
+
+    def codegen(context, builder, signature, args):
+        q = builder.bitcast(args[0], ir.VectorType(ir.IntType(128), 4))
+        b = builder.bitcast(builder.extract_element(q, builder.trunc(args[1], I32)), ir.VectorType(I8, 16))
+        return builder.zext(b, VI)
+    return sig, codegen
+
+
+@intrinsic
+def as_i32(typingctx, v):
+    """The 64 bytes as 16 little-endian 32-bit lanes (lane l = bytes 4l .. 4l + 3; no instruction)."""
+    sig = i32x16(u8x64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], VI)
+    return sig, codegen
+
+
+@intrinsic
+def spread(typingctx, v, first, group):
+    """Lane l = v[first + l // group] (group 4 or 8 a compile-time constant): the scales of 4 (2)
+    consecutive sub-blocks, each over the lanes that hold its weights (one `vpermps`)."""
+    if not isinstance(group, types.IntegerLiteral):
+        return None
+    gsz = group.literal_value
+    sig = f32x16(f32x16, types.intp, group)
+
+    def codegen(context, builder, signature, args):
+        idx = builder.add(_splat(builder, builder.trunc(args[1], I32), VI), ir.Constant(VI, [l // gsz for l in range(16)]))
+        if HAVE_AVX512:
+            return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [args[0], idx])
+        out = ir.Constant(VF, ir.Undefined)
+        for lane in range(16):
+            k = builder.extract_element(idx, ir.Constant(I32, lane))
+            out = builder.insert_element(out, builder.extract_element(args[0], k), ir.Constant(I32, lane))
+        return out
     return sig, codegen
 
 
