@@ -61,7 +61,7 @@ LLAMA_MOE_US = {
 PRIORITY = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16"]
 TUNED = ["Q4_K", "Q6_K", "Q8_0", "Q4_0"]
 SHAPES = [(2, 8, 2), (4, 4, 2), (2, 8, 4)]          # generic GEMV: (rows, split-K warps, parts in flight) tried
-FAST_SHAPES = [(1, 4), (2, 4), (4, 4), (2, 8), (4, 2), (1, 8), (2, 2)]   # fast GEMV: (rows per warp, warps per block)
+FAST_SHAPES = [(4, 4), (8, 4), (16, 4), (8, 2), (16, 2), (32, 4), (8, 8), (16, 8)]   # one-token fast GEMV: (rows, warps)
 L2_BYTES = 50e6
 
 
@@ -106,8 +106,7 @@ def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, 
     fast = t in FSPECS
     res["kernel"] = "fast" if fast else "gemv"
     if tune:
-        kind, shapes, table, default = (("fast", FAST_SHAPES, ops.FAST_SHAPE, ops.FAST_DEFAULT) if fast else
-                                         ("gemv", SHAPES, ops.GEMV_SHAPE, ops.GEMV_DEFAULT))
+        kind, shapes, table = ("fast", FAST_SHAPES, ops.FAST1_SHAPE) if fast else ("gemv", SHAPES, ops.GEMV_SHAPE)
         res["tune"] = {"x".join(map(str, sh)): run(1, kind, sh) for sh in shapes}
         best = min(res["tune"], key=res["tune"].get)
         table[t] = tuple(int(v) for v in best.split("x"))
@@ -154,10 +153,12 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
         cnt, fill = cuda.device_array(E, np.int32), cuda.device_array(E, np.int32)
         kernel = "auto"
 
+        shape = None
+
         def launch(i, s):
             idd, tx, tp = tabs[i % nsets]
             cmoe.bucket_kernel[1, 256, s](idd, E, A, n * A, cmoe.BN, tx, tp, cnt, fill)
-            ops.grouped(dws[i % nbuf], xd, yd, tx, gmax, n * A, n, kernel=kernel, stream=s)
+            ops.grouped(dws[i % nbuf], xd, yd, tx, gmax, n * A, n, kernel=kernel, stream=s, shape=shape)
         launch(0, 0)
         cuda.synchronize()
         got = yd.copy_to_host().reshape(n, A, O)
@@ -167,7 +168,15 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
         res["check"][n] = r
         if not r <= 1e-5:
             raise AssertionError(f"{t.name} dispatch n={n}: relative RMS {r:.2e} against the oracle")
+        if n == 1 and t in FSPECS:                                  # rows per warp for one token
+            tune = {}
+            for shape in [(4, 4), (8, 4), (16, 4), (8, 2), (4, 2)]:
+                tune["x".join(map(str, shape))] = statistics.median(timer.graph(launch, 40, replays=reps))
+            res["tune"] = tune
+            shape = tuple(int(v) for v in min(tune, key=tune.get).split("x"))
+            res["shape"] = "x".join(map(str, shape))
         us = statistics.median(timer.graph(launch, 40, replays=reps))
+        shape = None
         res["moe"][n] = dict(us=us, distinct=distinct, gbs=distinct * ebytes / us / 1e3)
     ll = LLAMA_MOE_US.get(t.name)
     if ll:

@@ -10,6 +10,10 @@ export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl >> "$LOG" 2>&1
 stage() { echo "=== $1 ($(date +%T))" | tee -a "$LOG"; }
+# SM clock and power every 250 ms (an idle GPU runs at 345 MHz: figures taken before the clocks rise are wrong)
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv,noheader -lms 250 > "$OUT/clocks.csv" 2>&1 &
+SMI=$!
+trap 'kill $SMI 2>/dev/null' EXIT
 for st in ${STAGES:-info layers matmul tests}; do
   case $st in
     info) stage info

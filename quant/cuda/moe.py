@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32
 
 from ..ref import QuantError
 from ._dev import SIM, silu
@@ -40,44 +40,73 @@ def groups_from_ids(ids: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray, in
     return tab_x, tab_p, int(counts.max())
 
 
-@cuda.jit
-def bucket_kernel(ids, E, A, n, bn, tab_x, tab_p, cnt, fill):
-    """Device: ids [n = T*A] -> the two group tables (x row = token, x row = pair). One block.
+SMAX_E = 1024           # experts the bucket kernel counts in shared memory (more: its global scratch)
 
-    cnt, fill: int32 [E] scratch. Groups in ascending expert order; within a group pairs arrive in
-    any order (each pair's result does not depend on its place). Grid 1, block 256.
-    """
+
+@cuda.jit(device=True, inline=True)
+def _bucket(ids, E, A, n, bn, tab_x, tab_p, cnt, fill, part):
+    """The body of `bucket_kernel`; cnt / fill: int32 [E] in shared or global memory; part: int32 [3, 32]."""
     tid = cuda.threadIdx.x
     nth = cuda.blockDim.x
     gmax = min(E, n)
+    q0 = 2 + 2 * gmax + 2 * n
     for e in range(tid, E, nth):
         cnt[e] = 0
     cuda.syncthreads()
     for i in range(tid, n, nth):
         cuda.atomic.add(cnt, ids[i], 1)
     cuda.syncthreads()
-    if tid == 0:                                        # serial scan over E experts: groups and tiles
-        g = 0
-        off = 0
-        q0 = 2 + 2 * gmax + 2 * n
-        nt = 0
-        for e in range(E):
+    # experts in 32 chunks: per chunk the pairs, groups and GEMM tiles it holds; then an exclusive scan
+    ch = (E + 31) // 32
+    if tid < 32:
+        sp = 0
+        sg = 0
+        st = 0
+        for e in range(tid * ch, min(E, tid * ch + ch)):
+            c = cnt[e]
+            sp += c
+            if c > 0:
+                sg += 1
+                st += (c + bn - 1) // bn
+        part[0, tid] = sp
+        part[1, tid] = sg
+        part[2, tid] = st
+    cuda.syncthreads()
+    if tid == 0:
+        op = 0
+        og = 0
+        ot = 0
+        for k in range(32):
+            a, b, c = part[0, k], part[1, k], part[2, k]
+            part[0, k] = op
+            part[1, k] = og
+            part[2, k] = ot
+            op += a
+            og += b
+            ot += c
+        tab_x[0] = og
+        tab_x[q0] = ot
+    cuda.syncthreads()
+    if tid < 32:                                        # each chunk writes its groups and tiles
+        off = part[0, tid]
+        g = part[1, tid]
+        nt = part[2, tid]
+        for e in range(tid * ch, min(E, tid * ch + ch)):
             c = cnt[e]
             fill[e] = off
             if c > 0:
                 tab_x[1 + g] = e
                 tab_x[1 + gmax + g] = off
-                for s in range(off, off + c, bn):
+                for s0 in range(off, off + c, bn):
                     tab_x[q0 + 1 + 2 * nt] = g
-                    tab_x[q0 + 2 + 2 * nt] = s
+                    tab_x[q0 + 2 + 2 * nt] = s0
                     nt += 1
                 g += 1
                 off += c
-        tab_x[0] = g
-        for k in range(g, gmax + 1):
-            tab_x[1 + gmax + k] = off
-        tab_x[q0] = nt
     cuda.syncthreads()
+    G = tab_x[0]
+    for k in range(G + tid, gmax + 1, nth):             # offsets past the last group: the pair count
+        tab_x[1 + gmax + k] = n
     for i in range(tid, n, nth):
         pos = cuda.atomic.add(fill, ids[i], 1)
         tab_x[2 + 2 * gmax + pos] = i // A
@@ -89,6 +118,23 @@ def bucket_kernel(ids, E, A, n, bn, tab_x, tab_p, cnt, fill):
     cuda.syncthreads()
     for i in range(tid, n, nth):
         tab_p[2 + 2 * gmax + i] = tab_x[2 + 2 * gmax + n + i]
+
+
+@cuda.jit
+def bucket_kernel(ids, E, A, n, bn, tab_x, tab_p, cnt, fill):
+    """Device: ids [n = T*A] -> the two group tables (x row = token, x row = pair). One block.
+
+    cnt, fill: int32 [E] global scratch, used only past SMAX_E experts (else shared memory). Groups in
+    ascending expert order; within a group pairs arrive in any order (each pair's result does not depend
+    on its place). Counting by atomics, then a two-level scan (32 chunks of experts). Grid 1, block 256.
+    """
+    scnt = cuda.shared.array(SMAX_E, int32)
+    sfill = cuda.shared.array(SMAX_E, int32)
+    part = cuda.shared.array((3, 32), int32)
+    if E <= SMAX_E:
+        _bucket(ids, E, A, n, bn, tab_x, tab_p, scnt, sfill, part)
+    else:
+        _bucket(ids, E, A, n, bn, tab_x, tab_p, cnt, fill, part)
 
 
 # ------------------------------------------------------------------ elementwise stages

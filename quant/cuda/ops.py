@@ -24,7 +24,7 @@ from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
 from .decoders import SPECS
-from .fast import fast_supported, fgemv_kernel
+from .fast import fast_supported, fgemv1_kernel, fgemv_kernel
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .weights import DeviceWeight, device_weight
 
@@ -34,7 +34,10 @@ GEMV_SHAPE: dict[GGMLType, tuple[int, int, int]] = {}
 GEMV_DEFAULT = (2, 8, 2)
 # (RW rows per warp, KS warps splitting K) of the fast GEMV (`fast.py`), per type
 FAST_SHAPE: dict[GGMLType, tuple[int, int]] = {}
-FAST_DEFAULT = (2, 4)
+FAST_DEFAULT = (4, 2)
+# the same for one token per group (`fast.fgemv1_kernel`: activations in registers, RW rows each)
+FAST1_SHAPE: dict[GGMLType, tuple[int, int]] = {}
+FAST1_DEFAULT = (8, 4)
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -95,9 +98,13 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
-        RW, KS = shape or FAST_SHAPE.get(dw.type, FAST_DEFAULT)
+        one = max_per_group == 1
+        RW, KS = shape or (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
         KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
-        k = fgemv_kernel(dw.type, _nt(max_per_group), RW, KS, up is not None, rw is not None)
+        if one:
+            k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None)
+        else:
+            k = fgemv_kernel(dw.type, _nt(max_per_group), RW, KS, up is not None, rw is not None)
         u = up if up is not None else dw
         k[(math.ceil(O / RW), gmax), 32 * KS, stream](
             dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)

@@ -15,7 +15,7 @@ from numba import cuda
 
 from ._dev import SIM
 from .decoders import SPECS
-from .fast import FSPECS, fgemv_kernel
+from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
 from .timing import spin_kernel
@@ -44,7 +44,9 @@ def kernels(all_variants: bool = False):
             out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 4, True), SIG_GEMM))
     for t in FSPECS:
         n = t.name
-        out.append((f"fast[{n}, NT=1]", fgemv_kernel(t, 1, 2, 4, False, False), SIG_GEMV))
+        out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False), SIG_GEMV))
+        out.append((f"fast1[{n}, glu]", fgemv1_kernel(t, 8, 4, True, False), SIG_GEMV))
+        out.append((f"fast1[{n}, rw]", fgemv1_kernel(t, 8, 4, False, True), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, glu]", fgemv_kernel(t, 8, 2, 4, True, False), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, rw]", fgemv_kernel(t, 8, 2, 4, False, True), SIG_GEMV))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))

@@ -87,9 +87,10 @@ class Graph:
 
 
 class Timer:
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, warm_us: float = 200e3):
         self.s = stream or cuda.stream()
         self.spin = Spinner()
+        self.warm_us = warm_us
 
     def run(self, launch, n: int, warm: int = 3) -> list[float]:
         """Microseconds of each of n launches (`launch(i, stream)`), queued behind a spinning kernel."""
@@ -121,7 +122,7 @@ class Timer:
         g.launch(s)
         s.synchronize()
         ev = [cuda.event() for _ in range(replays + 1)]
-        self.spin(s, 1000.0)
+        self.spin(s, self.warm_us)                      # clocks up: an idle H200 sits at 345 MHz
         ev[0].record(s)
         for r in range(replays):
             g.launch(s)
