@@ -250,27 +250,41 @@ def lanes4(q, x, xo):
 # broadcasts the one a sub-block needs.
 
 @njit(**J)
-def dot_q2_k(row, x, xs):
+def dot_blocks256(blk, row, x, xs):
+    """Row . x for a 256-block type: `blk(row, b, x, xs, v)` adds block b to the 16 lanes v, which
+    are flushed into the float64 sum every 4 blocks."""
+    nb = x.size // 256
     acc = 0.0
-    for b in range(x.size // 256):
-        o = 84 * b
-        ahead(row, o, 84)
-        w0 = u32_at(row, o)                                     # 1. 16 bytes: scale (low 4 bits), min (high 4)
-        w1 = u32_at(row, o + 4)
-        w2 = u32_at(row, o + 8)
-        w3 = u32_at(row, o + 12)
-        d = f16_at(row, o + 80)
-        dmin = f16_at(row, o + 82)
-        sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
-        mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
-        v = mul(mn, load16(xs, 16 * b))                         #    the mins: -dmin m_i . sum(x of group i)
-        for n in range(2):                                      # 2. 2-bit field j of byte l of 32 -> x[32 j + l]
-            qs = b32x2(row, o + 16 + 32 * n)
-            for h in range(2):                                  #    fields 2h, 2h + 1: 64 weights in order
-                q = as_i32(bmask(bsh(qs, 4 * h, 4 * h + 2), 3))
-                v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(q, x, 256 * b + 128 * n + 64 * h), v)
+    for g0 in range(0, nb, 4):
+        v = zeros()
+        for b in range(g0, min(nb, g0 + 4)):
+            v = blk(row, b, x, xs, v)
         acc += hsum(v)
     return acc
+
+
+@njit(**J)
+def blk_q2_k(row, b, x, xs, v):
+    o = 84 * b
+    ahead(row, o, 84)
+    w0 = u32_at(row, o)                                     # 1. 16 bytes: scale (low 4 bits), min (high 4)
+    w1 = u32_at(row, o + 4)
+    w2 = u32_at(row, o + 8)
+    w3 = u32_at(row, o + 12)
+    d = f16_at(row, o + 80)
+    dmin = f16_at(row, o + 82)
+    sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
+    mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
+    v = fma(mn, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
+    qs = b32x2(row, o + 16)                                 # 2. 2-bit field j of byte l of 32 -> x[32 j + l];
+    xo = 256 * b                                            #    fields 2h, 2h + 1: 64 weights in order
+    v = fma(spread(sc, 0, 4), lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo), v)
+    v = fma(spread(sc, 4, 4), lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 64), v)
+    qs = b32x2(row, o + 48)
+    v = fma(spread(sc, 8, 4), lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo + 128), v)
+    v = fma(spread(sc, 12, 4), lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 192), v)
+    return v
+
 
 
 @njit(**J)
@@ -284,31 +298,28 @@ def field(v, lo, dst, mask):
 
 
 @njit(**J)
-def dot_q3_k(row, x, xs):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 110 * b
-        ahead(row, o, 110)
-        a0 = u32_at(row, o + 96)                                # 1. 16 6-bit scales: low 4 bits in bytes 0..7,
-        a1 = u32_at(row, o + 100)                               #    high 2 bits in bytes 8..11 (ggml's aux[])
-        t = u32_at(row, o + 104)
-        s0 = (a0 & LO4) | ((t & HI2) << 4)
-        s1 = (a1 & LO4) | (((t >> 2) & HI2) << 4)
-        s2 = ((a0 >> 4) & LO4) | (((t >> 4) & HI2) << 4)
-        s3 = ((a1 >> 4) & LO4) | (((t >> 6) & HI2) << 4)
-        s0, s1, s2, s3 = ((s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8,   # bytes - 32 as int8
-                          (s2 + 0x60606060) ^ SIGN8, (s3 + 0x60606060) ^ SIGN8)
-        sc = scales_i8(s0, s1, s2, s3, f16_at(row, o + 108), f16_at(row, o + 108))    # c = d sc
-        vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -4 c . sum(x of group i), below
-        hm = b32x2(row, o)                                      #    bit 4n + j of hmask[l] -> x[128 n + 32 j + l]
-        v = zeros()
-        for n in range(2):                                      # 2. q = 2 low bits + 4 * hmask bit, w = c (q - 4)
-            qs = b32x2(row, o + 32 + 32 * n)
-            for h in range(2):                                  #    fields j = 2h, 2h + 1: 64 weights in order
-                q = bor(bmask(bsh(qs, 4 * h, 4 * h + 2), 3), bmask(bsh(hm, 4 * n + 2 * h - 2, 4 * n + 2 * h - 1), 4))
-                v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(as_i32(q), x, 256 * b + 128 * n + 64 * h), v)
-        acc += hsum(fma(splat(np.float32(-4)), vm, v))
-    return acc
+def blk_q3_k(row, b, x, xs, v):
+    o = 110 * b
+    ahead(row, o, 110)
+    a0 = u32_at(row, o + 96)                                # 1. 16 6-bit scales: low 4 bits in bytes 0..7,
+    a1 = u32_at(row, o + 100)                               #    high 2 bits in bytes 8..11 (ggml's aux[])
+    t = u32_at(row, o + 104)
+    s0 = (a0 & LO4) | ((t & HI2) << 4)
+    s1 = (a1 & LO4) | (((t >> 2) & HI2) << 4)
+    s2 = ((a0 >> 4) & LO4) | (((t >> 4) & HI2) << 4)
+    s3 = ((a1 >> 4) & LO4) | (((t >> 6) & HI2) << 4)
+    s0, s1, s2, s3 = ((s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8,   # bytes - 32 as int8
+                      (s2 + 0x60606060) ^ SIGN8, (s3 + 0x60606060) ^ SIGN8)
+    sc = scales_i8(s0, s1, s2, s3, f16_at(row, o + 108), f16_at(row, o + 108))    # c = d sc
+    vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -4 c . sum(x of group i), below
+    hm = b32x2(row, o)                                      #    bit 4n + j of hmask[l] -> x[128 n + 32 j + l]
+    for n in range(2):                                      # 2. q = 2 low bits + 4 * hmask bit, w = c (q - 4)
+        qs = b32x2(row, o + 32 + 32 * n)
+        for h in range(2):                                  #    fields j = 2h, 2h + 1: 64 weights in order
+            q = bor(bmask(bsh(qs, 4 * h, 4 * h + 2), 3), bmask(bsh(hm, 4 * n + 2 * h - 2, 4 * n + 2 * h - 1), 4))
+            v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(as_i32(q), x, 256 * b + 128 * n + 64 * h), v)
+    return fma(splat(np.float32(-4)), vm, v)
+
 
 
 @njit(**J)
@@ -323,57 +334,51 @@ def k4_scales(row, o):
 
 
 @njit(**J)
-def dot_q4_k(row, x, xs):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 144 * b
-        ahead(row, o, 144)
-        sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
-        v = mul(sc, load16(xs, 16 * b))                         #    the mins: -dmin m_i . sum(x of group i)
-        for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
-            q = as_i32(bmask(bsh(b32x2(row, o + 16 + 32 * j), 0, 4), 15))
-            v = fma(spread(sc, 2 * j, 8), lanes4(q, x, 256 * b + 64 * j), v)      # d sc_i (q . x)
-        acc += hsum(v)
-    return acc
+def blk_q4_k(row, b, x, xs, v):
+    o = 144 * b
+    ahead(row, o, 144)
+    sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
+    v = fma(sc, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
+    for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
+        q = as_i32(bmask(bsh(b32x2(row, o + 16 + 32 * j), 0, 4), 15))
+        v = fma(spread(sc, 2 * j, 8), lanes4(q, x, 256 * b + 64 * j), v)      # d sc_i (q . x)
+    return v
+
 
 
 @njit(**J)
-def dot_q5_k(row, x, xs):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 176 * b
-        ahead(row, o, 176)
-        sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
-        v = mul(sc, load16(xs, 16 * b))                         #    the mins: -dmin m_i . sum(x of group i)
-        qh = b32x2(row, o + 16)                                 # 5th bits: bit 2j / 2j+1 of qh[l]
-        for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
-            q = bor(bmask(bsh(b32x2(row, o + 48 + 32 * j), 0, 4), 15), bmask(bsh(qh, 2 * j - 4, 2 * j - 3), 16))
-            v = fma(spread(sc, 2 * j, 8), lanes4(as_i32(q), x, 256 * b + 64 * j), v)
-        acc += hsum(v)
-    return acc
+def blk_q5_k(row, b, x, xs, v):
+    o = 176 * b
+    ahead(row, o, 176)
+    sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
+    v = fma(sc, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
+    qh = b32x2(row, o + 16)                                 # 5th bits: bit 2j / 2j+1 of qh[l]
+    for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
+        q = bor(bmask(bsh(b32x2(row, o + 48 + 32 * j), 0, 4), 15), bmask(bsh(qh, 2 * j - 4, 2 * j - 3), 16))
+        v = fma(spread(sc, 2 * j, 8), lanes4(as_i32(q), x, 256 * b + 64 * j), v)
+    return v
+
 
 
 @njit(**J)
-def dot_q6_k(row, x, xs):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 210 * b
-        ahead(row, o, 210)
-        d = f16_at(row, o + 208)
-        w0, w1, w2, w3 = u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204)
-        sc = scales_i8(w0, w1, w2, w3, d, d)                    # 1. int8 scales: c = d sc
-        vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -32 c . sum(x of group i), below
-        v0, v1 = zeros(), zeros()
-        for n in range(2):                                      # 2. per 128 weights, on the packed bytes:
-            ql = b64(row, o + 64 * n)                           #    ql[l] low nibble -> x[l], ql[l + 32] -> x[l + 32],
-            qh = b32x2(row, o + 128 + 32 * n)                   #    high nibbles -> x[l + 64], x[l + 96];
-            q0 = as_i32(bor(bmask(ql, 15), bmask(bsh(qh, -4, -2), 48)))       # qh[l] bits 2k, 2k+1 -> 16, 32
-            q1 = as_i32(bor(bmask(bsh(ql, 4, 4), 15), bmask(bsh(qh, 0, 2), 48)))  # q0: x[0:64], q1: x[64:128]
-            xo = 256 * b + 128 * n                              # 3. byte k of each lane in place (x_lanes)
-            v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c (q . x)
-            v1 = fma(spread(sc, 8 * n + 4, 4), lanes4(q1, x, xo + 64), v1)
-        acc += hsum(fma(splat(np.float32(-32)), vm, add(v0, v1)))
-    return acc
+def blk_q6_k(row, b, x, xs, v):
+    o = 210 * b
+    ahead(row, o, 210)
+    d = f16_at(row, o + 208)
+    w0, w1, w2, w3 = u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204)
+    sc = scales_i8(w0, w1, w2, w3, d, d)                    # 1. int8 scales: c = d sc
+    vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -32 c . sum(x of group i), below
+    v0, v1 = zeros(), zeros()
+    for n in range(2):                                      # 2. per 128 weights, on the packed bytes:
+        ql = b64(row, o + 64 * n)                           #    ql[l] low nibble -> x[l], ql[l + 32] -> x[l + 32],
+        qh = b32x2(row, o + 128 + 32 * n)                   #    high nibbles -> x[l + 64], x[l + 96];
+        q0 = as_i32(bor(bmask(ql, 15), bmask(bsh(qh, -4, -2), 48)))       # qh[l] bits 2k, 2k+1 -> 16, 32
+        q1 = as_i32(bor(bmask(bsh(ql, 4, 4), 15), bmask(bsh(qh, 0, 2), 48)))  # q0: x[0:64], q1: x[64:128]
+        xo = 256 * b + 128 * n                              # 3. byte k of each lane in place (x_lanes)
+        v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c (q . x)
+        v1 = fma(spread(sc, 8 * n + 4, 4), lanes4(q1, x, xo + 64), v1)
+    return fma(splat(np.float32(-32)), vm, add(v, add(v0, v1)))
+
 
 
 @njit(**J)
@@ -628,9 +633,10 @@ BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4
             Q4_1: (blk_q4_1, 20, Q4_OFFSET), Q5_0: (blk_q5_0, 22, Q4_OFFSET), Q5_1: (blk_q5_1, 24, Q4_OFFSET),
             IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
 # kernels that take the activation group sums (x_sums): group size
-DOT_XS = {Q2_K: dot_q2_k, Q3_K: dot_q3_k, Q4_K: dot_q4_k, Q5_K: dot_q5_k, Q6_K: dot_q6_k}
+BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k}
+DOT_XS = {}
 XS_GROUP = {Q2_K: 16, Q3_K: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, Q4_1: 32, Q5_0: 32, Q5_1: 32}
-FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32)
+FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32) + tuple(BLOCKS256)
 
 
 def row_dot(kind, row, x, xs):
@@ -646,6 +652,9 @@ def _row_dot(kind, row, x, xs):
     if k in BLOCKS32:
         blk, ts, tab = BLOCKS32[k]
         return lambda kind, row, x, xs: dot_blocks32(blk, ts, tab, row, x, xs)
+    if k in BLOCKS256:
+        blk256 = BLOCKS256[k]
+        return lambda kind, row, x, xs: dot_blocks256(blk256, row, x, xs)
     fn = DOT_XS.get(k)
     if fn is not None:
         return lambda kind, row, x, xs: fn(row, x, xs)
