@@ -395,20 +395,17 @@ def dot_q8_k(row, x):
 
 
 @njit(**J)
-def dot_tq2_0(row, x):
-    T = load16(TERNARY, 0)
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 66 * b
-        ahead(row, o, 66)
-        v = zeros()
-        for j in range(2):                                      # 2-bit planes p of 32 bytes: w = d (q - 1)
-            for h in range(2):
-                q = u8x16(row, o + 32 * j + 16 * h)
-                for p in range(4):
-                    v = fma(lut(T, band(shr(q, 2 * p), 3)), load16(x, 256 * b + 128 * j + 32 * p + 16 * h), v)
-        acc += f16_at(row, o + 64) * hsum(v)
-    return acc
+def blk_tq2_0(row, b, x, xs, v):
+    o = 66 * b
+    ahead(row, o, 66)
+    xo = 256 * b                                            # 2-bit field p of byte l of 32 -> x[32 p + l];
+    qs = b32x2(row, o)                                      # fields 2h, 2h + 1: 64 weights in order
+    t = add(lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo), lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 64))
+    qs = b32x2(row, o + 32)
+    t = add(t, add(lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo + 128),
+                   lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 192)))
+    d = f16_at(row, o + 64)
+    return fma(splat(d), t, fma(splat(-d), load16(xs, 16 * b), v))    # d (q . x) - d sum(x):  w = d (q - 1)
 
 
 @njit(**J)
@@ -626,16 +623,16 @@ def dot_iq1_m(row, x):
 
 DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q1_0: dot_q1_0, Q2_0: dot_q2_0, NVFP4: dot_nvfp4,
        Q8_K: dot_q8_k,
-       TQ1_0: dot_tq1_0, TQ2_0: dot_tq2_0, IQ4_XS: dot_iq4_xs, IQ2_XXS: dot_iq2_xxs, IQ2_XS: dot_iq2_xs,
+       TQ1_0: dot_tq1_0, IQ4_XS: dot_iq4_xs, IQ2_XXS: dot_iq2_xxs, IQ2_XS: dot_iq2_xs,
        IQ2_S: dot_iq2_s, IQ3_XXS: dot_iq3_xxs, IQ3_S: dot_iq3_s, IQ1_S: dot_iq1_s, IQ1_M: dot_iq1_m}
 # 32-element blocks: (block function, bytes per block, code book for `lut`)
 BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4_0: (blk_q4_0, 18, Q4_OFFSET),
             Q4_1: (blk_q4_1, 20, Q4_OFFSET), Q5_0: (blk_q5_0, 22, Q4_OFFSET), Q5_1: (blk_q5_1, 24, Q4_OFFSET),
             IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
 # kernels that take the activation group sums (x_sums): group size
-BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k}
+BLOCKS256 = {TQ2_0: blk_tq2_0, Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k}
 DOT_XS = {}
-XS_GROUP = {Q2_K: 16, Q3_K: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, Q4_1: 32, Q5_0: 32, Q5_1: 32}
+XS_GROUP = {TQ2_0: 16, Q2_K: 16, Q3_K: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, Q4_1: 32, Q5_0: 32, Q5_1: 32}
 FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32) + tuple(BLOCKS256)
 
 
@@ -683,7 +680,7 @@ def x_sums(kind: int, x: np.ndarray) -> np.ndarray:
 
 
 # kernels that read x in lane order (lanes4): x' = x_lanes(kind, x)
-X_LANES = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+X_LANES = (TQ2_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 _LANE_SCALE = np.array([1, 2.0 ** -8, 2.0 ** -16, 1], np.float32)
 
 
