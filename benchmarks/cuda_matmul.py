@@ -29,13 +29,14 @@ import time
 import numpy as np
 
 import quant.cuda as qc
-from numba import cuda
+from numba import cuda, uint32
 
 from quant import GGMLType, ref
 from quant.cuda import moe as cmoe
 from quant.cuda import ops
 from quant.cuda.decoders import SPECS
 from quant.cuda.fast import FSPECS
+from quant.cuda.vec import ld4u
 from quant.cuda.gemv import GroupTable, dense_groups
 from quant.cuda.testdata import random_qtensor
 from quant.cuda.timing import Timer
@@ -61,8 +62,37 @@ LLAMA_MOE_US = {
 PRIORITY = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16"]
 TUNED = ["Q4_K", "Q6_K", "Q8_0", "Q4_0"]
 SHAPES = [(2, 8, 2), (4, 4, 2), (2, 8, 4)]          # generic GEMV: (rows, split-K warps, parts in flight) tried
-FAST_SHAPES = [(4, 4), (8, 4), (16, 4), (8, 2), (16, 2), (32, 4), (8, 8), (16, 8)]   # one-token fast GEMV: (rows, warps)
+# one-token fast GEMV: (rows per warp, warps per block, rows whose loads are in flight together)
+FAST_SHAPES = [(8, 4, 1), (8, 4, 2), (8, 4, 4), (8, 4, 8), (16, 4, 4), (16, 4, 8), (4, 4, 4), (8, 8, 4), (16, 8, 8),
+               (8, 2, 4), (4, 8, 4), (2, 8, 2)]
 L2_BYTES = 50e6
+
+
+@cuda.jit
+def read_kernel(w32, out):
+    """Every thread sums 16-byte loads over a grid stride (4 in flight): what a numba kernel can read."""
+    i = cuda.grid(1)
+    n = cuda.gridsize(1)
+    acc = uint32(0)
+    m = w32.size // 4
+    k = i
+    while k + 3 * n < m:
+        a0, a1, a2, a3 = ld4u(w32, 4 * k)
+        b0, b1, b2, b3 = ld4u(w32, 4 * (k + n))
+        c0, c1, c2, c3 = ld4u(w32, 4 * (k + 2 * n))
+        d0, d1, d2, d3 = ld4u(w32, 4 * (k + 3 * n))
+        acc ^= (a0 + a1 + a2 + a3) ^ (b0 + b1 + b2 + b3) ^ (c0 + c1 + c2 + c3) ^ (d0 + d1 + d2 + d3)
+        k += 4 * n
+    if acc == uint32(12345):
+        out[0] = acc
+
+
+def read_ceiling(timer: Timer, nbytes: int = 256 << 20) -> float:
+    """GB/s of `read_kernel` over rotating buffers (graph-timed, the GEMV's conditions)."""
+    bufs = [cuda.device_array(nbytes // 4, np.uint32) for _ in range(4)]
+    out = cuda.device_array(1, np.uint32)
+    dt = timer.graph(lambda i, s: read_kernel[132 * 16, 256, s](bufs[i % 4], out), 8, replays=7)
+    return nbytes / (statistics.median(dt) * 1e-6) / 1e9
 
 
 def copy_ceiling(timer: Timer, nbytes: int = 2 << 30) -> float:
@@ -170,7 +200,7 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
             raise AssertionError(f"{t.name} dispatch n={n}: relative RMS {r:.2e} against the oracle")
         if n == 1 and t in FSPECS:                                  # rows per warp for one token
             tune = {}
-            for shape in [(4, 4), (8, 4), (16, 4), (8, 2), (4, 2)]:
+            for shape in [(4, 4, 4), (8, 4, 4), (8, 4, 2), (8, 2, 4), (4, 2, 4), (4, 8, 4), (2, 8, 2)]:
                 tune["x".join(map(str, shape))] = statistics.median(timer.graph(launch, 40, replays=reps))
             res["tune"] = tune
             shape = tuple(int(v) for v in min(tune, key=tune.get).split("x"))
@@ -240,8 +270,9 @@ def main(argv=None) -> int:
     dev = cuda.get_current_device().name
     dev = dev.decode() if isinstance(dev, bytes) else str(dev)
     ceiling = copy_ceiling(timer)
-    print(f"{dev}: copy ceiling {ceiling:.0f} GB/s", flush=True)
-    out = dict(device=dev, ceiling_gbs=ceiling, gemv=[], moe=[])
+    rc = read_ceiling(timer)
+    print(f"{dev}: copy ceiling {ceiling:.0f} GB/s, numba read kernel {rc:.0f} GB/s", flush=True)
+    out = dict(device=dev, ceiling_gbs=ceiling, read_gbs=rc, gemv=[], moe=[])
 
     def do_gemv(t):
         t0 = time.perf_counter()

@@ -15,7 +15,7 @@ What differs from the generic kernel (`gemv.py`), all to cut instructions and lo
   (dequantize, then dot), within the kernels' tolerance (relative RMS <= 1e-5).
 - RW rows per warp share each activation load; KS warps of a block split K; NT tokens per pass.
 
-A decoder `dec(w32, w16, base, c, q, sa, sb, r)` fills, for unit c of the block at byte `base`:
+A type's decoder (`ld` then `dc`, below) fills, for unit c of the block at byte `base`:
     q[r, j*RL + k]   the integer weight (as an exact float) of column  col(c, j) + k,   j < NR, k < RL
     sa[r, j], sb[r, j]   the run's weight = sa * q + sb   (sb only where the type has mins: HASB)
 """
@@ -45,7 +45,9 @@ class FSpec:
     RL: int           # weights per run (a multiple of 4)
     HASB: bool        # weight = sa*q + sb (mins), else sa*q
     ALIGN16: bool     # the decoder reads 16-byte aligned words (needs rows of a multiple of 16 bytes)
-    dec: object
+    NW: int           # raw words a unit's loads keep
+    ld: object        # loads of one unit (see below)
+    dc: object        # decode of one unit from its loaded words
     col: object       # col(c, j): first column of run j of unit c, relative to the block
 
     @property
@@ -60,15 +62,30 @@ def _qf(w, k, off):
 
 
 @cuda.jit(device=True, inline=True)
-def _w2(w32, off):
-    """The 8 bytes at the even byte offset `off` as two uint32 (three aligned loads, two prmt)."""
+def _ld3(w32, off, raw, p, k):
+    """raw[p, k:k+3] = the three aligned words holding the 8 bytes at the even byte offset `off`."""
     a = off >> uint64(2)
-    w0 = w32[a]
-    w1 = w32[a + uint64(1)]
-    w2 = w32[a + uint64(2)]
-    sel = uint32(0x3210) + uint32(off & uint64(2)) * uint32(0x1111)
-    return prmt(w0, w1, sel), prmt(w1, w2, sel)
+    raw[p, k] = w32[a]
+    raw[p, k + 1] = w32[a + uint64(1)]
+    raw[p, k + 2] = w32[a + uint64(2)]
 
+
+@cuda.jit(device=True, inline=True)
+def _j2(raw, p, k, sel):
+    """The 8 bytes loaded by `_ld3` as two uint32 (sel: 0x3210 if the offset was 4-aligned, else 0x5432)."""
+    return prmt(raw[p, k], raw[p, k + 1], sel), prmt(raw[p, k + 1], raw[p, k + 2], sel)
+
+
+@cuda.jit(device=True, inline=True)
+def _sel(base, s0):
+    """prmt selector joining two words at a byte shift of base & 2 (s0: the selector at shift 0)."""
+    return uint32(s0) + uint32(base & uint64(2)) * uint32(0x1111)
+
+
+# A type is two device functions, split so that a kernel can put the loads of several rows in flight
+# before it decodes any (memory latency, not arithmetic, is what bounds a GEMV):
+#   ld(w32, w16, base, c, raw, rf, p)      loads only: raw[p, :NW] (uint32 words), rf[p] (a float16 scale)
+#   dc(raw, rf, p, base, c, q, sa, sb, r)  decode: q[r, :NV] and sa / sb[r, :NR] from them
 
 # ------------------------------------------------------------------ Q4_K: 144 B = d|dmin|scales[12] + qs[128]
 # unit c (0..7): qs bytes 16c..16c+15 = group g = c/2, half c%2: low nibbles -> sub-block 2g, columns
@@ -79,21 +96,26 @@ def col_q4_k(c, j):
 
 
 @cuda.jit(device=True, inline=True)
-def dec_q4_k(w32, w16, base, c, q, sa, sb, r):
+def ld_q4_k(w32, w16, base, c, raw, rf, p):
     i = base >> uint64(2)
-    h0, s0, s1, s2 = ld4u(w32, i)
-    q0, q1, q2, q3 = ld4u(w32, i + uint64(4 + 4 * c))
+    raw[p, 0], raw[p, 1], raw[p, 2], raw[p, 3] = ld4u(w32, i)
+    raw[p, 4], raw[p, 5], raw[p, 6], raw[p, 7] = ld4u(w32, i + uint64(4 + 4 * c))
+
+
+@cuda.jit(device=True, inline=True)
+def dc_q4_k(raw, rf, p, base, c, q, sa, sb, r):
+    h0 = raw[p, 0]
     d = h2f(h0)
     dmin = h2f(h0 >> uint32(16))
     g = c >> 1
-    sc0, m0 = _scale_min_k4(s0, s1, s2, 2 * g)
-    sc1, m1 = _scale_min_k4(s0, s1, s2, 2 * g + 1)
+    sc0, m0 = _scale_min_k4(raw[p, 1], raw[p, 2], raw[p, 3], 2 * g)
+    sc1, m1 = _scale_min_k4(raw[p, 1], raw[p, 2], raw[p, 3], 2 * g + 1)
     sa[r, 0] = d * u2f(sc0)
     sb[r, 0] = -(dmin * u2f(m0))
     sa[r, 1] = d * u2f(sc1)
     sb[r, 1] = -(dmin * u2f(m1))
     for t in range(4):
-        w = q0 if t == 0 else (q1 if t == 1 else (q2 if t == 2 else q3))
+        w = raw[p, 4 + t]
         lo = w & uint32(LO4)
         hi = (w >> uint32(4)) & uint32(LO4)
         for k in range(4):
@@ -111,15 +133,25 @@ def col_q6_k(c, j):
 
 
 @cuda.jit(device=True, inline=True)
-def dec_q6_k(w32, w16, base, c, q, sa, sb, r):
+def ld_q6_k(w32, w16, base, c, raw, rf, p):
     h = c >> 2
     l0 = 8 * (c & 3)
-    a0, a1 = _w2(w32, base + uint64(64 * h + l0))
-    b0, b1 = _w2(w32, base + uint64(64 * h + 32 + l0))
-    e0, e1 = _w2(w32, base + uint64(128 + 32 * h + l0))
-    s0, s1 = _w2(w32, base + uint64(192 + 8 * h))
-    d = hf(w16, base, 208)
-    i0 = l0 >> 4
+    _ld3(w32, base + uint64(64 * h + l0), raw, p, 0)
+    _ld3(w32, base + uint64(64 * h + 32 + l0), raw, p, 3)
+    _ld3(w32, base + uint64(128 + 32 * h + l0), raw, p, 6)
+    _ld3(w32, base + uint64(192 + 8 * h), raw, p, 9)
+    rf[p] = hf(w16, base, 208)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_q6_k(raw, rf, p, base, c, q, sa, sb, r):
+    sel = _sel(base, 0x3210)
+    a0, a1 = _j2(raw, p, 0, sel)
+    b0, b1 = _j2(raw, p, 3, sel)
+    e0, e1 = _j2(raw, p, 6, sel)
+    s0, s1 = _j2(raw, p, 9, sel)
+    d = rf[p]
+    i0 = (c & 3) >> 1                                   # l0 / 16
     for j in range(4):
         sw = s0 if j < 2 else s1
         sbyte = (sw >> uint32(8 * (i0 + 2 * (j & 1)))) & uint32(255)
@@ -152,46 +184,54 @@ def col_q8_0(c, j):
 
 
 @cuda.jit(device=True, inline=True)
-def dec_q8_0(w32, w16, base, c, q, sa, sb, r):
+def ld_q8_0(w32, w16, base, c, raw, rf, p):
     a = base >> uint64(2)
-    sel = uint32(0x5432) + uint32(base & uint64(2)) * uint32(0x1111)        # qs at base + 2: 2 or 4 bytes in
-    sa[r, 0] = hf(w16, base, 0)
-    w = w32[a]
+    for t in range(9):
+        raw[p, t] = w32[a + uint64(t)]
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_q8_0(raw, rf, p, base, c, q, sa, sb, r):
+    sel = _sel(base, 0x5432)                            # qs at base + 2: 2 or 4 bytes into the words
+    sa[r, 0] = rf[p]
     off = float32(MAGIC + 128.0)
     for t in range(8):
-        wn = w32[a + uint64(t + 1)]
-        v = prmt(w, wn, sel) ^ uint32(0x80808080)                              # int8 + 128, as unsigned bytes
+        v = prmt(raw[p, t], raw[p, t + 1], sel) ^ uint32(0x80808080)        # int8 + 128, as unsigned bytes
         for k in range(4):
             q[r, 4 * t + k] = _qf(v, k, off)
-        w = wn
 
 
 # ------------------------------------------------------------------ Q4_0: 18 B = d | qs[16]; lo -> 0..15, hi -> 16..31
 @cuda.jit(device=True, inline=True)
-def dec_q4_0(w32, w16, base, c, q, sa, sb, r):
+def ld_q4_0(w32, w16, base, c, raw, rf, p):
     a = base >> uint64(2)
-    sel = uint32(0x5432) + uint32(base & uint64(2)) * uint32(0x1111)
-    sa[r, 0] = hf(w16, base, 0)
-    sa[r, 1] = sa[r, 0]
-    w = w32[a]
+    for t in range(5):
+        raw[p, t] = w32[a + uint64(t)]
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_q4_0(raw, rf, p, base, c, q, sa, sb, r):
+    sel = _sel(base, 0x5432)
+    sa[r, 0] = rf[p]
+    sa[r, 1] = rf[p]
     off = float32(MAGIC + 8.0)
     for t in range(4):
-        wn = w32[a + uint64(t + 1)]
-        v = prmt(w, wn, sel)
+        v = prmt(raw[p, t], raw[p, t + 1], sel)
         lo = v & uint32(LO4)
         hi = (v >> uint32(4)) & uint32(LO4)
         for k in range(4):
             q[r, 4 * t + k] = _qf(lo, k, off)
             q[r, 16 + 4 * t + k] = _qf(hi, k, off)
-        w = wn
 
 
 T = GGMLType
 FSPECS = {
-    T.Q4_K: FSpec(T.Q4_K, 256, 144, 8, 2, 16, True, True, dec_q4_k, col_q4_k),
-    T.Q6_K: FSpec(T.Q6_K, 256, 210, 8, 4, 8, False, False, dec_q6_k, col_q6_k),
-    T.Q8_0: FSpec(T.Q8_0, 32, 34, 1, 1, 32, False, False, dec_q8_0, col_q8_0),
-    T.Q4_0: FSpec(T.Q4_0, 32, 18, 1, 2, 16, False, False, dec_q4_0, col_one),
+    T.Q4_K: FSpec(T.Q4_K, 256, 144, 8, 2, 16, True, True, 8, ld_q4_k, dc_q4_k, col_q4_k),
+    T.Q6_K: FSpec(T.Q6_K, 256, 210, 8, 4, 8, False, False, 12, ld_q6_k, dc_q6_k, col_q6_k),
+    T.Q8_0: FSpec(T.Q8_0, 32, 34, 1, 1, 32, False, False, 9, ld_q8_0, dc_q8_0, col_q8_0),
+    T.Q4_0: FSpec(T.Q4_0, 32, 18, 1, 2, 16, False, False, 5, ld_q4_0, dc_q4_0, col_one),
 }
 
 
@@ -206,7 +246,7 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
     the warps splitting the row's units, lanes striding over them. Same arguments as `gemv.gemv_kernel`
     (the lookup table argument `tb` is unused: none of these types has one)."""
     s = FSPECS[t]
-    dec, col, BS, TS, UPB, NR, RL, NV, HASB = s.dec, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.HASB
+    ld, dc, col, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
     NTH = 32 * KS
     RU = RW if glu else 1
     GLU, RWT = glu, rwt
@@ -248,6 +288,10 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
         qu = cuda.local.array((RU, NV), float32)
         sau = cuda.local.array((RU, NR), float32)
         sbu = cuda.local.array((RU, NR), float32)
+        raw = cuda.local.array((RW, NW), uint32)
+        rf = cuda.local.array(RW, float32)
+        rawu = cuda.local.array((RU, NW), uint32)
+        rfu = cuda.local.array(RU, float32)
         xv = cuda.local.array(NV, float32)
         xs = cuda.local.array(NR, float32)
         acc = cuda.local.array((RW, NT), float32)
@@ -265,11 +309,17 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
             while u < nunits:
                 b = u // UPB
                 c = u - b * UPB
-                for r in range(RW):
-                    rb = ebase + uint64(min(row0 + r, O - 1)) * uint64(rowb) + uint64(b) * uint64(TS)
-                    dec(w32, w16, rb, c, q, sa, sb, r)
+                rb0 = ebase + uint64(b) * uint64(TS)
+                for r in range(RW):                              # every row's loads in flight, then decode
+                    rb = rb0 + uint64(min(row0 + r, O - 1)) * uint64(rowb)
+                    ld(w32, w16, rb, c, raw, rf, r)
                     if GLU:
-                        dec(u32, u16, rb, c, qu, sau, sbu, r)
+                        ld(u32, u16, rb, c, rawu, rfu, r)
+                for r in range(RW):
+                    rb = rb0 + uint64(min(row0 + r, O - 1)) * uint64(rowb)
+                    dc(raw, rf, r, rb, c, q, sa, sb, r)
+                    if GLU:
+                        dc(rawu, rfu, r, rb, c, qu, sau, sbu, r)
                 for tt in range(NT):
                     if NT == 1 or tt < nt:
                         xo = uint64(xrow[tt]) * uint64(I) + uint64(b * BS)
@@ -322,16 +372,21 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
 
 
 @functools.lru_cache(maxsize=None)
-def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False):
+def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4):
     """One token per group (decode, and expert dispatch at one token): each lane loads the activations of
     its unit once into registers and runs them against the same unit of RW rows, decoded one row at a
     time, so that the activation traffic is 1/RW of the weights' instead of 4 bytes per weight read.
-    The lanes' partial sums live in shared memory, so the row loop need not be unrolled.
+    The lanes' partial sums live in shared memory, so the row loop need not be unrolled; the loads of P
+    rows are issued before any of them is decoded (bytes in flight: what bounds a GEMV).
     Grid (ceil(O/RW), GMAX), block 32 * KS; same arguments as `fgemv_kernel`; groups must hold one pair."""
     s = FSPECS[t]
-    dec, col, BS, TS, UPB, NR, RL, NV, HASB = s.dec, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.HASB
+    ld, dc, col, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
     NTH = 32 * KS
     GLU, RWT = glu, rwt
+    P = max(1, min(P, RW))
+    while RW % P:
+        P -= 1
+    PU = P if glu else 1
 
     @cuda.jit(device=True, inline=True)
     def dot1(q, sa, sb, xv, xs):
@@ -367,6 +422,10 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         q = cuda.local.array((1, NV), float32)
         sa = cuda.local.array((1, NR), float32)
         sb = cuda.local.array((1, NR), float32)
+        raw = cuda.local.array((P, NW), uint32)
+        rf = cuda.local.array(P, float32)
+        rawu = cuda.local.array((PU, NW), uint32)
+        rfu = cuda.local.array(PU, float32)
         xv = cuda.local.array(NV, float32)
         xs = cuda.local.array(NR, float32)
         for r in range(RW):
@@ -392,13 +451,19 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
                         sj += (v0 + v1) + (v2 + v3)
                 xs[j] = sj
             rb0 = ebase + uint64(b) * uint64(TS)
-            for r in range(RW):
-                rb = rb0 + uint64(min(row0 + r, O - 1)) * uint64(rowb)
-                dec(w32, w16, rb, c, q, sa, sb, 0)
-                acc[warp, r, lane] += dot1(q, sa, sb, xv, xs)
-                if GLU:
-                    dec(u32, u16, rb, c, q, sa, sb, 0)
-                    accu[warp, r, lane] += dot1(q, sa, sb, xv, xs)
+            for r0 in range(0, RW, P):
+                for p in range(P):
+                    rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                    ld(w32, w16, rb, c, raw, rf, p)
+                    if GLU:
+                        ld(u32, u16, rb, c, rawu, rfu, p)
+                for p in range(P):
+                    rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                    dc(raw, rf, p, rb, c, q, sa, sb, 0)
+                    acc[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs)
+                    if GLU:
+                        dc(rawu, rfu, p, rb, c, q, sa, sb, 0)
+                        accu[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs)
             u += NTH
         for r in range(RW):
             a = warp_sum(acc[warp, r, lane])

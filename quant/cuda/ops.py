@@ -36,8 +36,8 @@ GEMV_DEFAULT = (2, 8, 2)
 FAST_SHAPE: dict[GGMLType, tuple[int, int]] = {}
 FAST_DEFAULT = (4, 2)
 # the same for one token per group (`fast.fgemv1_kernel`: activations in registers, RW rows each)
-FAST1_SHAPE: dict[GGMLType, tuple[int, int]] = {}
-FAST1_DEFAULT = (8, 4)
+FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {}
+FAST1_DEFAULT = (8, 4, 4)          # RW rows, KS warps, P rows whose loads are in flight together
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -99,10 +99,11 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
         one = max_per_group == 1
-        RW, KS = shape or (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
+        sh = tuple(shape or (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FAST_SHAPE.get(dw.type, FAST_DEFAULT)))
+        RW, KS = sh[:2]
         KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
         if one:
-            k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None)
+            k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4)
         else:
             k = fgemv_kernel(dw.type, _nt(max_per_group), RW, KS, up is not None, rw is not None)
         u = up if up is not None else dw
