@@ -27,12 +27,12 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
-from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bytes_i8, bytes_u8,
+from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bytes_i8, bytes_u8, flip,
                    ilane, imulv, spread, widen, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
                    lanes, load16, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl,
                    shr, splat, splat2, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
-                     IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, SIGNS8, UE4M3_HALF)
+                     IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
 
 J = dict(cache=True, inline="always")
 LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
@@ -511,10 +511,10 @@ def dot_iq2_s(row, x):
             qh = np.int64(ld(row, o + 66 + ib))
             q = o + 2 + 4 * ib
             s = o + 34 + 4 * ib
-            g01 = mul(rows8(GRID_IQ2S, ld(row, q) | ((qh << 8) & 0x300), ld(row, q + 1) | ((qh << 6) & 0x300)),
-                      rows8(SIGNS8, ld(row, s), ld(row, s + 1)))
-            g23 = mul(rows8(GRID_IQ2S, ld(row, q + 2) | ((qh << 4) & 0x300), ld(row, q + 3) | ((qh << 2) & 0x300)),
-                      rows8(SIGNS8, ld(row, s + 2), ld(row, s + 3)))
+            g01 = flip(rows8(GRID_IQ2S, ld(row, q) | ((qh << 8) & 0x300), ld(row, q + 1) | ((qh << 6) & 0x300)),
+                       u16_at(row, s))
+            g23 = flip(rows8(GRID_IQ2S, ld(row, q + 2) | ((qh << 4) & 0x300), ld(row, q + 3) | ((qh << 2) & 0x300)),
+                       u16_at(row, s + 2))
             db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
             db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
             xo = 256 * b + 32 * ib
@@ -559,12 +559,12 @@ def dot_iq3_s(row, x):
             qh = np.int64(ld(row, o + 66 + ib))
             q = o + 2 + 8 * ib
             s = o + 74 + 4 * ib
-            g0 = mul(rows4(GRID_IQ3S, ld(row, q) | ((qh << 8) & 256), ld(row, q + 1) | ((qh << 7) & 256),
+            g0 = flip(rows4(GRID_IQ3S, ld(row, q) | ((qh << 8) & 256), ld(row, q + 1) | ((qh << 7) & 256),
                            ld(row, q + 2) | ((qh << 6) & 256), ld(row, q + 3) | ((qh << 5) & 256)),
-                     rows8(SIGNS8, ld(row, s), ld(row, s + 1)))
-            g1 = mul(rows4(GRID_IQ3S, ld(row, q + 4) | ((qh << 4) & 256), ld(row, q + 5) | ((qh << 3) & 256),
+                     u16_at(row, s))
+            g1 = flip(rows4(GRID_IQ3S, ld(row, q + 4) | ((qh << 4) & 256), ld(row, q + 5) | ((qh << 3) & 256),
                            ld(row, q + 6) | ((qh << 2) & 256), ld(row, q + 7) | ((qh << 1) & 256)),
-                     rows8(SIGNS8, ld(row, s + 2), ld(row, s + 3)))
+                     u16_at(row, s + 2))
             xo = 256 * b + 32 * ib
             v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
         acc += hsum(v)

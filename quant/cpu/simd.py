@@ -484,6 +484,19 @@ def spread(typingctx, v, first, group):
     return sig, codegen
 
 
+@intrinsic
+def flip(typingctx, v, m):
+    """v with the sign of lane l flipped where bit l of the integer m is set (a masked `vpxord` of
+    the sign bit: the i-quants' sign bytes used as they are, no +-1 table or multiply)."""
+    sig = f32x16(f32x16, types.int64)
+
+    def codegen(context, builder, signature, args):
+        mask = builder.bitcast(builder.trunc(args[1], I16), ir.VectorType(ir.IntType(1), 16))
+        bits = builder.select(mask, ir.Constant(VI, [-(1 << 31)] * 16), ir.Constant(VI, [0] * 16))
+        return builder.bitcast(builder.xor(builder.bitcast(args[0], VI), bits), VF)
+    return sig, codegen
+
+
 # ---------------------------------------------------------------- float lanes
 
 @intrinsic

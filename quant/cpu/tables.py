@@ -10,7 +10,7 @@ GRID[8 g : 8 g + 8]) so the kernels index them with `ld`, one address computatio
     GRID_IQ3XXS [256, 4]   GRID_IQ3S  [512, 4]                           values 4..62 / 1..15
     GRID_IQ1S   [2048, 8]                                                values -1, 0, 1
     SIGNS7      [128, 8]   +-1 per bit of ksigns_iq2xs[i] (7 stored sign bits + even-parity bit)
-    SIGNS8      [256, 8]   +-1 per bit of a plain sign byte (IQ2_S, IQ3_S)
+    SIGNS8      [256, 8]   +-1 per bit of a plain sign byte (dequant.py's IQ2_S, IQ3_S)
     KV_IQ4NL    [16]       kvalues_iq4nl;  KV_MXFP4 [16]: E2M1 values doubled (kvalues_mxfp4)
     E8M0_HALF   [256]      ggml_e8m0_to_fp32_half(e) = 2^(e-128)          (MXFP4 block scale)
     UE4M3_HALF  [256]      ggml_ue4m3_to_fp32(s): unsigned E4M3 scale * 0.5 (NVFP4)
