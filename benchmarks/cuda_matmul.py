@@ -4,7 +4,8 @@
 
 - GEMV: W 4096 x 14336 (4096 outputs, 14336 inputs), 1, 2, 4, 8 tokens; prefill: 512 tokens (tiled GEMM).
 - Expert dispatch (llama.cpp MUL_MAT_ID): 128 experts of 768 x 2048, 8 used per token, 1, 4, 8, 32 tokens;
-  timed from device expert ids: grouping by expert (bucket kernel) + one grouped launch.
+  timed from device expert ids: grouping by expert (bucket kernel) + one grouped launch; for one token and
+  the fast types, one launch reading the expert ids directly (`ops.grouped_ids`, what decoding runs).
 - Timed from CUDA graphs (`quant.cuda.timing.Timer.graph`): 40 launches (6 for prefill) captured in one
   graph, the graph replayed 15 times, each replay event-timed and divided by its launches; median over the
   replays. numba's host-side launch cost (tens of us) is paid at capture and stays out of the figure; the
@@ -185,8 +186,13 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
 
         shape = None
 
+        direct = n == 1 and ops.fast_ids_ok(dws[0], xd)             # one token: expert ids read directly
+
         def launch(i, s):
             idd, tx, tp = tabs[i % nsets]
+            if direct:
+                ops.grouped_ids(dws[i % nbuf], xd, yd, idd, A, stream=s, shape=shape)
+                return
             cmoe.bucket_kernel[1, 256, s](idd, E, A, n * A, cmoe.BN, tx, tp, cnt, fill)
             ops.grouped(dws[i % nbuf], xd, yd, tx, gmax, n * A, n, kernel=kernel, stream=s, shape=shape)
         launch(0, 0)
@@ -200,7 +206,7 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
             raise AssertionError(f"{t.name} dispatch n={n}: relative RMS {r:.2e} against the oracle")
         if n == 1 and t in FSPECS:                                  # rows per warp for one token
             tune = {}
-            for shape in [(4, 4, 4), (8, 4, 4), (8, 4, 2), (8, 2, 4), (4, 2, 4), (4, 8, 4), (2, 8, 2)]:
+            for shape in [(8, 4, 8), (4, 4, 4), (8, 4, 4), (8, 2, 4), (4, 8, 4), (2, 8, 2)]:
                 tune["x".join(map(str, shape))] = statistics.median(timer.graph(launch, 40, replays=reps))
             res["tune"] = tune
             shape = tuple(int(v) for v in min(tune, key=tune.get).split("x"))

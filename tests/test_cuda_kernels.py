@@ -144,6 +144,26 @@ def test_moe_ffn(t, kernel, rng, few_threads):
         assert_close("no gate", cmoe.moe_ffn(x, ids, wts, up=up, gate=None, down=down, kernel=kernel), want)
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q8_0] if not GPU else list(FSPECS), ids=lambda t: t.name)
+def test_moe_one_token_from_ids(t, rng):
+    """One token: the fast kernel reads the expert ids directly (no group table), gate/up fused, then down."""
+    from refengine.moe.experts import moe_ffn as loop_moe
+    E, A = (4, 2) if not GPU else (16, 4)
+    D, F = (32, 32) if not GPU else (512, 256)
+    if FSPECS[t].BS > 32:
+        D, F = 256, 256
+    up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
+    down = random_qtensor(t, (E, D, F), rng, "down")
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    ids = rng.permutation(E)[:A].reshape(1, A).astype(np.int32)
+    wts = rng.uniform(0.1, 1.0, (1, A)).astype(np.float32)
+    sc = dict(up_scale=rng.uniform(0.5, 2, E).astype(np.float32), down_scale=rng.uniform(0.5, 2, E).astype(np.float32))
+    want = loop_moe(x, ids, wts, up=up, gate=gate, down=down, matmul=ref.matmul, **sc)
+    dw = {k: qc.weights.device_weight(m).ensure() for k, m in (("up", up), ("gate", gate), ("down", down))}
+    assert cmoe.one_token_ok(dw["up"], dw["gate"], dw["down"], cuda_mod.to_device(x))
+    assert_close("one token", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, **sc), want)
+
+
 def test_bucket_kernel_matches_host(rng):
     """Device grouping (tokens sorted by expert) gives the host's groups, tiles and pairs."""
     from quant.cuda.gemv import GroupTable

@@ -372,18 +372,22 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
 
 
 @functools.lru_cache(maxsize=None)
-def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4):
+def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0):
     """One token per group (decode, and expert dispatch at one token): each lane loads the activations of
     its unit once into registers and runs them against the same unit of RW rows, decoded one row at a
     time, so that the activation traffic is 1/RW of the weights' instead of 4 bytes per weight read.
     The lanes' partial sums live in shared memory, so the row loop need not be unrolled; the loads of P
     rows are issued before any of them is decoded (bytes in flight: what bounds a GEMV).
+
+    IDM = 1 or 2: no group table; `grp` is the expert ids of one token (int32 [NP = A]) and block row g
+    multiplies expert grp[g] into output row g, reading activation row 0 (IDM = 1: gate / up) or row g
+    (IDM = 2: down, one row per slot). Grid (ceil(O/RW), A): expert dispatch of one token in one launch.
     Grid (ceil(O/RW), GMAX), block 32 * KS; same arguments as `fgemv_kernel`; groups must hold one pair."""
     s = FSPECS[t]
     ld, dc, col, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
     NTH = 32 * KS
     GLU, RWT = glu, rwt
-    P = max(1, min(P, RW))
+    P = max(1, min(P, RW, 4 if glu else P))
     while RW % P:
         P -= 1
     PU = P if glu else 1
@@ -408,15 +412,24 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         accu = cuda.shared.array((KS, RW if GLU else 1, 32), float32)   # needs no unrolling (no local memory)
         tid = cuda.threadIdx.x
         g = cuda.blockIdx.y
-        if g >= grp[0]:
-            return
         row0 = cuda.blockIdx.x * RW
         if row0 >= O:
             return
+        if IDM == 0:
+            if g >= grp[0]:
+                return
+            e = grp[1 + g]
+            j0 = grp[1 + GMAX + g]
+            xr = uint64(grp[2 + 2 * GMAX + j0])
+            orow = grp[2 + 2 * GMAX + NP + j0]
+        else:
+            if g >= NP:
+                return
+            e = grp[g]
+            xr = uint64(0) if IDM == 1 else uint64(g)
+            orow = g
         warp = tid // 32
         lane = tid % 32
-        e = grp[1 + g]
-        j0 = grp[1 + GMAX + g]
         ebase = uint64(e) * uint64(estride)
         nunits = (I // BS) * UPB
         q = cuda.local.array((1, NV), float32)
@@ -432,7 +445,6 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
             acc[warp, r, lane] = float32(0.0)
             if GLU:
                 accu[warp, r, lane] = float32(0.0)
-        xr = uint64(grp[2 + 2 * GMAX + j0])
         u = warp * 32 + lane
         while u < nunits:
             b = u // UPB
@@ -485,7 +497,6 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
                     for w in range(1, KS):
                         uu += redu[w, r]
                     a = silu(a) * (uu * sc[E + e])
-                orow = grp[2 + 2 * GMAX + NP + j0]
                 if RWT:
                     a = a * rw[orow]
                 y[orow, row0 + r] = a

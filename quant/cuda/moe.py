@@ -21,7 +21,7 @@ from numba import cuda, int32
 from ..ref import QuantError
 from ._dev import SIM, silu
 from .gemv import GroupTable
-from .ops import GEMM_SHAPE, NT_MAX, grouped, supported
+from .ops import GEMM_SHAPE, NT_MAX, fast_ids_ok, grouped, grouped_ids, supported
 from .weights import DeviceWeight, device_weight
 
 BN = GEMM_SHAPE["BN"]
@@ -175,13 +175,21 @@ def _grid(n: int, block: int = EW) -> int:
 
 
 # ------------------------------------------------------------------ device-level dispatch
+def one_token_ok(up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight, xd) -> bool:
+    """True when `moe_ffn_device(..., ids=...)` can dispatch one token from its expert ids directly."""
+    return (gate is not None and gate.type == up.type and fast_ids_ok(gate, xd)
+            and fast_ids_ok(down, xd))
+
+
 def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int, A: int, wts, *,
                    up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight, sc_gu, sc_d,
-                   res=None, out=None, scratch=None, stream=0, kernel: str = "auto", mark=None):
+                   res=None, out=None, scratch=None, stream=0, kernel: str = "auto", mark=None, ids=None):
     """Device arrays in and out: xd [T, D], wts [T*A] routing weights, tables on the device.
 
     sc_gu: float32 [2E] (gate scales then up scales), sc_d: float32 [E]. Returns out [T, D].
     scratch: dict of reusable buffers (act [T*A, I], dn [T*A, D], and for the GEMM path g, u).
+    ids: the expert ids (int32 [A]) of a single token: when the fast one-token kernel serves these
+    weights, the tables are not read and each projection is one launch over the A slots (`grouped_ids`).
     """
     T, D = xd.shape
     I = up.O
@@ -197,6 +205,17 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     dn = buf("dn", (n_pairs, D))
     if out is None:
         out = cuda.device_array((T, D), dtype=np.float32, stream=stream)
+    if ids is not None:
+        if not (T == 1 and kernel in ("auto", "fast") and one_token_ok(up, gate, down, xd)):
+            raise QuantError("moe_ffn_device: expert ids given, but the one-token path does not serve "
+                             f"{T} tokens / kernel {kernel!r} / these weights (see one_token_ok)")
+        mark("experts_gate_up")
+        grouped_ids(gate, xd, act, ids, A, sc=sc_gu, up=up, stream=stream)
+        mark("experts_down")
+        grouped_ids(down, act, dn, ids, A, sc=sc_d, rw=wts, slot_rows=True, stream=stream)
+        mark("experts_combine")
+        combine_kernel[_grid(T * D), EW, stream](dn, A, res if res is not None else out, res is not None, out)
+        return out
     small = kernel in ("gemv", "fast") or (kernel == "auto" and max_per_group <= NT_MAX)
     mark("experts_gate_up")
     if small and gate is not None:
@@ -253,8 +272,10 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
     sc_d = cuda.to_device(_scales(down_scale, E))
     wts = cuda.to_device(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1))
     if record is None:
+        idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
+            one_token_ok(dup, dgate, ddown, xd) else None
         return moe_ffn_device(xd, tx, tp, gmax, n, mpg, A, wts, up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
-                              sc_d=sc_d, kernel=kernel).copy_to_host()
+                              sc_d=sc_d, kernel=kernel, ids=idd).copy_to_host()
     # traced: every intermediate of the loop oracle, computed by the same kernels, unfused
     I = up.shape[1]
     u = cuda.device_array((n, I), np.float32)

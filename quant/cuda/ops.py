@@ -37,7 +37,7 @@ FAST_SHAPE: dict[GGMLType, tuple[int, int]] = {}
 FAST_DEFAULT = (4, 2)
 # the same for one token per group (`fast.fgemv1_kernel`: activations in registers, RW rows each)
 FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {}
-FAST1_DEFAULT = (8, 4, 4)          # RW rows, KS warps, P rows whose loads are in flight together
+FAST1_DEFAULT = (8, 4, 8)          # RW rows, KS warps, P rows whose loads are in flight together
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -122,6 +122,32 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, gemm, auto)")
 
 
+def fast_ids_ok(dw: DeviceWeight, xd) -> bool:
+    """True when `grouped_ids` serves this weight and input."""
+    return fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)
+
+
+def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: DeviceWeight | None = None,
+                slot_rows: bool = False, shape=None, stream=0) -> None:
+    """Expert dispatch of one token without a group table: yd[a] = sc[e] * x @ W_e^T for e = ids[a], a < A.
+
+    ids: int32 [A] on the device (the router's output); x = xd[0] (xd[a] when `slot_rows`: the down
+    projection reads one activation row per slot). sc, rw, up as in `grouped`. One launch (the fast
+    one-token kernel); `fast_ids_ok` says whether the type has it.
+    """
+    O, I, E = dw.O, dw.I, dw.E
+    if sc is None:
+        sc = _ones(2 * E)
+    rwa = rw if rw is not None else _ones(1)
+    sh = tuple(shape or FAST1_SHAPE.get(dw.type, FAST1_DEFAULT))
+    RW, KS = sh[:2]
+    KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
+    k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4, 2 if slot_rows else 1)
+    u = up if up is not None else dw
+    k[(math.ceil(O / RW), A), 32 * KS, stream](
+        dw.w32, dw.w16, u.w32, u.w16, dw.tab, xd, yd, sc, rwa, ids, O, I, dw.rowb, dw.estride, 0, A, E)
+
+
 def _units(t: GGMLType) -> int:
     from .fast import FSPECS
     return FSPECS[t].UPB
@@ -168,4 +194,4 @@ def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", kernel: str = "aut
     return yd.copy_to_host()
 
 
-__all__ = ["matmul", "dense", "grouped", "supported", "GroupTable", "GEMV_SHAPE", "GEMM_SHAPE"]
+__all__ = ["matmul", "dense", "grouped", "grouped_ids", "fast_ids_ok", "supported", "GroupTable", "GEMV_SHAPE", "GEMM_SHAPE"]

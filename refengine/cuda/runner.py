@@ -30,7 +30,7 @@ from numba import cuda
 
 from quant import QTensor
 from quant.cuda.gemv import GroupTable, dense_groups
-from quant.cuda.moe import BN, EW, bucket_kernel, combine_kernel, moe_ffn_device
+from quant.cuda.moe import BN, EW, bucket_kernel, combine_kernel, moe_ffn_device, one_token_ok
 from quant.cuda.ops import dense, grouped, supported
 from quant.cuda.weights import device_weight
 
@@ -228,12 +228,16 @@ class DeviceModel:
             route_kernel[T, 32, s](b["rlog"], A, True, ids, b["wts"])
             n = T * A
             gmax = min(E, n)
-            self._mark("bucket")
-            bucket_kernel[1, EW, s](b["ids"].reshape(T * b["ids"].shape[1]) if b["ids"].shape[1] == A else ids,
-                                     E, A, n, BN, b["tab_x"], b["tab_p"], b["cnt"], b["fill"])
+            one = None
+            if T == 1 and one_token_ok(L.up, L.gate, L.down, h):               # one token: no grouping needed
+                one = b["ids"][0, :A]
+            else:
+                self._mark("bucket")
+                bucket_kernel[1, EW, s](b["ids"].reshape(T * b["ids"].shape[1]) if b["ids"].shape[1] == A else ids,
+                                         E, A, n, BN, b["tab_x"], b["tab_p"], b["cnt"], b["fill"])
             moe_ffn_device(h, b["tab_x"], b["tab_p"], gmax, n, T, A, b["wts"], up=L.up, gate=L.gate, down=L.down,
                            sc_gu=L.sc_gu, sc_d=L.sc_d, res=x2, out=xo, scratch=b["scratch"], stream=s,
-                           mark=self._mark)
+                           mark=self._mark, ids=one)
         else:
             self._mark("ffn")
             grp = b["dense_grp"]
