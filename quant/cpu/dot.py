@@ -663,7 +663,7 @@ def _row_dot(kind, row, x, xs):
 
 def x_sums(kind: int, x: np.ndarray) -> np.ndarray:
     """Per-group sums of the activation rows, for the kernels that fold a block's offset term (mins,
-    Q4_0's -8, Q3_K's -4, Q6_K's -32, TQ's -1, ...) into one multiply per group:  x [N, I] -> f32 [N, L].
+    Q5_0's -16, Q3_K's -4, Q6_K's -32, TQ2_0's -1, ...) into one multiply per group:  x [N, I] -> f32 [N, L].
 
     L = I / g for the group size g = XS_GROUP[kind] (the sum of each g consecutive x), except
     Q4_K, Q5_K: L = I / 16, per 256: 8 zeros then the sums of its 8 groups of 32 (the lanes of the
@@ -673,15 +673,28 @@ def x_sums(kind: int, x: np.ndarray) -> np.ndarray:
     g = XS_GROUP.get(kind)
     if g is None:
         return np.zeros((N, 0), np.float32)
-    s = x.reshape(N, I // g, g).sum(axis=-1, dtype=np.float64)              # [N, I / g]
-    if kind in (Q4_K, Q5_K):
-        s = np.concatenate([np.zeros_like(s).reshape(N, -1, 8), s.reshape(N, -1, 8)], axis=-1)   # [N, I/256, 16]
-    return np.ascontiguousarray(s.reshape(N, -1), dtype=np.float32)
+    pad = kind in (Q4_K, Q5_K)
+    out = np.empty((N, I // 16 if pad else I // g), np.float32)
+    _group_sums(x, g, pad, out)
+    return out
+
+
+@njit(cache=True)
+def _group_sums(x, g, pad, out):
+    for n in range(x.shape[0]):
+        for c in range(x.shape[1] // g):
+            s = 0.0
+            for i in range(g * c, g * c + g):
+                s += x[n, i]
+            if pad:                                         # per 256: 8 zeros, then the 8 sums of 32
+                out[n, 16 * (c // 8) + c % 8] = 0
+                out[n, 16 * (c // 8) + 8 + c % 8] = s
+            else:
+                out[n, c] = s
 
 
 # kernels that read x in lane order (lanes4): x' = x_lanes(kind, x)
 X_LANES = (TQ2_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
-_LANE_SCALE = np.array([1, 2.0 ** -8, 2.0 ** -16, 1], np.float32)
 
 
 def x_lanes(kind: int, x: np.ndarray) -> np.ndarray:
@@ -689,6 +702,16 @@ def x_lanes(kind: int, x: np.ndarray) -> np.ndarray:
     x[4 l + 3] for k = 3 (see lanes4; exact: powers of two).  x [N, I] -> [N, I]; other types: x."""
     if kind not in X_LANES:
         return x
-    N, I = x.shape
-    xp = x.reshape(N, I // 64, 16, 4).transpose(0, 1, 3, 2) * _LANE_SCALE[:, None]   # [N, I/64, 4, 16]
-    return np.ascontiguousarray(xp.reshape(N, I), dtype=np.float32)
+    out = np.empty_like(x)
+    _lane_order(x, out)
+    return out
+
+
+@njit(cache=True)
+def _lane_order(x, out):
+    scale = (np.float32(1), np.float32(2.0 ** -8), np.float32(2.0 ** -16), np.float32(1))
+    for n in range(x.shape[0]):
+        for c in range(0, x.shape[1], 64):
+            for k in range(4):
+                for l in range(16):
+                    out[n, c + 16 * k + l] = x[n, c + 4 * l + k] * scale[k]
