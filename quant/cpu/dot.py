@@ -28,7 +28,7 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bytes_i8, bytes_u8, flip,
-                   ilane, imulv, spread, widen, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
+                   ilane, imulv, or_where, spread, widen, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
                    lanes, load16, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl,
                    shr, splat, splat2, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
@@ -137,8 +137,8 @@ def blk_q4_1(row, o, x, xo, tab, v, m, xs):
 def blk_q5_0(row, o, x, xo, tab, v, m, xs):
     qh = u32_at(row, o + 2)                                     # 5th bits: bit j -> x[j]
     q = u8x16(row, o + 6)
-    q0 = to_f32(ior(band(q, 15), shl(lanes(qh, 1, 1), 4)))
-    q1 = to_f32(ior(shr(q, 4), shl(lanes(qh >> 16, 1, 1), 4)))
+    q0 = to_f32(or_where(band(q, 15), qh, 16))
+    q1 = to_f32(or_where(shr(q, 4), qh >> 16, 16))
     d = f16_at(row, o)
     return fma(splat(d), fma(q1, load16(x, xo + 16), mul(q0, load16(x, xo))), v), m + np.float32(-16) * d * xs
 
@@ -147,8 +147,8 @@ def blk_q5_0(row, o, x, xo, tab, v, m, xs):
 def blk_q5_1(row, o, x, xo, tab, v, m, xs):
     qh = u32_at(row, o + 4)
     q = u8x16(row, o + 8)
-    q0 = to_f32(ior(band(q, 15), shl(lanes(qh, 1, 1), 4)))
-    q1 = to_f32(ior(shr(q, 4), shl(lanes(qh >> 16, 1, 1), 4)))
+    q0 = to_f32(or_where(band(q, 15), qh, 16))
+    q1 = to_f32(or_where(shr(q, 4), qh >> 16, 16))
     t = fma(q1, load16(x, xo + 16), mul(q0, load16(x, xo)))
     return fma(splat(f16_at(row, o)), t, v), m + f16_at(row, o + 2) * xs
 

@@ -497,6 +497,18 @@ def flip(typingctx, v, m):
     return sig, codegen
 
 
+@intrinsic
+def or_where(typingctx, v, m, c):
+    """v | c in the lanes l where bit l of the integer m is set, v elsewhere (a masked `vpord`:
+    Q5_0/Q5_1's fifth bits used as a lane mask as they are stored)."""
+    sig = i32x16(i32x16, types.int64, types.intp)
+
+    def codegen(context, builder, signature, args):
+        mask = builder.bitcast(builder.trunc(args[1], I16), ir.VectorType(ir.IntType(1), 16))
+        return builder.select(mask, builder.or_(args[0], _splat(builder, _i32(builder, args[2]), VI)), args[0])
+    return sig, codegen
+
+
 # ---------------------------------------------------------------- float lanes
 
 @intrinsic
