@@ -28,7 +28,7 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bytes_i8, bytes_u8, flip,
-                   ilane, imulv, or_where, spread, widen, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
+                   i32x16_at, ilane, imulv, or_where, spread, to_f32u, widen, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
                    lanes, load16, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl,
                    shr, splat, splat2, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
@@ -244,6 +244,18 @@ def lanes4(q, x, xo):
     return fma(to_f32(shr(q, 24)), load16(x, xo + 48), t)
 
 
+@njit(**J)
+def fields4(q, width, first, x, xo):
+    """Lane l of sum_k f_k x'[xo + 16 k + l] with f_k the `width`-bit field at bit 8 k + first of lane l
+    of q, masked in place (2^(8k + first) times its value, exact in float32), x' = x_lanes(x) scaled by
+    the inverse powers of two: 64 weights straight from the packed words, no shift, no shuffle."""
+    m = (1 << width) - 1
+    t = mul(to_f32u(band(q, m << first)), load16(x, xo))
+    t = fma(to_f32u(band(q, m << (8 + first))), load16(x, xo + 16), t)
+    t = fma(to_f32u(band(q, m << (16 + first))), load16(x, xo + 32), t)
+    return fma(to_f32u(band(q, m << (24 + first))), load16(x, xo + 48), t)
+
+
 # ---------------------------------------------------------------- K-quants (256-element blocks)
 # Scales: the 12-16 scale bytes, rearranged with 32-bit masks, are widened to 16 float32 scales by
 # one vector operation (scales_*) kept in a register (mins with the minus sign folded in); `lane`
@@ -276,15 +288,10 @@ def blk_q2_k(row, b, x, xs, v):
     sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
     mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
     v = fma(mn, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
-    qs = b32x2(row, o + 16)                                 # 2. 2-bit field j of byte l of 32 -> x[32 j + l];
-    xo = 256 * b                                            #    fields 2h, 2h + 1: 64 weights in order
-    v = fma(spread(sc, 0, 4), lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo), v)
-    v = fma(spread(sc, 4, 4), lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 64), v)
-    qs = b32x2(row, o + 48)
-    v = fma(spread(sc, 8, 4), lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo + 128), v)
-    v = fma(spread(sc, 12, 4), lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 192), v)
+    qs = i32x16_at(row, o + 16)                             # 2. field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
+    for j in range(4):                                      #    fields j of the 64 bytes: 64 weights (fields4)
+        v = fma(spread(sc, 2 * j, 42), fields4(qs, 2, 2 * j, x, 256 * b + 64 * j), v)
     return v
-
 
 
 @njit(**J)
@@ -339,11 +346,11 @@ def blk_q4_k(row, b, x, xs, v):
     ahead(row, o, 144)
     sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
     v = fma(sc, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
-    for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
-        q = as_i32(bmask(bsh(b32x2(row, o + 16 + 32 * j), 0, 4), 15))
-        v = fma(spread(sc, 2 * j, 8), lanes4(q, x, 256 * b + 64 * j), v)      # d sc_i (q . x)
+    for c in range(2):                                      # 2. qs[p] low nibble -> x[64 (p // 32) + p % 32], high
+        qs = i32x16_at(row, o + 16 + 64 * c)                #    -> 32 further; nibble h of the 64 bytes: 64 weights
+        for h in range(2):
+            v = fma(spread(sc, 4 * c + h, 82), fields4(qs, 4, 4 * h, x, 256 * b + 128 * c + 64 * h), v)
     return v
-
 
 
 @njit(**J)
@@ -398,12 +405,9 @@ def dot_q8_k(row, x):
 def blk_tq2_0(row, b, x, xs, v):
     o = 66 * b
     ahead(row, o, 66)
-    xo = 256 * b                                            # 2-bit field p of byte l of 32 -> x[32 p + l];
-    qs = b32x2(row, o)                                      # fields 2h, 2h + 1: 64 weights in order
-    t = add(lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo), lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 64))
-    qs = b32x2(row, o + 32)
-    t = add(t, add(lanes4(as_i32(bmask(bsh(qs, 0, 2), 3)), x, xo + 128),
-                   lanes4(as_i32(bmask(bsh(qs, 4, 6), 3)), x, xo + 192)))
+    qs = i32x16_at(row, o)                                  # field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
+    t = add(add(fields4(qs, 2, 0, x, 256 * b), fields4(qs, 2, 2, x, 256 * b + 64)),
+            add(fields4(qs, 2, 4, x, 256 * b + 128), fields4(qs, 2, 6, x, 256 * b + 192)))
     d = f16_at(row, o + 64)
     return fma(splat(d), t, fma(splat(-d), load16(xs, 16 * b), v))    # d (q . x) - d sum(x):  w = d (q - 1)
 
@@ -693,25 +697,49 @@ def _group_sums(x, g, pad, out):
                 out[n, c] = s
 
 
-# kernels that read x in lane order (lanes4): x' = x_lanes(kind, x)
-X_LANES = (TQ2_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+# kernels that read x in lane order: x' = x_lanes(kind, x), per 256: x'[i] = x[perm[i]] * scale[i]
+def _lanes4_table():
+    """lanes4: per 64, x'[16 k + l] = x[4 l + k] / 256^k (k < 3), x[4 l + 3] (k = 3)."""
+    i = np.arange(256)
+    c, k, l = i // 64, (i % 64) // 16, i % 16
+    return 64 * c + 4 * l + k, np.where(k < 3, 2.0 ** (-8.0 * k), 1.0).astype(np.float32)
+
+
+def _fields4_table(width):
+    """fields4 on 64 bytes q[p] holding fields f = 0 .. 8 / width - 1 at bit width f of each byte:
+    vector g = 4 f + k (64 f + 16 k + l in x') is byte k of lane l, p = 4 l + k, scaled by
+    2^-(8 k + width f).  2 bits (Q2_K, TQ2_0): field f of q[p] is x[128 (p // 32) + 32 f + p % 32];
+    4 bits (Q4_K, two 64-byte halves c): nibble f of q[64 c + p] is x[64 (2 c + p // 32) + 32 f + p % 32]."""
+    i = np.arange(256)
+    if width == 2:
+        f, k, l = i // 64, (i % 64) // 16, i % 16
+        p = 4 * l + k
+        src = 128 * (p // 32) + 32 * f + p % 32
+    else:
+        c, f, k, l = i // 128, (i % 128) // 64, (i % 64) // 16, i % 16
+        p = 4 * l + k
+        src = 64 * (2 * c + p // 32) + 32 * f + p % 32
+    return src, (2.0 ** -(8.0 * k + width * f)).astype(np.float32)
+
+
+LANE_TABLES = {Q3_K: _lanes4_table(), Q5_K: _lanes4_table(), Q6_K: _lanes4_table(),
+               Q2_K: _fields4_table(2), TQ2_0: _fields4_table(2), Q4_K: _fields4_table(4)}
 
 
 def x_lanes(kind: int, x: np.ndarray) -> np.ndarray:
-    """x as the kernels of X_LANES read it: per 64, x'[16 k + l] = x[4 l + k] / 256^k for k < 3 and
-    x[4 l + 3] for k = 3 (see lanes4; exact: powers of two).  x [N, I] -> [N, I]; other types: x."""
-    if kind not in X_LANES:
+    """x as the kernels of LANE_TABLES read it: per 256, x'[i] = x[perm[i]] * scale[i] (scale a power
+    of two: exact).  x [N, I] -> [N, I]; other types: x itself."""
+    tab = LANE_TABLES.get(kind)
+    if tab is None:
         return x
     out = np.empty_like(x)
-    _lane_order(x, out)
+    _lane_order(x, tab[0], tab[1], out)
     return out
 
 
 @njit(cache=True)
-def _lane_order(x, out):
-    scale = (np.float32(1), np.float32(2.0 ** -8), np.float32(2.0 ** -16), np.float32(1))
+def _lane_order(x, perm, scale, out):
     for n in range(x.shape[0]):
-        for c in range(0, x.shape[1], 64):
-            for k in range(4):
-                for l in range(16):
-                    out[n, c + 16 * k + l] = x[n, c + 4 * l + k] * scale[k]
+        for c in range(0, x.shape[1], 256):
+            for i in range(256):
+                out[n, c + i] = x[n, c + perm[i]] * scale[i]

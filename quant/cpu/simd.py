@@ -463,17 +463,22 @@ def as_i32(typingctx, v):
     return sig, codegen
 
 
+SPREAD = {4: [l // 4 for l in range(16)], 8: [l // 8 for l in range(16)],
+          82: [2 * (l // 8) for l in range(16)], 42: [(l // 4) % 2 + 8 * (l // 8) for l in range(16)]}
+
+
 @intrinsic
-def spread(typingctx, v, first, group):
-    """Lane l = v[first + l // group] (group 4 or 8 a compile-time constant): the scales of 4 (2)
-    consecutive sub-blocks, each over the lanes that hold its weights (one `vpermps`)."""
-    if not isinstance(group, types.IntegerLiteral):
+def spread(typingctx, v, first, pattern):
+    """Lane l = v[first + SPREAD[pattern][l]] (one `vpermps`): the scales of the sub-blocks whose
+    weights the 16 lanes hold. pattern 4 / 8: l // 4, l // 8 (4 or 2 consecutive sub-blocks);
+    82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's fields4)."""
+    if not isinstance(pattern, types.IntegerLiteral):
         return None
-    gsz = group.literal_value
-    sig = f32x16(f32x16, types.intp, group)
+    offs = SPREAD[pattern.literal_value]
+    sig = f32x16(f32x16, types.intp, pattern)
 
     def codegen(context, builder, signature, args):
-        idx = builder.add(_splat(builder, builder.trunc(args[1], I32), VI), ir.Constant(VI, [l // gsz for l in range(16)]))
+        idx = builder.add(_splat(builder, builder.trunc(args[1], I32), VI), ir.Constant(VI, offs))
         if HAVE_AVX512:
             return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [args[0], idx])
         out = ir.Constant(VF, ir.Undefined)
@@ -481,6 +486,26 @@ def spread(typingctx, v, first, group):
             k = builder.extract_element(idx, ir.Constant(I32, lane))
             out = builder.insert_element(out, builder.extract_element(args[0], k), ir.Constant(I32, lane))
         return out
+    return sig, codegen
+
+
+@intrinsic
+def i32x16_at(typingctx, row, o):
+    """The 64 bytes at row[o:] as 16 little-endian 32-bit lanes."""
+    sig = i32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.load(_at(context, builder, signature.args[0], args[0], args[1], VI), align=1)
+    return sig, codegen
+
+
+@intrinsic
+def to_f32u(typingctx, v):
+    """The lanes read as unsigned 32-bit integers, converted (`vcvtudq2ps`)."""
+    sig = f32x16(i32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.uitofp(args[0], VF)
     return sig, codegen
 
 
