@@ -7,6 +7,8 @@
   order; the kernels round each weight once, where ggml's decoder may round twice).
 - Weights are random bytes with finite block scales (every bit pattern a decoder can meet), and for the
   common types also ggml-quantized Gaussian rows; non-finite scales give non-finite rows, like the oracle.
+  Activations far from zero mean (all positive, mean 10) against such rows, where cancellation would
+  show a kernel that folds a large per-block offset into a sum of x.
 - moe_ffn equals the loop oracle refengine.moe.moe_ffn (records included), with experts that get no
   token, top-k equal to the expert count, no gate, per-expert scales, and the BLAS path for big groups.
 - A whole synthetic qwen3moe (Q4_K) gives the same logits with Runtime(backend="cpu") as with numpy.
@@ -124,6 +126,41 @@ def test_matmul_ggml_quantized(t, rng):
     x = rng.standard_normal((3, 2048), dtype=np.float32)
     for T in (1, 3):
         assert_close(f"{t.name} T={T}", cpu.matmul(x[:T], w), ref.matmul(x[:T], w))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("t", COMMON + [GGMLType.TQ1_0, GGMLType.IQ2_S, GGMLType.IQ3_S, GGMLType.Q8_K],
+                         ids=lambda t: t.name)
+def test_gemv_offset_activations(t, rng):
+    """Activations far from zero mean (all positive, or mean 10) against zero-mean quantized weights:
+    y is much smaller than sum |w x|, so a kernel that splits w = c q + m into c (q . x) + m sum(x)
+    with a large offset loses digits to cancellation. The kernels fold only the weight at the middle
+    code (w = c (q - mid) + w(mid)), which keeps every term as small as the weights themselves."""
+    w = ggml_weight(t, 32, 2048, rng) if t != GGMLType.Q8_K else random_weight(t, 32, 2048, rng)
+    z = rng.standard_normal((2, 2048), dtype=np.float32)
+    for name, x in (("positive", np.abs(z)), ("mean 10", z + np.float32(10))):
+        for T in (1, 2):
+            assert_close(f"{t.name} {name} T={T}", cpu.matmul(x[:T], w), ref.matmul(x[:T], w))
+
+
+def test_activation_layouts():
+    """x_sums and x_lanes, the per-row activation preparations of the GEMV kernels: group sums equal
+    float64 sums; lane order is a permutation scaled by exact powers of two."""
+    from quant.cpu.dot import LANE_TABLES, XS_GROUP, x_lanes, x_sums
+    x = np.random.default_rng(3).standard_normal((3, 1024), dtype=np.float32)
+    for kind, g in XS_GROUP.items():
+        s = x.reshape(3, -1, g).sum(axis=-1, dtype=np.float64).astype(np.float32)
+        got = x_sums(kind, x)
+        if got.shape[1] != s.shape[1]:                                   # Q4_K / Q5_K: 8 zeros, then 8 sums per 256
+            got = got.reshape(3, -1, 16)
+            assert not got[..., :8].any()
+            got = got[..., 8:].reshape(3, -1)
+        np.testing.assert_array_equal(got, s)
+    for kind, (perm, scale) in LANE_TABLES.items():
+        assert sorted(perm) == list(range(256))
+        assert np.all(np.frexp(scale)[0] == 0.5)                         # powers of two
+        xp = x_lanes(kind, x).reshape(3, -1, 256)
+        np.testing.assert_array_equal(xp, x.reshape(3, -1, 256)[..., perm] * scale)
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.IQ2_XXS, GGMLType.F16], ids=lambda t: t.name)

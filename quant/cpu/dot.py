@@ -27,21 +27,23 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
-from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bytes_i8, bytes_u8, flip,
-                   i32x16_at, ilane, imulv, or_where, spread, to_f32u, widen, f16x16, f32x16_at, fma, hsum, i8x16f, imul, ior, lane,
-                   lanes, load16, lut, mul, nib8x2, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl,
-                   shr, splat, splat2, to_f32, u8x16, zeros)
+from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bsub, f16x16,
+                   f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, imul, lanes, load16, lut, mul,
+                   nib8x2, or_where, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2,
+                   spread, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
 
 J = dict(cache=True, inline="always")
 LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
+TOP8 = 0xFF000000                                           # the top byte of a 32-bit lane
 FLOAT_CHUNK = 1024                                          # float rows: flush to float64 every 1024
 PREFETCH = 2048          # bytes ahead of the block being decoded that the kernels ask the cache for
 
 # 16-entry code books for `lut` (index = the 4-bit code)
 Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: q - 8
-TERNARY = np.array([-1, 0, 1, 2] + [0] * 12, dtype=np.float32)          # 2-bit codes: q - 1
+TERNARY = np.array([-1, 0, 1, 2] * 4, dtype=np.float32)                # 2-bit codes (low 2 of 4 bits): q - 1
+Q2_CENTRED = np.array([-2, -1, 0, 1] * 4, dtype=np.float32)            # q - 2
 KV_IQ4 = KV_IQ4NL.astype(np.float32)
 KV_FP4 = KV_MXFP4.astype(np.float32)
 IOTA = np.arange(16, dtype=np.float32)                                 # q itself
@@ -103,84 +105,82 @@ def dot_bf16(row, x):
 
 
 # ---------------------------------------------------------------- 32-element blocks
-# `blk_<type>(row, o, x, xo, tab, v, m, xs)` adds the block's d (q . x) to the 16 lanes v and its
-# offset term (Q5_0's -16 d, Q4_1/Q5_1's m, times xs = the sum of the block's 32 x)
-# to the float32 m; `dot_blocks32` walks the blocks, flushing both into the float64 sum every 8 blocks.
+# `blk_<type>(row, o, x, xo, tab, v)` adds the block's 32 products to the 16 lanes v (as d (q . x)
+# where the block is d q); `dot_blocks32` walks the blocks, flushing v into the float64 sum every 8.
 
 @njit(**J)
-def blk_q8_0(row, o, x, xo, tab, v, m, xs):
+def blk_q8_0(row, o, x, xo, tab, v):
     t = fma(i8x16f(row, o + 18), load16(x, xo + 16), mul(i8x16f(row, o + 2), load16(x, xo)))
-    return fma(splat(f16_at(row, o)), t, v), m
+    return fma(splat(f16_at(row, o)), t, v)
 
 
 @njit(**J)
-def blk_q8_1(row, o, x, xo, tab, v, m, xs):
+def blk_q8_1(row, o, x, xo, tab, v):
     t = fma(i8x16f(row, o + 20), load16(x, xo + 16), mul(i8x16f(row, o + 4), load16(x, xo)))
-    return fma(splat(f16_at(row, o)), t, v), m
+    return fma(splat(f16_at(row, o)), t, v)
 
 
 @njit(**J)
-def blk_q4_0(row, o, x, xo, tab, v, m, xs):
+def blk_q4_0(row, o, x, xo, tab, v):
     q = u8x16(row, o + 2)                                       # byte j: nibbles of x[j], x[j + 16]
     t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
-    return fma(splat(f16_at(row, o)), t, v), m                  # d ((q - 8) . x)
+    return fma(splat(f16_at(row, o)), t, v)                     # d ((q - 8) . x)
 
 
 @njit(**J)
-def blk_q4_1(row, o, x, xo, tab, v, m, xs):
+def blk_q4_1(row, o, x, xo, tab, v):
+    d = splat(f16_at(row, o))
+    mn = splat(f16_at(row, o + 2))
     q = u8x16(row, o + 4)
-    t = fma(to_f32(shr(q, 4)), load16(x, xo + 16), mul(to_f32(band(q, 15)), load16(x, xo)))
-    return fma(splat(f16_at(row, o)), t, v), m + f16_at(row, o + 2) * xs     # d (q . x) + m sum(x)
+    v = fma(fma(d, to_f32(band(q, 15)), mn), load16(x, xo), v)                  # w = d q + m
+    return fma(fma(d, to_f32(shr(q, 4)), mn), load16(x, xo + 16), v)
 
 
 @njit(**J)
-def blk_q5_0(row, o, x, xo, tab, v, m, xs):
-    qh = u32_at(row, o + 2)                                     # 5th bits: bit j -> x[j]
+def blk_q5_0(row, o, x, xo, tab, v):
+    qh = u32_at(row, o + 2)                                     # 5th bits: bit j -> x[j], as a lane mask
     q = u8x16(row, o + 6)
-    q0 = to_f32(or_where(band(q, 15), qh, 16))
-    q1 = to_f32(or_where(shr(q, 4), qh >> 16, 16))
-    d = f16_at(row, o)
-    return fma(splat(d), fma(q1, load16(x, xo + 16), mul(q0, load16(x, xo))), v), m + np.float32(-16) * d * xs
+    q0 = to_f32(iadd(or_where(band(q, 15), qh, 16), -16))       # q - 16
+    q1 = to_f32(iadd(or_where(shr(q, 4), qh >> 16, 16), -16))
+    return fma(splat(f16_at(row, o)), fma(q1, load16(x, xo + 16), mul(q0, load16(x, xo))), v)
 
 
 @njit(**J)
-def blk_q5_1(row, o, x, xo, tab, v, m, xs):
+def blk_q5_1(row, o, x, xo, tab, v):
+    d = splat(f16_at(row, o))
+    mn = splat(f16_at(row, o + 2))
     qh = u32_at(row, o + 4)
     q = u8x16(row, o + 8)
-    q0 = to_f32(or_where(band(q, 15), qh, 16))
-    q1 = to_f32(or_where(shr(q, 4), qh >> 16, 16))
-    t = fma(q1, load16(x, xo + 16), mul(q0, load16(x, xo)))
-    return fma(splat(f16_at(row, o)), t, v), m + f16_at(row, o + 2) * xs
+    v = fma(fma(d, to_f32(or_where(band(q, 15), qh, 16)), mn), load16(x, xo), v)
+    return fma(fma(d, to_f32(or_where(shr(q, 4), qh >> 16, 16)), mn), load16(x, xo + 16), v)
 
 
 @njit(**J)
-def blk_iq4_nl(row, o, x, xo, tab, v, m, xs):
+def blk_iq4_nl(row, o, x, xo, tab, v):
     q = u8x16(row, o + 2)
     t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
-    return fma(splat(f16_at(row, o)), t, v), m
+    return fma(splat(f16_at(row, o)), t, v)
 
 
 @njit(**J)
-def blk_mxfp4(row, o, x, xo, tab, v, m, xs):
+def blk_mxfp4(row, o, x, xo, tab, v):
     q = u8x16(row, o + 1)
     t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
-    return fma(splat(ld(E8M0_HALF, ld(row, o))), t, v), m
+    return fma(splat(ld(E8M0_HALF, ld(row, o))), t, v)
 
 
 @njit(**J)
-def dot_blocks32(blk, ts, tab, row, x, xs):
-    """Row . x for a 32-block type with block function `blk` and `ts` bytes per block; xs: the sums of
-    x per 32 (x_sums), read only by the types with an offset term."""
+def dot_blocks32(blk, ts, tab, row, x):
+    """Row . x for a 32-block type with block function `blk` and `ts` bytes per block."""
     T = load16(tab, 0)                                          # the code book, once per row
     nb = x.size // 32
     acc = 0.0
     for g0 in range(0, nb, 8):
         ahead(row, ts * g0, 8 * ts)
         v = zeros()
-        m = np.float32(0)
         for b in range(g0, min(nb, g0 + 8)):
-            v, m = blk(row, ts * b, x, 32 * b, T, v, m, ld(xs, b) if xs.size else np.float32(0))
-        acc += hsum(v) + m
+            v = blk(row, ts * b, x, 32 * b, T, v)
+        acc += hsum(v)
     return acc
 
 
@@ -235,25 +235,24 @@ def dot_nvfp4(row, x):
 
 @njit(**J)
 def lanes4(q, x, xo):
-    """Lane l of sum_k q_k x'[xo + 16 k + l], q_k = byte k of lane l of q masked in place (256^k times
-    its value; the top byte shifted down): 64 weights with no widening shuffle. x' = x_lanes(x):
-    x'[xo + 16 k + l] = x[xo + 4 l + k] / 256^k (k < 3), so each product is exact."""
-    t = mul(to_f32(band(q, 0xFF)), load16(x, xo))
-    t = fma(to_f32(band(q, 0xFF00)), load16(x, xo + 16), t)
-    t = fma(to_f32(band(q, 0xFF0000)), load16(x, xo + 32), t)
-    return fma(to_f32(shr(q, 24)), load16(x, xo + 48), t)
+    """Lane l of sum_k q_k x'[xo + 16 k + l], q_k = byte k of lane l of q read as int8 and moved to
+    the top of the lane (2^24 q_k, exact in float32): 64 weights with no widening shuffle.
+    x' = x_lanes(x): x'[xo + 16 k + l] = x[xo + 4 l + k] / 2^24."""
+    t = mul(to_f32(shl(q, 24)), load16(x, xo))
+    t = fma(to_f32(band(shl(q, 16), TOP8)), load16(x, xo + 16), t)
+    t = fma(to_f32(band(shl(q, 8), TOP8)), load16(x, xo + 32), t)
+    return fma(to_f32(band(q, TOP8)), load16(x, xo + 48), t)
 
 
 @njit(**J)
-def fields4(q, width, first, x, xo):
-    """Lane l of sum_k f_k x'[xo + 16 k + l] with f_k the `width`-bit field at bit 8 k + first of lane l
-    of q, masked in place (2^(8k + first) times its value, exact in float32), x' = x_lanes(x) scaled by
-    the inverse powers of two: 64 weights straight from the packed words, no shift, no shuffle."""
-    m = (1 << width) - 1
-    t = mul(to_f32u(band(q, m << first)), load16(x, xo))
-    t = fma(to_f32u(band(q, m << (8 + first))), load16(x, xo + 16), t)
-    t = fma(to_f32u(band(q, m << (16 + first))), load16(x, xo + 32), t)
-    return fma(to_f32u(band(q, m << (24 + first))), load16(x, xo + 48), t)
+def lut4(q, first, tab, x, xo):
+    """Lane l of sum_k tab[(q >> (8 k + first)) & 15] x'[xo + 16 k + l]: a 2- or 4-bit field of each byte
+    looked up in place (`vpermps` reads the low 4 bits of the index), already offset by the code
+    book (q - 2, q - 8, ...). x' = x_lanes(x), the lane order of the type's fields (LANE_TABLES)."""
+    t = mul(lut(tab, shr(q, first)), load16(x, xo))
+    t = fma(lut(tab, shr(q, 8 + first)), load16(x, xo + 16), t)
+    t = fma(lut(tab, shr(q, 16 + first)), load16(x, xo + 32), t)
+    return fma(lut(tab, shr(q, 24 + first)), load16(x, xo + 48), t)
 
 
 # ---------------------------------------------------------------- K-quants (256-element blocks)
@@ -287,10 +286,11 @@ def blk_q2_k(row, b, x, xs, v):
     dmin = f16_at(row, o + 82)
     sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
     mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
-    v = fma(mn, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
+    v = fma(fma(sc, splat(np.float32(2)), mn), load16(xs, 16 * b), v)    # w = c (q - 2) + (2 c - dmin m):
+    T = load16(Q2_CENTRED, 0)                               #    the weight at q = 2 times sum(x of group i)
     qs = i32x16_at(row, o + 16)                             # 2. field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
-    for j in range(4):                                      #    fields j of the 64 bytes: 64 weights (fields4)
-        v = fma(spread(sc, 2 * j, 42), fields4(qs, 2, 2 * j, x, 256 * b + 64 * j), v)
+    for j in range(4):                                      #    fields j of the 64 bytes: 64 weights (lut4)
+        v = fma(spread(sc, 2 * j, 42), lut4(qs, 2 * j, T, x, 256 * b + 64 * j), v)
     return v
 
 
@@ -318,15 +318,13 @@ def blk_q3_k(row, b, x, xs, v):
     s0, s1, s2, s3 = ((s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8,   # bytes - 32 as int8
                       (s2 + 0x60606060) ^ SIGN8, (s3 + 0x60606060) ^ SIGN8)
     sc = scales_i8(s0, s1, s2, s3, f16_at(row, o + 108), f16_at(row, o + 108))    # c = d sc
-    vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -4 c . sum(x of group i), below
     hm = b32x2(row, o)                                      #    bit 4n + j of hmask[l] -> x[128 n + 32 j + l]
     for n in range(2):                                      # 2. q = 2 low bits + 4 * hmask bit, w = c (q - 4)
         qs = b32x2(row, o + 32 + 32 * n)
         for h in range(2):                                  #    fields j = 2h, 2h + 1: 64 weights in order
             q = bor(bmask(bsh(qs, 4 * h, 4 * h + 2), 3), bmask(bsh(hm, 4 * n + 2 * h - 2, 4 * n + 2 * h - 1), 4))
-            v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(as_i32(q), x, 256 * b + 128 * n + 64 * h), v)
-    return fma(splat(np.float32(-4)), vm, v)
-
+            v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(as_i32(bsub(q, 4)), x, 256 * b + 128 * n + 64 * h), v)
+    return v
 
 
 @njit(**J)
@@ -345,11 +343,12 @@ def blk_q4_k(row, b, x, xs, v):
     o = 144 * b
     ahead(row, o, 144)
     sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
-    v = fma(sc, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
+    v = fma(fma(spread(sc, 0, 88), splat(np.float32(8)), sc), load16(xs, 16 * b), v)   # w = c (q - 8) + (8 c
+    T = load16(Q4_OFFSET, 0)                                #    - dmin m): the weight at q = 8 times sum(x)
     for c in range(2):                                      # 2. qs[p] low nibble -> x[64 (p // 32) + p % 32], high
         qs = i32x16_at(row, o + 16 + 64 * c)                #    -> 32 further; nibble h of the 64 bytes: 64 weights
         for h in range(2):
-            v = fma(spread(sc, 4 * c + h, 82), fields4(qs, 4, 4 * h, x, 256 * b + 128 * c + 64 * h), v)
+            v = fma(spread(sc, 4 * c + h, 82), lut4(qs, 4 * h, T, x, 256 * b + 128 * c + 64 * h), v)
     return v
 
 
@@ -358,13 +357,12 @@ def blk_q5_k(row, b, x, xs, v):
     o = 176 * b
     ahead(row, o, 176)
     sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
-    v = fma(sc, load16(xs, 16 * b), v)                         #    the mins: -dmin m_i . sum(x of group i)
-    qh = b32x2(row, o + 16)                                 # 5th bits: bit 2j / 2j+1 of qh[l]
+    v = fma(fma(spread(sc, 0, 88), splat(np.float32(16)), sc), load16(xs, 16 * b), v)  # w = c (q - 16) + (16 c
+    qh = b32x2(row, o + 16)                                 #    - dmin m); 5th bits: bit 2j / 2j+1 of qh[l]
     for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
         q = bor(bmask(bsh(b32x2(row, o + 48 + 32 * j), 0, 4), 15), bmask(bsh(qh, 2 * j - 4, 2 * j - 3), 16))
-        v = fma(spread(sc, 2 * j, 8), lanes4(as_i32(q), x, 256 * b + 64 * j), v)
+        v = fma(spread(sc, 2 * j, 8), lanes4(as_i32(bsub(q, 16)), x, 256 * b + 64 * j), v)
     return v
-
 
 
 @njit(**J)
@@ -374,17 +372,16 @@ def blk_q6_k(row, b, x, xs, v):
     d = f16_at(row, o + 208)
     w0, w1, w2, w3 = u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204)
     sc = scales_i8(w0, w1, w2, w3, d, d)                    # 1. int8 scales: c = d sc
-    vm = mul(sc, load16(xs, 16 * b))                        #    the offset: -32 c . sum(x of group i), below
     v0, v1 = zeros(), zeros()
     for n in range(2):                                      # 2. per 128 weights, on the packed bytes:
         ql = b64(row, o + 64 * n)                           #    ql[l] low nibble -> x[l], ql[l + 32] -> x[l + 32],
         qh = b32x2(row, o + 128 + 32 * n)                   #    high nibbles -> x[l + 64], x[l + 96];
-        q0 = as_i32(bor(bmask(ql, 15), bmask(bsh(qh, -4, -2), 48)))       # qh[l] bits 2k, 2k+1 -> 16, 32
-        q1 = as_i32(bor(bmask(bsh(ql, 4, 4), 15), bmask(bsh(qh, 0, 2), 48)))  # q0: x[0:64], q1: x[64:128]
+        q0 = as_i32(bsub(bor(bmask(ql, 15), bmask(bsh(qh, -4, -2), 48)), 32))   # qh[l] bits 2k, 2k+1 -> 16, 32
+        q1 = as_i32(bsub(bor(bmask(bsh(ql, 4, 4), 15), bmask(bsh(qh, 0, 2), 48)), 32))  # q - 32 as int8
         xo = 256 * b + 128 * n                              # 3. byte k of each lane in place (x_lanes)
-        v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c (q . x)
+        v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c ((q - 32) . x)
         v1 = fma(spread(sc, 8 * n + 4, 4), lanes4(q1, x, xo + 64), v1)
-    return fma(splat(np.float32(-32)), vm, add(v, add(v0, v1)))
+    return add(v, add(v0, v1))
 
 
 
@@ -405,11 +402,11 @@ def dot_q8_k(row, x):
 def blk_tq2_0(row, b, x, xs, v):
     o = 66 * b
     ahead(row, o, 66)
-    qs = i32x16_at(row, o)                                  # field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
-    t = add(add(fields4(qs, 2, 0, x, 256 * b), fields4(qs, 2, 2, x, 256 * b + 64)),
-            add(fields4(qs, 2, 4, x, 256 * b + 128), fields4(qs, 2, 6, x, 256 * b + 192)))
-    d = f16_at(row, o + 64)
-    return fma(splat(d), t, fma(splat(-d), load16(xs, 16 * b), v))    # d (q . x) - d sum(x):  w = d (q - 1)
+    T = load16(TERNARY, 0)                                  # field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
+    qs = i32x16_at(row, o)                                  # looked up as q - 1: w = d (q - 1)
+    t = add(add(lut4(qs, 0, T, x, 256 * b), lut4(qs, 2, T, x, 256 * b + 64)),
+            add(lut4(qs, 4, T, x, 256 * b + 128), lut4(qs, 6, T, x, 256 * b + 192)))
+    return fma(splat(f16_at(row, o + 64)), t, v)
 
 
 @njit(**J)
@@ -636,7 +633,7 @@ BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4
 # kernels that take the activation group sums (x_sums): group size
 BLOCKS256 = {TQ2_0: blk_tq2_0, Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k}
 DOT_XS = {}
-XS_GROUP = {TQ2_0: 16, Q2_K: 16, Q3_K: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, Q4_1: 32, Q5_0: 32, Q5_1: 32}
+XS_GROUP = {Q2_K: 16, Q4_K: 32, Q5_K: 32}
 FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32) + tuple(BLOCKS256)
 
 
@@ -652,7 +649,7 @@ def _row_dot(kind, row, x, xs):
     k = literal_kind(kind)
     if k in BLOCKS32:
         blk, ts, tab = BLOCKS32[k]
-        return lambda kind, row, x, xs: dot_blocks32(blk, ts, tab, row, x, xs)
+        return lambda kind, row, x, xs: dot_blocks32(blk, ts, tab, row, x)
     if k in BLOCKS256:
         blk256 = BLOCKS256[k]
         return lambda kind, row, x, xs: dot_blocks256(blk256, row, x, xs)
@@ -699,16 +696,16 @@ def _group_sums(x, g, pad, out):
 
 # kernels that read x in lane order: x' = x_lanes(kind, x), per 256: x'[i] = x[perm[i]] * scale[i]
 def _lanes4_table():
-    """lanes4: per 64, x'[16 k + l] = x[4 l + k] / 256^k (k < 3), x[4 l + 3] (k = 3)."""
+    """lanes4: per 64, x'[16 k + l] = x[4 l + k] / 2^24."""
     i = np.arange(256)
     c, k, l = i // 64, (i % 64) // 16, i % 16
-    return 64 * c + 4 * l + k, np.where(k < 3, 2.0 ** (-8.0 * k), 1.0).astype(np.float32)
+    return 64 * c + 4 * l + k, np.full(256, 2.0 ** -24, np.float32)
 
 
-def _fields4_table(width):
-    """fields4 on 64 bytes q[p] holding fields f = 0 .. 8 / width - 1 at bit width f of each byte:
-    vector g = 4 f + k (64 f + 16 k + l in x') is byte k of lane l, p = 4 l + k, scaled by
-    2^-(8 k + width f).  2 bits (Q2_K, TQ2_0): field f of q[p] is x[128 (p // 32) + 32 f + p % 32];
+def _lut4_table(width):
+    """lut4 on 64 bytes q[p] holding fields f = 0 .. 8 / width - 1 at bit width f of each byte:
+    vector 4 f + k (x'[64 f + 16 k + l]) is field f of byte k of lane l, p = 4 l + k.
+    2 bits (Q2_K, TQ2_0): field f of q[p] is x[128 (p // 32) + 32 f + p % 32];
     4 bits (Q4_K, two 64-byte halves c): nibble f of q[64 c + p] is x[64 (2 c + p // 32) + 32 f + p % 32]."""
     i = np.arange(256)
     if width == 2:
@@ -719,11 +716,11 @@ def _fields4_table(width):
         c, f, k, l = i // 128, (i % 128) // 64, (i % 64) // 16, i % 16
         p = 4 * l + k
         src = 64 * (2 * c + p // 32) + 32 * f + p % 32
-    return src, (2.0 ** -(8.0 * k + width * f)).astype(np.float32)
+    return src, np.ones(256, np.float32)
 
 
 LANE_TABLES = {Q3_K: _lanes4_table(), Q5_K: _lanes4_table(), Q6_K: _lanes4_table(),
-               Q2_K: _fields4_table(2), TQ2_0: _fields4_table(2), Q4_K: _fields4_table(4)}
+               Q2_K: _lut4_table(2), TQ2_0: _lut4_table(2), Q4_K: _lut4_table(4)}
 
 
 def x_lanes(kind: int, x: np.ndarray) -> np.ndarray:

@@ -432,6 +432,19 @@ def bmask(typingctx, v, m):
 
 
 @intrinsic
+def bsub(typingctx, v, c):
+    """v - c in every byte, wrapping (`vpsubb`): an offset-binary field becomes a signed byte."""
+    if not isinstance(c, types.IntegerLiteral):
+        return None
+    k = c.literal_value
+    sig = u8x64(u8x64, c)
+
+    def codegen(context, builder, signature, args):
+        return builder.sub(args[0], ir.Constant(VB, [k] * 64))
+    return sig, codegen
+
+
+@intrinsic
 def bor(typingctx, a, b):
     """a | b byte by byte."""
     sig = u8x64(u8x64, u8x64)
@@ -464,14 +477,15 @@ def as_i32(typingctx, v):
 
 
 SPREAD = {4: [l // 4 for l in range(16)], 8: [l // 8 for l in range(16)],
-          82: [2 * (l // 8) for l in range(16)], 42: [(l // 4) % 2 + 8 * (l // 8) for l in range(16)]}
+          82: [2 * (l // 8) for l in range(16)], 42: [(l // 4) % 2 + 8 * (l // 8) for l in range(16)],
+          88: [l % 8 for l in range(16)]}
 
 
 @intrinsic
 def spread(typingctx, v, first, pattern):
     """Lane l = v[first + SPREAD[pattern][l]] (one `vpermps`): the scales of the sub-blocks whose
     weights the 16 lanes hold. pattern 4 / 8: l // 4, l // 8 (4 or 2 consecutive sub-blocks);
-    82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's fields4)."""
+    82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's lut4); 88: l % 8."""
     if not isinstance(pattern, types.IntegerLiteral):
         return None
     offs = SPREAD[pattern.literal_value]
@@ -496,16 +510,6 @@ def i32x16_at(typingctx, row, o):
 
     def codegen(context, builder, signature, args):
         return builder.load(_at(context, builder, signature.args[0], args[0], args[1], VI), align=1)
-    return sig, codegen
-
-
-@intrinsic
-def to_f32u(typingctx, v):
-    """The lanes read as unsigned 32-bit integers, converted (`vcvtudq2ps`)."""
-    sig = f32x16(i32x16)
-
-    def codegen(context, builder, signature, args):
-        return builder.uitofp(args[0], VF)
     return sig, codegen
 
 
