@@ -235,7 +235,9 @@ def markdown(gemv: list[dict], moe: list[dict], ceiling: float, dev: str) -> str
         g, xl, ll = r["gemv"], r.get("x_llama", {}), r.get("llama_us", (None,) * 4)
         f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"         # noqa: E731
         pf = r.get("prefill", {})
-        shape = r.get("shape") or "x".join(map(str, ops.GEMV_SHAPE.get(GGMLType[r["type"]], ops.GEMV_DEFAULT)))
+        tt = GGMLType[r["type"]]
+        shape = r.get("shape") or "x".join(map(str, ops.FAST1_SHAPE.get(tt, ops.FAST1_DEFAULT) if r.get("kernel") == "fast"
+                                              else ops.GEMV_SHAPE.get(tt, ops.GEMV_DEFAULT)))
         L.append(f"| {r['type']} | {r.get('kernel', 'gemv')} ({shape}) "
                  f"| {f(g[1]['us'])} | {f(g[1]['gbs'], 0)} | {f(r['pct_copy'], 0)}% | {f(ll[0])} | {f(xl.get(1), 2)} "
                  f"| {f(g[2]['us'])} | {f(xl.get(2), 2)} | {f(g[4]['us'])} | {f(xl.get(4), 2)} | {f(g[8]['us'])} "
