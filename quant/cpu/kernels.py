@@ -1,6 +1,7 @@
 """The two parallel Numba drivers, specialized per ggml type and compiled lazily on first use.
 
-    kernels(kind).gemv(raw, x, seg, active, y, tile)      matrices with one activation row each
+    kernels(kind).gemv(raw, x, xs, seg, active, y, tile)  matrices with one activation row each
+        (x there is dot.x_lanes(kind, x) and xs = dot.x_sums(kind, x): the row as the kernel reads it)
     kernels(kind).gemm(raw, x, seg, active, y, tile)      matrices with several
         raw: uint8 [E, O, row_bytes]   packed weights of E matrices (E = 1 for a plain matmul)
         x:   f32 [N, I]                activation rows, grouped: matrix e owns rows seg[e]:seg[e+1]
@@ -90,7 +91,8 @@ def kernels(kind: int) -> Kernels:
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
     def gemv(raw, x, xs, seg, active, y, tile):
         """Fused decode + dot on the bytes, once per activation row of the matrix (few rows: the
-        weight row is decoded again for each, but read from memory once; it stays in L1)."""
+        weight row is decoded again for each, but read from memory once; it stays in L1).
+        x: the activation rows in the kernel's lane order, xs: their group sums (dot.x_lanes, x_sums)."""
         if version < 0:
             return
         O = raw.shape[1]

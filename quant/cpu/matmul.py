@@ -8,7 +8,8 @@ mode "exact" multiplies x itself; "llamacpp" first rounds x to the weight's part
 the NumPy oracle does (quant.llamacpp), then runs the same kernels.
 
 Which path (T = activation rows of one matrix):
-  T <= GEMV_MAX_ROWS    `kernels.gemv`: the fused kernel once per row (the row stays in L1);
+  T <= GEMV_MAX_ROWS    `kernels.gemv`: the fused kernel once per row (the row stays in L1), on the
+                        rows as the kernel reads them (dot.x_lanes: lane order; dot.x_sums: group sums);
   T < blas_min_tokens   `kernels.gemm`: decode CHUNK weights to scratch once, dot every row;
                         either way the weight bytes are read from memory once per call.
   T >= blas_min_tokens  dequantize `CHUNK_ELEMENTS` of weight rows at a time (parallel Numba), then

@@ -17,11 +17,16 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     nib8x2(row, o)    -> i32x16         low nibbles of 8 bytes, then their high nibbles
     select_bits(w, a, b) -> f32x16      lane l = a if bit l of w else b   (Q1_0's signs)
     base3_tail(w)     -> i32x16         TQ1_0's 16 digits packed in 4 bytes
-    shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), ior(a, b), to_f32(v)   integer lanes
-    lut(tab, idx)     -> f32x16         tab[idx] lane by lane, tab a f32x16 of 16 code-book values
+    shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), to_f32(v)   integer lanes
+    lut(tab, idx)     -> f32x16         tab[idx & 15] lane by lane, tab a f32x16 of 16 code-book values
                                         (`vpermps` with AVX-512; a portable extract/insert otherwise)
+    u8x64             64 packed bytes, worked on before widening (one byte op = four on lanes):
+      b64(row, o), b32x2(row, o)        64 bytes / 32 bytes twice;  bsh(v, s_lo, s_hi) per-half shift,
+      bmask(v, m), bsub(v, c), bor(a, b)    byte and / subtract / or;  as_i32(v) -> i32x16 (a bitcast)
+    i32x16_at(row, o) -> i32x16         64 bytes as 16 words, fields read in place
+    or_where(v, m, c), flip(v, m)       v | c, -v in the lanes whose bit of m is set (mask registers)
     scales_u8(w0, w1, w2, w3, d_lo, d_hi), scales_i8(...) -> f32x16     16 block scales from 16 bytes
-    lane(v, i)        -> f32x16         lane i of v broadcast
+    spread(v, first, pattern) -> f32x16  the scales of the sub-blocks held by each lane (`vpermps`)
     splat(s), splat2(a, b), zeros(), fma(a, b, c), mul(a, b), add(a, b), addc(a, s), hsum(a) -> float32
 
 Every operation is exact IEEE float32 (fma rounds once); `hsum` adds the 16 lanes in a tree.
@@ -39,7 +44,6 @@ I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 VF = ir.VectorType(F32, 16)
 VI = ir.VectorType(I32, 16)
 HAVE_AVX512 = "+avx512f" in llb.get_host_cpu_features().flatten().split(",")
-llb.initialize_native_asmparser()           # for the inline-asm lane broadcast (_lane)
 
 
 class F32x16Type(types.Type):
@@ -100,17 +104,6 @@ def _splat(builder, value, vty):
 def _i32(builder, v):
     w = v.type.width
     return v if w == 32 else (builder.trunc(v, I32) if w > 32 else builder.zext(v, I32))
-
-
-def _lane(builder, v, i, kind):
-    """Lane i of v in all 16 lanes: one `vpermd`/`vpermps` with AVX-512 (LLVM's own broadcast of a
-    lane above 3 takes two shuffles), an extract and splat otherwise."""
-    i32 = builder.trunc(i, I32)
-    if HAVE_AVX512:                 # inline asm: LLVM would turn a constant permutation back into two shuffles
-        op = "vpermd" if kind == "si" else "vpermps"
-        asm = ir.InlineAsm(ir.FunctionType(v.type, [v.type, VI]), f"{op} $1, $2, $0", "=v,v,v")
-        return builder.call(asm, [v, _splat(builder, i32, VI)])
-    return _splat(builder, builder.extract_element(v, i32), v.type)
 
 
 def _fn(builder, name, ret, args):
@@ -259,16 +252,6 @@ iadd = intrinsic(_int_op("add"))
 
 
 @intrinsic
-def ior(typingctx, a, b):
-    """a | b lane by lane."""
-    sig = i32x16(i32x16, i32x16)
-
-    def codegen(context, builder, signature, args):
-        return builder.or_(args[0], args[1])
-    return sig, codegen
-
-
-@intrinsic
 def nib8x2(typingctx, row, o):
     """The 8 bytes at row[o:]: lanes 0..7 their low nibbles, lanes 8..15 their high nibbles."""
     sig = i32x16(row, types.intp)
@@ -329,48 +312,6 @@ def lut(typingctx, tab, idx):
             k = builder.extract_element(args[1], ir.Constant(I32, lane))
             out = builder.insert_element(out, builder.extract_element(args[0], k), ir.Constant(I32, lane))
         return out
-    return sig, codegen
-
-
-def _bytes(signed):
-    def impl(typingctx, w0, w1, w2, w3):
-        sig = i32x16(types.int64, types.int64, types.int64, types.int64)
-
-        def codegen(context, builder, signature, args):
-            v4 = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
-            for k in range(4):
-                v4 = builder.insert_element(v4, builder.trunc(args[k], I32), ir.Constant(I32, k))
-            b16 = builder.bitcast(v4, ir.VectorType(I8, 16))
-            return builder.sext(b16, VI) if signed else builder.zext(b16, VI)
-        return sig, codegen
-    return impl
-
-
-bytes_u8 = intrinsic(_bytes(False))
-bytes_u8.__doc__ = """Lane l = byte l of the little-endian words w0..w3 (l < 16), zero-extended: 16 integer
-K-quant scales in one register."""
-bytes_i8 = intrinsic(_bytes(True))
-bytes_i8.__doc__ = "As bytes_u8, with the bytes read as int8."
-
-
-@intrinsic
-def ilane(typingctx, v, i):
-    """Lane i of the integer vector v in all 16 lanes."""
-    sig = i32x16(i32x16, types.intp)
-
-    def codegen(context, builder, signature, args):
-        return _lane(builder, args[0], args[1], "si")
-    return sig, codegen
-
-
-@intrinsic
-def imulv(typingctx, a, b):
-    """a * b lane by lane (32-bit integers; the kernels' products stay far below 2^24, so they
-    convert to float32 exactly)."""
-    sig = i32x16(i32x16, i32x16)
-
-    def codegen(context, builder, signature, args):
-        return builder.mul(args[0], args[1])
     return sig, codegen
 
 
@@ -451,18 +392,6 @@ def bor(typingctx, a, b):
 
     def codegen(context, builder, signature, args):
         return builder.or_(args[0], args[1])
-    return sig, codegen
-
-
-@intrinsic
-def widen(typingctx, v, g):
-    """Bytes 16 g .. 16 g + 15 of v (g = 0..3), zero-extended to 32-bit lanes."""
-    sig = i32x16(u8x64, types.intp)
-
-    def codegen(context, builder, signature, args):
-        q = builder.bitcast(args[0], ir.VectorType(ir.IntType(128), 4))
-        b = builder.bitcast(builder.extract_element(q, builder.trunc(args[1], I32)), ir.VectorType(I8, 16))
-        return builder.zext(b, VI)
     return sig, codegen
 
 
@@ -572,16 +501,6 @@ scales_u8.__doc__ = """(d_lo if l < 8 else d_hi) * float32(byte l of the little-
 scale bytes of a K-quant block, rearranged with 32-bit masks as ggml does, widened in one go."""
 scales_i8 = intrinsic(_scales(True))
 scales_i8.__doc__ = "As scales_u8, with the bytes read as int8."
-
-
-@intrinsic
-def lane(typingctx, v, i):
-    """Lane i of v in all 16 lanes (a register broadcast once loops are unrolled and i is constant)."""
-    sig = f32x16(f32x16, types.intp)
-
-    def codegen(context, builder, signature, args):
-        return _lane(builder, args[0], args[1], "sf")
-    return sig, codegen
 
 
 @intrinsic
