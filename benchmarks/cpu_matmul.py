@@ -47,10 +47,11 @@ TYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q1_0", "
 SECTION = "## CPU (project machine: 2 cores, no GPU)"
 NOTE = ('Not like for like: llama.cpp first rounds the activation row to 8 bits (Q8_0/Q8_K) and multipli'
         'es in 8-bit integer SIMD (maddubs / VNNI: 32-64 multiply-adds per instruction); quant.cpu keeps'
-        ' the exact float32 product the NumPy oracle defines (16 per FMA, rel-RMS column). Where it is b'
-        'ehind, it is by its unpacking and FMA count (K-quant and i-quant scales, ternary digits), not b'
-        'y memory. The machine is shared: figures move by up to 2x between runs; the ratio is measured i'
-        'n one run.')
+        ' the exact float32 product the NumPy oracle defines (rel-RMS column): at least a convert and an '
+        'FMA per 16 weights. Its K-quant and TQ2_0 kernels read the codes in place from 64 packed bytes '
+        'and spend little else; the ternary, 1-bit and i-quant types remain behind by unpacking and FMA '
+        'count, the 16/32-bit float types are bounded by memory. The machine is shared: figures move by'
+        ' up to 2x between runs; the ratio is measured in one run.')
 
 
 def weights(t: GGMLType, wf: np.ndarray) -> np.ndarray:
