@@ -445,23 +445,19 @@ def dot_tq1_0(row, x):
 
 
 @njit(**J)
-def dot_iq4_xs(row, x):
+def blk_iq4_xs(row, b, x, xs, v):
     T = load16(KV_IQ4, 0)
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 136 * b
-        ahead(row, o, 136)
-        d = f16_at(row, o)
-        sh = u16_at(row, o + 2)
-        v = zeros()
-        for ib in range(8):                                     # 8 sub-blocks of 32, 6-bit scale - 32
-            ls = ((ld(row, o + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
-            q = u8x16(row, o + 8 + 16 * ib)
-            xo = 256 * b + 32 * ib
-            t = fma(lut(T, shr(q, 4)), load16(x, xo + 16), mul(lut(T, band(q, 15)), load16(x, xo)))
-            v = fma(splat(d * np.float32(ls - 32)), t, v)
-        acc += hsum(v)
-    return acc
+    o = 136 * b
+    ahead(row, o, 136)
+    d = f16_at(row, o)
+    sh = u16_at(row, o + 2)
+    for ib in range(8):                                     # 8 sub-blocks of 32, 6-bit scale - 32
+        ls = ((ld(row, o + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+        q = u8x16(row, o + 8 + 16 * ib)
+        xo = 256 * b + 32 * ib
+        t = fma(lut(T, shr(q, 4)), load16(x, xo + 16), mul(lut(T, band(q, 15)), load16(x, xo)))
+        v = fma(splat(d * np.float32(ls - 32)), t, v)
+    return v
 
 
 # ---------------------------------------------------------------- i-quants: grids of 8 (or 4) values
@@ -469,181 +465,154 @@ def dot_iq4_xs(row, x):
 # two 16-lane vectors each (rows8: two rows of the flat float tables), w = grid * sign, scaled per 32.
 
 @njit(**J)
-def dot_iq2_xxs(row, x):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 66 * b
-        ahead(row, o, 66)
-        d = f16_at(row, o)
-        v = zeros()
-        for ib in range(8):
-            q = o + 2 + 8 * ib
-            aux = u32_at(row, q + 4)                            # 4 x 7 sign bits, 4-bit scale on top
-            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
-            g01 = mul(rows8(GRID_IQ2XXS, ld(row, q), ld(row, q + 1)), rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
-            g23 = mul(rows8(GRID_IQ2XXS, ld(row, q + 2), ld(row, q + 3)),
-                      rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
-            xo = 256 * b + 32 * ib
-            v = fma(splat(db), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
-        acc += hsum(v)
-    return acc
+def blk_iq2_xxs(row, b, x, xs, v):
+    o = 66 * b
+    ahead(row, o, 66)
+    d = f16_at(row, o)
+    for ib in range(8):
+        q = o + 2 + 8 * ib
+        aux = u32_at(row, q + 4)                            # 4 x 7 sign bits, 4-bit scale on top
+        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+        g01 = mul(rows8(GRID_IQ2XXS, ld(row, q), ld(row, q + 1)), rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
+        g23 = mul(rows8(GRID_IQ2XXS, ld(row, q + 2), ld(row, q + 3)),
+                  rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
+        xo = 256 * b + 32 * ib
+        v = fma(splat(db), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
+    return v
 
 
 @njit(**J)
-def dot_iq2_xs(row, x):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 74 * b
-        ahead(row, o, 74)
-        d = f16_at(row, o)
-        v = zeros()
-        for ib in range(8):
-            sc = ld(row, o + 66 + ib)
-            q0, q1 = u16_at(row, o + 2 + 8 * ib), u16_at(row, o + 4 + 8 * ib)
-            q2, q3 = u16_at(row, o + 6 + 8 * ib), u16_at(row, o + 8 + 8 * ib)
-            g01 = mul(rows8(GRID_IQ2XS, q0 & 511, q1 & 511), rows8(SIGNS7, q0 >> 9, q1 >> 9))
-            g23 = mul(rows8(GRID_IQ2XS, q2 & 511, q3 & 511), rows8(SIGNS7, q2 >> 9, q3 >> 9))
-            db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
-            db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
-            xo = 256 * b + 32 * ib
-            v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
-        acc += hsum(v)
-    return acc
+def blk_iq2_xs(row, b, x, xs, v):
+    o = 74 * b
+    ahead(row, o, 74)
+    d = f16_at(row, o)
+    for ib in range(8):
+        sc = ld(row, o + 66 + ib)
+        q0, q1 = u16_at(row, o + 2 + 8 * ib), u16_at(row, o + 4 + 8 * ib)
+        q2, q3 = u16_at(row, o + 6 + 8 * ib), u16_at(row, o + 8 + 8 * ib)
+        g01 = mul(rows8(GRID_IQ2XS, q0 & 511, q1 & 511), rows8(SIGNS7, q0 >> 9, q1 >> 9))
+        g23 = mul(rows8(GRID_IQ2XS, q2 & 511, q3 & 511), rows8(SIGNS7, q2 >> 9, q3 >> 9))
+        db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
+        db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
+        xo = 256 * b + 32 * ib
+        v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
+    return v
 
 
 @njit(**J)
-def dot_iq2_s(row, x):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 82 * b
-        ahead(row, o, 82)
-        d = f16_at(row, o)
-        v = zeros()
-        for ib in range(8):
-            sc = ld(row, o + 74 + ib)
-            qh = np.int64(ld(row, o + 66 + ib))
-            q = o + 2 + 4 * ib
-            s = o + 34 + 4 * ib
-            g01 = flip(rows8(GRID_IQ2S, ld(row, q) | ((qh << 8) & 0x300), ld(row, q + 1) | ((qh << 6) & 0x300)),
-                       u16_at(row, s))
-            g23 = flip(rows8(GRID_IQ2S, ld(row, q + 2) | ((qh << 4) & 0x300), ld(row, q + 3) | ((qh << 2) & 0x300)),
-                       u16_at(row, s + 2))
-            db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
-            db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
-            xo = 256 * b + 32 * ib
-            v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
-        acc += hsum(v)
-    return acc
+def blk_iq2_s(row, b, x, xs, v):
+    o = 82 * b
+    ahead(row, o, 82)
+    d = f16_at(row, o)
+    for ib in range(8):
+        sc = ld(row, o + 74 + ib)
+        qh = np.int64(ld(row, o + 66 + ib))
+        q = o + 2 + 4 * ib
+        s = o + 34 + 4 * ib
+        g01 = flip(rows8(GRID_IQ2S, ld(row, q) | ((qh << 8) & 0x300), ld(row, q + 1) | ((qh << 6) & 0x300)),
+                   u16_at(row, s))
+        g23 = flip(rows8(GRID_IQ2S, ld(row, q + 2) | ((qh << 4) & 0x300), ld(row, q + 3) | ((qh << 2) & 0x300)),
+                   u16_at(row, s + 2))
+        db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
+        db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
+        xo = 256 * b + 32 * ib
+        v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
+    return v
 
 
 @njit(**J)
-def dot_iq3_xxs(row, x):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 98 * b
-        ahead(row, o, 98)
-        d = f16_at(row, o)
-        v = zeros()
-        for ib in range(8):
-            aux = u32_at(row, o + 66 + 4 * ib)
-            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
-            q = o + 2 + 8 * ib
-            g0 = mul(rows4(GRID_IQ3XXS, ld(row, q), ld(row, q + 1), ld(row, q + 2), ld(row, q + 3)),
-                     rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
-            g1 = mul(rows4(GRID_IQ3XXS, ld(row, q + 4), ld(row, q + 5), ld(row, q + 6), ld(row, q + 7)),
-                     rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
-            xo = 256 * b + 32 * ib
-            v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
-        acc += hsum(v)
-    return acc
+def blk_iq3_xxs(row, b, x, xs, v):
+    o = 98 * b
+    ahead(row, o, 98)
+    d = f16_at(row, o)
+    for ib in range(8):
+        aux = u32_at(row, o + 66 + 4 * ib)
+        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+        q = o + 2 + 8 * ib
+        g0 = mul(rows4(GRID_IQ3XXS, ld(row, q), ld(row, q + 1), ld(row, q + 2), ld(row, q + 3)),
+                 rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
+        g1 = mul(rows4(GRID_IQ3XXS, ld(row, q + 4), ld(row, q + 5), ld(row, q + 6), ld(row, q + 7)),
+                 rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
+        xo = 256 * b + 32 * ib
+        v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
+    return v
 
 
 @njit(**J)
-def dot_iq3_s(row, x):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 110 * b
-        ahead(row, o, 110)
-        d = f16_at(row, o)
-        v = zeros()
-        for ib in range(8):
-            sc = ld(row, o + 106 + ib // 2)
-            db = d * np.float32(1 + 2 * ((sc >> (4 * (ib & 1))) & 0xF))
-            qh = np.int64(ld(row, o + 66 + ib))
-            q = o + 2 + 8 * ib
-            s = o + 74 + 4 * ib
-            g0 = flip(rows4(GRID_IQ3S, ld(row, q) | ((qh << 8) & 256), ld(row, q + 1) | ((qh << 7) & 256),
-                           ld(row, q + 2) | ((qh << 6) & 256), ld(row, q + 3) | ((qh << 5) & 256)),
-                     u16_at(row, s))
-            g1 = flip(rows4(GRID_IQ3S, ld(row, q + 4) | ((qh << 4) & 256), ld(row, q + 5) | ((qh << 3) & 256),
-                           ld(row, q + 6) | ((qh << 2) & 256), ld(row, q + 7) | ((qh << 1) & 256)),
-                     u16_at(row, s + 2))
-            xo = 256 * b + 32 * ib
-            v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
-        acc += hsum(v)
-    return acc
+def blk_iq3_s(row, b, x, xs, v):
+    o = 110 * b
+    ahead(row, o, 110)
+    d = f16_at(row, o)
+    for ib in range(8):
+        sc = ld(row, o + 106 + ib // 2)
+        db = d * np.float32(1 + 2 * ((sc >> (4 * (ib & 1))) & 0xF))
+        qh = np.int64(ld(row, o + 66 + ib))
+        q = o + 2 + 8 * ib
+        s = o + 74 + 4 * ib
+        g0 = flip(rows4(GRID_IQ3S, ld(row, q) | ((qh << 8) & 256), ld(row, q + 1) | ((qh << 7) & 256),
+                       ld(row, q + 2) | ((qh << 6) & 256), ld(row, q + 3) | ((qh << 5) & 256)),
+                 u16_at(row, s))
+        g1 = flip(rows4(GRID_IQ3S, ld(row, q + 4) | ((qh << 4) & 256), ld(row, q + 5) | ((qh << 3) & 256),
+                       ld(row, q + 6) | ((qh << 2) & 256), ld(row, q + 7) | ((qh << 1) & 256)),
+                 u16_at(row, s + 2))
+        xo = 256 * b + 32 * ib
+        v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
+    return v
 
 
 @njit(**J)
-def dot_iq1_s(row, x):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 50 * b
-        ahead(row, o, 50)
-        d = f16_at(row, o)
-        v = zeros()
-        for ib in range(8):
-            qh = u16_at(row, o + 34 + 2 * ib)
-            dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
-            delta = IQ1S_DELTA - np.float32(0.25) * bits_f32(qh, 15, 1)     # -+1/8, branch-free
-            q = o + 2 + 4 * ib
-            g01 = addc(rows8(GRID_IQ1S, ld(row, q) | ((qh << 8) & 0x700), ld(row, q + 1) | ((qh << 5) & 0x700)), delta)
-            g23 = addc(rows8(GRID_IQ1S, ld(row, q + 2) | ((qh << 2) & 0x700), ld(row, q + 3) | ((qh >> 1) & 0x700)),
-                       delta)
-            xo = 256 * b + 32 * ib
-            v = fma(splat(dl), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
-        acc += hsum(v)
-    return acc
+def blk_iq1_s(row, b, x, xs, v):
+    o = 50 * b
+    ahead(row, o, 50)
+    d = f16_at(row, o)
+    for ib in range(8):
+        qh = u16_at(row, o + 34 + 2 * ib)
+        dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
+        delta = IQ1S_DELTA - np.float32(0.25) * bits_f32(qh, 15, 1)     # -+1/8, branch-free
+        q = o + 2 + 4 * ib
+        g01 = addc(rows8(GRID_IQ1S, ld(row, q) | ((qh << 8) & 0x700), ld(row, q + 1) | ((qh << 5) & 0x700)), delta)
+        g23 = addc(rows8(GRID_IQ1S, ld(row, q + 2) | ((qh << 2) & 0x700), ld(row, q + 3) | ((qh >> 1) & 0x700)),
+                   delta)
+        xo = 256 * b + 32 * ib
+        v = fma(splat(dl), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
+    return v
 
 
 @njit(**J)
-def dot_iq1_m(row, x):
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 56 * b
-        ahead(row, o, 56)
-        d = iq1_m_scale(row, o)
-        v = zeros()
-        for ib in range(8):
-            sc = u16_at(row, o + 48 + 2 * (ib // 2))
-            dl1 = d * np.float32(2 * ((sc >> (6 * (ib % 2))) & 7) + 1)
-            dl2 = d * np.float32(2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1)
-            h0 = np.int64(ld(row, o + 32 + 2 * ib))
-            h1 = np.int64(ld(row, o + 33 + 2 * ib))
-            q = o + 4 * ib
-            q8 = np.float32(0.25)                               # deltas -+1/8 from bits 3 and 7, branch-free
-            g01 = add(rows8(GRID_IQ1S, ld(row, q) | ((h0 << 8) & 0x700), ld(row, q + 1) | ((h0 << 4) & 0x700)),
-                      splat2(IQ1S_DELTA - q8 * bits_f32(h0, 3, 1), IQ1S_DELTA - q8 * bits_f32(h0, 7, 1)))
-            g23 = add(rows8(GRID_IQ1S, ld(row, q + 2) | ((h1 << 8) & 0x700), ld(row, q + 3) | ((h1 << 4) & 0x700)),
-                      splat2(IQ1S_DELTA - q8 * bits_f32(h1, 3, 1), IQ1S_DELTA - q8 * bits_f32(h1, 7, 1)))
-            xo = 256 * b + 32 * ib
-            v = fma(splat(dl2), mul(g23, load16(x, xo + 16)), fma(splat(dl1), mul(g01, load16(x, xo)), v))
-        acc += hsum(v)
-    return acc
+def blk_iq1_m(row, b, x, xs, v):
+    o = 56 * b
+    ahead(row, o, 56)
+    d = iq1_m_scale(row, o)
+    for ib in range(8):
+        sc = u16_at(row, o + 48 + 2 * (ib // 2))
+        dl1 = d * np.float32(2 * ((sc >> (6 * (ib % 2))) & 7) + 1)
+        dl2 = d * np.float32(2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1)
+        h0 = np.int64(ld(row, o + 32 + 2 * ib))
+        h1 = np.int64(ld(row, o + 33 + 2 * ib))
+        q = o + 4 * ib
+        q8 = np.float32(0.25)                               # deltas -+1/8 from bits 3 and 7, branch-free
+        g01 = add(rows8(GRID_IQ1S, ld(row, q) | ((h0 << 8) & 0x700), ld(row, q + 1) | ((h0 << 4) & 0x700)),
+                  splat2(IQ1S_DELTA - q8 * bits_f32(h0, 3, 1), IQ1S_DELTA - q8 * bits_f32(h0, 7, 1)))
+        g23 = add(rows8(GRID_IQ1S, ld(row, q + 2) | ((h1 << 8) & 0x700), ld(row, q + 3) | ((h1 << 4) & 0x700)),
+                  splat2(IQ1S_DELTA - q8 * bits_f32(h1, 3, 1), IQ1S_DELTA - q8 * bits_f32(h1, 7, 1)))
+        xo = 256 * b + 32 * ib
+        v = fma(splat(dl2), mul(g23, load16(x, xo + 16)), fma(splat(dl1), mul(g01, load16(x, xo)), v))
+    return v
 
 
 # ---------------------------------------------------------------- dispatch
 
 DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q1_0: dot_q1_0, Q2_0: dot_q2_0, NVFP4: dot_nvfp4,
-       Q8_K: dot_q8_k,
-       TQ1_0: dot_tq1_0, IQ4_XS: dot_iq4_xs, IQ2_XXS: dot_iq2_xxs, IQ2_XS: dot_iq2_xs,
-       IQ2_S: dot_iq2_s, IQ3_XXS: dot_iq3_xxs, IQ3_S: dot_iq3_s, IQ1_S: dot_iq1_s, IQ1_M: dot_iq1_m}
+       Q8_K: dot_q8_k, TQ1_0: dot_tq1_0}
 # 32-element blocks: (block function, bytes per block, code book for `lut`)
 BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4_0: (blk_q4_0, 18, Q4_OFFSET),
             Q4_1: (blk_q4_1, 20, Q4_OFFSET), Q5_0: (blk_q5_0, 22, Q4_OFFSET), Q5_1: (blk_q5_1, 24, Q4_OFFSET),
             IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
 # kernels that take the activation group sums (x_sums): group size
-BLOCKS256 = {TQ2_0: blk_tq2_0, Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k}
+# 256-element blocks: `blk(row, b, x, xs, v)` (dot_blocks256)
+BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k, TQ2_0: blk_tq2_0,
+             IQ4_XS: blk_iq4_xs, IQ2_XXS: blk_iq2_xxs, IQ2_XS: blk_iq2_xs, IQ2_S: blk_iq2_s, IQ3_XXS: blk_iq3_xxs,
+             IQ3_S: blk_iq3_s, IQ1_S: blk_iq1_s, IQ1_M: blk_iq1_m}
 DOT_XS = {}
 XS_GROUP = {Q2_K: 16, Q4_K: 32, Q5_K: 32}
 FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32) + tuple(BLOCKS256)
