@@ -39,10 +39,10 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
-from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bmask, bor, bsh, bsub, f16x16,
+from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bitsel, bmask, bor, bsh, bsub, f16x16,
                    f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, imul, lanes, load16, lut, mul,
                    nib8x2, or_where, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2,
-                   spread, to_f32, u8x16, zeros)
+                   rotl, spread, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
 
@@ -56,6 +56,7 @@ PREFETCH = 2048          # bytes ahead of the block being decoded that the kerne
 Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: q - 8
 TERNARY = np.array([-1, 0, 1, 2] * 4, dtype=np.float32)                # 2-bit codes (low 2 of 4 bits): q - 1
 Q2_CENTRED = np.array([-2, -1, 0, 1] * 4, dtype=np.float32)            # q - 2
+Q3_CODES = np.array([-4, -3, -2, -1, 0, 1, 2, 3] * 2, dtype=np.float32)   # 3-bit codes (low 3 of 4 bits): q - 4
 KV_IQ4 = KV_IQ4NL.astype(np.float32)
 KV_FP4 = KV_MXFP4.astype(np.float32)
 IOTA = np.arange(16, dtype=np.float32)                                 # q itself
@@ -330,12 +331,12 @@ def blk_q3_k(row, b, x, xs, v):
     s0, s1, s2, s3 = ((s0 + 0x60606060) ^ SIGN8, (s1 + 0x60606060) ^ SIGN8,   # bytes - 32 as int8
                       (s2 + 0x60606060) ^ SIGN8, (s3 + 0x60606060) ^ SIGN8)
     sc = scales_i8(s0, s1, s2, s3, f16_at(row, o + 108), f16_at(row, o + 108))    # c = d sc
-    hm = b32x2(row, o)                                      #    bit 4n + j of hmask[l] -> x[128 n + 32 j + l]
-    for n in range(2):                                      # 2. q = 2 low bits + 4 * hmask bit, w = c (q - 4)
-        qs = b32x2(row, o + 32 + 32 * n)
-        for h in range(2):                                  #    fields j = 2h, 2h + 1: 64 weights in order
-            q = bor(bmask(bsh(qs, 4 * h, 4 * h + 2), 3), bmask(bsh(hm, 4 * n + 2 * h - 2, 4 * n + 2 * h - 1), 4))
-            v = fma(spread(sc, 8 * n + 4 * h, 4), lanes4(as_i32(bsub(q, 4)), x, 256 * b + 128 * n + 64 * h), v)
+    hm = as_i32(b32x2(row, o))                              # 2. bit 4n + j of hmask[l] -> x[128 n + 32 j + l]; lane l
+    qs = i32x16_at(row, o + 32)                             #    of the 64 qs bytes: byte k is qs[4 l + k], n = l // 8
+    T = load16(Q3_CODES, 0)                                 #    q = low 2 bits + 4 hmask bit: looked up as q - 4
+    for j in range(4):                                      #    field j of each byte, hmask bit moved next to it
+        q = bitsel(0x04040404, rotl(hm, 2 - j, 30 - j), shr(qs, 2 * j))
+        v = fma(spread(sc, 2 * j, 42), lut4(q, 0, T, x, 256 * b + 64 * j), v)     # c (q - 4) . x
     return v
 
 
@@ -700,7 +701,7 @@ def _lut4_table(width):
     return src, np.ones(256, np.float32)
 
 
-LANE_TABLES = {Q3_K: _lanes4_table(), Q5_K: _lanes4_table(), Q6_K: _lanes4_table(),
+LANE_TABLES = {Q3_K: _lut4_table(2), Q5_K: _lanes4_table(), Q6_K: _lanes4_table(),
                Q2_K: _lut4_table(2), TQ2_0: _lut4_table(2), Q4_K: _lut4_table(4)}
 
 

@@ -443,6 +443,34 @@ def i32x16_at(typingctx, row, o):
 
 
 @intrinsic
+def rotl(typingctx, v, r_lo, r_hi):
+    """Lanes 0..7 rotated left by r_lo bits, lanes 8..15 by r_hi (`vprolvd`; constants once unrolled)."""
+    sig = i32x16(i32x16, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        H = ir.VectorType(I32, 16)
+        c = builder.shuffle_vector(_splat(builder, _i32(builder, args[1]), H), _splat(builder, _i32(builder, args[2]), H),
+                                   ir.Constant(VI, [0] * 8 + [16] * 8))
+        c = builder.and_(c, ir.Constant(VI, [31] * 16))
+        return builder.call(_fn(builder, "llvm.fshl.v16i32", VI, [VI, VI, VI]), [args[0], args[0], c])
+    return sig, codegen
+
+
+@intrinsic
+def bitsel(typingctx, m, a, b):
+    """The bits of a where the constant m has ones, of b elsewhere (one `vpternlogd`)."""
+    if not isinstance(m, types.IntegerLiteral):
+        return None
+    k = m.literal_value & 0xFFFFFFFF
+    sig = i32x16(m, i32x16, i32x16)
+
+    def codegen(context, builder, signature, args):
+        mk = ir.Constant(VI, [k if k < 2 ** 31 else k - 2 ** 32] * 16)
+        return builder.or_(builder.and_(args[1], mk), builder.and_(args[2], builder.not_(mk)))
+    return sig, codegen
+
+
+@intrinsic
 def flip(typingctx, v, m):
     """v with the sign of lane l flipped where bit l of the integer m is set (a masked `vpxord` of
     the sign bit: the i-quants' sign bytes used as they are, no +-1 table or multiply)."""
