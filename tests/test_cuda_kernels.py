@@ -91,7 +91,7 @@ def test_fast_gemv(t, rng):
 
 
 def test_fast_kernel_refuses_other_types(rng):
-    w = random_qtensor(GGMLType.Q5_K, (4, 256), rng)
+    w = random_qtensor(GGMLType.IQ2_XXS, (4, 256), rng)
     with pytest.raises(QuantError, match="fast kernel"):
         ops.matmul(np.ones((1, 256), np.float32), w, kernel="fast")
 

@@ -105,6 +105,8 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         if one:
             k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4)
         else:
+            if up is not None:                   # gate and up decoded side by side: half the rows (no spills)
+                RW = max(1, RW // 2)
             k = fgemv_kernel(dw.type, _nt(max_per_group), RW, KS, up is not None, rw is not None)
         u = up if up is not None else dw
         k[(math.ceil(O / RW), gmax), 32 * KS, stream](

@@ -1,8 +1,9 @@
 """Compile the quant.cuda kernels for Hopper (sm_90) without a GPU: `python -m quant.cuda.ptx [--all] [-j N]`.
 
 Default: every kernel for every type (naive, warp GEMV, tiled GEMM) plus the GLU / row-weight variants
-for two types; `--all`: every variant for every type. Exit status 0: all compiled; 1: a kernel failed
-(named); 3: NVVM/NVRTC missing (numba-cuda[cu13]). Needs NUMBA_ENABLE_CUDASIM unset.
+for two types, and the fast kernels (`fast.py`) in the shapes the host code launches by default, which
+must not use local memory; `--all`: every variant for every type. Exit status 0: all compiled; 1: a kernel
+failed (named); 3: NVVM/NVRTC missing (numba-cuda[cu13]). Needs NUMBA_ENABLE_CUDASIM unset.
 """
 from __future__ import annotations
 
@@ -44,11 +45,11 @@ def kernels(all_variants: bool = False):
             out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 4, True), SIG_GEMM))
     for t in FSPECS:
         n = t.name
-        out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False), SIG_GEMV))
-        out.append((f"fast1[{n}, glu]", fgemv1_kernel(t, 8, 4, True, False), SIG_GEMV))
-        out.append((f"fast1[{n}, rw]", fgemv1_kernel(t, 8, 4, False, True), SIG_GEMV))
-        out.append((f"fast[{n}, NT=8, glu]", fgemv_kernel(t, 8, 2, 4, True, False), SIG_GEMV))
-        out.append((f"fast[{n}, NT=8, rw]", fgemv_kernel(t, 8, 2, 4, False, True), SIG_GEMV))
+        out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False, 8), SIG_GEMV))
+        out.append((f"fast1[{n}, glu]", fgemv1_kernel(t, 8, 4, True, False, 8), SIG_GEMV))
+        out.append((f"fast1[{n}, ids]", fgemv1_kernel(t, 8, 4, False, True, 8, 2), SIG_GEMV))
+        out.append((f"fast[{n}, NT=8, glu]", fgemv_kernel(t, 8, 2, 2, True, False), SIG_GEMV))
+        out.append((f"fast[{n}, NT=8, rw]", fgemv_kernel(t, 8, 4, 2, False, True), SIG_GEMV))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))
@@ -63,6 +64,12 @@ def compile_all(items, cc=(9, 0), verbose=True) -> list[str]:
         try:
             ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=cc)
             assert ".entry" in ptx
+            if name.startswith("fast") and ".local" in ptx:
+                # the fast kernels' working arrays must stay in registers: local memory means a loop
+                # over them was not unrolled (see fast.FSpec.PMAX / PGLU)
+                failed.append(f"{name}: uses local memory")
+                print(f"FAIL {name}: uses local memory", flush=True)
+                continue
             if verbose:
                 print(f"ok   {name:32s} {time.perf_counter() - t0:5.1f} s  {ptx.count(chr(10))} lines "
                       f"{'LOCAL MEMORY' if '.local' in ptx else ''}", flush=True)
