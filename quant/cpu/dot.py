@@ -40,7 +40,7 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bitsel, bmask, bor, bsh, bsub, f16x16,
-                   f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, imul, lanes, load16, lut, mul,
+                   f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, imul, lanes, load16, lut, lut32, mul,
                    nib8x2, or_where, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2,
                    rotl, spread, to_f32, u8x16, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
@@ -56,6 +56,7 @@ PREFETCH = 2048          # bytes ahead of the block being decoded that the kerne
 Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: q - 8
 TERNARY = np.array([-1, 0, 1, 2] * 4, dtype=np.float32)                # 2-bit codes (low 2 of 4 bits): q - 1
 Q2_CENTRED = np.array([-2, -1, 0, 1] * 4, dtype=np.float32)            # q - 2
+Q5_CODES = (np.arange(32) - 16).astype(np.float32)                      # 5-bit codes: q - 16
 Q3_CODES = np.array([-4, -3, -2, -1, 0, 1, 2, 3] * 2, dtype=np.float32)   # 3-bit codes (low 3 of 4 bits): q - 4
 KV_IQ4 = KV_IQ4NL.astype(np.float32)
 KV_FP4 = KV_MXFP4.astype(np.float32)
@@ -371,10 +372,17 @@ def blk_q5_k(row, b, x, xs, v):
     ahead(row, o, 176)
     sc = k4_scales(row, o)                                  # 1. 6-bit scales and mins per 32
     v = fma(fma(spread(sc, 0, 88), splat(np.float32(16)), sc), load16(xs, 16 * b), v)  # w = c (q - 16) + (16 c
-    qh = b32x2(row, o + 16)                                 #    - dmin m); 5th bits: bit 2j / 2j+1 of qh[l]
-    for j in range(4):                                      # 2. 32 bytes: low nibbles x[64j..], high x[64j+32..]
-        q = bor(bmask(bsh(b32x2(row, o + 48 + 32 * j), 0, 4), 15), bmask(bsh(qh, 2 * j - 4, 2 * j - 3), 16))
-        v = fma(spread(sc, 2 * j, 8), lanes4(as_i32(bsub(q, 16)), x, 256 * b + 64 * j), v)
+    qh = as_i32(b32x2(row, o + 16))                         #    - dmin m); 5th bit of x[64 j + 32 h + i]: bit 2j + h
+    T0, T1 = load16(Q5_CODES, 0), load16(Q5_CODES, 16)      #    of qh[i]; looked up as q - 16
+    for c in range(2):                                      # 2. as Q4_K: nibble h of the 64 bytes qs[64 c:], 64 weights
+        qs = i32x16_at(row, o + 48 + 64 * c)                #    (lut4's order), the qh bit rotated next to each nibble
+        for h in range(2):
+            q = bitsel(0x10101010, rotl(qh, 4 - 4 * c - h, 2 - 4 * c - h), shr(qs, 4 * h))
+            t = mul(lut32(T0, T1, q), load16(x, 256 * b + 128 * c + 64 * h))
+            t = fma(lut32(T0, T1, shr(q, 8)), load16(x, 256 * b + 128 * c + 64 * h + 16), t)
+            t = fma(lut32(T0, T1, shr(q, 16)), load16(x, 256 * b + 128 * c + 64 * h + 32), t)
+            t = fma(lut32(T0, T1, shr(q, 24)), load16(x, 256 * b + 128 * c + 64 * h + 48), t)
+            v = fma(spread(sc, 4 * c + h, 82), t, v)
     return v
 
 
@@ -701,7 +709,7 @@ def _lut4_table(width):
     return src, np.ones(256, np.float32)
 
 
-LANE_TABLES = {Q3_K: _lut4_table(2), Q5_K: _lanes4_table(), Q6_K: _lanes4_table(),
+LANE_TABLES = {Q3_K: _lut4_table(2), Q5_K: _lut4_table(4), Q6_K: _lanes4_table(),
                Q2_K: _lut4_table(2), TQ2_0: _lut4_table(2), Q4_K: _lut4_table(4)}
 
 

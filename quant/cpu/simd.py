@@ -471,6 +471,24 @@ def bitsel(typingctx, m, a, b):
 
 
 @intrinsic
+def lut32(typingctx, lo, hi, idx):
+    """lo ++ hi [idx & 31] lane by lane: a 32-entry code book in two registers (`vpermt2ps`)."""
+    sig = f32x16(f32x16, f32x16, i32x16)
+
+    def codegen(context, builder, signature, args):
+        if HAVE_AVX512:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpermi2var.ps.512", VF, [VF, VI, VF]),
+                                [args[0], args[2], args[1]])
+        out = ir.Constant(VF, ir.Undefined)
+        both = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+        for lane in range(16):
+            k = builder.and_(builder.extract_element(args[2], ir.Constant(I32, lane)), ir.Constant(I32, 31))
+            out = builder.insert_element(out, builder.extract_element(both, k), ir.Constant(I32, lane))
+        return out
+    return sig, codegen
+
+
+@intrinsic
 def flip(typingctx, v, m):
     """v with the sign of lane l flipped where bit l of the integer m is set (a masked `vpxord` of
     the sign bit: the i-quants' sign bytes used as they are, no +-1 table or multiply)."""
