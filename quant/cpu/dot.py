@@ -309,16 +309,6 @@ def blk_q2_k(row, b, x, xs, v):
 
 
 @njit(**J)
-def field(v, lo, dst, mask):
-    """The bit field (v >> lo) & mask moved to bit dst: one shift and one mask (no shift if lo == dst)."""
-    if lo > dst:
-        return band(shr(v, lo - dst), mask << dst)
-    if lo < dst:
-        return band(shl(v, dst - lo), mask << dst)
-    return band(v, mask << dst)
-
-
-@njit(**J)
 def blk_q3_k(row, b, x, xs, v):
     o = 110 * b
     ahead(row, o, 110)
@@ -403,7 +393,6 @@ def blk_q6_k(row, b, x, xs, v):
         v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c ((q - 32) . x)
         v1 = fma(spread(sc, 8 * n + 4, 4), lanes4(q1, x, xo + 64), v1)
     return add(v, add(v0, v1))
-
 
 
 @njit(**J)
