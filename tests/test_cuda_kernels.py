@@ -73,21 +73,23 @@ def test_gemv_naive_and_warp(t, rng):
 
 @pytest.mark.parametrize("t", list(FSPECS), ids=lambda t: t.name)
 def test_fast_gemv(t, rng):
-    """The fast GEMV (unit decoders, 128-bit loads, prmt conversions): 1 token (the one-token kernel), 3,
-    and 9 (two passes of 8)."""
+    """The fast GEMV (unit decoders, 128-bit loads, prmt conversions): 1 token (the one-token kernel), 2
+    and 3 (the 2- and 4-token kernel), and 9 (the 8-token kernel, two passes)."""
     w = random_qtensor(t, (O + 1, I), rng)          # an odd row count: a partial group of rows
     shape = None if GPU else (2, 1)
-    for T in (1, 3, 9):
+    for T in (1, 2, 3, 9):
         x = rng.standard_normal((T, I)).astype(np.float32)
         want = ref.matmul(x, w)
         assert_close(f"{t.name} fast T={T}", ops.matmul(x, w, kernel="fast", shape=shape), want)
     if GPU:                                          # every shape the benchmark may pick
         for shape in ((1, 4), (4, 4), (2, 8), (4, 2), (1, 8), (2, 2)):
             assert_close(f"{t.name} fast {shape}", ops.matmul(x, w, kernel="fast", shape=shape), want)
-        x = x[:1]
-        want = ref.matmul(x, w)
-        for shape in ((4, 4), (8, 4), (16, 4), (8, 2), (16, 2), (32, 4), (8, 8), (16, 8)):
-            assert_close(f"{t.name} fast1 {shape}", ops.matmul(x, w, kernel="fast", shape=shape), want)
+        for T, shapes in ((1, ((4, 4), (8, 4), (16, 4), (8, 2), (16, 2), (32, 4), (8, 8), (16, 8))),
+                          (4, ((8, 4, 2), (4, 4, 1), (8, 2, 2), (16, 4, 2)))):
+            x1 = x[:T]
+            want = ref.matmul(x1, w)
+            for shape in shapes:
+                assert_close(f"{t.name} fast T={T} {shape}", ops.matmul(x1, w, kernel="fast", shape=shape), want)
 
 
 def test_fast_kernel_refuses_other_types(rng):

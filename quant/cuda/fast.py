@@ -719,6 +719,43 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
 
 
 @functools.lru_cache(maxsize=None)
+def _unit_helpers(t):
+    """dot1(q, sa, sb, xv, xs, tt): one decoded unit (q, sa, sb row 0) against token tt's activations;
+    load_x(x, xo, c, xv, xs, tt): token tt's activations of unit c (flat offset xo of its block) into
+    xv[tt], with the sum of each run in xs[tt] (for the mins)."""
+    s = FSPECS[t]
+    col, NR, RL, HASB = s.col, s.NR, s.RL, s.HASB
+
+    @cuda.jit(device=True, inline=True)
+    def dot1(q, sa, sb, xv, xs, tt):
+        a = float32(0.0)
+        for j in range(NR):
+            dj = float32(0.0)
+            for k in range(RL):
+                dj = cuda.fma(q[0, j * RL + k], xv[tt, j * RL + k], dj)
+            a = cuda.fma(sa[0, j], dj, a)
+            if HASB:
+                a = cuda.fma(sb[0, j], xs[tt, j], a)
+        return a
+
+    @cuda.jit(device=True, inline=True)
+    def load_x(x, xo, c, xv, xs, tt):
+        for j in range(NR):
+            cj = uint64(col(c, j))
+            sj = float32(0.0)
+            for k4 in range(RL // 4):
+                v0, v1, v2, v3 = ld4f(x, xo + cj + uint64(4 * k4))
+                xv[tt, j * RL + 4 * k4] = v0
+                xv[tt, j * RL + 4 * k4 + 1] = v1
+                xv[tt, j * RL + 4 * k4 + 2] = v2
+                xv[tt, j * RL + 4 * k4 + 3] = v3
+                if HASB:
+                    sj += (v0 + v1) + (v2 + v3)
+            xs[tt, j] = sj
+    return dot1, load_x
+
+
+@functools.lru_cache(maxsize=None)
 def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0):
     """One token per group (decode, and expert dispatch at one token): each lane loads the activations of
     its unit once into registers and runs them against the same unit of RW rows, decoded one row at a
@@ -731,7 +768,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     (IDM = 2: down, one row per slot). Grid (ceil(O/RW), A): expert dispatch of one token in one launch.
     Grid (ceil(O/RW), GMAX), block 32 * KS; same arguments as `fgemv_kernel`; groups must hold one pair."""
     s = FSPECS[t]
-    ld, dc, col, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
+    ld, dc, BS, TS, UPB, NR, NV, NW = s.ld, s.dc, s.BS, s.TS, s.UPB, s.NR, s.NV, s.NW
     NTH = 32 * KS
     GLU, RWT = glu, rwt
     P = max(1, min(P, RW, s.PGLU if glu else s.PMAX))
@@ -739,17 +776,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         P -= 1
     PU = P if glu else 1
 
-    @cuda.jit(device=True, inline=True)
-    def dot1(q, sa, sb, xv, xs):
-        a = float32(0.0)
-        for j in range(NR):
-            dj = float32(0.0)
-            for k in range(RL):
-                dj = cuda.fma(q[0, j * RL + k], xv[j * RL + k], dj)
-            a = cuda.fma(sa[0, j], dj, a)
-            if HASB:
-                a = cuda.fma(sb[0, j], xs[j], a)
-        return a
+    dot1, load_x = _unit_helpers(t)
 
     @cuda.jit
     def fgemv1(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
@@ -786,8 +813,8 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         rf = cuda.local.array(P, float32)
         rawu = cuda.local.array((PU, NW), uint32)
         rfu = cuda.local.array(PU, float32)
-        xv = cuda.local.array(NV, float32)
-        xs = cuda.local.array(NR, float32)
+        xv = cuda.local.array((1, NV), float32)
+        xs = cuda.local.array((1, NR), float32)
         for r in range(RW):
             acc[warp, r, lane] = float32(0.0)
             if GLU:
@@ -796,19 +823,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         while u < nunits:
             b = u // UPB
             c = u - b * UPB
-            xo = xr * uint64(I) + uint64(b * BS)
-            for j in range(NR):
-                cj = uint64(col(c, j))
-                sj = float32(0.0)
-                for k4 in range(RL // 4):
-                    v0, v1, v2, v3 = ld4f(x, xo + cj + uint64(4 * k4))
-                    xv[j * RL + 4 * k4] = v0
-                    xv[j * RL + 4 * k4 + 1] = v1
-                    xv[j * RL + 4 * k4 + 2] = v2
-                    xv[j * RL + 4 * k4 + 3] = v3
-                    if HASB:
-                        sj += (v0 + v1) + (v2 + v3)
-                xs[j] = sj
+            load_x(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, 0)
             rb0 = ebase + uint64(b) * uint64(TS)
             for r0 in range(0, RW, P):
                 for p in range(P):
@@ -819,10 +834,10 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
                 for p in range(P):
                     rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
                     dc(raw, rf, p, rb, c, q, sa, sb, 0)
-                    acc[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs)
+                    acc[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
                     if GLU:
                         dc(rawu, rfu, p, rb, c, q, sa, sb, 0)
-                        accu[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs)
+                        accu[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
             u += NTH
         for r in range(RW):
             a = warp_sum(acc[warp, r, lane])
@@ -850,4 +865,113 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     return fgemv1
 
 
-__all__ = ["FSPECS", "fgemv_kernel", "fgemv1_kernel", "fast_supported"]
+@functools.lru_cache(maxsize=None)
+def fgemvn_kernel(t, NT: int = 4, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 2):
+    """`fgemv1_kernel` for NT (2..4) tokens per pass over a group table: the activations of NT tokens in
+    registers, each decoded row used for all of them; partial sums [KS, RW, NT, 32] in shared memory.
+    A group with more pairs takes several passes (each re-reads the rows). Not yet timed on the GPU."""
+    s = FSPECS[t]
+    ld, dc, BS, TS, UPB, NR, NV, NW = s.ld, s.dc, s.BS, s.TS, s.UPB, s.NR, s.NV, s.NW
+    NTH = 32 * KS
+    GLU, RWT = glu, rwt
+    P = max(1, min(P, RW, s.PGLU if glu else s.PMAX, 2))
+    while RW % P:
+        P -= 1
+    PU = P if glu else 1
+    RU = RW if glu else 1
+    dot1, load_x = _unit_helpers(t)
+
+    @cuda.jit
+    def fgemvn(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
+        red = cuda.shared.array((KS, RW, NT), float32)
+        redu = cuda.shared.array((KS, RU, NT), float32)
+        acc = cuda.shared.array((KS, RW, NT, 32), float32)
+        accu = cuda.shared.array((KS, RU, NT, 32), float32)
+        tid = cuda.threadIdx.x
+        g = cuda.blockIdx.y
+        if g >= grp[0]:
+            return
+        row0 = cuda.blockIdx.x * RW
+        if row0 >= O:
+            return
+        warp = tid // 32
+        lane = tid % 32
+        e = grp[1 + g]
+        j0 = grp[1 + GMAX + g]
+        j1 = grp[2 + GMAX + g]
+        ebase = uint64(e) * uint64(estride)
+        nunits = (I // BS) * UPB
+        q = cuda.local.array((1, NV), float32)
+        sa = cuda.local.array((1, NR), float32)
+        sb = cuda.local.array((1, NR), float32)
+        raw = cuda.local.array((P, NW), uint32)
+        rf = cuda.local.array(P, float32)
+        rawu = cuda.local.array((PU, NW), uint32)
+        rfu = cuda.local.array(PU, float32)
+        xv = cuda.local.array((NT, NV), float32)
+        xs = cuda.local.array((NT, NR), float32)
+        xrow = cuda.local.array(NT, int32)
+        for c0 in range(j0, j1, NT):
+            nt = min(NT, j1 - c0)
+            for tt in range(NT):
+                xrow[tt] = grp[2 + 2 * GMAX + min(c0 + tt, j1 - 1)]
+            for r in range(RW):
+                for tt in range(NT):
+                    acc[warp, r, tt, lane] = float32(0.0)
+                    if GLU:
+                        accu[warp, r, tt, lane] = float32(0.0)
+            u = warp * 32 + lane
+            while u < nunits:
+                b = u // UPB
+                c = u - b * UPB
+                for tt in range(NT):
+                    load_x(x, uint64(xrow[tt]) * uint64(I) + uint64(b * BS), c, xv, xs, tt)
+                rb0 = ebase + uint64(b) * uint64(TS)
+                for r0 in range(0, RW, P):
+                    for p in range(P):
+                        rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                        ld(w32, w16, rb, c, raw, rf, p)
+                        if GLU:
+                            ld(u32, u16, rb, c, rawu, rfu, p)
+                    for p in range(P):
+                        rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                        dc(raw, rf, p, rb, c, q, sa, sb, 0)
+                        for tt in range(NT):
+                            acc[warp, r0 + p, tt, lane] += dot1(q, sa, sb, xv, xs, tt)
+                        if GLU:
+                            dc(rawu, rfu, p, rb, c, q, sa, sb, 0)
+                            for tt in range(NT):
+                                accu[warp, r0 + p, tt, lane] += dot1(q, sa, sb, xv, xs, tt)
+                u += NTH
+            for r in range(RW):
+                for tt in range(NT):
+                    a = warp_sum(acc[warp, r, tt, lane])
+                    if lane == 0:
+                        red[warp, r, tt] = a
+                    if GLU:
+                        a = warp_sum(accu[warp, r, tt, lane])
+                        if lane == 0:
+                            redu[warp, r, tt] = a
+            cuda.syncthreads()
+            for i in range(tid, RW * NT, NTH):
+                r = i // NT
+                tt = i - r * NT
+                if row0 + r < O and tt < nt:
+                    a = red[0, r, tt]
+                    for w in range(1, KS):
+                        a += red[w, r, tt]
+                    a = a * sc[e]
+                    if GLU:
+                        uu = redu[0, r, tt]
+                        for w in range(1, KS):
+                            uu += redu[w, r, tt]
+                        a = silu(a) * (uu * sc[E + e])
+                    orow = grp[2 + 2 * GMAX + NP + c0 + tt]
+                    if RWT:
+                        a = a * rw[orow]
+                    y[orow, row0 + r] = a
+            cuda.syncthreads()
+    return fgemvn
+
+
+__all__ = ["FSPECS", "fgemv_kernel", "fgemv1_kernel", "fgemvn_kernel", "fast_supported"]

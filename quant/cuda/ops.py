@@ -24,7 +24,7 @@ from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
 from .decoders import SPECS
-from .fast import fast_supported, fgemv1_kernel, fgemv_kernel
+from .fast import fast_supported, fgemv1_kernel, fgemv_kernel, fgemvn_kernel
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .weights import DeviceWeight, device_weight
 
@@ -38,6 +38,10 @@ FAST_DEFAULT = (4, 2)
 # the same for one token per group (`fast.fgemv1_kernel`: activations in registers, RW rows each)
 FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {}
 FAST1_DEFAULT = (8, 4, 8)          # RW rows, KS warps, P rows whose loads are in flight together
+# groups of 2..FASTN_MAX tokens: `fast.fgemvn_kernel` (activations of 2 or 4 tokens in registers) instead of
+# the 8-token `fgemv_kernel`; simulator-tested, NOT yet timed on the GPU (set 1 to fall back)
+FASTN_MAX = 4
+FASTN_DEFAULT = (8, 4, 2)
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -99,11 +103,17 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
         one = max_per_group == 1
-        sh = tuple(shape or (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FAST_SHAPE.get(dw.type, FAST_DEFAULT)))
+        few = 1 < max_per_group <= FASTN_MAX
+        default = (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FASTN_DEFAULT if few
+                   else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
+        sh = tuple(shape or default)
         RW, KS = sh[:2]
         KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
         if one:
             k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4)
+        elif few:
+            k = fgemvn_kernel(dw.type, 2 if max_per_group <= 2 else 4, RW, KS, up is not None, rw is not None,
+                              sh[2] if len(sh) > 2 else 2)
         else:
             if up is not None:                   # gate and up decoded side by side: half the rows (no spills)
                 RW = max(1, RW // 2)
