@@ -483,17 +483,15 @@ def blk_iq2_xxs(row, b, x, xs, v):
 def blk_iq2_xs(row, b, x, xs, v):
     o = 74 * b
     ahead(row, o, 74)
-    d = f16_at(row, o)
-    for ib in range(8):
-        sc = ld(row, o + 66 + ib)
+    sc = mul(addc(to_f32(nib8x2(row, o + 66)), np.float32(0.5)), splat(f16_at(row, o) * np.float32(0.25)))
+    for ib in range(8):                                     # scales d (0.5 + nibble) / 4: lanes ib, 8 + ib
         q0, q1 = u16_at(row, o + 2 + 8 * ib), u16_at(row, o + 4 + 8 * ib)
         q2, q3 = u16_at(row, o + 6 + 8 * ib), u16_at(row, o + 8 + 8 * ib)
         g01 = mul(rows8(GRID_IQ2XS, q0 & 511, q1 & 511), rows8(SIGNS7, q0 >> 9, q1 >> 9))
         g23 = mul(rows8(GRID_IQ2XS, q2 & 511, q3 & 511), rows8(SIGNS7, q2 >> 9, q3 >> 9))
-        db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
-        db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
         xo = 256 * b + 32 * ib
-        v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
+        v = fma(spread(sc, ib, 0), mul(g01, load16(x, xo)), v)
+        v = fma(spread(sc, 8 + ib, 0), mul(g23, load16(x, xo + 16)), v)
     return v
 
 
@@ -501,9 +499,8 @@ def blk_iq2_xs(row, b, x, xs, v):
 def blk_iq2_s(row, b, x, xs, v):
     o = 82 * b
     ahead(row, o, 82)
-    d = f16_at(row, o)
-    for ib in range(8):
-        sc = ld(row, o + 74 + ib)
+    sc = mul(addc(to_f32(nib8x2(row, o + 74)), np.float32(0.5)), splat(f16_at(row, o) * np.float32(0.25)))
+    for ib in range(8):                                     # scales d (0.5 + nibble) / 4: lanes ib, 8 + ib
         qh = np.int64(ld(row, o + 66 + ib))
         q = o + 2 + 4 * ib
         s = o + 34 + 4 * ib
@@ -511,10 +508,9 @@ def blk_iq2_s(row, b, x, xs, v):
                    u16_at(row, s))
         g23 = flip(rows8(GRID_IQ2S, ld(row, q + 2) | ((qh << 4) & 0x300), ld(row, q + 3) | ((qh << 2) & 0x300)),
                    u16_at(row, s + 2))
-        db0 = d * (np.float32(0.5) + np.float32(sc & 0xF)) * np.float32(0.25)
-        db1 = d * (np.float32(0.5) + np.float32(sc >> 4)) * np.float32(0.25)
         xo = 256 * b + 32 * ib
-        v = fma(splat(db1), mul(g23, load16(x, xo + 16)), fma(splat(db0), mul(g01, load16(x, xo)), v))
+        v = fma(spread(sc, ib, 0), mul(g01, load16(x, xo)), v)
+        v = fma(spread(sc, 8 + ib, 0), mul(g23, load16(x, xo + 16)), v)
     return v
 
 
