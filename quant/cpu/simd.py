@@ -413,7 +413,8 @@ SPREAD = {0: [0] * 16, 4: [l // 4 for l in range(16)], 8: [l // 8 for l in range
 @intrinsic
 def spread(typingctx, v, first, pattern):
     """Lane l = v[first + SPREAD[pattern][l]] (one `vpermps`): the scales of the sub-blocks whose
-    weights the 16 lanes hold. pattern 0: lane `first` everywhere; 4 / 8: l // 4, l // 8 (4 or 2 consecutive sub-blocks);
+    weights the 16 lanes hold. pattern 0: lane `first` everywhere; 4 / 8: l // 4, l // 8 (4 or 2
+    consecutive sub-blocks);
     82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's lut4); 88: l % 8."""
     if not isinstance(pattern, types.IntegerLiteral):
         return None
@@ -449,8 +450,8 @@ def rotl(typingctx, v, r_lo, r_hi):
 
     def codegen(context, builder, signature, args):
         H = ir.VectorType(I32, 16)
-        c = builder.shuffle_vector(_splat(builder, _i32(builder, args[1]), H), _splat(builder, _i32(builder, args[2]), H),
-                                   ir.Constant(VI, [0] * 8 + [16] * 8))
+        lo, hi = _splat(builder, _i32(builder, args[1]), H), _splat(builder, _i32(builder, args[2]), H)
+        c = builder.shuffle_vector(lo, hi, ir.Constant(VI, [0] * 8 + [16] * 8))
         c = builder.and_(c, ir.Constant(VI, [31] * 16))
         return builder.call(_fn(builder, "llvm.fshl.v16i32", VI, [VI, VI, VI]), [args[0], args[0], c])
     return sig, codegen
