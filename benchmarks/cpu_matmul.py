@@ -1,7 +1,7 @@
 """GEMV speed on the CPU per ggml type: quant.cpu (Numba) next to the NumPy oracle and llama.cpp.
 
     python benchmarks/cpu_matmul.py [--types q4_K,q8_0] [--rows 4096] [--cols 14336] [--rounds 5]
-                                    [--write BENCHMARKS.md]
+                                    [--threads N] [--write BENCHMARKS.md]
 
 Weights O x I = 4096 x 14336 (the llama.cpp anchor's shape), Gaussian rows quantized by ggml's own
 quantizer (`ggml_quantize_chunk`, an importance matrix of ones where the type needs one); one f32
@@ -134,8 +134,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="alternating numba/ggml rounds")
     p.add_argument("--reps", type=int, default=4, help="GEMVs per engine per round")
     p.add_argument("--oracle-reps", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: Numba's)")
     p.add_argument("--write", default=None, help="BENCHMARKS.md to update (its CPU section)")
     a = p.parse_args(argv)
+    if a.threads:
+        numba.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
     wf = rng.standard_normal((a.rows, a.cols), dtype=np.float32)
     x = rng.standard_normal((1, a.cols), dtype=np.float32)
