@@ -146,7 +146,8 @@ def ld_q4_k(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q4_k(raw, rf, p, base, c, q, sa, sb, r):
+def _k4_scales(raw, p, c, sa, sb, r):
+    """Q4_K / Q5_K header (raw[p, 0:4] = d|dmin, scales[12]) -> the two runs' sa = d*sc, sb = -dmin*m."""
     h0 = raw[p, 0]
     d = h2f(h0)
     dmin = h2f(h0 >> uint32(16))
@@ -157,6 +158,11 @@ def dc_q4_k(raw, rf, p, base, c, q, sa, sb, r):
     sb[r, 0] = -(dmin * u2f(m0))
     sa[r, 1] = d * u2f(sc1)
     sb[r, 1] = -(dmin * u2f(m1))
+
+
+@cuda.jit(device=True, inline=True)
+def dc_q4_k(raw, rf, p, base, c, q, sa, sb, r):
+    _k4_scales(raw, p, c, sa, sb, r)
     for t in range(4):
         w = raw[p, 4 + t]
         lo = w & uint32(LO4)
@@ -282,17 +288,8 @@ def ld_q5_k(w32, w16, base, c, raw, rf, p):
 
 @cuda.jit(device=True, inline=True)
 def dc_q5_k(raw, rf, p, base, c, q, sa, sb, r):
-    h0 = raw[p, 0]
-    d = h2f(h0)
-    dmin = h2f(h0 >> uint32(16))
-    g = c >> 1
-    sc0, m0 = _scale_min_k4(raw[p, 1], raw[p, 2], raw[p, 3], 2 * g)
-    sc1, m1 = _scale_min_k4(raw[p, 1], raw[p, 2], raw[p, 3], 2 * g + 1)
-    sa[r, 0] = d * u2f(sc0)
-    sb[r, 0] = -(dmin * u2f(m0))
-    sa[r, 1] = d * u2f(sc1)
-    sb[r, 1] = -(dmin * u2f(m1))
-    s0 = uint32(2 * g)
+    _k4_scales(raw, p, c, sa, sb, r)
+    s0 = uint32(2 * (c >> 1))
     for t in range(4):
         w = raw[p, 8 + t]
         qh = raw[p, 4 + t]
@@ -304,13 +301,8 @@ def dc_q5_k(raw, rf, p, base, c, q, sa, sb, r):
 
 
 # ------------------------------------------------------------------ Q2_K: 84 B = scales[16] | qs[64] | d | dmin
-# unit c: h = c/4, l0 = 8(c%4): qs[32h + l0 ..+8], bits 2j -> column 128h + 32j + l0 + i (run j);
+# unit c: h = c/4, l0 = 8(c%4): qs[32h + l0 ..+8], bits 2j -> column 128h + 32j + l0 + i (run j, as Q6_K);
 # run j's sub-block 8h + 2j + l0/16: scale byte = (sc & 15) | (min << 4); w = d sc q - dmin min.
-@cuda.jit(device=True, inline=True)
-def col_q2_k(c, j):
-    return 128 * (c >> 2) + 8 * (c & 3) + 32 * j
-
-
 @cuda.jit(device=True, inline=True)
 def ld_q2_k(w32, w16, base, c, raw, rf, p):
     h = c >> 2
@@ -571,8 +563,8 @@ FSPECS = {
     T.Q8_0: FSpec(T.Q8_0, 32, 34, 1, 1, 32, False, False, 9, 8, 4, ld_q8_0, dc_q8_0, col_q8_0),
     T.Q4_0: FSpec(T.Q4_0, 32, 18, 1, 2, 16, False, False, 5, 8, 4, ld_q4_0, dc_q4_0, col_one),
     T.Q5_K: FSpec(T.Q5_K, 256, 176, 8, 2, 16, True, True, 12, 8, 4, ld_q5_k, dc_q5_k, col_q4_k),
-    T.Q2_K: FSpec(T.Q2_K, 256, 84, 8, 4, 8, True, False, 5, 8, 4, ld_q2_k, dc_q2_k, col_q2_k),
-    T.Q3_K: FSpec(T.Q3_K, 256, 110, 8, 4, 8, False, False, 10, 4, 2, ld_q3_k, dc_q3_k, col_q2_k),
+    T.Q2_K: FSpec(T.Q2_K, 256, 84, 8, 4, 8, True, False, 5, 8, 4, ld_q2_k, dc_q2_k, col_q6_k),
+    T.Q3_K: FSpec(T.Q3_K, 256, 110, 8, 4, 8, False, False, 10, 4, 2, ld_q3_k, dc_q3_k, col_q6_k),
     T.IQ4_XS: FSpec(T.IQ4_XS, 256, 136, 8, 2, 16, False, False, 6, 4, 2, ld_iq4_xs, dc_iq4_xs, col_iq4_xs),
     T.IQ4_NL: FSpec(T.IQ4_NL, 32, 18, 1, 2, 16, False, False, 6, 4, 2, ld_iq4_nl, dc_iq4_nl, col_one),
     T.MXFP4: FSpec(T.MXFP4, 32, 17, 1, 2, 16, False, False, 6, 4, 2, ld_mxfp4, dc_mxfp4, col_one),
