@@ -34,6 +34,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from ..formats import GGMLType
 from ._dev import MAGIC, MAGIC_BITS, as_f32, hf, silu, u2f, warp_sum
 from .decoders import _b12, _scale_min_k4, e8m0_half
+from .gemv import write_rows
 from .vec import h2f, ld4f, ld4u, prmt
 
 SEL = 0x7650          # prmt selector: byte k of a under bytes 1..3 of b = MAGIC_BITS (add k for byte k)
@@ -588,7 +589,8 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
     ld, dc, col, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
     NTH = 32 * KS
     RU = RW if glu else 1
-    GLU, RWT = glu, rwt
+    GLU = glu
+    write = write_rows(KS, RW, NT, glu, rwt)
 
     @cuda.jit(device=True, inline=True)
     def dot_rows(q, sa, sb, xv, xs, acc, tt, NRW):
@@ -689,23 +691,7 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
                         if lane == 0:
                             redu[warp, r, tt] = a
             cuda.syncthreads()
-            for i in range(tid, RW * NT, NTH):
-                r = i // NT
-                tt = i - r * NT
-                if tt < nt and row0 + r < O:
-                    a = red[0, r, tt]
-                    for w in range(1, KS):
-                        a += red[w, r, tt]
-                    a = a * sc[e]
-                    if GLU:
-                        uu = redu[0, r, tt]
-                        for w in range(1, KS):
-                            uu += redu[w, r, tt]
-                        a = silu(a) * (uu * sc[E + e])
-                    orow = grp[2 + 2 * GMAX + NP + c0 + tt]
-                    if RWT:
-                        a = a * rw[orow]
-                    y[orow, row0 + r] = a
+            write(red, redu, y, sc, rw, grp, e, E, row0, O, c0, nt, GMAX, NP, tid)
             cuda.syncthreads()
     return fgemv
 
@@ -865,13 +851,14 @@ def fgemvn_kernel(t, NT: int = 4, RW: int = 8, KS: int = 4, glu: bool = False, r
     s = FSPECS[t]
     ld, dc, BS, TS, UPB, NR, NV, NW = s.ld, s.dc, s.BS, s.TS, s.UPB, s.NR, s.NV, s.NW
     NTH = 32 * KS
-    GLU, RWT = glu, rwt
+    GLU = glu
     P = max(1, min(P, RW, s.PGLU if glu else s.PMAX, 2))
     while RW % P:
         P -= 1
     PU = P if glu else 1
     RU = RW if glu else 1
     dot1, load_x = _unit_helpers(t)
+    write = write_rows(KS, RW, NT, glu, rwt)
 
     @cuda.jit
     def fgemvn(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
@@ -945,23 +932,7 @@ def fgemvn_kernel(t, NT: int = 4, RW: int = 8, KS: int = 4, glu: bool = False, r
                         if lane == 0:
                             redu[warp, r, tt] = a
             cuda.syncthreads()
-            for i in range(tid, RW * NT, NTH):
-                r = i // NT
-                tt = i - r * NT
-                if row0 + r < O and tt < nt:
-                    a = red[0, r, tt]
-                    for w in range(1, KS):
-                        a += red[w, r, tt]
-                    a = a * sc[e]
-                    if GLU:
-                        uu = redu[0, r, tt]
-                        for w in range(1, KS):
-                            uu += redu[w, r, tt]
-                        a = silu(a) * (uu * sc[E + e])
-                    orow = grp[2 + 2 * GMAX + NP + c0 + tt]
-                    if RWT:
-                        a = a * rw[orow]
-                    y[orow, row0 + r] = a
+            write(red, redu, y, sc, rw, grp, e, E, row0, O, c0, nt, GMAX, NP, tid)
             cuda.syncthreads()
     return fgemvn
 

@@ -111,6 +111,36 @@ def naive_kernel(t):
 
 # ------------------------------------------------------------------ warp GEMV
 @functools.lru_cache(maxsize=None)
+def write_rows(KS: int, RW: int, NT: int, glu: bool, rwt: bool):
+    """The last stage of the warp GEMVs: red[w, r, tt] (warp w's sum for row row0 + r, token tt of the pass
+    starting at pair c0) summed over the KS warps in a fixed order, scaled, gated (glu: silu(gate) * up from
+    redu), weighted (rwt) and written to y[out(pair)]. Threads of the block share the RW * NT outputs."""
+    NTH = 32 * KS
+    GLU, RWT = glu, rwt
+
+    @cuda.jit(device=True, inline=True)
+    def write(red, redu, y, sc, rw, grp, e, E, row0, O, c0, nt, GMAX, NP, tid):
+        for i in range(tid, RW * NT, NTH):                # RW * NT may exceed the block
+            r = i // NT
+            tt = i - r * NT
+            if tt < nt and row0 + r < O:
+                a = red[0, r, tt]
+                for w in range(1, KS):
+                    a += red[w, r, tt]
+                a = a * sc[e]
+                if GLU:
+                    u = redu[0, r, tt]
+                    for w in range(1, KS):
+                        u += redu[w, r, tt]
+                    a = silu(a) * (u * sc[E + e])
+                orow = grp[2 + 2 * GMAX + NP + c0 + tt]
+                if RWT:
+                    a = a * rw[orow]
+                y[orow, row0 + r] = a
+    return write
+
+
+@functools.lru_cache(maxsize=None)
 def gemv_kernel(t, NT: int = 1, RW: int = 1, KS: int = 4, glu: bool = False, rwt: bool = False, U: int = 2):
     """Split-K warp GEMV over groups: a block of KS warps computes RW rows of one group, warp w taking the
     w-th K slice of the row, lanes striding over its parts, U parts per lane in flight; NT tokens per pass.
@@ -123,7 +153,8 @@ def gemv_kernel(t, NT: int = 1, RW: int = 1, KS: int = 4, glu: bool = False, rwt
     TABW = len(tables()[s.table])
     NTH = 32 * KS
     RU = RW if glu else 1                      # rows of the second matrix (1 = unused)
-    GLU, RWT = glu, rwt
+    GLU = glu
+    write = write_rows(KS, RW, NT, glu, rwt)
 
     @cuda.jit(device=True, inline=True)
     def part(w32, w16, u32, u16, stab, x, xrow, it, ebase, row0, O, rowb, v, vu, acc, accu, nt):
@@ -210,23 +241,7 @@ def gemv_kernel(t, NT: int = 1, RW: int = 1, KS: int = 4, glu: bool = False, rwt
                         if lane == 0:
                             redu[warp, r, tt] = a
             cuda.syncthreads()
-            for i in range(tid, RW * NT, NTH):                # RW * NT may exceed the block
-                r = i // NT
-                tt = i - r * NT
-                if tt < nt and row0 + r < O:
-                    a = red[0, r, tt]
-                    for w in range(1, KS):
-                        a += red[w, r, tt]
-                    a = a * sc[e]
-                    if GLU:
-                        u = redu[0, r, tt]
-                        for w in range(1, KS):
-                            u += redu[w, r, tt]
-                        a = silu(a) * (u * sc[E + e])
-                    orow = grp[2 + 2 * GMAX + NP + c + tt]
-                    if RWT:
-                        a = a * rw[orow]
-                    y[orow, row0 + r] = a
+            write(red, redu, y, sc, rw, grp, e, E, row0, O, c, nt, GMAX, NP, tid)
             cuda.syncthreads()
     return gemv
 
