@@ -70,6 +70,14 @@ def _qf(w, k, off):
 
 
 @cuda.jit(device=True, inline=True)
+def _runs2(lo, hi, t, q, r, off):
+    """Word t of a 16-byte chunk, as 4 values per byte lane in lo (run 0) and hi (run 1, 16 columns on)."""
+    for k in range(4):
+        q[r, 4 * t + k] = _qf(lo, k, off)
+        q[r, 16 + 4 * t + k] = _qf(hi, k, off)
+
+
+@cuda.jit(device=True, inline=True)
 def _ld3(w32, off, raw, p, k):
     """raw[p, k:k+3] = the three aligned words holding the 8 bytes at the even byte offset `off`."""
     a = off >> uint64(2)
@@ -168,9 +176,7 @@ def dc_q4_k(raw, rf, p, base, c, q, sa, sb, r):
         w = raw[p, 4 + t]
         lo = w & uint32(LO4)
         hi = (w >> uint32(4)) & uint32(LO4)
-        for k in range(4):
-            q[r, 4 * t + k] = _qf(lo, k, float32(MAGIC))
-            q[r, 16 + 4 * t + k] = _qf(hi, k, float32(MAGIC))
+        _runs2(lo, hi, t, q, r, float32(MAGIC))
 
 
 # ------------------------------------------------------------------ Q6_K: 210 B = ql[128] | qh[64] | scales[16] | d
@@ -271,9 +277,7 @@ def dc_q4_0(raw, rf, p, base, c, q, sa, sb, r):
         v = prmt(raw[p, t], raw[p, t + 1], sel)
         lo = v & uint32(LO4)
         hi = (v >> uint32(4)) & uint32(LO4)
-        for k in range(4):
-            q[r, 4 * t + k] = _qf(lo, k, off)
-            q[r, 16 + 4 * t + k] = _qf(hi, k, off)
+        _runs2(lo, hi, t, q, r, off)
 
 
 # ------------------------------------------------------------------ Q5_K: 176 B = d|dmin|scales[12] | qh[32] | qs[128]
@@ -296,9 +300,7 @@ def dc_q5_k(raw, rf, p, base, c, q, sa, sb, r):
         qh = raw[p, 4 + t]
         lo = (w & uint32(LO4)) | (((qh >> s0) & uint32(0x01010101)) << uint32(4))
         hi = ((w >> uint32(4)) & uint32(LO4)) | (((qh >> (s0 + uint32(1))) & uint32(0x01010101)) << uint32(4))
-        for k in range(4):
-            q[r, 4 * t + k] = _qf(lo, k, float32(MAGIC))
-            q[r, 16 + 4 * t + k] = _qf(hi, k, float32(MAGIC))
+        _runs2(lo, hi, t, q, r, float32(MAGIC))
 
 
 # ------------------------------------------------------------------ Q2_K: 84 B = scales[16] | qs[64] | d | dmin
@@ -429,9 +431,7 @@ def dc_iq4_xs(raw, rf, p, base, c, q, sa, sb, r):
         w = raw[p, 2 + t]
         lo = _nl(w & uint32(LO4))
         hi = _nl((w >> uint32(4)) & uint32(LO4))
-        for k in range(4):
-            q[r, 4 * t + k] = _qf(lo, k, off)
-            q[r, 16 + 4 * t + k] = _qf(hi, k, off)
+        _runs2(lo, hi, t, q, r, off)
 
 
 # ------------------------------------------------------------------ 32-weight blocks with nibbles: lo -> 0..15, hi -> 16..31
@@ -459,9 +459,7 @@ def _nibble_runs(raw, p, k0, off, q, r, lut, qoff):
         elif lut == 2:
             lo = _fp4(lo)
             hi = _fp4(hi)
-        for k in range(4):
-            q[r, 4 * t + k] = _qf(lo, k, qoff)
-            q[r, 16 + 4 * t + k] = _qf(hi, k, qoff)
+        _runs2(lo, hi, t, q, r, qoff)
 
 
 @cuda.jit(device=True, inline=True)
@@ -512,9 +510,7 @@ def dc_q4_1(raw, rf, p, base, c, q, sa, sb, r):
         w = raw[p, 1 + t]
         lo = w & uint32(LO4)
         hi = (w >> uint32(4)) & uint32(LO4)
-        for k in range(4):
-            q[r, 4 * t + k] = _qf(lo, k, float32(MAGIC))
-            q[r, 16 + 4 * t + k] = _qf(hi, k, float32(MAGIC))
+        _runs2(lo, hi, t, q, r, float32(MAGIC))
 
 
 @cuda.jit(device=True, inline=True)
@@ -522,9 +518,7 @@ def _q5_runs(w, qh, t, q, r, qoff):
     """qs word t with its fifth bits from qh (bit 4t + k for the low nibbles, 16 + 4t + k for the high)."""
     lo = (w & uint32(LO4)) | _spread4(qh >> uint32(4 * t))
     hi = ((w >> uint32(4)) & uint32(LO4)) | _spread4(qh >> uint32(16 + 4 * t))
-    for k in range(4):
-        q[r, 4 * t + k] = _qf(lo, k, qoff)
-        q[r, 16 + 4 * t + k] = _qf(hi, k, qoff)
+    _runs2(lo, hi, t, q, r, qoff)
 
 
 @cuda.jit(device=True, inline=True)
@@ -586,9 +580,10 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
     the warps splitting the row's units, lanes striding over them. Same arguments as `gemv.gemv_kernel`
     (the lookup table argument `tb` is unused: none of these types has one)."""
     s = FSPECS[t]
-    ld, dc, col, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.col, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
+    ld, dc, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
     NTH = 32 * KS
     RU = RW if glu else 1
+    _, load_x = _unit_helpers(t)
     GLU = glu
     write = write_rows(KS, RW, NT, glu, rwt)
 
@@ -599,10 +594,10 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
             for j in range(NR):
                 dj = float32(0.0)
                 for k in range(RL):
-                    dj = cuda.fma(q[r, j * RL + k], xv[j * RL + k], dj)
+                    dj = cuda.fma(q[r, j * RL + k], xv[0, j * RL + k], dj)
                 a = cuda.fma(sa[r, j], dj, a)
                 if HASB:
-                    a = cuda.fma(sb[r, j], xs[j], a)
+                    a = cuda.fma(sb[r, j], xs[0, j], a)
             acc[r, tt] += a
 
     @cuda.jit
@@ -633,8 +628,8 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
         rf = cuda.local.array(RW, float32)
         rawu = cuda.local.array((RU, NW), uint32)
         rfu = cuda.local.array(RU, float32)
-        xv = cuda.local.array(NV, float32)
-        xs = cuda.local.array(NR, float32)
+        xv = cuda.local.array((1, NV), float32)
+        xs = cuda.local.array((1, NR), float32)
         acc = cuda.local.array((RW, NT), float32)
         accu = cuda.local.array((RU, NT), float32)
         xrow = cuda.local.array(NT, int32)
@@ -663,19 +658,7 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
                         dc(rawu, rfu, r, rb, c, qu, sau, sbu, r)
                 for tt in range(NT):
                     if NT == 1 or tt < nt:
-                        xo = uint64(xrow[tt]) * uint64(I) + uint64(b * BS)
-                        for j in range(NR):
-                            cj = uint64(col(c, j))
-                            sj = float32(0.0)
-                            for k4 in range(RL // 4):
-                                v0, v1, v2, v3 = ld4f(x, xo + cj + uint64(4 * k4))
-                                xv[j * RL + 4 * k4] = v0
-                                xv[j * RL + 4 * k4 + 1] = v1
-                                xv[j * RL + 4 * k4 + 2] = v2
-                                xv[j * RL + 4 * k4 + 3] = v3
-                                if HASB:
-                                    sj += (v0 + v1) + (v2 + v3)
-                            xs[j] = sj
+                        load_x(x, uint64(xrow[tt]) * uint64(I) + uint64(b * BS), c, xv, xs, 0)
                         dot_rows(q, sa, sb, xv, xs, acc, tt, RW)
                         if GLU:
                             dot_rows(qu, sau, sbu, xv, xs, accu, tt, RU)
