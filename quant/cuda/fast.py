@@ -137,7 +137,7 @@ def _spread4(x):
 # A type is two device functions, split so that a kernel can put the loads of several rows in flight
 # before it decodes any (memory latency, not arithmetic, is what bounds a GEMV):
 #   ld(w32, w16, base, c, raw, rf, p)      loads only: raw[p, :NW] (uint32 words), rf[p] (a float16 scale)
-#   dc(raw, rf, p, base, c, q, sa, sb, r)  decode: q[r, :NV] and sa / sb[r, :NR] from them
+#   dc(raw, rf, p, base, c, q, sa, sb, r, tb)  decode: q[r, :NV] and sa / sb[r, :NR] from them
 
 # ------------------------------------------------------------------ Q4_K: 144 B = d|dmin|scales[12] + qs[128]
 # unit c (0..7): qs bytes 16c..16c+15 = group g = c/2, half c%2: low nibbles -> sub-block 2g, columns
@@ -170,7 +170,7 @@ def _k4_scales(raw, p, c, sa, sb, r):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q4_k(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q4_k(raw, rf, p, base, c, q, sa, sb, r, tb):
     _k4_scales(raw, p, c, sa, sb, r)
     for t in range(4):
         w = raw[p, 4 + t]
@@ -200,7 +200,7 @@ def ld_q6_k(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q6_k(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q6_k(raw, rf, p, base, c, q, sa, sb, r, tb):
     sel = _sel(base, 0x3210)
     a0, a1 = _j2(raw, p, 0, sel)
     b0, b1 = _j2(raw, p, 3, sel)
@@ -248,7 +248,7 @@ def ld_q8_0(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q8_0(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q8_0(raw, rf, p, base, c, q, sa, sb, r, tb):
     sel = _sel(base, 0x5432)                            # qs at base + 2: 2 or 4 bytes into the words
     sa[r, 0] = rf[p]
     off = float32(MAGIC + 128.0)
@@ -268,7 +268,7 @@ def ld_q4_0(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q4_0(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q4_0(raw, rf, p, base, c, q, sa, sb, r, tb):
     sel = _sel(base, 0x5432)
     sa[r, 0] = rf[p]
     sa[r, 1] = rf[p]
@@ -292,7 +292,7 @@ def ld_q5_k(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q5_k(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q5_k(raw, rf, p, base, c, q, sa, sb, r, tb):
     _k4_scales(raw, p, c, sa, sb, r)
     s0 = uint32(2 * (c >> 1))
     for t in range(4):
@@ -319,7 +319,7 @@ def ld_q2_k(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q2_k(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q2_k(raw, rf, p, base, c, q, sa, sb, r, tb):
     dd = raw[p, 4]
     d = h2f(dd)
     dmin = h2f(dd >> uint32(16))
@@ -350,7 +350,7 @@ def ld_q3_k(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q3_k(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q3_k(raw, rf, p, base, c, q, sa, sb, r, tb):
     h = c >> 2
     i0 = (c & 3) >> 1
     b96 = base + uint64(96)
@@ -418,7 +418,7 @@ def ld_iq4_xs(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_iq4_xs(raw, rf, p, base, c, q, sa, sb, r):
+def dc_iq4_xs(raw, rf, p, base, c, q, sa, sb, r, tb):
     h0 = raw[p, 0]
     d = h2f(h0)
     ls = ((raw[p, 1] >> uint32(8 * (c >> 1) + 4 * (c & 1))) & uint32(15)) | \
@@ -463,7 +463,7 @@ def _nibble_runs(raw, p, k0, off, q, r, lut, qoff):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_iq4_nl(raw, rf, p, base, c, q, sa, sb, r):
+def dc_iq4_nl(raw, rf, p, base, c, q, sa, sb, r, tb):
     sa[r, 0] = rf[p]
     sa[r, 1] = rf[p]
     _nibble_runs(raw, p, 0, base + uint64(2), q, r, 1, float32(MAGIC + 128.0))
@@ -476,7 +476,7 @@ def ld_mxfp4(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_mxfp4(raw, rf, p, base, c, q, sa, sb, r):
+def dc_mxfp4(raw, rf, p, base, c, q, sa, sb, r, tb):
     e = (raw[p, 5] >> uint32(8 * (base & uint64(3)))) & uint32(255)
     dh = e8m0_half(e)
     sa[r, 0] = dh
@@ -504,7 +504,7 @@ def _dm(raw, p, k, sa, sb, r):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q4_1(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q4_1(raw, rf, p, base, c, q, sa, sb, r, tb):
     _dm(raw, p, 0, sa, sb, r)
     for t in range(4):
         w = raw[p, 1 + t]
@@ -529,7 +529,7 @@ def ld_q5_0(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q5_0(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q5_0(raw, rf, p, base, c, q, sa, sb, r, tb):
     sa[r, 0] = rf[p]
     sa[r, 1] = rf[p]
     qh = _jn(raw, p, 0, base + uint64(2), 0)
@@ -545,7 +545,7 @@ def ld_q5_1(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q5_1(raw, rf, p, base, c, q, sa, sb, r):
+def dc_q5_1(raw, rf, p, base, c, q, sa, sb, r, tb):
     _dm(raw, p, 0, sa, sb, r)
     for t in range(4):
         _q5_runs(raw[p, 2 + t], raw[p, 1], t, q, r, float32(MAGIC))
@@ -578,7 +578,7 @@ def fast_supported(t: GGMLType, rowb: int, estride: int) -> bool:
 def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rwt: bool = False):
     """Grouped warp GEMV: a block of KS warps computes RW rows of one group (grid (ceil(O/RW), GMAX)),
     the warps splitting the row's units, lanes striding over them. Same arguments as `gemv.gemv_kernel`
-    (the lookup table argument `tb` is unused: none of these types has one)."""
+    (`tb`: the type's lookup table, `decoders.tables`, for the types whose decoder needs one)."""
     s = FSPECS[t]
     ld, dc, BS, TS, UPB, NR, RL, NV, NW, HASB = s.ld, s.dc, s.BS, s.TS, s.UPB, s.NR, s.RL, s.NV, s.NW, s.HASB
     NTH = 32 * KS
@@ -653,9 +653,9 @@ def fgemv_kernel(t, NT: int = 1, RW: int = 2, KS: int = 4, glu: bool = False, rw
                         ld(u32, u16, rb, c, rawu, rfu, r)
                 for r in range(RW):
                     rb = rb0 + uint64(min(row0 + r, O - 1)) * uint64(rowb)
-                    dc(raw, rf, r, rb, c, q, sa, sb, r)
+                    dc(raw, rf, r, rb, c, q, sa, sb, r, tb)
                     if GLU:
-                        dc(rawu, rfu, r, rb, c, qu, sau, sbu, r)
+                        dc(rawu, rfu, r, rb, c, qu, sau, sbu, r, tb)
                 for tt in range(NT):
                     if NT == 1 or tt < nt:
                         load_x(x, uint64(xrow[tt]) * uint64(I) + uint64(b * BS), c, xv, xs, 0)
@@ -794,10 +794,10 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
                         ld(u32, u16, rb, c, rawu, rfu, p)
                 for p in range(P):
                     rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
-                    dc(raw, rf, p, rb, c, q, sa, sb, 0)
+                    dc(raw, rf, p, rb, c, q, sa, sb, 0, tb)
                     acc[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
                     if GLU:
-                        dc(rawu, rfu, p, rb, c, q, sa, sb, 0)
+                        dc(rawu, rfu, p, rb, c, q, sa, sb, 0, tb)
                         accu[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
             u += NTH
         for r in range(RW):
@@ -897,11 +897,11 @@ def fgemvn_kernel(t, NT: int = 4, RW: int = 8, KS: int = 4, glu: bool = False, r
                             ld(u32, u16, rb, c, rawu, rfu, p)
                     for p in range(P):
                         rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
-                        dc(raw, rf, p, rb, c, q, sa, sb, 0)
+                        dc(raw, rf, p, rb, c, q, sa, sb, 0, tb)
                         for tt in range(NT):
                             acc[warp, r0 + p, tt, lane] += dot1(q, sa, sb, xv, xs, tt)
                         if GLU:
-                            dc(rawu, rfu, p, rb, c, q, sa, sb, 0)
+                            dc(rawu, rfu, p, rb, c, q, sa, sb, 0, tb)
                             for tt in range(NT):
                                 accu[warp, r0 + p, tt, lane] += dot1(q, sa, sb, xv, xs, tt)
                 u += NTH
@@ -919,5 +919,7 @@ def fgemvn_kernel(t, NT: int = 4, RW: int = 8, KS: int = 4, glu: bool = False, r
             cuda.syncthreads()
     return fgemvn
 
+
+from . import fast_more  # noqa: E402,F401  (registers its types in FSPECS)
 
 __all__ = ["FSPECS", "fgemv_kernel", "fgemv1_kernel", "fgemvn_kernel", "fast_supported"]
