@@ -1,8 +1,364 @@
 """Fast-GEMV decoders for more types (see `fast.py` for the unit / ld / dc protocol). Each type here adds
-its `FSpec` to `fast.FSPECS`; the kernels, host dispatch, PTX check and tests pick it up from there."""
+its `FSpec` to `fast.FSPECS`; the kernels, host dispatch, PTX check and tests pick it up from there.
+
+    NVFP4      integer codes (the doubled e2m1 values, as MXFP4) times half the UE4M3 sub-block scale
+    F16, BF16  the exact float value of each weight in q, sa = 1
+    F32        the same (16-weight units: a 32-weight unit would keep 32 words per row in flight)
+"""
 from __future__ import annotations
 
-from .fast import FSPECS  # noqa: F401
+from numba import cuda, float32, uint32, uint64
 
-MORE: dict = {}
+from ..formats import GGMLType
+from ._dev import MAGIC, as_f32, hf, u2f
+from .decoders import _ksigns
+from .fast import FSPECS, LO4, FSpec, _fp4, _jn, _ldn, _qf, col_iq4_xs, col_one
+from .vec import h2f, ld4u
+
+
+# ------------------------------------------------------------------ NVFP4: 36 B = d[4] UE4M3 | qs[32]   (64 weights)
+# unit c (0..1) = sub-blocks 2c, 2c+1 = qs[16c ..+16] at 4 + 16c (4-byte aligned: 36-byte blocks, rows of
+# whole blocks); sub-block s: low nibbles of qs[8s ..+8] -> columns 16s + 0..7, high -> 16s + 8..15.
+# Run j = sub-block 2c + j (16 columns), w = ue4m3(d[2c + j]) / 2 * kvalues_mxfp4_doubled[nibble].
+@cuda.jit(device=True, inline=True)
+def col_nvfp4(c, j):
+    return 32 * c + 16 * j
+
+
+@cuda.jit(device=True, inline=True)
+def ld_nvfp4(w32, w16, base, c, raw, rf, p):
+    a = base >> uint64(2)
+    o = a + uint64(1 + 4 * c)
+    raw[p, 0] = w32[o]
+    raw[p, 1] = w32[o + uint64(1)]
+    raw[p, 2] = w32[o + uint64(2)]
+    raw[p, 3] = w32[o + uint64(3)]
+    raw[p, 4] = w32[a]
+
+
+@cuda.jit(device=True, inline=True)
+def ue4m3_half(x):
+    """`ggml_ue4m3_to_fp32(x) / 2` without branches: E4M3 (bias 7) placed at float32 bits 20..26 is the
+    same number times 2^-120, subnormals included; times 2^119. 0x7F (NaN in E4M3) reads as 0."""
+    v = as_f32((x & uint32(0x7F)) << uint32(20)) * float32(2.0 ** 119)
+    return float32(0.0) if x == uint32(0x7F) else v
+
+
+@cuda.jit(device=True, inline=True)
+def dc_nvfp4(raw, rf, p, base, c, q, sa, sb, r, tb):
+    sw = raw[p, 4] >> uint32(16 * c)                     # the two scale bytes of this unit
+    sa[r, 0] = ue4m3_half(sw & uint32(0xFF))
+    sa[r, 1] = ue4m3_half((sw >> uint32(8)) & uint32(0xFF))
+    off = float32(MAGIC + 128.0)
+    for j in range(2):
+        for t in range(2):                               # word t of sub-block j: bytes 4t..4t+3
+            w = raw[p, 2 * j + t]
+            lo = _fp4(w & uint32(LO4))
+            hi = _fp4((w >> uint32(4)) & uint32(LO4))
+            for k in range(4):
+                q[r, 16 * j + 4 * t + k] = _qf(lo, k, off)
+                q[r, 16 * j + 8 + 4 * t + k] = _qf(hi, k, off)
+
+
+# ------------------------------------------------------------------ F16 / BF16: 32-weight pseudo-blocks of 64 B
+# unit = block: 16 words in four 128-bit loads (rows of 2I bytes, I % 32 == 0: always 16-byte aligned);
+# q = the weights themselves (exact), two runs of 16 with sa = 1.
+@cuda.jit(device=True, inline=True)
+def ld_f16(w32, w16, base, c, raw, rf, p):
+    i = base >> uint64(2)
+    for t in range(4):
+        raw[p, 4 * t], raw[p, 4 * t + 1], raw[p, 4 * t + 2], raw[p, 4 * t + 3] = ld4u(w32, i + uint64(4 * t))
+
+
+@cuda.jit(device=True, inline=True)
+def dc_f16(raw, rf, p, base, c, q, sa, sb, r, tb):
+    sa[r, 0] = float32(1.0)
+    sa[r, 1] = float32(1.0)
+    for t in range(16):
+        w = raw[p, t]
+        q[r, 2 * t] = h2f(w)
+        q[r, 2 * t + 1] = h2f(w >> uint32(16))
+
+
+@cuda.jit(device=True, inline=True)
+def dc_bf16(raw, rf, p, base, c, q, sa, sb, r, tb):
+    sa[r, 0] = float32(1.0)
+    sa[r, 1] = float32(1.0)
+    for t in range(16):
+        w = raw[p, t]
+        q[r, 2 * t] = as_f32(w << uint32(16))
+        q[r, 2 * t + 1] = as_f32(w & uint32(0xFFFF0000))
+
+
+# ------------------------------------------------------------------ F32: 32-weight pseudo-blocks of 128 B
+# unit c (0..1) = columns 16c ..+16 = words 16c ..+16 of the block (four 128-bit loads); q = the weights.
+@cuda.jit(device=True, inline=True)
+def col_f32(c, j):
+    return 16 * c
+
+
+@cuda.jit(device=True, inline=True)
+def ld_f32(w32, w16, base, c, raw, rf, p):
+    i = (base >> uint64(2)) + uint64(16 * c)
+    for t in range(4):
+        raw[p, 4 * t], raw[p, 4 * t + 1], raw[p, 4 * t + 2], raw[p, 4 * t + 3] = ld4u(w32, i + uint64(4 * t))
+
+
+@cuda.jit(device=True, inline=True)
+def dc_f32(raw, rf, p, base, c, q, sa, sb, r, tb):
+    sa[r, 0] = float32(1.0)
+    for t in range(16):
+        q[r, t] = as_f32(raw[p, t])
+
+
+# ------------------------------------------------------------------ i-quant grids (256-weight blocks)
+# unit c = sub-block c (32 weights, columns 32c + 16j + 0..15 for run j); a group l (8 weights, columns
+# 8l ..+8 of the unit) is one grid entry of 8 bytes (two of 4 for IQ3) with 8 sign bits. A grid byte g
+# with its sign becomes the byte 128 +- g (`_signed4`: both sums, no borrows as g < 128, picked per byte by
+# a mask), then the exact float by `_qf`: no branch per weight. The grid words come from `tb` (global,
+# L1-cached), the table the generic decoders read (`decoders.tables`).
+QOFF = MAGIC + 128.0
+
+
+@cuda.jit(device=True, inline=True)
+def _signed4(g, s):
+    """Four grid bytes g (each < 128) with sign bits s (bit k set: byte k negative) -> bytes 128 +- g."""
+    m = (((s & uint32(15)) * uint32(0x00204081)) & uint32(0x01010101)) * uint32(0xFF)
+    return ((uint32(0x80808080) + g) & ~m) | ((uint32(0x80808080) - g) & m)
+
+
+@cuda.jit(device=True, inline=True)
+def _group8(q, r, l, g0, g1, s):
+    """q[r, 8l .. 8l+8) = the 8 grid bytes g0 | g1 with sign bits s (bit k: weight k), as exact floats."""
+    v0 = _signed4(g0, s)
+    v1 = _signed4(g1, s >> uint32(4))
+    off = float32(QOFF)
+    for k in range(4):
+        q[r, 8 * l + k] = _qf(v0, k, off)
+        q[r, 8 * l + 4 + k] = _qf(v1, k, off)
+
+
+@cuda.jit(device=True, inline=True)
+def _grid2(tb, gi):
+    """Entry gi of a grid of 8 bytes per entry, as two words."""
+    return uint32(tb[gi << uint32(1)]), uint32(tb[(gi << uint32(1)) | uint32(1)])
+
+
+@cuda.jit(device=True, inline=True)
+def _wbyte(raw, p, k, off):
+    """The byte at `off` of the aligned word raw[p, k] that holds it."""
+    return (raw[p, k] >> uint32(8 * (off & uint64(3)))) & uint32(255)
+
+
+@cuda.jit(device=True, inline=True)
+def _ld1(w32, off, raw, p, k):
+    """raw[p, k] = the aligned word holding byte `off`."""
+    raw[p, k] = w32[off >> uint64(2)]
+
+
+# IQ3_XXS (98 B): d | qs[64] (8 indices of 4-byte grid entries per sub-block) at 2 + 8c | u32 at 66 + 4c:
+# 4 x 7 sign bits (`ksigns`) and a 4-bit scale at the top; w = d (0.5 + scale) / 2 * (+-grid byte).
+@cuda.jit(device=True, inline=True)
+def ld_iq3_xxs(w32, w16, base, c, raw, rf, p):
+    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    _ldn(w32, base + uint64(66 + 4 * c), raw, p, 3, 2)
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_iq3_xxs(raw, rf, p, base, c, q, sa, sb, r, tb):
+    oq = base + uint64(2 + 8 * c)
+    ga = _jn(raw, p, 0, oq, 0)
+    gb = _jn(raw, p, 0, oq, 1)
+    aux = _jn(raw, p, 3, base + uint64(66 + 4 * c), 0)
+    db = rf[p] * (float32(0.5) + u2f(aux >> uint32(28))) * float32(0.5)
+    sa[r, 0] = db
+    sa[r, 1] = db
+    for l in range(4):
+        gw = ga if l < 2 else gb
+        sh = uint32(16 * (l & 1))
+        g0 = uint32(tb[(gw >> sh) & uint32(255)])
+        g1 = uint32(tb[(gw >> (sh + uint32(8))) & uint32(255)])
+        _group8(q, r, l, g0, g1, _ksigns(aux >> uint32(7 * l)))
+
+
+# IQ2_XXS (66 B): d | per sub-block 8 bytes at 2 + 8c: 4 grid indices (8-byte entries), then a u32 of
+# 4 x 7 sign bits and a 4-bit scale at the top; w = d (0.5 + scale) / 4 * (+-grid byte).
+@cuda.jit(device=True, inline=True)
+def ld_iq2_xxs(w32, w16, base, c, raw, rf, p):
+    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_iq2_xxs(raw, rf, p, base, c, q, sa, sb, r, tb):
+    oq = base + uint64(2 + 8 * c)
+    aux0 = _jn(raw, p, 0, oq, 0)
+    aux1 = _jn(raw, p, 0, oq, 1)
+    db = rf[p] * (float32(0.5) + u2f(aux1 >> uint32(28))) * float32(0.25)
+    sa[r, 0] = db
+    sa[r, 1] = db
+    for l in range(4):
+        g0, g1 = _grid2(tb, (aux0 >> uint32(8 * l)) & uint32(255))
+        _group8(q, r, l, g0, g1, _ksigns(aux1 >> uint32(7 * l)))
+
+
+# IQ2_XS (74 B): d | qs u16[32] (9-bit index | 7 sign bits << 9), 4 per sub-block at 2 + 8c | scales[8] at
+# 66: sub-block c's byte, low nibble for groups 0-1 (run 0), high for 2-3 (run 1); w = d (0.5 + s) / 4 * (+-g).
+@cuda.jit(device=True, inline=True)
+def ld_iq2_xs(w32, w16, base, c, raw, rf, p):
+    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    _ld1(w32, base + uint64(66 + c), raw, p, 3)
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def _iq2_scales(d, sc, sa, r):
+    """Two 4-bit scales (low nibble: run 0, high: run 1) -> sa = d (0.5 + s) / 4."""
+    sa[r, 0] = d * (float32(0.5) + u2f(sc & uint32(15))) * float32(0.25)
+    sa[r, 1] = d * (float32(0.5) + u2f(sc >> uint32(4))) * float32(0.25)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_iq2_xs(raw, rf, p, base, c, q, sa, sb, r, tb):
+    oq = base + uint64(2 + 8 * c)
+    _iq2_scales(rf[p], _wbyte(raw, p, 3, base + uint64(66 + c)), sa, r)
+    for l in range(4):
+        v = (_jn(raw, p, 0, oq, l >> 1) >> uint32(16 * (l & 1))) & uint32(0xFFFF)
+        g0, g1 = _grid2(tb, v & uint32(511))
+        _group8(q, r, l, g0, g1, _ksigns(v >> uint32(9)))
+
+
+# IQ2_S (82 B): d | qs[32] index low bytes at 2 + 4c | signs[32] at 34 + 4c (8 bits per group) | qh[8] at 66
+# (2 high index bits per group) | scales[8] at 74 (as IQ2_XS).
+@cuda.jit(device=True, inline=True)
+def ld_iq2_s(w32, w16, base, c, raw, rf, p):
+    _ldn(w32, base + uint64(2 + 4 * c), raw, p, 0, 2)
+    _ldn(w32, base + uint64(34 + 4 * c), raw, p, 2, 2)
+    _ld1(w32, base + uint64(66 + c), raw, p, 4)
+    _ld1(w32, base + uint64(74 + c), raw, p, 5)
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_iq2_s(raw, rf, p, base, c, q, sa, sb, r, tb):
+    _iq2_scales(rf[p], _wbyte(raw, p, 5, base + uint64(74 + c)), sa, r)
+    qs = _jn(raw, p, 0, base + uint64(2 + 4 * c), 0)
+    sg = _jn(raw, p, 2, base + uint64(34 + 4 * c), 0)
+    qh = _wbyte(raw, p, 4, base + uint64(66 + c))
+    for l in range(4):
+        gi = ((qs >> uint32(8 * l)) & uint32(255)) | ((qh << uint32(8 - 2 * l)) & uint32(0x300))
+        g0, g1 = _grid2(tb, gi)
+        _group8(q, r, l, g0, g1, sg >> uint32(8 * l))
+
+
+# IQ3_S (110 B): d | qs[64] index low bytes at 2 + 8c | qh[8] at 66 (9th index bit, one per 4-byte entry) |
+# signs[32] at 74 + 4c | scales[4] at 106 (nibble c % 2 of byte c / 2); w = d (1 + 2 scale) * (+-grid byte).
+@cuda.jit(device=True, inline=True)
+def ld_iq3_s(w32, w16, base, c, raw, rf, p):
+    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    _ldn(w32, base + uint64(74 + 4 * c), raw, p, 3, 2)
+    _ld1(w32, base + uint64(66 + c), raw, p, 5)
+    _ld1(w32, base + uint64(106 + (c >> 1)), raw, p, 6)
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_iq3_s(raw, rf, p, base, c, q, sa, sb, r, tb):
+    oq = base + uint64(2 + 8 * c)
+    sc = (_wbyte(raw, p, 6, base + uint64(106 + (c >> 1))) >> uint32(4 * (c & 1))) & uint32(15)
+    db = rf[p] * (float32(1.0) + float32(2.0) * u2f(sc))
+    sa[r, 0] = db
+    sa[r, 1] = db
+    sg = _jn(raw, p, 3, base + uint64(74 + 4 * c), 0)
+    qh = _wbyte(raw, p, 5, base + uint64(66 + c))
+    for l in range(4):
+        gw = _jn(raw, p, 0, oq, l >> 1) >> uint32(16 * (l & 1))
+        i0 = (gw & uint32(255)) | ((qh << uint32(8 - 2 * l)) & uint32(256))
+        i1 = ((gw >> uint32(8)) & uint32(255)) | ((qh << uint32(7 - 2 * l)) & uint32(256))
+        _group8(q, r, l, uint32(tb[i0]), uint32(tb[i1]), sg >> uint32(8 * l))
+
+
+# IQ1_S / IQ1_M: w = dl * (grid + delta), grid in {-1, 0, 1} (the table holds grid + 1 = t), delta = +-1/8:
+# as an integer times dl / 8: 8 t - 8 +- 1, i.e. the byte 8 t under the exponent minus 7 or 9 (`_qf`).
+@cuda.jit(device=True, inline=True)
+def _group1(q, r, l, g0, g1, neg):
+    """q[r, 8l .. 8l+8) = 8 (grid + delta) for the grid entry g0 | g1 (delta < 0 where neg)."""
+    off = float32(MAGIC + 9.0) if neg else float32(MAGIC + 7.0)
+    a = g0 << uint32(3)                                  # t <= 2: 8 t stays within its byte
+    b = g1 << uint32(3)
+    for k in range(4):
+        q[r, 8 * l + k] = _qf(a, k, off)
+        q[r, 8 * l + 4 + k] = _qf(b, k, off)
+
+
+# IQ1_S (50 B): d | qs[32] index low bytes at 2 + 4c | qh u16[8] at 34 + 2c: 3 high index bits per group,
+# a 3-bit scale at bit 12, the delta sign at bit 15; dl = d (2 scale + 1).
+@cuda.jit(device=True, inline=True)
+def ld_iq1_s(w32, w16, base, c, raw, rf, p):
+    _ldn(w32, base + uint64(2 + 4 * c), raw, p, 0, 2)
+    _ld1(w32, base + uint64(34 + 2 * c), raw, p, 2)
+    rf[p] = hf(w16, base, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def dc_iq1_s(raw, rf, p, base, c, q, sa, sb, r, tb):
+    qs = _jn(raw, p, 0, base + uint64(2 + 4 * c), 0)
+    qh = (raw[p, 2] >> uint32(8 * ((base + uint64(34 + 2 * c)) & uint64(3)))) & uint32(0xFFFF)
+    dl = rf[p] * (float32(2.0) * u2f((qh >> uint32(12)) & uint32(7)) + float32(1.0)) * float32(0.125)
+    sa[r, 0] = dl
+    sa[r, 1] = dl
+    neg = (qh & uint32(0x8000)) != uint32(0)
+    for l in range(4):
+        gi = ((qs >> uint32(8 * l)) & uint32(255)) | (((qh >> uint32(3 * l)) & uint32(7)) << uint32(8))
+        g0, g1 = _grid2(tb, gi)
+        _group1(q, r, l, g0, g1, neg)
+
+
+# IQ1_M (56 B, so blocks stay 4-byte aligned): qs[32] at 4c | qh[16] at 32 + 2c (per group a nibble: 3 high
+# index bits, the delta sign at bit 3) | scales u16[4] at 48: 3-bit scales, sub-block c's two (run 0: groups
+# 0-1, run 1: 2-3) at bit 6 (c % 2) of u16 c / 2; the block's f16 scale is the top nibbles of the four u16.
+@cuda.jit(device=True, inline=True)
+def ld_iq1_m(w32, w16, base, c, raw, rf, p):
+    a = base >> uint64(2)
+    raw[p, 0] = w32[a + uint64(c)]
+    raw[p, 1] = w32[a + uint64(8 + (c >> 1))]
+    raw[p, 2] = w32[a + uint64(12)]
+    raw[p, 3] = w32[a + uint64(13)]
+
+
+@cuda.jit(device=True, inline=True)
+def dc_iq1_m(raw, rf, p, base, c, q, sa, sb, r, tb):
+    sc0 = raw[p, 2]
+    sc1 = raw[p, 3]
+    bits = ((sc0 >> uint32(12)) & uint32(0xF)) | ((sc0 >> uint32(24)) & uint32(0xF0)) \
+        | ((sc1 >> uint32(4)) & uint32(0xF00)) | ((sc1 >> uint32(16)) & uint32(0xF000))
+    d = h2f(bits) * float32(0.125)
+    scw = (sc0 if c < 4 else sc1) >> uint32(16 * ((c >> 1) & 1) + 6 * (c & 1))
+    sa[r, 0] = d * (float32(2.0) * u2f(scw & uint32(7)) + float32(1.0))
+    sa[r, 1] = d * (float32(2.0) * u2f((scw >> uint32(3)) & uint32(7)) + float32(1.0))
+    qs = raw[p, 0]
+    qh = raw[p, 1] >> uint32(16 * (c & 1))
+    for l in range(4):
+        h = (qh >> uint32(4 * l)) & uint32(15)         # this group's nibble: qh byte l / 2, nibble l % 2
+        gi = ((qs >> uint32(8 * l)) & uint32(255)) | ((h & uint32(7)) << uint32(8))
+        g0, g1 = _grid2(tb, gi)
+        _group1(q, r, l, g0, g1, (h & uint32(8)) != uint32(0))
+
+
+T = GGMLType
+MORE: dict = {
+    #                  type     BS  TS UPB NR  RL  HASB   ALIGN16 NW PMAX PGLU
+    T.NVFP4: FSpec(T.NVFP4, 64, 36, 2, 2, 16, False, False, 5, 4, 2, ld_nvfp4, dc_nvfp4, col_nvfp4),
+    T.F16: FSpec(T.F16, 32, 64, 1, 2, 16, False, True, 16, 4, 2, ld_f16, dc_f16, col_one),
+    T.BF16: FSpec(T.BF16, 32, 64, 1, 2, 16, False, True, 16, 4, 2, ld_f16, dc_bf16, col_one),
+    T.F32: FSpec(T.F32, 32, 128, 2, 1, 16, False, True, 16, 4, 2, ld_f32, dc_f32, col_f32),
+    T.IQ3_XXS: FSpec(T.IQ3_XXS, 256, 98, 8, 2, 16, False, False, 5, 4, 2, ld_iq3_xxs, dc_iq3_xxs, col_iq4_xs),
+    T.IQ2_XXS: FSpec(T.IQ2_XXS, 256, 66, 8, 2, 16, False, False, 3, 4, 2, ld_iq2_xxs, dc_iq2_xxs, col_iq4_xs),
+    T.IQ2_XS: FSpec(T.IQ2_XS, 256, 74, 8, 2, 16, False, False, 4, 4, 2, ld_iq2_xs, dc_iq2_xs, col_iq4_xs),
+    T.IQ2_S: FSpec(T.IQ2_S, 256, 82, 8, 2, 16, False, False, 6, 4, 2, ld_iq2_s, dc_iq2_s, col_iq4_xs),
+    T.IQ3_S: FSpec(T.IQ3_S, 256, 110, 8, 2, 16, False, False, 7, 4, 2, ld_iq3_s, dc_iq3_s, col_iq4_xs),
+    T.IQ1_S: FSpec(T.IQ1_S, 256, 50, 8, 2, 16, False, False, 3, 4, 2, ld_iq1_s, dc_iq1_s, col_iq4_xs),
+    T.IQ1_M: FSpec(T.IQ1_M, 256, 56, 8, 2, 16, False, False, 4, 4, 2, ld_iq1_m, dc_iq1_m, col_iq4_xs),
+}
 FSPECS.update(MORE)
