@@ -40,9 +40,9 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
 from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bitsel, bmask, bor, bsh, bsub, f16x16,
-                   f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, imul, lanes, load16, lut, lut32, mul,
+                   f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, lanes, load16, lut, lut32, mul,
                    nib8x2, or_where, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2,
-                   rotl, spread, to_f32, u8x16, zeros)
+                   rotl, spread, to_f32, u8x16, u8x32w, wmul, wmulhi, wshl, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
 
@@ -202,14 +202,21 @@ def dot_blocks32(blk, ts, tab, row, x):
 
 @njit(**J)
 def dot_q1_0(row, x):
+    one = np.float32(1)
+    nb = x.size // 128
     acc = 0.0
-    for b in range(x.size // 128):                              # 128 sign bits: w = +-d
-        o = 18 * b
-        ahead(row, o, 18)
-        d = f16_at(row, o)
+    for g0 in range(0, nb, 8):
         v = zeros()
-        for k in range(8):
-            v = fma(select_bits(u16_at(row, o + 2 + 2 * k), d, -d), load16(x, 128 * b + 16 * k), v)
+        for b in range(g0, min(nb, g0 + 8)):                   # 128 sign bits: w = +-d
+            o = 18 * b
+            ahead(row, o, 18)
+            xo = 128 * b                                        # +-1 per bit (a mask-register blend), two
+            t0 = mul(select_bits(u16_at(row, o + 2), one, -one), load16(x, xo))     # chains, then d once
+            t1 = mul(select_bits(u16_at(row, o + 4), one, -one), load16(x, xo + 16))
+            for k in range(2, 8, 2):
+                t0 = fma(select_bits(u16_at(row, o + 2 + 2 * k), one, -one), load16(x, xo + 16 * k), t0)
+                t1 = fma(select_bits(u16_at(row, o + 4 + 2 * k), one, -one), load16(x, xo + 16 * k + 16), t1)
+            v = fma(splat(f16_at(row, o)), add(t0, t1), v)
         acc += hsum(v)
     return acc
 
@@ -420,26 +427,36 @@ def blk_tq2_0(row, b, x, xs, v):
 
 
 @njit(**J)
-def dot_tq1_0(row, x):
-    T = load16(TERNARY, 0)
-    acc = 0.0
-    for b in range(x.size // 256):
-        o = 54 * b
-        ahead(row, o, 54)
-        xo = 256 * b
-        v = zeros()
-        for h in range(2):                                      # qs[0:32]: 5 base-3 digits per byte
-            q = u8x16(row, o + 16 * h)
-            for n in range(5):                                  # digit n: ((q 3^n mod 256) * 3) >> 8
-                dn = shr(imul(band(imul(q, 3 ** n), 255), 3), 8)
-                v = fma(lut(T, dn), load16(x, xo + 32 * n + 16 * h), v)
-        q = u8x16(row, o + 32)                                  # qs[32:48]
-        for n in range(5):
-            dn = shr(imul(band(imul(q, 3 ** n), 255), 3), 8)
-            v = fma(lut(T, dn), load16(x, xo + 160 + 16 * n), v)
-        v = fma(lut(T, base3_tail(u32_at(row, o + 48))), load16(x, xo + 240), v)   # qh[4]: 4 digits per byte
-        acc += f16_at(row, o + 52) * hsum(v)
-    return acc
+def blk_tq1_0(row, b, x, xs, v):
+    o = 54 * b
+    ahead(row, o, 54)
+    T = load16(TERNARY, 0)                                  # digits looked up as q - 1: w = d (q - 1)
+    xo = 256 * b
+    q = wshl(u8x32w(row, o), 8)                             # qs[0:32] as words qs[m] << 8 (lane l: m = 2l, 2l + 1)
+    p = wshl(u8x16(row, o + 32), 8)                         # qs[32:48], one per lane (high word 0)
+    # digit n of a byte: ((byte 3^n mod 256) 3) >> 8 = high word of ((byte << 8) 3^n mod 2^16) 3, as ggml
+    # digit n of qs[m] -> x[32 n + m] (x' lanes: even m, then odd m); of qs[32 + m] -> x[160 + 16 n + m]
+    d, e = wmulhi(q, 3), wmulhi(p, 3)
+    t0 = fma(lut(T, shr(d, 16)), load16(x, xo + 16), mul(lut(T, d), load16(x, xo)))
+    t1 = mul(lut(T, e), load16(x, xo + 160))
+    d, e = wmulhi(wmul(q, 3), 3), wmulhi(wmul(p, 3), 3)
+    t0 = fma(lut(T, d), load16(x, xo + 32), t0)
+    t1 = fma(lut(T, shr(d, 16)), load16(x, xo + 48), t1)
+    t0 = fma(lut(T, e), load16(x, xo + 176), t0)
+    d, e = wmulhi(wmul(q, 9), 3), wmulhi(wmul(p, 9), 3)
+    t1 = fma(lut(T, d), load16(x, xo + 64), t1)
+    t0 = fma(lut(T, shr(d, 16)), load16(x, xo + 80), t0)
+    t1 = fma(lut(T, e), load16(x, xo + 192), t1)
+    d, e = wmulhi(wmul(q, 27), 3), wmulhi(wmul(p, 27), 3)
+    t0 = fma(lut(T, d), load16(x, xo + 96), t0)
+    t1 = fma(lut(T, shr(d, 16)), load16(x, xo + 112), t1)
+    t0 = fma(lut(T, e), load16(x, xo + 208), t0)
+    d, e = wmulhi(wmul(q, 81), 3), wmulhi(wmul(p, 81), 3)
+    t1 = fma(lut(T, d), load16(x, xo + 128), t1)
+    t0 = fma(lut(T, shr(d, 16)), load16(x, xo + 144), t0)
+    t1 = fma(lut(T, e), load16(x, xo + 224), t1)
+    t0 = fma(lut(T, base3_tail(u32_at(row, o + 48))), load16(x, xo + 240), t0)   # qh[4]: 4 digits per byte
+    return fma(splat(f16_at(row, o + 52)), add(t0, t1), v)
 
 
 @njit(**J)
@@ -597,14 +614,14 @@ def blk_iq1_m(row, b, x, xs, v):
 # ---------------------------------------------------------------- dispatch
 
 DOT = {F32: dot_f32, F16: dot_f16, BF16: dot_bf16, Q1_0: dot_q1_0, Q2_0: dot_q2_0, NVFP4: dot_nvfp4,
-       Q8_K: dot_q8_k, TQ1_0: dot_tq1_0}
+       Q8_K: dot_q8_k}
 # 32-element blocks: (block function, bytes per block, code book for `lut`)
 BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4_0: (blk_q4_0, 18, Q4_OFFSET),
             Q4_1: (blk_q4_1, 20, Q4_OFFSET), Q5_0: (blk_q5_0, 22, Q4_OFFSET), Q5_1: (blk_q5_1, 24, Q4_OFFSET),
             IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
 # kernels that take the activation group sums (x_sums): group size
 # 256-element blocks: `blk(row, b, x, xs, v)` (dot_blocks256)
-BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k, TQ2_0: blk_tq2_0,
+BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k, TQ2_0: blk_tq2_0, TQ1_0: blk_tq1_0,
              IQ4_XS: blk_iq4_xs, IQ2_XXS: blk_iq2_xxs, IQ2_XS: blk_iq2_xs, IQ2_S: blk_iq2_s, IQ3_XXS: blk_iq3_xxs,
              IQ3_S: blk_iq3_s, IQ1_S: blk_iq1_s, IQ1_M: blk_iq1_m}
 DOT_XS = {}
@@ -694,7 +711,16 @@ def _lut4_table(width):
     return src, np.ones(256, np.float32)
 
 
-LANE_TABLES = {Q3_K: _lut4_table(2), Q5_K: _lut4_table(4), Q6_K: _lanes4_table(),
+def _even_odd_table():
+    """TQ1_0: per 32 (qs[0:32], digits 0..4), x'[32 n + l] = x[32 n + 2 l], x'[32 n + 16 + l] = x[32 n + 2 l + 1]
+    (the even and odd words of u8x32w); x[160:256] as it is."""
+    src = np.arange(256)
+    i = np.arange(160)
+    src[:160] = 32 * (i // 32) + 2 * (i % 16) + (i % 32) // 16
+    return src, np.ones(256, np.float32)
+
+
+LANE_TABLES = {TQ1_0: _even_odd_table(), Q3_K: _lut4_table(2), Q5_K: _lut4_table(4), Q6_K: _lanes4_table(),
                Q2_K: _lut4_table(2), TQ2_0: _lut4_table(2), Q4_K: _lut4_table(4)}
 
 

@@ -17,6 +17,8 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     nib8x2(row, o)    -> i32x16         low nibbles of 8 bytes, then their high nibbles
     select_bits(w, a, b) -> f32x16      lane l = a if bit l of w else b   (Q1_0's signs)
     base3_tail(w)     -> i32x16         TQ1_0's 16 digits packed in 4 bytes
+    u8x32w(row, o)    -> i32x16         32 bytes zero-extended to 16-bit words (lane l: bytes 2l, 2l + 1)
+    wshl(v, s), wmul(v, c), wmulhi(v, c)   per 16-bit word: v << s, low / high 16 bits of v c (constants)
     shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), to_f32(v)   integer lanes
     lut(tab, idx)     -> f32x16         tab[idx & 15] lane by lane, tab a f32x16 of 16 code-book values
                                         (`vpermps` with AVX-512; a portable extract/insert otherwise)
@@ -288,6 +290,49 @@ def base3_tail(typingctx, w):
         v = builder.and_(builder.mul(v, ir.Constant(VI, [3 ** (l >> 2) for l in range(16)])), ir.Constant(VI, [255] * 16))
         return builder.lshr(builder.mul(v, ir.Constant(VI, [3] * 16)), ir.Constant(VI, [8] * 16))
     return sig, codegen
+
+
+W16 = ir.VectorType(I16, 32)
+
+
+@intrinsic
+def u8x32w(typingctx, row, o):
+    """The 32 bytes at row[o:] zero-extended to 32 16-bit words (`vpmovzxbw`): lane l holds bytes 2l
+    (low word) and 2l + 1 (high word)."""
+    sig = i32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        b = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I8, 32)), align=1)
+        return builder.bitcast(builder.zext(b, W16), VI)
+    return sig, codegen
+
+
+def _word_op(op):
+    def impl(typingctx, v, c):
+        if not isinstance(c, types.IntegerLiteral):
+            return None
+        k = c.literal_value
+        sig = i32x16(i32x16, c)
+
+        def codegen(context, builder, signature, args):
+            w = builder.bitcast(args[0], W16)
+            if op == "mulhi":                               # high half of the 32-bit product (`vpmulhuw`)
+                W32 = ir.VectorType(I32, 32)
+                p = builder.mul(builder.zext(w, W32), ir.Constant(W32, [k] * 32))
+                r = builder.trunc(builder.lshr(p, ir.Constant(W32, [16] * 32)), W16)
+            else:
+                r = getattr(builder, op)(w, ir.Constant(W16, [k] * 32))
+            return builder.bitcast(r, VI)
+        return sig, codegen
+    return impl
+
+
+wshl = intrinsic(_word_op("shl"))
+wshl.__doc__ = "Each 16-bit word shifted left by the constant s (`vpsllw`)."
+wmul = intrinsic(_word_op("mul"))
+wmul.__doc__ = "Each 16-bit word times the constant c, low 16 bits of the product (`vpmullw`)."
+wmulhi = intrinsic(_word_op("mulhi"))
+wmulhi.__doc__ = "Each 16-bit word times the constant c, high 16 bits of the 32-bit product (`vpmulhuw`)."
 
 
 @intrinsic
