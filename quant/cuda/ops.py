@@ -25,6 +25,7 @@ from ..formats import GGMLType
 from ..ref import QTensor, QuantError
 from .decoders import SPECS
 from .fast import fast_supported, fgemv1_kernel, fgemv_kernel, fgemvn_kernel
+from .fast8 import CW, igemv1_kernel
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .weights import DeviceWeight, device_weight
 
@@ -41,6 +42,10 @@ FAST1_DEFAULT = (8, 4, 8)          # RW rows, KS warps, P rows whose loads are i
 # groups of 2..FASTN_MAX tokens: `fast.fgemvn_kernel` (activations of 2 or 4 tokens in registers) instead of
 # the 8-token `fgemv_kernel`; simulator-tested, NOT yet timed on the GPU (set 1 to fall back)
 FASTN_MAX = 4
+# one token: `fast8.igemv1_kernel` (activations as 8-bit digit planes, dp4a) for the types it has
+X8 = True
+X8_MR = 0                          # its register cap per thread (0: the compiler's)
+X8_NMAX = 4                        # and groups of up to this many pairs (one pass per pair)
 FASTN_DEFAULT = (8, 4, 2)
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
@@ -102,15 +107,15 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
-        one = max_per_group == 1
-        few = 1 < max_per_group <= FASTN_MAX
+        one = max_per_group == 1 or (X8 and dw.type in CW and max_per_group <= X8_NMAX)
+        few = not one and 1 < max_per_group <= FASTN_MAX
         default = (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FASTN_DEFAULT if few
                    else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
         sh = tuple(shape or default)
         RW, KS = sh[:2]
         KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
         if one:
-            k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4)
+            k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4)
         elif few:
             k = fgemvn_kernel(dw.type, 2 if max_per_group <= 2 else 4, RW, KS, up is not None, rw is not None,
                               sh[2] if len(sh) > 2 else 2)
@@ -154,10 +159,17 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
     sh = tuple(shape or FAST1_SHAPE.get(dw.type, FAST1_DEFAULT))
     RW, KS = sh[:2]
     KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
-    k = fgemv1_kernel(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4, 2 if slot_rows else 1)
+    k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4, 2 if slot_rows else 1)
     u = up if up is not None else dw
     k[(math.ceil(O / RW), A), 32 * KS, stream](
         dw.w32, dw.w16, u.w32, u.w16, dw.tab, xd, yd, sc, rwa, ids, O, I, dw.rowb, dw.estride, 0, A, E)
+
+
+def _k1(t: GGMLType, RW, KS, glu, rwt, P, IDM=0):
+    """The one-token kernel for a type: 8-bit digit products (`fast8`) where the type has them."""
+    if X8 and t in CW:
+        return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, X8_MR)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM)
 
 
 def _units(t: GGMLType) -> int:

@@ -1,9 +1,10 @@
-"""Three PTX instructions numba-cuda does not emit by itself, as tiny intrinsics (with simulator twins).
+"""Four PTX instructions numba-cuda does not emit by itself, as tiny intrinsics (with simulator twins).
 
     a, b, c, d = ld4u(w32, i)      w32[i : i + 4] in one 128-bit load (ld.global.nc.v4.u32); i % 4 == 0
     a, b, c, d = ld4f(x, i)        the float32 elements i .. i + 3 of x (any shape, flat index), one load
     r = prmt(a, b, sel)            byte permute: byte k of r = byte (sel >> 4k) & 7 of the 8 bytes b:a
     f = h2f(u)                     the low 16 bits of u as an IEEE half -> float32 (cvt.f32.f16)
+    c = dp4a(a, b, c)              c + the dot product of the four signed bytes of a and of b (dp4a.s32.s32)
 
 Why: numba indexes one element per load, so a lane reading 16 contiguous bytes issues 4 loads (and a
 float32 activation run of 4 issues 4), which is what capped the first kernels; and a byte turned into a
@@ -17,7 +18,7 @@ start 256-byte aligned and `i` must be a multiple of 4 elements.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, int32, uint32
 
 from ._dev import SIM
 
@@ -44,6 +45,11 @@ if SIM:
 
     def h2f(u):
         return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
+
+    def dp4a(a, b, c):
+        va = np.array([int(a) & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.int64)
+        vb = np.array([int(b) & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.int64)
+        return np.int32(int(c) + int((va * vb).sum()))
 
 else:
     from llvmlite import ir
@@ -111,5 +117,19 @@ else:
     def h2f(u):
         return _h2f(uint32(u))
 
+    @intrinsic
+    def _dp4a(typingctx, a, b, c):
+        sig = types.int32(types.uint32, types.uint32, types.int32)
 
-__all__ = ["ld4u", "ld4f", "prmt", "h2f"]
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(_I32, [_I32, _I32, _I32])
+            asm = ir.InlineAsm(fnty, "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", side_effect=False)
+            return builder.call(asm, list(args))
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def dp4a(a, b, c):
+        return _dp4a(uint32(a), uint32(b), int32(c))
+
+
+__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a"]

@@ -1,0 +1,294 @@
+"""One-token GEMV on 8-bit integer dot products (`dp4a`), for the types listed in `CW`: same signature and
+grid as `fast.fgemv1_kernel`, far fewer instructions per weight.
+
+Why: the float kernels of `fast.py` spend about three instructions per weight (a byte to a float, the
+offset, the multiply-add), and at one token that issue rate, not memory, is what bounds them. Here a
+lane keeps its 32 activations as three planes of signed bytes and multiplies four weights at a time:
+
+    x ~= m / 126 * (l0 + l1 / 254 + l2 / 254^2)       per run of the unit (8..32 columns), m = max |x|
+
+l0 = rint(x * 126 / m) in [-126, 126], l1 and l2 the next two base-254 digits of the remainder, each in
+[-127, 127]. Error per activation <= m * 0.5 / (126 * 254^2) = 6.2e-8 m (m: the largest of its run),
+i.e. float32 rounding's order: the dot products stay within rel-RMS ~1e-7 of the float oracle, far inside
+the kernels' tolerance (1e-5). The products of weight codes and digits are summed exactly in int32
+(`dp4a`), then
+    sum(q * x) ~= m / (126 * 254) * (float(254 c0 + c1) + c2 / 254)     c_l = sum(q * l_l)
+which cannot overflow (|254 c0 + c1| <= 255 * 32 * 127 * 127 < 2^31).
+
+Each lane digitises its own unit's activations (about ten instructions per activation, shared by the RW
+rows of the warp): no extra launch, no quantised copy of x, nothing changes for the callers.
+
+A type's code-word decoder `cw(raw, rf, p, base, c, qw, sa, sb, r, tb)` (loads: the float kernel's `ld`)
+fills qw[r, j * RL/4 + i]: the signed byte codes of columns col(c, j) + 4i .. + 3 of run j, with the run's
+weight = sa[r, j] * code + sb[r, j] (codes may carry a power of two, folded into sa).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
+
+from ..formats import GGMLType
+from ._dev import SIM, silu
+from ._dev import warp_sum as _wsum
+from .fast import FSPECS, LO4, _j2, _k4_scales, _sel, _unit_helpers
+from .vec import dp4a, prmt
+
+if SIM:
+    def f_bits(f):
+        return np.uint32(np.float32(f).view(np.uint32))
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True, inline=True)
+    def f_bits(f):
+        return uint32(libdevice.float_as_int(f))
+
+RND = 12582912.0                  # 1.5 * 2^23: v + RND rounds v to an integer, held in the low mantissa bits
+INV254 = 1.0 / 254.0
+
+
+@cuda.jit(device=True, inline=True)
+def _digits(v):
+    """v (|v| <= 126.5) -> its three base-254 digits, each the low byte (two's complement) of a float's bits."""
+    t0 = v + float32(RND)
+    r1 = (v - (t0 - float32(RND))) * float32(254.0)
+    t1 = r1 + float32(RND)
+    r2 = r1 - (t1 - float32(RND))
+    t2 = cuda.fma(r2, float32(254.0), float32(RND))
+    return f_bits(t0), f_bits(t1), f_bits(t2)
+
+
+@cuda.jit(device=True, inline=True)
+def _pack(a, b, c, d):
+    """The low bytes of four words, as one word."""
+    return prmt(prmt(a, b, uint32(0x40)), prmt(c, d, uint32(0x40)), uint32(0x5410))
+
+
+def _x_helpers(t):
+    s = FSPECS[t]
+    NR, RL, HASB = s.NR, s.RL, s.HASB
+    NQ = RL // 4
+
+    @cuda.jit(device=True, inline=True)
+    def digitise(xv, xl, xk):
+        """xv[0, :NV] (floats of one unit) -> xl[l, j*NQ + i] (digit planes, 4 per word), xk[j] (run scale)."""
+        for j in range(NR):
+            m = float32(0.0)
+            for k in range(RL):
+                m = max(m, abs(xv[0, j * RL + k]))
+            inv = float32(126.0) / m if m > float32(0.0) else float32(0.0)
+            xk[j] = m * float32(1.0 / (126.0 * 254.0))
+            for i in range(NQ):
+                a0, a1, a2 = _digits(xv[0, j * RL + 4 * i] * inv)
+                b0, b1, b2 = _digits(xv[0, j * RL + 4 * i + 1] * inv)
+                c0, c1, c2 = _digits(xv[0, j * RL + 4 * i + 2] * inv)
+                d0, d1, d2 = _digits(xv[0, j * RL + 4 * i + 3] * inv)
+                xl[0, j * NQ + i] = _pack(a0, b0, c0, d0)
+                xl[1, j * NQ + i] = _pack(a1, b1, c1, d1)
+                xl[2, j * NQ + i] = _pack(a2, b2, c2, d2)
+
+    @cuda.jit(device=True, inline=True)
+    def idot(qw, sa, sb, xl, xk, xs):
+        """One decoded unit (qw, sa, sb row 0) against the digitised activations."""
+        a = float32(0.0)
+        for j in range(NR):
+            c0 = int32(0)
+            c1 = int32(0)
+            c2 = int32(0)
+            for i in range(NQ):
+                w = qw[0, j * NQ + i]
+                c0 = dp4a(w, xl[0, j * NQ + i], c0)
+                c1 = dp4a(w, xl[1, j * NQ + i], c1)
+                c2 = dp4a(w, xl[2, j * NQ + i], c2)
+            f = cuda.fma(float32(c2), float32(INV254), float32(c0 * int32(254) + c1))
+            a = cuda.fma(sa[0, j] * f, xk[j], a)
+            if HASB:
+                a = cuda.fma(sb[0, j], xs[0, j], a)
+        return a
+    return digitise, idot
+
+
+# ------------------------------------------------------------------ code-word decoders (loads: fast.ld_*)
+@cuda.jit(device=True, inline=True)
+def cw_q4_k(raw, rf, p, base, c, qw, sa, sb, r, tb):
+    _k4_scales(raw, p, c, sa, sb, r)
+    for t in range(4):
+        w = raw[p, 4 + t]
+        qw[r, t] = w & uint32(LO4)
+        qw[r, 4 + t] = (w >> uint32(4)) & uint32(LO4)
+
+
+@cuda.jit(device=True, inline=True)
+def cw_q6_k(raw, rf, p, base, c, qw, sa, sb, r, tb):
+    sel = _sel(base, 0x3210)
+    a0, a1 = _j2(raw, p, 0, sel)
+    b0, b1 = _j2(raw, p, 3, sel)
+    e0, e1 = _j2(raw, p, 6, sel)
+    s0, s1 = _j2(raw, p, 9, sel)
+    d = rf[p] * float32(0.25)                            # codes are 4 (q - 32)
+    i0 = (c & 3) >> 1
+    for j in range(4):
+        sw = s0 if j < 2 else s1
+        sbyte = (sw >> uint32(8 * (i0 + 2 * (j & 1)))) & uint32(255)
+        sa[r, j] = d * float32(int32(sbyte ^ uint32(128)) - int32(128))
+    for t in range(2):
+        qa = a0 if t == 0 else a1
+        qb = b0 if t == 0 else b1
+        qh = e0 if t == 0 else e1
+        vA = (qa & uint32(LO4)) | ((qh << uint32(4)) & uint32(0x30303030))
+        vB = (qb & uint32(LO4)) | ((qh << uint32(2)) & uint32(0x30303030))
+        vC = ((qa >> uint32(4)) & uint32(LO4)) | (qh & uint32(0x30303030))
+        vD = ((qb >> uint32(4)) & uint32(LO4)) | ((qh >> uint32(2)) & uint32(0x30303030))
+        qw[r, t] = (vA ^ uint32(0x20202020)) << uint32(2)
+        qw[r, 2 + t] = (vB ^ uint32(0x20202020)) << uint32(2)
+        qw[r, 4 + t] = (vC ^ uint32(0x20202020)) << uint32(2)
+        qw[r, 6 + t] = (vD ^ uint32(0x20202020)) << uint32(2)
+
+
+@cuda.jit(device=True, inline=True)
+def cw_q8_0(raw, rf, p, base, c, qw, sa, sb, r, tb):
+    sel = _sel(base, 0x5432)
+    sa[r, 0] = rf[p]
+    for t in range(8):
+        qw[r, t] = prmt(raw[p, t], raw[p, t + 1], sel)
+
+
+@cuda.jit(device=True, inline=True)
+def cw_q4_0(raw, rf, p, base, c, qw, sa, sb, r, tb):
+    sel = _sel(base, 0x5432)
+    d = rf[p] * float32(0.0625)                          # codes are 16 (q - 8)
+    sa[r, 0] = d
+    sa[r, 1] = d
+    for t in range(4):
+        v = prmt(raw[p, t], raw[p, t + 1], sel)
+        qw[r, t] = ((v & uint32(LO4)) ^ uint32(0x08080808)) << uint32(4)
+        qw[r, 4 + t] = (v & uint32(0xF0F0F0F0)) ^ uint32(0x80808080)
+
+
+T = GGMLType
+CW = {T.Q4_K: cw_q4_k, T.Q6_K: cw_q6_k, T.Q8_0: cw_q8_0, T.Q4_0: cw_q4_0}
+
+
+@functools.lru_cache(maxsize=None)
+def igemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0,
+                  MR: int = 0):
+    """`fast.fgemv1_kernel` (same arguments, grid and block) with 8-bit digit planes and dp4a products; a
+    group of several pairs (IDM = 0) takes one pass per pair (the 2-4-token GEMV and small dispatch groups).
+    MR: a register cap per thread (0: the compiler's choice)."""
+    s = FSPECS[t]
+    ld, cw, BS, TS, UPB, NR, NV, NW = s.ld, CW[t], s.BS, s.TS, s.UPB, s.NR, s.NV, s.NW
+    NQ = NV // 4
+    NTH = 32 * KS
+    GLU, RWT = glu, rwt
+    P = max(1, min(P, RW, s.PGLU if glu else s.PMAX))
+    while RW % P:
+        P -= 1
+    PU = P if glu else 1
+    _, load_x = _unit_helpers(t)
+    digitise, idot = _x_helpers(t)
+
+    @cuda.jit(**({"max_registers": MR} if MR and not SIM else {}))
+    def igemv1(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
+        red = cuda.shared.array((KS, RW), float32)
+        redu = cuda.shared.array((KS, RW), float32)
+        acc = cuda.shared.array((KS, RW, 32), float32)
+        accu = cuda.shared.array((KS, RW if GLU else 1, 32), float32)
+        tid = cuda.threadIdx.x
+        g = cuda.blockIdx.y
+        row0 = cuda.blockIdx.x * RW
+        if row0 >= O:
+            return
+        if IDM == 0:
+            if g >= grp[0]:
+                return
+            e = grp[1 + g]
+            j0 = grp[1 + GMAX + g]
+            j1 = grp[2 + GMAX + g]
+        else:
+            if g >= NP:
+                return
+            e = grp[g]
+            j0 = 0
+            j1 = 1
+        warp = tid // 32
+        lane = tid % 32
+        ebase = uint64(e) * uint64(estride)
+        nunits = (I // BS) * UPB
+        qw = cuda.local.array((1, NQ), uint32)
+        sa = cuda.local.array((1, NR), float32)
+        sb = cuda.local.array((1, NR), float32)
+        raw = cuda.local.array((P, NW), uint32)
+        rf = cuda.local.array(P, float32)
+        rawu = cuda.local.array((PU, NW), uint32)
+        rfu = cuda.local.array(PU, float32)
+        xv = cuda.local.array((1, NV), float32)
+        xs = cuda.local.array((1, NR), float32)
+        xl = cuda.local.array((3, NQ), uint32)
+        xk = cuda.local.array(NR, float32)
+        for jp in range(j0, j1):                         # a group of several pairs: one pass each
+            if IDM == 0:                                 # (the rows come from L2 after the first)
+                xr = uint64(grp[2 + 2 * GMAX + jp])
+                orow = grp[2 + 2 * GMAX + NP + jp]
+            else:
+                xr = uint64(0) if IDM == 1 else uint64(g)
+                orow = g
+            for r in range(RW):
+                acc[warp, r, lane] = float32(0.0)
+                if GLU:
+                    accu[warp, r, lane] = float32(0.0)
+            u = warp * 32 + lane
+            while u < nunits:
+                b = u // UPB
+                c = u - b * UPB
+                rb0 = ebase + uint64(b) * uint64(TS)
+                for p in range(P):                       # the first rows' loads before the activations'
+                    rb = rb0 + uint64(min(row0 + p, O - 1)) * uint64(rowb)
+                    ld(w32, w16, rb, c, raw, rf, p)
+                    if GLU:
+                        ld(u32, u16, rb, c, rawu, rfu, p)
+                load_x(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, 0)
+                digitise(xv, xl, xk)
+                for r0 in range(0, RW, P):
+                    if r0 > 0:
+                        for p in range(P):
+                            rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                            ld(w32, w16, rb, c, raw, rf, p)
+                            if GLU:
+                                ld(u32, u16, rb, c, rawu, rfu, p)
+                    for p in range(P):
+                        rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                        cw(raw, rf, p, rb, c, qw, sa, sb, 0, tb)
+                        acc[warp, r0 + p, lane] += idot(qw, sa, sb, xl, xk, xs)
+                        if GLU:
+                            cw(rawu, rfu, p, rb, c, qw, sa, sb, 0, tb)
+                            accu[warp, r0 + p, lane] += idot(qw, sa, sb, xl, xk, xs)
+                u += NTH
+            for r in range(RW):
+                a = _wsum(acc[warp, r, lane])
+                if lane == 0:
+                    red[warp, r] = a
+                if GLU:
+                    a = _wsum(accu[warp, r, lane])
+                    if lane == 0:
+                        redu[warp, r] = a
+            cuda.syncthreads()
+            for r in range(tid, RW, NTH):
+                if row0 + r < O:
+                    a = red[0, r]
+                    for w in range(1, KS):
+                        a += red[w, r]
+                    a = a * sc[e]
+                    if GLU:
+                        uu = redu[0, r]
+                        for w in range(1, KS):
+                            uu += redu[w, r]
+                        a = silu(a) * (uu * sc[E + e])
+                    if RWT:
+                        a = a * rw[orow]
+                    y[orow, row0 + r] = a
+            cuda.syncthreads()
+    return igemv1
+
+__all__ = ["CW", "igemv1_kernel"]
