@@ -129,7 +129,8 @@ def test_matmul_ggml_quantized(t, rng):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("t", COMMON + [GGMLType.TQ1_0, GGMLType.IQ2_S, GGMLType.IQ3_S, GGMLType.Q8_K],
+@pytest.mark.parametrize("t", COMMON + [GGMLType.TQ1_0, GGMLType.IQ2_S, GGMLType.IQ3_S, GGMLType.Q8_K,
+                                      GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.Q1_0],
                          ids=lambda t: t.name)
 def test_gemv_offset_activations(t, rng):
     """Activations far from zero mean (all positive, or mean 10) against zero-mean quantized weights:

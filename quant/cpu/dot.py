@@ -38,11 +38,11 @@ from numba.extending import overload
 from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
                       MXFP4, NVFP4, Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                       Q8_1, Q8_K, TQ1_0, TQ2_0, iq1_m_scale, literal_kind)
-from .llvm import bf16_at, bits_f32, f16_at, f32_at, ld, u16_at, u32_at
+from .llvm import bf16_at, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bitsel, bmask, bor, bsh, bsub, f16x16,
                    f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, lanes, load16, lut, lut32, mul,
-                   nib8x2, or_where, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat, splat2,
-                   rotl, spread, to_f32, u8x16, u8x32w, wmul, wmulhi, wshl, zeros)
+                   nib8x2, or_where, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat,
+                   rotl, shr4, spread, to_f32, u8x16, u8x32w, u16_lanes, wmul, wmulhi, wshl, zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
                      IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
 
@@ -575,17 +575,17 @@ def blk_iq3_s(row, b, x, xs, v):
 def blk_iq1_s(row, b, x, xs, v):
     o = 50 * b
     ahead(row, o, 50)
-    d = f16_at(row, o)
-    for ib in range(8):
-        qh = u16_at(row, o + 34 + 2 * ib)
-        dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
-        delta = IQ1S_DELTA - np.float32(0.25) * bits_f32(qh, 15, 1)     # -+1/8, branch-free
+    qh = u16_lanes(row, o + 34, 88)                         # 1. lane l: qh[l % 8] (sub-block l % 8)
+    dl = mul(to_f32(iadd(shl(band(shr(qh, 12), 7), 1), 1)), splat(f16_at(row, o)))      # d (2 s + 1)
+    delta = fma(to_f32(shr(qh, 15)), splat(np.float32(-0.25)), splat(IQ1S_DELTA))     # +-1/8 (bit 15)
+    v = fma(mul(dl, delta), load16(xs, 16 * b), v)          #    w = dl (grid + delta): dl delta sum(x of 32),
+    for ib in range(8):                                     #    all 8 at once (xs: 8 zeros, then 8 sums)
+        h = u16_at(row, o + 34 + 2 * ib)                    # 2. dl (grid . x), grid rows of 8 from 11 bits
         q = o + 2 + 4 * ib
-        g01 = addc(rows8(GRID_IQ1S, ld(row, q) | ((qh << 8) & 0x700), ld(row, q + 1) | ((qh << 5) & 0x700)), delta)
-        g23 = addc(rows8(GRID_IQ1S, ld(row, q + 2) | ((qh << 2) & 0x700), ld(row, q + 3) | ((qh >> 1) & 0x700)),
-                   delta)
+        g01 = rows8(GRID_IQ1S, ld(row, q) | ((h << 8) & 0x700), ld(row, q + 1) | ((h << 5) & 0x700))
+        g23 = rows8(GRID_IQ1S, ld(row, q + 2) | ((h << 2) & 0x700), ld(row, q + 3) | ((h >> 1) & 0x700))
         xo = 256 * b + 32 * ib
-        v = fma(splat(dl), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
+        v = fma(spread(dl, 8 + ib, 0), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
     return v
 
 
@@ -593,21 +593,22 @@ def blk_iq1_s(row, b, x, xs, v):
 def blk_iq1_m(row, b, x, xs, v):
     o = 56 * b
     ahead(row, o, 56)
-    d = iq1_m_scale(row, o)
-    for ib in range(8):
-        sc = u16_at(row, o + 48 + 2 * (ib // 2))
-        dl1 = d * np.float32(2 * ((sc >> (6 * (ib % 2))) & 7) + 1)
-        dl2 = d * np.float32(2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1)
-        h0 = np.int64(ld(row, o + 32 + 2 * ib))
-        h1 = np.int64(ld(row, o + 33 + 2 * ib))
+    d = iq1_m_scale(row, o)                                 # 1. 16 scales, one per 16 weights u: 3 bits at
+    sc = u16_lanes(row, o + 48, 4)                          #    3 (u % 4) of scale word u // 4: d (2 s + 1)
+    dl = mul(to_f32(iadd(shl(band(shr4(sc, 0, 3, 6, 9), 7), 1), 1)), splat(d))
+    h0 = band(shr4(u16_lanes(row, o + 32, 4), 3, 7, 11, 15), 1)     # delta of group g of 8: bit 3 + 4 (g % 2)
+    h1 = band(shr4(u16_lanes(row, o + 40, 4), 3, 7, 11, 15), 1)     # of qh[g // 2]: +-1/8
+    m, c = splat(np.float32(-0.25)), splat(IQ1S_DELTA)
+    v = fma(spread(dl, 0, 2), mul(fma(to_f32(h0), m, c), load16(xs, 32 * b)), v)        # dl delta sum(x of 8)
+    v = fma(spread(dl, 8, 2), mul(fma(to_f32(h1), m, c), load16(xs, 32 * b + 16)), v)   # for the 32 groups
+    for ib in range(8):                                     # 2. dl (grid . x), grid rows of 8 from 11 bits
         q = o + 4 * ib
-        q8 = np.float32(0.25)                               # deltas -+1/8 from bits 3 and 7, branch-free
-        g01 = add(rows8(GRID_IQ1S, ld(row, q) | ((h0 << 8) & 0x700), ld(row, q + 1) | ((h0 << 4) & 0x700)),
-                  splat2(IQ1S_DELTA - q8 * bits_f32(h0, 3, 1), IQ1S_DELTA - q8 * bits_f32(h0, 7, 1)))
-        g23 = add(rows8(GRID_IQ1S, ld(row, q + 2) | ((h1 << 8) & 0x700), ld(row, q + 3) | ((h1 << 4) & 0x700)),
-                  splat2(IQ1S_DELTA - q8 * bits_f32(h1, 3, 1), IQ1S_DELTA - q8 * bits_f32(h1, 7, 1)))
+        h = u16_at(row, o + 32 + 2 * ib)
+        g01 = rows8(GRID_IQ1S, ld(row, q) | ((h << 8) & 0x700), ld(row, q + 1) | ((h << 4) & 0x700))
+        g23 = rows8(GRID_IQ1S, ld(row, q + 2) | (h & 0x700), ld(row, q + 3) | ((h >> 4) & 0x700))
         xo = 256 * b + 32 * ib
-        v = fma(splat(dl2), mul(g23, load16(x, xo + 16)), fma(splat(dl1), mul(g01, load16(x, xo)), v))
+        v = fma(spread(dl, 2 * ib, 0), mul(g01, load16(x, xo)), v)
+        v = fma(spread(dl, 2 * ib + 1, 0), mul(g23, load16(x, xo + 16)), v)
     return v
 
 
@@ -625,7 +626,7 @@ BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_
              IQ4_XS: blk_iq4_xs, IQ2_XXS: blk_iq2_xxs, IQ2_XS: blk_iq2_xs, IQ2_S: blk_iq2_s, IQ3_XXS: blk_iq3_xxs,
              IQ3_S: blk_iq3_s, IQ1_S: blk_iq1_s, IQ1_M: blk_iq1_m}
 DOT_XS = {}
-XS_GROUP = {Q2_K: 16, Q4_K: 32, Q5_K: 32}
+XS_GROUP = {Q2_K: 16, Q4_K: 32, Q5_K: 32, IQ1_S: 32, IQ1_M: 8}
 FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32) + tuple(BLOCKS256)
 
 
@@ -659,14 +660,14 @@ def x_sums(kind: int, x: np.ndarray) -> np.ndarray:
     Q5_0's -16, Q3_K's -4, Q6_K's -32, TQ2_0's -1, ...) into one multiply per group:  x [N, I] -> f32 [N, L].
 
     L = I / g for the group size g = XS_GROUP[kind] (the sum of each g consecutive x), except
-    Q4_K, Q5_K: L = I / 16, per 256: 8 zeros then the sums of its 8 groups of 32 (the lanes of the
-    mins in k4_scales). Sums in float64, rounded once. Types without an offset term: L = 0.
+    Q4_K, Q5_K, IQ1_S: L = I / 16, per 256: 8 zeros then the sums of its 8 groups of 32 (the lanes of
+    the mins in k4_scales, of the sub-block deltas in blk_iq1_s). Sums in float64, rounded once. Types without an offset term: L = 0.
     """
     N, I = x.shape
     g = XS_GROUP.get(kind)
     if g is None:
         return np.zeros((N, 0), np.float32)
-    pad = kind in (Q4_K, Q5_K)
+    pad = kind in (Q4_K, Q5_K, IQ1_S)
     out = np.empty((N, I // 16 if pad else I // g), np.float32)
     _group_sums(x, g, pad, out)
     return out

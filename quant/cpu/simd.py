@@ -19,6 +19,8 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     base3_tail(w)     -> i32x16         TQ1_0's 16 digits packed in 4 bytes
     u8x32w(row, o)    -> i32x16         32 bytes zero-extended to 16-bit words (lane l: bytes 2l, 2l + 1)
     wshl(v, s), wmul(v, c), wmulhi(v, c)   per 16-bit word: v << s, low / high 16 bits of v c (constants)
+    u16_lanes(row, o, pattern) -> i32x16  lane l = the uint16 at byte o + 2 SPREAD[pattern][l]
+    shr4(v, a, b, c, d) -> i32x16       lane l shifted right by (a, b, c, d)[l % 4] (`vpsrlvd`)
     shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), to_f32(v)   integer lanes
     lut(tab, idx)     -> f32x16         tab[idx & 15] lane by lane, tab a f32x16 of 16 code-book values
                                         (`vpermps` with AVX-512; a portable extract/insert otherwise)
@@ -452,7 +454,7 @@ def as_i32(typingctx, v):
 
 SPREAD = {0: [0] * 16, 4: [l // 4 for l in range(16)], 8: [l // 8 for l in range(16)],
           82: [2 * (l // 8) for l in range(16)], 42: [(l // 4) % 2 + 8 * (l // 8) for l in range(16)],
-          88: [l % 8 for l in range(16)]}
+          88: [l % 8 for l in range(16)], 2: [l // 2 for l in range(16)]}
 
 
 @intrinsic
@@ -460,7 +462,7 @@ def spread(typingctx, v, first, pattern):
     """Lane l = v[first + SPREAD[pattern][l]] (one `vpermps`): the scales of the sub-blocks whose
     weights the 16 lanes hold. pattern 0: lane `first` everywhere; 4 / 8: l // 4, l // 8 (4 or 2
     consecutive sub-blocks);
-    82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's lut4); 88: l % 8."""
+    82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's lut4); 88: l % 8; 2: l // 2."""
     if not isinstance(pattern, types.IntegerLiteral):
         return None
     offs = SPREAD[pattern.literal_value]
@@ -475,6 +477,35 @@ def spread(typingctx, v, first, pattern):
             k = builder.extract_element(idx, ir.Constant(I32, lane))
             out = builder.insert_element(out, builder.extract_element(args[0], k), ir.Constant(I32, lane))
         return out
+    return sig, codegen
+
+
+@intrinsic
+def u16_lanes(typingctx, row, o, pattern):
+    """Lane l = the little-endian uint16 at byte o + 2 SPREAD[pattern][l] (one load, one word shuffle):
+    a few packed scale / sign words spread over the lanes that use them."""
+    if not isinstance(pattern, types.IntegerLiteral):
+        return None
+    offs = SPREAD[pattern.literal_value]
+    n = max(offs) + 1
+    sig = i32x16(row, types.intp, pattern)
+
+    def codegen(context, builder, signature, args):
+        w = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I16, n)), align=1)
+        return builder.zext(builder.shuffle_vector(w, w, ir.Constant(VI, offs)), VI)
+    return sig, codegen
+
+
+@intrinsic
+def shr4(typingctx, v, a, b, c, d):
+    """Lane l shifted right by (a, b, c, d)[l % 4] (constants; `vpsrlvd`)."""
+    if not all(isinstance(k, types.IntegerLiteral) for k in (a, b, c, d)):
+        return None
+    s = [k.literal_value for k in (a, b, c, d)] * 4
+    sig = i32x16(i32x16, a, b, c, d)
+
+    def codegen(context, builder, signature, args):
+        return builder.lshr(args[0], ir.Constant(VI, s))
     return sig, codegen
 
 
