@@ -48,6 +48,12 @@ I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 VF = ir.VectorType(F32, 16)
 VI = ir.VectorType(I32, 16)
 HAVE_AVX512 = "+avx512f" in llb.get_host_cpu_features().flatten().split(",")
+# Flags of the float adds and multiplies below. Numba's fastmath pass only flags instructions that
+# have none, so these keep it from adding `reassoc` (the drivers compile with it): LLVM then keeps
+# the kernels' own order of additions, and independent accumulation chains stay independent. With
+# reassoc it had folded the per-block sums into one serial FMA chain (4 cycles of latency per 16
+# weights). `contract` still lets a multiply and an add fuse into an FMA.
+FP_FLAGS = ("contract",)
 
 
 class F32x16Type(types.Type):
@@ -614,7 +620,7 @@ def _scales(signed):
             d = ir.Constant(VF, ir.Undefined)
             for lane in range(16):
                 d = builder.insert_element(d, args[4] if lane < 8 else args[5], ir.Constant(I32, lane))
-            return builder.fmul(builder.sitofp(i16, VF), d)
+            return builder.fmul(builder.sitofp(i16, VF), d, flags=FP_FLAGS)
         return sig, codegen
     return impl
 
@@ -660,7 +666,7 @@ def mul(typingctx, a, b):
     sig = f32x16(f32x16, f32x16)
 
     def codegen(context, builder, signature, args):
-        return builder.fmul(args[0], args[1])
+        return builder.fmul(args[0], args[1], flags=FP_FLAGS)
     return sig, codegen
 
 
@@ -669,7 +675,7 @@ def add(typingctx, a, b):
     sig = f32x16(f32x16, f32x16)
 
     def codegen(context, builder, signature, args):
-        return builder.fadd(args[0], args[1])
+        return builder.fadd(args[0], args[1], flags=FP_FLAGS)
     return sig, codegen
 
 
@@ -679,7 +685,7 @@ def addc(typingctx, a, s):
     sig = f32x16(f32x16, types.float32)
 
     def codegen(context, builder, signature, args):
-        return builder.fadd(args[0], _splat(builder, args[1], VF))
+        return builder.fadd(args[0], _splat(builder, args[1], VF), flags=FP_FLAGS)
     return sig, codegen
 
 
@@ -695,6 +701,6 @@ def hsum(typingctx, a):
             n //= 2
             lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n))))
             hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
-            v = builder.fadd(lo, hi)
+            v = builder.fadd(lo, hi, flags=FP_FLAGS)
         return builder.extract_element(v, ir.Constant(I32, 0))
     return sig, codegen
