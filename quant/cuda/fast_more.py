@@ -1,19 +1,62 @@
 """Fast-GEMV decoders for more types (see `fast.py` for the unit / ld / dc protocol). Each type here adds
 its `FSpec` to `fast.FSPECS`; the kernels, host dispatch, PTX check and tests pick it up from there.
 
-    NVFP4      integer codes (the doubled e2m1 values, as MXFP4) times half the UE4M3 sub-block scale
-    F16, BF16  the exact float value of each weight in q, sa = 1
-    F32        the same (16-weight units: a 32-weight unit would keep 32 words per row in flight)
+    NVFP4           integer codes (the doubled e2m1 values, as MXFP4) times half the UE4M3 sub-block scale
+    F16, BF16       the exact float value of each weight in q, sa = 1
+    F32             the same (16-weight units: a 32-weight unit would keep 32 words per row in flight)
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S   +-grid bytes (from `tb`) times the sub-block scale
+    IQ1_S, IQ1_M    8 (grid + delta), an odd integer, times dl / 8
+
+Units are 32 weights (a block, or a sub-block of the 64- and 256-weight types), except F32. Rows in flight
+(PMAX, PGLU) are the most that keep every fast kernel free of local memory and spills (ptxas, sm_90): eight
+rows' decodes in one loop are no longer unrolled, so PMAX = 4 even where the raw words would fit eight.
 """
 from __future__ import annotations
 
 from numba import cuda, float32, uint32, uint64
 
 from ..formats import GGMLType
-from ._dev import MAGIC, as_f32, hf, u2f
+from ._dev import MAGIC, SIM, as_f32, hf, u2f
 from .decoders import _ksigns
 from .fast import FSPECS, LO4, FSpec, _fp4, _jn, _ldn, _qf, col_iq4_xs, col_one
 from .vec import h2f, ld4u
+
+# a, b = ld2u(tb, i): tb[i], tb[i + 1] in one 64-bit load (ld.global.nc.v2.u32, the table is read-only; i even):
+# an 8-byte grid entry in one request (a warp's grid gathers touch many cache lines: requests count).
+if SIM:
+    def ld2u(a, i):
+        f = a.reshape(-1)
+        i = int(i)
+        assert i % 2 == 0, "ld2u: unaligned index"
+        return f[i], f[i + 1]
+else:
+    from llvmlite import ir
+    from numba.core import types
+    from numba.cuda.extending import intrinsic
+
+    from .vec import _addr
+
+    def _idx64(builder, signature, idx):
+        i64 = ir.IntType(64)
+        if idx.type.width < 64:
+            idx = builder.sext(idx, i64) if signature.args[1].signed else builder.zext(idx, i64)
+        return idx
+
+    @intrinsic
+    def ld2u(typingctx, a, i):
+        if not isinstance(a, types.Array) or a.dtype != types.uint32 or not isinstance(i, types.Integer):
+            return None
+        sig = types.UniTuple(types.uint32, 2)(a, i)
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            text = "{ .reg .u64 g; cvta.to.global.u64 g, $2; ld.global.nc.v2.u32 {$0, $1}, [g]; }"
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32, i32]), [ir.IntType(64)]), text,
+                               "=r,=r,l", side_effect=False)
+            addr = _addr(context, builder, signature.args[0], args[0], _idx64(builder, signature, args[1]))
+            res = builder.call(asm, [addr])
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(2)])
+        return sig, codegen
 
 
 # ------------------------------------------------------------------ NVFP4: 36 B = d[4] UE4M3 | qs[32]   (64 weights)
@@ -122,9 +165,10 @@ QOFF = MAGIC + 128.0
 
 @cuda.jit(device=True, inline=True)
 def _signed4(g, s):
-    """Four grid bytes g (each < 128) with sign bits s (bit k set: byte k negative) -> bytes 128 +- g."""
-    m = (((s & uint32(15)) * uint32(0x00204081)) & uint32(0x01010101)) * uint32(0xFF)
-    return ((uint32(0x80808080) + g) & ~m) | ((uint32(0x80808080) - g) & m)
+    """Four grid bytes g (each < 128) with sign bits s (bit k set: byte k negative) -> bytes 128 +- g:
+    g ^ 0x80 = 128 + g, g ^ 0x7F = 127 - g (then + 1), no carry between bytes."""
+    t = ((s & uint32(15)) * uint32(0x00204081)) & uint32(0x01010101)        # bit k of s -> bit 0 of byte k
+    return ((g ^ (t * uint32(0xFF))) ^ uint32(0x80808080)) + t
 
 
 @cuda.jit(device=True, inline=True)
@@ -140,8 +184,28 @@ def _group8(q, r, l, g0, g1, s):
 
 @cuda.jit(device=True, inline=True)
 def _grid2(tb, gi):
-    """Entry gi of a grid of 8 bytes per entry, as two words."""
-    return uint32(tb[gi << uint32(1)]), uint32(tb[(gi << uint32(1)) | uint32(1)])
+    """Entry gi of a grid of 8 bytes per entry, as two words (one 64-bit load)."""
+    return ld2u(tb, gi << uint32(1))
+
+
+@cuda.jit(device=True, inline=True)
+def _grid8x4(tb, i0, i1, i2, i3):
+    """The four 8-byte grid entries of a unit, as eight words: all loads issued before any is used (ptxas
+    keeps the source order: a load next to its use would wait out its latency once per group)."""
+    a0, a1 = _grid2(tb, i0)
+    b0, b1 = _grid2(tb, i1)
+    c0, c1 = _grid2(tb, i2)
+    d0, d1 = _grid2(tb, i3)
+    return a0, a1, b0, b1, c0, c1, d0, d1
+
+
+@cuda.jit(device=True, inline=True)
+def _groups8(q, r, g, s0, s1, s2, s3):
+    """The unit's four groups from `_grid8x4`'s words g and their sign bytes."""
+    _group8(q, r, 0, g[0], g[1], s0)
+    _group8(q, r, 1, g[2], g[3], s1)
+    _group8(q, r, 2, g[4], g[5], s2)
+    _group8(q, r, 3, g[6], g[7], s3)
 
 
 @cuda.jit(device=True, inline=True)
@@ -174,12 +238,11 @@ def dc_iq3_xxs(raw, rf, p, base, c, q, sa, sb, r, tb):
     db = rf[p] * (float32(0.5) + u2f(aux >> uint32(28))) * float32(0.5)
     sa[r, 0] = db
     sa[r, 1] = db
-    for l in range(4):
-        gw = ga if l < 2 else gb
-        sh = uint32(16 * (l & 1))
-        g0 = uint32(tb[(gw >> sh) & uint32(255)])
-        g1 = uint32(tb[(gw >> (sh + uint32(8))) & uint32(255)])
-        _group8(q, r, l, g0, g1, _ksigns(aux >> uint32(7 * l)))
+    m = uint32(255)
+    g = (uint32(tb[ga & m]), uint32(tb[(ga >> uint32(8)) & m]), uint32(tb[(ga >> uint32(16)) & m]),
+         uint32(tb[ga >> uint32(24)]), uint32(tb[gb & m]), uint32(tb[(gb >> uint32(8)) & m]),
+         uint32(tb[(gb >> uint32(16)) & m]), uint32(tb[gb >> uint32(24)]))
+    _groups8(q, r, g, _ksigns(aux), _ksigns(aux >> uint32(7)), _ksigns(aux >> uint32(14)), _ksigns(aux >> uint32(21)))
 
 
 # IQ2_XXS (66 B): d | per sub-block 8 bytes at 2 + 8c: 4 grid indices (8-byte entries), then a u32 of
@@ -198,9 +261,9 @@ def dc_iq2_xxs(raw, rf, p, base, c, q, sa, sb, r, tb):
     db = rf[p] * (float32(0.5) + u2f(aux1 >> uint32(28))) * float32(0.25)
     sa[r, 0] = db
     sa[r, 1] = db
-    for l in range(4):
-        g0, g1 = _grid2(tb, (aux0 >> uint32(8 * l)) & uint32(255))
-        _group8(q, r, l, g0, g1, _ksigns(aux1 >> uint32(7 * l)))
+    m = uint32(255)
+    g = _grid8x4(tb, aux0 & m, (aux0 >> uint32(8)) & m, (aux0 >> uint32(16)) & m, aux0 >> uint32(24))
+    _groups8(q, r, g, _ksigns(aux1), _ksigns(aux1 >> uint32(7)), _ksigns(aux1 >> uint32(14)), _ksigns(aux1 >> uint32(21)))
 
 
 # IQ2_XS (74 B): d | qs u16[32] (9-bit index | 7 sign bits << 9), 4 per sub-block at 2 + 8c | scales[8] at
@@ -223,10 +286,12 @@ def _iq2_scales(d, sc, sa, r):
 def dc_iq2_xs(raw, rf, p, base, c, q, sa, sb, r, tb):
     oq = base + uint64(2 + 8 * c)
     _iq2_scales(rf[p], _wbyte(raw, p, 3, base + uint64(66 + c)), sa, r)
-    for l in range(4):
-        v = (_jn(raw, p, 0, oq, l >> 1) >> uint32(16 * (l & 1))) & uint32(0xFFFF)
-        g0, g1 = _grid2(tb, v & uint32(511))
-        _group8(q, r, l, g0, g1, _ksigns(v >> uint32(9)))
+    w0 = _jn(raw, p, 0, oq, 0)                           # u16 l = index | signs << 9
+    w1 = _jn(raw, p, 0, oq, 1)
+    m = uint32(511)
+    g = _grid8x4(tb, w0 & m, (w0 >> uint32(16)) & m, w1 & m, (w1 >> uint32(16)) & m)
+    _groups8(q, r, g, _ksigns(w0 >> uint32(9)), _ksigns(w0 >> uint32(25)), _ksigns(w1 >> uint32(9)),
+             _ksigns(w1 >> uint32(25)))
 
 
 # IQ2_S (82 B): d | qs[32] index low bytes at 2 + 4c | signs[32] at 34 + 4c (8 bits per group) | qh[8] at 66
@@ -246,10 +311,10 @@ def dc_iq2_s(raw, rf, p, base, c, q, sa, sb, r, tb):
     qs = _jn(raw, p, 0, base + uint64(2 + 4 * c), 0)
     sg = _jn(raw, p, 2, base + uint64(34 + 4 * c), 0)
     qh = _wbyte(raw, p, 4, base + uint64(66 + c))
-    for l in range(4):
-        gi = ((qs >> uint32(8 * l)) & uint32(255)) | ((qh << uint32(8 - 2 * l)) & uint32(0x300))
-        g0, g1 = _grid2(tb, gi)
-        _group8(q, r, l, g0, g1, sg >> uint32(8 * l))
+    m, mh = uint32(255), uint32(0x300)
+    g = _grid8x4(tb, (qs & m) | ((qh << uint32(8)) & mh), ((qs >> uint32(8)) & m) | ((qh << uint32(6)) & mh),
+                 ((qs >> uint32(16)) & m) | ((qh << uint32(4)) & mh), (qs >> uint32(24)) | ((qh << uint32(2)) & mh))
+    _groups8(q, r, g, sg, sg >> uint32(8), sg >> uint32(16), sg >> uint32(24))
 
 
 # IQ3_S (110 B): d | qs[64] index low bytes at 2 + 8c | qh[8] at 66 (9th index bit, one per 4-byte entry) |
@@ -272,11 +337,14 @@ def dc_iq3_s(raw, rf, p, base, c, q, sa, sb, r, tb):
     sa[r, 1] = db
     sg = _jn(raw, p, 3, base + uint64(74 + 4 * c), 0)
     qh = _wbyte(raw, p, 5, base + uint64(66 + c))
-    for l in range(4):
-        gw = _jn(raw, p, 0, oq, l >> 1) >> uint32(16 * (l & 1))
-        i0 = (gw & uint32(255)) | ((qh << uint32(8 - 2 * l)) & uint32(256))
-        i1 = ((gw >> uint32(8)) & uint32(255)) | ((qh << uint32(7 - 2 * l)) & uint32(256))
-        _group8(q, r, l, uint32(tb[i0]), uint32(tb[i1]), sg >> uint32(8 * l))
+    ga = _jn(raw, p, 0, oq, 0)                           # index low bytes 0..3, then 4..7
+    gb = _jn(raw, p, 0, oq, 1)
+    m, h = uint32(255), uint32(256)                      # entry e gets bit e of qh as its 9th bit
+    g = (uint32(tb[(ga & m) | ((qh << uint32(8)) & h)]), uint32(tb[((ga >> uint32(8)) & m) | ((qh << uint32(7)) & h)]),
+         uint32(tb[((ga >> uint32(16)) & m) | ((qh << uint32(6)) & h)]), uint32(tb[(ga >> uint32(24)) | ((qh << uint32(5)) & h)]),
+         uint32(tb[(gb & m) | ((qh << uint32(4)) & h)]), uint32(tb[((gb >> uint32(8)) & m) | ((qh << uint32(3)) & h)]),
+         uint32(tb[((gb >> uint32(16)) & m) | ((qh << uint32(2)) & h)]), uint32(tb[(gb >> uint32(24)) | ((qh << uint32(1)) & h)]))
+    _groups8(q, r, g, sg, sg >> uint32(8), sg >> uint32(16), sg >> uint32(24))
 
 
 # IQ1_S / IQ1_M: w = dl * (grid + delta), grid in {-1, 0, 1} (the table holds grid + 1 = t), delta = +-1/8:
@@ -309,10 +377,13 @@ def dc_iq1_s(raw, rf, p, base, c, q, sa, sb, r, tb):
     sa[r, 0] = dl
     sa[r, 1] = dl
     neg = (qh & uint32(0x8000)) != uint32(0)
-    for l in range(4):
-        gi = ((qs >> uint32(8 * l)) & uint32(255)) | (((qh >> uint32(3 * l)) & uint32(7)) << uint32(8))
-        g0, g1 = _grid2(tb, gi)
-        _group1(q, r, l, g0, g1, neg)
+    m, mh = uint32(255), uint32(0x700)                    # 3 high index bits of group l at bit 3l of qh
+    g = _grid8x4(tb, (qs & m) | ((qh << uint32(8)) & mh), ((qs >> uint32(8)) & m) | ((qh << uint32(5)) & mh),
+                 ((qs >> uint32(16)) & m) | ((qh << uint32(2)) & mh), (qs >> uint32(24)) | ((qh >> uint32(1)) & mh))
+    _group1(q, r, 0, g[0], g[1], neg)
+    _group1(q, r, 1, g[2], g[3], neg)
+    _group1(q, r, 2, g[4], g[5], neg)
+    _group1(q, r, 3, g[6], g[7], neg)
 
 
 # IQ1_M (56 B, so blocks stay 4-byte aligned): qs[32] at 4c | qh[16] at 32 + 2c (per group a nibble: 3 high
@@ -339,11 +410,13 @@ def dc_iq1_m(raw, rf, p, base, c, q, sa, sb, r, tb):
     sa[r, 1] = d * (float32(2.0) * u2f((scw >> uint32(3)) & uint32(7)) + float32(1.0))
     qs = raw[p, 0]
     qh = raw[p, 1] >> uint32(16 * (c & 1))
-    for l in range(4):
-        h = (qh >> uint32(4 * l)) & uint32(15)         # this group's nibble: qh byte l / 2, nibble l % 2
-        gi = ((qs >> uint32(8 * l)) & uint32(255)) | ((h & uint32(7)) << uint32(8))
-        g0, g1 = _grid2(tb, gi)
-        _group1(q, r, l, g0, g1, (h & uint32(8)) != uint32(0))
+    m, mh = uint32(255), uint32(0x700)                    # group l's nibble at bit 4l of qh: 3 index bits, sign
+    g = _grid8x4(tb, (qs & m) | ((qh << uint32(8)) & mh), ((qs >> uint32(8)) & m) | ((qh << uint32(4)) & mh),
+                 ((qs >> uint32(16)) & m) | (qh & mh), (qs >> uint32(24)) | ((qh >> uint32(4)) & mh))
+    _group1(q, r, 0, g[0], g[1], (qh & uint32(0x8)) != uint32(0))
+    _group1(q, r, 1, g[2], g[3], (qh & uint32(0x80)) != uint32(0))
+    _group1(q, r, 2, g[4], g[5], (qh & uint32(0x800)) != uint32(0))
+    _group1(q, r, 3, g[6], g[7], (qh & uint32(0x8000)) != uint32(0))
 
 
 T = GGMLType
@@ -354,11 +427,11 @@ MORE: dict = {
     T.BF16: FSpec(T.BF16, 32, 64, 1, 2, 16, False, True, 16, 4, 2, ld_f16, dc_bf16, col_one),
     T.F32: FSpec(T.F32, 32, 128, 2, 1, 16, False, True, 16, 4, 2, ld_f32, dc_f32, col_f32),
     T.IQ3_XXS: FSpec(T.IQ3_XXS, 256, 98, 8, 2, 16, False, False, 5, 4, 2, ld_iq3_xxs, dc_iq3_xxs, col_iq4_xs),
-    T.IQ2_XXS: FSpec(T.IQ2_XXS, 256, 66, 8, 2, 16, False, False, 3, 4, 2, ld_iq2_xxs, dc_iq2_xxs, col_iq4_xs),
+    T.IQ2_XXS: FSpec(T.IQ2_XXS, 256, 66, 8, 2, 16, False, False, 3, 4, 4, ld_iq2_xxs, dc_iq2_xxs, col_iq4_xs),
     T.IQ2_XS: FSpec(T.IQ2_XS, 256, 74, 8, 2, 16, False, False, 4, 4, 2, ld_iq2_xs, dc_iq2_xs, col_iq4_xs),
     T.IQ2_S: FSpec(T.IQ2_S, 256, 82, 8, 2, 16, False, False, 6, 4, 2, ld_iq2_s, dc_iq2_s, col_iq4_xs),
     T.IQ3_S: FSpec(T.IQ3_S, 256, 110, 8, 2, 16, False, False, 7, 4, 2, ld_iq3_s, dc_iq3_s, col_iq4_xs),
-    T.IQ1_S: FSpec(T.IQ1_S, 256, 50, 8, 2, 16, False, False, 3, 4, 2, ld_iq1_s, dc_iq1_s, col_iq4_xs),
-    T.IQ1_M: FSpec(T.IQ1_M, 256, 56, 8, 2, 16, False, False, 4, 4, 2, ld_iq1_m, dc_iq1_m, col_iq4_xs),
+    T.IQ1_S: FSpec(T.IQ1_S, 256, 50, 8, 2, 16, False, False, 3, 4, 4, ld_iq1_s, dc_iq1_s, col_iq4_xs),
+    T.IQ1_M: FSpec(T.IQ1_M, 256, 56, 8, 2, 16, False, False, 4, 4, 4, ld_iq1_m, dc_iq1_m, col_iq4_xs),
 }
 FSPECS.update(MORE)
