@@ -157,9 +157,9 @@ def dc_f32(raw, rf, p, base, c, q, sa, sb, r, tb):
 # ------------------------------------------------------------------ i-quant grids (256-weight blocks)
 # unit c = sub-block c (32 weights, columns 32c + 16j + 0..15 for run j); a group l (8 weights, columns
 # 8l ..+8 of the unit) is one grid entry of 8 bytes (two of 4 for IQ3) with 8 sign bits. A grid byte g
-# with its sign becomes the byte 128 +- g (`_signed4`: both sums, no borrows as g < 128, picked per byte by
-# a mask), then the exact float by `_qf`: no branch per weight. The grid words come from `tb` (global,
-# L1-cached), the table the generic decoders read (`decoders.tables`).
+# with its sign becomes the byte 128 +- g (`_signed4`: four bytes at a time, by a per-byte mask), then the
+# exact float by `_qf`: no branch per weight. The grid words come from `tb` (global memory, read through the
+# cache), the table the generic decoders read (`decoders.tables`); a unit issues all its grid loads first.
 QOFF = MAGIC + 128.0
 
 
