@@ -32,9 +32,11 @@ CONFIGS = [("f", (8, 4, 8), 0), ("i", (8, 4, 8), 0), ("i", (8, 4, 4), 0), ("i", 
            ("i", (8, 4, 4), 96), ("i", (16, 4, 4), 0), ("i", (8, 8, 4), 0), ("i", (4, 4, 4), 0), ("i", (16, 8, 4), 0)]
 
 
-def _use(kind, mr):
+def _use(kind, t):
+    """kind "i": the 8-bit kernel for type t (also where it is not the default), "f": the float kernel."""
     ops.X8 = kind == "i"
-    ops.X8_MR = mr
+    if kind == "i":
+        ops.X8_TYPES.add(t)
 
 
 def bench(t, timer, rng, reps, configs):
@@ -49,13 +51,14 @@ def bench(t, timer, rng, reps, configs):
     grp = cuda.to_device(dense_groups(1, ops.GEMM_SHAPE["BN"]))
     want = ref.matmul(x, ws[0].rows(0, 64))
     for kind, sh, mr in configs:
-        _use(kind, mr)
+        _use(kind, t)
+        sh = sh + (mr,)
         ops.grouped(dws[0], xd, yd, grp, 1, 1, 1, kernel="fast", shape=sh)
         r = rel_rms(yd.copy_to_host()[:, :64], want)
         assert r <= 1e-5, (t.name, kind, sh, r)
         us = statistics.median(timer.graph(lambda i, s: ops.grouped(dws[i % nbuf], xd, yd, grp, 1, 1, 1, kernel="fast",
                                                                     shape=sh, stream=s), 40, replays=reps))
-        key = f"{kind} {'x'.join(map(str, sh))} mr{mr}"
+        key = f"{kind} {'x'.join(map(str, sh[:3]))} mr{mr}"
         out["gemv"][key] = dict(us=us, gbs=w0.nbytes / us / 1e3, rel=r)
         print(f"{t.name} gemv {key}: {us:.1f} us  {w0.nbytes / us / 1e3:.0f} GB/s  x llama "
               f"{LLAMA_GEMV_US[t.name][0] / us:.2f}  rel {r:.1e}", flush=True)
@@ -72,18 +75,19 @@ def bench(t, timer, rng, reps, configs):
     xd, yd = cuda.to_device(x), cuda.device_array((A, O), np.float32)
     want = np.stack([ref.dequantize(ws[0][int(e)]) @ x[0] for e in idss[0]])
     for kind, sh, mr in configs:
-        _use(kind, mr)
+        _use(kind, t)
+        sh = sh + (mr,)
         ops.grouped_ids(dws[0], xd, yd, idd[0], A, shape=sh)
         r = rel_rms(yd.copy_to_host(), want)
         assert r <= 1e-5, (t.name, "moe", kind, sh, r)
         us = statistics.median(timer.graph(lambda i, s: ops.grouped_ids(dws[i % nbuf], xd, yd, idd[i % 16], A,
                                                                         shape=sh, stream=s), 40, replays=reps))
-        key = f"{kind} {'x'.join(map(str, sh))} mr{mr}"
+        key = f"{kind} {'x'.join(map(str, sh[:3]))} mr{mr}"
         out["moe"][key] = dict(us=us, rel=r)
         print(f"{t.name} moe {key}: {us:.1f} us  x llama {LLAMA_MOE_US.get(t.name, (float('nan'),))[0] / us:.2f}  "
               f"rel {r:.1e}", flush=True)
     weights.clear()
-    _use("i", 0)
+    ops.X8 = True
     return out
 
 

@@ -727,7 +727,8 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     IDM = 1 or 2: no group table; `grp` is the expert ids of one token (int32 [NP = A]) and block row g
     multiplies expert grp[g] into output row g, reading activation row 0 (IDM = 1: gate / up) or row g
     (IDM = 2: down, one row per slot). Grid (ceil(O/RW), A): expert dispatch of one token in one launch.
-    Grid (ceil(O/RW), GMAX), block 32 * KS; same arguments as `fgemv_kernel`; groups must hold one pair."""
+    Grid (ceil(O/RW), GMAX), block 32 * KS; same arguments as `fgemv_kernel`; a group of several pairs
+    takes one pass per pair (its rows come from L2 after the first)."""
     s = FSPECS[t]
     ld, dc, BS, TS, UPB, NR, NV, NW = s.ld, s.dc, s.BS, s.TS, s.UPB, s.NR, s.NV, s.NW
     NTH = 32 * KS
@@ -755,14 +756,13 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
                 return
             e = grp[1 + g]
             j0 = grp[1 + GMAX + g]
-            xr = uint64(grp[2 + 2 * GMAX + j0])
-            orow = grp[2 + 2 * GMAX + NP + j0]
+            j1 = grp[2 + GMAX + g]
         else:
             if g >= NP:
                 return
             e = grp[g]
-            xr = uint64(0) if IDM == 1 else uint64(g)
-            orow = g
+            j0 = 0
+            j1 = 1
         warp = tid // 32
         lane = tid % 32
         ebase = uint64(e) * uint64(estride)
@@ -776,53 +776,61 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         rfu = cuda.local.array(PU, float32)
         xv = cuda.local.array((1, NV), float32)
         xs = cuda.local.array((1, NR), float32)
-        for r in range(RW):
-            acc[warp, r, lane] = float32(0.0)
-            if GLU:
-                accu[warp, r, lane] = float32(0.0)
-        u = warp * 32 + lane
-        while u < nunits:
-            b = u // UPB
-            c = u - b * UPB
-            load_x(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, 0)
-            rb0 = ebase + uint64(b) * uint64(TS)
-            for r0 in range(0, RW, P):
-                for p in range(P):
-                    rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
-                    ld(w32, w16, rb, c, raw, rf, p)
-                    if GLU:
-                        ld(u32, u16, rb, c, rawu, rfu, p)
-                for p in range(P):
-                    rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
-                    dc(raw, rf, p, rb, c, q, sa, sb, 0, tb)
-                    acc[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
-                    if GLU:
-                        dc(rawu, rfu, p, rb, c, q, sa, sb, 0, tb)
-                        accu[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
-            u += NTH
-        for r in range(RW):
-            a = warp_sum(acc[warp, r, lane])
-            if lane == 0:
-                red[warp, r] = a
-            if GLU:
-                a = warp_sum(accu[warp, r, lane])
-                if lane == 0:
-                    redu[warp, r] = a
-        cuda.syncthreads()
-        for r in range(tid, RW, NTH):
-            if row0 + r < O:
-                a = red[0, r]
-                for w in range(1, KS):
-                    a += red[w, r]
-                a = a * sc[e]
+        for jp in range(j0, j1):                         # a group of several pairs: one pass each
+            if IDM == 0:                                 # (the rows come from L2 after the first)
+                xr = uint64(grp[2 + 2 * GMAX + jp])
+                orow = grp[2 + 2 * GMAX + NP + jp]
+            else:
+                xr = uint64(0) if IDM == 1 else uint64(g)
+                orow = g
+            for r in range(RW):
+                acc[warp, r, lane] = float32(0.0)
                 if GLU:
-                    uu = redu[0, r]
+                    accu[warp, r, lane] = float32(0.0)
+            u = warp * 32 + lane
+            while u < nunits:
+                b = u // UPB
+                c = u - b * UPB
+                load_x(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, 0)
+                rb0 = ebase + uint64(b) * uint64(TS)
+                for r0 in range(0, RW, P):
+                    for p in range(P):
+                        rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                        ld(w32, w16, rb, c, raw, rf, p)
+                        if GLU:
+                            ld(u32, u16, rb, c, rawu, rfu, p)
+                    for p in range(P):
+                        rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                        dc(raw, rf, p, rb, c, q, sa, sb, 0, tb)
+                        acc[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
+                        if GLU:
+                            dc(rawu, rfu, p, rb, c, q, sa, sb, 0, tb)
+                            accu[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
+                u += NTH
+            for r in range(RW):
+                a = warp_sum(acc[warp, r, lane])
+                if lane == 0:
+                    red[warp, r] = a
+                if GLU:
+                    a = warp_sum(accu[warp, r, lane])
+                    if lane == 0:
+                        redu[warp, r] = a
+            cuda.syncthreads()
+            for r in range(tid, RW, NTH):
+                if row0 + r < O:
+                    a = red[0, r]
                     for w in range(1, KS):
-                        uu += redu[w, r]
-                    a = silu(a) * (uu * sc[E + e])
-                if RWT:
-                    a = a * rw[orow]
-                y[orow, row0 + r] = a
+                        a += red[w, r]
+                    a = a * sc[e]
+                    if GLU:
+                        uu = redu[0, r]
+                        for w in range(1, KS):
+                            uu += redu[w, r]
+                        a = silu(a) * (uu * sc[E + e])
+                    if RWT:
+                        a = a * rw[orow]
+                    y[orow, row0 + r] = a
+            cuda.syncthreads()
     return fgemv1
 
 

@@ -15,7 +15,8 @@ the kernels' tolerance (1e-5). The products of weight codes and digits are summe
     sum(q * x) ~= m / (126 * 254) * (float(254 c0 + c1) + c2 / 254)     c_l = sum(q * l_l)
 which cannot overflow (|254 c0 + c1| <= 255 * 32 * 127 * 127 < 2^31).
 
-Each lane digitises its own unit's activations (about ten instructions per activation, shared by the RW
+The run maximum m is floored at 1e-36 (126 / m stays finite; the absolute resolution never goes below
+~6e-44); a NaN or inf activation makes its rows NaN, as the float product would. Each lane digitises its own unit's activations (about ten instructions per activation, shared by the RW
 rows of the warp): no extra launch, no quantised copy of x, nothing changes for the callers.
 
 A type's code-word decoder `cw(raw, rf, p, base, c, qw, sa, sb, r, tb)` (loads: the float kernel's `ld`)
@@ -75,11 +76,13 @@ def _x_helpers(t):
     def digitise(xv, xl, xk):
         """xv[0, :NV] (floats of one unit) -> xl[l, j*NQ + i] (digit planes, 4 per word), xk[j] (run scale)."""
         for j in range(NR):
-            m = float32(0.0)
+            m = float32(1e-36)                          # floor: 126 / m stays finite (runs below it read as 0)
+            z = float32(0.0)                            # NaN if the run holds a NaN or an inf (max drops NaN)
             for k in range(RL):
                 m = max(m, abs(xv[0, j * RL + k]))
-            inv = float32(126.0) / m if m > float32(0.0) else float32(0.0)
-            xk[j] = m * float32(1.0 / (126.0 * 254.0))
+                z = cuda.fma(xv[0, j * RL + k], float32(0.0), z)
+            inv = float32(126.0) / m
+            xk[j] = cuda.fma(m, float32(1.0 / (126.0 * 254.0)), z)
             for i in range(NQ):
                 a0, a1, a2 = _digits(xv[0, j * RL + 4 * i] * inv)
                 b0, b1, b2 = _digits(xv[0, j * RL + 4 * i + 1] * inv)

@@ -39,14 +39,21 @@ FAST_DEFAULT = (4, 2)
 # the same for one token per group (`fast.fgemv1_kernel`: activations in registers, RW rows each)
 FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {}
 FAST1_DEFAULT = (8, 4, 8)          # RW rows, KS warps, P rows whose loads are in flight together
-# groups of 2..FASTN_MAX tokens: `fast.fgemvn_kernel` (activations of 2 or 4 tokens in registers) instead of
-# the 8-token `fgemv_kernel`; simulator-tested, NOT yet timed on the GPU (set 1 to fall back)
-FASTN_MAX = 4
-# one token: `fast8.igemv1_kernel` (activations as 8-bit digit planes, dp4a) for the types it has
-X8 = True
-X8_MR = 0                          # its register cap per thread (0: the compiler's)
-X8_NMAX = 4                        # and groups of up to this many pairs (one pass per pair)
+# groups of up to ONE_MAX pairs go to the one-token kernels, one pass per pair (the rows of later passes
+# come from L2); larger groups to the 8-token `fgemv_kernel`
+ONE_MAX = 4
+# groups of 2..FASTN_MAX tokens: `fast.fgemvn_kernel` (activations of 2 or 4 tokens in registers); measured
+# slower than the alternatives on the H200 for dispatch (BENCHMARKS.md), so off (FASTN_MAX <= ONE_MAX)
+FASTN_MAX = 1
 FASTN_DEFAULT = (8, 4, 2)
+# one-token kernel on 8-bit digit planes of the activations and dp4a (`fast8.igemv1_kernel`) for these types
+# (faster than the float `fgemv1_kernel` on the H200 for them, not for Q6_K: benchmarks/cuda_gemv1.py);
+# shapes (RW, KS, P, register cap) for a GEMV and for one token's expert dispatch (`grouped_ids`)
+X8 = True
+X8_TYPES = {GGMLType.Q4_K, GGMLType.Q4_0, GGMLType.Q8_0}
+X8_SHAPE: dict[GGMLType, tuple[int, ...]] = {GGMLType.Q8_0: (16, 8, 4, 0)}
+X8_IDS_SHAPE: dict[GGMLType, tuple[int, ...]] = {GGMLType.Q8_0: (8, 4, 4, 0)}
+X8_DEFAULT = (8, 4, 8, 128)
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -107,15 +114,16 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
-        one = max_per_group == 1 or (X8 and dw.type in CW and max_per_group <= X8_NMAX)
-        few = not one and 1 < max_per_group <= FASTN_MAX
-        default = (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FASTN_DEFAULT if few
-                   else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
+        one = max_per_group <= ONE_MAX
+        few = not one and max_per_group <= FASTN_MAX
+        x8 = one and _x8(dw.type)
+        default = ((X8_SHAPE.get(dw.type, X8_DEFAULT) if x8 else FAST1_SHAPE.get(dw.type, FAST1_DEFAULT)) if one
+                   else FASTN_DEFAULT if few else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
         sh = tuple(shape or default)
         RW, KS = sh[:2]
         KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
         if one:
-            k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4)
+            k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh)
         elif few:
             k = fgemvn_kernel(dw.type, 2 if max_per_group <= 2 else 4, RW, KS, up is not None, rw is not None,
                               sh[2] if len(sh) > 2 else 2)
@@ -156,19 +164,26 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
     if sc is None:
         sc = _ones(2 * E)
     rwa = rw if rw is not None else _ones(1)
-    sh = tuple(shape or FAST1_SHAPE.get(dw.type, FAST1_DEFAULT))
+    sh = tuple(shape or (X8_IDS_SHAPE.get(dw.type, X8_DEFAULT) if _x8(dw.type)
+                         else FAST1_SHAPE.get(dw.type, FAST1_DEFAULT)))
     RW, KS = sh[:2]
     KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
-    k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh[2] if len(sh) > 2 else 4, 2 if slot_rows else 1)
+    k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh, 2 if slot_rows else 1)
     u = up if up is not None else dw
     k[(math.ceil(O / RW), A), 32 * KS, stream](
         dw.w32, dw.w16, u.w32, u.w16, dw.tab, xd, yd, sc, rwa, ids, O, I, dw.rowb, dw.estride, 0, A, E)
 
 
-def _k1(t: GGMLType, RW, KS, glu, rwt, P, IDM=0):
-    """The one-token kernel for a type: 8-bit digit products (`fast8`) where the type has them."""
-    if X8 and t in CW:
-        return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, X8_MR)
+def _x8(t: GGMLType) -> bool:
+    return X8 and t in X8_TYPES and t in CW
+
+
+def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
+    """The one-token kernel for a type and shape (RW, KS[, P[, register cap]]): 8-bit digit products
+    (`fast8`) for the X8 types, else the float `fast.fgemv1_kernel`."""
+    P = sh[2] if len(sh) > 2 else 4
+    if _x8(t):
+        return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, sh[3] if len(sh) > 3 else 0)
     return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM)
 
 

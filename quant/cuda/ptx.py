@@ -1,7 +1,7 @@
 """Compile the quant.cuda kernels for Hopper (sm_90) without a GPU: `python -m quant.cuda.ptx [--all] [-j N]`.
 
 Default: every kernel for every type (naive, warp GEMV, tiled GEMM) plus the GLU / row-weight variants
-for two types, and the fast kernels (`fast.py`) in the shapes the host code launches by default, which
+for two types, and the fast kernels (`fast.py`, `fast8.py`) in the shapes the host code launches by default, which
 must not use local memory; `--all`: every variant for every type. Exit status 0: all compiled; 1: a kernel
 failed (named); 3: NVVM/NVRTC missing (numba-cuda[cu13]). Needs NUMBA_ENABLE_CUDASIM unset.
 """
@@ -17,6 +17,7 @@ from numba import cuda
 from ._dev import SIM
 from .decoders import SPECS
 from .fast import FSPECS, fgemv1_kernel, fgemv_kernel, fgemvn_kernel
+from .fast8 import CW, igemv1_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
 from .timing import spin_kernel
@@ -52,6 +53,12 @@ def kernels(all_variants: bool = False):
         out.append((f"fastn[{n}, NT=2, rw]", fgemvn_kernel(t, 2, 8, 4, False, True, 2), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, glu]", fgemv_kernel(t, 8, 2, 2, True, False), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, rw]", fgemv_kernel(t, 8, 4, 2, False, True), SIG_GEMV))
+    for t in CW:
+        n = t.name
+        out.append((f"fast8[{n}]", igemv1_kernel(t, 8, 4, False, False, 8), SIG_GEMV))
+        out.append((f"fast8[{n}, P=4]", igemv1_kernel(t, 8, 4, False, False, 4), SIG_GEMV))
+        out.append((f"fast8[{n}, glu]", igemv1_kernel(t, 8, 4, True, False, 8, 1), SIG_GEMV))
+        out.append((f"fast8[{n}, ids]", igemv1_kernel(t, 8, 4, False, True, 8, 2), SIG_GEMV))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))
