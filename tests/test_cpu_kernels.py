@@ -113,6 +113,20 @@ def test_matmul_every_type(t, rng):
     np.testing.assert_array_equal(cpu.matmul(x[:1], one)[:, 0], cpu.matmul(x[:1], w)[:, 3])
 
 
+def test_paired_rows_equal_single_rows(rng):
+    """dot.PAIRED types read two weight rows in step for one activation row (row_dot2): each result
+    must equal the same row multiplied alone (row_dot), bit for bit, for both rows of a pair, the odd
+    last row of a tile, and tiles of odd length."""
+    from quant.cpu.dot import PAIRED
+    for t in sorted(GGMLType(k) for k in PAIRED):
+        w = random_weight(t, 9, width(t), rng)
+        x = rng.standard_normal((1, w.shape[1]), dtype=np.float32)
+        alone = np.concatenate([cpu.matmul(x, w.rows(r, r + 1)) for r in range(9)], axis=1)
+        for tile in (None, 3, 4):
+            np.testing.assert_array_equal(cpu.matmul(x, w, tile_rows=tile), alone, err_msg=f"{t.name} tile {tile}")
+        assert_close(f"{t.name} paired", alone, ref.matmul(x, w))
+
+
 COMMON = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K,
           GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ2_XXS, GGMLType.IQ4_XS,
           GGMLType.TQ2_0, GGMLType.MXFP4]

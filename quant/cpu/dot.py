@@ -118,6 +118,31 @@ def dot_bf16(row, x):
     return acc
 
 
+@njit(**J)
+def dot2_float(load, one, es, r0, r1, x):
+    """dot_f32 / dot_f16 / dot_bf16 on two weight rows in step: `load` reads 16 weights at a byte
+    offset, `one` a single weight, es bytes each. Two DRAM streams at once keep more cache-line
+    misses in flight (one row at a time left a core's share of the bandwidth unused)."""
+    n16 = x.size - x.size % 16
+    a0 = 0.0
+    a1 = 0.0
+    for c0 in range(0, n16, FLOAT_CHUNK):
+        v = zeros()
+        u = zeros()
+        for i in range(c0, min(n16, c0 + FLOAT_CHUNK), 16):
+            prefetch(r0, es * i + PREFETCH)
+            prefetch(r1, es * i + PREFETCH)
+            xi = load16(x, i)
+            v = fma(load(r0, es * i), xi, v)
+            u = fma(load(r1, es * i), xi, u)
+        a0 += hsum(v)
+        a1 += hsum(u)
+    for i in range(n16, x.size):
+        a0 += one(r0, es * i) * ld(x, i)
+        a1 += one(r1, es * i) * ld(x, i)
+    return a0, a1
+
+
 # ---------------------------------------------------------------- 32-element blocks
 # `blk_<type>(row, o, x, xo, tab, v)` adds the block's 32 products to the 16 lanes v (as d (q . x)
 # where the block is d q); `dot_blocks32` walks the blocks, flushing v into the float64 sum every 8.
@@ -196,6 +221,26 @@ def dot_blocks32(blk, ts, tab, row, x):
             v = blk(row, ts * b, x, 32 * b, T, v)
         acc += hsum(v)
     return acc
+
+
+@njit(**J)
+def dot2_blocks32(blk, ts, tab, r0, r1, x):
+    """dot_blocks32 on two weight rows in step (per row the same operations, so the same bits)."""
+    T = load16(tab, 0)
+    nb = x.size // 32
+    a0 = 0.0
+    a1 = 0.0
+    for g0 in range(0, nb, 8):
+        ahead(r0, ts * g0, 8 * ts)
+        ahead(r1, ts * g0, 8 * ts)
+        v = zeros()
+        u = zeros()
+        for b in range(g0, min(nb, g0 + 8)):
+            v = blk(r0, ts * b, x, 32 * b, T, v)
+            u = blk(r1, ts * b, x, 32 * b, T, u)
+        a0 += hsum(v)
+        a1 += hsum(u)
+    return a0, a1
 
 
 # ---------------------------------------------------------------- 64- and 128-element blocks
@@ -293,6 +338,24 @@ def dot_blocks256(blk, row, x, xs):
             v = blk(row, b, x, xs, v)
         acc += hsum(v)
     return acc
+
+
+@njit(**J)
+def dot2_blocks256(blk, r0, r1, x, xs):
+    """Two weight rows against one x, block by block in step (dot_blocks256 on each: the same
+    operations per row, so the same bits): two independent streams of loads and of FMA chains."""
+    nb = x.size // 256
+    a0 = 0.0
+    a1 = 0.0
+    for g0 in range(0, nb, 4):
+        v = zeros()
+        u = zeros()
+        for b in range(g0, min(nb, g0 + 4)):
+            v = blk(r0, b, x, xs, v)
+            u = blk(r1, b, x, xs, u)
+        a0 += hsum(v)
+        a1 += hsum(u)
+    return a0, a1
 
 
 @njit(**J)
@@ -653,6 +716,33 @@ def _row_dot(kind, row, x, xs):
     if fn is None:
         return lambda kind, row, x, xs: 0.0       # not fused: the drivers never call it
     return lambda kind, row, x, xs: fn(row, x)
+
+
+# Types whose GEMV reads weight rows in pairs (row_dot2): the memory-bound ones, where two streams
+# measured 1.3x (F32, F16, BF16) to 2x (Q8_0) faster on one core, and TQ2_0 (1.0-1.2x); the others
+# lost 5-25% to register pressure (1 thread, 4096 x 14336, min of 9 alternating rounds).
+FLOATS2 = {F32: (f32x16_at, f32_at, 4), F16: (f16x16, f16_at, 2), BF16: (bf16x16, bf16_at, 2)}
+PAIRED = frozenset(FLOATS2) | {Q8_0, TQ2_0}
+
+
+def row_dot2(kind, r0, r1, x, xs):
+    """Numba only: (r0 . x, r1 . x) for a type in PAIRED, each bit for bit equal to row_dot."""
+    raise NotImplementedError("row_dot2 is callable from Numba-compiled code only")
+
+
+@overload(row_dot2, inline="always", prefer_literal=True)
+def _row_dot2(kind, r0, r1, x, xs):
+    k = literal_kind(kind)
+    if k in FLOATS2:
+        load, one, es = FLOATS2[k]
+        return lambda kind, r0, r1, x, xs: dot2_float(load, one, es, r0, r1, x)
+    if k in BLOCKS32:
+        blk, ts, tab = BLOCKS32[k]
+        return lambda kind, r0, r1, x, xs: dot2_blocks32(blk, ts, tab, r0, r1, x)
+    if k in BLOCKS256:
+        blk256 = BLOCKS256[k]
+        return lambda kind, r0, r1, x, xs: dot2_blocks256(blk256, r0, r1, x, xs)
+    return lambda kind, r0, r1, x, xs: (0.0, 0.0)    # not paired: the drivers never call it
 
 
 def x_sums(kind: int, x: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ Thread split: the work items are (active matrix, tile of `tile` weight rows), ha
 `prange`; each thread decodes every weight row of its tile exactly once:
   - gemv: the fused kernel of dot.py consumes the bytes directly, once per activation row
     (T = 1, decode-time MoE, and batches up to `gemv_max_rows` where decoding again beats scratch);
+    with one activation row, the types in dot.PAIRED read two weight rows in step (row_dot2);
   - gemm: CHUNK weights of the row are decoded into a per-item float32 scratch (dequant.py), then
     one vectorized dot per activation row against it (float64 running sums per row).
 The two are separate kernels on purpose: in one parallel loop body LLVM compiled the fused path
@@ -35,7 +36,7 @@ from numba import njit, prange
 
 from ..formats import type_info
 from .dequant import KINDS, deq_block
-from .dot import FUSED, row_dot
+from .dot import FUSED, PAIRED, row_dot, row_dot2
 from .llvm import ld
 
 # reassociation lets LLVM vectorize the reductions, contraction gives FMAs; no nnan/ninf:
@@ -75,6 +76,7 @@ def kernels(kind: int) -> Kernels:
     info = type_info(kind)
     bs, ts = info.block_size, info.type_size
     chunk = max(CHUNK, bs)
+    paired = kind in PAIRED                                     # gemv reads weight rows two at a time
     version = SOURCE_VERSION                                    # in the cache key (see _source_version)
 
     @njit(cache=True, parallel=True)
@@ -100,10 +102,17 @@ def kernels(kind: int) -> Kernels:
         for item in prange(active.size * ntiles):
             e = active[item // ntiles]
             r0 = (item % ntiles) * tile
+            r1 = min(O, r0 + tile)
             we = raw[e]
-            for r in range(r0, min(O, r0 + tile)):
-                for n in range(seg[e], seg[e + 1]):
-                    y[n, r] = row_dot(kind, we[r], x[n], xs[n])
+            n0, n1 = seg[e], seg[e + 1]
+            r = r0
+            if paired and n1 - n0 == 1:                         # one activation row: weight rows in pairs
+                while r + 1 < r1:
+                    y[n0, r], y[n0, r + 1] = row_dot2(kind, we[r], we[r + 1], x[n0], xs[n0])
+                    r += 2
+            for rr in range(r, r1):                             # the others (and an odd last row) one by one
+                for n in range(n0, n1):
+                    y[n, rr] = row_dot(kind, we[rr], x[n], xs[n])
 
     @njit(cache=True, parallel=True, fastmath=FASTMATH)
     def gemm(raw, x, seg, active, y, tile):
