@@ -41,10 +41,10 @@ from .dequant import (BF16, F16, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_
 from .llvm import bf16_at, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bitsel, bmask, bor, bsh, bsub, f16x16,
                    f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, lanes, load16, lut, lut32, mul,
-                   nib8x2, or_where, prefetch, rows4, rows8, scales_i8, scales_u8, select_bits, shl, shr, splat,
-                   rotl, shr4, spread, to_f32, u8x16, u8x32w, u16_lanes, wmul, wmulhi, wshl, zeros)
-from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
-                     IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
+                   nib8x2, or_where, prefetch, rows4, rows8, rows8_i8, scales_i8, scales_u8, select_bits, shl, shr,
+                   splat, rotl, shr4, spread, to_f32, u8x16, u8x32w, u16_lanes, wmul, wmulhi, wshl, zeros)
+from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ1S_I8, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S,
+                     GRID_IQ3XXS, IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
 
 J = dict(cache=True, inline="always")
 LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
@@ -644,9 +644,9 @@ def blk_iq1_s(row, b, x, xs, v):
     v = fma(mul(dl, delta), load16(xs, 16 * b), v)          #    w = dl (grid + delta): dl delta sum(x of 32),
     for ib in range(8):                                     #    all 8 at once (xs: 8 zeros, then 8 sums)
         h = u16_at(row, o + 34 + 2 * ib)                    # 2. dl (grid . x), grid rows of 8 from 11 bits
-        q = o + 2 + 4 * ib
-        g01 = rows8(GRID_IQ1S, ld(row, q) | ((h << 8) & 0x700), ld(row, q + 1) | ((h << 5) & 0x700))
-        g23 = rows8(GRID_IQ1S, ld(row, q + 2) | ((h << 2) & 0x700), ld(row, q + 3) | ((h >> 1) & 0x700))
+        q = o + 2 + 4 * ib                                  #    (int8 rows: 16 KB of table, in L1)
+        g01 = rows8_i8(GRID_IQ1S_I8, ld(row, q) | ((h << 8) & 0x700), ld(row, q + 1) | ((h << 5) & 0x700))
+        g23 = rows8_i8(GRID_IQ1S_I8, ld(row, q + 2) | ((h << 2) & 0x700), ld(row, q + 3) | ((h >> 1) & 0x700))
         xo = 256 * b + 32 * ib
         v = fma(spread(dl, 8 + ib, 0), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
     return v
@@ -685,9 +685,9 @@ BLOCKS32 = {Q8_0: (blk_q8_0, 34, Q4_OFFSET), Q8_1: (blk_q8_1, 36, Q4_OFFSET), Q4
             IQ4_NL: (blk_iq4_nl, 18, KV_IQ4), MXFP4: (blk_mxfp4, 17, KV_FP4)}
 # kernels that take the activation group sums (x_sums): group size
 # 256-element blocks: `blk(row, b, x, xs, v)` (dot_blocks256)
-BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k, TQ2_0: blk_tq2_0, TQ1_0: blk_tq1_0,
-             IQ4_XS: blk_iq4_xs, IQ2_XXS: blk_iq2_xxs, IQ2_XS: blk_iq2_xs, IQ2_S: blk_iq2_s, IQ3_XXS: blk_iq3_xxs,
-             IQ3_S: blk_iq3_s, IQ1_S: blk_iq1_s, IQ1_M: blk_iq1_m}
+BLOCKS256 = {Q2_K: blk_q2_k, Q3_K: blk_q3_k, Q4_K: blk_q4_k, Q5_K: blk_q5_k, Q6_K: blk_q6_k, TQ2_0: blk_tq2_0,
+             TQ1_0: blk_tq1_0, IQ4_XS: blk_iq4_xs, IQ2_XXS: blk_iq2_xxs, IQ2_XS: blk_iq2_xs, IQ2_S: blk_iq2_s,
+             IQ3_XXS: blk_iq3_xxs, IQ3_S: blk_iq3_s, IQ1_S: blk_iq1_s, IQ1_M: blk_iq1_m}
 DOT_XS = {}
 XS_GROUP = {Q2_K: 16, Q4_K: 32, Q5_K: 32, IQ1_S: 32, IQ1_M: 8}
 FUSED = tuple(DOT) + tuple(DOT_XS) + tuple(BLOCKS32) + tuple(BLOCKS256)
@@ -751,7 +751,8 @@ def x_sums(kind: int, x: np.ndarray) -> np.ndarray:
 
     L = I / g for the group size g = XS_GROUP[kind] (the sum of each g consecutive x), except
     Q4_K, Q5_K, IQ1_S: L = I / 16, per 256: 8 zeros then the sums of its 8 groups of 32 (the lanes of
-    the mins in k4_scales, of the sub-block deltas in blk_iq1_s). Sums in float64, rounded once. Types without an offset term: L = 0.
+    the mins in k4_scales, of the sub-block deltas in blk_iq1_s). Sums in float64, rounded once.
+    Types without an offset term: L = 0.
     """
     N, I = x.shape
     g = XS_GROUP.get(kind)

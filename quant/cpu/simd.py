@@ -13,6 +13,7 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     load16(a, i)      -> f32x16         a[i:i+16] of a float32 array
     rows8(tab, g0, g1) -> f32x16        tab[8 g0 : 8 g0 + 8] ++ tab[8 g1 : 8 g1 + 8]  (grid rows)
     rows4(tab, g0, g1, g2, g3) -> f32x16
+    rows8_i8(tab, g0, g1) -> f32x16     as rows8, from an int8 table
     lanes(w, stride, mask) -> i32x16    lane l = (w >> (stride * l)) & mask   (bit fields of one word)
     nib8x2(row, o)    -> i32x16         low nibbles of 8 bytes, then their high nibbles
     select_bits(w, a, b) -> f32x16      lane l = a if bit l of w else b   (Q1_0's signs)
@@ -212,6 +213,21 @@ def rows8(typingctx, tab, g0, g1):
 def rows4(typingctx, tab, g0, g1, g2, g3):
     """Four 4-value rows of a flat float32 table, concatenated."""
     return _rows(4)(typingctx, tab, g0, g1, g2, g3)
+
+
+@intrinsic
+def rows8_i8(typingctx, tab, g0, g1):
+    """tab[8 g0 : 8 g0 + 8] ++ tab[8 g1 : 8 g1 + 8] of a flat int8 table of 8-value rows, as float32
+    (two 8-byte loads, `vpmovsxbd`, `vcvtdq2ps`): a grid a quarter the size of its float32 copy."""
+    sig = f32x16(tab, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        B8 = ir.VectorType(I8, 8)
+        parts = [builder.load(_at(context, builder, signature.args[0], args[0],
+                                  builder.mul(g, ir.Constant(g.type, 8)), B8), align=1) for g in args[1:]]
+        b16 = builder.shuffle_vector(parts[0], parts[1], ir.Constant(VI, list(range(16))))
+        return builder.sitofp(b16, VF)
+    return sig, codegen
 
 
 @intrinsic

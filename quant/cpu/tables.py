@@ -9,6 +9,7 @@ GRID[8 g : 8 g + 8]) so the kernels index them with `ld`, one address computatio
     GRID_IQ2XXS [256, 8]   GRID_IQ2XS [512, 8]   GRID_IQ2S [1024, 8]     values 8, 25, 43
     GRID_IQ3XXS [256, 4]   GRID_IQ3S  [512, 4]                           values 4..62 / 1..15
     GRID_IQ1S   [2048, 8]                                                values -1, 0, 1
+    GRID_IQ1S_I8 [2048, 8] the same as int8: 16 KB instead of 64 KB, so it stays in L1 (IQ1_S GEMV)
     SIGNS7      [128, 8]   +-1 per bit of ksigns_iq2xs[i] (7 stored sign bits + even-parity bit)
     SIGNS8      [256, 8]   +-1 per bit of a plain sign byte (dequant.py's IQ2_S, IQ3_S)
     KV_IQ4NL    [16]       kvalues_iq4nl;  KV_MXFP4 [16]: E2M1 values doubled (kvalues_mxfp4)
@@ -53,6 +54,7 @@ GRID_IQ2S = _grid(gq.IQ2_S, 1024, 8)
 GRID_IQ3XXS = _grid(gq.IQ3_XXS, 256, 4)
 GRID_IQ3S = _grid(gq.IQ3_S, 512, 4)
 GRID_IQ1S = _grid(gq.IQ1_S, 2048, 8)
+GRID_IQ1S_I8 = GRID_IQ1S.astype(np.int8)
 SIGNS7 = _sign_rows(np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8))
 SIGNS8 = _sign_rows(np.arange(256, dtype=np.uint8))
 KV_IQ4NL = np.array(gq.IQ4_NL.kvalues, dtype=np.float32)
