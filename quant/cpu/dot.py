@@ -616,10 +616,9 @@ def blk_iq3_xxs(row, b, x, xs, v):
 def blk_iq3_s(row, b, x, xs, v):
     o = 110 * b
     ahead(row, o, 110)
-    d = f16_at(row, o)
+    sc = band(shr4(u16_lanes(row, o + 106, 14), 0, 4, 8, 12), 15)    # lane ib < 8: nibble ib of scales[4]
+    dl = mul(to_f32(iadd(shl(sc, 1), 1)), splat(f16_at(row, o)))    # d (1 + 2 nibble), all 8 at once
     for ib in range(8):
-        sc = ld(row, o + 106 + ib // 2)
-        db = d * np.float32(1 + 2 * ((sc >> (4 * (ib & 1))) & 0xF))
         qh = np.int64(ld(row, o + 66 + ib))
         q = o + 2 + 8 * ib
         s = o + 74 + 4 * ib
@@ -630,7 +629,7 @@ def blk_iq3_s(row, b, x, xs, v):
                        ld(row, q + 6) | ((qh << 2) & 256), ld(row, q + 7) | ((qh << 1) & 256)),
                  u16_at(row, s + 2))
         xo = 256 * b + 32 * ib
-        v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
+        v = fma(spread(dl, ib, 0), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
     return v
 
 

@@ -476,7 +476,7 @@ def as_i32(typingctx, v):
 
 SPREAD = {0: [0] * 16, 4: [l // 4 for l in range(16)], 8: [l // 8 for l in range(16)],
           82: [2 * (l // 8) for l in range(16)], 42: [(l // 4) % 2 + 8 * (l // 8) for l in range(16)],
-          88: [l % 8 for l in range(16)], 2: [l // 2 for l in range(16)]}
+          88: [l % 8 for l in range(16)], 2: [l // 2 for l in range(16)], 14: [(l // 4) % 2 for l in range(16)]}
 
 
 @intrinsic
@@ -484,7 +484,8 @@ def spread(typingctx, v, first, pattern):
     """Lane l = v[first + SPREAD[pattern][l]] (one `vpermps`): the scales of the sub-blocks whose
     weights the 16 lanes hold. pattern 0: lane `first` everywhere; 4 / 8: l // 4, l // 8 (4 or 2
     consecutive sub-blocks);
-    82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's lut4); 88: l % 8; 2: l // 2."""
+    82: 2 (l // 8); 42: (l // 4) % 2 + 8 (l // 8) (the lane orders of dot.py's lut4); 88: l % 8;
+    2: l // 2; 14: (l // 4) % 2 (also the word patterns of u16_lanes)."""
     if not isinstance(pattern, types.IntegerLiteral):
         return None
     offs = SPREAD[pattern.literal_value]
