@@ -174,6 +174,7 @@ def _signed4(g, s):
 @cuda.jit(device=True, inline=True)
 def _group8(q, r, l, g0, g1, s):
     """q[r, 8l .. 8l+8) = the 8 grid bytes g0 | g1 with sign bits s (bit k: weight k), as exact floats."""
+    s = uint32(s)                                        # (`_ksigns` gives 64 bits: keep the shifts 32-bit)
     v0 = _signed4(g0, s)
     v1 = _signed4(g1, s >> uint32(4))
     off = float32(QOFF)
