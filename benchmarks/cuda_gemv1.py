@@ -27,16 +27,9 @@ from quant.cuda.weights import device_weight
 
 from cuda_matmul import L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, rel_rms  # noqa: E402
 
-# (kernel, (rows per warp, warps, rows in flight), register cap)
-CONFIGS = [("f", (8, 4, 8), 0), ("i", (8, 4, 8), 0), ("i", (8, 4, 4), 0), ("i", (16, 4, 8), 0), ("i", (8, 4, 8), 128),
-           ("i", (8, 4, 4), 96), ("i", (16, 4, 4), 0), ("i", (8, 8, 4), 0), ("i", (4, 4, 4), 0), ("i", (16, 8, 4), 0)]
-
-
-def _use(kind, t):
-    """kind "i": the 8-bit kernel for type t (also where it is not the default), "f": the float kernel."""
-    ops.X8 = kind == "i"
-    if kind == "i":
-        ops.X8_TYPES.add(t)
+# (rows per warp, warps, rows in flight, register cap, 1 = 8-bit kernel) as in ops.FAST1_SHAPE
+CONFIGS = [(8, 4, 8, 128, 0), (8, 4, 4, 96, 0), (8, 4, 4, 80, 0), (4, 4, 4, 80, 0), (8, 4, 8, 128, 1),
+           (8, 4, 4, 128, 1), (8, 4, 2, 96, 1), (16, 8, 4, 0, 1)]
 
 
 def bench(t, timer, rng, reps, configs):
@@ -50,15 +43,15 @@ def bench(t, timer, rng, reps, configs):
     xd, yd = cuda.to_device(x), cuda.device_array((1, O), np.float32)
     grp = cuda.to_device(dense_groups(1, ops.GEMM_SHAPE["BN"]))
     want = ref.matmul(x, ws[0].rows(0, 64))
-    for kind, sh, mr in configs:
-        _use(kind, t)
-        sh = sh + (mr,)
+    for sh in configs:
+        if sh[4] and t not in CW:
+            continue
         ops.grouped(dws[0], xd, yd, grp, 1, 1, 1, kernel="fast", shape=sh)
         r = rel_rms(yd.copy_to_host()[:, :64], want)
-        assert r <= 1e-5, (t.name, kind, sh, r)
+        assert r <= 1e-5, (t.name, sh, r)
         us = statistics.median(timer.graph(lambda i, s: ops.grouped(dws[i % nbuf], xd, yd, grp, 1, 1, 1, kernel="fast",
                                                                     shape=sh, stream=s), 40, replays=reps))
-        key = f"{kind} {'x'.join(map(str, sh[:3]))} mr{mr}"
+        key = "x".join(map(str, sh))
         out["gemv"][key] = dict(us=us, gbs=w0.nbytes / us / 1e3, rel=r)
         print(f"{t.name} gemv {key}: {us:.1f} us  {w0.nbytes / us / 1e3:.0f} GB/s  x llama "
               f"{LLAMA_GEMV_US[t.name][0] / us:.2f}  rel {r:.1e}", flush=True)
@@ -74,26 +67,25 @@ def bench(t, timer, rng, reps, configs):
     x = rng.standard_normal((1, I)).astype(np.float32)
     xd, yd = cuda.to_device(x), cuda.device_array((A, O), np.float32)
     want = np.stack([ref.dequantize(ws[0][int(e)]) @ x[0] for e in idss[0]])
-    for kind, sh, mr in configs:
-        _use(kind, t)
-        sh = sh + (mr,)
+    for sh in configs:
+        if sh[4] and t not in CW:
+            continue
         ops.grouped_ids(dws[0], xd, yd, idd[0], A, shape=sh)
         r = rel_rms(yd.copy_to_host(), want)
-        assert r <= 1e-5, (t.name, "moe", kind, sh, r)
+        assert r <= 1e-5, (t.name, "moe", sh, r)
         us = statistics.median(timer.graph(lambda i, s: ops.grouped_ids(dws[i % nbuf], xd, yd, idd[i % 16], A,
                                                                         shape=sh, stream=s), 40, replays=reps))
-        key = f"{kind} {'x'.join(map(str, sh[:3]))} mr{mr}"
+        key = "x".join(map(str, sh))
         out["moe"][key] = dict(us=us, rel=r)
         print(f"{t.name} moe {key}: {us:.1f} us  x llama {LLAMA_MOE_US.get(t.name, (float('nan'),))[0] / us:.2f}  "
               f"rel {r:.1e}", flush=True)
     weights.clear()
-    ops.X8 = True
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--types", default=",".join(t.name for t in CW))
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_0")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="the first three configurations only")

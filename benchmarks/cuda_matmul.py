@@ -37,6 +37,7 @@ from quant.cuda import moe as cmoe
 from quant.cuda import ops
 from quant.cuda.decoders import SPECS
 from quant.cuda.fast import FSPECS
+from quant.cuda.fast8 import CW
 from quant.cuda.vec import ld4u
 from quant.cuda.gemv import GroupTable, dense_groups
 from quant.cuda.testdata import random_qtensor
@@ -63,9 +64,13 @@ LLAMA_MOE_US = {
 PRIORITY = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16"]
 TUNED = ["Q4_K", "Q6_K", "Q8_0", "Q4_0"]
 SHAPES = [(2, 8, 2), (4, 4, 2), (2, 8, 4)]          # generic GEMV: (rows, split-K warps, parts in flight) tried
-# one-token fast GEMV: (rows per warp, warps per block, rows whose loads are in flight together)
-FAST_SHAPES = [(8, 4, 1), (8, 4, 2), (8, 4, 4), (8, 4, 8), (16, 4, 4), (16, 4, 8), (4, 4, 4), (8, 8, 4), (16, 8, 8),
-               (8, 2, 4), (4, 8, 4), (2, 8, 2)]
+# one-token fast GEMV: (rows per warp, warps per block, rows whose loads are in flight together, register cap,
+# 1 = the 8-bit kernel `fast8.igemv1_kernel`), as in ops.FAST1_SHAPE; 8-bit entries only for its types
+FAST_SHAPES = [(8, 4, 8, 128, 0), (8, 4, 4, 96, 0), (8, 4, 4, 80, 0), (4, 4, 4, 80, 0), (8, 4, 8, 128, 1),
+               (8, 4, 4, 128, 1), (8, 4, 2, 96, 1), (16, 8, 4, 0, 1)]
+# the same for one token's expert dispatch (ops.FAST1_IDS_SHAPE)
+IDS_SHAPES = [(8, 4, 8, 128, 0), (8, 4, 4, 80, 0), (4, 4, 4, 80, 0), (8, 4, 8, 128, 1), (8, 4, 4, 128, 1),
+              (8, 4, 4, 0, 1)]
 L2_BYTES = 50e6
 
 
@@ -108,8 +113,12 @@ def rel_rms(got, want):
     return float(np.sqrt(np.mean((got.astype(np.float64) - want) ** 2) / np.mean(want.astype(np.float64) ** 2)))
 
 
+def _shapes(cands, t):
+    return [sh for sh in cands if not sh[4] or t in CW]
+
+
 def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, ns=(1, 2, 4, 8), prefill=512,
-               reps=100, tune=False) -> dict:
+               reps=100, tune=False, generic=True) -> dict:
     w0 = random_qtensor(t, (O, I), rng)
     nbytes = w0.nbytes
     nbuf = max(2, math.ceil(4 * L2_BYTES / nbytes))
@@ -137,17 +146,25 @@ def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, 
     fast = t in FSPECS
     res["kernel"] = "fast" if fast else "gemv"
     if tune:
-        kind, shapes, table = ("fast", FAST_SHAPES, ops.FAST1_SHAPE) if fast else ("gemv", SHAPES, ops.GEMV_SHAPE)
+        kind, shapes, table = ("fast", _shapes(FAST_SHAPES, t), ops.FAST1_SHAPE) if fast else ("gemv", SHAPES, ops.GEMV_SHAPE)
         res["tune"] = {"x".join(map(str, sh)): run(1, kind, sh) for sh in shapes}
         best = min(res["tune"], key=res["tune"].get)
         table[t] = tuple(int(v) for v in best.split("x"))
-        res["shape"] = best
     if fast:
+        res["shape"] = "x".join(map(str, ops.FAST1_SHAPE.get(t, ops.FAST1_DEFAULT)))
+    if fast and generic:
         us = run(1, "gemv")
         res["generic_n1"] = dict(us=us, gbs=nbytes / us / 1e3)
     for n in ns:
         us = run(n, "auto")
         res["gemv"][n] = dict(us=us, gbs=nbytes / us / 1e3)
+    if fast:                                 # 2 and 4 tokens: the 8-token kernel instead of one pass per token
+        one_max = ops.ONE_MAX
+        ops.ONE_MAX = 1
+        try:
+            res["gemv_8tok"] = {n: run(n, "auto") for n in ns if 1 < n <= one_max}
+        finally:
+            ops.ONE_MAX = one_max
     if prefill and I % 128 == 0:
         us = run(prefill, "gemm")
         res["prefill"] = dict(n=prefill, us=us, tflops=2 * O * I * prefill / us / 1e6)
@@ -162,7 +179,7 @@ def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, 
 
 
 def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=2048, A=8, ns=(1, 4, 8, 32),
-              reps=100) -> dict:
+              reps=100, tune=False) -> dict:
     w0 = random_qtensor(t, (E, O, I), rng)
     nbuf = max(2, math.ceil(3 * L2_BYTES * E / (A * w0.nbytes)))  # the experts one launch reads, x 3 > L2
     nbuf = min(nbuf, max(2, int(2e9 // w0.nbytes)))
@@ -204,16 +221,28 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
         res["check"][n] = r
         if not r <= 1e-5:
             raise AssertionError(f"{t.name} dispatch n={n}: relative RMS {r:.2e} against the oracle")
-        if n == 1 and t in FSPECS:                                  # rows per warp for one token
-            tune = {}
-            for shape in [(8, 4, 8), (4, 4, 4), (8, 4, 4), (8, 2, 4), (4, 8, 4), (2, 8, 2)]:
-                tune["x".join(map(str, shape))] = statistics.median(timer.graph(launch, 40, replays=reps))
-            res["tune"] = tune
-            shape = tuple(int(v) for v in min(tune, key=tune.get).split("x"))
-            res["shape"] = "x".join(map(str, shape))
+        if n == 1 and t in FSPECS and tune:                         # the one-token kernel's shape
+            tn = {}
+            for shape in _shapes(IDS_SHAPES, t):
+                launch(0, 0)
+                r = rel_rms(yd.copy_to_host().reshape(n, A, O), want)
+                if not r <= 1e-5:
+                    raise AssertionError(f"{t.name} dispatch n=1 {shape}: relative RMS {r:.2e} against the oracle")
+                tn["x".join(map(str, shape))] = statistics.median(timer.graph(launch, 40, replays=reps))
+            res["tune"] = tn
+            ops.FAST1_IDS_SHAPE[t] = tuple(int(v) for v in min(tn, key=tn.get).split("x"))
+            shape = None
+        if n == 1 and t in FSPECS:
+            res["shape"] = "x".join(map(str, ops.FAST1_IDS_SHAPE.get(t, ops.FAST1_DEFAULT)))
         us = statistics.median(timer.graph(launch, 40, replays=reps))
-        shape = None
         res["moe"][n] = dict(us=us, distinct=distinct, gbs=distinct * ebytes / us / 1e3)
+        if 1 < n <= ops.ONE_MAX and t in FSPECS:                   # the 8-token kernel instead
+            one_max = ops.ONE_MAX
+            ops.ONE_MAX = 1
+            try:
+                res.setdefault("moe_8tok", {})[n] = statistics.median(timer.graph(launch, 40, replays=reps))
+            finally:
+                ops.ONE_MAX = one_max
     ll = LLAMA_MOE_US.get(t.name)
     if ll:
         res["llama_us"] = ll
@@ -229,8 +258,8 @@ def markdown(gemv: list[dict], moe: list[dict], ceiling: float, dev: str) -> str
          "GEMV, W 4096 x 14336 (packed GGUF bytes, float32 activations, result equal to the NumPy oracle within "
          "rel-RMS 1e-5). `x llama` = llama.cpp time / ours (> 1: we are faster).", "",
          "| type | kernel (shape) | n=1 us | GB/s | % copy | llama n=1 | x llama n=1 | n=2 us | x llama | n=4 us "
-         "| x llama | n=8 us | prefill 512 us | TFLOP/s | generic GEMV n=1 us |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| x llama | n=8 us | prefill 512 us | TFLOP/s | generic GEMV n=1 us | 8-token kernel n=2 / n=4 us |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in gemv:
         g, xl, ll = r["gemv"], r.get("x_llama", {}), r.get("llama_us", (None,) * 4)
         f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"         # noqa: E731
@@ -241,17 +270,19 @@ def markdown(gemv: list[dict], moe: list[dict], ceiling: float, dev: str) -> str
         L.append(f"| {r['type']} | {r.get('kernel', 'gemv')} ({shape}) "
                  f"| {f(g[1]['us'])} | {f(g[1]['gbs'], 0)} | {f(r['pct_copy'], 0)}% | {f(ll[0])} | {f(xl.get(1), 2)} "
                  f"| {f(g[2]['us'])} | {f(xl.get(2), 2)} | {f(g[4]['us'])} | {f(xl.get(4), 2)} | {f(g[8]['us'])} "
-                 f"| {f(pf.get('us'), 0)} | {f(pf.get('tflops'), 1)} | {f(r.get('generic_n1', {}).get('us'))} |")
+                 f"| {f(pf.get('us'), 0)} | {f(pf.get('tflops'), 1)} | {f(r.get('generic_n1', {}).get('us'))} "
+                 f"| {' / '.join(f(v) for v in r.get('gemv_8tok', {}).values()) or '-'} |")
     L += ["", "Expert dispatch (MUL_MAT_ID): 128 experts of 768 x 2048, 8 used per token; grouping by expert on the "
           "device + one grouped launch. GB/s over the distinct experts read.", "",
-          "| type | n=1 us | GB/s | llama | x llama | n=4 us | x llama | n=8 us | x llama | n=32 us | x llama |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| type | n=1 shape | n=1 us | GB/s | llama | x llama | n=4 us | x llama | n=8 us | x llama | n=32 us | x llama "
+          "| 8-token kernel n=4 us |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in moe:
         m, xl, ll = r["moe"], r.get("x_llama", {}), r.get("llama_us", (None,) * 4)
         f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"         # noqa: E731
-        L.append(f"| {r['type']} | {f(m[1]['us'])} | {f(m[1]['gbs'], 0)} | {f(ll[0])} | {f(xl.get(1), 2)} "
-                 f"| {f(m[4]['us'])} | {f(xl.get(4), 2)} | {f(m[8]['us'])} | {f(xl.get(8), 2)} | {f(m[32]['us'])} "
-                 f"| {f(xl.get(32), 2)} |")
+        L.append(f"| {r['type']} | {r.get('shape', '-')} | {f(m[1]['us'])} | {f(m[1]['gbs'], 0)} | {f(ll[0])} "
+                 f"| {f(xl.get(1), 2)} | {f(m[4]['us'])} | {f(xl.get(4), 2)} | {f(m[8]['us'])} | {f(xl.get(8), 2)} "
+                 f"| {f(m[32]['us'])} | {f(xl.get(32), 2)} | {f(r.get('moe_8tok', {}).get(4))} |")
     return "\n".join(L)
 
 
@@ -263,6 +294,8 @@ def main(argv=None) -> int:
     ap.add_argument("--md", default=None)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--no-tune", action="store_true")
+    ap.add_argument("--no-prefill", action="store_true", help="skip the 512-token GEMM")
+    ap.add_argument("--no-generic", action="store_true", help="skip the generic kernel's n=1 figure for fast types")
     a = ap.parse_args(argv)
     qc.check_available()
     if qc.SIM:
@@ -285,7 +318,8 @@ def main(argv=None) -> int:
     def do_gemv(t):
         t0 = time.perf_counter()
         try:
-            r = bench_gemv(t, timer, rng, ceiling, reps=reps, tune=(t.name in TUNED and not a.no_tune))
+            r = bench_gemv(t, timer, rng, ceiling, reps=reps, tune=(t.name in TUNED and not a.no_tune),
+                           prefill=0 if a.no_prefill else 512, generic=not a.no_generic)
         except Exception as e:                                     # noqa: BLE001 - report and go on
             print(f"{t.name}: FAILED {type(e).__name__}: {e}", flush=True)
             out.setdefault("failed", []).append(f"gemv {t.name}: {e}")
@@ -299,7 +333,7 @@ def main(argv=None) -> int:
 
     def do_moe(t):
         try:
-            r = bench_moe(t, timer, rng, ceiling, reps=reps)
+            r = bench_moe(t, timer, rng, ceiling, reps=reps, tune=(t.name in TUNED and not a.no_tune))
         except Exception as e:                                     # noqa: BLE001
             print(f"moe {t.name}: FAILED {type(e).__name__}: {e}", flush=True)
             out.setdefault("failed", []).append(f"moe {t.name}: {e}")

@@ -32,7 +32,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from ..formats import GGMLType
-from ._dev import MAGIC, MAGIC_BITS, as_f32, hf, silu, u2f, warp_sum
+from ._dev import MAGIC, MAGIC_BITS, SIM, as_f32, hf, silu, u2f, warp_sum
 from .decoders import _b12, _scale_min_k4, e8m0_half
 from .gemv import write_rows
 from .vec import h2f, ld4f, ld4u, prmt
@@ -557,14 +557,14 @@ FSPECS = {
     T.Q6_K: FSpec(T.Q6_K, 256, 210, 8, 4, 8, False, False, 12, 8, 4, ld_q6_k, dc_q6_k, col_q6_k),
     T.Q8_0: FSpec(T.Q8_0, 32, 34, 1, 1, 32, False, False, 9, 8, 4, ld_q8_0, dc_q8_0, col_q8_0),
     T.Q4_0: FSpec(T.Q4_0, 32, 18, 1, 2, 16, False, False, 5, 8, 4, ld_q4_0, dc_q4_0, col_one),
-    T.Q5_K: FSpec(T.Q5_K, 256, 176, 8, 2, 16, True, True, 12, 8, 4, ld_q5_k, dc_q5_k, col_q4_k),
+    T.Q5_K: FSpec(T.Q5_K, 256, 176, 8, 2, 16, True, True, 12, 4, 2, ld_q5_k, dc_q5_k, col_q4_k),
     T.Q2_K: FSpec(T.Q2_K, 256, 84, 8, 4, 8, True, False, 5, 8, 4, ld_q2_k, dc_q2_k, col_q6_k),
     T.Q3_K: FSpec(T.Q3_K, 256, 110, 8, 4, 8, False, False, 10, 4, 2, ld_q3_k, dc_q3_k, col_q6_k),
     T.IQ4_XS: FSpec(T.IQ4_XS, 256, 136, 8, 2, 16, False, False, 6, 4, 2, ld_iq4_xs, dc_iq4_xs, col_iq4_xs),
     T.IQ4_NL: FSpec(T.IQ4_NL, 32, 18, 1, 2, 16, False, False, 6, 4, 2, ld_iq4_nl, dc_iq4_nl, col_one),
     T.MXFP4: FSpec(T.MXFP4, 32, 17, 1, 2, 16, False, False, 6, 4, 2, ld_mxfp4, dc_mxfp4, col_one),
     T.Q4_1: FSpec(T.Q4_1, 32, 20, 1, 2, 16, True, False, 5, 8, 4, ld_q4_1, dc_q4_1, col_one),
-    T.Q5_0: FSpec(T.Q5_0, 32, 22, 1, 2, 16, False, False, 7, 8, 4, ld_q5_0, dc_q5_0, col_one),
+    T.Q5_0: FSpec(T.Q5_0, 32, 22, 1, 2, 16, False, False, 7, 4, 4, ld_q5_0, dc_q5_0, col_one),
     T.Q5_1: FSpec(T.Q5_1, 32, 24, 1, 2, 16, True, False, 6, 8, 4, ld_q5_1, dc_q5_1, col_one),
 }
 
@@ -717,13 +717,15 @@ def _unit_helpers(t):
 
 
 @functools.lru_cache(maxsize=None)
-def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0):
+def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0,
+                  MR: int = 0):
     """One token per group (decode, and expert dispatch at one token): each lane loads the activations of
     its unit once into registers and runs them against the same unit of RW rows, decoded one row at a
     time, so that the activation traffic is 1/RW of the weights' instead of 4 bytes per weight read.
     The lanes' partial sums live in shared memory, so the row loop need not be unrolled; the loads of P
     rows are issued before any of them is decoded (bytes in flight: what bounds a GEMV).
 
+    MR: a register cap per thread (0: the compiler's choice).
     IDM = 1 or 2: no group table; `grp` is the expert ids of one token (int32 [NP = A]) and block row g
     multiplies expert grp[g] into output row g, reading activation row 0 (IDM = 1: gate / up) or row g
     (IDM = 2: down, one row per slot). Grid (ceil(O/RW), A): expert dispatch of one token in one launch.
@@ -740,7 +742,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
 
     dot1, load_x = _unit_helpers(t)
 
-    @cuda.jit
+    @cuda.jit(**({"max_registers": MR} if MR and not SIM else {}))
     def fgemv1(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
         red = cuda.shared.array((KS, RW), float32)
         redu = cuda.shared.array((KS, RW), float32)

@@ -36,9 +36,18 @@ GEMV_DEFAULT = (2, 8, 2)
 # (RW rows per warp, KS warps splitting K) of the fast GEMV (`fast.py`), per type
 FAST_SHAPE: dict[GGMLType, tuple[int, int]] = {}
 FAST_DEFAULT = (4, 2)
-# the same for one token per group (`fast.fgemv1_kernel`: activations in registers, RW rows each)
-FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {}
-FAST1_DEFAULT = (8, 4, 8)          # RW rows, KS warps, P rows whose loads are in flight together
+# one token per group: (RW rows per warp, KS warps, P rows whose loads are in flight together, register cap
+# per thread (0: none), X: 1 = the 8-bit kernel `fast8.igemv1_kernel` (types in fast8.CW), 0 = the float
+# `fast.fgemv1_kernel`), per type, for a GEMV (FAST1_SHAPE) and for one token's expert dispatch from the router
+# ids (FAST1_IDS_SHAPE); chosen on the H200 by benchmarks/cuda_matmul.py (BENCHMARKS.md). The cap keeps a
+# 4-warp block within 128 registers a thread (4 blocks per SM); the types listed in NOCAP would spill under it.
+FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {
+    GGMLType.Q4_K: (8, 4, 8, 128, 1), GGMLType.Q4_0: (8, 4, 8, 128, 1), GGMLType.Q8_0: (16, 8, 4, 0, 1)}
+FAST1_IDS_SHAPE: dict[GGMLType, tuple[int, ...]] = {
+    GGMLType.Q4_K: (8, 4, 8, 128, 1), GGMLType.Q4_0: (8, 4, 8, 128, 1), GGMLType.Q8_0: (8, 4, 4, 0, 1)}
+FAST1_DEFAULT = (8, 4, 8, 128, 0)
+NOCAP = {GGMLType.BF16}
+X8 = True                          # False: never the 8-bit kernel
 # groups of up to ONE_MAX pairs go to the one-token kernels, one pass per pair (the rows of later passes
 # come from L2); larger groups to the 8-token `fgemv_kernel`
 ONE_MAX = 4
@@ -46,14 +55,6 @@ ONE_MAX = 4
 # slower than the alternatives on the H200 for dispatch (BENCHMARKS.md), so off (FASTN_MAX <= ONE_MAX)
 FASTN_MAX = 1
 FASTN_DEFAULT = (8, 4, 2)
-# one-token kernel on 8-bit digit planes of the activations and dp4a (`fast8.igemv1_kernel`) for these types
-# (faster than the float `fgemv1_kernel` on the H200 for them, not for Q6_K: benchmarks/cuda_gemv1.py);
-# shapes (RW, KS, P, register cap) for a GEMV and for one token's expert dispatch (`grouped_ids`)
-X8 = True
-X8_TYPES = {GGMLType.Q4_K, GGMLType.Q4_0, GGMLType.Q8_0}
-X8_SHAPE: dict[GGMLType, tuple[int, ...]] = {GGMLType.Q8_0: (16, 8, 4, 0)}
-X8_IDS_SHAPE: dict[GGMLType, tuple[int, ...]] = {GGMLType.Q8_0: (8, 4, 4, 0)}
-X8_DEFAULT = (8, 4, 8, 128)
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -116,8 +117,7 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
                              "(or the input is not 16-byte aligned)")
         one = max_per_group <= ONE_MAX
         few = not one and max_per_group <= FASTN_MAX
-        x8 = one and _x8(dw.type)
-        default = ((X8_SHAPE.get(dw.type, X8_DEFAULT) if x8 else FAST1_SHAPE.get(dw.type, FAST1_DEFAULT)) if one
+        default = (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one
                    else FASTN_DEFAULT if few else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
         sh = tuple(shape or default)
         RW, KS = sh[:2]
@@ -164,8 +164,7 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
     if sc is None:
         sc = _ones(2 * E)
     rwa = rw if rw is not None else _ones(1)
-    sh = tuple(shape or (X8_IDS_SHAPE.get(dw.type, X8_DEFAULT) if _x8(dw.type)
-                         else FAST1_SHAPE.get(dw.type, FAST1_DEFAULT)))
+    sh = tuple(shape or FAST1_IDS_SHAPE.get(dw.type, FAST1_DEFAULT))
     RW, KS = sh[:2]
     KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
     k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh, 2 if slot_rows else 1)
@@ -174,17 +173,13 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
         dw.w32, dw.w16, u.w32, u.w16, dw.tab, xd, yd, sc, rwa, ids, O, I, dw.rowb, dw.estride, 0, A, E)
 
 
-def _x8(t: GGMLType) -> bool:
-    return X8 and t in X8_TYPES and t in CW
-
-
 def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
-    """The one-token kernel for a type and shape (RW, KS[, P[, register cap]]): 8-bit digit products
-    (`fast8`) for the X8 types, else the float `fast.fgemv1_kernel`."""
+    """The one-token kernel for a type and shape (RW, KS[, P[, register cap[, X]]]) (see FAST1_SHAPE)."""
     P = sh[2] if len(sh) > 2 else 4
-    if _x8(t):
-        return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, sh[3] if len(sh) > 3 else 0)
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM)
+    MR = 0 if t in NOCAP else (sh[3] if len(sh) > 3 else 0)
+    if X8 and len(sh) > 4 and sh[4] and t in CW:
+        return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
 
 
 def _units(t: GGMLType) -> int:
