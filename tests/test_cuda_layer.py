@@ -59,7 +59,7 @@ def _model(tmp_path_factory, arch, preset, wtype):
 
 CASES = ([("qwen3moe", "tiny", t) for t in ("Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "F16")]
          + [("llama", "tiny", t) for t in ("Q8_0", "Q4_K", "F32")] + [("llama", "tiny-moe", "Q5_K")]) if GPU \
-    else [("qwen3moe", "micro", "Q8_0")]
+    else [("qwen3moe", "micro", "Q8_0"), ("llama", "micro", "Q8_0")]
 
 
 @pytest.mark.parametrize("arch,preset,wtype", CASES)

@@ -175,6 +175,13 @@ def _grid(n: int, block: int = EW) -> int:
 
 
 # ------------------------------------------------------------------ device-level dispatch
+def _combine(dn, A, res, out, combine, T, D, stream):
+    if combine is not None:
+        combine(dn, A, res, out)
+    else:
+        combine_kernel[_grid(T * D), EW, stream](dn, A, res if res is not None else out, res is not None, out)
+
+
 def one_token_ok(up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight, xd) -> bool:
     """True when `moe_ffn_device(..., ids=...)` can dispatch one token from its expert ids directly."""
     return (gate is not None and gate.type == up.type and fast_ids_ok(gate, xd)
@@ -183,13 +190,16 @@ def one_token_ok(up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight
 
 def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int, A: int, wts, *,
                    up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight, sc_gu, sc_d,
-                   res=None, out=None, scratch=None, stream=0, kernel: str = "auto", mark=None, ids=None):
+                   res=None, out=None, scratch=None, stream=0, kernel: str = "auto", mark=None, ids=None,
+                   combine=None):
     """Device arrays in and out: xd [T, D], wts [T*A] routing weights, tables on the device.
 
     sc_gu: float32 [2E] (gate scales then up scales), sc_d: float32 [E]. Returns out [T, D].
     scratch: dict of reusable buffers (act [T*A, I], dn [T*A, D], and for the GEMM path g, u).
     ids: the expert ids (int32 [A]) of a single token: when the fast one-token kernel serves these
     weights, the tables are not read and each projection is one launch over the A slots (`grouped_ids`).
+    combine: a callable (dn, A, res, out) that launches the combining step instead of `combine_kernel`
+    (out = res + the A slots of dn per token; the engine fuses the next block's norm into it).
     """
     T, D = xd.shape
     I = up.O
@@ -214,7 +224,7 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
         mark("experts_down")
         grouped_ids(down, act, dn, ids, A, sc=sc_d, rw=wts, slot_rows=True, stream=stream)
         mark("experts_combine")
-        combine_kernel[_grid(T * D), EW, stream](dn, A, res if res is not None else out, res is not None, out)
+        _combine(dn, A, res, out, combine, T, D, stream)
         return out
     small = kernel in ("gemv", "fast") or (kernel == "auto" and max_per_group <= NT_MAX)
     mark("experts_gate_up")
@@ -233,7 +243,7 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     mark("experts_down")
     grouped(down, act, dn, tab_p, gmax, n_pairs, max_per_group, sc=sc_d, rw=wts, kernel=kernel, stream=stream)
     mark("experts_combine")
-    combine_kernel[_grid(T * D), EW, stream](dn, A, res if res is not None else out, res is not None, out)
+    _combine(dn, A, res, out, combine, T, D, stream)
     return out
 
 

@@ -55,6 +55,30 @@ def rms_norm_kernel(x, w, eps, out):
 
 
 @cuda.jit
+def add_rms_norm_kernel(dn, A, res, has_res, w, eps, xo, out):
+    """xo[t] = (res[t] +) dn[t*A] + ... + dn[t*A + A - 1]   (the residual stream, slot order as
+    `quant.cuda.moe.combine_kernel`), then out[t] = rms_norm(xo[t]) * w as `rms_norm_kernel` (same
+    float64 sum in the same order): one launch for a residual add (A = 1) or an expert combine and the
+    norm that follows it. Grid T, block 256."""
+    buf = cuda.shared.array(32, float64)
+    t = cuda.blockIdx.x
+    D = xo.shape[1]
+    s = float64(0.0)
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        v = dn[t * A, i]
+        for a in range(1, A):
+            v += dn[t * A + a, i]
+        if has_res:
+            v = res[t, i] + v
+        xo[t, i] = v
+        s += float64(v) * float64(v)
+    s = _block_sum64(s, buf)
+    scale = float32(1.0) / math.sqrt(float32(s / D) + float32(eps))
+    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        out[t, i] = (xo[t, i] * scale) * w[i]
+
+
+@cuda.jit
 def add_kernel(a, b, out):
     """out = a + b, elementwise over [T, D]. Grid-stride."""
     T, D = out.shape

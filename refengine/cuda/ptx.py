@@ -7,12 +7,13 @@ import sys
 
 from quant.cuda import ptx as qptx
 
-from .kernels import add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel
+from .kernels import add_kernel, add_rms_norm_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel
 
 F1, F2, F3, I1, I2 = "float32[::1]", "float32[:, ::1]", "float32[:, :, ::1]", "int32[::1]", "int32[:, ::1]"
 KERNELS = [
     ("rms_norm", rms_norm_kernel, f"void({F2}, {F1}, float64, {F2})"),
     ("add", add_kernel, f"void({F2}, {F2}, {F2})"),
+    ("add_rms_norm", add_rms_norm_kernel, f"void({F2}, int64, {F2}, boolean, {F1}, float64, {F2}, {F2})"),
     ("qk_rope", qk_rope_kernel, f"void({F2}, int64, int64, int64, {F1}, {F1}, boolean, float64, {F2}, {F2}, int64, "
                                 f"boolean, {I1}, {F3}, {F3}, {F3})"),
     ("attention", attention_kernel, f"void({F3}, {F3}, {F3}, {I1}, float64, {F2})"),

@@ -5,15 +5,15 @@
 
 Per layer (Legend: T tokens, D model dim, H/Hkv heads, K head dim, E experts, A active):
 
-    h    = rms_norm(x) * attn_norm                        rms_norm_kernel
+    h    = rms_norm(x) * attn_norm                        rms_norm_kernel (first layer; later: fused below)
     qkv  = h @ [Wq; Wk; Wv].T                              one GEMV/GEMM (q, k, v rows side by side)
     q, k = rope(norm(q)), rope(norm(k)); cache <- k, v     qk_rope_kernel
     o    = attention(q, cache)                             attention_kernel
-    x    = x + o @ Wo.T                                    GEMV + add_kernel
-    h    = rms_norm(x) * ffn_norm                          rms_norm_kernel
+    x    = x + o @ Wo.T;  h = rms_norm(x) * ffn_norm       GEMV + add_rms_norm_kernel
     moe:   ids, w = softmax_topk(h @ Wr.T)                 GEMV + route_kernel + bucket_kernel
-           x = x + sum_a w_a down_e(silu(gate_e h) up_e h) grouped GLU, grouped down, combine
-    dense: x = x + down(silu(gate h) * up h)               GLU GEMV, GEMV, combine
+           x = x + sum_a w_a down_e(silu(gate_e h) up_e h) grouped GLU, grouped down,
+           h = rms_norm(x) * next norm                     combine + the next layer's attn_norm (or the
+    dense: x = x + down(silu(gate h) * up h)               GLU GEMV, GEMV,  output norm): add_rms_norm_kernel
 
 Weights are uploaded packed when a layer first runs (all experts: routing happens on the device).
 The KV cache lives on the device beside the host `KVCache` (`state.device`); the position of the
@@ -30,7 +30,7 @@ from numba import cuda
 
 from quant import QTensor
 from quant.cuda.gemv import GroupTable, dense_groups
-from quant.cuda.moe import BN, EW, bucket_kernel, combine_kernel, moe_ffn_device, one_token_ok
+from quant.cuda.moe import BN, EW, bucket_kernel, moe_ffn_device, one_token_ok
 from quant.cuda.ops import dense, grouped, supported
 from quant.cuda.weights import device_weight
 
@@ -38,7 +38,8 @@ from ..config import ROPE_NEOX, ROPE_NORM
 from ..errors import ConfigError
 from quant.cuda.timing import Graph, Spinner
 
-from .kernels import MAX_E, MAX_S, add_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel, route_kernel
+from .kernels import (MAX_E, MAX_S, add_rms_norm_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel,
+                      route_kernel)
 
 OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_output_bias", "attn_q_scale",
             "attn_k_scale", "attn_v_scale", "attn_qkv_scale", "attn_output_scale", "ffn_gate_bias", "ffn_up_bias",
@@ -191,15 +192,17 @@ class DeviceModel:
         return b
 
     # ------------------------------------------------------------ one layer, device arrays only
-    def _layer(self, il: int, T: int, b: dict, st: DeviceState, x, xo):
-        """x [T, D] -> xo [T, D] for layer il (all launches on self.stream)."""
+    def _layer(self, il: int, T: int, b: dict, st: DeviceState, x, xo, normed: bool, next_norm):
+        """x [T, D] -> xo [T, D] for layer il (all launches on self.stream); then b['h'] = rms_norm(xo) *
+        next_norm. normed: b['h'] already holds rms_norm(x) * attn_norm (the previous layer made it)."""
         cfg, s = self.cfg, self.stream
         L = self.layer(il)
         sp = L.spec
         H, Hkv, K = sp.n_head, sp.n_head_kv, cfg.head_dim_k
         h, qkv, q, att, a, x2 = b["h"], b["qkv"], b["q"], b["att"], b["a"], b["x2"]
-        self._mark("attn_norm")
-        rms_norm_kernel[T, EW, s](x, L.attn_norm, cfg.rms_eps, h)
+        if not normed:
+            self._mark("attn_norm")
+            rms_norm_kernel[T, EW, s](x, L.attn_norm, cfg.rms_eps, h)
         self._mark("qkv")
         qkv_v = qkv[:, :(H + 2 * Hkv) * K] if qkv.shape[1] != (H + 2 * Hkv) * K else qkv
         dense(L.qkv, h, qkv_v, stream=s)
@@ -215,10 +218,8 @@ class DeviceModel:
         attention_kernel[(H, T), 128, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
         self._mark("attn_output")
         dense(L.o, attv, a, stream=s)
-        self._mark("residual")
-        add_kernel[min(4096, (T * cfg.n_embd + EW - 1) // EW), EW, s](x, a, x2)            # ffn_inp
-        self._mark("ffn_norm")
-        rms_norm_kernel[T, EW, s](x2, L.ffn_norm, cfg.rms_eps, h)
+        self._mark("residual_ffn_norm")
+        add_rms_norm_kernel[T, EW, s](a, 1, x, True, L.ffn_norm, cfg.rms_eps, x2, h)     # ffn_inp, its norm
         if L.moe:
             A, E = sp.n_expert_used, cfg.n_expert
             self._mark("router")
@@ -237,7 +238,8 @@ class DeviceModel:
                                          E, A, n, BN, b["tab_x"], b["tab_p"], b["cnt"], b["fill"])
             moe_ffn_device(h, b["tab_x"], b["tab_p"], gmax, n, T, A, b["wts"], up=L.up, gate=L.gate, down=L.down,
                            sc_gu=L.sc_gu, sc_d=L.sc_d, res=x2, out=xo, scratch=b["scratch"], stream=s,
-                           mark=self._mark, ids=one)
+                           mark=self._mark, ids=one, combine=lambda dn, A_, r, o: add_rms_norm_kernel[T, EW, s](
+                               dn, A_, r if r is not None else o, r is not None, next_norm, cfg.rms_eps, o, h))
         else:
             self._mark("ffn")
             grp = b["dense_grp"]
@@ -249,17 +251,19 @@ class DeviceModel:
             if dn is None or dn.shape != (T, cfg.n_embd):
                 dn = b["scratch"]["dense_dn"] = cuda.device_array((T, cfg.n_embd), np.float32, stream=s)
             grouped(L.down, act, dn, grp, 1, T, T, stream=s)
-            combine_kernel[min(4096, (T * cfg.n_embd + EW - 1) // EW), EW, s](dn, 1, x2, True, xo)
+            add_rms_norm_kernel[T, EW, s](dn, 1, x2, True, next_norm, cfg.rms_eps, xo, h)
 
     def _steps(self, T: int, b: dict, st: DeviceState) -> None:
         """Every launch of one forward of T tokens after the inputs are in b['x'], b['cos'], b['sin'], st.pos."""
         cur, nxt = b["x"], b["xo"]
         for il in range(self.n_layer):
-            self._layer(il, T, b, st, cur, nxt)
+            nn = self.layer(il + 1).attn_norm if il + 1 < self.n_layer else self.out_norm
+            self._layer(il, T, b, st, cur, nxt, il > 0, nn)
             cur, nxt = nxt, cur
         b["final"] = cur
         self._mark("output")
-        rms_norm_kernel[T, EW, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
+        if self.n_layer == 0:
+            rms_norm_kernel[T, EW, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
         dense(self.output, b["h"], b["logits"], stream=self.stream)
 
     # ------------------------------------------------------------ profile
