@@ -3,6 +3,7 @@
     dot_<type>(row, x) -> float64      row: uint8 [row_bytes], x: f32 [I]
     row_dot(kind, row, x', xs)         the dispatch; x' = x_lanes(kind, x), xs = x_sums(kind, x),
                                        both prepared once per activation row by the host
+    row_dot2(kind, r0, r1, x', xs)     two rows in step (types in PAIRED), each bit-equal to row_dot
 
 Written with the 16-lane vectors of simd.py (one AVX-512 register), one ggml block at a time, in
 the order of the block's bytes. Every quantized format is affine per sub-block of 16 or 32 weights,
@@ -14,18 +15,26 @@ w = c q + m, with q a small integer or a code-book value; per 16 weights a kerne
      each lane to its top and converts (2^24 q, exact) -- with no widening shuffle. Lane l then holds
      weight 4 l + k (or the type's own order), so x is read in that order: x' = x_lanes(x), a
      permutation scaled by powers of two (exact), made once per activation row.
-     The others: shift, mask, `to_f32` or `lut` (Q4_0's q - 8, IQ4_NL's and MXFP4's code books).
+     The others: shift, mask, `to_f32` or `lut` (Q4_0's q - 8, IQ4_NL's and MXFP4's code books);
+     TQ1_0's base-3 digits on 16-bit words, 32 per instruction (`vpmullw`, `vpmulhuw`, as ggml's
+     ((q 3^n mod 256) 3) >> 8); the i-quants load grid rows from float tables (IQ1_S: int8, to stay
+     in L1) and flip signs with mask registers.
   2. multiplies by x with the codes centred: c (q - mid) . x, where mid is the block's own offset
      (Q3_K's 4, Q6_K's 32, Q5_0's 16, TQ2_0's 1) or the middle code (Q2_K 2, Q4_K 8, Q5_K 16), whose
      weight w(mid) = c mid + m then multiplies the group's sum of x (xs = x_sums(x), one FMA per
-     block). Only the middle code is folded: folding m itself makes c (q . x) and m sum(x) both much
+     block); IQ1_S/IQ1_M's +-1/8 deltas (as small as the grid values) multiply xs the same way.
+     Only the middle code is folded: folding m itself makes c (q . x) and m sum(x) both much
      larger than y when x is far from zero mean, and float32 loses the difference. Q4_1/Q5_1 form
      w = fma(d, q, m) per weight (one rounding; ggml's decoder rounds d*q and the sum separately).
   3. accumulates into a vector; the 16 lanes are added to a float64 sum once per 256-1024
-     weights, so a 14336-long row adds no more rounding than a float32 BLAS.
+     weights, so a 14336-long row adds no more rounding than a float32 BLAS. The additions keep
+     the order written here (simd.FP_FLAGS: no reassociation), so independent chains stay
+     independent.
 The scales of a K-quant block are decoded 16 at a time into one register (simd.scales_*) from the
 12-16 scale bytes rearranged with 32-bit masks (ggml's layout tricks), then `spread` over the lanes
-that hold each sub-block. Each kernel also prefetches 2 KB ahead of the block it decodes (`ahead`).
+that hold each sub-block (the i-quants' scales likewise, from `u16_lanes`). Each kernel also
+prefetches 2 KB ahead of the block it decodes (`ahead`). With one activation row, the memory-bound
+types read two weight rows in step (row_dot2): two streams keep more cache misses in flight.
 The readable per-element decoders are in dequant.py; every kernel here is tested against the NumPy
 oracle.
 """
