@@ -51,9 +51,10 @@ from .llvm import bf16_at, f16_at, f32_at, ld, u16_at, u32_at
 from .simd import (add, addc, as_i32, b32x2, b64, band, base3_tail, bf16x16, bitsel, bmask, bor, bsh, bsub, f16x16,
                    f32x16_at, flip, fma, hsum, i8x16f, i32x16_at, iadd, lanes, load16, lut, lut32, mul,
                    nib8x2, or_where, prefetch, rows4, rows8, rows8_i8, scales_i8, scales_u8, select_bits, shl, shr,
-                   splat, rotl, shr4, spread, to_f32, u8x16, u8x32w, u16_lanes, wmul, wmulhi, wshl, zeros)
+                   splat, rotl, shr4, spread, to_f32, u8x16, u8x32w, u16_lanes, u16x16, ue4m3x4, wmul, wmulhi, wshl,
+                   zeros)
 from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ1S_I8, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S,
-                     GRID_IQ3XXS, IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, UE4M3_HALF)
+                     GRID_IQ3XXS, IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7)
 
 J = dict(cache=True, inline="always")
 LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
@@ -295,15 +296,20 @@ def dot_q2_0(row, x):
 @njit(**J)
 def dot_nvfp4(row, x):
     T = load16(KV_FP4, 0)
+    nb = x.size // 64
     acc = 0.0
-    for g0 in range(0, x.size // 64, 4):
+    for g0 in range(0, nb, 4):
         v = zeros()
-        for b in range(g0, min(x.size // 64, g0 + 4)):          # 4 sub-blocks of 16, UE4M3 scale each
+        for b in range(g0, min(nb, g0 + 4)):          # 4 sub-blocks of 16, UE4M3 scale each
             o = 36 * b
             ahead(row, o, 36)
-            for s in range(4):
-                t = mul(lut(T, nib8x2(row, o + 4 + 8 * s)), load16(x, 64 * b + 16 * s))
-                v = fma(splat(ld(UE4M3_HALF, ld(row, o + s))), t, v)
+            q = u16x16(row, o + 4)                      # lane l: qs[2l], qs[2l + 1]: nibble k -> x'[16 k + l]
+            xo = 64 * b                                 # (x_lanes), all in sub-block l // 4
+            t0 = mul(lut(T, q), load16(x, xo))
+            t1 = mul(lut(T, shr(q, 4)), load16(x, xo + 16))
+            t0 = fma(lut(T, shr(q, 8)), load16(x, xo + 32), t0)
+            t1 = fma(lut(T, shr(q, 12)), load16(x, xo + 48), t1)
+            v = fma(ue4m3x4(row, o), add(t0, t1), v)    # the 4 scales, lane l: scale l // 4
         acc += hsum(v)
     return acc
 
@@ -820,13 +826,22 @@ def _even_odd_table():
     return src, np.ones(256, np.float32)
 
 
-LANE_TABLES = {TQ1_0: _even_odd_table(), Q3_K: _lut4_table(2), Q5_K: _lut4_table(4), Q6_K: _lanes4_table(),
-               Q2_K: _lut4_table(2), TQ2_0: _lut4_table(2), Q4_K: _lut4_table(4)}
+def _nvfp4_table():
+    """NVFP4, per 64 (one block): x'[16 k + l] = the weight of nibble k of lane l of u16x16 (byte
+    p = 2 l + k // 2 of qs, nibble k % 2): x[16 (p // 8) + p % 8 + 8 (k % 2)]."""
+    i = np.arange(64)
+    k, l = i // 16, i % 16
+    p = 2 * l + k // 2
+    return 16 * (p // 8) + p % 8 + 8 * (k % 2), np.ones(64, np.float32)
+
+
+LANE_TABLES = {NVFP4: _nvfp4_table(), TQ1_0: _even_odd_table(), Q3_K: _lut4_table(2), Q5_K: _lut4_table(4),
+               Q6_K: _lanes4_table(), Q2_K: _lut4_table(2), TQ2_0: _lut4_table(2), Q4_K: _lut4_table(4)}
 
 
 def x_lanes(kind: int, x: np.ndarray) -> np.ndarray:
-    """x as the kernels of LANE_TABLES read it: per 256, x'[i] = x[perm[i]] * scale[i] (scale a power
-    of two: exact).  x [N, I] -> [N, I]; other types: x itself."""
+    """x as the kernels of LANE_TABLES read it: per 256 (NVFP4: per 64), x'[i] = x[perm[i]] * scale[i]
+    (scale a power of two: exact).  x [N, I] -> [N, I]; other types: x itself."""
     tab = LANE_TABLES.get(kind)
     if tab is None:
         return x
@@ -838,6 +853,6 @@ def x_lanes(kind: int, x: np.ndarray) -> np.ndarray:
 @njit(cache=True)
 def _lane_order(x, perm, scale, out):
     for n in range(x.shape[0]):
-        for c in range(0, x.shape[1], 256):
-            for i in range(256):
+        for c in range(0, x.shape[1], perm.size):
+            for i in range(perm.size):
                 out[n, c + i] = x[n, c + perm[i]] * scale[i]

@@ -19,6 +19,8 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     select_bits(w, a, b) -> f32x16      lane l = a if bit l of w else b   (Q1_0's signs)
     base3_tail(w)     -> i32x16         TQ1_0's 16 digits packed in 4 bytes
     u8x32w(row, o)    -> i32x16         32 bytes zero-extended to 16-bit words (lane l: bytes 2l, 2l + 1)
+    u16x16(row, o)    -> i32x16         32 bytes as 16 words, one per lane
+    ue4m3x4(row, o)   -> f32x16         NVFP4's 4 scale bytes decoded, lane l: byte l // 4
     wshl(v, s), wmul(v, c), wmulhi(v, c)   per 16-bit word: v << s, low / high 16 bits of v c (constants)
     u16_lanes(row, o, pattern) -> i32x16  lane l = the uint16 at byte o + 2 SPREAD[pattern][l]
     shr4(v, a, b, c, d) -> i32x16       lane l shifted right by (a, b, c, d)[l % 4] (`vpsrlvd`)
@@ -328,6 +330,37 @@ def u8x32w(typingctx, row, o):
     def codegen(context, builder, signature, args):
         b = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I8, 32)), align=1)
         return builder.bitcast(builder.zext(b, W16), VI)
+    return sig, codegen
+
+
+@intrinsic
+def u16x16(typingctx, row, o):
+    """The 32 bytes at row[o:] as 16 little-endian words zero-extended to the 32-bit lanes (`vpmovzxwd`):
+    lane l holds bytes 2l and 2l + 1, four nibbles."""
+    sig = i32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        w = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I16, 16)), align=1)
+        return builder.zext(w, VI)
+    return sig, codegen
+
+
+@intrinsic
+def ue4m3x4(typingctx, row, o):
+    """Lane l = ggml_ue4m3_to_fp32(row[o + l // 4]) / 2 (NVFP4's four sub-block scales, 4 lanes each).
+    E4M3 (bias 7) shifted into a half's exponent and mantissa (bias 15) is the value / 2^8, subnormals
+    included: half((b & 0x7F) << 7) * 2^7; the byte 0x7F is 0 (ggml's NaN code)."""
+    sig = f32x16(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        b = builder.load(_at(context, builder, signature.args[0], args[0], args[1], ir.VectorType(I8, 4)), align=1)
+        b = builder.shuffle_vector(b, b, ir.Constant(VI, [l // 4 for l in range(16)]))
+        H16 = ir.VectorType(I16, 16)
+        h = builder.shl(builder.and_(builder.zext(b, H16), ir.Constant(H16, [0x7F] * 16)), ir.Constant(H16, [7] * 16))
+        f = builder.fmul(builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), VF),
+                         ir.Constant(VF, [128.0] * 16), flags=FP_FLAGS)
+        nan = builder.icmp_unsigned("==", b, ir.Constant(ir.VectorType(I8, 16), [0x7F] * 16))
+        return builder.select(nan, ir.Constant(VF, [0.0] * 16), f)
     return sig, codegen
 
 
