@@ -47,11 +47,14 @@ TYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q1_0", "
 SECTION = "## CPU (project machine: 2 cores, no GPU)"
 NOTE = ('Not like for like: llama.cpp first rounds the activation row to 8 bits (Q8_0/Q8_K) and multipli'
         'es in 8-bit integer SIMD (maddubs / VNNI: 32-64 multiply-adds per instruction); quant.cpu keeps'
-        ' the exact float32 product the NumPy oracle defines (rel-RMS column): at least a convert and an '
-        'FMA per 16 weights. Its K-quant and TQ2_0 kernels read the codes in place from 64 packed bytes '
-        'and spend little else; the ternary, 1-bit and i-quant types remain behind by unpacking and FMA '
-        'count, the 16/32-bit float types are bounded by memory. The machine is shared: figures move by'
-        ' up to 2x between runs; the ratio is measured in one run.')
+        ' the exact float32 product the NumPy oracle defines (rel-RMS column): an FMA per 16 weights (on'
+        'e per cycle on this Zen 4 core) plus at least one decode operation, measured at 1.6-2.5 cycles p'
+        'er 16 weights for 2-bit codes where llama.cpp spends about 1.1 on TQ2_0. Its K-quant, TQ2_0, T'
+        'Q1_0 and NVFP4 kernels read the codes in place from the packed bytes and spend little else, so'
+        ' the 2-bit and ternary types stay behind on instruction count; the i-quants are bound by the s'
+        'calar work of their grid indices; the 16/32-bit float types and Q8_0 are bounded by memory and'
+        ' read two weight rows at a time. The machine is shared: figures move by up to 2x between runs;'
+        ' the ratio is measured in one run.')
 
 
 def weights(t: GGMLType, wf: np.ndarray) -> np.ndarray:
