@@ -1,7 +1,8 @@
 """Fast-GEMV decoders for more types (see `fast.py` for the unit / ld / dc protocol). Each type here adds
 its `FSpec` to `fast.FSPECS`; the kernels, host dispatch, PTX check and tests pick it up from there.
 
-    NVFP4           integer codes (the doubled e2m1 values, as MXFP4) times half the UE4M3 sub-block scale
+    NVFP4           the doubled e2m1 values (as MXFP4) times 2^-15, made float16 by bit moves (no table), times
+                    2^15 / 2 the UE4M3 sub-block scale
     F16, BF16       the exact float value of each weight in q, sa = 1
     F32             the same (16-weight units: a 32-weight unit would keep 32 words per row in flight)
     IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S   +-grid bytes (from `tb`) times the sub-block scale
@@ -18,8 +19,8 @@ from numba import cuda, float32, uint32, uint64
 from ..formats import GGMLType
 from ._dev import MAGIC, SIM, as_f32, hf, u2f
 from .decoders import _ksigns
-from .fast import FSPECS, LO4, FSpec, _fp4, _jn, _ldn, _qf, col_iq4_xs, col_one
-from .vec import h2f, ld4u
+from .fast import FSPECS, FSpec, _jn, _ldn, _qf, col_iq4_xs, col_one
+from .vec import h2f, ld4u, prmt
 
 # a, b = ld2u(tb, i): tb[i], tb[i + 1] in one 64-bit load (ld.global.nc.v2.u32, the table is read-only; i even):
 # an 8-byte grid entry in one request (a warp's grid gathers touch many cache lines: requests count).
@@ -88,19 +89,34 @@ def ue4m3_half(x):
 
 
 @cuda.jit(device=True, inline=True)
+def _e2m1_f16(b):
+    """Four E2M1 nibbles s|e|e|m at bits 1..4 of each byte -> the high bytes of float16 numbers equal to their
+    doubled values (kvalues_mxfp4) times 2^-15: e|e|m is already in place under the float16 exponent bias 15
+    (e = 0: a subnormal, m 2^-15), the sign moves from bit 4 to bit 7 (adding 7 * 0x10 = 0x70; no carries)."""
+    return b + (b & uint32(0x10101010)) * uint32(7)
+
+
+@cuda.jit(device=True, inline=True)
+def _f16x4(v, q, r, o):
+    """q[r, o:o+4] = the float16 numbers whose high bytes are the bytes of v (low bytes zero), exactly."""
+    a = prmt(v, uint32(0), uint32(0x1404))               # bytes 0, 1 under two zero bytes
+    b = prmt(v, uint32(0), uint32(0x3424))               # bytes 2, 3
+    q[r, o] = h2f(a)
+    q[r, o + 1] = h2f(a >> uint32(16))
+    q[r, o + 2] = h2f(b)
+    q[r, o + 3] = h2f(b >> uint32(16))
+
+
+@cuda.jit(device=True, inline=True)
 def dc_nvfp4(raw, rf, p, base, c, q, sa, sb, r, tb):
     sw = raw[p, 4] >> uint32(16 * c)                     # the two scale bytes of this unit
-    sa[r, 0] = ue4m3_half(sw & uint32(0xFF))
-    sa[r, 1] = ue4m3_half((sw >> uint32(8)) & uint32(0xFF))
-    off = float32(MAGIC + 128.0)
+    sa[r, 0] = ue4m3_half(sw & uint32(0xFF)) * float32(32768.0)            # q holds the values times 2^-15
+    sa[r, 1] = ue4m3_half((sw >> uint32(8)) & uint32(0xFF)) * float32(32768.0)
     for j in range(2):
         for t in range(2):                               # word t of sub-block j: bytes 4t..4t+3
             w = raw[p, 2 * j + t]
-            lo = _fp4(w & uint32(LO4))
-            hi = _fp4((w >> uint32(4)) & uint32(LO4))
-            for k in range(4):
-                q[r, 16 * j + 4 * t + k] = _qf(lo, k, off)
-                q[r, 16 * j + 8 + 4 * t + k] = _qf(hi, k, off)
+            _f16x4(_e2m1_f16((w << uint32(1)) & uint32(0x1E1E1E1E)), q, r, 16 * j + 4 * t)        # low nibbles
+            _f16x4(_e2m1_f16((w >> uint32(3)) & uint32(0x1E1E1E1E)), q, r, 16 * j + 8 + 4 * t)    # high
 
 
 # ------------------------------------------------------------------ F16 / BF16: 32-weight pseudo-blocks of 64 B
@@ -423,16 +439,16 @@ def dc_iq1_m(raw, rf, p, base, c, q, sa, sb, r, tb):
 T = GGMLType
 MORE: dict = {
     #                  type     BS  TS UPB NR  RL  HASB   ALIGN16 NW PMAX PGLU
-    T.NVFP4: FSpec(T.NVFP4, 64, 36, 2, 2, 16, False, False, 5, 4, 2, ld_nvfp4, dc_nvfp4, col_nvfp4),
+    T.NVFP4: FSpec(T.NVFP4, 64, 36, 2, 2, 16, False, False, 5, 8, 4, ld_nvfp4, dc_nvfp4, col_nvfp4),
     T.F16: FSpec(T.F16, 32, 64, 1, 2, 16, False, True, 16, 4, 2, ld_f16, dc_f16, col_one),
     T.BF16: FSpec(T.BF16, 32, 64, 1, 2, 16, False, True, 16, 4, 2, ld_f16, dc_bf16, col_one),
     T.F32: FSpec(T.F32, 32, 128, 2, 1, 16, False, True, 16, 4, 2, ld_f32, dc_f32, col_f32),
     T.IQ3_XXS: FSpec(T.IQ3_XXS, 256, 98, 8, 2, 16, False, False, 5, 4, 2, ld_iq3_xxs, dc_iq3_xxs, col_iq4_xs),
-    T.IQ2_XXS: FSpec(T.IQ2_XXS, 256, 66, 8, 2, 16, False, False, 3, 4, 4, ld_iq2_xxs, dc_iq2_xxs, col_iq4_xs),
+    T.IQ2_XXS: FSpec(T.IQ2_XXS, 256, 66, 8, 2, 16, False, False, 3, 8, 4, ld_iq2_xxs, dc_iq2_xxs, col_iq4_xs),
     T.IQ2_XS: FSpec(T.IQ2_XS, 256, 74, 8, 2, 16, False, False, 4, 4, 2, ld_iq2_xs, dc_iq2_xs, col_iq4_xs),
     T.IQ2_S: FSpec(T.IQ2_S, 256, 82, 8, 2, 16, False, False, 6, 4, 2, ld_iq2_s, dc_iq2_s, col_iq4_xs),
     T.IQ3_S: FSpec(T.IQ3_S, 256, 110, 8, 2, 16, False, False, 7, 4, 2, ld_iq3_s, dc_iq3_s, col_iq4_xs),
     T.IQ1_S: FSpec(T.IQ1_S, 256, 50, 8, 2, 16, False, False, 3, 4, 4, ld_iq1_s, dc_iq1_s, col_iq4_xs),
-    T.IQ1_M: FSpec(T.IQ1_M, 256, 56, 8, 2, 16, False, False, 4, 4, 4, ld_iq1_m, dc_iq1_m, col_iq4_xs),
+    T.IQ1_M: FSpec(T.IQ1_M, 256, 56, 8, 2, 16, False, False, 4, 8, 4, ld_iq1_m, dc_iq1_m, col_iq4_xs),
 }
 FSPECS.update(MORE)
