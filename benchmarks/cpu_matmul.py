@@ -30,15 +30,15 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
-import numba  # noqa: E402
+import numba
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ggml_mulmat import GGMLMulMat  # noqa: E402
+from ggml_mulmat import GGMLMulMat
 
-from quant import QTensor, cpu, ref  # noqa: E402
-from quant import ggml as qggml  # noqa: E402
-from quant.formats import GGMLType, type_info  # noqa: E402
+from quant import QTensor, cpu, ref
+from quant import ggml as qggml
+from quant.formats import GGMLType, type_info
 
 # the types llama.cpp's test-backend-ops measures for MUL_MAT (../shared/anchors/llamacpp-cpu.md)
 TYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q1_0", "q2_0", "mxfp4", "nvfp4",
@@ -93,14 +93,17 @@ def measure(name: str, wf: np.ndarray, x: np.ndarray, rounds: int, reps: int, or
     err = float(np.sqrt(np.mean((y.astype(np.float64) - y_ref) ** 2) / np.mean(y_ref.astype(np.float64) ** 2)))
     time.sleep(0.5)
     nb, gg, orc = float(np.median(t_nb)), float(np.median(t_gg)), float(np.median(t_or))
-    gbs = lambda s: raw.nbytes / s / 1e9  # noqa: E731
-    return dict(type=name, bpw=8 * type_info(t).type_size / type_info(t).block_size, numba_us=nb * 1e6,
-                numba=gbs(nb), ggml=gbs(gg), oracle=gbs(orc), vs_ggml=gg / nb, vs_oracle=orc / nb, relrms=err)
+
+    def gbs(s: float) -> float:
+        return raw.nbytes / s / 1e9
+    return {"type": name, "bpw": 8 * type_info(t).type_size / type_info(t).block_size, "numba_us": nb * 1e6,
+            "numba": gbs(nb), "ggml": gbs(gg), "oracle": gbs(orc), "vs_ggml": gg / nb, "vs_oracle": orc / nb,
+            "relrms": err}
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| type | bits/weight | quant.cpu us | quant.cpu GB/s | llama.cpp GB/s | NumPy oracle GB/s | "
-           "vs llama.cpp | vs oracle | rel-RMS vs oracle |",
+    out = [("| type | bits/weight | quant.cpu us | quant.cpu GB/s | llama.cpp GB/s | NumPy oracle GB/s | "
+            "vs llama.cpp | vs oracle | rel-RMS vs oracle |"),
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['type']} | {r['bpw']:.4g} | {r['numba_us']:.0f} | {r['numba']:.1f} | {r['ggml']:.1f} | "

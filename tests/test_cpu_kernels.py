@@ -18,8 +18,7 @@ import zlib
 import numpy as np
 import pytest
 
-from quant import GGMLType, QTensor, QuantError, ref
-from quant import cpu
+from quant import GGMLType, QTensor, QuantError, cpu, ref
 from quant.cpu.dequant import KINDS
 from quant.formats import type_info
 
@@ -222,7 +221,9 @@ def _experts(t, E, D, I, rng, prefix):
     up = random_weight(t, E * I, D, rng)
     gate = random_weight(t, E * I, D, rng)
     down = random_weight(t, E * D, I, rng)
-    mk = lambda w, name, shape: QTensor.from_raw(name, t, shape, w.raw.reshape(*shape[:-1], -1))  # noqa: E731
+
+    def mk(w, name, shape):
+        return QTensor.from_raw(name, t, shape, w.raw.reshape(*shape[:-1], -1))
     return (mk(up, prefix + "ffn_up_exps.weight", (E, I, D)), mk(gate, prefix + "ffn_gate_exps.weight", (E, I, D)),
             mk(down, prefix + "ffn_down_exps.weight", (E, D, I)))
 
@@ -234,9 +235,9 @@ def _both(x, ids, weights, blas_min_tokens=16, **kw):
     got = cpu.moe_ffn(x, ids, weights, record=lambda n, il, v: r_cpu.__setitem__(n, v),
                       blas_min_tokens=blas_min_tokens, **kw)
     assert sorted(r_ref) == sorted(r_cpu)
-    for name in r_ref:
-        assert r_cpu[name].shape == r_ref[name].shape, name
-        assert_close(name, r_cpu[name], r_ref[name])
+    for name, want_v in r_ref.items():
+        assert r_cpu[name].shape == want_v.shape, name
+        assert_close(name, r_cpu[name], want_v)
     assert_close("moe out", got, want)
 
 
@@ -247,8 +248,8 @@ def test_moe_ffn_matches_loop_oracle(t, rng):
     x = rng.standard_normal((T, D), dtype=np.float32)
     ids = np.array([[0, 2], [2, 0], [5, 0], [2, 5], [0, 2]], dtype=np.int32)   # experts 1, 3, 4: no token
     weights = rng.random((T, 2), dtype=np.float32)
-    scales = dict(up_scale=rng.uniform(0.5, 2, E).astype(np.float32), gate_scale=None,
-                  down_scale=rng.uniform(0.5, 2, E).astype(np.float32))
+    scales = {"up_scale": rng.uniform(0.5, 2, E).astype(np.float32), "gate_scale": None,
+              "down_scale": rng.uniform(0.5, 2, E).astype(np.float32)}
     _both(x, ids, weights, up=up, gate=gate, down=down, il=1, **scales)
     _both(x[:1], ids[:1], weights[:1], up=up, gate=gate, down=down, il=1)                # one token (decode)
     _both(x, ids, weights, up=up, gate=None, down=down, il=1)                            # no gate: silu(up)

@@ -43,9 +43,33 @@ from numba import njit, types
 from numba.extending import overload
 
 from ..formats import GGMLType as T
-from .llvm import bits_f32, bf16_at, f16_at, f16_bits, f32_at, i8_f32, ld, st, u16_at, u32_at
-from .tables import (E8M0_HALF, GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
-                     IQ1S_DELTA, KV_IQ4NL, KV_MXFP4, SIGNS7, SIGNS8, UE4M3_HALF)
+from .llvm import (
+    bf16_at,
+    bits_f32,
+    f16_at,
+    f16_bits,
+    f32_at,
+    i8_f32,
+    ld,
+    st,
+    u16_at,
+    u32_at,
+)
+from .tables import (
+    E8M0_HALF,
+    GRID_IQ1S,
+    GRID_IQ2S,
+    GRID_IQ2XS,
+    GRID_IQ2XXS,
+    GRID_IQ3S,
+    GRID_IQ3XXS,
+    IQ1S_DELTA,
+    KV_IQ4NL,
+    KV_MXFP4,
+    SIGNS7,
+    SIGNS8,
+    UE4M3_HALF,
+)
 
 F32, F16, BF16 = int(T.F32), int(T.F16), int(T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0), int(T.Q8_1)
@@ -60,7 +84,7 @@ IQ4_NL, IQ4_XS, MXFP4, NVFP4 = int(T.IQ4_NL), int(T.IQ4_XS), int(T.MXFP4), int(T
 KINDS = (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q1_0, Q2_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
          TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS, MXFP4, NVFP4)
 
-J = dict(cache=True, inline="always")
+J = {"cache": True, "inline": "always"}
 
 
 # ---------------------------------------------------------------- floats

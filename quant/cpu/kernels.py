@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from numba import njit, prange
@@ -68,7 +68,7 @@ class Kernels:
     dequant_rows: object
 
 
-@lru_cache(maxsize=None)
+@cache
 def kernels(kind: int) -> Kernels:
     """The compiled drivers for ggml type id `kind` (compiled at their first call, not here)."""
     if kind not in KINDS:

@@ -133,7 +133,7 @@ def _launch(kind: int, raw: np.ndarray, x: np.ndarray, seg: np.ndarray, active: 
 
 def _blas(x: np.ndarray, raw: np.ndarray, kind: int, y: np.ndarray) -> None:
     """Large T: decode a block of weight rows (Numba, parallel), multiply it with BLAS; repeat."""
-    T, I = x.shape
+    I = x.shape[1]
     O = raw.shape[0]
     step = max(1, CHUNK_ELEMENTS // max(I, 1))
     wd = np.empty((min(step, O), I), dtype=np.float32)

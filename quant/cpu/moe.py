@@ -57,7 +57,7 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up: QTensor,
     rec = record or (lambda *a: None)
     x = np.ascontiguousarray(x, dtype=np.float32)
     ids = np.asarray(ids)
-    T, D = x.shape
+    T, _ = x.shape                                                         # [T, D]
     A = ids.shape[1] if ids.ndim == 2 else -1
     E = up.shape[0]
     if ids.shape != (T, A) or np.shape(weights) != (T, A):
@@ -71,7 +71,7 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up: QTensor,
     tok, slot = order // A, order % A                                      # [T*A] each
     e_row = flat[order]                                                    # expert of each grouped row
     xg = x[tok]                                                            # [T*A, D]
-    kw = dict(mode=mode, blas_min_tokens=blas_min_tokens)
+    kw = {"mode": mode, "blas_min_tokens": blas_min_tokens}
 
     u = _scaled(grouped_matmul(xg, up, seg, **kw), up_scale, e_row)        # [T*A, I]
     if record is not None:
