@@ -14,6 +14,7 @@ rows' decodes in one loop are no longer unrolled, so PMAX = 4 even where the raw
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from ..formats import GGMLType
@@ -30,6 +31,8 @@ if SIM:
         i = int(i)
         assert i % 2 == 0, "ld2u: unaligned index"
         return f[i], f[i + 1]
+    def b2f(u):
+        return np.uint32((int(u) & 0xFFFF) << 16).view(np.float32)
 else:
     from llvmlite import ir
     from numba.core import types
@@ -58,6 +61,21 @@ else:
             res = builder.call(asm, [addr])
             return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(2)])
         return sig, codegen
+
+    @intrinsic
+    def _b2f(typingctx, u):
+        sig = types.float32(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            h = builder.trunc(args[0], ir.IntType(16))
+            asm = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ir.IntType(16)]), "cvt.f32.bf16 $0, $1;", "=f,h",
+                               side_effect=False)
+            return builder.call(asm, [h])
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def b2f(u):
+        return _b2f(uint32(u))
 
 
 # ------------------------------------------------------------------ NVFP4: 36 B = d[4] UE4M3 | qs[32]   (64 weights)
@@ -145,8 +163,8 @@ def dc_bf16(raw, rf, p, base, c, q, sa, sb, r, tb):
     sa[r, 1] = float32(1.0)
     for t in range(16):
         w = raw[p, t]
-        q[r, 2 * t] = as_f32(w << uint32(16))
-        q[r, 2 * t + 1] = as_f32(w & uint32(0xFFFF0000))
+        q[r, 2 * t] = b2f(w)
+        q[r, 2 * t + 1] = b2f(w >> uint32(16))
 
 
 # ------------------------------------------------------------------ F32: 32-weight pseudo-blocks of 128 B
