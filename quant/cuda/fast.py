@@ -718,7 +718,7 @@ def _unit_helpers(t):
 
 @functools.lru_cache(maxsize=None)
 def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0,
-                  MR: int = 0):
+                  MR: int = 0, X8: bool = False):
     """One token per group (decode, and expert dispatch at one token): each lane loads the activations of
     its unit once into registers and runs them against the same unit of RW rows, decoded one row at a
     time, so that the activation traffic is 1/RW of the weights' instead of 4 bytes per weight read.
@@ -726,6 +726,8 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     rows are issued before any of them is decoded (bytes in flight: what bounds a GEMV).
 
     MR: a register cap per thread (0: the compiler's choice).
+    X8: the activations as 8-bit digit planes and dp4a products (`fast8`; types in `fast8.CW`); the
+    first P rows' loads are then issued before the activations'.
     IDM = 1 or 2: no group table; `grp` is the expert ids of one token (int32 [NP = A]) and block row g
     multiplies expert grp[g] into output row g, reading activation row 0 (IDM = 1: gate / up) or row g
     (IDM = 2: down, one row per slot). Grid (ceil(O/RW), A): expert dispatch of one token in one launch.
@@ -733,14 +735,37 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     takes one pass per pair (its rows come from L2 after the first)."""
     s = FSPECS[t]
     ld, dc, BS, TS, UPB, NR, NV, NW = s.ld, s.dc, s.BS, s.TS, s.UPB, s.NR, s.NV, s.NW
+    NQ = NV // 4
     NTH = 32 * KS
-    GLU, RWT = glu, rwt
+    GLU, RWT, WF = glu, rwt, X8
     P = max(1, min(P, RW, s.PGLU if glu else s.PMAX))
     while RW % P:
         P -= 1
     PU = P if glu else 1
-
     dot1, load_x = _unit_helpers(t)
+    if X8:
+        from .fast8 import CW, x_helpers
+        cw = CW[t]
+        digitise, idot = x_helpers(t)
+
+        @cuda.jit(device=True, inline=True)
+        def prep(x, xo, c, xv, xs, xl, xk):
+            load_x(x, xo, c, xv, xs, 0)
+            digitise(xv, xl, xk)
+
+        @cuda.jit(device=True, inline=True)
+        def rowdot(raw, rf, p, rb, c, q, qw, sa, sb, xv, xs, xl, xk, tb):
+            cw(raw, rf, p, rb, c, qw, sa, sb, 0, tb)
+            return idot(qw, sa, sb, xl, xk, xs)
+    else:
+        @cuda.jit(device=True, inline=True)
+        def prep(x, xo, c, xv, xs, xl, xk):
+            load_x(x, xo, c, xv, xs, 0)
+
+        @cuda.jit(device=True, inline=True)
+        def rowdot(raw, rf, p, rb, c, q, qw, sa, sb, xv, xs, xl, xk, tb):
+            dc(raw, rf, p, rb, c, q, sa, sb, 0, tb)
+            return dot1(q, sa, sb, xv, xs, 0)
 
     @cuda.jit(**({"max_registers": MR} if MR and not SIM else {}))
     def fgemv1(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
@@ -770,6 +795,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         ebase = uint64(e) * uint64(estride)
         nunits = (I // BS) * UPB
         q = cuda.local.array((1, NV), float32)
+        qw = cuda.local.array((1, NQ), uint32)
         sa = cuda.local.array((1, NR), float32)
         sb = cuda.local.array((1, NR), float32)
         raw = cuda.local.array((P, NW), uint32)
@@ -778,6 +804,8 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         rfu = cuda.local.array(PU, float32)
         xv = cuda.local.array((1, NV), float32)
         xs = cuda.local.array((1, NR), float32)
+        xl = cuda.local.array((3, NQ), uint32)
+        xk = cuda.local.array(NR, float32)
         for jp in range(j0, j1):                         # a group of several pairs: one pass each
             if IDM == 0:                                 # (the rows come from L2 after the first)
                 xr = uint64(grp[2 + 2 * GMAX + jp])
@@ -793,21 +821,27 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
             while u < nunits:
                 b = u // UPB
                 c = u - b * UPB
-                load_x(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, 0)
                 rb0 = ebase + uint64(b) * uint64(TS)
-                for r0 in range(0, RW, P):
+                if WF:                                   # the first rows' loads before the activations'
                     for p in range(P):
-                        rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                        rb = rb0 + uint64(min(row0 + p, O - 1)) * uint64(rowb)
                         ld(w32, w16, rb, c, raw, rf, p)
                         if GLU:
                             ld(u32, u16, rb, c, rawu, rfu, p)
+                prep(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, xl, xk)
+                for r0 in range(0, RW, P):
+                    if not WF or r0 > 0:
+                        for p in range(P):
+                            rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+                            ld(w32, w16, rb, c, raw, rf, p)
+                            if GLU:
+                                ld(u32, u16, rb, c, rawu, rfu, p)
                     for p in range(P):
                         rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
-                        dc(raw, rf, p, rb, c, q, sa, sb, 0, tb)
-                        acc[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
+                        acc[warp, r0 + p, lane] += rowdot(raw, rf, p, rb, c, q, qw, sa, sb, xv, xs, xl, xk, tb)
                         if GLU:
-                            dc(rawu, rfu, p, rb, c, q, sa, sb, 0, tb)
-                            accu[warp, r0 + p, lane] += dot1(q, sa, sb, xv, xs, 0)
+                            accu[warp, r0 + p, lane] += rowdot(rawu, rfu, p, rb, c, q, qw, sa, sb, xv, xs, xl, xk,
+                                                               tb)
                 u += NTH
             for r in range(RW):
                 a = warp_sum(acc[warp, r, lane])

@@ -28,12 +28,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, uint32
 
 from ..formats import GGMLType
-from ._dev import SIM, silu
-from ._dev import warp_sum as _wsum
-from .fast import FSPECS, LO4, _j2, _k4_scales, _sel, _unit_helpers
+from ._dev import SIM
+from .fast import FSPECS, LO4, _j2, _k4_scales, _sel, fgemv1_kernel
 from .vec import dp4a, prmt
 
 if SIM:
@@ -67,7 +66,10 @@ def _pack(a, b, c, d):
     return prmt(prmt(a, b, uint32(0x40)), prmt(c, d, uint32(0x40)), uint32(0x5410))
 
 
-def _x_helpers(t):
+@functools.lru_cache(maxsize=None)
+def x_helpers(t):
+    """digitise(xv, xl, xk): a unit's float activations -> digit planes; idot(qw, sa, sb, xl, xk, xs): one
+    decoded unit's code words against them (the 8-bit halves of `fast.fgemv1_kernel` with X8)."""
     s = FSPECS[t]
     NR, RL, HASB = s.NR, s.RL, s.HASB
     NQ = RL // 4
@@ -174,124 +176,13 @@ T = GGMLType
 CW = {T.Q4_K: cw_q4_k, T.Q6_K: cw_q6_k, T.Q8_0: cw_q8_0, T.Q4_0: cw_q4_0}
 
 
-@functools.lru_cache(maxsize=None)
 def igemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0,
                   MR: int = 0):
     """`fast.fgemv1_kernel` (same arguments, grid and block) with 8-bit digit planes and dp4a products; a
-    group of several pairs (IDM = 0) takes one pass per pair (the 2-4-token GEMV and small dispatch groups).
-    MR: a register cap per thread (0: the compiler's choice)."""
-    s = FSPECS[t]
-    ld, cw, BS, TS, UPB, NR, NV, NW = s.ld, CW[t], s.BS, s.TS, s.UPB, s.NR, s.NV, s.NW
-    NQ = NV // 4
-    NTH = 32 * KS
-    GLU, RWT = glu, rwt
-    P = max(1, min(P, RW, s.PGLU if glu else s.PMAX))
-    while RW % P:
-        P -= 1
-    PU = P if glu else 1
-    _, load_x = _unit_helpers(t)
-    digitise, idot = _x_helpers(t)
+    group of several pairs (IDM = 0) takes one pass per pair. MR: a register cap per thread (0: none)."""
+    if t not in CW:
+        raise KeyError(f"no 8-bit code-word decoder for {t.name}")
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, True)
 
-    @cuda.jit(**({"max_registers": MR} if MR and not SIM else {}))
-    def igemv1(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
-        red = cuda.shared.array((KS, RW), float32)
-        redu = cuda.shared.array((KS, RW), float32)
-        acc = cuda.shared.array((KS, RW, 32), float32)
-        accu = cuda.shared.array((KS, RW if GLU else 1, 32), float32)
-        tid = cuda.threadIdx.x
-        g = cuda.blockIdx.y
-        row0 = cuda.blockIdx.x * RW
-        if row0 >= O:
-            return
-        if IDM == 0:
-            if g >= grp[0]:
-                return
-            e = grp[1 + g]
-            j0 = grp[1 + GMAX + g]
-            j1 = grp[2 + GMAX + g]
-        else:
-            if g >= NP:
-                return
-            e = grp[g]
-            j0 = 0
-            j1 = 1
-        warp = tid // 32
-        lane = tid % 32
-        ebase = uint64(e) * uint64(estride)
-        nunits = (I // BS) * UPB
-        qw = cuda.local.array((1, NQ), uint32)
-        sa = cuda.local.array((1, NR), float32)
-        sb = cuda.local.array((1, NR), float32)
-        raw = cuda.local.array((P, NW), uint32)
-        rf = cuda.local.array(P, float32)
-        rawu = cuda.local.array((PU, NW), uint32)
-        rfu = cuda.local.array(PU, float32)
-        xv = cuda.local.array((1, NV), float32)
-        xs = cuda.local.array((1, NR), float32)
-        xl = cuda.local.array((3, NQ), uint32)
-        xk = cuda.local.array(NR, float32)
-        for jp in range(j0, j1):                         # a group of several pairs: one pass each
-            if IDM == 0:                                 # (the rows come from L2 after the first)
-                xr = uint64(grp[2 + 2 * GMAX + jp])
-                orow = grp[2 + 2 * GMAX + NP + jp]
-            else:
-                xr = uint64(0) if IDM == 1 else uint64(g)
-                orow = g
-            for r in range(RW):
-                acc[warp, r, lane] = float32(0.0)
-                if GLU:
-                    accu[warp, r, lane] = float32(0.0)
-            u = warp * 32 + lane
-            while u < nunits:
-                b = u // UPB
-                c = u - b * UPB
-                rb0 = ebase + uint64(b) * uint64(TS)
-                for p in range(P):                       # the first rows' loads before the activations'
-                    rb = rb0 + uint64(min(row0 + p, O - 1)) * uint64(rowb)
-                    ld(w32, w16, rb, c, raw, rf, p)
-                    if GLU:
-                        ld(u32, u16, rb, c, rawu, rfu, p)
-                load_x(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, 0)
-                digitise(xv, xl, xk)
-                for r0 in range(0, RW, P):
-                    if r0 > 0:
-                        for p in range(P):
-                            rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
-                            ld(w32, w16, rb, c, raw, rf, p)
-                            if GLU:
-                                ld(u32, u16, rb, c, rawu, rfu, p)
-                    for p in range(P):
-                        rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
-                        cw(raw, rf, p, rb, c, qw, sa, sb, 0, tb)
-                        acc[warp, r0 + p, lane] += idot(qw, sa, sb, xl, xk, xs)
-                        if GLU:
-                            cw(rawu, rfu, p, rb, c, qw, sa, sb, 0, tb)
-                            accu[warp, r0 + p, lane] += idot(qw, sa, sb, xl, xk, xs)
-                u += NTH
-            for r in range(RW):
-                a = _wsum(acc[warp, r, lane])
-                if lane == 0:
-                    red[warp, r] = a
-                if GLU:
-                    a = _wsum(accu[warp, r, lane])
-                    if lane == 0:
-                        redu[warp, r] = a
-            cuda.syncthreads()
-            for r in range(tid, RW, NTH):
-                if row0 + r < O:
-                    a = red[0, r]
-                    for w in range(1, KS):
-                        a += red[w, r]
-                    a = a * sc[e]
-                    if GLU:
-                        uu = redu[0, r]
-                        for w in range(1, KS):
-                            uu += redu[w, r]
-                        a = silu(a) * (uu * sc[E + e])
-                    if RWT:
-                        a = a * rw[orow]
-                    y[orow, row0 + r] = a
-            cuda.syncthreads()
-    return igemv1
 
 __all__ = ["CW", "igemv1_kernel"]
