@@ -9,8 +9,9 @@ its `FSpec` to `fast.FSPECS`; the kernels, host dispatch, PTX check and tests pi
     IQ1_S, IQ1_M    8 (grid + delta), an odd integer, times dl / 8
 
 Units are 32 weights (a block, or a sub-block of the 64- and 256-weight types), except F32. Rows in flight
-(PMAX, PGLU) are the most that keep every fast kernel free of local memory and spills (ptxas, sm_90): eight
-rows' decodes in one loop are no longer unrolled, so PMAX = 4 even where the raw words would fit eight.
+(PMAX, PGLU) are the most that keep every fast kernel free of local memory and spills (ptxas, sm_90), at
+<= 128 registers for the one-token kernel: where eight rows' decodes make the row loop too long for LLVM to
+unroll, the working arrays go to local memory, so PMAX = 4 even where the raw words would fit eight.
 """
 from __future__ import annotations
 
@@ -23,14 +24,18 @@ from .decoders import _ksigns
 from .fast import FSPECS, FSpec, _jn, _ldn, _qf, col_iq4_xs, col_one
 from .vec import h2f, ld4u, prmt
 
-# a, b = ld2u(tb, i): tb[i], tb[i + 1] in one 64-bit load (ld.global.nc.v2.u32, the table is read-only; i even):
-# an 8-byte grid entry in one request (a warp's grid gathers touch many cache lines: requests count).
+# Two intrinsics beside those of `vec.py` (with simulator twins):
+#   a, b = ld2u(tb, i)   tb[i], tb[i + 1] in one 64-bit load (ld.global.nc.v2.u32, the table is read-only; i even):
+#                        an 8-byte grid entry in one request (a warp's grid gathers touch many cache lines)
+#   f = b2f(u)           the low 16 bits of u as a bfloat16 -> float32 (cvt.f32.bf16): as `vec.h2f` for F16,
+#                        where shifts made LLVM unroll the one-token GLU kernel's row loop (212 registers)
 if SIM:
     def ld2u(a, i):
         f = a.reshape(-1)
         i = int(i)
         assert i % 2 == 0, "ld2u: unaligned index"
         return f[i], f[i + 1]
+
     def b2f(u):
         return np.uint32((int(u) & 0xFFFF) << 16).view(np.float32)
 else:
