@@ -40,13 +40,14 @@ FAST_DEFAULT = (4, 2)
 # per thread (0: none), X: 1 = the 8-bit kernel `fast8.igemv1_kernel` (types in fast8.CW), 0 = the float
 # `fast.fgemv1_kernel`), per type, for a GEMV (FAST1_SHAPE) and for one token's expert dispatch from the router
 # ids (FAST1_IDS_SHAPE); chosen on the H200 by benchmarks/cuda_matmul.py (BENCHMARKS.md). The cap keeps a
-# 4-warp block within 128 registers a thread (4 blocks per SM); the types listed in NOCAP would spill under it.
+# 4-warp block within 128 registers a thread (4 blocks per SM); where ptxas spills under it (NOCAP: the float
+# kernel with gate and up), no cap.
 FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_K: (8, 4, 8, 128, 1), GGMLType.Q4_0: (8, 4, 8, 128, 1), GGMLType.Q8_0: (16, 8, 4, 0, 1)}
 FAST1_IDS_SHAPE: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_K: (8, 4, 8, 128, 1), GGMLType.Q4_0: (8, 4, 8, 128, 1), GGMLType.Q8_0: (8, 4, 4, 0, 1)}
 FAST1_DEFAULT = (8, 4, 8, 128, 0)
-NOCAP = {GGMLType.BF16}
+NOCAP = {GGMLType.Q4_K}
 X8 = True                          # False: never the 8-bit kernel
 # groups of up to ONE_MAX pairs go to the one-token kernels, one pass per pair (the rows of later passes
 # come from L2); larger groups to the 8-token `fgemv_kernel`
@@ -176,10 +177,10 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
 def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
     """The one-token kernel for a type and shape (RW, KS[, P[, register cap[, X]]]) (see FAST1_SHAPE)."""
     P = sh[2] if len(sh) > 2 else 4
-    MR = 0 if t in NOCAP else (sh[3] if len(sh) > 3 else 0)
+    MR = sh[3] if len(sh) > 3 else 0
     if X8 and len(sh) > 4 and sh[4] and t in CW:
         return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, 0 if glu and t in NOCAP else MR)
 
 
 def _units(t: GGMLType) -> int:
