@@ -40,18 +40,23 @@ FAST_DEFAULT = (4, 2)
 # per thread (0: none), X: 1 = the 8-bit kernel `fast8.igemv1_kernel` (types in fast8.CW), 0 = the float
 # `fast.fgemv1_kernel`), per type, for a GEMV (FAST1_SHAPE) and for one token's expert dispatch from the router
 # ids (FAST1_IDS_SHAPE); chosen on the H200 by benchmarks/cuda_matmul.py (BENCHMARKS.md). The cap keeps a
-# 4-warp block within 128 registers a thread (4 blocks per SM); where ptxas spills under it (NOCAP: the float
-# kernel with gate and up), no cap.
-FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {
-    GGMLType.Q4_K: (8, 4, 8, 128, 1), GGMLType.Q4_0: (8, 4, 8, 128, 1), GGMLType.Q8_0: (16, 8, 4, 0, 1)}
+# 4-warp block within 128 registers a thread (4 blocks per SM); the gate+up variants run uncapped (ptxas
+# spills under it for Q4_K and Q8_0).
+FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {GGMLType.Q4_K: (8, 4, 8, 128, 1), GGMLType.Q4_0: (8, 4, 8, 128, 1)}
 FAST1_IDS_SHAPE: dict[GGMLType, tuple[int, ...]] = {
-    GGMLType.Q4_K: (8, 4, 8, 128, 1), GGMLType.Q4_0: (8, 4, 8, 128, 1), GGMLType.Q8_0: (8, 4, 4, 0, 1)}
+    GGMLType.Q4_K: (8, 4, 4, 128, 1), GGMLType.Q8_0: (8, 4, 4, 128, 1)}
 FAST1_DEFAULT = (8, 4, 8, 128, 0)
-NOCAP = {GGMLType.Q4_K}
 X8 = True                          # False: never the 8-bit kernel
 # groups of up to ONE_MAX pairs go to the one-token kernels, one pass per pair (the rows of later passes
-# come from L2); larger groups to the 8-token `fgemv_kernel`
+# come from L2); larger groups to the 8-token `fgemv_kernel`. A dense GEMV (one group of T tokens) takes the
+# one-token kernel only up to ONE_MAX_DENSE[type] tokens: where it measured faster than the 8-token kernel
+# on the H200 (BENCHMARKS.md: 4096 x 14336 at 2 and 4 tokens); expert dispatch (groups of 1-2 pairs mostly)
+# was faster with it for every type measured.
 ONE_MAX = 4
+ONE_MAX_DENSE: dict[GGMLType, int] = {
+    **{t: 4 for t in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.NVFP4)},
+    **{t: 2 for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.IQ2_XXS,
+                      GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ1_S)}}
 # groups of 2..FASTN_MAX tokens: `fast.fgemvn_kernel` (activations of 2 or 4 tokens in registers); measured
 # slower than the alternatives on the H200 for dispatch (BENCHMARKS.md), so off (FASTN_MAX <= ONE_MAX)
 FASTN_MAX = 1
@@ -116,7 +121,7 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
-        one = max_per_group <= ONE_MAX
+        one = max_per_group <= (ONE_MAX if gmax > 1 else min(ONE_MAX, max(1, ONE_MAX_DENSE.get(dw.type, 1))))
         few = not one and max_per_group <= FASTN_MAX
         default = (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one
                    else FASTN_DEFAULT if few else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
@@ -177,10 +182,10 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
 def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
     """The one-token kernel for a type and shape (RW, KS[, P[, register cap[, X]]]) (see FAST1_SHAPE)."""
     P = sh[2] if len(sh) > 2 else 4
-    MR = sh[3] if len(sh) > 3 else 0
+    MR = sh[3] if len(sh) > 3 and not glu else 0
     if X8 and len(sh) > 4 and sh[4] and t in CW:
         return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, 0 if glu and t in NOCAP else MR)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
 
 
 def _units(t: GGMLType) -> int:
