@@ -200,6 +200,17 @@ def ld_q6_k(w32, w16, base, c, raw, rf, p):
 
 
 @cuda.jit(device=True, inline=True)
+def q6_codes(qa, qb, qh):
+    """Four columns of each of the unit's runs A..D as 6-bit codes, one per byte, from the ql words of A/C
+    (qa) and B/D (qb) and the qh word."""
+    vA = (qa & uint32(LO4)) | ((qh << uint32(4)) & uint32(0x30303030))
+    vB = (qb & uint32(LO4)) | ((qh << uint32(2)) & uint32(0x30303030))
+    vC = ((qa >> uint32(4)) & uint32(LO4)) | (qh & uint32(0x30303030))
+    vD = ((qb >> uint32(4)) & uint32(LO4)) | ((qh >> uint32(2)) & uint32(0x30303030))
+    return vA, vB, vC, vD
+
+
+@cuda.jit(device=True, inline=True)
 def dc_q6_k(raw, rf, p, base, c, q, sa, sb, r, tb):
     sel = _sel(base, 0x3210)
     a0, a1 = _j2(raw, p, 0, sel)
@@ -214,13 +225,7 @@ def dc_q6_k(raw, rf, p, base, c, q, sa, sb, r, tb):
         sa[r, j] = d * (u2f(sbyte ^ uint32(128)) - float32(128.0))
     off = float32(MAGIC + 32.0)
     for t in range(2):
-        qa = a0 if t == 0 else a1
-        qb = b0 if t == 0 else b1
-        qh = e0 if t == 0 else e1
-        vA = (qa & uint32(LO4)) | ((qh << uint32(4)) & uint32(0x30303030))
-        vB = (qb & uint32(LO4)) | ((qh << uint32(2)) & uint32(0x30303030))
-        vC = ((qa >> uint32(4)) & uint32(LO4)) | (qh & uint32(0x30303030))
-        vD = ((qb >> uint32(4)) & uint32(LO4)) | ((qh >> uint32(2)) & uint32(0x30303030))
+        vA, vB, vC, vD = q6_codes(a0 if t == 0 else a1, b0 if t == 0 else b1, e0 if t == 0 else e1)
         for k in range(4):
             q[r, 4 * t + k] = _qf(vA, k, off)
             q[r, 8 + 4 * t + k] = _qf(vB, k, off)

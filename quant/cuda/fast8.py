@@ -32,7 +32,7 @@ from numba import cuda, float32, int32, uint32
 
 from ..formats import GGMLType
 from ._dev import SIM
-from .fast import FSPECS, LO4, _j2, _k4_scales, _sel, fgemv1_kernel
+from .fast import FSPECS, LO4, _j2, _k4_scales, _sel, fgemv1_kernel, q6_codes
 from .vec import dp4a, prmt
 
 if SIM:
@@ -139,13 +139,7 @@ def cw_q6_k(raw, rf, p, base, c, qw, sa, sb, r, tb):
         sbyte = (sw >> uint32(8 * (i0 + 2 * (j & 1)))) & uint32(255)
         sa[r, j] = d * float32(int32(sbyte ^ uint32(128)) - int32(128))
     for t in range(2):
-        qa = a0 if t == 0 else a1
-        qb = b0 if t == 0 else b1
-        qh = e0 if t == 0 else e1
-        vA = (qa & uint32(LO4)) | ((qh << uint32(4)) & uint32(0x30303030))
-        vB = (qb & uint32(LO4)) | ((qh << uint32(2)) & uint32(0x30303030))
-        vC = ((qa >> uint32(4)) & uint32(LO4)) | (qh & uint32(0x30303030))
-        vD = ((qb >> uint32(4)) & uint32(LO4)) | ((qh >> uint32(2)) & uint32(0x30303030))
+        vA, vB, vC, vD = q6_codes(a0 if t == 0 else a1, b0 if t == 0 else b1, e0 if t == 0 else e1)
         qw[r, t] = (vA ^ uint32(0x20202020)) << uint32(2)
         qw[r, 2 + t] = (vB ^ uint32(0x20202020)) << uint32(2)
         qw[r, 4 + t] = (vC ^ uint32(0x20202020)) << uint32(2)
