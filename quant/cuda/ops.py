@@ -24,7 +24,7 @@ from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
 from .decoders import SPECS
-from .fast import fast_supported, fgemv1_kernel, fgemv_kernel, fgemvn_kernel
+from .fast import fast_supported, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .weights import DeviceWeight, device_weight
@@ -51,16 +51,13 @@ X8 = True                          # False: never the 8-bit kernel
 # come from L2); larger groups to the 8-token `fgemv_kernel`. A dense GEMV (one group of T tokens) takes the
 # one-token kernel only up to ONE_MAX_DENSE[type] tokens: where it measured faster than the 8-token kernel
 # on the H200 (BENCHMARKS.md: 4096 x 14336 at 2 and 4 tokens); expert dispatch (groups of 1-2 pairs mostly)
-# was faster with it for every type measured.
+# was faster with it for every type measured. (A kernel holding the activations of 2-4 tokens in registers was
+# tried at stop 6 and measured slower than both: removed.)
 ONE_MAX = 4
 ONE_MAX_DENSE: dict[GGMLType, int] = {
     **{t: 4 for t in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.NVFP4)},
     **{t: 2 for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.IQ2_XXS,
                       GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ1_S)}}
-# groups of 2..FASTN_MAX tokens: `fast.fgemvn_kernel` (activations of 2 or 4 tokens in registers); measured
-# slower than the alternatives on the H200 for dispatch (BENCHMARKS.md), so off (FASTN_MAX <= ONE_MAX)
-FASTN_MAX = 1
-FASTN_DEFAULT = (8, 4, 2)
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
 NT_MAX = 8
 
@@ -122,17 +119,12 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
         one = max_per_group <= (ONE_MAX if gmax > 1 else min(ONE_MAX, max(1, ONE_MAX_DENSE.get(dw.type, 1))))
-        few = not one and max_per_group <= FASTN_MAX
-        default = (FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one
-                   else FASTN_DEFAULT if few else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
+        default = FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FAST_SHAPE.get(dw.type, FAST_DEFAULT)
         sh = tuple(shape or default)
         RW, KS = sh[:2]
         KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
         if one:
             k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh)
-        elif few:
-            k = fgemvn_kernel(dw.type, 2 if max_per_group <= 2 else 4, RW, KS, up is not None, rw is not None,
-                              sh[2] if len(sh) > 2 else 2)
         else:
             if up is not None:                   # gate and up decoded side by side: half the rows (no spills)
                 RW = max(1, RW // 2)

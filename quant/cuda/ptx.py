@@ -16,7 +16,7 @@ from numba import cuda
 
 from ._dev import SIM
 from .decoders import SPECS
-from .fast import FSPECS, fgemv1_kernel, fgemv_kernel, fgemvn_kernel
+from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
@@ -49,9 +49,6 @@ def kernels(all_variants: bool = False):
         out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False, 8), SIG_GEMV))
         out.append((f"fast1[{n}, glu]", fgemv1_kernel(t, 8, 4, True, False, 8), SIG_GEMV))
         out.append((f"fast1[{n}, ids]", fgemv1_kernel(t, 8, 4, False, True, 8, 2), SIG_GEMV))
-        if all_variants:                   # off by default (ops.FASTN_MAX)
-            out.append((f"fastn[{n}, NT=4, glu]", fgemvn_kernel(t, 4, 8, 4, True, False, 2), SIG_GEMV))
-            out.append((f"fastn[{n}, NT=2, rw]", fgemvn_kernel(t, 2, 8, 4, False, True, 2), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, glu]", fgemv_kernel(t, 8, 2, 2, True, False), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, rw]", fgemv_kernel(t, 8, 4, 2, False, True), SIG_GEMV))
     for t in CW:
