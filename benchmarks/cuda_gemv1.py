@@ -1,4 +1,4 @@
-"""One-token kernels side by side on the GPU: the float fast GEMV (`fast.fgemv1_kernel`) against the 8-bit
+"""One-token kernels side by side on the GPU (the shapes `cuda_matmul.py` tunes over): the float fast GEMV (`fast.fgemv1_kernel`) against the 8-bit
 digit-plane GEMV (`fast8.igemv1_kernel`) over shapes and register caps, GEMV 4096 x 14336 and one token's
 expert dispatch (128 experts of 768 x 2048, 8 used). Each configuration is checked against the NumPy
 oracle (rel-RMS <= 1e-5), then graph-timed like `cuda_matmul.py`.
@@ -25,14 +25,10 @@ from quant.cuda.testdata import random_qtensor
 from quant.cuda.timing import Timer
 from quant.cuda.weights import device_weight
 
-from cuda_matmul import L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, rel_rms  # noqa: E402
-
-# (rows per warp, warps, rows in flight, register cap, 1 = 8-bit kernel) as in ops.FAST1_SHAPE
-CONFIGS = [(8, 4, 8, 128, 0), (8, 4, 4, 96, 0), (8, 4, 4, 80, 0), (4, 4, 4, 80, 0), (8, 4, 8, 128, 1),
-           (8, 4, 4, 128, 1), (8, 4, 2, 96, 1), (16, 8, 4, 0, 1)]
+from cuda_matmul import FAST_SHAPES, IDS_SHAPES, L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, rel_rms  # noqa: E402
 
 
-def bench(t, timer, rng, reps, configs):
+def bench(t, timer, rng, reps, configs, ids_configs):
     out = {"type": t.name, "gemv": {}, "moe": {}}
     O, I = 4096, 14336
     w0 = random_qtensor(t, (O, I), rng)
@@ -67,7 +63,7 @@ def bench(t, timer, rng, reps, configs):
     x = rng.standard_normal((1, I)).astype(np.float32)
     xd, yd = cuda.to_device(x), cuda.device_array((A, O), np.float32)
     want = np.stack([ref.dequantize(ws[0][int(e)]) @ x[0] for e in idss[0]])
-    for sh in configs:
+    for sh in ids_configs:
         if sh[4] and t not in CW:
             continue
         ops.grouped_ids(dws[0], xd, yd, idd[0], A, shape=sh)
@@ -92,7 +88,8 @@ def main():
     a = ap.parse_args()
     timer = Timer()
     rng = np.random.default_rng(0)
-    res = [bench(GGMLType[n], timer, rng, a.reps, CONFIGS[:3] if a.quick else CONFIGS) for n in a.types.split(",")]
+    res = [bench(GGMLType[n], timer, rng, a.reps, FAST_SHAPES[:3] if a.quick else FAST_SHAPES,
+                 IDS_SHAPES[:3] if a.quick else IDS_SHAPES) for n in a.types.split(",")]
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
