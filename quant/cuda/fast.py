@@ -211,18 +211,29 @@ def q6_codes(qa, qb, qh):
 
 
 @cuda.jit(device=True, inline=True)
-def dc_q6_k(raw, rf, p, base, c, q, sa, sb, r, tb):
+def q6_head(raw, p, base, c, sa, r, d, icvt):
+    """The words loaded by `ld_q6_k` joined (ql of runs A/C, of B/D, qh: two words each) and the four runs'
+    scales: sa[r, j] = d * scales[..] (the int8 scale to float by an integer convert if icvt, else by the
+    exponent trick: the same value)."""
     sel = _sel(base, 0x3210)
     a0, a1 = _j2(raw, p, 0, sel)
     b0, b1 = _j2(raw, p, 3, sel)
     e0, e1 = _j2(raw, p, 6, sel)
     s0, s1 = _j2(raw, p, 9, sel)
-    d = rf[p]
     i0 = (c & 3) >> 1                                   # l0 / 16
     for j in range(4):
         sw = s0 if j < 2 else s1
         sbyte = (sw >> uint32(8 * (i0 + 2 * (j & 1)))) & uint32(255)
-        sa[r, j] = d * (u2f(sbyte ^ uint32(128)) - float32(128.0))
+        if icvt:
+            sa[r, j] = d * float32(int32(sbyte ^ uint32(128)) - int32(128))
+        else:
+            sa[r, j] = d * (u2f(sbyte ^ uint32(128)) - float32(128.0))
+    return a0, a1, b0, b1, e0, e1
+
+
+@cuda.jit(device=True, inline=True)
+def dc_q6_k(raw, rf, p, base, c, q, sa, sb, r, tb):
+    a0, a1, b0, b1, e0, e1 = q6_head(raw, p, base, c, sa, r, rf[p], False)
     off = float32(MAGIC + 32.0)
     for t in range(2):
         vA, vB, vC, vD = q6_codes(a0 if t == 0 else a1, b0 if t == 0 else b1, e0 if t == 0 else e1)

@@ -32,7 +32,7 @@ from numba import cuda, float32, int32, uint32
 
 from ..formats import GGMLType
 from ._dev import SIM
-from .fast import FSPECS, LO4, _j2, _k4_scales, _sel, fgemv1_kernel, q6_codes
+from .fast import FSPECS, LO4, _k4_scales, _sel, fgemv1_kernel, q6_codes, q6_head
 from .vec import dp4a, prmt
 
 if SIM:
@@ -127,17 +127,7 @@ def cw_q4_k(raw, rf, p, base, c, qw, sa, sb, r, tb):
 
 @cuda.jit(device=True, inline=True)
 def cw_q6_k(raw, rf, p, base, c, qw, sa, sb, r, tb):
-    sel = _sel(base, 0x3210)
-    a0, a1 = _j2(raw, p, 0, sel)
-    b0, b1 = _j2(raw, p, 3, sel)
-    e0, e1 = _j2(raw, p, 6, sel)
-    s0, s1 = _j2(raw, p, 9, sel)
-    d = rf[p] * float32(0.25)                            # codes are 4 (q - 32)
-    i0 = (c & 3) >> 1
-    for j in range(4):
-        sw = s0 if j < 2 else s1
-        sbyte = (sw >> uint32(8 * (i0 + 2 * (j & 1)))) & uint32(255)
-        sa[r, j] = d * float32(int32(sbyte ^ uint32(128)) - int32(128))
+    a0, a1, b0, b1, e0, e1 = q6_head(raw, p, base, c, sa, r, rf[p] * float32(0.25), True)  # codes: 4 (q - 32)
     for t in range(2):
         vA, vB, vC, vD = q6_codes(a0 if t == 0 else a1, b0 if t == 0 else b1, e0 if t == 0 else e1)
         qw[r, t] = (vA ^ uint32(0x20202020)) << uint32(2)

@@ -152,24 +152,21 @@ def ld_f16(w32, w16, base, c, raw, rf, p):
         raw[p, 4 * t], raw[p, 4 * t + 1], raw[p, 4 * t + 2], raw[p, 4 * t + 3] = ld4u(w32, i + uint64(4 * t))
 
 
-@cuda.jit(device=True, inline=True)
-def dc_f16(raw, rf, p, base, c, q, sa, sb, r, tb):
-    sa[r, 0] = float32(1.0)
-    sa[r, 1] = float32(1.0)
-    for t in range(16):
-        w = raw[p, t]
-        q[r, 2 * t] = h2f(w)
-        q[r, 2 * t + 1] = h2f(w >> uint32(16))
+def _dc_half(cvt):
+    """The decoder of a 16-bit float type: q = the 32 weights converted exactly by cvt (low 16 bits of a word)."""
+    @cuda.jit(device=True, inline=True)
+    def dc(raw, rf, p, base, c, q, sa, sb, r, tb):
+        sa[r, 0] = float32(1.0)
+        sa[r, 1] = float32(1.0)
+        for t in range(16):
+            w = raw[p, t]
+            q[r, 2 * t] = cvt(w)
+            q[r, 2 * t + 1] = cvt(w >> uint32(16))
+    return dc
 
 
-@cuda.jit(device=True, inline=True)
-def dc_bf16(raw, rf, p, base, c, q, sa, sb, r, tb):
-    sa[r, 0] = float32(1.0)
-    sa[r, 1] = float32(1.0)
-    for t in range(16):
-        w = raw[p, t]
-        q[r, 2 * t] = b2f(w)
-        q[r, 2 * t + 1] = b2f(w >> uint32(16))
+dc_f16 = _dc_half(h2f)
+dc_bf16 = _dc_half(b2f)
 
 
 # ------------------------------------------------------------------ F32: 32-weight pseudo-blocks of 128 B
