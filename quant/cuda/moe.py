@@ -151,19 +151,25 @@ def swiglu_kernel(g, u, out, has_gate):
             out[r, c] = silu(u[r, c])
 
 
+@cuda.jit(device=True, inline=True)
+def slot_sum(dn, A, res, has_res, t, d):
+    """(res[t, d] +) dn[t*A, d] + dn[t*A + 1, d] + ... in slot order: one token's combined expert output."""
+    s = dn[t * A, d]
+    for a in range(1, A):
+        s += dn[t * A + a, d]
+    if has_res:
+        s = res[t, d] + s
+    return s
+
+
 @cuda.jit
 def combine_kernel(dn, A, res, has_res, out):
-    """out[t, d] = (res[t, d] +) dn[t*A, d] + dn[t*A + 1, d] + ... in slot order. Grid-stride over T*D."""
+    """out[t, d] = `slot_sum` for every (t, d). Grid-stride over T*D."""
     T, D = out.shape
     for i in range(cuda.grid(1), T * D, cuda.gridsize(1)):
         t = i // D
         d = i - t * D
-        s = dn[t * A, d]
-        for a in range(1, A):
-            s += dn[t * A + a, d]
-        if has_res:
-            s = res[t, d] + s
-        out[t, d] = s
+        out[t, d] = slot_sum(dn, A, res, has_res, t, d)
 
 
 # threads per block of the elementwise kernels (the simulator runs one Python thread per CUDA thread)

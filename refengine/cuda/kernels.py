@@ -14,6 +14,7 @@ import math
 from numba import cuda, float32, float64, int32
 
 from quant.cuda._dev import expf, warp_argmax, warp_max, warp_sum
+from quant.cuda.moe import slot_sum
 
 MAX_S = 4096          # attention: cache positions held in shared memory per (head, token) block
 MAX_E = 1024          # routing: experts per token
@@ -56,8 +57,8 @@ def rms_norm_kernel(x, w, eps, out):
 
 @cuda.jit
 def add_rms_norm_kernel(dn, A, res, has_res, w, eps, xo, out):
-    """xo[t] = (res[t] +) dn[t*A] + ... + dn[t*A + A - 1]   (the residual stream, slot order as
-    `quant.cuda.moe.combine_kernel`), then out[t] = rms_norm(xo[t]) * w as `rms_norm_kernel` (same
+    """xo[t] = (res[t] +) dn[t*A] + ... + dn[t*A + A - 1]   (the residual stream, `quant.cuda.moe.slot_sum`),
+    then out[t] = rms_norm(xo[t]) * w as `rms_norm_kernel` (same
     float64 sum in the same order): one launch for a residual add (A = 1) or an expert combine and the
     norm that follows it. Grid T, block 256."""
     buf = cuda.shared.array(32, float64)
@@ -65,11 +66,7 @@ def add_rms_norm_kernel(dn, A, res, has_res, w, eps, xo, out):
     D = xo.shape[1]
     s = float64(0.0)
     for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = dn[t * A, i]
-        for a in range(1, A):
-            v += dn[t * A + a, i]
-        if has_res:
-            v = res[t, i] + v
+        v = slot_sum(dn, A, res, has_res, t, i)
         xo[t, i] = v
         s += float64(v) * float64(v)
     s = _block_sum64(s, buf)
