@@ -156,7 +156,9 @@ PREFETCH = 2048          # bytes ahead of the block being decoded that the kerne
 # 16-entry code books for `lut` (index = the 4-bit code)
 Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: q - 8
 TERNARY = np.array([-1, 0, 1, 2] * 4, dtype=np.float32)                # 2-bit codes (low 2 of 4 bits): q - 1
+TERNARY_HI = np.repeat(np.array([-1, 0, 1, 2], dtype=np.float32), 4)   # 2-bit codes (high 2 of 4 bits): q - 1
 Q2_CENTRED = np.array([-2, -1, 0, 1] * 4, dtype=np.float32)            # q - 2
+Q2_CENTRED_HI = np.repeat(np.array([-2, -1, 0, 1], dtype=np.float32), 4)  # q - 2, high 2 of 4 bits
 Q5_CODES = (np.arange(32) - 16).astype(np.float32)                      # 5-bit codes: q - 16
 Q3_CODES = np.array([-4, -3, -2, -1, 0, 1, 2, 3] * 2, dtype=np.float32)   # 3-bit codes (low 3 of 4 bits): q - 4
 KV_IQ4 = KV_IQ4NL.astype(np.float32)
@@ -427,6 +429,26 @@ def lut4(q, first, tab, x, xo):
     return fma(lut(tab, shr(q, 24 + first)), load16(x, xo + 48), t)
 
 
+@njit(**J)
+def lut4x2(q, p, first, tab, x, xo):
+    """lut4 on two weight rows' words q and p against the same x': each 16 x' loaded once for both
+    (half the activation reads: one pass over x, which streams from L2, serves two rows). Per row the
+    same operations in the same order as lut4, so the same bits."""
+    xk = load16(x, xo)
+    t = mul(lut(tab, shr(q, first)), xk)
+    u = mul(lut(tab, shr(p, first)), xk)
+    xk = load16(x, xo + 16)
+    t = fma(lut(tab, shr(q, 8 + first)), xk, t)
+    u = fma(lut(tab, shr(p, 8 + first)), xk, u)
+    xk = load16(x, xo + 32)
+    t = fma(lut(tab, shr(q, 16 + first)), xk, t)
+    u = fma(lut(tab, shr(p, 16 + first)), xk, u)
+    xk = load16(x, xo + 48)
+    t = fma(lut(tab, shr(q, 24 + first)), xk, t)
+    u = fma(lut(tab, shr(p, 24 + first)), xk, u)
+    return t, u
+
+
 # ---------------------------------------------------------------- K-quants (256-element blocks)
 # Scales: the 12-16 scale bytes, rearranged with 32-bit masks, are widened to 16 float32 scales by
 # one vector operation (scales_*) kept in a register (mins with the minus sign folded in); `lane`
@@ -465,10 +487,27 @@ def dot2_blocks256(blk, r0, r1, x, xs):
 
 
 @njit(**J)
-def blk_q2_k(row, b, x, xs, v):
-    o = 84 * b
-    ahead(row, o, 84)
-    w0 = u32_at(row, o)                                     # 1. 16 bytes: scale (low 4 bits), min (high 4)
+def dot2_pairs256(blk2, r0, r1, x, xs):
+    """dot2_blocks256 for a type with a two-row block function `blk2(r0, r1, b, x, xs, v, u)`, which
+    interleaves the two rows' operations and loads each x' once for both (lut4x2)."""
+    nb = x.size // 256
+    a0 = 0.0
+    a1 = 0.0
+    for g0 in range(0, nb, 4):
+        v = zeros()
+        u = zeros()
+        for b in range(g0, min(nb, g0 + 4)):
+            v, u = blk2(r0, r1, b, x, xs, v, u)
+        a0 += hsum(v)
+        a1 += hsum(u)
+    return a0, a1
+
+
+@njit(**J)
+def q2k_head(row, o, xs, b, v):
+    """Q2_K's 16 scales and mins (16 bytes: scale in the low 4 bits, min in the high 4): returns the
+    scales c_i = d sc_i as lanes, and v plus the weight at q = 2 times each group's sum of x."""
+    w0 = u32_at(row, o)
     w1 = u32_at(row, o + 4)
     w2 = u32_at(row, o + 8)
     w3 = u32_at(row, o + 12)
@@ -476,12 +515,38 @@ def blk_q2_k(row, b, x, xs, v):
     dmin = f16_at(row, o + 82)
     sc = scales_u8(w0 & LO4, w1 & LO4, w2 & LO4, w3 & LO4, d, d)
     mn = scales_u8((w0 >> 4) & LO4, (w1 >> 4) & LO4, (w2 >> 4) & LO4, (w3 >> 4) & LO4, -dmin, -dmin)
-    v = fma(fma(sc, splat(np.float32(2)), mn), load16(xs, 16 * b), v)    # w = c (q - 2) + (2 c - dmin m):
-    T = load16(Q2_CENTRED, 0)                               #    the weight at q = 2 times sum(x of group i)
+    return sc, fma(fma(sc, splat(np.float32(2)), mn), load16(xs, 16 * b), v)   # w = c (q - 2) + (2 c - dmin m)
+
+
+@njit(**J)
+def blk_q2_k(row, b, x, xs, v):
+    o = 84 * b
+    ahead(row, o, 84)
+    sc, v = q2k_head(row, o, xs, b, v)                      # 1. scales; the weight at q = 2 times sum(x of group i)
+    lo, hi = load16(Q2_CENTRED, 0), load16(Q2_CENTRED_HI, 0)
     qs = i32x16_at(row, o + 16)                             # 2. field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
-    for j in range(4):                                      #    fields j of the 64 bytes: 64 weights (lut4)
-        v = fma(spread(sc, 2 * j, 42), lut4(qs, 2 * j, T, x, 256 * b + 64 * j), v)
+    for j in range(4):                                      #    fields j of the 64 bytes: 64 weights (lut4), fields
+        tab = lo if j % 2 == 0 else hi                      #    2h, 2h + 1 from nibble h (one shift for two fields)
+        v = fma(spread(sc, 2 * j, 42), lut4(qs, 4 * (j // 2), tab, x, 256 * b + 64 * j), v)
     return v
+
+
+@njit(**J)
+def blk2_q2_k(r0, r1, b, x, xs, v, u):
+    """blk_q2_k on two rows, x' loaded once for both (lut4x2)."""
+    o = 84 * b
+    ahead(r0, o, 84)
+    ahead(r1, o, 84)
+    sc, v = q2k_head(r0, o, xs, b, v)
+    sd, u = q2k_head(r1, o, xs, b, u)
+    lo, hi = load16(Q2_CENTRED, 0), load16(Q2_CENTRED_HI, 0)
+    q = i32x16_at(r0, o + 16)
+    p = i32x16_at(r1, o + 16)
+    for j in range(4):
+        t, w = lut4x2(q, p, 4 * (j // 2), lo if j % 2 == 0 else hi, x, 256 * b + 64 * j)
+        v = fma(spread(sc, 2 * j, 42), t, v)
+        u = fma(spread(sd, 2 * j, 42), w, u)
+    return v, u
 
 
 @njit(**J)
@@ -588,11 +653,29 @@ def dot_q8_k(row, x):
 def blk_tq2_0(row, b, x, xs, v):
     o = 66 * b
     ahead(row, o, 66)
-    T = load16(TERNARY, 0)                                  # field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
-    qs = i32x16_at(row, o)                                  # looked up as q - 1: w = d (q - 1)
-    t = add(add(lut4(qs, 0, T, x, 256 * b), lut4(qs, 2, T, x, 256 * b + 64)),
-            add(lut4(qs, 4, T, x, 256 * b + 128), lut4(qs, 6, T, x, 256 * b + 192)))
+    lo, hi = load16(TERNARY, 0), load16(TERNARY_HI, 0)      # field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
+    qs = i32x16_at(row, o)                                  # looked up as q - 1: w = d (q - 1); fields 2h, 2h + 1
+    t = add(add(lut4(qs, 0, lo, x, 256 * b), lut4(qs, 0, hi, x, 256 * b + 64)),         # from nibble h
+            add(lut4(qs, 4, lo, x, 256 * b + 128), lut4(qs, 4, hi, x, 256 * b + 192)))
     return fma(splat(f16_at(row, o + 64)), t, v)
+
+
+@njit(**J)
+def blk2_tq2_0(r0, r1, b, x, xs, v, u):
+    """blk_tq2_0 on two rows, x' loaded once for both (lut4x2)."""
+    o = 66 * b
+    ahead(r0, o, 66)
+    ahead(r1, o, 66)
+    lo, hi = load16(TERNARY, 0), load16(TERNARY_HI, 0)
+    q = i32x16_at(r0, o)
+    p = i32x16_at(r1, o)
+    t0, w0 = lut4x2(q, p, 0, lo, x, 256 * b)
+    t1, w1 = lut4x2(q, p, 0, hi, x, 256 * b + 64)
+    t2, w2 = lut4x2(q, p, 4, lo, x, 256 * b + 128)
+    t3, w3 = lut4x2(q, p, 4, hi, x, 256 * b + 192)
+    v = fma(splat(f16_at(r0, o + 64)), add(add(t0, t1), add(t2, t3)), v)
+    u = fma(splat(f16_at(r1, o + 64)), add(add(w0, w1), add(w2, w3)), u)
+    return v, u
 
 
 @njit(**J)
@@ -824,10 +907,14 @@ def _row_dot(kind, row, x, xs):
 
 
 # Types whose GEMV reads weight rows in pairs (row_dot2): the memory-bound ones, where two streams
-# measured 1.3x (F32, F16, BF16) to 2x (Q8_0) faster on one core, and TQ2_0 (1.0-1.2x); the others
-# lost 5-25% to register pressure (1 thread, 4096 x 14336, min of 9 alternating rounds).
+# measured 1.3x (F32, F16, BF16) to 2x (Q8_0) faster on one core; the others lost 5-25% to register
+# pressure (1 thread, 4096 x 14336, min of 9 alternating rounds) when run as two whole blocks in step.
+# Q2_K and TQ2_0 have two-row block functions instead (BLOCKS256_2): their fast kernels were bound by
+# the activation row streaming from L2 (64 bytes of x per 16 weights; a 14336-long row is 57 KB),
+# so one x' load serving both rows is worth more than the extra registers.
 FLOATS2 = {F32: (f32x16_at, f32_at, 4), F16: (f16x16, f16_at, 2), BF16: (bf16x16, bf16_at, 2)}
-PAIRED = frozenset(FLOATS2) | {Q8_0, TQ2_0}
+BLOCKS256_2 = {Q2_K: blk2_q2_k, TQ2_0: blk2_tq2_0}
+PAIRED = frozenset(FLOATS2) | {Q8_0} | frozenset(BLOCKS256_2)
 
 
 def row_dot2(kind, r0, r1, x, xs):
@@ -844,6 +931,9 @@ def _row_dot2(kind, r0, r1, x, xs):
     if k in BLOCKS32:
         blk, ts, tab = BLOCKS32[k]
         return lambda kind, r0, r1, x, xs: dot2_blocks32(blk, ts, tab, r0, r1, x)
+    if k in BLOCKS256_2:
+        blk2 = BLOCKS256_2[k]
+        return lambda kind, r0, r1, x, xs: dot2_pairs256(blk2, r0, r1, x, xs)
     if k in BLOCKS256:
         blk256 = BLOCKS256[k]
         return lambda kind, r0, r1, x, xs: dot2_blocks256(blk256, r0, r1, x, xs)
