@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): carried wheels, then the stages named in $STAGES, each under a
 # time limit; everything is appended to $OUT/session.log, tables and figures land in $OUT as JSON / Markdown.
-#   STAGES="info layers matmul gemv1 tests" bash benchmarks/gpu_session.sh
+#   STAGES="info layers matmul prefill gemv1 tests" bash benchmarks/gpu_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -25,6 +25,9 @@ for st in ${STAGES:-info layers matmul tests}; do
     matmul) stage matmul
       timeout ${MATMUL_TIMEOUT:-300} python3 benchmarks/cuda_matmul.py --json "$OUT/matmul.json" --md "$OUT/matmul.md" \
         ${MATMUL_ARGS:-} >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
+    prefill) stage prefill
+      timeout ${PREFILL_TIMEOUT:-300} python3 benchmarks/cuda_prefill.py --json "$OUT/prefill.json" ${PREFILL_ARGS:-} >> "$LOG" 2>&1
+      echo "rc=$?" >> "$LOG" ;;
     gemv1) stage gemv1
       timeout ${GEMV1_TIMEOUT:-300} python3 benchmarks/cuda_gemv1.py --json "$OUT/gemv1.json" ${GEMV1_ARGS:-} >> "$LOG" 2>&1
       echo "rc=$?" >> "$LOG" ;;

@@ -107,18 +107,51 @@ def test_gemm(t, rng):
     assert_close(f"{t.name} gemm", ops.matmul(x, w, kernel="gemm", shape=GEMM_SHAPE), ref.matmul(x, w))
 
 
+# the tensor-core GEMM: every type on the GPU; in the simulator (mma emulated through shared memory, ~15 s a
+# type) one type per decoder shape: the decode stage is gemm's (tested above for every type), the mma part is
+# the same for all
+TC_TYPES = TYPES if GPU else [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q2_K, GGMLType.NVFP4, GGMLType.IQ2_XXS,
+                              GGMLType.F16]
+TC_SHAPES = [None, dict(BM=32, WM=1, WN=1)] if GPU else [dict(BM=16, WM=1, WN=1)]
+
+
+@pytest.mark.parametrize("t", TC_TYPES, ids=lambda t: t.name)
+def test_gemm_tc(t, rng):
+    """3xTF32 tensor-core GEMM against the oracle; a partial row tile and a partial token tile."""
+    o, i = (O + 3, I) if GPU else (13, max(128, SPECS[t].BS))
+    w = random_qtensor(t, (o, i), rng)
+    x = rng.standard_normal((T_GEMM, i)).astype(np.float32)
+    want = ref.matmul(x, w)
+    for sh in TC_SHAPES:
+        assert_close(f"{t.name} tc {sh}", ops.matmul(x, w, kernel="tc", shape=sh), want)
+
+
+def test_tf32_split_twin():
+    """The simulator twin of cvt.rna.tf32.f32 + remainder: hi has 10 mantissa bits, hi + lo == v exactly."""
+    from quant.cuda import vec
+    if not qc.SIM:
+        pytest.skip("the twin exists in the simulator only")
+    v = np.random.default_rng(5).standard_normal(2000).astype(np.float32) * np.float32(1e3)
+    for f in v:
+        hi, lo = vec.tf32_split(f)
+        assert int(hi) & 0x1FFF == 0
+        h = np.uint32(hi).view(np.float32)
+        assert abs(float(f) - float(h)) <= abs(float(f)) * 2.0 ** -11
+        assert np.float32(h + np.uint32(lo).view(np.float32)) == f
+
+
 MOE_TYPES = [GGMLType.Q8_0] if not GPU else TYPES
 
 
 @pytest.mark.parametrize("t", MOE_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("kernel", ["gemv", "fast", "gemm"])
+@pytest.mark.parametrize("kernel", ["gemv", "fast", "gemm", "tc"])
 def test_moe_ffn(t, kernel, rng, few_threads):
     """Grouped dispatch against the loop oracle: fused and traced, experts with no token, scales."""
     from refengine.moe.experts import moe_ffn as loop_moe
     if kernel == "fast" and t not in FSPECS:
         pytest.skip(f"no fast GEMV for {t.name}")
-    if kernel == "gemm" and not GPU:
-        pytest.skip("the tiled GEMM needs rows of 128 weights: too slow for the simulator (GPU only)")
+    if kernel in ("gemm", "tc") and not GPU:
+        pytest.skip("the tiled GEMMs need rows of 128 weights: too slow for the simulator (GPU only)")
     E, A, T = (4, 2, 2) if not GPU else (16, 4, 20)
     D, F = (32, 32) if not GPU else (512, 256)
     if SPECS[t].BS > 32:

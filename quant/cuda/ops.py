@@ -4,13 +4,15 @@
     grouped(dw, xd, yd, grp, ...)        device arrays in and out, one launch for all groups
 
 Kernel choice (`kernel="auto"`): T <= 8 tokens per group -> warp GEMV with NT = T rounded up to a
-power of two; more tokens and I % 128 == 0 -> tiled GEMM; otherwise warp GEMV, 8 tokens per pass.
+power of two; more tokens and I % 128 == 0 -> tiled GEMM on the tensor cores (`tc.py`; `TC = False`: the
+float32 SIMT one); otherwise warp GEMV, 8 tokens per pass.
 
 Launch shapes (documented here, used below):
 - naive: grid (ceil(O / 128), n_pairs), block 128: one thread per (pair, row).
 - gemv:  grid (ceil(O / RW), GMAX), block 32 * KS: one block per RW rows of one group, its KS warps
          splitting the row; blocks of groups past G (known only on the device) return at once.
 - gemm:  grid (ceil(O / BM), n_tiles_max), block (BM / TM) * (BN / TN): one block per BM x BN tile.
+- tc:    grid (ceil(O / BM), n_tiles_max), block 32 * WM * WN: one block per BM x 32 tile, on the tensor cores.
 """
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from numba import cuda
 from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
+from ._dev import SIM
 from .decoders import SPECS
 from .fast import fast_supported, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
+from .tc import gemm_tc_kernel
 from .weights import DeviceWeight, device_weight
 
 # (RW rows per block, KS warps splitting K, U parts in flight per lane) of the warp GEMV, per type;
@@ -59,6 +63,11 @@ ONE_MAX_DENSE: dict[GGMLType, int] = {
     **{t: 2 for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.IQ2_XXS,
                       GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ1_S)}}
 GEMM_SHAPE = dict(BM=64, BN=32, TM=4, TN=4)
+# the tensor-core GEMM (`tc.py`): BM rows x 32 token pairs per block, WM x WN warps (CV: shared-memory
+# carveout in percent, -1 the driver's choice)
+TC_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1)
+TC = not SIM                       # "auto" takes it on the GPU; the simulator (no tensor cores: an emulation,
+                                   # slow) takes the float32 SIMT GEMM, and tests `tc` on its own
 NT_MAX = 8
 
 
@@ -97,7 +106,7 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         sc = _ones(2 * E)
     rwa = rw if rw is not None else _ones(1)
     if kernel == "auto":
-        kernel = "gemv" if (max_per_group <= NT_MAX or I % 128 or up is not None) else "gemm"
+        kernel = "gemv" if (max_per_group <= NT_MAX or I % 128 or up is not None) else ("tc" if TC else "gemm")
         if kernel == "gemv" and fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd):
             kernel = "fast"
     tab = dw.tab
@@ -141,8 +150,16 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         nth = (sh["BM"] // sh["TM"]) * (sh["BN"] // sh["TN"])
         k[(math.ceil(O / sh["BM"]), ntiles), nth, stream](dw.w32, dw.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb,
                                                           dw.estride, gmax, n_pairs, E)
+    elif kernel == "tc":
+        if I % 128:
+            raise QuantError(f"tc kernel needs I % 128 == 0, got I = {I}")
+        sh = dict(TC_SHAPE, **(shape or {}))
+        k = gemm_tc_kernel(dw.type, sh["BM"], sh["WM"], sh["WN"], rw is not None, sh.get("CV", -1))
+        ntiles = gmax + n_pairs // GEMM_SHAPE["BN"] + 1
+        k[(math.ceil(O / sh["BM"]), ntiles), 32 * sh["WM"] * sh["WN"], stream](
+            dw.w32, dw.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
     else:
-        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, gemm, auto)")
+        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, gemm, tc, auto)")
 
 
 def fast_ids_ok(dw: DeviceWeight, xd) -> bool:

@@ -19,6 +19,7 @@ from .decoders import SPECS
 from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
+from .tc import gemm_tc_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
 from .timing import spin_kernel
 
@@ -40,10 +41,12 @@ def kernels(all_variants: bool = False):
         out.append((f"naive[{n}]", naive_kernel(t), SIG_NAIVE))
         out.append((f"gemv[{n}, NT=1]", gemv_kernel(t, 1, 2, 8, False, False, 2), SIG_GEMV))
         out.append((f"gemm[{n}]", gemm_kernel(t, 64, 32, 4, 4, False), SIG_GEMM))
+        out.append((f"tc[{n}]", gemm_tc_kernel(t, 64, 2, 1, False), SIG_GEMM))
         if variants:
             out.append((f"gemv[{n}, NT=8, glu]", gemv_kernel(t, 8, 2, 4, True, False, 2), SIG_GEMV))
             out.append((f"gemv[{n}, NT=8, rw]", gemv_kernel(t, 8, 2, 4, False, True, 2), SIG_GEMV))
             out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 4, True), SIG_GEMM))
+            out.append((f"tc[{n}, rw]", gemm_tc_kernel(t, 64, 2, 1, True), SIG_GEMM))
     for t in FSPECS:
         n = t.name
         out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False, 8), SIG_GEMV))
@@ -71,7 +74,7 @@ def compile_all(items, cc=(9, 0), verbose=True) -> list[str]:
         try:
             ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=cc)
             assert ".entry" in ptx
-            if name.startswith("fast") and ".local" in ptx:
+            if name.startswith(("fast", "tc")) and ".local" in ptx:
                 # the fast kernels' working arrays must stay in registers: local memory means a loop
                 # over them was not unrolled (see fast.FSpec.PMAX / PGLU)
                 failed.append(f"{name}: uses local memory")

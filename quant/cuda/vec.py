@@ -1,10 +1,14 @@
-"""Four PTX instructions numba-cuda does not emit by itself, as tiny intrinsics (with simulator twins).
+"""PTX instructions numba-cuda does not emit by itself, as tiny intrinsics (with simulator twins).
 
     a, b, c, d = ld4u(w32, i)      w32[i : i + 4] in one 128-bit load (ld.global.nc.v4.u32); i % 4 == 0
     a, b, c, d = ld4f(x, i)        the float32 elements i .. i + 3 of x (any shape, flat index), one load
     r = prmt(a, b, sel)            byte permute: byte k of r = byte (sel >> 4k) & 7 of the 8 bytes b:a
     f = h2f(u)                     the low 16 bits of u as an IEEE half -> float32 (cvt.f32.f16)
     c = dp4a(a, b, c)              c + the dot product of the four signed bytes of a and of b (dp4a.s32.s32)
+    hi, lo = tf32_split(v)         hi = v rounded to TF32 (cvt.rna.tf32.f32), lo = v - hi, both as bits
+    d0..d3 = mma_tf32(a0..a3, b0, b1, c0..c3)
+                                   one warp-wide mma.sync.m16n8k8 (TF32 fragments, float32 accumulators);
+                                   no simulator twin (a warp collective: `tc.py` emulates it there)
 
 Why: numba indexes one element per load, so a lane reading 16 contiguous bytes issues 4 loads (and a
 float32 activation run of 4 issues 4), which is what capped the first kernels; and a byte turned into a
@@ -18,7 +22,7 @@ start 256-byte aligned and `i` must be a multiple of 4 elements.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, int32, uint32
+from numba import cuda, float32, int32, uint32
 
 from ._dev import SIM
 
@@ -50,6 +54,12 @@ if SIM:
         va = np.array([int(a) & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.int64)
         vb = np.array([int(b) & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.int64)
         return np.int32(int(c) + int((va * vb).sum()))
+
+    def tf32_split(v):
+        b = int(np.float32(v).view(np.uint32))
+        hi = (b + 0x1000) & 0xFFFFE000 if (b & 0x7F800000) != 0x7F800000 else b   # ties away from zero
+        lo = np.float32(np.float32(v) - np.uint32(hi).view(np.float32))
+        return np.uint32(hi), lo.view(np.uint32)
 
 else:
     from llvmlite import ir
@@ -132,4 +142,39 @@ else:
         return _dp4a(uint32(a), uint32(b), int32(c))
 
 
-__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a"]
+    @intrinsic
+    def _tf32_split(typingctx, v):
+        sig = types.UniTuple(types.uint32, 2)(types.float32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32, _I32]), [_F32])
+            text = ("{ .reg .b32 h; .reg .f32 hf, lf; cvt.rna.tf32.f32 h, $2; mov.b32 hf, h; "
+                    "sub.rn.f32 lf, $2, hf; mov.b32 $0, h; mov.b32 $1, lf; }")
+            res = builder.call(ir.InlineAsm(fnty, text, "=r,=r,f", side_effect=False), [args[0]])
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(2)])
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def tf32_split(v):
+        return _tf32_split(float32(v))
+
+    @intrinsic
+    def _mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+            text = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+            asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=False)
+            res = builder.call(asm, list(args))
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(4)])
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        return _mma_tf32(uint32(a0), uint32(a1), uint32(a2), uint32(a3), uint32(b0), uint32(b1),
+                         float32(c0), float32(c1), float32(c2), float32(c3))
+
+
+__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a", "tf32_split", "mma_tf32"]
