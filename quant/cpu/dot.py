@@ -598,6 +598,28 @@ def blk_q4_k(row, b, x, xs, v):
 
 
 @njit(**J)
+def blk2_q4_k(r0, r1, b, x, xs, v, u):
+    """blk_q4_k on two rows, x' loaded once for both (lut4x2)."""
+    o = 144 * b
+    ahead(r0, o, 144)
+    ahead(r1, o, 144)
+    sc = k4_scales(r0, o)
+    sd = k4_scales(r1, o)
+    xsb = load16(xs, 16 * b)
+    v = fma(fma(spread(sc, 0, 88), splat(np.float32(8)), sc), xsb, v)
+    u = fma(fma(spread(sd, 0, 88), splat(np.float32(8)), sd), xsb, u)
+    T = load16(Q4_OFFSET, 0)
+    for c in range(2):
+        q = i32x16_at(r0, o + 16 + 64 * c)
+        p = i32x16_at(r1, o + 16 + 64 * c)
+        for h in range(2):
+            t, w = lut4x2(q, p, 4 * h, T, x, 256 * b + 128 * c + 64 * h)
+            v = fma(spread(sc, 4 * c + h, 82), t, v)
+            u = fma(spread(sd, 4 * c + h, 82), w, u)
+    return v, u
+
+
+@njit(**J)
 def blk_q5_k(row, b, x, xs, v):
     o = 176 * b
     ahead(row, o, 176)
@@ -913,7 +935,7 @@ def _row_dot(kind, row, x, xs):
 # the activation row streaming from L2 (64 bytes of x per 16 weights; a 14336-long row is 57 KB),
 # so one x' load serving both rows is worth more than the extra registers.
 FLOATS2 = {F32: (f32x16_at, f32_at, 4), F16: (f16x16, f16_at, 2), BF16: (bf16x16, bf16_at, 2)}
-BLOCKS256_2 = {Q2_K: blk2_q2_k, TQ2_0: blk2_tq2_0}
+BLOCKS256_2 = {Q2_K: blk2_q2_k, Q4_K: blk2_q4_k, TQ2_0: blk2_tq2_0}
 PAIRED = frozenset(FLOATS2) | {Q8_0} | frozenset(BLOCKS256_2)
 
 
