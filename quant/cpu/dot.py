@@ -78,7 +78,7 @@ from .dequant import (
     iq1_m_scale,
     literal_kind,
 )
-from .llvm import bf16_at, f16_at, f32_at, ld, u16_at, u32_at
+from .llvm import bf16_at, f16_at, f32_at, ld, pdep32, pext64, u16_at, u32_at
 from .simd import (
     add,
     addc,
@@ -144,12 +144,12 @@ from .tables import (
     IQ1S_DELTA,
     KV_IQ4NL,
     KV_MXFP4,
-    SIGNS7,
 )
 
 J = {"cache": True, "inline": "always"}
 LO4, LO6, HI2, SIGN8 = 0x0F0F0F0F, 0x3F3F3F3F, 0x03030303, 0x80808080     # per-byte masks of a 32-bit word
 TOP8 = 0xFF000000                                           # the top byte of a 32-bit lane
+SIGNS_XS = 0xFE00FE00FE00FE00 - (1 << 64)                   # IQ2_XS: the 7 sign bits of each of 4 words (int64)
 FLOAT_CHUNK = 1024                                          # float rows: flush to float64 every 1024
 PREFETCH = 2048          # bytes ahead of the block being decoded that the kernels ask the cache for
 
@@ -750,23 +750,36 @@ def blk_iq4_xs(row, b, x, xs, v):
 
 
 # ---------------------------------------------------------------- i-quants: grids of 8 (or 4) values
-# Per sub-block of 32: four grid rows (a byte or 9-10 bits each) and four sign patterns are loaded as
-# two 16-lane vectors each (rows8: two rows of the flat float tables), w = grid * sign, scaled per 32.
+# Per sub-block of 32: four grid rows (a byte or 9-10 bits each) are loaded as two 16-lane vectors
+# (rows8: two rows of the flat float tables), their signs flipped by mask registers (flip): IQ2_S and
+# IQ3_S store 8 sign bits per row; IQ2_XXS, IQ2_XS, IQ3_XXS store 7, the 8th being even parity
+# (ggml's ksigns_iq2xs), rebuilt four at a time in a scalar word (signs4); scaled per 16 or 32.
+
+@njit(**J)
+def signs4(aux):
+    """ksigns_iq2xs of the four 7-bit fields in bits 0..27 of aux: byte k = field k, with bit 7 set
+    when field k has an odd number of ones (pdep moves the fields to bytes; a byte-wise xor fold
+    leaves each byte's parity in its bit 0)."""
+    s = pdep32(aux, 0x7F7F7F7F)
+    p = s ^ (s >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return s | ((p & 0x01010101) << 7)
+
 
 @njit(**J)
 def blk_iq2_xxs(row, b, x, xs, v):
     o = 66 * b
-    ahead(row, o, 66)
-    d = f16_at(row, o)
+    ahead(row, o, 66)                                       # sub-block ib: 4 grid bytes, then a word aux of
+    sc = mul(addc(to_f32(shr(i32x16_at(row, o + 2), 28)), np.float32(0.5)),    # 4 x 7 sign bits, 4-bit scale
+             splat(f16_at(row, o) * np.float32(0.25)))      # on top: d (0.5 + s) / 4 in lane 2 ib + 1, all 8 at once
     for ib in range(8):
         q = o + 2 + 8 * ib
-        aux = u32_at(row, q + 4)                            # 4 x 7 sign bits, 4-bit scale on top
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
-        g01 = mul(rows8(GRID_IQ2XXS, ld(row, q), ld(row, q + 1)), rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
-        g23 = mul(rows8(GRID_IQ2XXS, ld(row, q + 2), ld(row, q + 3)),
-                  rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
+        sg = signs4(u32_at(row, q + 4))
+        g01 = flip(rows8(GRID_IQ2XXS, ld(row, q), ld(row, q + 1)), sg)
+        g23 = flip(rows8(GRID_IQ2XXS, ld(row, q + 2), ld(row, q + 3)), sg >> 16)
         xo = 256 * b + 32 * ib
-        v = fma(splat(db), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
+        v = fma(spread(sc, 2 * ib + 1, 0), fma(g23, load16(x, xo + 16), mul(g01, load16(x, xo))), v)
     return v
 
 
@@ -776,10 +789,11 @@ def blk_iq2_xs(row, b, x, xs, v):
     ahead(row, o, 74)
     sc = mul(addc(to_f32(nib8x2(row, o + 66)), np.float32(0.5)), splat(f16_at(row, o) * np.float32(0.25)))
     for ib in range(8):                                     # scales d (0.5 + nibble) / 4: lanes ib, 8 + ib
-        q0, q1 = u16_at(row, o + 2 + 8 * ib), u16_at(row, o + 4 + 8 * ib)
-        q2, q3 = u16_at(row, o + 6 + 8 * ib), u16_at(row, o + 8 + 8 * ib)
-        g01 = mul(rows8(GRID_IQ2XS, q0 & 511, q1 & 511), rows8(SIGNS7, q0 >> 9, q1 >> 9))
-        g23 = mul(rows8(GRID_IQ2XS, q2 & 511, q3 & 511), rows8(SIGNS7, q2 >> 9, q3 >> 9))
+        lo = u32_at(row, o + 2 + 8 * ib)                    # 4 words: 9-bit grid index, 7 sign bits on top
+        hi = u32_at(row, o + 6 + 8 * ib)
+        sg = signs4(pext64(lo | (hi << 32), SIGNS_XS))
+        g01 = flip(rows8(GRID_IQ2XS, lo & 511, (lo >> 16) & 511), sg)
+        g23 = flip(rows8(GRID_IQ2XS, hi & 511, (hi >> 16) & 511), sg >> 16)
         xo = 256 * b + 32 * ib
         v = fma(spread(sc, ib, 0), mul(g01, load16(x, xo)), v)
         v = fma(spread(sc, 8 + ib, 0), mul(g23, load16(x, xo + 16)), v)
@@ -814,10 +828,9 @@ def blk_iq3_xxs(row, b, x, xs, v):
         aux = u32_at(row, o + 66 + 4 * ib)
         db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
         q = o + 2 + 8 * ib
-        g0 = mul(rows4(GRID_IQ3XXS, ld(row, q), ld(row, q + 1), ld(row, q + 2), ld(row, q + 3)),
-                 rows8(SIGNS7, aux & 127, (aux >> 7) & 127))
-        g1 = mul(rows4(GRID_IQ3XXS, ld(row, q + 4), ld(row, q + 5), ld(row, q + 6), ld(row, q + 7)),
-                 rows8(SIGNS7, (aux >> 14) & 127, (aux >> 21) & 127))
+        sg = signs4(aux)
+        g0 = flip(rows4(GRID_IQ3XXS, ld(row, q), ld(row, q + 1), ld(row, q + 2), ld(row, q + 3)), sg)
+        g1 = flip(rows4(GRID_IQ3XXS, ld(row, q + 4), ld(row, q + 5), ld(row, q + 6), ld(row, q + 7)), sg >> 16)
         xo = 256 * b + 32 * ib
         v = fma(splat(db), fma(g1, load16(x, xo + 16), mul(g0, load16(x, xo))), v)
     return v

@@ -13,6 +13,7 @@ emit the 32-bit (or 16-bit) IR directly, so the loops that call them vectorize t
     i8_f32(v)                  the byte v read as int8 -> float32
     f16_bits(u)                the low 16 bits of u read as a half -> float32
     ld(a, i), st(a, i, v)      a[i] and a[i] = v without the negative-index wraparound (see `ld`)
+    pdep32(v, m), pext64(v, m) BMI2 bit deposit / extract (one instruction each)
 
 `row` is a 1-D uint8 array (one packed row of a ggml tensor); `o` a byte offset.
 """
@@ -151,4 +152,26 @@ def st(typingctx, a, i, v):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         builder.store(args[2], builder.gep(data, [args[1]]))
         return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def pdep32(typingctx, v, m):
+    """BMI2 `pdep` on the low 32 bits: the low bits of v deposited, in order, at the set bits of m."""
+    sig = types.int64(types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.x86.bmi.pdep.32", fnty=ir.FunctionType(I32, [I32, I32]))
+        return builder.zext(builder.call(fn, [builder.trunc(args[0], I32), builder.trunc(args[1], I32)]), I64)
+    return sig, codegen
+
+
+@intrinsic
+def pext64(typingctx, v, m):
+    """BMI2 `pext`: the bits of v at the set bits of m, packed into the low bits."""
+    sig = types.int64(types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.x86.bmi.pext.64", fnty=ir.FunctionType(I64, [I64, I64]))
+        return builder.call(fn, [args[0], args[1]])
     return sig, codegen
