@@ -9,12 +9,14 @@ new token is read from device memory (`pos[0]`), so a captured CUDA graph replay
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from numba import cuda, float32, float64, int32
 
 from quant.cuda._dev import expf, warp_argmax, warp_max, warp_sum
 from quant.cuda.moe import slot_sum
+from quant.cuda.vec import ld4f
 
 MAX_S = 4096          # attention: cache positions held in shared memory per (head, token) block
 MAX_E = 1024          # routing: experts per token
@@ -193,6 +195,90 @@ def attention_kernel(q, kc, vc, pos, kq_scale, out):
         for s in range(S):
             o = cuda.fma(sc[s], vc[s, hk, i], o)
         out[t, h * K + i] = o
+
+
+GQA_SC = 8192        # attention_gqa: scores held in shared memory per block (G heads x S keys)
+GQA_Q = 2048         # attention_gqa: query values held in shared memory (G heads x K)
+GQA_MIN_T = 16       # the runner takes attention_gqa from this many new tokens on (prefill)
+
+
+def gqa_fits(G: int, S: int, K: int) -> bool:
+    """True when `attention_gqa_kernel(G)` serves G query heads per KV head over S cache rows of K dims."""
+    return G * S <= GQA_SC and G * K <= GQA_Q and K % 4 == 0 and G <= 16
+
+
+@functools.lru_cache(maxsize=None)
+def attention_gqa_kernel(G: int):
+    """Causal softmax attention as `attention_kernel`, one block per (KV head, token) for its G query heads.
+
+    q: [T, H, K] (H = G Hkv); kc, vc: [S_max, Hkv, K]; token t sees cache rows 0 .. pos[0] + t; out: [T, H*K].
+    Grid (Hkv, T), block 256 (8 warps). Each cache row is read once for the G heads that share it (the
+    per-head kernel reads it G times): scores one thread per key, its row in 128-bit loads, the G queries
+    from shared memory; softmax one warp per head (exp in float32, sum in float64, `ops.softmax`);
+    values one thread per (output dim, half of the heads), keys in order. Needs `gqa_fits(G, S, K)`.
+    """
+    GH = (G + 1) // 2
+
+    @cuda.jit
+    def attention_gqa(q, kc, vc, pos, kq_scale, out):
+        sc = cuda.shared.array(GQA_SC, float32)
+        qs = cuda.shared.array(GQA_Q, float32)
+        hk = cuda.blockIdx.x
+        t = cuda.blockIdx.y
+        K = q.shape[2]
+        Hkv = kc.shape[1]
+        S = pos[0] + t + 1
+        tid = cuda.threadIdx.x
+        nth = cuda.blockDim.x
+        lane = tid % 32
+        wid = tid // 32
+        for i in range(tid, G * K, nth):
+            qs[i] = q[t, hk * G + i // K, i % K]
+        cuda.syncthreads()
+        acc = cuda.local.array(G, float32)
+        for s in range(tid, S, nth):
+            for g in range(G):
+                acc[g] = float32(0.0)
+            kb = (s * Hkv + hk) * K
+            for i in range(0, K, 4):
+                k0, k1, k2, k3 = ld4f(kc, kb + i)
+                for g in range(G):
+                    a = cuda.fma(qs[g * K + i], k0, acc[g])
+                    a = cuda.fma(qs[g * K + i + 1], k1, a)
+                    a = cuda.fma(qs[g * K + i + 2], k2, a)
+                    acc[g] = cuda.fma(qs[g * K + i + 3], k3, a)
+            for g in range(G):
+                sc[g * S + s] = acc[g] * float32(kq_scale)
+        cuda.syncthreads()
+        for g in range(wid, G, nth // 32):
+            m = float32(-3.0e38)
+            for s in range(lane, S, 32):
+                m = max(m, sc[g * S + s])
+            m = warp_max(m)
+            tot = float64(0.0)
+            for s in range(lane, S, 32):
+                e = expf(sc[g * S + s] - m)
+                sc[g * S + s] = e
+                tot += float64(e)
+            tot = warp_sum(tot)
+            for s in range(lane, S, 32):
+                sc[g * S + s] = float32(sc[g * S + s] / tot)
+        cuda.syncthreads()
+        o = cuda.local.array(GH, float32)
+        for w in range(tid, 2 * K, nth):
+            i = w % K
+            g0 = (w // K) * GH
+            for j in range(GH):
+                o[j] = float32(0.0)
+            for s in range(S):
+                vv = vc[s, hk, i]
+                for j in range(GH):
+                    if g0 + j < G:
+                        o[j] = cuda.fma(sc[(g0 + j) * S + s], vv, o[j])
+            for j in range(GH):
+                if g0 + j < G:
+                    out[t, (hk * G + g0 + j) * K + i] = o[j]
+    return attention_gqa
 
 
 @cuda.jit

@@ -8,7 +8,7 @@ Per layer (Legend: T tokens, D model dim, H/Hkv heads, K head dim, E experts, A 
     h    = rms_norm(x) * attn_norm                        rms_norm_kernel (first layer; later: fused below)
     qkv  = h @ [Wq; Wk; Wv].T                              one GEMV/GEMM (q, k, v rows side by side)
     q, k = rope(norm(q)), rope(norm(k)); cache <- k, v     qk_rope_kernel
-    o    = attention(q, cache)                             attention_kernel
+    o    = attention(q, cache)                             attention_kernel (prefill: attention_gqa_kernel)
     x    = x + o @ Wo.T;  h = rms_norm(x) * ffn_norm       GEMV + add_rms_norm_kernel
     moe:   ids, w = softmax_topk(h @ Wr.T)                 GEMV + route_kernel + bucket_kernel
            x = x + sum_a w_a down_e(silu(gate_e h) up_e h) grouped GLU, grouped down,
@@ -38,8 +38,8 @@ from ..config import ROPE_NEOX, ROPE_NORM
 from ..errors import ConfigError
 from quant.cuda.timing import Graph, Spinner
 
-from .kernels import (MAX_E, MAX_S, add_rms_norm_kernel, attention_kernel, qk_rope_kernel, rms_norm_kernel,
-                      route_kernel)
+from .kernels import (GQA_MIN_T, MAX_E, MAX_S, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
+                      gqa_fits, qk_rope_kernel, rms_norm_kernel, route_kernel)
 
 OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_output_bias", "attn_q_scale",
             "attn_k_scale", "attn_v_scale", "attn_qkv_scale", "attn_output_scale", "ffn_gate_bias", "ffn_up_bias",
@@ -159,6 +159,7 @@ class DeviceModel:
         self._ev = (cuda.event(), cuda.event())
         self.last_gpu_us = None                # GPU time of the last forward's launches (events)
         self._spin = None
+        self._s_end = 0
 
     def layer(self, il: int) -> DeviceLayer:
         if self.layers[il] is None:
@@ -215,7 +216,11 @@ class DeviceModel:
                                                st.pos, st.kc[il], st.vc[il], qv)
         attv = att if att.shape[1] == H * K else att[:, :H * K]
         self._mark("attention")
-        attention_kernel[(H, T), 128, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
+        G = H // Hkv
+        if T >= GQA_MIN_T and H % Hkv == 0 and gqa_fits(G, self._s_end, K):      # prefill: KV rows read once per G heads
+            attention_gqa_kernel(G)[(Hkv, T), 256, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
+        else:
+            attention_kernel[(H, T), 128, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
         self._mark("attn_output")
         dense(L.o, attv, a, stream=s)
         self._mark("residual_ffn_norm")
@@ -317,6 +322,7 @@ class DeviceModel:
         b["cos"].copy_to_device(np.ascontiguousarray(cos, dtype=np.float32), stream=s)
         b["sin"].copy_to_device(np.ascontiguousarray(sin, dtype=np.float32), stream=s)
         st.pos.copy_to_device(np.array([state.n_past], np.int32), stream=s)
+        self._s_end = state.n_past + T                   # cache rows the last new token sees (kernel choice)
         key = (T, id(st))
         g = self.graphs.get(key)
         self._ev[0].record(s)
