@@ -93,6 +93,7 @@ from .simd import (
     bor,
     bsh,
     bsub,
+    byte_top,
     f16x16,
     f32x16_at,
     flip,
@@ -370,6 +371,41 @@ def dot_q1_0(row, x):
 
 
 @njit(**J)
+def dot2_q1_0(r0, r1, x):
+    """dot_q1_0 on two rows, each 16 x loaded once for both (per row the same operations)."""
+    one = np.float32(1)
+    nb = x.size // 128
+    a0 = 0.0
+    a1 = 0.0
+    for g0 in range(0, nb, 8):
+        v = zeros()
+        u = zeros()
+        for b in range(g0, min(nb, g0 + 8)):
+            o = 18 * b
+            ahead(r0, o, 18)
+            ahead(r1, o, 18)
+            xo = 128 * b
+            xk = load16(x, xo)
+            t0 = mul(select_bits(u16_at(r0, o + 2), one, -one), xk)
+            s0 = mul(select_bits(u16_at(r1, o + 2), one, -one), xk)
+            xk = load16(x, xo + 16)
+            t1 = mul(select_bits(u16_at(r0, o + 4), one, -one), xk)
+            s1 = mul(select_bits(u16_at(r1, o + 4), one, -one), xk)
+            for k in range(2, 8, 2):
+                xk = load16(x, xo + 16 * k)
+                t0 = fma(select_bits(u16_at(r0, o + 2 + 2 * k), one, -one), xk, t0)
+                s0 = fma(select_bits(u16_at(r1, o + 2 + 2 * k), one, -one), xk, s0)
+                xk = load16(x, xo + 16 * k + 16)
+                t1 = fma(select_bits(u16_at(r0, o + 4 + 2 * k), one, -one), xk, t1)
+                s1 = fma(select_bits(u16_at(r1, o + 4 + 2 * k), one, -one), xk, s1)
+            v = fma(splat(f16_at(r0, o)), add(t0, t1), v)
+            u = fma(splat(f16_at(r1, o)), add(s0, s1), u)
+        a0 += hsum(v)
+        a1 += hsum(u)
+    return a0, a1
+
+
+@njit(**J)
 def dot_q2_0(row, x):
     T = load16(TERNARY, 0)
     acc = 0.0
@@ -410,12 +446,30 @@ def dot_nvfp4(row, x):
 @njit(**J)
 def lanes4(q, x, xo):
     """Lane l of sum_k q_k x'[xo + 16 k + l], q_k = byte k of lane l of q read as int8 and moved to
-    the top of the lane (2^24 q_k, exact in float32): 64 weights with no widening shuffle.
-    x' = x_lanes(x): x'[xo + 16 k + l] = x[xo + 4 l + k] / 2^24."""
-    t = mul(to_f32(shl(q, 24)), load16(x, xo))
-    t = fma(to_f32(band(shl(q, 16), TOP8)), load16(x, xo + 16), t)
-    t = fma(to_f32(band(shl(q, 8), TOP8)), load16(x, xo + 32), t)
+    the top of the lane (2^24 q_k, exact in float32; `byte_top`, one vpshufb): 64 weights with no
+    widening shuffle. x' = x_lanes(x): x'[xo + 16 k + l] = x[xo + 4 l + k] / 2^24."""
+    t = mul(to_f32(byte_top(q, 0)), load16(x, xo))
+    t = fma(to_f32(byte_top(q, 1)), load16(x, xo + 16), t)
+    t = fma(to_f32(byte_top(q, 2)), load16(x, xo + 32), t)
     return fma(to_f32(band(q, TOP8)), load16(x, xo + 48), t)
+
+
+@njit(**J)
+def lanes4x2(q, p, x, xo):
+    """lanes4 on two rows' codes q and p, each 16 x' loaded once for both (as lut4x2)."""
+    xk = load16(x, xo)
+    t = mul(to_f32(byte_top(q, 0)), xk)
+    u = mul(to_f32(byte_top(p, 0)), xk)
+    xk = load16(x, xo + 16)
+    t = fma(to_f32(byte_top(q, 1)), xk, t)
+    u = fma(to_f32(byte_top(p, 1)), xk, u)
+    xk = load16(x, xo + 32)
+    t = fma(to_f32(byte_top(q, 2)), xk, t)
+    u = fma(to_f32(byte_top(p, 2)), xk, u)
+    xk = load16(x, xo + 48)
+    t = fma(to_f32(band(q, TOP8)), xk, t)
+    u = fma(to_f32(band(p, TOP8)), xk, u)
+    return t, u
 
 
 @njit(**J)
@@ -640,22 +694,58 @@ def blk_q5_k(row, b, x, xs, v):
 
 
 @njit(**J)
+def q6k_scales(row, o):
+    """Q6_K's 16 int8 scales times d, as lanes."""
+    d = f16_at(row, o + 208)
+    return scales_i8(u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204), d, d)
+
+
+@njit(**J)
+def q6k_codes(row, o, n):
+    """The 128 codes q - 32 of half n of the Q6_K block at o, as int8 bytes in two vectors (built on
+    the packed bytes: ql[l] low nibble -> x[l], ql[l + 32] -> x[l + 32], high nibbles -> x[l + 64],
+    x[l + 96]; qh[l] bits 2k, 2k + 1 -> 16, 32 of the k-th of those)."""
+    ql = b64(row, o + 64 * n)
+    qh = b32x2(row, o + 128 + 32 * n)
+    q0 = as_i32(bsub(bor(bmask(ql, 15), bmask(bsh(qh, -4, -2), 48)), 32))
+    q1 = as_i32(bsub(bor(bmask(bsh(ql, 4, 4), 15), bmask(bsh(qh, 0, 2), 48)), 32))
+    return q0, q1
+
+
+@njit(**J)
 def blk_q6_k(row, b, x, xs, v):
     o = 210 * b
     ahead(row, o, 210)
-    d = f16_at(row, o + 208)
-    w0, w1, w2, w3 = u32_at(row, o + 192), u32_at(row, o + 196), u32_at(row, o + 200), u32_at(row, o + 204)
-    sc = scales_i8(w0, w1, w2, w3, d, d)                    # 1. int8 scales: c = d sc
+    sc = q6k_scales(row, o)                                 # 1. int8 scales: c = d sc
     v0, v1 = zeros(), zeros()
-    for n in range(2):                                      # 2. per 128 weights, on the packed bytes:
-        ql = b64(row, o + 64 * n)                           #    ql[l] low nibble -> x[l], ql[l + 32] -> x[l + 32],
-        qh = b32x2(row, o + 128 + 32 * n)                   #    high nibbles -> x[l + 64], x[l + 96];
-        q0 = as_i32(bsub(bor(bmask(ql, 15), bmask(bsh(qh, -4, -2), 48)), 32))   # qh[l] bits 2k, 2k+1 -> 16, 32
-        q1 = as_i32(bsub(bor(bmask(bsh(ql, 4, 4), 15), bmask(bsh(qh, 0, 2), 48)), 32))  # q - 32 as int8
+    for n in range(2):                                      # 2. per 128 weights, on the packed bytes
+        q0, q1 = q6k_codes(row, o, n)
         xo = 256 * b + 128 * n                              # 3. byte k of each lane in place (x_lanes)
         v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c ((q - 32) . x)
         v1 = fma(spread(sc, 8 * n + 4, 4), lanes4(q1, x, xo + 64), v1)
     return add(v, add(v0, v1))
+
+
+@njit(**J)
+def blk2_q6_k(r0, r1, b, x, xs, v, u):
+    """blk_q6_k on two rows, x' loaded once for both (lanes4x2)."""
+    o = 210 * b
+    ahead(r0, o, 210)
+    ahead(r1, o, 210)
+    sc = q6k_scales(r0, o)
+    sd = q6k_scales(r1, o)
+    v0, v1, u0, u1 = zeros(), zeros(), zeros(), zeros()
+    for n in range(2):
+        q0, q1 = q6k_codes(r0, o, n)
+        p0, p1 = q6k_codes(r1, o, n)
+        xo = 256 * b + 128 * n
+        t, w = lanes4x2(q0, p0, x, xo)
+        v0 = fma(spread(sc, 8 * n, 4), t, v0)
+        u0 = fma(spread(sd, 8 * n, 4), w, u0)
+        t, w = lanes4x2(q1, p1, x, xo + 64)
+        v1 = fma(spread(sc, 8 * n + 4, 4), t, v1)
+        u1 = fma(spread(sd, 8 * n + 4, 4), w, u1)
+    return add(v, add(v0, v1)), add(u, add(u0, u1))
 
 
 @njit(**J)
@@ -944,12 +1034,13 @@ def _row_dot(kind, row, x, xs):
 # Types whose GEMV reads weight rows in pairs (row_dot2): the memory-bound ones, where two streams
 # measured 1.3x (F32, F16, BF16) to 2x (Q8_0) faster on one core; the others lost 5-25% to register
 # pressure (1 thread, 4096 x 14336, min of 9 alternating rounds) when run as two whole blocks in step.
-# Q2_K and TQ2_0 have two-row block functions instead (BLOCKS256_2): their fast kernels were bound by
-# the activation row streaming from L2 (64 bytes of x per 16 weights; a 14336-long row is 57 KB),
-# so one x' load serving both rows is worth more than the extra registers.
+# Q1_0, Q2_K, Q4_K, Q6_K, TQ2_0 have two-row kernels instead (DOT2, BLOCKS256_2): their fast kernels
+# were bound by the activation row streaming from L2 (64 bytes of x per 16 weights; a 14336-long row
+# is 57 KB), so one x' load serving both rows is worth more than the extra registers.
 FLOATS2 = {F32: (f32x16_at, f32_at, 4), F16: (f16x16, f16_at, 2), BF16: (bf16x16, bf16_at, 2)}
-BLOCKS256_2 = {Q2_K: blk2_q2_k, Q4_K: blk2_q4_k, TQ2_0: blk2_tq2_0}
-PAIRED = frozenset(FLOATS2) | {Q8_0} | frozenset(BLOCKS256_2)
+BLOCKS256_2 = {Q2_K: blk2_q2_k, Q4_K: blk2_q4_k, Q6_K: blk2_q6_k, TQ2_0: blk2_tq2_0}
+DOT2 = {Q1_0: dot2_q1_0}                # the same for a type with its own whole-row kernel
+PAIRED = frozenset(FLOATS2) | {Q8_0} | frozenset(BLOCKS256_2) | frozenset(DOT2)
 
 
 def row_dot2(kind, r0, r1, x, xs):
@@ -966,6 +1057,9 @@ def _row_dot2(kind, r0, r1, x, xs):
     if k in BLOCKS32:
         blk, ts, tab = BLOCKS32[k]
         return lambda kind, r0, r1, x, xs: dot2_blocks32(blk, ts, tab, r0, r1, x)
+    if k in DOT2:
+        fn2 = DOT2[k]
+        return lambda kind, r0, r1, x, xs: fn2(r0, r1, x)
     if k in BLOCKS256_2:
         blk2 = BLOCKS256_2[k]
         return lambda kind, r0, r1, x, xs: dot2_pairs256(blk2, r0, r1, x, xs)

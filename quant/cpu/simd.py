@@ -31,6 +31,7 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
       b64(row, o), b32x2(row, o)        64 bytes / 32 bytes twice;  bsh(v, s_lo, s_hi) per-half shift,
       bmask(v, m), bsub(v, c), bor(a, b)    byte and / subtract / or;  as_i32(v) -> i32x16 (a bitcast)
     i32x16_at(row, o) -> i32x16         64 bytes as 16 words, fields read in place
+    byte_top(v, k)    -> i32x16         byte k of each lane moved to its top byte, the rest 0 (`vpshufb`)
     or_where(v, m, c), flip(v, m)       v | c, -v in the lanes whose bit of m is set (mask registers)
     scales_u8(w0, w1, w2, w3, d_lo, d_hi), scales_i8(...) -> f32x16     16 block scales from 16 bytes
     spread(v, first, pattern) -> f32x16  the scales of the sub-blocks held by each lane (`vpermps`)
@@ -494,6 +495,23 @@ def bor(typingctx, a, b):
 
     def codegen(context, builder, signature, args):
         return builder.or_(args[0], args[1])
+    return sig, codegen
+
+
+@intrinsic
+def byte_top(typingctx, v, k):
+    """Lane l = byte k of lane l moved to the top byte, the three bytes below it 0 (one `vpshufb`
+    with zeroing; k a constant)."""
+    if not isinstance(k, types.IntegerLiteral):
+        return None
+    kk = k.literal_value
+    sig = i32x16(i32x16, k)
+
+    def codegen(context, builder, signature, args):
+        idx = [i for lane in range(16) for i in (64, 64, 64, 4 * lane + kk)]    # 64: a byte of the zero vector
+        r = builder.shuffle_vector(builder.bitcast(args[0], VB), ir.Constant(VB, [0] * 64),
+                                   ir.Constant(ir.VectorType(I32, 64), idx))
+        return builder.bitcast(r, VI)
     return sig, codegen
 
 
