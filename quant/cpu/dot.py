@@ -102,6 +102,7 @@ from .simd import (
     i8x16f,
     i32x16_at,
     iadd,
+    ior,
     lanes,
     load16,
     lut,
@@ -828,14 +829,13 @@ def blk_iq4_xs(row, b, x, xs, v):
     T = load16(KV_IQ4, 0)
     o = 136 * b
     ahead(row, o, 136)
-    d = f16_at(row, o)
-    sh = u16_at(row, o + 2)
-    for ib in range(8):                                     # 8 sub-blocks of 32, 6-bit scale - 32
-        ls = ((ld(row, o + 4 + ib // 2) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+    ls = ior(lanes(u32_at(row, o + 4), 4, 15), shl(lanes(u16_at(row, o + 2), 2, 3), 4))   # lane ib < 8: 6-bit
+    dl = mul(to_f32(iadd(ls, -32)), splat(f16_at(row, o)))     # scale of sub-block ib (4 low bits, 2 high): d (ls - 32)
+    for ib in range(8):
         q = u8x16(row, o + 8 + 16 * ib)
         xo = 256 * b + 32 * ib
         t = fma(lut(T, shr(q, 4)), load16(x, xo + 16), mul(lut(T, band(q, 15)), load16(x, xo)))
-        v = fma(splat(d * np.float32(ls - 32)), t, v)
+        v = fma(spread(dl, ib, 0), t, v)
     return v
 
 

@@ -24,7 +24,7 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     wshl(v, s), wmul(v, c), wmulhi(v, c)   per 16-bit word: v << s, low / high 16 bits of v c (constants)
     u16_lanes(row, o, pattern) -> i32x16  lane l = the uint16 at byte o + 2 SPREAD[pattern][l]
     shr4(v, a, b, c, d) -> i32x16       lane l shifted right by (a, b, c, d)[l % 4] (`vpsrlvd`)
-    shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), to_f32(v)   integer lanes
+    shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), ior(a, b), to_f32(v)   integer lanes
     lut(tab, idx)     -> f32x16         tab[idx & 15] lane by lane, tab a f32x16 of 16 code-book values
                                         (`vpermps` with AVX-512; a portable extract/insert otherwise)
     u8x64             64 packed bytes, worked on before widening (one byte op = four on lanes):
@@ -278,6 +278,16 @@ shl = intrinsic(_int_op("shl"))
 band = intrinsic(_int_op("and_"))
 imul = intrinsic(_int_op("mul"))
 iadd = intrinsic(_int_op("add"))
+
+
+@intrinsic
+def ior(typingctx, a, b):
+    """a | b lane by lane (two integer vectors)."""
+    sig = i32x16(i32x16, i32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.or_(args[0], args[1])
+    return sig, codegen
 
 
 @intrinsic
