@@ -11,14 +11,16 @@ w = c q + m, with q a small integer or a code-book value; per 16 weights a kerne
 
   1. unpacks 16 q from the bytes. The K-quants and TQ2_0 work on 64 bytes at once: fields are
      combined while still packed (byte ops), then read in place from the 32-bit lanes -- `lut4`
-     looks a 2/4-bit field up in the low bits of each lane (`vpermps`), `lanes4` moves byte k of
-     each lane to its top and converts (2^24 q, exact) -- with no widening shuffle. Lane l then holds
+     looks a 2/4-bit field up in the low bits of each lane (`vpermps`; Q2_K and TQ2_0 take two
+     2-bit fields from one shifted nibble with two code books), `lanes4` moves byte k of each lane
+     to its top (`vpshufb`) and converts (2^24 q, exact) -- with no widening shuffle. Lane l then holds
      weight 4 l + k (or the type's own order), so x is read in that order: x' = x_lanes(x), a
      permutation scaled by powers of two (exact), made once per activation row.
      The others: shift, mask, `to_f32` or `lut` (Q4_0's q - 8, IQ4_NL's and MXFP4's code books);
      TQ1_0's base-3 digits on 16-bit words, 32 per instruction (`vpmullw`, `vpmulhuw`, as ggml's
      ((q 3^n mod 256) 3) >> 8); the i-quants load grid rows from float tables (IQ1_S: int8, to stay
-     in L1) and flip signs with mask registers.
+     in L1) and flip signs with mask registers (the 7-bit sign fields completed with their parity
+     bit four at a time in a scalar word: `signs4`, pdep).
   2. multiplies by x with the codes centred: c (q - mid) . x, where mid is the block's own offset
      (Q3_K's 4, Q6_K's 32, Q5_0's 16, TQ2_0's 1) or the middle code (Q2_K 2, Q4_K 8, Q5_K 16), whose
      weight w(mid) = c mid + m then multiplies the group's sum of x (xs = x_sums(x), one FMA per
@@ -33,8 +35,10 @@ w = c q + m, with q a small integer or a code-book value; per 16 weights a kerne
 The scales of a K-quant block are decoded 16 at a time into one register (simd.scales_*) from the
 12-16 scale bytes rearranged with 32-bit masks (ggml's layout tricks), then `spread` over the lanes
 that hold each sub-block (the i-quants' scales likewise, from `u16_lanes`). Each kernel also
-prefetches 2 KB ahead of the block it decodes (`ahead`). With one activation row, the memory-bound
-types read two weight rows in step (row_dot2): two streams keep more cache misses in flight.
+prefetches 2 KB ahead of the block it decodes (`ahead`). With one activation row, the types in
+PAIRED read two weight rows in step (row_dot2): the memory-bound ones because two streams keep more
+cache misses in flight, Q1_0, Q2_K, Q4_K, Q6_K and TQ2_0 because each 16 values of x' loaded (64
+bytes, from L2 for a long row) then serve both rows (`lut4x2`, `lanes4x2`).
 The readable per-element decoders are in dequant.py; every kernel here is tested against the NumPy
 oracle.
 """
