@@ -27,8 +27,9 @@ from quant.cuda.testdata import random_qtensor
 from quant.cuda.timing import Timer
 from quant.cuda.weights import clear, device_weight
 
-TC_SHAPES = [dict(BM=64, WM=4, WN=1), dict(BM=64, WM=2, WN=2), dict(BM=64, WM=4, WN=2),
-             dict(BM=32, WM=2, WN=1), dict(BM=64, WM=2, WN=1)]
+TC_SHAPES = [dict(BM=64, WM=4, WN=1), dict(BM=64, WM=2, WN=2), dict(BM=64, WM=4, WN=2)]
+# dense products only: 64-token tiles (the group table built with 64-pair tiles)
+TC_DENSE_SHAPES = [dict(BM=64, WM=2, WN=2, BN=64), dict(BM=64, WM=4, WN=2, BN=64), dict(BM=64, WM=4, WN=1, BN=64)]
 L2_BYTES = 50e6
 
 
@@ -37,12 +38,13 @@ def rel_rms(got, want):
     return float(np.sqrt(np.mean((got - want) ** 2) / max(np.mean(want ** 2), 1e-30)))
 
 
-def _configs():
-    return [("gemm", None)] + [("tc", sh) for sh in TC_SHAPES]
+def _configs(dense=False):
+    return [("gemm", None)] + [("tc", dict(sh, BN=32)) for sh in TC_SHAPES] + \
+        ([("tc", sh) for sh in TC_DENSE_SHAPES] if dense else [])
 
 
 def _name(kernel, sh):
-    return kernel if sh is None else f"tc {sh['BM']}x{sh['WM']}x{sh['WN']}" + (f" cv{sh['CV']}" if "CV" in sh else "")
+    return kernel if sh is None else f"tc {sh['BM']}x{sh['WM']}x{sh['WN']} BN{sh['BN']}"
 
 
 def bench_dense(t, timer, rng, O=4096, I=14336, T=512, reps=7) -> dict:
@@ -52,16 +54,18 @@ def bench_dense(t, timer, rng, O=4096, I=14336, T=512, reps=7) -> dict:
     dws = [device_weight(w).ensure() for w in ws]
     x = rng.standard_normal((T, I)).astype(np.float32)
     xd, yd = cuda.to_device(x), cuda.device_array((T, O), np.float32)
-    grp = cuda.to_device(dense_groups(T, ops.GEMM_SHAPE["BN"]))
+    grps = {bn: cuda.to_device(dense_groups(T, bn)) for bn in (32, 64)}
     want = ref.matmul(x, w0.rows(0, 64))
     res = {}
-    for kernel, sh in _configs():
+    for kernel, sh in _configs(dense=True):
+        grp = grps[sh["BN"] if sh else 32]
         ops.grouped(dws[0], xd, yd, grp, 1, T, T, kernel=kernel, shape=sh)
         r = rel_rms(yd.copy_to_host()[:, :64], want)
         if not r <= 1e-5:
             raise AssertionError(f"{t.name} dense {_name(kernel, sh)}: relative RMS {r:.2e}")
-        us = statistics.median(timer.graph(lambda i, s: ops.grouped(dws[i % nbuf], xd, yd, grp, 1, T, T, kernel=kernel,
-                                                                    shape=sh, stream=s), 6, replays=reps))
+        us = statistics.median(timer.graph(lambda i, s, grp=grp: ops.grouped(dws[i % nbuf], xd, yd, grp, 1, T, T,
+                                                                             kernel=kernel, shape=sh, stream=s),
+                                           6, replays=reps))
         res[_name(kernel, sh)] = dict(us=us, tflops=2 * O * I * T / us / 1e6, rel_rms=r)
     clear()
     return res

@@ -112,7 +112,9 @@ def test_gemm(t, rng):
 # the same for all
 TC_TYPES = TYPES if GPU else [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q2_K, GGMLType.NVFP4, GGMLType.IQ2_XXS,
                               GGMLType.F16]
-TC_SHAPES = [None, dict(BM=32, WM=1, WN=1)] if GPU else [dict(BM=16, WM=1, WN=1)]
+# 32-token tiles (the default) and the 64-token option of dense products (ops.TC_DENSE_SHAPE)
+TC_SHAPES = [None, dict(BM=32, WM=1, WN=1, BN=32), dict(BM=64, WM=4, WN=2, BN=64)] if GPU else \
+    [dict(BM=16, WM=1, WN=1, BN=64)]
 
 
 @pytest.mark.parametrize("t", TC_TYPES, ids=lambda t: t.name)

@@ -122,17 +122,36 @@ def test_attention_gqa_kernel(G):
     assert rel_rms(got, _attention_np(q, kc, vc, pos, scale)) <= 1e-6
 
 
-def test_device_model_gqa_prefill(tmp_path_factory, monkeypatch):
-    """The device forward with the prefill attention kernel taken from the first token on, against NumPy."""
-    from refengine.cuda import DeviceModel, runner
+@pytest.mark.parametrize("path", ["gqa", "tc"])
+def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
+    """The device forward with each prefill attention (taken from the first token on) against NumPy: the
+    per-KV-head kernel, and the tensor-core GEMMs around the causal softmax (head dim 128)."""
+    from quant.cuda import ops
+    from refengine.cuda import DeviceModel, attn, runner
     monkeypatch.setattr(runner, "GQA_MIN_T", 1)
-    arch, preset, wtype = CASES[0]
-    m = _model(tmp_path_factory, arch, preset, wtype)
-    prompt = [3, 17, 42, 5, 9, 11, 2] if GPU else [3, 17]
+    monkeypatch.setattr(runner, "TC_ATTENTION", path == "tc")
+    if GPU:
+        arch, preset, wtype = CASES[0]                              # qwen3moe tiny: head dim 128
+        m = _model(tmp_path_factory, arch, preset, wtype)
+        prompt = [3, 17, 42, 5, 9, 11, 2]
+    else:
+        monkeypatch.setattr(ops, "TC_SHAPE", dict(BM=16, WM=1, WN=1, CV=-1))    # 32 simulated threads a block
+        synth.PRESETS["qwen3moe"].setdefault("micro128", dict(MICRO_MOE, head_dim=128))
+        path_ = tmp_path_factory.mktemp("cuda") / "qwen3moe-micro128-Q8_0.gguf"
+        m = Model(synth.write_synth("qwen3moe", path_, preset="micro128", wtype="Q8_0", progress=False))
+        prompt = [3, 17]
+    K = m.cfg.head_dim_k
+    assert attn.fits(len(prompt), m.cfg.layers[0].n_head, K, m.cfg.head_dim_v, len(prompt)) == (K % 128 == 0)
+    calls = []
+    real_tc = attn.attention_tc
+    monkeypatch.setattr(attn, "attention_tc", lambda *a, **k: calls.append(1) or real_tc(*a, **k))
     st, sd = m.new_state(), m.new_state()
+    dm = DeviceModel(m, graphs=False)
     want = m.forward(prompt, st)
-    got = DeviceModel(m, graphs=False).forward(prompt, sd)
-    assert rel_rms(got, want) <= TOL
+    assert rel_rms(dm.forward(prompt, sd), want) <= TOL
+    assert bool(calls) == (path == "tc")
+    tok = int(np.argmax(want[-1]))                  # one decoded token on the cache the prefill wrote
+    assert rel_rms(dm.forward([tok], sd), m.forward([tok], st)) <= TOL
 
 
 @pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU (the same kernels run in the simulator in "

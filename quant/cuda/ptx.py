@@ -41,12 +41,13 @@ def kernels(all_variants: bool = False):
         out.append((f"naive[{n}]", naive_kernel(t), SIG_NAIVE))
         out.append((f"gemv[{n}, NT=1]", gemv_kernel(t, 1, 2, 8, False, False, 2), SIG_GEMV))
         out.append((f"gemm[{n}]", gemm_kernel(t, 64, 32, 4, 4, False), SIG_GEMM))
-        out.append((f"tc[{n}]", gemm_tc_kernel(t, 64, 2, 1, False), SIG_GEMM))
+        out.append((f"tc[{n}]", gemm_tc_kernel(t, 64, 4, 1, False), SIG_GEMM))
+        out.append((f"tc[{n}, BN=64]", gemm_tc_kernel(t, 64, 2, 2, False, -1, 64), SIG_GEMM))
         if variants:
             out.append((f"gemv[{n}, NT=8, glu]", gemv_kernel(t, 8, 2, 4, True, False, 2), SIG_GEMV))
             out.append((f"gemv[{n}, NT=8, rw]", gemv_kernel(t, 8, 2, 4, False, True, 2), SIG_GEMV))
             out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 4, True), SIG_GEMM))
-            out.append((f"tc[{n}, rw]", gemm_tc_kernel(t, 64, 2, 1, True), SIG_GEMM))
+            out.append((f"tc[{n}, rw]", gemm_tc_kernel(t, 64, 4, 1, True), SIG_GEMM))
     for t in FSPECS:
         n = t.name
         out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False, 8), SIG_GEMV))

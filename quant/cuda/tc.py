@@ -2,7 +2,7 @@
 
     gemm_tc_kernel(t, BM, WM, WN, rwt)    same signature and group table as `gemv.gemm_kernel`
 
-A block computes BM output rows x BN = 32 token pairs of one group (the group table's 32-pair tiles).
+A block computes BM output rows x BN = 32 (or 64) token pairs of one group (the group table's tiles).
 Each K step of 128 columns decodes the [128, BM] weight tile into shared memory with the type's part
 decoder (exact float32 weights, as every other kernel), stages the activations 32 columns at a time
 (already split, below), and its WM x WN warps multiply them on the tensor cores: warp (wm, wn) owns rows wm*BM/WM .. and
@@ -39,8 +39,8 @@ from .decoders import spec
 from .vec import tf32_split
 
 KT = 128          # K columns decoded per step (a part of a 256-weight block spans up to 128 columns)
-XH = 32           # activation columns staged (and summed on the tensor cores) at a time
-BN = 32           # token pairs per tile (the group table's tile)
+BN = 32           # token pairs per tile (the group table's tile); XH = 1024 / BN activation columns are
+                  # staged (and summed on the tensor cores) at a time
 
 if SIM:
     _L = np.arange(32)
@@ -79,12 +79,15 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False, carve: int = -1):
+def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False, carve: int = -1, BN: int = BN):
     """Grouped GEMM on the tensor cores: block (row tile, token tile) computes BM x 32 outputs, 32 WM WN threads.
 
-    Needs I % 128 == 0 (as `gemm_kernel`); BM a multiple of 16 WM, 32 a multiple of 8 WN. carve: the
-    shared-memory carveout in percent of the SM's L1/shared (-1: the driver's choice).
+    Needs I % 128 == 0 (as `gemm_kernel`); BM a multiple of 16 WM, BN a multiple of 8 WN. carve: the
+    shared-memory carveout in percent of the SM's L1/shared (-1: the driver's choice). BN: token pairs per
+    block, the tile size of the group table it reads (32, or 64 for a dense table built so: `ops.dense`);
+    the activations are staged 1024 / BN columns at a time (shared memory stays under 48 KB).
     """
+    XH = 1024 // BN
     s = spec(t)
     dec, P, NV, R, RL, RS, BS, TS = s.dec, s.P, s.NV, s.R, s.RL, s.RS, s.BS, s.TS
     if BM % (16 * WM) or BN % (8 * WN):
@@ -171,7 +174,7 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
                     for k in range(RL):
                         Ws[wb + U((q * RS + k) * WP)] = v[0, q * RL + k]
             for h in range(KT // XH):
-                # stage 2: the [32 tokens, XH cols] activation slice through the pair list (zeros past the
+                # stage 2: the [BN tokens, XH cols] activation slice through the pair list (zeros past the
                 # group), split into TF32 hi + lo once here (every warp reads it)
                 col = U(k0 + h * XH + xk)
                 for i in range(XPT):

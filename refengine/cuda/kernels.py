@@ -88,11 +88,12 @@ def add_kernel(a, b, out):
 
 
 @cuda.jit
-def qk_rope_kernel(qkv, H, Hkv, K, qn, kn, has_norm, eps, cos, sin, n_rot, neox, pos, kc, vc, q):
+def qk_rope_kernel(qkv, H, Hkv, K, qn, kn, has_norm, eps, cos, sin, n_rot, neox, pos, kc, vc, vt, q):
     """Split the fused projection, optional per-head RMS norm, RoPE, and append k, v to the cache.
 
     qkv: [T, H*K + 2*Hkv*K] (q | k | v); qn, kn: [K] norm weights (`attn_q_norm`, `attn_k_norm`);
-    cos, sin: [T, n_rot/2]; kc, vc: [S_max, Hkv, K] caches written at rows pos[0] + t;
+    cos, sin: [T, n_rot/2]; kc, vc: [S_max, Hkv, K] caches written at rows pos[0] + t; vt: [Hkv, K, S_pad]
+    the value cache transposed (column pos[0] + t; the prefill attention's operand, `attn.py`);
     q: [T, H, K] out. NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2). Grid (T, H + 2 Hkv), block K.
     """
     buf = cuda.shared.array(32, float64)
@@ -108,6 +109,7 @@ def qk_rope_kernel(qkv, H, Hkv, K, qn, kn, has_norm, eps, cos, sin, n_rot, neox,
     if h >= H + Hkv:                                         # v head: straight into the cache
         if i < K:
             vc[pos[0] + t, h - H - Hkv, i] = x
+            vt[h - H - Hkv, i, pos[0] + t] = x
         return
     if has_norm:
         s = _block_sum64(float64(x) * float64(x), buf)

@@ -7,6 +7,8 @@ import sys
 
 from quant.cuda import ptx as qptx
 
+from .attn import softmax_causal_kernel
+
 from .kernels import (add_kernel, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel, qk_rope_kernel,
                       rms_norm_kernel, route_kernel)
 
@@ -16,10 +18,11 @@ KERNELS = [
     ("add", add_kernel, f"void({F2}, {F2}, {F2})"),
     ("add_rms_norm", add_rms_norm_kernel, f"void({F2}, int64, {F2}, boolean, {F1}, float64, {F2}, {F2})"),
     ("qk_rope", qk_rope_kernel, f"void({F2}, int64, int64, int64, {F1}, {F1}, boolean, float64, {F2}, {F2}, int64, "
-                                f"boolean, {I1}, {F3}, {F3}, {F3})"),
+                                f"boolean, {I1}, {F3}, {F3}, {F3}, {F3})"),
     ("attention", attention_kernel, f"void({F3}, {F3}, {F3}, {I1}, float64, {F2})"),
     ("attention_gqa[G=8]", attention_gqa_kernel(8), f"void({F3}, {F3}, {F3}, {I1}, float64, {F2})"),
     ("attention_gqa[G=1]", attention_gqa_kernel(1), f"void({F3}, {F3}, {F3}, {I1}, float64, {F2})"),
+    ("softmax_causal", softmax_causal_kernel, f"void({F2}, int64, {I1}, float64, int64)"),
     ("route", route_kernel, f"void({F2}, int64, boolean, {I2}, {F1})"),
 ]
 

@@ -38,9 +38,12 @@ from ..config import ROPE_NEOX, ROPE_NORM
 from ..errors import ConfigError
 from quant.cuda.timing import Graph, Spinner
 
+from . import attn
 from .kernels import (GQA_MIN_T, MAX_E, MAX_S, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
                       gqa_fits, qk_rope_kernel, rms_norm_kernel, route_kernel)
 
+TC_ATTENTION = not quant.cuda.SIM          # prefill attention on the tensor cores (attn.py); the simulator (an
+                                           # emulation there, slow) takes attention_gqa_kernel; tests force either
 OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_output_bias", "attn_q_scale",
             "attn_k_scale", "attn_v_scale", "attn_qkv_scale", "attn_output_scale", "ffn_gate_bias", "ffn_up_bias",
             "ffn_down_bias", "ffn_gate_scale", "ffn_up_scale", "ffn_down_scale")
@@ -128,11 +131,14 @@ class DeviceState:
     """Device KV cache of every layer and the position scalar."""
 
     def __init__(self, cfg, n_ctx: int, stream):
-        self.kc, self.vc = [], []
+        self.kc, self.vc, self.vt = [], [], []
+        s_pad = attn.cols(n_ctx)
         for il in range(cfg.n_layer):
             Hkv = cfg.layers[il].n_head_kv
             self.kc.append(cuda.device_array((n_ctx, Hkv, cfg.head_dim_k), np.float32, stream=stream))
             self.vc.append(cuda.device_array((n_ctx, Hkv, cfg.head_dim_v), np.float32, stream=stream))
+            # the value cache transposed (prefill attention on the tensor cores): zeros past the written rows
+            self.vt.append(cuda.to_device(np.zeros((Hkv, cfg.head_dim_v, s_pad), np.float32), stream=stream))
         self.pos = cuda.device_array(1, np.int32, stream=stream)
 
 
@@ -213,11 +219,21 @@ class DeviceModel:
         self._mark("qk_norm_rope")
         qk_rope_kernel[(T, H + 2 * Hkv), K, s](qkv_v, H, Hkv, K, qn, kn, L.q_norm is not None, cfg.rms_eps,
                                                b["cos"], b["sin"], cfg.n_rot, cfg.rope_type == ROPE_NEOX,
-                                               st.pos, st.kc[il], st.vc[il], qv)
+                                               st.pos, st.kc[il], st.vc[il], st.vt[il], qv)
         attv = att if att.shape[1] == H * K else att[:, :H * K]
         self._mark("attention")
         G = H // Hkv
-        if T >= GQA_MIN_T and H % Hkv == 0 and gqa_fits(G, self._s_end, K):      # prefill: KV rows read once per G heads
+        Kv = st.vt[il].shape[1]
+        if (T >= GQA_MIN_T and TC_ATTENTION and H % Hkv == 0 and qv.is_c_contiguous() and attv.is_c_contiguous()
+                and attn.fits(T, H, K, Kv, self._s_end)):                         # prefill: on the tensor cores
+            sc = b.get(("scores", H))
+            if sc is None or sc.shape[1] < attn.cols(self._s_end):
+                sc = b[("scores", H)] = cuda.device_array((T * H, attn.cols(self._s_end)), np.float32, stream=s)
+            grp = b.get(("head_grp", H, G))
+            if grp is None:
+                grp = b[("head_grp", H, G)] = cuda.to_device(attn.head_groups(T, H, G), stream=s)
+            attn.attention_tc(qv, st.kc[il], st.vt[il], st.pos, self._s_end - T, 1.0 / np.sqrt(K), sc, attv, grp, s)
+        elif T >= GQA_MIN_T and H % Hkv == 0 and gqa_fits(G, self._s_end, K):      # prefill: KV rows read once per G heads
             attention_gqa_kernel(G)[(Hkv, T), 256, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
         else:
             attention_kernel[(H, T), 128, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
