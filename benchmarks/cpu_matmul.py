@@ -48,13 +48,14 @@ SECTION = "## CPU (project machine: 2 cores, no GPU)"
 NOTE = ('Not like for like: llama.cpp first rounds the activation row to 8 bits (Q8_0/Q8_K) and multipli'
         'es in 8-bit integer SIMD (maddubs / VNNI: 32-64 multiply-adds per instruction); quant.cpu keeps'
         ' the exact float32 product the NumPy oracle defines (rel-RMS column): an FMA per 16 weights (on'
-        'e per cycle on this Zen 4 core) plus at least one decode operation, measured at 1.6-2.5 cycles p'
-        'er 16 weights for 2-bit codes where llama.cpp spends about 1.1 on TQ2_0. Its K-quant, TQ2_0, T'
-        'Q1_0 and NVFP4 kernels read the codes in place from the packed bytes and spend little else, so'
-        ' the 2-bit and ternary types stay behind on instruction count; the i-quants are bound by the s'
-        'calar work of their grid indices; the 16/32-bit float types and Q8_0 are bounded by memory and'
-        ' read two weight rows at a time. The machine is shared: figures move by up to 2x between runs;'
-        ' the ratio is measured in one run.')
+        'e per cycle on this Zen 4 core) plus at least one decode operation, and 64 bytes of float32 x pe'
+        'r 16 weights, which for a 14336-long row (57 KB) stream from L2 at about 2.3 cycles per 16 weigh'
+        'ts -- where llama.cpp reads 16 bytes of Q8 activations and spends about 1.1 cycles on TQ2_0. Q1_'
+        '0, Q2_K, Q4_K, Q6_K and TQ2_0 therefore read two weight rows per pass, each 16 x loaded once for'
+        ' both; the 2-bit and ternary types stay behind on instruction count; the i-quants are bound by t'
+        'he scalar work of their grid indices; the 16/32-bit float types and Q8_0 are bounded by memory '
+        'and read two weight rows at a time. The machine is shared: figures move by up to 2x between run'
+        's; the ratio is measured in one run.')
 
 
 def weights(t: GGMLType, wf: np.ndarray) -> np.ndarray:
