@@ -51,7 +51,7 @@ NOTE = ('Not like for like: llama.cpp first rounds the activation row to 8 bits 
         'e per cycle on this Zen 4 core) plus at least one decode operation, and 64 bytes of float32 x pe'
         'r 16 weights, which for a 14336-long row (57 KB) stream from L2 at about 2.3 cycles per 16 weigh'
         'ts -- where llama.cpp reads 16 bytes of Q8 activations and spends about 1.1 cycles on TQ2_0. Q1_'
-        '0, Q2_K, Q4_K, Q6_K and TQ2_0 therefore read two weight rows per pass, each 16 x loaded once for'
+        '0, Q4_K and TQ2_0 therefore read two weight rows per pass, each 16 x loaded once for'
         ' both; the 2-bit and ternary types stay behind on instruction count; the i-quants are bound by t'
         'he scalar work of their grid indices; the 16/32-bit float types and Q8_0 are bounded by memory '
         'and read two weight rows at a time. The machine is shared: figures move by up to 2x between run'

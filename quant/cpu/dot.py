@@ -37,8 +37,8 @@ The scales of a K-quant block are decoded 16 at a time into one register (simd.s
 that hold each sub-block (the i-quants' scales likewise, from `u16_lanes`). Each kernel also
 prefetches 2 KB ahead of the block it decodes (`ahead`). With one activation row, the types in
 PAIRED read two weight rows in step (row_dot2): the memory-bound ones because two streams keep more
-cache misses in flight, Q1_0, Q2_K, Q4_K, Q6_K and TQ2_0 because each 16 values of x' loaded (64
-bytes, from L2 for a long row) then serve both rows (`lut4x2`, `lanes4x2`).
+cache misses in flight, Q1_0, Q4_K and TQ2_0 because each 16 values of x' loaded (64 bytes, from L2
+for a long row) then serve both rows (`lut4x2`).
 The readable per-element decoders are in dequant.py; every kernel here is tested against the NumPy
 oracle.
 """
@@ -460,24 +460,6 @@ def lanes4(q, x, xo):
 
 
 @njit(**J)
-def lanes4x2(q, p, x, xo):
-    """lanes4 on two rows' codes q and p, each 16 x' loaded once for both (as lut4x2)."""
-    xk = load16(x, xo)
-    t = mul(to_f32(byte_top(q, 0)), xk)
-    u = mul(to_f32(byte_top(p, 0)), xk)
-    xk = load16(x, xo + 16)
-    t = fma(to_f32(byte_top(q, 1)), xk, t)
-    u = fma(to_f32(byte_top(p, 1)), xk, u)
-    xk = load16(x, xo + 32)
-    t = fma(to_f32(byte_top(q, 2)), xk, t)
-    u = fma(to_f32(byte_top(p, 2)), xk, u)
-    xk = load16(x, xo + 48)
-    t = fma(to_f32(band(q, TOP8)), xk, t)
-    u = fma(to_f32(band(p, TOP8)), xk, u)
-    return t, u
-
-
-@njit(**J)
 def lut4(q, first, tab, x, xo):
     """Lane l of sum_k tab[(q >> (8 k + first)) & 15] x'[xo + 16 k + l]: a 2- or 4-bit field of each byte
     looked up in place (`vpermps` reads the low 4 bits of the index), already offset by the code
@@ -588,24 +570,6 @@ def blk_q2_k(row, b, x, xs, v):
         tab = lo if j % 2 == 0 else hi                      #    2h, 2h + 1 from nibble h (one shift for two fields)
         v = fma(spread(sc, 2 * j, 42), lut4(qs, 4 * (j // 2), tab, x, 256 * b + 64 * j), v)
     return v
-
-
-@njit(**J)
-def blk2_q2_k(r0, r1, b, x, xs, v, u):
-    """blk_q2_k on two rows, x' loaded once for both (lut4x2)."""
-    o = 84 * b
-    ahead(r0, o, 84)
-    ahead(r1, o, 84)
-    sc, v = q2k_head(r0, o, xs, b, v)
-    sd, u = q2k_head(r1, o, xs, b, u)
-    lo, hi = load16(Q2_CENTRED, 0), load16(Q2_CENTRED_HI, 0)
-    q = i32x16_at(r0, o + 16)
-    p = i32x16_at(r1, o + 16)
-    for j in range(4):
-        t, w = lut4x2(q, p, 4 * (j // 2), lo if j % 2 == 0 else hi, x, 256 * b + 64 * j)
-        v = fma(spread(sc, 2 * j, 42), t, v)
-        u = fma(spread(sd, 2 * j, 42), w, u)
-    return v, u
 
 
 @njit(**J)
@@ -729,28 +693,6 @@ def blk_q6_k(row, b, x, xs, v):
         v0 = fma(spread(sc, 8 * n, 4), lanes4(q0, x, xo), v0)            # c ((q - 32) . x)
         v1 = fma(spread(sc, 8 * n + 4, 4), lanes4(q1, x, xo + 64), v1)
     return add(v, add(v0, v1))
-
-
-@njit(**J)
-def blk2_q6_k(r0, r1, b, x, xs, v, u):
-    """blk_q6_k on two rows, x' loaded once for both (lanes4x2)."""
-    o = 210 * b
-    ahead(r0, o, 210)
-    ahead(r1, o, 210)
-    sc = q6k_scales(r0, o)
-    sd = q6k_scales(r1, o)
-    v0, v1, u0, u1 = zeros(), zeros(), zeros(), zeros()
-    for n in range(2):
-        q0, q1 = q6k_codes(r0, o, n)
-        p0, p1 = q6k_codes(r1, o, n)
-        xo = 256 * b + 128 * n
-        t, w = lanes4x2(q0, p0, x, xo)
-        v0 = fma(spread(sc, 8 * n, 4), t, v0)
-        u0 = fma(spread(sd, 8 * n, 4), w, u0)
-        t, w = lanes4x2(q1, p1, x, xo + 64)
-        v1 = fma(spread(sc, 8 * n + 4, 4), t, v1)
-        u1 = fma(spread(sd, 8 * n + 4, 4), w, u1)
-    return add(v, add(v0, v1)), add(u, add(u0, u1))
 
 
 @njit(**J)
@@ -1038,11 +980,13 @@ def _row_dot(kind, row, x, xs):
 # Types whose GEMV reads weight rows in pairs (row_dot2): the memory-bound ones, where two streams
 # measured 1.3x (F32, F16, BF16) to 2x (Q8_0) faster on one core; the others lost 5-25% to register
 # pressure (1 thread, 4096 x 14336, min of 9 alternating rounds) when run as two whole blocks in step.
-# Q1_0, Q2_K, Q4_K, Q6_K, TQ2_0 have two-row kernels instead (DOT2, BLOCKS256_2): their fast kernels
-# were bound by the activation row streaming from L2 (64 bytes of x per 16 weights; a 14336-long row
-# is 57 KB), so one x' load serving both rows is worth more than the extra registers.
+# Q1_0, Q4_K, TQ2_0 have two-row kernels instead (DOT2, BLOCKS256_2): their fast kernels were bound
+# by the activation row streaming from L2 (64 bytes of x per 16 weights; a 14336-long row is 57 KB),
+# so one x' load serving both rows is worth more than the extra registers. Written the same way, Q2_K,
+# Q3_K, Q5_K, Q6_K, TQ1_0 won 2-12% on one core with the rows in cache but not on the whole matrix
+# with the machine shared (0.91-1.02x), so they read one row at a time.
 FLOATS2 = {F32: (f32x16_at, f32_at, 4), F16: (f16x16, f16_at, 2), BF16: (bf16x16, bf16_at, 2)}
-BLOCKS256_2 = {Q2_K: blk2_q2_k, Q4_K: blk2_q4_k, Q6_K: blk2_q6_k, TQ2_0: blk2_tq2_0}
+BLOCKS256_2 = {Q4_K: blk2_q4_k, TQ2_0: blk2_tq2_0}
 DOT2 = {Q1_0: dot2_q1_0}                # the same for a type with its own whole-row kernel
 PAIRED = frozenset(FLOATS2) | {Q8_0} | frozenset(BLOCKS256_2) | frozenset(DOT2)
 
