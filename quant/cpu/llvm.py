@@ -13,12 +13,13 @@ emit the 32-bit (or 16-bit) IR directly, so the loops that call them vectorize t
     i8_f32(v)                  the byte v read as int8 -> float32
     f16_bits(u)                the low 16 bits of u read as a half -> float32
     ld(a, i), st(a, i, v)      a[i] and a[i] = v without the negative-index wraparound (see `ld`)
-    pdep32(v, m), pext64(v, m) BMI2 bit deposit / extract (one instruction each)
+    pdep32(v, m), pext64(v, m) BMI2 bit deposit / extract (one instruction each; plain IR without BMI2)
 
 `row` is a 1-D uint8 array (one packed row of a ggml tensor); `o` a byte offset.
 """
 from __future__ import annotations
 
+from llvmlite import binding as llb
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
@@ -28,6 +29,7 @@ I16 = ir.IntType(16)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 F32 = ir.FloatType()
+HAVE_BMI2 = "+bmi2" in llb.get_host_cpu_features().flatten().split(",")   # else pdep32 / pext64 in plain IR
 
 
 @intrinsic
@@ -155,14 +157,42 @@ def st(typingctx, a, i, v):
     return sig, codegen
 
 
+def _pdep_generic(builder, v, m, width):
+    """pdep without BMI2: bit i of m set -> the next low bit of v goes to bit i. With a constant m
+    (as at every call site) LLVM folds the unrolled selects into a few shifts and masks."""
+    ty = ir.IntType(width)
+    one, res, k = ir.Constant(ty, 1), ir.Constant(ty, 0), ir.Constant(ty, 0)
+    for i in range(width):
+        b = builder.and_(builder.lshr(m, ir.Constant(ty, i)), one)
+        take = builder.shl(builder.and_(builder.lshr(v, k), one), ir.Constant(ty, i))
+        res = builder.or_(res, builder.and_(take, builder.neg(b)))
+        k = builder.add(k, b)
+    return res
+
+
+def _pext_generic(builder, v, m, width):
+    """pext without BMI2: the bits of v at the set bits of m, packed into the low bits (folds as above)."""
+    ty = ir.IntType(width)
+    one, res, k = ir.Constant(ty, 1), ir.Constant(ty, 0), ir.Constant(ty, 0)
+    for i in range(width):
+        b = builder.and_(builder.lshr(m, ir.Constant(ty, i)), one)
+        bit = builder.and_(builder.and_(builder.lshr(v, ir.Constant(ty, i)), one), b)
+        res = builder.or_(res, builder.shl(bit, k))
+        k = builder.add(k, b)
+    return res
+
+
 @intrinsic
 def pdep32(typingctx, v, m):
     """BMI2 `pdep` on the low 32 bits: the low bits of v deposited, in order, at the set bits of m."""
     sig = types.int64(types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.x86.bmi.pdep.32", fnty=ir.FunctionType(I32, [I32, I32]))
-        return builder.zext(builder.call(fn, [builder.trunc(args[0], I32), builder.trunc(args[1], I32)]), I64)
+        a, b = builder.trunc(args[0], I32), builder.trunc(args[1], I32)
+        if HAVE_BMI2:
+            fn = builder.module.declare_intrinsic("llvm.x86.bmi.pdep.32", fnty=ir.FunctionType(I32, [I32, I32]))
+            return builder.zext(builder.call(fn, [a, b]), I64)
+        return builder.zext(_pdep_generic(builder, a, b, 32), I64)
     return sig, codegen
 
 
@@ -172,6 +202,8 @@ def pext64(typingctx, v, m):
     sig = types.int64(types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.x86.bmi.pext.64", fnty=ir.FunctionType(I64, [I64, I64]))
-        return builder.call(fn, [args[0], args[1]])
+        if HAVE_BMI2:
+            fn = builder.module.declare_intrinsic("llvm.x86.bmi.pext.64", fnty=ir.FunctionType(I64, [I64, I64]))
+            return builder.call(fn, [args[0], args[1]])
+        return _pext_generic(builder, args[0], args[1], 64)
     return sig, codegen
