@@ -12,6 +12,7 @@
 - moe_ffn equals the loop oracle refengine.moe.moe_ffn (records included), with experts that get no
   token, top-k equal to the expert count, no gate, per-expert scales, and the BLAS path for big groups.
 - A whole synthetic qwen3moe (Q4_K) gives the same logits with Runtime(backend="cpu") as with numpy.
+- The BMI2 bit gathers of the i-quant kernels (pdep / pext) and their plain-IR fallback equal a Python bit loop.
 """
 import zlib
 
@@ -176,6 +177,41 @@ def test_activation_layouts():
         assert np.all(np.frexp(scale)[0] == 0.5)                         # powers of two
         xp = x_lanes(kind, x).reshape(3, -1, n)
         np.testing.assert_array_equal(xp, x.reshape(3, -1, n)[..., perm] * scale)
+
+
+def test_bit_deposit_extract(monkeypatch):
+    """llvm.pdep32 / pext64 (the i-quant sign gathers: dot.signs4, IQ2_XS's SIGNS_XS) equal a plain
+    Python bit loop, with BMI2 and in the plain-IR form used on hosts without it."""
+    from numba import njit
+
+    import quant.cpu.llvm as L
+    from quant.cpu.dot import SIGNS_XS
+
+    def pdep(v, m):
+        out, k = 0, 0
+        for i in range(32):
+            if m >> i & 1:
+                out |= (v >> k & 1) << i
+                k += 1
+        return out
+
+    def pext(v, m):
+        v, m, out, k = v % 2 ** 64, m % 2 ** 64, 0, 0
+        for i in range(64):
+            if m >> i & 1:
+                out |= (v >> i & 1) << k
+                k += 1
+        return out - 2 ** 64 if out >= 2 ** 63 else out
+
+    vals = [int(v) for v in np.random.default_rng(5).integers(-2 ** 63, 2 ** 63 - 1, 200, dtype=np.int64)]
+    want = [(pdep(v % 2 ** 32, 0x7F7F7F7F), pext(v, SIGNS_XS)) for v in vals]
+    for bmi2 in (True, False):
+        monkeypatch.setattr(L, "HAVE_BMI2", bmi2)
+
+        @njit                                                   # compiled after the patch: codegen reads it
+        def both(a):
+            return L.pdep32(a, 0x7F7F7F7F), L.pext64(a, SIGNS_XS)
+        assert [both(v) for v in vals] == want, f"HAVE_BMI2={bmi2}"
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.IQ2_XXS, GGMLType.F16], ids=lambda t: t.name)
