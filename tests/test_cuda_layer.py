@@ -122,6 +122,59 @@ def test_attention_gqa_kernel(G):
     assert rel_rms(got, _attention_np(q, kc, vc, pos, scale)) <= 1e-6
 
 
+@pytest.mark.parametrize("causal", [1, 2])
+def test_tc_causal_skips(causal, monkeypatch):
+    """The tensor-core GEMM's causal modes on a small F32 matrix: 1 skips row tiles past what a token tile sees
+    (those outputs stay unwritten: NaN here), 2 stops the K loop after the tile holding the last visible column
+    (the activations are zero past it, as the softmax leaves them). Pair rows t, token t sees rows < pos + t + 1."""
+    from numba import cuda
+    from quant.cuda import ops
+    from refengine.cuda import attn
+    monkeypatch.setattr(ops, "TC_SHAPE", dict(BM=16, WM=1, WN=1, CV=-1))     # 16-row tiles: one is skipped
+    rng = np.random.default_rng(causal)
+    T, pos = 34, (0 if causal == 1 else 96)
+    O, I = (48, 128) if causal == 1 else (16, 256)
+    w = rng.standard_normal((O, I)).astype(np.float32)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    vis = np.arange(I if causal == 2 else O)[None, :] < (pos + np.arange(T) + 1)[:, None]     # [T, cols or rows]
+    if causal == 2:
+        x = np.where(vis, x, 0).astype(np.float32)
+    grp = cuda.to_device(attn.head_groups(T, 1, 1))
+    y = cuda.to_device(np.full((T, O), np.nan, np.float32))
+    ops.grouped(attn.CacheMat(cuda.to_device(w), O, I, 1, I * 4, O * I * 4), cuda.to_device(x), y, grp, 1, T, T,
+                kernel="tc", causal=causal, cpos=cuda.to_device(np.array([pos], np.int32)), ch=1)
+    got, want = y.copy_to_host(), x @ w.T
+    if causal == 1:
+        assert np.isnan(got[:32, 32:]).all()                 # the first tile (tokens 0..31) sees rows < 32 only
+        got, want = np.where(vis, got, 0), np.where(vis, want, 0)
+    assert rel_rms(got, want) <= 1e-6
+
+
+@pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU (in the simulator: test_tc_causal_skips, and the model "
+                                      "test below runs attention_tc)")
+def test_attention_tc():
+    """Prefill attention on the tensor cores against NumPy, with tiles whose causal skips apply (score rows and
+    value columns no token of a 32-token tile sees; the score buffer starts as NaN: nothing unwritten is read)."""
+    from numba import cuda
+    from refengine.cuda import attn
+    rng = np.random.default_rng(7)
+    T, H, Hkv, K, pos = 300, 8, 2, 128, 37
+    S = pos + T
+    s_pad = attn.cols(S + 100)
+    q = rng.standard_normal((T, H, K)).astype(np.float32)
+    kc = rng.standard_normal((S + 100, Hkv, K)).astype(np.float32)
+    vc = rng.standard_normal((S + 100, Hkv, K)).astype(np.float32)
+    vt = np.zeros((Hkv, K, s_pad), np.float32)
+    vt[:, :, :S] = vc[:S].transpose(1, 2, 0)
+    scores = cuda.to_device(np.full((T * H, attn.cols(S)), np.nan, np.float32))
+    att = cuda.to_device(np.zeros((T, H * K), np.float32))
+    grp = cuda.to_device(attn.head_groups(T, H, H // Hkv))
+    scale = 1.0 / np.sqrt(K)
+    attn.attention_tc(cuda.to_device(q), cuda.to_device(kc), cuda.to_device(vt), cuda.to_device(np.array([pos], np.int32)),
+                      pos, scale, scores, att, grp)
+    assert rel_rms(att.copy_to_host(), _attention_np(q, kc, vc, pos, scale)) <= 1e-6
+
+
 @pytest.mark.parametrize("path", ["gqa", "tc"])
 def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     """The device forward with each prefill attention (taken from the first token on) against NumPy: the

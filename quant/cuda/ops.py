@@ -90,19 +90,26 @@ def _ones(n: int):
     return cuda.to_device(np.ones(n, dtype=np.float32))
 
 
+@functools.lru_cache(maxsize=None)
+def _izero():
+    return cuda.to_device(np.zeros(1, dtype=np.int32))
+
+
 @functools.lru_cache(maxsize=64)
 def _dense_groups_dev(T: int, bn: int = GEMM_SHAPE["BN"]):
     return cuda.to_device(dense_groups(T, bn))
 
 
 def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_group: int, *, sc=None, rw=None,
-            up: DeviceWeight | None = None, kernel: str = "auto", shape=None, stream=0) -> None:
+            up: DeviceWeight | None = None, kernel: str = "auto", shape=None, stream=0, causal: int = 0, cpos=None,
+            ch: int = 1) -> None:
     """yd[out(j)] = sc[e] * xd[tok(j)] @ W_e^T for every pair j of every group, in one launch.
 
     dw: the weights ([E, O, I] or [O, I]); xd [*, I], yd [*, O] float32 device arrays; grp the group
     table on the device (`GroupTable`); max_per_group bounds the pairs of one group (picks the kernel).
     sc: float32 [E] (or [2E] with `up`) per-matrix scales, default 1; rw: float32 [n_out] row weights.
     up: a second matrix of the same type and shape: writes silu(gate) * up instead (gemv only).
+    causal, cpos, ch: the attention products' causal skips (tc only, see `tc.gemm_tc_kernel`).
     """
     O, I, E = dw.O, dw.I, dw.E
     if sc is None:
@@ -157,10 +164,14 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         if I % 128:
             raise QuantError(f"tc kernel needs I % 128 == 0, got I = {I}")
         sh = dict(TC_SHAPE, **(shape or {}))
-        k = gemm_tc_kernel(dw.type, sh["BM"], sh["WM"], sh["WN"], rw is not None, sh.get("CV", -1), sh.get("BN", 32))
+        k = gemm_tc_kernel(dw.type, sh["BM"], sh["WM"], sh["WN"], rw is not None, sh.get("CV", -1), sh.get("BN", 32),
+                           causal)
         ntiles = gmax + n_pairs // sh.get("BN", 32) + 1
         k[(math.ceil(O / sh["BM"]), ntiles), 32 * sh["WM"] * sh["WN"], stream](
-            dw.w32, dw.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
+            dw.w32, dw.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E,
+            cpos if cpos is not None else _izero(), ch)
+    elif causal:
+        raise QuantError("causal skips: the tc kernel only")
     else:
         raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, gemm, tc, auto)")
 

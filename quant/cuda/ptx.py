@@ -30,6 +30,7 @@ SIG_NAIVE = f"void({A1U32}, {A1F16}, {A1U32}, {A2F32}, {A2F32}, {A1F32}, {A1I32}
 SIG_GEMV = (f"void({A1U32}, {A1F16}, {A1U32}, {A1F16}, {A1U32}, {A2F32}, {A2F32}, {A1F32}, {A1F32}, {A1I32}, "
             + ", ".join([I64] * 7) + ")")
 SIG_GEMM = f"void({A1U32}, {A1F16}, {A1U32}, {A2F32}, {A2F32}, {A1F32}, {A1F32}, {A1I32}, " + ", ".join([I64] * 7) + ")"
+SIG_TC = SIG_GEMM[:-1] + f", {A1I32}, {I64})"
 
 
 def kernels(all_variants: bool = False):
@@ -41,13 +42,16 @@ def kernels(all_variants: bool = False):
         out.append((f"naive[{n}]", naive_kernel(t), SIG_NAIVE))
         out.append((f"gemv[{n}, NT=1]", gemv_kernel(t, 1, 2, 8, False, False, 2), SIG_GEMV))
         out.append((f"gemm[{n}]", gemm_kernel(t, 64, 32, 4, 4, False), SIG_GEMM))
-        out.append((f"tc[{n}]", gemm_tc_kernel(t, 64, 4, 1, False), SIG_GEMM))
-        out.append((f"tc[{n}, BN=64]", gemm_tc_kernel(t, 64, 2, 2, False, -1, 64), SIG_GEMM))
+        out.append((f"tc[{n}]", gemm_tc_kernel(t, 64, 4, 1, False), SIG_TC))
+        out.append((f"tc[{n}, BN=64]", gemm_tc_kernel(t, 64, 2, 2, False, -1, 64), SIG_TC))
         if variants:
             out.append((f"gemv[{n}, NT=8, glu]", gemv_kernel(t, 8, 2, 4, True, False, 2), SIG_GEMV))
             out.append((f"gemv[{n}, NT=8, rw]", gemv_kernel(t, 8, 2, 4, False, True, 2), SIG_GEMV))
             out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 4, True), SIG_GEMM))
-            out.append((f"tc[{n}, rw]", gemm_tc_kernel(t, 64, 4, 1, True), SIG_GEMM))
+            out.append((f"tc[{n}, rw]", gemm_tc_kernel(t, 64, 4, 1, True), SIG_TC))
+        if t.name == "F32":                   # the prefill attention's products
+            for c in (1, 2):
+                out.append((f"tc[{n}, causal={c}]", gemm_tc_kernel(t, 64, 4, 1, False, -1, 32, c), SIG_TC))
     for t in FSPECS:
         n = t.name
         out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False, 8), SIG_GEMV))

@@ -79,13 +79,19 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False, carve: int = -1, BN: int = BN):
+def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False, carve: int = -1, BN: int = BN,
+                   causal: int = 0):
     """Grouped GEMM on the tensor cores: block (row tile, token tile) computes BM x 32 outputs, 32 WM WN threads.
 
     Needs I % 128 == 0 (as `gemm_kernel`); BM a multiple of 16 WM, BN a multiple of 8 WN. carve: the
     shared-memory carveout in percent of the SM's L1/shared (-1: the driver's choice). BN: token pairs per
     block, the tile size of the group table it reads (32, or 64 for a dense table built so: `ops.dense`);
     the activations are staged 1024 / BN columns at a time (shared memory stays under 48 KB).
+
+    causal (the prefill attention's products, `refengine/cuda/attn.py`): pair rows are t * CH + h and token t
+    sees cache rows < cpos[0] + t + 1. 1: the rows are cache rows (scores = q . k): a block whose rows no
+    token of its tile sees returns at once. 2: the columns are cache rows (out = p . v): the K loop stops
+    after the last 128-column tile its tokens see. Other kernels ignore cpos and CH.
     """
     XH = 1024 // BN
     s = spec(t)
@@ -98,6 +104,7 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
     WP, XP = BM + 8, XH + 4
     NPK = KT * P // BS                      # parts per K tile per row
     RWT = rwt
+    CAUSAL = causal
     SCR = (NW, 32, 14) if SIM else (1, 1, 1)
 
     if NTH % BM or NTH % XH or (XH * BN) % NTH or (BM * NPK) % NTH:
@@ -112,7 +119,7 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
     # unrolled constant parts fold into the load/store immediates (signed indices would cost numba's
     # negative-index wraparound on every access).
     @jit
-    def gemm(w32, w16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
+    def gemm(w32, w16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E, cpos, CH):
         Ws = cuda.shared.array(WN_, float32)         # [k][row], k-major
         Xh = cuda.shared.array(XN_, uint32)          # [token][k]: TF32 hi bits
         Xl = cuda.shared.array(XN_, uint32)          # lo bits
@@ -127,6 +134,13 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
         j1 = min(j0 + BN, grp[2 + GMAX + g])
         e = grp[1 + g]
         row0 = cuda.blockIdx.x * BM
+        kend = I
+        if CAUSAL != 0:
+            send = cpos[0] + grp[2 + 2 * GMAX + j1 - 1] // CH + 1      # cache rows the tile's last token sees
+            if CAUSAL == 1 and row0 >= send:
+                return
+            if CAUSAL == 2:
+                kend = min(I, (send + KT - 1) // KT * KT)
         wi = tid // 32
         lane = tid % 32
         gq = lane >> 2
@@ -157,7 +171,7 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
             for jj in range(NT):
                 for r in range(4):
                     acc[i, jj, r] = float32(0.0)
-        for k0 in range(0, I, KT):
+        for k0 in range(0, kend, KT):
             # stage 1: decode the [BM rows, 128 cols] weight tile (consecutive threads: consecutive rows,
             # conflict-free stores)
             for i in range(DPT):

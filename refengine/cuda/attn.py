@@ -7,7 +7,9 @@ The KV cache is already a float32 matrix per KV head, so the tensor-core GEMM re
     scores[t H + h, s] = q[t, h] . kc[s, h // G]          rows s < pos + T of K-head h // G (one group per head)
     p = softmax_causal(scores * kq_scale)                 exp in float32, sum in float64 (`ops.softmax`)
     att[t, h] = sum_s p[t H + h, s] vt[h // G, :, s]      vt: the value cache transposed, [Hkv, Kv, S_pad]
-`vt` is written beside `vc` by `qk_rope_kernel`, zero past the written rows (p is zero there too).
+`vt` is written beside `vc` by `qk_rope_kernel`, zero past the written rows (p is zero there too). Both GEMMs
+skip what no token of a 32-token tile sees (`gemm_tc_kernel(causal=1 / 2)`): score rows past its last token's
+position (softmax never reads them), value columns past the 128-column tile holding it.
 Needs the head dims to be multiples of 128 (the GEMM's K tile) and a score buffer of T H x ceil(S/128) 128
 floats; the runner falls back to `attention_gqa_kernel` / `attention_kernel` otherwise.
 """
@@ -98,10 +100,10 @@ def attention_tc(q, kc, vt, pos, pos_host: int, kq_scale: float, scores, att, gr
     Hkv, Kv, S_pad = vt.shape
     n = cols(pos_host + T)
     ops.grouped(CacheMat(kc, pos_host + T, K, Hkv, Hkv * K * 4, K * 4), q.reshape(T * H, K), scores, grp, H, T * H, T,
-                kernel="tc", stream=stream)
+                kernel="tc", stream=stream, causal=1, cpos=pos, ch=H)
     softmax_causal_kernel[T * H, 128, stream](scores, H, pos, kq_scale, n)
     ops.grouped(CacheMat(vt, Kv, n, Hkv, S_pad * 4, Kv * S_pad * 4), scores, att.reshape(T * H, Kv), grp, H, T * H, T,
-                kernel="tc", stream=stream)
+                kernel="tc", stream=stream, causal=2, cpos=pos, ch=H)
 
 
 __all__ = ["attention_tc", "head_groups", "fits", "cols", "CacheMat", "softmax_causal_kernel"]
