@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ._dev import silu, warp_sum
 from .decoders import spec, tables
@@ -67,6 +67,18 @@ class GroupTable:
         if tiles:
             tab[q + 1:q + 1 + 2 * len(tiles)] = np.asarray(tiles, dtype=np.int32).reshape(-1)
         return tab
+
+
+@cuda.jit(device=True, inline=True)
+def tile_of(grp, GMAX, NP, ti, bn):
+    """Tile ti of a group table built with bn-pair tiles: (matrix e of its group, first pair j0, end pair j1);
+    e = -1 past the table's tiles (the block has nothing to do)."""
+    q0 = 2 + 2 * GMAX + 2 * NP
+    if ti >= grp[q0]:
+        return int64(-1), int64(0), int64(0)
+    g = grp[q0 + 1 + 2 * ti]
+    j0 = int64(grp[q0 + 2 + 2 * ti])
+    return int64(grp[1 + g]), j0, min(j0 + bn, int64(grp[2 + GMAX + g]))
 
 
 def dense_groups(T: int, bn: int) -> np.ndarray:
@@ -269,14 +281,9 @@ def gemm_kernel(t, BM: int = 64, BN: int = 32, TM: int = 4, TN: int = 2, rwt: bo
         Ws = cuda.shared.array((KT, BM), float32)
         Xs = cuda.shared.array((KT, BN), float32)
         tid = cuda.threadIdx.x
-        q0 = 2 + 2 * GMAX + 2 * NP
-        ti = cuda.blockIdx.y
-        if ti >= grp[q0]:
+        e, j0, j1 = tile_of(grp, GMAX, NP, cuda.blockIdx.y, BN)
+        if e < 0:
             return
-        g = grp[q0 + 1 + 2 * ti]
-        j0 = grp[q0 + 2 + 2 * ti]
-        j1 = min(j0 + BN, grp[2 + GMAX + g])
-        e = grp[1 + g]
         row0 = cuda.blockIdx.x * BM
         ebase = uint64(e) * uint64(estride)
         ty = tid // TX

@@ -36,6 +36,7 @@ from numba import cuda, float32, int64, uint32, uint64
 
 from ._dev import SIM
 from .decoders import spec
+from .gemv import tile_of
 from .vec import tf32_split
 
 KT = 128          # K columns decoded per step (a part of a 256-weight block spans up to 128 columns)
@@ -125,14 +126,9 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
         Xl = cuda.shared.array(XN_, uint32)          # lo bits
         scr = cuda.shared.array(SCR, float32)
         tid = cuda.threadIdx.x
-        q0 = 2 + 2 * GMAX + 2 * NP
-        ti = cuda.blockIdx.y
-        if ti >= grp[q0]:
+        e, j0, j1 = tile_of(grp, GMAX, NP, cuda.blockIdx.y, BN)
+        if e < 0:
             return
-        g = grp[q0 + 1 + 2 * ti]
-        j0 = grp[q0 + 2 + 2 * ti]
-        j1 = min(j0 + BN, grp[2 + GMAX + g])
-        e = grp[1 + g]
         row0 = cuda.blockIdx.x * BM
         kend = I
         if CAUSAL != 0:
