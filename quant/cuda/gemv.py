@@ -81,6 +81,15 @@ def tile_of(grp, GMAX, NP, ti, bn):
     return int64(grp[1 + g]), j0, min(j0 + bn, int64(grp[2 + GMAX + g]))
 
 
+@cuda.jit(device=True, inline=True)
+def part_of(k0, qk, BS, KT, NPK, P):
+    """The GEMMs' K tiles of KT columns: (block bb, part p) of the qk-th of the NPK parts a row has in the tile
+    starting at column k0 (parts of a 256-weight block are numbered so that each KT-column half is a run)."""
+    if BS >= KT:
+        return k0 // BS, ((k0 % BS) // KT) * NPK + qk
+    return k0 // BS + qk // P, qk % P
+
+
 def dense_groups(T: int, bn: int) -> np.ndarray:
     """One group (matrix 0) with tokens 0..T-1 written to output rows 0..T-1."""
     ar = np.arange(T, dtype=np.int32)
@@ -299,13 +308,7 @@ def gemm_kernel(t, BM: int = 64, BN: int = 32, TM: int = 4, TN: int = 2, rwt: bo
             # stage 1: decode the [BM rows, 128 cols] weight tile, thread w -> row w % BM (conflict-free stores)
             for w in range(tid, BM * NPK, NTH):
                 r = w % BM
-                qk = w // BM
-                if BS >= KT:
-                    bb = k0 // BS
-                    p = ((k0 % BS) // KT) * NPK + qk
-                else:
-                    bb = k0 // BS + qk // P
-                    p = qk % P
+                bb, p = part_of(k0, w // BM, BS, KT, NPK, P)
                 rb = ebase + uint64(min(row0 + r, O - 1)) * uint64(rowb) + uint64(bb) * uint64(TS)
                 c0 = dec(w32, w16, tb, rb, p, v, 0)
                 cb = bb * BS + c0 - k0

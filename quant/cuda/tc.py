@@ -36,7 +36,7 @@ from numba import cuda, float32, int64, uint32, uint64
 
 from ._dev import SIM
 from .decoders import spec
-from .gemv import tile_of
+from .gemv import part_of, tile_of
 from .vec import tf32_split
 
 KT = 128          # K columns decoded per step (a part of a 256-weight block spans up to 128 columns)
@@ -171,13 +171,7 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
             # stage 1: decode the [BM rows, 128 cols] weight tile (consecutive threads: consecutive rows,
             # conflict-free stores)
             for i in range(DPT):
-                qk = dq + i * (NTH // BM)
-                if BS >= KT:
-                    bb = k0 // BS
-                    p = ((k0 % BS) // KT) * NPK + qk
-                else:
-                    bb = k0 // BS + qk // P
-                    p = qk % P
+                bb, p = part_of(k0, dq + i * (NTH // BM), BS, KT, NPK, P)
                 c0 = dec(w32, w16, tb, rbase + U(bb) * U(TS), p, v, 0)
                 wb = U(bb * BS + c0 - k0) * U(WP) + U(dr)
                 for q in range(R):
