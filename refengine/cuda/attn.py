@@ -19,14 +19,14 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from quant.cuda import ops
-from quant.cuda._dev import expf, warp_max
+from quant.cuda._dev import warp_max
 from quant.cuda.decoders import spec
 from quant.cuda.gemv import GroupTable
 from quant.cuda.moe import BN
 from quant.cuda.weights import device_table
 from quant.formats import GGMLType
 
-from .kernels import _block_sum64
+from .kernels import block_softmax
 
 SCORES_MAX_BYTES = 1 << 30       # the score buffer's limit (bigger prefills use attention_gqa_kernel)
 
@@ -78,14 +78,7 @@ def softmax_causal_kernel(sc, H, pos, kq_scale, ncol):
         mx[tid // 32] = m
     cuda.syncthreads()
     m = max(max(mx[0], mx[1]), max(mx[2], mx[3]))
-    acc = float64(0.0)
-    for s in range(tid, S, 128):
-        e = expf(sc[r, s] - m)
-        sc[r, s] = e
-        acc += float64(e)
-    tot = _block_sum64(acc, buf)
-    for s in range(tid, S, 128):
-        sc[r, s] = float32(sc[r, s] / tot)
+    block_softmax(sc[r], S, m, buf)
     for s in range(S + tid, ncol, 128):
         sc[r, s] = float32(0.0)
 

@@ -39,6 +39,21 @@ def _block_sum64(v, buf):
     return t
 
 
+@cuda.jit(device=True, inline=True)
+def block_softmax(row, S, m, buf):
+    """row[:S] <- its softmax given its maximum m, as `ops.softmax`: exp in float32, the sum in float64.
+    A block of 128 threads; `buf` a shared float64[32] (for `_block_sum64`)."""
+    tid = cuda.threadIdx.x
+    acc = float64(0.0)
+    for s in range(tid, S, 128):
+        e = expf(row[s] - m)
+        row[s] = e
+        acc += float64(e)
+    tot = _block_sum64(acc, buf)
+    for s in range(tid, S, 128):
+        row[s] = float32(row[s] / tot)
+
+
 @cuda.jit
 def rms_norm_kernel(x, w, eps, out):
     """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w   (`ops.rms_norm`: the sum in float64).
@@ -181,15 +196,7 @@ def attention_kernel(q, kc, vc, pos, kq_scale, out):
         mx[wid] = m
     cuda.syncthreads()
     m = max(max(mx[0], mx[1]), max(mx[2], mx[3]))
-    # softmax: exp in float32, sum in float64 (`ops.softmax`)
-    acc = float64(0.0)
-    for s in range(tid, S, 128):
-        e = expf(sc[s] - m)
-        sc[s] = e
-        acc += float64(e)
-    tot = _block_sum64(acc, buf)
-    for s in range(tid, S, 128):
-        sc[s] = float32(sc[s] / tot)
+    block_softmax(sc, S, m, buf)
     cuda.syncthreads()
     # weighted sum of values, one thread per output dim
     for i in range(tid, K, 128):
