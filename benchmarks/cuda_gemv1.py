@@ -85,11 +85,19 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="the first three configurations only")
+    ap.add_argument("--shapes", help="GEMV shapes instead of cuda_matmul's list, e.g. 8x4x8x128x1,8x4x2x128x0x1 "
+                    "(RW x KS x P x register cap x 8-bit [x pipelined])")
+    ap.add_argument("--ids-shapes", help="the same for the expert dispatch")
     a = ap.parse_args()
     timer = Timer()
     rng = np.random.default_rng(0)
-    res = [bench(GGMLType[n], timer, rng, a.reps, FAST_SHAPES[:3] if a.quick else FAST_SHAPES,
-                 IDS_SHAPES[:3] if a.quick else IDS_SHAPES) for n in a.types.split(",")]
+
+    def shapes(arg, default):
+        if arg:
+            return [tuple(int(v) for v in s.split("x")) for s in arg.split(",")]
+        return default[:3] if a.quick else default
+    res = [bench(GGMLType[n], timer, rng, a.reps, shapes(a.shapes, FAST_SHAPES), shapes(a.ids_shapes, IDS_SHAPES))
+           for n in a.types.split(",")]
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

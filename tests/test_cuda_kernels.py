@@ -92,6 +92,28 @@ def test_fast_gemv(t, rng):
                 assert_close(f"{t.name} fast T={T} {shape}", ops.matmul(x1, w, kernel="fast", shape=shape), want)
 
 
+# the pipelined one-token kernel (shape flag DB): (type, I, shape) with lanes holding 1 or 2 units, an odd
+# and an even number of chunks of P rows, the float and the 8-bit products
+DB_CASES = [(GGMLType.Q8_0, 1088, (3, 1, 1, 0, 0, 1)), (GGMLType.Q4_K, 1280, (4, 1, 2, 0, 1, 1)),
+            (GGMLType.Q4_K, 1280, (4, 1, 2, 0, 0, 1)), (GGMLType.Q6_K, 512, (4, 1, 2, 0, 0, 1)),
+            (GGMLType.IQ2_XXS, 256, (2, 1, 1, 0, 0, 1))]
+
+
+@pytest.mark.parametrize("t, i, shape", DB_CASES, ids=lambda c: getattr(c, "name", str(c)))
+def test_fast1_pipelined(t, i, shape, rng):
+    """One-token kernel with software-pipelined loads (two register buffers) against the oracle; on the GPU
+    also at a real row length with the shapes the benchmark tries."""
+    w = random_qtensor(t, (5, i), rng)                # 5 rows: a partial group of rows
+    x = rng.standard_normal((1, i)).astype(np.float32)
+    assert_close(f"{t.name} fast1 DB {shape}", ops.matmul(x, w, kernel="fast", shape=shape), ref.matmul(x, w))
+    if GPU:
+        w = random_qtensor(t, (O + 1, 4 * I), rng)
+        x = rng.standard_normal((1, 4 * I)).astype(np.float32)
+        want = ref.matmul(x, w)
+        for sh in ((8, 4, 2, 128, 0, 1), (8, 4, 2, 128, 1, 1), (8, 4, 4, 0, 0, 1), (16, 4, 4, 0, 1, 1)):
+            assert_close(f"{t.name} fast1 DB {sh}", ops.matmul(x, w, kernel="fast", shape=sh), want)
+
+
 def test_fast_kernel_refuses_other_types(rng, monkeypatch):
     """A type without an FSpec is refused by kernel="fast" (every type with a decoder has one now: drop one)."""
     monkeypatch.delitem(FSPECS, GGMLType.IQ2_XXS)

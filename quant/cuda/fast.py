@@ -734,7 +734,7 @@ def _unit_helpers(t):
 
 @functools.lru_cache(maxsize=None)
 def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0,
-                  MR: int = 0, X8: bool = False):
+                  MR: int = 0, X8: bool = False, DB: bool = False):
     """One token per group (decode, and expert dispatch at one token): each lane loads the activations of
     its unit once into registers and runs them against the same unit of RW rows, decoded one row at a
     time, so that the activation traffic is 1/RW of the weights' instead of 4 bytes per weight read.
@@ -744,6 +744,9 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     MR: a register cap per thread (0: the compiler's choice).
     X8: the activations as 8-bit digit planes and dp4a products (`fast8`; types in `fast8.CW`); the
     first P rows' loads are then issued before the activations'.
+    DB: software-pipelined loads. A lane's work is a sequence of chunks (P rows of one unit); two register
+    buffers alternate, and the loads of chunk k + 1 are issued before chunk k is decoded, so a warp always
+    has P rows' bytes in flight while it computes, instead of waiting for every load after each decode.
     IDM = 1 or 2: no group table; `grp` is the expert ids of one token (int32 [NP = A]) and block row g
     multiplies expert grp[g] into output row g, reading activation row 0 (IDM = 1: gate / up) or row g
     (IDM = 2: down, one row per slot). Grid (ceil(O/RW), A): expert dispatch of one token in one launch.
@@ -754,7 +757,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     NQ = NV // 4
     NTH = 32 * KS
     GLU, RWT, WF = glu, rwt, X8
-    P = max(1, min(P, RW, s.PGLU if glu else s.PMAX))
+    P = max(1, min(P, RW, (s.PGLU if glu else s.PMAX) // (2 if DB else 1)))     # DB: two buffers of P rows
     while RW % P:
         P -= 1
     PU = P if glu else 1
@@ -782,6 +785,41 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         def rowdot(raw, rf, p, rb, c, q, qw, sa, sb, xv, xs, xl, xk, tb):
             dc(raw, rf, p, rb, c, q, sa, sb, 0, tb)
             return dot1(q, sa, sb, xv, xs, 0)
+
+    NRC = RW // P                                        # chunks (P rows each) per unit (DB)
+
+    @cuda.jit(device=True, inline=True)
+    def ld_chunk(w32, w16, u32, u16, ebase, u0, k, row0, O, rowb, raw, rf, rawu, rfu):
+        """Issue the loads of chunk k (no decode): P rows of one unit into raw / rawu."""
+        it = k // NRC
+        u = u0 + it * NTH
+        b = u // UPB
+        c = u - b * UPB
+        rb0 = ebase + uint64(b) * uint64(TS)
+        r0 = (k - it * NRC) * P
+        for p in range(P):
+            rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+            ld(w32, w16, rb, c, raw, rf, p)
+            if GLU:
+                ld(u32, u16, rb, c, rawu, rfu, p)
+
+    @cuda.jit(device=True, inline=True)
+    def run_chunk(x, xr, ebase, u0, k, row0, O, I, rowb, raw, rf, rawu, rfu, q, qw, sa, sb, xv, xs, xl, xk, tb,
+                  acc, accu, warp, lane):
+        """Decode and multiply chunk k from its loaded words (the unit's activations first, at its first chunk)."""
+        it = k // NRC
+        u = u0 + it * NTH
+        b = u // UPB
+        c = u - b * UPB
+        rb0 = ebase + uint64(b) * uint64(TS)
+        r0 = (k - it * NRC) * P
+        if r0 == 0:
+            prep(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, xl, xk)
+        for p in range(P):
+            rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
+            acc[warp, r0 + p, lane] += rowdot(raw, rf, p, rb, c, q, qw, sa, sb, xv, xs, xl, xk, tb)
+            if GLU:
+                accu[warp, r0 + p, lane] += rowdot(rawu, rfu, p, rb, c, q, qw, sa, sb, xv, xs, xl, xk, tb)
 
     @cuda.jit(**({"max_registers": MR} if MR and not SIM else {}))
     def fgemv1(w32, w16, u32, u16, tb, x, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP, E):
@@ -818,6 +856,10 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         rf = cuda.local.array(P, float32)
         rawu = cuda.local.array((PU, NW), uint32)
         rfu = cuda.local.array(PU, float32)
+        raw2 = cuda.local.array((P if DB else 1, NW), uint32)          # DB: the second buffer
+        rf2 = cuda.local.array(P if DB else 1, float32)
+        rawu2 = cuda.local.array((PU if DB else 1, NW), uint32)
+        rfu2 = cuda.local.array(PU if DB else 1, float32)
         xv = cuda.local.array((1, NV), float32)
         xs = cuda.local.array((1, NR), float32)
         xl = cuda.local.array((3, NQ), uint32)
@@ -834,6 +876,23 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
                 if GLU:
                     accu[warp, r, lane] = float32(0.0)
             u = warp * 32 + lane
+            if DB:                                       # chunk k: unit u + (k // NRC) * NTH, rows (k % NRC) * P ..
+                nch = ((nunits - u + NTH - 1) // NTH) * NRC if u < nunits else 0
+                if nch > 0:
+                    ld_chunk(w32, w16, u32, u16, ebase, u, 0, row0, O, rowb, raw, rf, rawu, rfu)
+                k = 0
+                while k < nch:                           # buffer 1 holds chunk k, buffer 2 gets chunk k + 1
+                    if k + 1 < nch:
+                        ld_chunk(w32, w16, u32, u16, ebase, u, k + 1, row0, O, rowb, raw2, rf2, rawu2, rfu2)
+                    run_chunk(x, xr, ebase, u, k, row0, O, I, rowb, raw, rf, rawu, rfu, q, qw, sa, sb, xv, xs, xl,
+                              xk, tb, acc, accu, warp, lane)
+                    if k + 2 < nch:
+                        ld_chunk(w32, w16, u32, u16, ebase, u, k + 2, row0, O, rowb, raw, rf, rawu, rfu)
+                    if k + 1 < nch:
+                        run_chunk(x, xr, ebase, u, k + 1, row0, O, I, rowb, raw2, rf2, rawu2, rfu2, q, qw, sa, sb,
+                                  xv, xs, xl, xk, tb, acc, accu, warp, lane)
+                    k += 2
+                u = nunits
             while u < nunits:
                 b = u // UPB
                 c = u - b * UPB

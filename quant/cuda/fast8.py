@@ -161,12 +161,13 @@ CW = {T.Q4_K: cw_q4_k, T.Q6_K: cw_q6_k, T.Q8_0: cw_q8_0, T.Q4_0: cw_q4_0}
 
 
 def igemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0,
-                  MR: int = 0):
+                  MR: int = 0, DB: bool = False):
     """`fast.fgemv1_kernel` (same arguments, grid and block) with 8-bit digit planes and dp4a products; a
-    group of several pairs (IDM = 0) takes one pass per pair. MR: a register cap per thread (0: none)."""
+    group of several pairs (IDM = 0) takes one pass per pair. MR: a register cap per thread (0: none);
+    DB: pipelined loads (see `fast.fgemv1_kernel`)."""
     if t not in CW:
         raise KeyError(f"no 8-bit code-word decoder for {t.name}")
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, True)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, True, DB)
 
 
 __all__ = ["CW", "igemv1_kernel"]

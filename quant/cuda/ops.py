@@ -203,12 +203,13 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
 
 
 def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
-    """The one-token kernel for a type and shape (RW, KS[, P[, register cap[, X]]]) (see FAST1_SHAPE)."""
+    """The one-token kernel for a type and shape (RW, KS[, P[, register cap[, X[, DB]]]]) (see FAST1_SHAPE)."""
     P = sh[2] if len(sh) > 2 else 4
     MR = sh[3] if len(sh) > 3 and not glu else 0
+    DB = bool(sh[5]) if len(sh) > 5 else False
     if X8 and len(sh) > 4 and sh[4] and t in CW:
-        return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR)
+        return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, DB)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, False, DB)
 
 
 def _units(t: GGMLType) -> int:

@@ -15,6 +15,7 @@ import quant.cuda  # noqa: F401  (numpy shim)
 from numba import cuda
 
 from ._dev import SIM
+from ..formats import GGMLType
 from .decoders import SPECS
 from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
@@ -65,6 +66,10 @@ def kernels(all_variants: bool = False):
         out.append((f"fast8[{n}, P=4]", igemv1_kernel(t, 8, 4, False, False, 4), SIG_GEMV))
         out.append((f"fast8[{n}, glu]", igemv1_kernel(t, 8, 4, True, False, 8, 1), SIG_GEMV))
         out.append((f"fast8[{n}, ids]", igemv1_kernel(t, 8, 4, False, True, 8, 2), SIG_GEMV))
+        if t in (GGMLType.Q4_K, GGMLType.Q4_0):          # the pipelined one-token kernel (shape flag DB)
+            out.append((f"fast8[{n}, DB]", igemv1_kernel(t, 8, 4, False, False, 2, 0, 128, True), SIG_GEMV))
+        else:
+            out.append((f"fast1[{n}, DB]", fgemv1_kernel(t, 8, 4, False, False, 2, 0, 128, False, True), SIG_GEMV))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))
