@@ -179,6 +179,16 @@ def test_activation_layouts():
         np.testing.assert_array_equal(xp, x.reshape(3, -1, n)[..., perm] * scale)
 
 
+def test_affine_code_books():
+    """Each centred code book the kernels look up through `lut_affine` is what its (lo, mask, off) says for
+    every index the lookup can see (without AVX-512 the kernels compute ((n >> lo) & mask) - off instead of
+    reading the book): a wrong triple would change the weights on such hosts only."""
+    from quant.cpu.dot import AFFINE
+    for book, (lo, mask, off) in AFFINE:
+        n = np.arange(len(book))
+        np.testing.assert_array_equal(book, ((n >> lo) & mask) - off)
+
+
 def test_bit_deposit_extract(monkeypatch):
     """llvm.pdep32 / pext64 (the i-quant sign gathers: dot.signs4, IQ2_XS's SIGNS_XS) equal a plain
     Python bit loop, with BMI2 and in the plain-IR form used on hosts without it."""

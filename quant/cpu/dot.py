@@ -110,7 +110,8 @@ from .simd import (
     lanes,
     load16,
     lut,
-    lut32,
+    lut32_affine,
+    lut_affine,
     mul,
     nib8x2,
     or_where,
@@ -159,14 +160,25 @@ SIGNS_XS = 0xFE00FE00FE00FE00 - (1 << 64)                   # IQ2_XS: the 7 sign
 FLOAT_CHUNK = 1024                                          # float rows: flush to float64 every 1024
 PREFETCH = 2048          # bytes ahead of the block being decoded that the kernels ask the cache for
 
-# 16-entry code books for `lut` (index = the 4-bit code)
+# 16-entry code books for `lut` (index = the 4-bit code). The centred integer ones are affine in the index
+# bits, book[n] = ((n >> lo) & mask) - off, stated beside each as (lo, mask, off) for `lut_affine` (AFFINE:
+# the pairs, checked by the tests)
 Q4_OFFSET = (np.arange(16) - 8).astype(np.float32)                      # Q4_0: q - 8
+Q4_OFFSET_A = (0, 15, 8)
 TERNARY = np.array([-1, 0, 1, 2] * 4, dtype=np.float32)                # 2-bit codes (low 2 of 4 bits): q - 1
+TERNARY_A = (0, 3, 1)
 TERNARY_HI = np.repeat(np.array([-1, 0, 1, 2], dtype=np.float32), 4)   # 2-bit codes (high 2 of 4 bits): q - 1
+TERNARY_HI_A = (2, 3, 1)
 Q2_CENTRED = np.array([-2, -1, 0, 1] * 4, dtype=np.float32)            # q - 2
+Q2_CENTRED_A = (0, 3, 2)
 Q2_CENTRED_HI = np.repeat(np.array([-2, -1, 0, 1], dtype=np.float32), 4)  # q - 2, high 2 of 4 bits
+Q2_CENTRED_HI_A = (2, 3, 2)
 Q5_CODES = (np.arange(32) - 16).astype(np.float32)                      # 5-bit codes: q - 16
+Q5_CODES_A = (0, 31, 16)
 Q3_CODES = np.array([-4, -3, -2, -1, 0, 1, 2, 3] * 2, dtype=np.float32)   # 3-bit codes (low 3 of 4 bits): q - 4
+Q3_CODES_A = (0, 7, 4)
+AFFINE = [(Q4_OFFSET, Q4_OFFSET_A), (TERNARY, TERNARY_A), (TERNARY_HI, TERNARY_HI_A), (Q2_CENTRED, Q2_CENTRED_A),
+          (Q2_CENTRED_HI, Q2_CENTRED_HI_A), (Q5_CODES, Q5_CODES_A), (Q3_CODES, Q3_CODES_A)]
 KV_IQ4 = KV_IQ4NL.astype(np.float32)
 KV_FP4 = KV_MXFP4.astype(np.float32)
 IOTA = np.arange(16, dtype=np.float32)                                 # q itself
@@ -271,7 +283,9 @@ def blk_q8_1(row, o, x, xo, tab, v):
 @njit(**J)
 def blk_q4_0(row, o, x, xo, tab, v):
     q = u8x16(row, o + 2)                                       # byte j: nibbles of x[j], x[j + 16]
-    t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
+    lo, m, off = Q4_OFFSET_A                                    # tab = Q4_OFFSET (BLOCKS32)
+    t = fma(lut_affine(tab, shr(q, 4), lo, m, off), load16(x, xo + 16),
+            mul(lut_affine(tab, q, lo, m, off), load16(x, xo)))
     return fma(splat(f16_at(row, o)), t, v)                     # d ((q - 8) . x)
 
 
@@ -413,6 +427,7 @@ def dot2_q1_0(r0, r1, x):
 @njit(**J)
 def dot_q2_0(row, x):
     T = load16(TERNARY, 0)
+    lo, m, off = TERNARY_A
     acc = 0.0
     for g0 in range(0, x.size // 64, 4):
         v = zeros()
@@ -421,7 +436,8 @@ def dot_q2_0(row, x):
             ahead(row, o, 18)
             t = zeros()
             for k in range(4):
-                t = fma(lut(T, lanes(u32_at(row, o + 2 + 4 * k), 2, 3)), load16(x, 64 * b + 16 * k), t)
+                q = lanes(u32_at(row, o + 2 + 4 * k), 2, 3)
+                t = fma(lut_affine(T, q, lo, m, off), load16(x, 64 * b + 16 * k), t)
             v = fma(splat(f16_at(row, o)), t, v)
         acc += hsum(v)
     return acc
@@ -460,33 +476,36 @@ def lanes4(q, x, xo):
 
 
 @njit(**J)
-def lut4(q, first, tab, x, xo):
+def lut4(q, first, tab, a, x, xo):
     """Lane l of sum_k tab[(q >> (8 k + first)) & 15] x'[xo + 16 k + l]: a 2- or 4-bit field of each byte
     looked up in place (`vpermps` reads the low 4 bits of the index), already offset by the code
-    book (q - 2, q - 8, ...). x' = x_lanes(x), the lane order of the type's fields (LANE_TABLES)."""
-    t = mul(lut(tab, shr(q, first)), load16(x, xo))
-    t = fma(lut(tab, shr(q, 8 + first)), load16(x, xo + 16), t)
-    t = fma(lut(tab, shr(q, 16 + first)), load16(x, xo + 32), t)
-    return fma(lut(tab, shr(q, 24 + first)), load16(x, xo + 48), t)
+    book (q - 2, q - 8, ...), which is affine as a = (lo, mask, off) says (`lut_affine`: integer lane
+    operations without AVX-512). x' = x_lanes(x), the lane order of the type's fields (LANE_TABLES)."""
+    lo, m, off = a
+    t = mul(lut_affine(tab, shr(q, first), lo, m, off), load16(x, xo))
+    t = fma(lut_affine(tab, shr(q, 8 + first), lo, m, off), load16(x, xo + 16), t)
+    t = fma(lut_affine(tab, shr(q, 16 + first), lo, m, off), load16(x, xo + 32), t)
+    return fma(lut_affine(tab, shr(q, 24 + first), lo, m, off), load16(x, xo + 48), t)
 
 
 @njit(**J)
-def lut4x2(q, p, first, tab, x, xo):
+def lut4x2(q, p, first, tab, a, x, xo):
     """lut4 on two weight rows' words q and p against the same x': each 16 x' loaded once for both
     (half the activation reads: one pass over x, which streams from L2, serves two rows). Per row the
     same operations in the same order as lut4, so the same bits."""
+    lo, m, off = a
     xk = load16(x, xo)
-    t = mul(lut(tab, shr(q, first)), xk)
-    u = mul(lut(tab, shr(p, first)), xk)
+    t = mul(lut_affine(tab, shr(q, first), lo, m, off), xk)
+    u = mul(lut_affine(tab, shr(p, first), lo, m, off), xk)
     xk = load16(x, xo + 16)
-    t = fma(lut(tab, shr(q, 8 + first)), xk, t)
-    u = fma(lut(tab, shr(p, 8 + first)), xk, u)
+    t = fma(lut_affine(tab, shr(q, 8 + first), lo, m, off), xk, t)
+    u = fma(lut_affine(tab, shr(p, 8 + first), lo, m, off), xk, u)
     xk = load16(x, xo + 32)
-    t = fma(lut(tab, shr(q, 16 + first)), xk, t)
-    u = fma(lut(tab, shr(p, 16 + first)), xk, u)
+    t = fma(lut_affine(tab, shr(q, 16 + first), lo, m, off), xk, t)
+    u = fma(lut_affine(tab, shr(p, 16 + first), lo, m, off), xk, u)
     xk = load16(x, xo + 48)
-    t = fma(lut(tab, shr(q, 24 + first)), xk, t)
-    u = fma(lut(tab, shr(p, 24 + first)), xk, u)
+    t = fma(lut_affine(tab, shr(q, 24 + first), lo, m, off), xk, t)
+    u = fma(lut_affine(tab, shr(p, 24 + first), lo, m, off), xk, u)
     return t, u
 
 
@@ -568,7 +587,8 @@ def blk_q2_k(row, b, x, xs, v):
     qs = i32x16_at(row, o + 16)                             # 2. field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
     for j in range(4):                                      #    fields j of the 64 bytes: 64 weights (lut4), fields
         tab = lo if j % 2 == 0 else hi                      #    2h, 2h + 1 from nibble h (one shift for two fields)
-        v = fma(spread(sc, 2 * j, 42), lut4(qs, 4 * (j // 2), tab, x, 256 * b + 64 * j), v)
+        a = Q2_CENTRED_A if j % 2 == 0 else Q2_CENTRED_HI_A
+        v = fma(spread(sc, 2 * j, 42), lut4(qs, 4 * (j // 2), tab, a, x, 256 * b + 64 * j), v)
     return v
 
 
@@ -591,7 +611,7 @@ def blk_q3_k(row, b, x, xs, v):
     T = load16(Q3_CODES, 0)                                 #    q = low 2 bits + 4 hmask bit: looked up as q - 4
     for j in range(4):                                      #    field j of each byte, hmask bit moved next to it
         q = bitsel(0x04040404, rotl(hm, 2 - j, 30 - j), shr(qs, 2 * j))
-        v = fma(spread(sc, 2 * j, 42), lut4(q, 0, T, x, 256 * b + 64 * j), v)     # c (q - 4) . x
+        v = fma(spread(sc, 2 * j, 42), lut4(q, 0, T, Q3_CODES_A, x, 256 * b + 64 * j), v)     # c (q - 4) . x
     return v
 
 
@@ -616,7 +636,7 @@ def blk_q4_k(row, b, x, xs, v):
     for c in range(2):                                      # 2. qs[p] low nibble -> x[64 (p // 32) + p % 32], high
         qs = i32x16_at(row, o + 16 + 64 * c)                #    -> 32 further; nibble h of the 64 bytes: 64 weights
         for h in range(2):
-            v = fma(spread(sc, 4 * c + h, 82), lut4(qs, 4 * h, T, x, 256 * b + 128 * c + 64 * h), v)
+            v = fma(spread(sc, 4 * c + h, 82), lut4(qs, 4 * h, T, Q4_OFFSET_A, x, 256 * b + 128 * c + 64 * h), v)
     return v
 
 
@@ -636,7 +656,7 @@ def blk2_q4_k(r0, r1, b, x, xs, v, u):
         q = i32x16_at(r0, o + 16 + 64 * c)
         p = i32x16_at(r1, o + 16 + 64 * c)
         for h in range(2):
-            t, w = lut4x2(q, p, 4 * h, T, x, 256 * b + 128 * c + 64 * h)
+            t, w = lut4x2(q, p, 4 * h, T, Q4_OFFSET_A, x, 256 * b + 128 * c + 64 * h)
             v = fma(spread(sc, 4 * c + h, 82), t, v)
             u = fma(spread(sd, 4 * c + h, 82), w, u)
     return v, u
@@ -650,14 +670,15 @@ def blk_q5_k(row, b, x, xs, v):
     v = fma(fma(spread(sc, 0, 88), splat(np.float32(16)), sc), load16(xs, 16 * b), v)  # w = c (q - 16) + (16 c
     qh = as_i32(b32x2(row, o + 16))                         #    - dmin m); 5th bit of x[64 j + 32 h + i]: bit 2j + h
     T0, T1 = load16(Q5_CODES, 0), load16(Q5_CODES, 16)      #    of qh[i]; looked up as q - 16
+    lo, m, off = Q5_CODES_A
     for c in range(2):                                      # 2. as Q4_K: nibble h of the 64 bytes qs[64 c:], 64 weights
         qs = i32x16_at(row, o + 48 + 64 * c)                #    (lut4's order), the qh bit rotated next to each nibble
         for h in range(2):
             q = bitsel(0x10101010, rotl(qh, 4 - 4 * c - h, 2 - 4 * c - h), shr(qs, 4 * h))
-            t = mul(lut32(T0, T1, q), load16(x, 256 * b + 128 * c + 64 * h))
-            t = fma(lut32(T0, T1, shr(q, 8)), load16(x, 256 * b + 128 * c + 64 * h + 16), t)
-            t = fma(lut32(T0, T1, shr(q, 16)), load16(x, 256 * b + 128 * c + 64 * h + 32), t)
-            t = fma(lut32(T0, T1, shr(q, 24)), load16(x, 256 * b + 128 * c + 64 * h + 48), t)
+            t = mul(lut32_affine(T0, T1, q, lo, m, off), load16(x, 256 * b + 128 * c + 64 * h))
+            t = fma(lut32_affine(T0, T1, shr(q, 8), lo, m, off), load16(x, 256 * b + 128 * c + 64 * h + 16), t)
+            t = fma(lut32_affine(T0, T1, shr(q, 16), lo, m, off), load16(x, 256 * b + 128 * c + 64 * h + 32), t)
+            t = fma(lut32_affine(T0, T1, shr(q, 24), lo, m, off), load16(x, 256 * b + 128 * c + 64 * h + 48), t)
             v = fma(spread(sc, 4 * c + h, 82), t, v)
     return v
 
@@ -714,8 +735,9 @@ def blk_tq2_0(row, b, x, xs, v):
     ahead(row, o, 66)
     lo, hi = load16(TERNARY, 0), load16(TERNARY_HI, 0)      # field j of qs[p] -> x[128 (p // 32) + 32 j + p % 32]
     qs = i32x16_at(row, o)                                  # looked up as q - 1: w = d (q - 1); fields 2h, 2h + 1
-    t = add(add(lut4(qs, 0, lo, x, 256 * b), lut4(qs, 0, hi, x, 256 * b + 64)),         # from nibble h
-            add(lut4(qs, 4, lo, x, 256 * b + 128), lut4(qs, 4, hi, x, 256 * b + 192)))
+    t = add(add(lut4(qs, 0, lo, TERNARY_A, x, 256 * b), lut4(qs, 0, hi, TERNARY_HI_A, x, 256 * b + 64)),  # from
+            add(lut4(qs, 4, lo, TERNARY_A, x, 256 * b + 128),                                        # nibble h
+                lut4(qs, 4, hi, TERNARY_HI_A, x, 256 * b + 192)))
     return fma(splat(f16_at(row, o + 64)), t, v)
 
 
@@ -728,13 +750,19 @@ def blk2_tq2_0(r0, r1, b, x, xs, v, u):
     lo, hi = load16(TERNARY, 0), load16(TERNARY_HI, 0)
     q = i32x16_at(r0, o)
     p = i32x16_at(r1, o)
-    t0, w0 = lut4x2(q, p, 0, lo, x, 256 * b)
-    t1, w1 = lut4x2(q, p, 0, hi, x, 256 * b + 64)
-    t2, w2 = lut4x2(q, p, 4, lo, x, 256 * b + 128)
-    t3, w3 = lut4x2(q, p, 4, hi, x, 256 * b + 192)
+    t0, w0 = lut4x2(q, p, 0, lo, TERNARY_A, x, 256 * b)
+    t1, w1 = lut4x2(q, p, 0, hi, TERNARY_HI_A, x, 256 * b + 64)
+    t2, w2 = lut4x2(q, p, 4, lo, TERNARY_A, x, 256 * b + 128)
+    t3, w3 = lut4x2(q, p, 4, hi, TERNARY_HI_A, x, 256 * b + 192)
     v = fma(splat(f16_at(r0, o + 64)), add(add(t0, t1), add(t2, t3)), v)
     u = fma(splat(f16_at(r1, o + 64)), add(add(w0, w1), add(w2, w3)), u)
     return v, u
+
+
+@njit(**J)
+def ternary(T, d):
+    """TERNARY[d & 15] (T = load16(TERNARY, 0)): the digit d - 1 (`lut_affine`)."""
+    return lut_affine(T, d, TERNARY_A[0], TERNARY_A[1], TERNARY_A[2])
 
 
 @njit(**J)
@@ -748,25 +776,25 @@ def blk_tq1_0(row, b, x, xs, v):
     # digit n of a byte: ((byte 3^n mod 256) 3) >> 8 = high word of ((byte << 8) 3^n mod 2^16) 3, as ggml
     # digit n of qs[m] -> x[32 n + m] (x' lanes: even m, then odd m); of qs[32 + m] -> x[160 + 16 n + m]
     d, e = wmulhi(q, 3), wmulhi(p, 3)
-    t0 = fma(lut(T, shr(d, 16)), load16(x, xo + 16), mul(lut(T, d), load16(x, xo)))
-    t1 = mul(lut(T, e), load16(x, xo + 160))
+    t0 = fma(ternary(T, shr(d, 16)), load16(x, xo + 16), mul(ternary(T, d), load16(x, xo)))
+    t1 = mul(ternary(T, e), load16(x, xo + 160))
     d, e = wmulhi(wmul(q, 3), 3), wmulhi(wmul(p, 3), 3)
-    t0 = fma(lut(T, d), load16(x, xo + 32), t0)
-    t1 = fma(lut(T, shr(d, 16)), load16(x, xo + 48), t1)
-    t0 = fma(lut(T, e), load16(x, xo + 176), t0)
+    t0 = fma(ternary(T, d), load16(x, xo + 32), t0)
+    t1 = fma(ternary(T, shr(d, 16)), load16(x, xo + 48), t1)
+    t0 = fma(ternary(T, e), load16(x, xo + 176), t0)
     d, e = wmulhi(wmul(q, 9), 3), wmulhi(wmul(p, 9), 3)
-    t1 = fma(lut(T, d), load16(x, xo + 64), t1)
-    t0 = fma(lut(T, shr(d, 16)), load16(x, xo + 80), t0)
-    t1 = fma(lut(T, e), load16(x, xo + 192), t1)
+    t1 = fma(ternary(T, d), load16(x, xo + 64), t1)
+    t0 = fma(ternary(T, shr(d, 16)), load16(x, xo + 80), t0)
+    t1 = fma(ternary(T, e), load16(x, xo + 192), t1)
     d, e = wmulhi(wmul(q, 27), 3), wmulhi(wmul(p, 27), 3)
-    t0 = fma(lut(T, d), load16(x, xo + 96), t0)
-    t1 = fma(lut(T, shr(d, 16)), load16(x, xo + 112), t1)
-    t0 = fma(lut(T, e), load16(x, xo + 208), t0)
+    t0 = fma(ternary(T, d), load16(x, xo + 96), t0)
+    t1 = fma(ternary(T, shr(d, 16)), load16(x, xo + 112), t1)
+    t0 = fma(ternary(T, e), load16(x, xo + 208), t0)
     d, e = wmulhi(wmul(q, 81), 3), wmulhi(wmul(p, 81), 3)
-    t1 = fma(lut(T, d), load16(x, xo + 128), t1)
-    t0 = fma(lut(T, shr(d, 16)), load16(x, xo + 144), t0)
-    t1 = fma(lut(T, e), load16(x, xo + 224), t1)
-    t0 = fma(lut(T, base3_tail(u32_at(row, o + 48))), load16(x, xo + 240), t0)   # qh[4]: 4 digits per byte
+    t1 = fma(ternary(T, d), load16(x, xo + 128), t1)
+    t0 = fma(ternary(T, shr(d, 16)), load16(x, xo + 144), t0)
+    t1 = fma(ternary(T, e), load16(x, xo + 224), t1)
+    t0 = fma(ternary(T, base3_tail(u32_at(row, o + 48))), load16(x, xo + 240), t0)   # qh[4]: 4 digits per byte
     return fma(splat(f16_at(row, o + 52)), add(t0, t1), v)
 
 

@@ -26,7 +26,9 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
     shr4(v, a, b, c, d) -> i32x16       lane l shifted right by (a, b, c, d)[l % 4] (`vpsrlvd`)
     shr(v, s), shl(v, s), band(v, m), imul(v, c), iadd(v, c), ior(a, b), to_f32(v)   integer lanes
     lut(tab, idx)     -> f32x16         tab[idx & 15] lane by lane, tab a f32x16 of 16 code-book values
-                                        (`vpermps` with AVX-512; a portable extract/insert otherwise)
+                                        (`vpermps`: one with AVX-512, two per 8 lanes + a blend with AVX2)
+    lut_affine(tab, idx, lo, mask, off), lut32_affine(lo_tab, hi_tab, idx, lo, mask, off)   the same for a
+                                        book that is ((n >> lo) & mask) - off: integer lane ops without AVX-512
     u8x64             64 packed bytes, worked on before widening (one byte op = four on lanes):
       b64(row, o), b32x2(row, o)        64 bytes / 32 bytes twice;  bsh(v, s_lo, s_hi) per-half shift,
       bmask(v, m), bsub(v, c), bor(a, b)    byte and / subtract / or;  as_i32(v) -> i32x16 (a bitcast)
@@ -51,7 +53,9 @@ F32 = ir.FloatType()
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 VF = ir.VectorType(F32, 16)
 VI = ir.VectorType(I32, 16)
-HAVE_AVX512 = "+avx512f" in llb.get_host_cpu_features().flatten().split(",")
+_FEATURES = llb.get_host_cpu_features().flatten().split(",")
+HAVE_AVX512 = "+avx512f" in _FEATURES
+HAVE_AVX2 = "+avx2" in _FEATURES
 # Flags of the float adds and multiplies below. Numba's fastmath pass only flags instructions that
 # have none, so these keep it from adding `reassoc` (the drivers compile with it): LLVM then keeps
 # the kernels' own order of additions, and independent accumulation chains stay independent. With
@@ -122,6 +126,47 @@ def _i32(builder, v):
 
 def _fn(builder, name, ret, args):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+V8F, V8I = ir.VectorType(F32, 8), ir.VectorType(I32, 8)
+
+
+def _permute(builder, tab, idx):
+    """out[l] = tab[idx[l] & (n - 1)] for a code book of n = 16 or 32 floats (tab: one or two f32x16).
+
+    AVX-512: one `vpermps` (16 entries) or `vpermt2ps` (32). AVX2 (8-entry `vpermps` on ymm halves): per 8
+    lanes, one `vpermps` per 8 entries of the book, then blends on index bits 3 (and 4). Elsewhere: lane by lane.
+    """
+    n = 16 * len(tab)
+    if HAVE_AVX512:
+        if n == 16:
+            return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [tab[0], idx])
+        return builder.call(_fn(builder, "llvm.x86.avx512.vpermi2var.ps.512", VF, [VF, VI, VF]),
+                            [tab[0], idx, tab[1]])
+    if not HAVE_AVX2:
+        book = tab[0] if n == 16 else builder.shuffle_vector(tab[0], tab[1],
+                                                             ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+        out = ir.Constant(VF, ir.Undefined)
+        for lane in range(16):
+            k = builder.and_(builder.extract_element(idx, ir.Constant(I32, lane)), ir.Constant(I32, n - 1))
+            out = builder.insert_element(out, builder.extract_element(book, k), ir.Constant(I32, lane))
+        return out
+    undef_f, undef_i = ir.Constant(VF, ir.Undefined), ir.Constant(VI, ir.Undefined)
+    octets = [builder.shuffle_vector(t, undef_f, ir.Constant(V8I, list(range(8 * h, 8 * h + 8))))
+              for t in tab for h in range(2)]                                  # the book, 8 entries each
+    perm = _fn(builder, "llvm.x86.avx2.permps", V8F, [V8F, V8I])
+    zero = ir.Constant(V8I, [0] * 8)
+    halves = []
+    for h in range(2):
+        ih = builder.shuffle_vector(idx, undef_i, ir.Constant(V8I, list(range(8 * h, 8 * h + 8))))
+        p = [builder.call(perm, [o, ih]) for o in octets]                     # vpermps uses bits 0..2
+        b3 = builder.icmp_unsigned("!=", builder.and_(ih, ir.Constant(V8I, [8] * 8)), zero)
+        r = builder.select(b3, p[1], p[0])
+        if n == 32:
+            b4 = builder.icmp_unsigned("!=", builder.and_(ih, ir.Constant(V8I, [16] * 8)), zero)
+            r = builder.select(b4, builder.select(b3, p[3], p[2]), r)
+        halves.append(r)
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(VI, list(range(16))))
 
 
 # ---------------------------------------------------------------- loads
@@ -418,13 +463,40 @@ def lut(typingctx, tab, idx):
     sig = f32x16(f32x16, i32x16)
 
     def codegen(context, builder, signature, args):
+        return _permute(builder, [args[0]], args[1])
+    return sig, codegen
+
+
+def _affine(builder, idx, lo, mask, off):
+    """sitofp(((idx >> lo) & mask) - off) lane by lane (lo, mask, off: i64 scalars, splatted)."""
+    sp = [_splat(builder, _i32(builder, a), VI) for a in (lo, mask, off)]
+    return builder.sitofp(builder.sub(builder.and_(builder.lshr(idx, sp[0]), sp[1]), sp[2]), VF)
+
+
+@intrinsic
+def lut_affine(typingctx, tab, idx, lo, mask, off):
+    """lut(tab, idx) for a code book the caller states to be tab[n] = ((n >> lo) & mask) - off for every
+    n in 0..15 (the centred integer codes): the same values. AVX-512: the one `vpermps` of lut; elsewhere
+    shift, and, subtract and convert, cheaper than two `vpermps` per 8 lanes and a blend."""
+    sig = f32x16(f32x16, i32x16, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
         if HAVE_AVX512:
-            return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [args[0], args[1]])
-        out = ir.Constant(VF, ir.Undefined)
-        for lane in range(16):
-            k = builder.extract_element(args[1], ir.Constant(I32, lane))
-            out = builder.insert_element(out, builder.extract_element(args[0], k), ir.Constant(I32, lane))
-        return out
+            return _permute(builder, [args[0]], args[1])
+        return _affine(builder, args[1], args[2], args[3], args[4])
+    return sig, codegen
+
+
+@intrinsic
+def lut32_affine(typingctx, lo_tab, hi_tab, idx, lo, mask, off):
+    """lo_tab ++ hi_tab [idx & 31] for a 32-entry code book stated to be ((n >> lo) & mask) - off (as
+    lut_affine: `vpermt2ps` with AVX-512, integer lane operations elsewhere)."""
+    sig = f32x16(f32x16, f32x16, i32x16, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        if HAVE_AVX512:
+            return _permute(builder, [args[0], args[1]], args[2])
+        return _affine(builder, args[2], args[3], args[4], args[5])
     return sig, codegen
 
 
@@ -554,13 +626,7 @@ def spread(typingctx, v, first, pattern):
 
     def codegen(context, builder, signature, args):
         idx = builder.add(_splat(builder, builder.trunc(args[1], I32), VI), ir.Constant(VI, offs))
-        if HAVE_AVX512:
-            return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [args[0], idx])
-        out = ir.Constant(VF, ir.Undefined)
-        for lane in range(16):
-            k = builder.extract_element(idx, ir.Constant(I32, lane))
-            out = builder.insert_element(out, builder.extract_element(args[0], k), ir.Constant(I32, lane))
-        return out
+        return _permute(builder, [args[0]], idx)
     return sig, codegen
 
 
@@ -628,24 +694,6 @@ def bitsel(typingctx, m, a, b):
     def codegen(context, builder, signature, args):
         mk = ir.Constant(VI, [k if k < 2 ** 31 else k - 2 ** 32] * 16)
         return builder.or_(builder.and_(args[1], mk), builder.and_(args[2], builder.not_(mk)))
-    return sig, codegen
-
-
-@intrinsic
-def lut32(typingctx, lo, hi, idx):
-    """lo ++ hi [idx & 31] lane by lane: a 32-entry code book in two registers (`vpermt2ps`)."""
-    sig = f32x16(f32x16, f32x16, i32x16)
-
-    def codegen(context, builder, signature, args):
-        if HAVE_AVX512:
-            return builder.call(_fn(builder, "llvm.x86.avx512.vpermi2var.ps.512", VF, [VF, VI, VF]),
-                                [args[0], args[2], args[1]])
-        out = ir.Constant(VF, ir.Undefined)
-        both = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(I32, 32), list(range(32))))
-        for lane in range(16):
-            k = builder.and_(builder.extract_element(args[2], ir.Constant(I32, lane)), ir.Constant(I32, 31))
-            out = builder.insert_element(out, builder.extract_element(both, k), ir.Constant(I32, lane))
-        return out
     return sig, codegen
 
 
