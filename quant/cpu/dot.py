@@ -112,6 +112,7 @@ from .simd import (
     lut,
     lut32_affine,
     lut_affine,
+    nib_lut,
     mul,
     nib8x2,
     or_where,
@@ -319,15 +320,13 @@ def blk_q5_1(row, o, x, xo, tab, v):
 
 @njit(**J)
 def blk_iq4_nl(row, o, x, xo, tab, v):
-    q = u8x16(row, o + 2)
-    t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
+    t = fma(nib_lut(tab, row, o + 2, 1), load16(x, xo + 16), mul(nib_lut(tab, row, o + 2, 0), load16(x, xo)))
     return fma(splat(f16_at(row, o)), t, v)
 
 
 @njit(**J)
 def blk_mxfp4(row, o, x, xo, tab, v):
-    q = u8x16(row, o + 1)
-    t = fma(lut(tab, shr(q, 4)), load16(x, xo + 16), mul(lut(tab, band(q, 15)), load16(x, xo)))
+    t = fma(nib_lut(tab, row, o + 1, 1), load16(x, xo + 16), mul(nib_lut(tab, row, o + 1, 0), load16(x, xo)))
     return fma(splat(ld(E8M0_HALF, ld(row, o))), t, v)
 
 
@@ -806,9 +805,9 @@ def blk_iq4_xs(row, b, x, xs, v):
     ls = ior(lanes(u32_at(row, o + 4), 4, 15), shl(lanes(u16_at(row, o + 2), 2, 3), 4))   # lane ib < 8: 6-bit
     dl = mul(to_f32(iadd(ls, -32)), splat(f16_at(row, o)))     # scale of sub-block ib (4 low bits, 2 high): d (ls - 32)
     for ib in range(8):
-        q = u8x16(row, o + 8 + 16 * ib)
+        qo = o + 8 + 16 * ib
         xo = 256 * b + 32 * ib
-        t = fma(lut(T, shr(q, 4)), load16(x, xo + 16), mul(lut(T, band(q, 15)), load16(x, xo)))
+        t = fma(nib_lut(T, row, qo, 1), load16(x, xo + 16), mul(nib_lut(T, row, qo, 0), load16(x, xo)))
         v = fma(spread(dl, ib, 0), t, v)
     return v
 

@@ -29,6 +29,8 @@ say what they mean with these values, the way ggml's C kernels use intrinsics:
                                         (`vpermps`: one with AVX-512, two per 8 lanes + a blend with AVX2)
     lut_affine(tab, idx, lo, mask, off), lut32_affine(lo_tab, hi_tab, idx, lo, mask, off)   the same for a
                                         book that is ((n >> lo) & mask) - off: integer lane ops without AVX-512
+    nib_lut(tab, row, o, hi)  -> f32x16  tab[nibble] of the 16 bytes at row[o:] (an int8 book: `pshufb`
+                                        on the bytes without AVX-512)
     u8x64             64 packed bytes, worked on before widening (one byte op = four on lanes):
       b64(row, o), b32x2(row, o)        64 bytes / 32 bytes twice;  bsh(v, s_lo, s_hi) per-half shift,
       bmask(v, m), bsub(v, c), bor(a, b)    byte and / subtract / or;  as_i32(v) -> i32x16 (a bitcast)
@@ -497,6 +499,33 @@ def lut32_affine(typingctx, lo_tab, hi_tab, idx, lo, mask, off):
         if HAVE_AVX512:
             return _permute(builder, [args[0], args[1]], args[2])
         return _affine(builder, args[2], args[3], args[4], args[5])
+    return sig, codegen
+
+
+@intrinsic
+def nib_lut(typingctx, tab, row, o, hi):
+    """lut(tab, q & 15) (hi = 0) or lut(tab, q >> 4) (hi = 1) of the 16 bytes q at row[o:], for a book of
+    integers in -128..127 (IQ4_NL's, MXFP4's doubled values): with AVX-512 the zero-extend and one `vpermps`
+    (as lut); otherwise the 16 nibbles are looked up while still bytes, in the book as int8 (one `pshufb`),
+    then widened and converted: the same values."""
+    if not isinstance(hi, types.IntegerLiteral):
+        return None
+    high = hi.literal_value
+    sig = f32x16(f32x16, row, types.intp, hi)
+
+    def codegen(context, builder, signature, args):
+        tab, aryty = args[0], signature.args[1]
+        V16B = ir.VectorType(I8, 16)
+        b = builder.load(_at(context, builder, aryty, args[1], args[2], V16B), align=1)
+        if high:
+            b = builder.lshr(b, ir.Constant(V16B, [4] * 16))
+        else:
+            b = builder.and_(b, ir.Constant(V16B, [15] * 16))
+        if HAVE_AVX512 or not HAVE_AVX2:
+            return _permute(builder, [tab], builder.zext(b, VI))
+        book = builder.trunc(builder.fptosi(tab, VI), V16B)                    # loop-invariant: hoisted
+        pshufb = _fn(builder, "llvm.x86.ssse3.pshuf.b.128", V16B, [V16B, V16B])
+        return builder.sitofp(builder.sext(builder.call(pshufb, [book, b]), VI), VF)
     return sig, codegen
 
 
