@@ -45,6 +45,15 @@ TYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q1_0", "
          "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "tq2_0", "tq1_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs",
          "iq1_s", "iq1_m", "iq4_nl", "iq3_s", "iq4_xs"]
 SECTION = "## CPU (project machine: 2 cores, no GPU)"
+NOTE_AVX2 = ('Not like for like (see the AVX-512 section): llama.cpp rounds the activation row to 8 bits and '
+             'multiplies in 8-bit integer SIMD (maddubs: 32 multiply-adds per instruction), quant.cpu keeps the '
+             'oracle\'s exact float32 product. On AVX2 the kernels, written for 16 float32 lanes, run as two ymm '
+             'halves (16 ymm registers hold 8 such vectors: some spill), so every per-weight step costs twice: a '
+             'convert and an FMA per 8 weights, where llama.cpp spends about an instruction per 32 weights; the '
+             '16- and 32-bit float types and Q8_0 are bounded by memory and stay level or ahead. Code-book '
+             'lookups, one `vpermps` with AVX-512, are two `vpermps` per 8 lanes and a blend here (lut), integer '
+             'shift/and/subtract/convert for the centred integer books (lut_affine), one `pshufb` on the packed '
+             'bytes for the 4-bit books of IQ4_NL, IQ4_XS and MXFP4 (nib_lut).')
 NOTE = ('Not like for like: llama.cpp first rounds the activation row to 8 bits (Q8_0/Q8_K) and multipli'
         'es in 8-bit integer SIMD (maddubs / VNNI: 32-64 multiply-adds per instruction); quant.cpu keeps'
         ' the exact float32 product the NumPy oracle defines (rel-RMS column): an FMA per 16 weights (on'
@@ -112,6 +121,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def isa() -> str:
+    """The widest vector extension the kernels compile for on this host (quant.cpu.simd)."""
+    from quant.cpu import simd
+    return "AVX-512" if simd.HAVE_AVX512 else ("AVX2, no AVX-512" if simd.HAVE_AVX2 else "no AVX2")
+
+
 def machine() -> str:
     model = "unknown CPU"
     try:
@@ -119,16 +134,24 @@ def machine() -> str:
             model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()}; numba {numba.__version__} ({numba.get_num_threads()} threads, {numba.threading_layer()} layer), numpy {np.__version__}"
+    return f"{model} ({isa()}), {os.cpu_count()} cores, {platform.system()}; numba {numba.__version__} ({numba.get_num_threads()} threads, {numba.threading_layer()} layer), numpy {np.__version__}"
 
 
-def write_section(path: str, text: str) -> None:
-    """Put `text` under the CPU section of BENCHMARKS.md, replacing what was there up to the next section."""
+def write_section(path: str, text: str, sub: str) -> None:
+    """Put `text` under the heading `### {sub}` of the CPU section of BENCHMARKS.md (one per vector
+    extension: the kernels differ), replacing what was there up to the next heading; a new one goes first."""
     with open(path) as f:
         lines = f.read().split("\n")
     i = lines.index(SECTION)
-    j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
-    lines[i + 1:j] = ["", text, ""]
+    end = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+    head = f"### {sub}"
+    if head in lines[i:end]:
+        i = lines.index(head, i)
+        j = next((k for k in range(i + 1, end) if lines[k].startswith(("## ", "### "))), end)
+        lines[i + 1:j] = ["", text, ""]
+    else:
+        k = next((k for k in range(i + 1, end) if lines[k].startswith("### ")), end)
+        lines[k:k] = [head, "", text, ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -165,14 +188,14 @@ def main(argv=None) -> int:
             f"GEMV y = x W^T, W {a.rows} x {a.cols} per ggml type (Gaussian rows quantized by ggml), one f32",
             "activation row; GB/s of packed weights read once; median over alternating rounds in one run.",
             f"quant.cpu ahead of llama.cpp's CPU kernels on {ahead} of {len(rows)} types.",
-            NOTE,
+            NOTE if isa() == "AVX-512" else NOTE_AVX2,
             "",
             f"- command: `{cmd.strip()}`",
             f"- machine: {machine()}",
             f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}",
             "",
             t])
-        write_section(a.write, text)
+        write_section(a.write, text, f"{isa()} host")
         print(f"\nwrote the CPU section of {a.write}")
     return 0
 
