@@ -789,14 +789,18 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     NRC = RW // P                                        # chunks (P rows each) per unit (DB)
 
     @cuda.jit(device=True, inline=True)
-    def ld_chunk(w32, w16, u32, u16, ebase, u0, k, row0, O, rowb, raw, rf, rawu, rfu):
-        """Issue the loads of chunk k (no decode): P rows of one unit into raw / rawu."""
+    def chunk_at(ebase, u0, k):
+        """Chunk k of the lane whose first unit is u0: its block b, unit c in the block, the block's byte
+        offset in row 0, and its first row r0."""
         it = k // NRC
         u = u0 + it * NTH
         b = u // UPB
-        c = u - b * UPB
-        rb0 = ebase + uint64(b) * uint64(TS)
-        r0 = (k - it * NRC) * P
+        return b, u - b * UPB, ebase + uint64(b) * uint64(TS), (k - it * NRC) * P
+
+    @cuda.jit(device=True, inline=True)
+    def ld_chunk(w32, w16, u32, u16, ebase, u0, k, row0, O, rowb, raw, rf, rawu, rfu):
+        """Issue the loads of chunk k (no decode): P rows of one unit into raw / rawu."""
+        b, c, rb0, r0 = chunk_at(ebase, u0, k)
         for p in range(P):
             rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
             ld(w32, w16, rb, c, raw, rf, p)
@@ -807,12 +811,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     def run_chunk(x, xr, ebase, u0, k, row0, O, I, rowb, raw, rf, rawu, rfu, q, qw, sa, sb, xv, xs, xl, xk, tb,
                   acc, accu, warp, lane):
         """Decode and multiply chunk k from its loaded words (the unit's activations first, at its first chunk)."""
-        it = k // NRC
-        u = u0 + it * NTH
-        b = u // UPB
-        c = u - b * UPB
-        rb0 = ebase + uint64(b) * uint64(TS)
-        r0 = (k - it * NRC) * P
+        b, c, rb0, r0 = chunk_at(ebase, u0, k)
         if r0 == 0:
             prep(x, xr * uint64(I) + uint64(b * BS), c, xv, xs, xl, xk)
         for p in range(P):
