@@ -45,17 +45,23 @@ def test_greedy_continuation_vs_llamacpp(smollm2, capsys):
     ref_logits = run_llamacpp(smollm2, seq, trace=False).logits[len(prompt) - 1:]
     got_logits = m.forward(seq)[len(prompt) - 1:]
     lm = logit_metrics(ref_logits, got_logits)
-    assert np.allclose(ref_logits, ref_step_logits, atol=1e-3), "llama.cpp's decode and prefill disagree"
+    # llama.cpp against itself: its one-token decode and its prefill of the same tokens. On an AVX-512 host they
+    # agreed within 1e-3; on an AVX2 host (no AVX-512) ggml's CPU kernels round differently by batch size:
+    # measured NMSE 1.1e-3, max abs 1.09, top-1 93.8% between the two (refengine vs the prefill: NMSE 1.2e-3).
+    # So the teacher-forced logits stand for llama.cpp only within its own rounding: held to the bound below.
+    self_lm = logit_metrics(ref_step_logits, ref_logits)
+    assert self_lm.nmse < 1e-2, f"llama.cpp's decode and prefill disagree: NMSE {self_lm.nmse:.3e}"
     with capsys.disabled():
         print(f"\n  SmolLM2-135M Q4_1, prompt {PROMPT!r}: llama.cpp -> {tok.decode(ref_ids)!r}")
         print(f"  refengine identical: {got_ids == ref_ids}; logits (teacher-forced, {N_NEW} positions): "
               f"NMSE {lm.nmse:.3e}, max_abs {lm.max_abs:.3e}, top-1 {100 * lm.top1_agreement:.1f}%, "
               f"KL mean {lm.kld_mean:.3e} max {lm.kld_max:.3e}")
-    if got_ids != ref_ids:
+        print(f"  llama.cpp decode vs its own prefill: NMSE {self_lm.nmse:.3e}, max_abs {self_lm.max_abs:.3e}")
+    if got_ids != ref_ids:                    # judged on the logits that chose llama.cpp's token (its decode)
         i = next(k for k, (a, b) in enumerate(zip(got_ids, ref_ids)) if a != b)
-        top2 = np.sort(ref_logits[i])[-2:]
+        top2 = np.sort(ref_step_logits[i])[-2:]
         margin = float(top2[1] - top2[0])
-        err = float(np.max(np.abs(got_logits[i] - ref_logits[i])))
+        err = float(np.max(np.abs(got_logits[i] - ref_step_logits[i])))
         msg = (f"continuations differ first at new token {i}: llama.cpp {ref_ids[i]}, refengine {got_ids[i]}; "
                f"llama.cpp top-2 margin {margin:.4g}, refengine logit error there {err:.4g}")
         with capsys.disabled():
