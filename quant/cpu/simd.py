@@ -134,40 +134,28 @@ V8F, V8I = ir.VectorType(F32, 8), ir.VectorType(I32, 8)
 
 
 def _permute(builder, tab, idx):
-    """out[l] = tab[idx[l] & (n - 1)] for a code book of n = 16 or 32 floats (tab: one or two f32x16).
+    """out[l] = tab[idx[l] & 15] for a 16-float code book tab (one f32x16).
 
-    AVX-512: one `vpermps` (16 entries) or `vpermt2ps` (32). AVX2 (8-entry `vpermps` on ymm halves): per 8
-    lanes, one `vpermps` per 8 entries of the book, then blends on index bits 3 (and 4). Elsewhere: lane by lane.
+    AVX-512: one `vpermps`. AVX2 (8-entry `vpermps` on ymm halves): per 8 lanes, one `vpermps` per half of the
+    book, then a blend on index bit 3. Elsewhere: lane by lane.
     """
-    n = 16 * len(tab)
     if HAVE_AVX512:
-        if n == 16:
-            return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [tab[0], idx])
-        return builder.call(_fn(builder, "llvm.x86.avx512.vpermi2var.ps.512", VF, [VF, VI, VF]),
-                            [tab[0], idx, tab[1]])
+        return builder.call(_fn(builder, "llvm.x86.avx512.permvar.sf.512", VF, [VF, VI]), [tab, idx])
     if not HAVE_AVX2:
-        book = tab[0] if n == 16 else builder.shuffle_vector(tab[0], tab[1],
-                                                             ir.Constant(ir.VectorType(I32, 32), list(range(32))))
         out = ir.Constant(VF, ir.Undefined)
         for lane in range(16):
-            k = builder.and_(builder.extract_element(idx, ir.Constant(I32, lane)), ir.Constant(I32, n - 1))
-            out = builder.insert_element(out, builder.extract_element(book, k), ir.Constant(I32, lane))
+            k = builder.and_(builder.extract_element(idx, ir.Constant(I32, lane)), ir.Constant(I32, 15))
+            out = builder.insert_element(out, builder.extract_element(tab, k), ir.Constant(I32, lane))
         return out
     undef_f, undef_i = ir.Constant(VF, ir.Undefined), ir.Constant(VI, ir.Undefined)
-    octets = [builder.shuffle_vector(t, undef_f, ir.Constant(V8I, list(range(8 * h, 8 * h + 8))))
-              for t in tab for h in range(2)]                                  # the book, 8 entries each
+    lo, hi = (builder.shuffle_vector(tab, undef_f, ir.Constant(V8I, list(range(8 * h, 8 * h + 8))))
+              for h in range(2))                                              # the book, 8 entries each
     perm = _fn(builder, "llvm.x86.avx2.permps", V8F, [V8F, V8I])
-    zero = ir.Constant(V8I, [0] * 8)
     halves = []
     for h in range(2):
         ih = builder.shuffle_vector(idx, undef_i, ir.Constant(V8I, list(range(8 * h, 8 * h + 8))))
-        p = [builder.call(perm, [o, ih]) for o in octets]                     # vpermps uses bits 0..2
-        b3 = builder.icmp_unsigned("!=", builder.and_(ih, ir.Constant(V8I, [8] * 8)), zero)
-        r = builder.select(b3, p[1], p[0])
-        if n == 32:
-            b4 = builder.icmp_unsigned("!=", builder.and_(ih, ir.Constant(V8I, [16] * 8)), zero)
-            r = builder.select(b4, builder.select(b3, p[3], p[2]), r)
-        halves.append(r)
+        b3 = builder.icmp_unsigned("!=", builder.and_(ih, ir.Constant(V8I, [8] * 8)), ir.Constant(V8I, [0] * 8))
+        halves.append(builder.select(b3, builder.call(perm, [hi, ih]), builder.call(perm, [lo, ih])))  # bits 0-2
     return builder.shuffle_vector(halves[0], halves[1], ir.Constant(VI, list(range(16))))
 
 
@@ -465,7 +453,7 @@ def lut(typingctx, tab, idx):
     sig = f32x16(f32x16, i32x16)
 
     def codegen(context, builder, signature, args):
-        return _permute(builder, [args[0]], args[1])
+        return _permute(builder, args[0], args[1])
     return sig, codegen
 
 
@@ -484,7 +472,7 @@ def lut_affine(typingctx, tab, idx, lo, mask, off):
 
     def codegen(context, builder, signature, args):
         if HAVE_AVX512:
-            return _permute(builder, [args[0]], args[1])
+            return _permute(builder, args[0], args[1])
         return _affine(builder, args[1], args[2], args[3], args[4])
     return sig, codegen
 
@@ -496,8 +484,9 @@ def lut32_affine(typingctx, lo_tab, hi_tab, idx, lo, mask, off):
     sig = f32x16(f32x16, f32x16, i32x16, types.intp, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
-        if HAVE_AVX512:
-            return _permute(builder, [args[0], args[1]], args[2])
+        if HAVE_AVX512:                                 # the 32-entry book in two registers (`vpermt2ps`)
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpermi2var.ps.512", VF, [VF, VI, VF]),
+                                [args[0], args[2], args[1]])
         return _affine(builder, args[2], args[3], args[4], args[5])
     return sig, codegen
 
@@ -522,7 +511,7 @@ def nib_lut(typingctx, tab, row, o, hi):
         else:
             b = builder.and_(b, ir.Constant(V16B, [15] * 16))
         if HAVE_AVX512 or not HAVE_AVX2:
-            return _permute(builder, [tab], builder.zext(b, VI))
+            return _permute(builder, tab, builder.zext(b, VI))
         book = builder.trunc(builder.fptosi(tab, VI), V16B)                    # loop-invariant: hoisted
         pshufb = _fn(builder, "llvm.x86.ssse3.pshuf.b.128", V16B, [V16B, V16B])
         return builder.sitofp(builder.sext(builder.call(pshufb, [book, b]), VI), VF)
@@ -655,7 +644,7 @@ def spread(typingctx, v, first, pattern):
 
     def codegen(context, builder, signature, args):
         idx = builder.add(_splat(builder, builder.trunc(args[1], I32), VI), ir.Constant(VI, offs))
-        return _permute(builder, [args[0]], idx)
+        return _permute(builder, args[0], idx)
     return sig, codegen
 
 

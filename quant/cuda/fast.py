@@ -800,7 +800,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     @cuda.jit(device=True, inline=True)
     def ld_chunk(w32, w16, u32, u16, ebase, u0, k, row0, O, rowb, raw, rf, rawu, rfu):
         """Issue the loads of chunk k (no decode): P rows of one unit into raw / rawu."""
-        b, c, rb0, r0 = chunk_at(ebase, u0, k)
+        _, c, rb0, r0 = chunk_at(ebase, u0, k)
         for p in range(P):
             rb = rb0 + uint64(min(row0 + r0 + p, O - 1)) * uint64(rowb)
             ld(w32, w16, rb, c, raw, rf, p)
