@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): carried wheels, then the stages named in $STAGES, each under a
 # time limit; everything is appended to $OUT/session.log, tables and figures land in $OUT as JSON / Markdown.
-#   STAGES="info layers matmul prefill gemv1 tests" bash benchmarks/gpu_session.sh
+#   STAGES="info layers matmul prefill gemv1 ncudecode tests" bash benchmarks/gpu_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -31,6 +31,10 @@ for st in ${STAGES:-info layers matmul tests}; do
     gemv1) stage gemv1
       timeout ${GEMV1_TIMEOUT:-300} python3 benchmarks/cuda_gemv1.py --json "$OUT/gemv1.json" ${GEMV1_ARGS:-} >> "$LOG" 2>&1
       echo "rc=$?" >> "$LOG" ;;
+    ncudecode) for t in ${LAYER_TYPES:-Q4_K Q8_0}; do stage "ncu decode $t"
+        timeout ${NCU_TIMEOUT:-200} ncu --clock-control none --profile-from-start off --csv --metrics \
+          gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+          python3 benchmarks/ncu_decode.py --type $t --layers 2 > "$OUT/ncu_decode_$t.csv" 2>> "$LOG"; echo "rc=$?" >> "$LOG"; done ;;
     tests) stage tests
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_layer.py tests/test_cuda_kernels.py} \
         -k "${TEST_K:-not ptx}" --durations=15 >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;

@@ -122,6 +122,76 @@ def test_attention_gqa_kernel(G):
     assert rel_rms(got, _attention_np(q, kc, vc, pos, scale)) <= 1e-6
 
 
+@pytest.mark.parametrize("G,T,pos", [(1, 1, 0), (8, 1, 19), (3, 2, 200), (4, 1, 1000)])
+def test_attention_kernel(G, T, pos):
+    """The decode attention kernel (one block per query head and token) against NumPy: a key a thread,
+    values a warp per key subset, from a single key (pos 0) to more keys than threads."""
+    from numba import cuda
+    from refengine.cuda.kernels import ATT_W, attention_kernel
+    rng = np.random.default_rng(G * 100 + pos)
+    Hkv, K = (2, 128) if GPU else (2, 8)
+    if not GPU:
+        pos = min(pos, 40)
+    H = G * Hkv
+    S = pos + T
+    q = rng.standard_normal((T, H, K)).astype(np.float32)
+    kc = rng.standard_normal((S + 5, Hkv, K)).astype(np.float32)
+    vc = rng.standard_normal((S + 5, Hkv, K)).astype(np.float32)
+    out = cuda.to_device(np.full((T, H * K), np.nan, np.float32))
+    scale = 1.0 / np.sqrt(K)
+    attention_kernel[(H, T), 32 * ATT_W](cuda.to_device(q), cuda.to_device(kc), cuda.to_device(vc),
+                                         cuda.to_device(np.array([pos], np.int32)), scale, out)
+    assert rel_rms(out.copy_to_host(), _attention_np(q, kc, vc, pos, scale)) <= 1e-6
+
+
+@pytest.mark.parametrize("A,D", [(1, 2048), (8, 2048), (1, 9000), (3, 70)])
+def test_add_rms_norm_kernel(A, D):
+    """The residual add / expert combine + RMS norm kernel, and the plain norm, against `ops.rms_norm`; D = 9000
+    takes two passes per row on a GPU block (values re-read), D = 70 leaves threads idle."""
+    from numba import cuda
+    from refengine.cuda.kernels import NORM_BLOCK, add_rms_norm_kernel, rms_norm_kernel
+    from refengine.ops.norm import rms_norm
+    if not GPU:
+        D = min(D, 300)                        # > NPT * 32: two passes in the simulator too
+    rng = np.random.default_rng(A * D)
+    T, eps = 3, 1e-6
+    dn = rng.standard_normal((T * A, D)).astype(np.float32)
+    res = rng.standard_normal((T, D)).astype(np.float32)
+    w = rng.standard_normal(D).astype(np.float32)
+    xo = cuda.to_device(np.full((T, D), np.nan, np.float32))
+    out = cuda.to_device(np.full((T, D), np.nan, np.float32))
+    add_rms_norm_kernel[T, NORM_BLOCK](cuda.to_device(dn), A, cuda.to_device(res), True, cuda.to_device(w), eps, xo, out)
+    want_x = dn[0::A]
+    for a in range(1, A):                                # slot order, then the residual, as moe.slot_sum
+        want_x = want_x + dn[a::A]
+    want_x = res + want_x
+    assert np.array_equal(xo.copy_to_host(), want_x)
+    assert rel_rms(out.copy_to_host(), rms_norm(want_x, w, eps)) <= 1e-6
+    out2 = cuda.to_device(np.full((T, D), np.nan, np.float32))
+    rms_norm_kernel[T, NORM_BLOCK](cuda.to_device(res), cuda.to_device(w), eps, out2)
+    assert rel_rms(out2.copy_to_host(), rms_norm(res, w, eps)) <= 1e-6
+
+
+@pytest.mark.parametrize("E,k", [(128, 8), (60, 4), (256, 8), (1024, 2)])
+def test_route_kernel(E, k):
+    """Softmax top-k routing against `moe.router.softmax_topk` (ids equal, weights within 1e-6), with tied
+    logits in the rows so the lower index must win."""
+    from numba import cuda
+    from refengine.cuda.kernels import route_kernel
+    from refengine.moe.router import softmax_topk
+    rng = np.random.default_rng(E)
+    T = 4
+    lg = rng.standard_normal((T, E)).astype(np.float32)
+    lg[1, E // 2] = lg[1, 3] = lg[1].max() + 1                    # a tie at the top
+    lg[2, :] = 0.5                                               # all tied
+    ids = cuda.to_device(np.full((T, k), -1, np.int32))
+    wts = cuda.to_device(np.zeros(T * k, np.float32))
+    route_kernel(E)[T, 32](cuda.to_device(lg), k, True, ids, wts)
+    want_ids, want_w = softmax_topk(lg, k, norm_w=True)
+    assert np.array_equal(ids.copy_to_host(), want_ids)
+    assert rel_rms(wts.copy_to_host().reshape(T, k), want_w) <= 1e-6
+
+
 @pytest.mark.parametrize("causal", [1, 2])
 def test_tc_causal_skips(causal, monkeypatch):
     """The tensor-core GEMM's causal modes on a small F32 matrix: 1 skips row tiles past what a token tile sees

@@ -14,7 +14,7 @@ import math
 
 from numba import cuda, float32, float64, int32
 
-from quant.cuda._dev import expf, warp_argmax, warp_max, warp_sum
+from quant.cuda._dev import SIM, expf, warp_argmax, warp_max, warp_sum
 from quant.cuda.moe import slot_sum
 from quant.cuda.vec import ld4f
 
@@ -54,42 +54,74 @@ def block_softmax(row, S, m, buf):
         row[s] = float32(row[s] / tot)
 
 
+NPT = 8                    # norm kernels: elements a thread holds in registers per pass over the row
+NORM_BLOCK = 32 if SIM else 512                # their block (one pass over rows of up to NPT * 512 values)
+
+
+@cuda.jit(device=True, inline=True)
+def _norm_row(dn, A, res, has_res, w, eps, xo, store, out):
+    """Row t = blockIdx.x: v = `slot_sum` (the residual stream), xo[t] <- v when `store`, then
+    out[t] = v / sqrt(mean(v^2) + eps) * w (`ops.rms_norm`: the sum in float64, in index order per thread).
+
+    One decode step runs this on a single block, so its cost is memory latency: each thread issues
+    every load of a pass (NPT elements, stride blockDim) before it stores anything, and keeps the
+    values in registers for the scale pass when the row fits in one pass."""
+    buf = cuda.shared.array(32, float64)
+    v = cuda.local.array(NPT, float32)
+    wv = cuda.local.array(NPT, float32)
+    t = cuda.blockIdx.x
+    D = out.shape[1]
+    nth = cuda.blockDim.x
+    tid = cuda.threadIdx.x
+    step = NPT * nth
+    s = float64(0.0)
+    for c in range(0, D, step):
+        for j in range(NPT):
+            i = c + j * nth + tid
+            if i < D:
+                v[j] = slot_sum(dn, A, res, has_res, t, i)
+                wv[j] = w[i]
+        for j in range(NPT):
+            i = c + j * nth + tid
+            if i < D:
+                if store:
+                    xo[t, i] = v[j]
+                s += float64(v[j]) * float64(v[j])
+    s = _block_sum64(s, buf)
+    scale = float32(1.0) / math.sqrt(float32(s / D) + float32(eps))
+    if D <= step:                                        # one pass: v and w still in registers
+        for j in range(NPT):
+            i = j * nth + tid
+            if i < D:
+                out[t, i] = (v[j] * scale) * wv[j]
+        return
+    for c in range(0, D, step):
+        for j in range(NPT):
+            i = c + j * nth + tid
+            if i < D:
+                v[j] = slot_sum(dn, A, res, has_res, t, i) if not store else xo[t, i]
+                wv[j] = w[i]
+        for j in range(NPT):
+            i = c + j * nth + tid
+            if i < D:
+                out[t, i] = (v[j] * scale) * wv[j]
+
+
 @cuda.jit
 def rms_norm_kernel(x, w, eps, out):
     """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w   (`ops.rms_norm`: the sum in float64).
 
-    x, out: [T, D]; w: [D]. Grid T, block 256."""
-    buf = cuda.shared.array(32, float64)
-    t = cuda.blockIdx.x
-    D = x.shape[1]
-    s = float64(0.0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = float64(x[t, i])
-        s += v * v
-    s = _block_sum64(s, buf)
-    scale = float32(1.0) / math.sqrt(float32(s / D) + float32(eps))
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        out[t, i] = (x[t, i] * scale) * w[i]
+    x, out: [T, D]; w: [D]. Grid T, block NORM_BLOCK."""
+    _norm_row(x, 1, x, False, w, eps, x, False, out)
 
 
 @cuda.jit
 def add_rms_norm_kernel(dn, A, res, has_res, w, eps, xo, out):
     """xo[t] = (res[t] +) dn[t*A] + ... + dn[t*A + A - 1]   (the residual stream, `quant.cuda.moe.slot_sum`),
-    then out[t] = rms_norm(xo[t]) * w as `rms_norm_kernel` (same
-    float64 sum in the same order): one launch for a residual add (A = 1) or an expert combine and the
-    norm that follows it. Grid T, block 256."""
-    buf = cuda.shared.array(32, float64)
-    t = cuda.blockIdx.x
-    D = xo.shape[1]
-    s = float64(0.0)
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        v = slot_sum(dn, A, res, has_res, t, i)
-        xo[t, i] = v
-        s += float64(v) * float64(v)
-    s = _block_sum64(s, buf)
-    scale = float32(1.0) / math.sqrt(float32(s / D) + float32(eps))
-    for i in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        out[t, i] = (xo[t, i] * scale) * w[i]
+    then out[t] = rms_norm(xo[t]) * w as `rms_norm_kernel` (same float64 sum in the same order): one
+    launch for a residual add (A = 1) or an expert combine and the norm that follows it.
+    Grid T, block NORM_BLOCK."""
+    _norm_row(dn, A, res, has_res, w, eps, xo, True, out)
 
 
 @cuda.jit
@@ -158,18 +190,26 @@ def qk_rope_kernel(qkv, H, Hkv, K, qn, kn, has_norm, eps, cos, sin, n_rot, neox,
             kc[pos[0] + t, h - H, i] = x
 
 
+ATT_W = 4             # attention_kernel: warps per block
+ATT_PART = ATT_W * 256                 # its per-warp partial outputs (head dims <= 256)
+
+
 @cuda.jit
 def attention_kernel(q, kc, vc, pos, kq_scale, out):
     """Causal softmax attention over the cache (`attention.mha.attention` with `causal_mask`).
 
-    q: [T, H, K]; kc, vc: [S_max, Hkv, K]; token t sees cache rows 0 .. pos[0] + t; out: [T, H*K].
-    Grid (H, T), block 128 (4 warps): scores one warp per key (lanes over K), float64 softmax sum,
-    then one thread per output dim over the keys.
+    q: [T, H, K]; kc, vc: [S_max, Hkv, K] (K % 4 == 0, K <= 256); token t sees cache rows 0 .. pos[0] + t;
+    out: [T, H*K]. Grid (H, T), block 32 * ATT_W. The decode step's attention: few keys, one block per
+    head, so the cost is the latency of dependent loads. Scores one thread per key (its row in 128-bit
+    loads, all issued together), softmax as `ops.softmax` (exp in float32, sum in float64), values one
+    warp per key subset (keys w, w + ATT_W, ...; each lane 4 dims of a row, 128-bit loads) and the ATT_W
+    partial sums added in warp order.
     """
     sc = cuda.shared.array(MAX_S, float32)
     qs = cuda.shared.array(256, float32)
+    part = cuda.shared.array(ATT_PART, float32)
     buf = cuda.shared.array(32, float64)
-    mx = cuda.shared.array(4, float32)
+    mx = cuda.shared.array(ATT_W, float32)
     h = cuda.blockIdx.x
     t = cuda.blockIdx.y
     T, H, K = q.shape
@@ -177,32 +217,56 @@ def attention_kernel(q, kc, vc, pos, kq_scale, out):
     hk = h // (H // Hkv)
     S = pos[0] + t + 1
     tid = cuda.threadIdx.x
+    nth = cuda.blockDim.x
     lane = tid % 32
     wid = tid // 32
-    for i in range(tid, K, 128):
+    for i in range(tid, K, nth):
         qs[i] = q[t, h, i]
     cuda.syncthreads()
-    # scores: warp per key, lanes over the head dim
     m = float32(-3.0e38)
-    for s in range(wid, S, 4):                     # every lane of a warp runs the same keys
+    for s in range(tid, S, nth):
+        kb = (s * Hkv + hk) * K
         d = float32(0.0)
-        for i in range(lane, K, 32):
-            d = cuda.fma(qs[i], kc[s, hk, i], d)
-        d = warp_sum(d) * float32(kq_scale)
-        if lane == 0:
-            sc[s] = d
+        for i in range(0, K, 4):
+            k0, k1, k2, k3 = ld4f(kc, kb + i)
+            d = cuda.fma(qs[i], k0, d)
+            d = cuda.fma(qs[i + 1], k1, d)
+            d = cuda.fma(qs[i + 2], k2, d)
+            d = cuda.fma(qs[i + 3], k3, d)
+        d = d * float32(kq_scale)
+        sc[s] = d
         m = max(m, d)
+    m = warp_max(m)
     if lane == 0:
         mx[wid] = m
     cuda.syncthreads()
-    m = max(max(mx[0], mx[1]), max(mx[2], mx[3]))
+    m = mx[0]
+    for w in range(1, ATT_W):
+        m = max(m, mx[w])
     block_softmax(sc, S, m, buf)
     cuda.syncthreads()
-    # weighted sum of values, one thread per output dim
-    for i in range(tid, K, 128):
-        o = float32(0.0)
-        for s in range(S):
-            o = cuda.fma(sc[s], vc[s, hk, i], o)
+    for i0 in range(4 * lane, K, 128):
+        o0 = float32(0.0)
+        o1 = float32(0.0)
+        o2 = float32(0.0)
+        o3 = float32(0.0)
+        for s in range(wid, S, ATT_W):
+            p = sc[s]
+            v0, v1, v2, v3 = ld4f(vc, (s * Hkv + hk) * K + i0)
+            o0 = cuda.fma(p, v0, o0)
+            o1 = cuda.fma(p, v1, o1)
+            o2 = cuda.fma(p, v2, o2)
+            o3 = cuda.fma(p, v3, o3)
+        pb = wid * 256 + i0
+        part[pb] = o0
+        part[pb + 1] = o1
+        part[pb + 2] = o2
+        part[pb + 3] = o3
+    cuda.syncthreads()
+    for i in range(tid, K, nth):
+        o = part[i]
+        for w in range(1, ATT_W):
+            o += part[w * 256 + i]
         out[t, h * K + i] = o
 
 
@@ -290,47 +354,63 @@ def attention_gqa_kernel(G: int):
     return attention_gqa
 
 
-@cuda.jit
-def route_kernel(logits, k, norm_w, ids, wts):
+def route_kernel(E: int):
+    """The routing kernel for E experts (`_route_kernel` with the per-lane count it needs)."""
+    if not 0 < E <= MAX_E:
+        raise ValueError(f"route_kernel: {E} experts (1 .. {MAX_E})")
+    npl = 1
+    while npl * 32 < E:
+        npl *= 2
+    return _route_kernel(npl)
+
+
+@functools.lru_cache(maxsize=None)
+def _route_kernel(npl: int):
     """Softmax top-k routing (`moe.router.softmax_topk`): logits [T, E] -> ids [T, A] int32, wts [T*A].
 
     Probabilities in float32 with a float64 sum; top-k by repeated arg-max (lower index first on
-    ties); weights renormalized by their float64 sum clamped at 2^-14 when norm_w. Grid T, block 32.
+    ties); weights renormalized by their float64 sum clamped at 2^-14 when norm_w. Grid T, block 32:
+    lane l holds experts l, l + 32, ... (E <= 32 npl) in registers.
     """
-    p = cuda.shared.array(MAX_E, float32)
-    t = cuda.blockIdx.x
-    E = logits.shape[1]
-    lane = cuda.threadIdx.x
-    m = float32(-3.0e38)
-    for e in range(lane, E, 32):
-        m = max(m, logits[t, e])
-    m = warp_max(m)
-    s = float64(0.0)
-    for e in range(lane, E, 32):
-        v = expf(logits[t, e] - m)
-        p[e] = v
-        s += float64(v)
-    s = warp_sum(s)
-    cuda.syncthreads()                                   # the block is one warp
-    for e in range(lane, E, 32):
-        p[e] = float32(p[e] / s)
-    cuda.syncthreads()
-    wsum = float64(0.0)
-    for a in range(k):
-        best = float32(-1.0)
-        bi = int32(E)
-        for e in range(lane, E, 32):
-            if p[e] > best:
-                best = p[e]
-                bi = int32(e)
-        best, bi = warp_argmax(best, bi)
-        if lane == 0:
-            ids[t, a] = bi
-            wts[t * k + a] = best
-            p[bi] = float32(-2.0)
-        wsum += float64(best)
-        cuda.syncthreads()
-    if norm_w and lane == 0:
-        d = max(float32(wsum), float32(6.103515625e-5))
+    @cuda.jit
+    def route(logits, k, norm_w, ids, wts):
+        p = cuda.local.array(npl, float32)
+        t = cuda.blockIdx.x
+        E = logits.shape[1]
+        lane = cuda.threadIdx.x
+        m = float32(-3.0e38)
+        for j in range(npl):
+            e = j * 32 + lane
+            p[j] = logits[t, e] if e < E else float32(-3.0e38)
+        for j in range(npl):
+            m = max(m, p[j])
+        m = warp_max(m)
+        s = float64(0.0)
+        for j in range(npl):
+            if j * 32 + lane < E:
+                p[j] = expf(p[j] - m)
+                s += float64(p[j])
+        s = warp_sum(s)
+        for j in range(npl):
+            p[j] = float32(p[j] / s) if j * 32 + lane < E else float32(-3.0)
+        wsum = float64(0.0)
         for a in range(k):
-            wts[t * k + a] = wts[t * k + a] / d
+            best = float32(-1.0)
+            bi = int32(E)
+            for j in range(npl):
+                if p[j] > best:
+                    best = p[j]
+                    bi = int32(j * 32 + lane)
+            best, bi = warp_argmax(best, bi)
+            for j in range(npl):
+                if j * 32 + lane == bi:
+                    p[j] = float32(-2.0)
+            if lane == 0:
+                ids[t, a] = bi
+                wts[t * k + a] = best
+            wsum += float64(best)
+        if norm_w and lane == 0:
+            d = max(float32(wsum), float32(6.103515625e-5))
+            for a in range(k):
+                wts[t * k + a] = wts[t * k + a] / d
+    return route

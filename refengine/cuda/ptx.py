@@ -23,7 +23,8 @@ KERNELS = [
     ("attention_gqa[G=8]", attention_gqa_kernel(8), f"void({F3}, {F3}, {F3}, {I1}, float64, {F2})"),
     ("attention_gqa[G=1]", attention_gqa_kernel(1), f"void({F3}, {F3}, {F3}, {I1}, float64, {F2})"),
     ("softmax_causal", softmax_causal_kernel, f"void({F2}, int64, {I1}, float64, int64)"),
-    ("route", route_kernel, f"void({F2}, int64, boolean, {I2}, {F1})"),
+    ("route[E=128]", route_kernel(128), f"void({F2}, int64, boolean, {I2}, {F1})"),
+    ("route[E=1024]", route_kernel(1024), f"void({F2}, int64, boolean, {I2}, {F1})"),
 ]
 
 

@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from quant.cuda.timing import Graph, Spinner
 
 from . import attn
-from .kernels import (GQA_MIN_T, MAX_E, MAX_S, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
+from .kernels import (GQA_MIN_T, MAX_E, MAX_S, NORM_BLOCK, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
                       gqa_fits, qk_rope_kernel, rms_norm_kernel, route_kernel)
 
 TC_ATTENTION = not quant.cuda.SIM          # prefill attention on the tensor cores (attn.py); the simulator (an
@@ -60,7 +60,7 @@ def unsupported(model) -> str | None:
         return f"n_ctx {model.n_ctx} > {MAX_S}"
     if cfg.n_expert > MAX_E:
         return f"{cfg.n_expert} experts > {MAX_E}"
-    if cfg.head_dim_k > 256:
+    if cfg.head_dim_k > 256 or cfg.head_dim_k % 4:
         return f"head dim {cfg.head_dim_k}"
     if not supported(model.g.output):
         return f"output type {model.g.output.type.name}"
@@ -209,7 +209,7 @@ class DeviceModel:
         h, qkv, q, att, a, x2 = b["h"], b["qkv"], b["q"], b["att"], b["a"], b["x2"]
         if not normed:
             self._mark("attn_norm")
-            rms_norm_kernel[T, EW, s](x, L.attn_norm, cfg.rms_eps, h)
+            rms_norm_kernel[T, NORM_BLOCK, s](x, L.attn_norm, cfg.rms_eps, h)
         self._mark("qkv")
         qkv_v = qkv[:, :(H + 2 * Hkv) * K] if qkv.shape[1] != (H + 2 * Hkv) * K else qkv
         dense(L.qkv, h, qkv_v, stream=s)
@@ -240,14 +240,14 @@ class DeviceModel:
         self._mark("attn_output")
         dense(L.o, attv, a, stream=s)
         self._mark("residual_ffn_norm")
-        add_rms_norm_kernel[T, EW, s](a, 1, x, True, L.ffn_norm, cfg.rms_eps, x2, h)     # ffn_inp, its norm
+        add_rms_norm_kernel[T, NORM_BLOCK, s](a, 1, x, True, L.ffn_norm, cfg.rms_eps, x2, h)     # ffn_inp, its norm
         if L.moe:
             A, E = sp.n_expert_used, cfg.n_expert
             self._mark("router")
             dense(L.router, h, b["rlog"], stream=s)
             ids = b["ids"] if b["ids"].shape[1] == A else b["ids"][:, :A]
             self._mark("route_topk")
-            route_kernel[T, 32, s](b["rlog"], A, True, ids, b["wts"])
+            route_kernel(E)[T, 32, s](b["rlog"], A, True, ids, b["wts"])
             n = T * A
             gmax = min(E, n)
             one = None
@@ -259,7 +259,7 @@ class DeviceModel:
                                          E, A, n, BN, b["tab_x"], b["tab_p"], b["cnt"], b["fill"])
             moe_ffn_device(h, b["tab_x"], b["tab_p"], gmax, n, T, A, b["wts"], up=L.up, gate=L.gate, down=L.down,
                            sc_gu=L.sc_gu, sc_d=L.sc_d, res=x2, out=xo, scratch=b["scratch"], stream=s,
-                           mark=self._mark, ids=one, combine=lambda dn, A_, r, o: add_rms_norm_kernel[T, EW, s](
+                           mark=self._mark, ids=one, combine=lambda dn, A_, r, o: add_rms_norm_kernel[T, NORM_BLOCK, s](
                                dn, A_, r if r is not None else o, r is not None, next_norm, cfg.rms_eps, o, h))
         else:
             self._mark("ffn")
@@ -272,7 +272,7 @@ class DeviceModel:
             if dn is None or dn.shape != (T, cfg.n_embd):
                 dn = b["scratch"]["dense_dn"] = cuda.device_array((T, cfg.n_embd), np.float32, stream=s)
             grouped(L.down, act, dn, grp, 1, T, T, stream=s)
-            add_rms_norm_kernel[T, EW, s](dn, 1, x2, True, next_norm, cfg.rms_eps, xo, h)
+            add_rms_norm_kernel[T, NORM_BLOCK, s](dn, 1, x2, True, next_norm, cfg.rms_eps, xo, h)
 
     def _steps(self, T: int, b: dict, st: DeviceState) -> None:
         """Every launch of one forward of T tokens after the inputs are in b['x'], b['cos'], b['sin'], st.pos."""
@@ -284,7 +284,7 @@ class DeviceModel:
         b["final"] = cur
         self._mark("output")
         if self.n_layer == 0:
-            rms_norm_kernel[T, EW, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
+            rms_norm_kernel[T, NORM_BLOCK, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
         dense(self.output, b["h"], b["logits"], stream=self.stream)
 
     # ------------------------------------------------------------ profile
