@@ -28,11 +28,19 @@ from quant.cuda.weights import device_weight
 from cuda_matmul import FAST_SHAPES, IDS_SHAPES, L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, rel_rms  # noqa: E402
 
 
-def bench(t, timer, rng, reps, configs, ids_configs):
+def bench(t, timer, rng, reps, configs, ids_configs, dims=((4096, 14336),)):
     out = {"type": t.name, "gemv": {}, "moe": {}}
-    O, I = 4096, 14336
+    for O, I in dims:
+        gemv_dims(t, timer, rng, reps, configs, O, I, out)
+    if ids_configs:
+        moe(t, timer, rng, reps, ids_configs, out)
+    return out
+
+
+def gemv_dims(t, timer, rng, reps, configs, O, I, out):
+    """GEMV O x I, one token, per configuration: out["gemv"][shape] (4096 x 14336) or out["gemv"]["OxI:shape"]."""
     w0 = random_qtensor(t, (O, I), rng)
-    nbuf = max(2, math.ceil(4 * L2_BYTES / w0.nbytes))
+    nbuf = min(40, max(2, math.ceil(4 * L2_BYTES / w0.nbytes)))          # a graph replays 40 launches
     ws = [w0] + [random_qtensor(t, (O, I), rng) for _ in range(nbuf - 1)]
     dws = [device_weight(w).ensure() for w in ws]
     x = rng.standard_normal((1, I)).astype(np.float32)
@@ -48,11 +56,18 @@ def bench(t, timer, rng, reps, configs, ids_configs):
         us = statistics.median(timer.graph(lambda i, s: ops.grouped(dws[i % nbuf], xd, yd, grp, 1, 1, 1, kernel="fast",
                                                                     shape=sh, stream=s), 40, replays=reps))
         key = "x".join(map(str, sh))
+        ref_dims = (O, I) == (4096, 14336)
+        if not ref_dims:
+            key = f"{O}x{I}:{key}"
         out["gemv"][key] = dict(us=us, gbs=w0.nbytes / us / 1e3, rel=r)
-        print(f"{t.name} gemv {key}: {us:.1f} us  {w0.nbytes / us / 1e3:.0f} GB/s  x llama "
-              f"{LLAMA_GEMV_US[t.name][0] / us:.2f}  rel {r:.1e}", flush=True)
+        ratio = f"x llama {LLAMA_GEMV_US[t.name][0] / us:.2f}" if ref_dims else ""
+        print(f"{t.name} gemv {key}: {us:.1f} us  {w0.nbytes / us / 1e3:.0f} GB/s  {ratio}  rel {r:.1e}", flush=True)
     from quant.cuda import weights
     weights.clear()
+
+
+def moe(t, timer, rng, reps, ids_configs, out):
+    from quant.cuda import weights
     E, O, I, A = 128, 768, 2048, 8
     w0 = random_qtensor(t, (E, O, I), rng)
     nbuf = min(max(2, math.ceil(3 * L2_BYTES * E / (A * w0.nbytes))), max(2, int(2e9 // w0.nbytes)))
@@ -76,7 +91,6 @@ def bench(t, timer, rng, reps, configs, ids_configs):
         print(f"{t.name} moe {key}: {us:.1f} us  x llama {LLAMA_MOE_US.get(t.name, (float('nan'),))[0] / us:.2f}  "
               f"rel {r:.1e}", flush=True)
     weights.clear()
-    return out
 
 
 def main():
@@ -87,17 +101,22 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the first three configurations only")
     ap.add_argument("--shapes", help="GEMV shapes instead of cuda_matmul's list, e.g. 8x4x8x128x1,8x4x2x128x0x1 "
                     "(RW x KS x P x register cap x 8-bit [x pipelined])")
-    ap.add_argument("--ids-shapes", help="the same for the expert dispatch")
+    ap.add_argument("--ids-shapes", help="the same for the expert dispatch ('none': skip it)")
+    ap.add_argument("--dims", default="4096x14336", help="GEMV matrix sizes OxI, comma-separated (the ratio to "
+                    "llama.cpp is printed for 4096x14336 only), e.g. 5120x2048,2048x4096 (a decode step's)")
     a = ap.parse_args()
     timer = Timer()
     rng = np.random.default_rng(0)
 
     def shapes(arg, default):
+        if arg == "none":
+            return []
         if arg:
             return [tuple(int(v) for v in s.split("x")) for s in arg.split(",")]
         return default[:3] if a.quick else default
-    res = [bench(GGMLType[n], timer, rng, a.reps, shapes(a.shapes, FAST_SHAPES), shapes(a.ids_shapes, IDS_SHAPES))
-           for n in a.types.split(",")]
+    dims = [tuple(int(v) for v in d.split("x")) for d in a.dims.split(",")]
+    res = [bench(GGMLType[n], timer, rng, a.reps, shapes(a.shapes, FAST_SHAPES), shapes(a.ids_shapes, IDS_SHAPES),
+                 dims) for n in a.types.split(",")]
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

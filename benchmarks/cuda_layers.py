@@ -101,7 +101,18 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--check", action="store_true", help="GPU logits against the NumPy backend on the CPU")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-profile", action="store_true", help="skip the per-stage profile (eager launches)")
+    ap.add_argument("--no-prefill", action="store_true", help="decode only")
+    ap.add_argument("--fast1", default="", help="one-token GEMV shapes per matrix size (quant.cuda.ops."
+                    "FAST1_SHAPE_BY_DIMS), e.g. 5120x2048=4x2x4x128x1,2048x4096=8x4x8x128x1 (for --type)")
     a = ap.parse_args(argv)
+    if a.fast1:
+        from quant import GGMLType
+        from quant.cuda import ops
+        for item in a.fast1.split(","):
+            dims, sh = item.split("=")
+            O, I = (int(v) for v in dims.split("x"))
+            ops.FAST1_SHAPE_BY_DIMS[(GGMLType[a.type], O, I)] = tuple(int(v) for v in sh.split("x"))
     path = os.path.join(a.dir, f"qwen3-30b-a3b-L{a.layers}-{a.type}-random.gguf")
     t0 = time.perf_counter()
     if not os.path.exists(path):
@@ -111,33 +122,36 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, model.cfg.n_vocab, 16).tolist()
     long = rng.integers(0, model.cfg.n_vocab, a.prefill).tolist()
-    res = dict(type=a.type, file=os.path.basename(path), layers=a.layers, decode={}, prefill_ms={})
+    res = dict(type=a.type, file=os.path.basename(path), layers=a.layers, decode={}, prefill_ms={}, fast1=a.fast1)
     Ls = sorted({1, min(2, a.layers), a.layers})
     for L in Ls:
         res["decode"][L] = d = time_decode(model, L, prompt, a.decode_tokens)
         print(f"L={L}: decode {d['decode_gpu_us']:.1f} us GPU, {d['decode_wall_us']:.1f} us wall per token "
               f"({d['replays']} graph replays)", flush=True)
-    for L in sorted({1, a.layers}):
+    for L in ([] if a.no_prefill else sorted({1, a.layers})):
         res["prefill_ms"][L] = p = time_prefill(model, L, long)
         print(f"L={L}: prefill {a.prefill} tokens {p['gpu_ms']:.2f} ms GPU, {p['wall_ms']:.2f} ms wall", flush=True)
     Lmax = Ls[-1]
-    from refengine.cuda import DeviceModel
-    dm = DeviceModel(model, n_layer=Lmax)
-    st = model.new_state()
-    dm.forward(prompt, st)
-    res["profile_decode_us"] = dm.profile([int(prompt[0])], st)
-    res["profile_prefill_us"] = dm.profile(long, model.new_state())
-    for k in ("profile_decode_us", "profile_prefill_us"):
-        print(f"{k} (L={Lmax}): " + ", ".join(f"{n} {v:.1f}" for n, v in res[k].items()), flush=True)
+    if not a.no_profile:
+        from refengine.cuda import DeviceModel
+        dm = DeviceModel(model, n_layer=Lmax)
+        st = model.new_state()
+        dm.forward(prompt, st)
+        res["profile_decode_us"] = dm.profile([int(prompt[0])], st)
+        res["profile_prefill_us"] = dm.profile(long, model.new_state())
+        for k in ("profile_decode_us", "profile_prefill_us"):
+            print(f"{k} (L={Lmax}): " + ", ".join(f"{n} {v:.1f}" for n, v in res[k].items()), flush=True)
     if Lmax > 1:
         d, p = res["decode"], res["prefill_ms"]
         for k in ("gpu", "wall"):
             res[f"decode_{k}_us_per_layer"] = (d[Lmax][f"decode_{k}_us"] - d[1][f"decode_{k}_us"]) / (Lmax - 1)
-            res[f"prefill_{k}_ms_per_layer"] = (p[Lmax][f"{k}_ms"] - p[1][f"{k}_ms"]) / (Lmax - 1)
+            if p:
+                res[f"prefill_{k}_ms_per_layer"] = (p[Lmax][f"{k}_ms"] - p[1][f"{k}_ms"]) / (Lmax - 1)
         ll = LLAMA.get(a.type)
+        pre = (f", prefill {a.prefill} {res['prefill_gpu_ms_per_layer']:.2f} ms GPU "
+               f"({res['prefill_wall_ms_per_layer']:.2f} ms wall)") if p else ""
         print(f"{a.type}: per layer decode {res['decode_gpu_us_per_layer']:.1f} us GPU "
-              f"({res['decode_wall_us_per_layer']:.1f} us wall), prefill {a.prefill} "
-              f"{res['prefill_gpu_ms_per_layer']:.2f} ms GPU ({res['prefill_wall_ms_per_layer']:.2f} ms wall)"
+              f"({res['decode_wall_us_per_layer']:.1f} us wall){pre}"
               + (f"  (llama.cpp {ll[0]} us, {ll[1]} ms)" if ll else ""), flush=True)
     if a.check:
         res["check"] = check(model, prompt)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): carried wheels, then the stages named in $STAGES, each under a
 # time limit; everything is appended to $OUT/session.log, tables and figures land in $OUT as JSON / Markdown.
-#   STAGES="info layers matmul prefill gemv1 ncudecode tests" bash benchmarks/gpu_session.sh
+#   STAGES="info layers matmul prefill gemv1 ncudecode tune tests" bash benchmarks/gpu_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -35,6 +35,13 @@ for st in ${STAGES:-info layers matmul tests}; do
         timeout ${NCU_TIMEOUT:-200} ncu --clock-control none --profile-from-start off --csv --metrics \
           gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
           python3 benchmarks/ncu_decode.py --type $t --layers 2 > "$OUT/ncu_decode_$t.csv" 2>> "$LOG"; echo "rc=$?" >> "$LOG"; done ;;
+    tune) for t in ${LAYER_TYPES:-Q4_K Q8_0}; do stage "tune $t"
+        timeout ${TUNE_TIMEOUT:-150} python3 benchmarks/cuda_gemv1.py --types $t --dims ${TUNE_DIMS:-5120x2048,2048x4096} \
+          --ids-shapes none --shapes ${TUNE_SHAPES:-8x4x8x128x1,8x4x8x128x0,4x4x4x128x1,4x4x4x128x0,2x4x2x128x0,16x4x8x128x0,8x1x8x128x0,4x1x4x128x1} \
+          --reps 9 --json "$OUT/tune_$t.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"
+        F=$(python3 benchmarks/pick_fast1.py "$OUT/tune_$t.json" $t); echo "picked $t: $F" | tee -a "$LOG"
+        [ -n "$F" ] && timeout ${LAYER_TIMEOUT:-200} python3 benchmarks/cuda_layers.py --type $t --dir /tmp --no-profile \
+          --no-prefill --fast1 "$F" --json "$OUT/layers_tuned_$t.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done ;;
     tests) stage tests
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_layer.py tests/test_cuda_kernels.py} \
         -k "${TEST_K:-not ptx}" --durations=15 >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
