@@ -50,6 +50,10 @@ FAST1_SHAPE: dict[GGMLType, tuple[int, ...]] = {GGMLType.Q4_K: (8, 4, 8, 128, 1)
 FAST1_IDS_SHAPE: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_K: (8, 4, 4, 128, 1), GGMLType.Q8_0: (8, 4, 4, 128, 1)}
 FAST1_DEFAULT = (8, 4, 8, 128, 0)
+# one-token GEMV shapes for a matrix size, (type, O, I) -> shape as FAST1_SHAPE, taken before it: the decode
+# step's small matrices (q|k|v, output, router: a few MB) may want other shapes than 4096 x 14336 (empty
+# unless set, e.g. by `benchmarks/cuda_layers.py --fast1`)
+FAST1_SHAPE_BY_DIMS: dict[tuple[GGMLType, int, int], tuple[int, ...]] = {}
 X8 = True                          # False: never the 8-bit kernel
 # groups of up to ONE_MAX pairs go to the one-token kernels, one pass per pair (the rows of later passes
 # come from L2); larger groups to the 8-token `fgemv_kernel`. A dense GEMV (one group of T tokens) takes the
@@ -138,7 +142,8 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
             raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
                              "(or the input is not 16-byte aligned)")
         one = max_per_group <= (ONE_MAX if gmax > 1 else min(ONE_MAX, max(1, ONE_MAX_DENSE.get(dw.type, 1))))
-        default = FAST1_SHAPE.get(dw.type, FAST1_DEFAULT) if one else FAST_SHAPE.get(dw.type, FAST_DEFAULT)
+        default = (FAST1_SHAPE_BY_DIMS.get((dw.type, O, I), FAST1_SHAPE.get(dw.type, FAST1_DEFAULT)) if one
+                   else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
         sh = tuple(shape or default)
         RW, KS = sh[:2]
         KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
