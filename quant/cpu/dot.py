@@ -84,6 +84,7 @@ from .dequant import (
 )
 from .llvm import bf16_at, f16_at, f32_at, ld, pdep32, pext64, u16_at, u32_at
 from .simd import (
+    HAVE_AVX512,
     add,
     addc,
     as_i32,
@@ -103,8 +104,8 @@ from .simd import (
     flip,
     fma,
     hsum,
-    i8x16f,
     i32x16_at,
+    i8x16f,
     iadd,
     ior,
     lanes,
@@ -130,10 +131,10 @@ from .simd import (
     splat,
     spread,
     to_f32,
-    u8x16,
-    u8x32w,
     u16_lanes,
     u16x16,
+    u8x16,
+    u8x32w,
     ue4m3x4,
     wmul,
     wmulhi,
@@ -1016,6 +1017,11 @@ FLOATS2 = {F32: (f32x16_at, f32_at, 4), F16: (f16x16, f16_at, 2), BF16: (bf16x16
 BLOCKS256_2 = {Q4_K: blk2_q4_k, TQ2_0: blk2_tq2_0}
 DOT2 = {Q1_0: dot2_q1_0}                # the same for a type with its own whole-row kernel
 PAIRED = frozenset(FLOATS2) | {Q8_0} | frozenset(BLOCKS256_2) | frozenset(DOT2)
+# the types whose GEMV takes row_dot2 on this host. Without AVX-512 a 16-lane vector is two ymm registers of 16,
+# and the two-row K-quant kernels spill: on an AVX2 host (AMD EPYC, 2 cores) Q4_K's kernel made 641 stack accesses
+# and 4096 x 14336 took 5.9-7.3 ms paired against 4.1-4.2 ms one row at a time, TQ2_0 4.2 against 3.4 ms; there Q8_0
+# and Q1_0 stay paired (4.0 against 5.5 ms, 3.3 against 4.3 ms) and the floats measured level
+PAIRED_GEMV = PAIRED if HAVE_AVX512 else PAIRED - frozenset(BLOCKS256_2)
 
 
 def row_dot2(kind, r0, r1, x, xs):

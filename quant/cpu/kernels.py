@@ -13,7 +13,7 @@ Thread split: the work items are (active matrix, tile of `tile` weight rows), ha
 `prange`; each thread decodes every weight row of its tile exactly once:
   - gemv: the fused kernel of dot.py consumes the bytes directly, once per activation row
     (T = 1, decode-time MoE, and batches up to `gemv_max_rows` where decoding again beats scratch);
-    with one activation row, the types in dot.PAIRED read two weight rows in step (row_dot2);
+    with one activation row, the types in dot.PAIRED_GEMV read two weight rows in step (row_dot2);
   - gemm: CHUNK weights of the row are decoded into a per-item float32 scratch (dequant.py), then
     one vectorized dot per activation row against it (float64 running sums per row).
 The two are separate kernels on purpose: in one parallel loop body LLVM compiled the fused path
@@ -36,7 +36,7 @@ from numba import njit, prange
 
 from ..formats import type_info
 from .dequant import KINDS, deq_block
-from .dot import FUSED, PAIRED, row_dot, row_dot2
+from .dot import FUSED, PAIRED_GEMV, row_dot, row_dot2
 from .llvm import ld
 
 # reassociation lets LLVM vectorize the reductions, contraction gives FMAs; no nnan/ninf:
@@ -76,7 +76,7 @@ def kernels(kind: int) -> Kernels:
     info = type_info(kind)
     bs, ts = info.block_size, info.type_size
     chunk = max(CHUNK, bs)
-    paired = kind in PAIRED                                     # gemv reads weight rows two at a time
+    paired = kind in PAIRED_GEMV                                # gemv reads weight rows two at a time
     version = SOURCE_VERSION                                    # in the cache key (see _source_version)
 
     @njit(cache=True, parallel=True)
