@@ -53,7 +53,8 @@ NOTE_AVX2 = ('Not like for like (see the AVX-512 section): llama.cpp rounds the 
              '16- and 32-bit float types and Q8_0 are bounded by memory and stay level or ahead. Code-book '
              'lookups, one `vpermps` with AVX-512, are two `vpermps` per 8 lanes and a blend here (lut), integer '
              'shift/and/subtract/convert for the centred integer books (lut_affine), one `pshufb` on the packed '
-             'bytes for the 4-bit books of IQ4_NL, IQ4_XS and MXFP4 (nib_lut).')
+             'bytes for the 4-bit books of IQ4_NL, IQ4_XS and MXFP4 (nib_lut). Q4_K and TQ2_0 read one weight '
+             'row at a time here (dot.PAIRED_GEMV: their two-row kernels spill).')
 NOTE = ('Not like for like: llama.cpp first rounds the activation row to 8 bits (Q8_0/Q8_K) and multipli'
         'es in 8-bit integer SIMD (maddubs / VNNI: 32-64 multiply-adds per instruction); quant.cpu keeps'
         ' the exact float32 product the NumPy oracle defines (rel-RMS column): an FMA per 16 weights (on'
