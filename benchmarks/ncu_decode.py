@@ -13,10 +13,9 @@ import argparse
 import os
 
 import numpy as np
-
-import quant.cuda  # noqa: F401  (numpy shim before numba)
 from numba import cuda
 
+import quant.cuda  # noqa: F401  (numpy shim before numba)
 from refengine.cuda import DeviceModel
 from refengine.cuda.randmodel import write_random_model
 from refengine.model import Model

@@ -105,6 +105,7 @@ def _attention_np(q, kc, vc, pos, scale):
 def test_attention_gqa_kernel(G):
     """The prefill attention kernel (one block per KV head and token, G query heads) against NumPy."""
     from numba import cuda
+
     from refengine.cuda.kernels import attention_gqa_kernel, gqa_fits
     rng = np.random.default_rng(G)
     Hkv, K, pos, T = (2, 128, 37, 20) if GPU else (2, 8, 3, 2)
@@ -127,6 +128,7 @@ def test_attention_kernel(G, T, pos):
     """The decode attention kernel (one block per query head and token) against NumPy: a key a thread,
     values a warp per key subset, from a single key (pos 0) to more keys than threads."""
     from numba import cuda
+
     from refengine.cuda.kernels import ATT_W, attention_kernel
     rng = np.random.default_rng(G * 100 + pos)
     Hkv, K = (2, 128) if GPU else (2, 8)
@@ -149,6 +151,7 @@ def test_add_rms_norm_kernel(A, D):
     """The residual add / expert combine + RMS norm kernel, and the plain norm, against `ops.rms_norm`; D = 9000
     takes two passes per row on a GPU block (values re-read), D = 70 leaves threads idle."""
     from numba import cuda
+
     from refengine.cuda.kernels import NORM_BLOCK, add_rms_norm_kernel, rms_norm_kernel
     from refengine.ops.norm import rms_norm
     if not GPU:
@@ -177,6 +180,7 @@ def test_route_kernel(E, k):
     """Softmax top-k routing against `moe.router.softmax_topk` (ids equal, weights within 1e-6), with tied
     logits in the rows so the lower index must win."""
     from numba import cuda
+
     from refengine.cuda.kernels import route_kernel
     from refengine.moe.router import softmax_topk
     rng = np.random.default_rng(E)
@@ -198,6 +202,7 @@ def test_tc_causal_skips(causal, monkeypatch):
     (those outputs stay unwritten: NaN here), 2 stops the K loop after the tile holding the last visible column
     (the activations are zero past it, as the softmax leaves them). Pair rows t, token t sees rows < pos + t + 1."""
     from numba import cuda
+
     from quant.cuda import ops
     from refengine.cuda import attn
     monkeypatch.setattr(ops, "TC_SHAPE", dict(BM=16, WM=1, WN=1, CV=-1))     # 16-row tiles: one is skipped
@@ -226,6 +231,7 @@ def test_attention_tc():
     """Prefill attention on the tensor cores against NumPy, with tiles whose causal skips apply (score rows and
     value columns no token of a 32-token tile sees; the score buffer starts as NaN: nothing unwritten is read)."""
     from numba import cuda
+
     from refengine.cuda import attn
     rng = np.random.default_rng(7)
     T, H, Hkv, K, pos = 300, 8, 2, 128, 37

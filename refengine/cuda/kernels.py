@@ -364,7 +364,7 @@ def route_kernel(E: int):
     return _route_kernel(npl)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _route_kernel(npl: int):
     """Softmax top-k routing (`moe.router.softmax_topk`): logits [T, E] -> ids [T, A] int32, wts [T*A].
 
