@@ -33,6 +33,14 @@ from refengine.runtime import Runtime
 LLAMA = {"Q4_K": (53.0, 1.43), "Q8_0": (71.0, 1.66)}        # us decode / ms prefill per layer (anchor, Q4_K_M / Q8_0)
 
 
+def random_model(directory: str, wtype: str, layers: int) -> str:
+    """The preset's file with `layers` blocks of random packed `wtype` weights in `directory` (written once)."""
+    path = os.path.join(directory, f"qwen3-30b-a3b-L{layers}-{wtype}-random.gguf")
+    if not os.path.exists(path):
+        write_random_model(path, wtype, layers)
+    return path
+
+
 def rel_rms(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
@@ -110,13 +118,15 @@ def main(argv=None) -> int:
         from quant import GGMLType
         from quant.cuda import ops
         for item in a.fast1.split(","):
-            dims, sh = item.split("=")
-            O, I = (int(v) for v in dims.split("x"))
-            ops.FAST1_SHAPE_BY_DIMS[(GGMLType[a.type], O, I)] = tuple(int(v) for v in sh.split("x"))
-    path = os.path.join(a.dir, f"qwen3-30b-a3b-L{a.layers}-{a.type}-random.gguf")
+            try:
+                dims, sh = item.split("=")
+                O, I = (int(v) for v in dims.split("x"))
+                ops.FAST1_SHAPE_BY_DIMS[(GGMLType[a.type], O, I)] = tuple(int(v) for v in sh.split("x"))
+            except (ValueError, KeyError):
+                ap.error(f"--fast1: {item!r} is not OxI=RWxKSxPxCAPxX (e.g. 5120x2048=8x4x8x128x1), "
+                         f"or --type {a.type!r} is not a ggml type")
     t0 = time.perf_counter()
-    if not os.path.exists(path):
-        write_random_model(path, a.type, a.layers)
+    path = random_model(a.dir, a.type, a.layers)
     print(f"{path}: {os.path.getsize(path) / 2**30:.2f} GiB written in {time.perf_counter() - t0:.0f} s", flush=True)
     model = Model(path)
     rng = np.random.default_rng(1)

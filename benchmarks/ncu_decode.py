@@ -10,14 +10,17 @@ warm decode step, then one profiled decode step launched eagerly (the same kerne
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
-from numba import cuda
 
+# isort: off
 import quant.cuda  # noqa: F401  (numpy shim before numba)
+from numba import cuda
+# isort: on
+
+from cuda_layers import random_model  # the script's folder is on sys.path
+
 from refengine.cuda import DeviceModel
-from refengine.cuda.randmodel import write_random_model
 from refengine.model import Model
 
 
@@ -27,10 +30,7 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dir", default="/tmp")
     a = ap.parse_args()
-    path = os.path.join(a.dir, f"qwen3-30b-a3b-L{a.layers}-{a.type}-random.gguf")
-    if not os.path.exists(path):
-        write_random_model(path, a.type, a.layers)
-    model = Model(path)
+    model = Model(random_model(a.dir, a.type, a.layers))
     dm = DeviceModel(model, graphs=False)
     st = model.new_state()
     rng = np.random.default_rng(1)

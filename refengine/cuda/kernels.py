@@ -191,14 +191,15 @@ def qk_rope_kernel(qkv, H, Hkv, K, qn, kn, has_norm, eps, cos, sin, n_rot, neox,
 
 
 ATT_W = 4             # attention_kernel: warps per block
-ATT_PART = ATT_W * 256                 # its per-warp partial outputs (head dims <= 256)
+ATT_K = 256           # its largest head dim (the runner's bound)
+ATT_PART = ATT_W * ATT_K               # its per-warp partial outputs
 
 
 @cuda.jit
 def attention_kernel(q, kc, vc, pos, kq_scale, out):
     """Causal softmax attention over the cache (`attention.mha.attention` with `causal_mask`).
 
-    q: [T, H, K]; kc, vc: [S_max, Hkv, K] (K % 4 == 0, K <= 256); token t sees cache rows 0 .. pos[0] + t;
+    q: [T, H, K]; kc, vc: [S_max, Hkv, K] (K % 4 == 0, K <= ATT_K); token t sees cache rows 0 .. pos[0] + t;
     out: [T, H*K]. Grid (H, T), block 32 * ATT_W. The decode step's attention: few keys, one block per
     head, so the cost is the latency of dependent loads. Scores one thread per key (its row in 128-bit
     loads, all issued together), softmax as `ops.softmax` (exp in float32, sum in float64), values one
@@ -206,7 +207,7 @@ def attention_kernel(q, kc, vc, pos, kq_scale, out):
     partial sums added in warp order.
     """
     sc = cuda.shared.array(MAX_S, float32)
-    qs = cuda.shared.array(256, float32)
+    qs = cuda.shared.array(ATT_K, float32)
     part = cuda.shared.array(ATT_PART, float32)
     buf = cuda.shared.array(32, float64)
     mx = cuda.shared.array(ATT_W, float32)
@@ -257,7 +258,7 @@ def attention_kernel(q, kc, vc, pos, kq_scale, out):
             o1 = cuda.fma(p, v1, o1)
             o2 = cuda.fma(p, v2, o2)
             o3 = cuda.fma(p, v3, o3)
-        pb = wid * 256 + i0
+        pb = wid * ATT_K + i0
         part[pb] = o0
         part[pb + 1] = o1
         part[pb + 2] = o2
@@ -266,7 +267,7 @@ def attention_kernel(q, kc, vc, pos, kq_scale, out):
     for i in range(tid, K, nth):
         o = part[i]
         for w in range(1, ATT_W):
-            o += part[w * 256 + i]
+            o += part[w * ATT_K + i]
         out[t, h * K + i] = o
 
 

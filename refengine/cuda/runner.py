@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from quant.cuda.timing import Graph, Spinner
 
 from . import attn
-from .kernels import (GQA_MIN_T, MAX_E, MAX_S, NORM_BLOCK, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
+from .kernels import (ATT_K, GQA_MIN_T, MAX_E, MAX_S, NORM_BLOCK, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
                       gqa_fits, qk_rope_kernel, rms_norm_kernel, route_kernel)
 
 TC_ATTENTION = not quant.cuda.SIM          # prefill attention on the tensor cores (attn.py); the simulator (an
@@ -60,7 +60,7 @@ def unsupported(model) -> str | None:
         return f"n_ctx {model.n_ctx} > {MAX_S}"
     if cfg.n_expert > MAX_E:
         return f"{cfg.n_expert} experts > {MAX_E}"
-    if cfg.head_dim_k > 256 or cfg.head_dim_k % 4:
+    if cfg.head_dim_k > ATT_K or cfg.head_dim_k % 4:
         return f"head dim {cfg.head_dim_k}"
     if not supported(model.g.output):
         return f"output type {model.g.output.type.name}"
