@@ -168,11 +168,11 @@ MOE_TYPES = [GGMLType.Q8_0] if not GPU else TYPES
 
 
 @pytest.mark.parametrize("t", MOE_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("kernel", ["gemv", "fast", "gemm", "tc"])
+@pytest.mark.parametrize("kernel", ["gemv", "fast", "pairs", "gemm", "tc"])
 def test_moe_ffn(t, kernel, rng, few_threads):
     """Grouped dispatch against the loop oracle: fused and traced, experts with no token, scales."""
     from refengine.moe.experts import moe_ffn as loop_moe
-    if kernel == "fast" and t not in FSPECS:
+    if kernel in ("fast", "pairs") and t not in FSPECS:
         pytest.skip(f"no fast GEMV for {t.name}")
     if kernel in ("gemm", "tc") and not GPU:
         pytest.skip("the tiled GEMMs need rows of 128 weights: too slow for the simulator (GPU only)")
@@ -223,6 +223,35 @@ def test_moe_one_token_from_ids(t, rng):
     dw = {k: qc.weights.device_weight(m).ensure() for k, m in (("up", up), ("gate", gate), ("down", down))}
     assert cmoe.one_token_ok(dw["up"], dw["gate"], dw["down"], cuda_mod.to_device(x))
     assert_close("one token", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, **sc), want)
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q8_0, GGMLType.Q4_K] if not GPU else list(FSPECS), ids=lambda t: t.name)
+def test_pairs_kernel(t, rng):
+    """One block per pair ("pairs", `fgemv1_kernel(IDM=3)`) over a device-built group table with skewed groups
+    (every token on expert 1, experts with no pair, a group of one pair), against the oracle per pair; and a
+    dense product of 3 tokens (one group). Every output row is poisoned first: each must be written."""
+    from quant.cuda.gemv import GroupTable
+    E, A, T = (5, 2, 3) if not GPU else (16, 4, 21)
+    O_, I_ = (3, FSPECS[t].BS) if not GPU else (77, 512)
+    w = random_qtensor(t, (E, O_, I_), rng)
+    ids = np.stack([[1] + list(rng.permutation([0, 3] if not GPU else range(2, E))[:A - 1]) for _ in range(T)])
+    ids[-1, -1] = 4 if not GPU else E - 1                       # a group of a single pair
+    ids = ids.astype(np.int32)
+    n, gmax = ids.size, min(E, ids.size)
+    tx = cuda_mod.to_device(np.full(GroupTable.size(gmax, n, cmoe.BN), -7, np.int32))
+    tp = cuda_mod.to_device(np.full(GroupTable.size(gmax, n, cmoe.BN), -7, np.int32))
+    cmoe.bucket_kernel[1, 256 if GPU else 32](cuda_mod.to_device(ids.reshape(-1)), E, A, n, cmoe.BN, tx, tp,
+                                              cuda_mod.device_array(E, np.int32), cuda_mod.device_array(E, np.int32))
+    x = rng.standard_normal((T, I_)).astype(np.float32)
+    dw = qc.weights.device_weight(w).ensure()
+    yd = cuda_mod.to_device(np.full((n, O_), np.nan, np.float32))
+    shape = None if GPU else (2, 1, 1, 0, 0)
+    ops.grouped(dw, cuda_mod.to_device(x), yd, tx, gmax, n, T, kernel="pairs", shape=shape)
+    wd = ref.dequantize(w)                                       # [E, O, I]
+    want = np.stack([wd[ids[k, a]] @ x[k] for k in range(T) for a in range(A)])
+    assert_close(f"{t.name} pairs", yd.copy_to_host(), want)
+    xd3 = rng.standard_normal((3, I_)).astype(np.float32)
+    assert_close(f"{t.name} pairs dense", ops.matmul(xd3, w[0], kernel="pairs", shape=shape), ref.matmul(xd3, w[0]))
 
 
 def test_bucket_kernel_matches_host(rng):

@@ -732,6 +732,21 @@ def _unit_helpers(t):
     return dot1, load_x
 
 
+@cuda.jit(device=True, inline=True)
+def pair_group(grp, GMAX, j):
+    """The group of pair j in a group table (`gemv.GroupTable`): the last g < G with goff[g] <= j (binary search
+    over the G + 1 group offsets; every thread of a block takes the same path)."""
+    lo = 0
+    hi = grp[0] - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if grp[1 + GMAX + mid] <= j:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 @functools.lru_cache(maxsize=None)
 def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = False, P: int = 4, IDM: int = 0,
                   MR: int = 0, X8: bool = False, DB: bool = False):
@@ -750,6 +765,9 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     IDM = 1 or 2: no group table; `grp` is the expert ids of one token (int32 [NP = A]) and block row g
     multiplies expert grp[g] into output row g, reading activation row 0 (IDM = 1: gate / up) or row g
     (IDM = 2: down, one row per slot). Grid (ceil(O/RW), A): expert dispatch of one token in one launch.
+    IDM = 3: one block per pair of a group table (`pair_group` finds its group): grid (NP, ceil(O/RW)),
+    the pair index fastest, so the blocks of the pairs that share a matrix read the same rows at the same
+    time (one DRAM read, the rest from L2) and a large group runs in parallel, not pass after pass.
     Grid (ceil(O/RW), GMAX), block 32 * KS; same arguments as `fgemv_kernel`; a group of several pairs
     takes one pass per pair (its rows come from L2 after the first)."""
     s = FSPECS[t]
@@ -827,8 +845,12 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         acc = cuda.shared.array((KS, RW, 32), float32)         # per-lane partial sums: the row loop
         accu = cuda.shared.array((KS, RW if GLU else 1, 32), float32)   # needs no unrolling (no local memory)
         tid = cuda.threadIdx.x
-        g = cuda.blockIdx.y
-        row0 = cuda.blockIdx.x * RW
+        if IDM == 3:                                     # the pair index fastest (see the docstring)
+            g = cuda.blockIdx.x
+            row0 = cuda.blockIdx.y * RW
+        else:
+            g = cuda.blockIdx.y
+            row0 = cuda.blockIdx.x * RW
         if row0 >= O:
             return
         if IDM == 0:
@@ -837,6 +859,12 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
             e = grp[1 + g]
             j0 = grp[1 + GMAX + g]
             j1 = grp[2 + GMAX + g]
+        elif IDM == 3:
+            if g >= NP:
+                return
+            e = grp[1 + pair_group(grp, GMAX, g)]
+            j0 = g
+            j1 = g + 1
         else:
             if g >= NP:
                 return
@@ -864,7 +892,7 @@ def fgemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
         xl = cuda.local.array((3, NQ), uint32)
         xk = cuda.local.array(NR, float32)
         for jp in range(j0, j1):                         # a group of several pairs: one pass each
-            if IDM == 0:                                 # (the rows come from L2 after the first)
+            if IDM == 0 or IDM == 3:                     # (the rows come from L2 after the first)
                 xr = uint64(grp[2 + 2 * GMAX + jp])
                 orow = grp[2 + 2 * GMAX + NP + jp]
             else:

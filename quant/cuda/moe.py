@@ -21,7 +21,7 @@ from numba import cuda, int32
 from ..ref import QuantError
 from ._dev import SIM, silu
 from .gemv import GroupTable
-from .ops import GEMM_SHAPE, NT_MAX, fast_ids_ok, grouped, grouped_ids, supported
+from .ops import GEMM_SHAPE, auto_kernel, fast_ids_ok, grouped, grouped_ids, supported
 from .weights import DeviceWeight, device_weight
 
 BN = GEMM_SHAPE["BN"]
@@ -232,11 +232,10 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
         mark("experts_combine")
         _combine(dn, A, res, out, combine, T, D, stream)
         return out
-    small = kernel in ("gemv", "fast") or (kernel == "auto" and max_per_group <= NT_MAX)
+    k_gu = auto_kernel(gate or up, xd, gmax, n_pairs, max_per_group) if kernel == "auto" else kernel
     mark("experts_gate_up")
-    if small and gate is not None:
-        grouped(gate, xd, act, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, up=up, stream=stream,
-                kernel=kernel if kernel in ("gemv", "fast") else "auto")
+    if k_gu in ("gemv", "fast", "pairs") and gate is not None:         # gate and up in one launch
+        grouped(gate, xd, act, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, up=up, stream=stream, kernel=kernel)
     else:
         E = up.E
         u = buf("u", (n_pairs, I))

@@ -3,14 +3,16 @@
     y = matmul(x, w)                     x [T, I] float32 (host), w QTensor [O, I]  ->  [T, O] (host)
     grouped(dw, xd, yd, grp, ...)        device arrays in and out, one launch for all groups
 
-Kernel choice (`kernel="auto"`): T <= 8 tokens per group -> warp GEMV with NT = T rounded up to a
-power of two; more tokens and I % 128 == 0 -> tiled GEMM on the tensor cores (`tc.py`; `TC = False`: the
-float32 SIMT one); otherwise warp GEMV, 8 tokens per pass.
+Kernel choice (`kernel="auto"`, `auto_kernel`): expert dispatch with few pairs per group on average
+(PAIRS_AVG) -> one block per pair on the fast one-token kernel ("pairs"); T <= 8 tokens per group -> warp
+GEMV (the fast kernels where the type has one); more tokens and I % 128 == 0 -> tiled GEMM on the tensor
+cores (`tc.py`; `TC = False`: the float32 SIMT one); otherwise warp GEMV, 8 tokens per pass.
 
 Launch shapes (documented here, used below):
 - naive: grid (ceil(O / 128), n_pairs), block 128: one thread per (pair, row).
 - gemv:  grid (ceil(O / RW), GMAX), block 32 * KS: one block per RW rows of one group, its KS warps
          splitting the row; blocks of groups past G (known only on the device) return at once.
+- pairs: grid (n_pairs, ceil(O / RW)), block 32 * KS: one block per pair and RW rows, the pair fastest.
 - gemm:  grid (ceil(O / BM), n_tiles_max), block (BM / TM) * (BN / TN): one block per BM x BN tile.
 - tc:    grid (ceil(O / BM), n_tiles_max), block 32 * WM * WN: one block per BM x 32 tile, on the tensor cores.
 """
@@ -76,6 +78,13 @@ TC_DENSE_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
 TC = not SIM                       # "auto" takes it on the GPU; the simulator (no tensor cores: an emulation,
                                    # slow) takes the float32 SIMT GEMM, and tests `tc` on its own
 NT_MAX = 8
+# expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
+# gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
+# together, one from DRAM and the rest from L2, where the tensor-core GEMM decodes a whole tile of 32 pairs
+# for the few a group has; chosen on the H200 (BENCHMARKS.md, benchmarks/cuda_dispatch.py)
+PAIRS_AVG = 8
+# a dense product of 2..PAIRS_DENSE tokens takes the same kernel (one block per token and row block)
+PAIRS_DENSE = 0
 
 
 def supported(w: QTensor) -> bool:
@@ -120,9 +129,7 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         sc = _ones(2 * E)
     rwa = rw if rw is not None else _ones(1)
     if kernel == "auto":
-        kernel = "gemv" if (max_per_group <= NT_MAX or I % 128 or up is not None) else ("tc" if TC else "gemm")
-        if kernel == "gemv" and fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd):
-            kernel = "fast"
+        kernel = auto_kernel(dw, xd, gmax, n_pairs, max_per_group, up is not None)
     tab = dw.tab
     if kernel == "naive":
         k = naive_kernel(dw.type)
@@ -156,6 +163,17 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         u = up if up is not None else dw
         k[(math.ceil(O / RW), gmax), 32 * KS, stream](
             dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
+    elif kernel == "pairs":
+        if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
+            raise QuantError(f"pairs kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
+                             "(or the input is not 16-byte aligned)")
+        sh = tuple(shape or FAST1_IDS_SHAPE.get(dw.type, FAST1_DEFAULT))
+        RW, KS = sh[:2]
+        KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
+        k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh, 3)
+        u = up if up is not None else dw
+        k[(n_pairs, math.ceil(O / RW)), 32 * KS, stream](
+            dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
     elif kernel == "gemm":
         if I % 128:
             raise QuantError(f"gemm kernel needs I % 128 == 0, got I = {I}")
@@ -178,7 +196,17 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
     elif causal:
         raise QuantError("causal skips: the tc kernel only")
     else:
-        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, gemm, tc, auto)")
+        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, pairs, gemm, tc, auto)")
+
+
+def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, glu: bool = False) -> str:
+    """The kernel `grouped(kernel="auto")` runs (see the module docstring and PAIRS_AVG / PAIRS_DENSE)."""
+    fast = fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)
+    if fast and max_per_group > 1 and (n_pairs <= PAIRS_AVG * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
+        return "pairs"
+    if max_per_group <= NT_MAX or dw.I % 128 or glu:
+        return "fast" if fast else "gemv"
+    return "tc" if TC else "gemm"
 
 
 def fast_ids_ok(dw: DeviceWeight, xd) -> bool:

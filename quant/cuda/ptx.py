@@ -58,6 +58,8 @@ def kernels(all_variants: bool = False):
         out.append((f"fast1[{n}]", fgemv1_kernel(t, 8, 4, False, False, 8), SIG_GEMV))
         out.append((f"fast1[{n}, glu]", fgemv1_kernel(t, 8, 4, True, False, 8), SIG_GEMV))
         out.append((f"fast1[{n}, ids]", fgemv1_kernel(t, 8, 4, False, True, 8, 2), SIG_GEMV))
+        if n in ("Q4_K", "Q8_0", "F16"):                 # one block per pair (the prologue is type-independent)
+            out.append((f"fast1[{n}, pairs, rw]", fgemv1_kernel(t, 8, 4, False, True, 8, 3), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, glu]", fgemv_kernel(t, 8, 2, 2, True, False), SIG_GEMV))
         out.append((f"fast[{n}, NT=8, rw]", fgemv_kernel(t, 8, 4, 2, False, True), SIG_GEMV))
     for t in CW:
@@ -66,6 +68,7 @@ def kernels(all_variants: bool = False):
         out.append((f"fast8[{n}, P=4]", igemv1_kernel(t, 8, 4, False, False, 4), SIG_GEMV))
         out.append((f"fast8[{n}, glu]", igemv1_kernel(t, 8, 4, True, False, 8, 1), SIG_GEMV))
         out.append((f"fast8[{n}, ids]", igemv1_kernel(t, 8, 4, False, True, 8, 2), SIG_GEMV))
+        out.append((f"fast8[{n}, pairs, glu]", igemv1_kernel(t, 8, 4, True, False, 8, 3), SIG_GEMV))
         if t in (GGMLType.Q4_K, GGMLType.Q4_0):          # the pipelined one-token kernel (shape flag DB)
             out.append((f"fast8[{n}, DB]", igemv1_kernel(t, 8, 4, False, False, 2, 0, 128, True), SIG_GEMV))
         else:
