@@ -3,10 +3,11 @@
     y = matmul(x, w)                     x [T, I] float32 (host), w QTensor [O, I]  ->  [T, O] (host)
     grouped(dw, xd, yd, grp, ...)        device arrays in and out, one launch for all groups
 
-Kernel choice (`kernel="auto"`, `auto_kernel`): expert dispatch with few pairs per group on average
-(PAIRS_AVG) -> one block per pair on the fast one-token kernel ("pairs"); T <= 8 tokens per group -> warp
-GEMV (the fast kernels where the type has one); more tokens and I % 128 == 0 -> tiled GEMM on the tensor
-cores (`tc.py`; `TC = False`: the float32 SIMT one); otherwise warp GEMV, 8 tokens per pass.
+Kernel choice (`kernel="auto"`, `auto_kernel`): expert dispatch with at most PAIRS_AVG pairs per group on
+average -> one block per pair on the fast one-token kernel ("pairs"); T <= 8 tokens per group, or expert
+dispatch with at most 8 pairs per group on average -> warp GEMV (the fast kernels where the type has one);
+more tokens and I % 128 == 0 -> tiled GEMM on the tensor cores (`tc.py`; `TC = False`: the float32 SIMT
+one); otherwise warp GEMV, 8 tokens per pass.
 
 Launch shapes (documented here, used below):
 - naive: grid (ceil(O / 128), n_pairs), block 128: one thread per (pair, row).
@@ -80,10 +81,14 @@ TC = not SIM                       # "auto" takes it on the GPU; the simulator (
 NT_MAX = 8
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
-# together, one from DRAM and the rest from L2, where the tensor-core GEMM decodes a whole tile of 32 pairs
-# for the few a group has; chosen on the H200 (BENCHMARKS.md, benchmarks/cuda_dispatch.py)
-PAIRS_AVG = 8
-# a dense product of 2..PAIRS_DENSE tokens takes the same kernel (one block per token and row block)
+# together, one from DRAM and the rest from L2; up to NT_MAX on average: one block per group, 8 tokens a
+# pass (each decoded weight serves them all); more: the tensor-core GEMM's 32-pair tiles. Measured on the
+# H200 (benchmarks/cuda_dispatch.py, 128 experts of 768 x 2048, 8 used, BENCHMARKS.md): at 2 pairs a group
+# (32 tokens) "pairs" is 1.1-1.5x faster than one block per group and 2.1-5.3x faster than the tensor
+# cores; at 4 the group kernel wins for 4 of 6 types; at 8 it wins for 5 of 6, the tensor cores for IQ4_XS.
+PAIRS_AVG = 2
+# a dense product of 2..PAIRS_DENSE tokens takes the "pairs" kernel too (one block per token and row block);
+# 0: measured no faster than the one-token passes / the 8-token kernel at 2, 4, 8 tokens (4096 x 14336)
 PAIRS_DENSE = 0
 
 
@@ -204,7 +209,7 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
     fast = fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)
     if fast and max_per_group > 1 and (n_pairs <= PAIRS_AVG * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
         return "pairs"
-    if max_per_group <= NT_MAX or dw.I % 128 or glu:
+    if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= NT_MAX * gmax):
         return "fast" if fast else "gemv"
     return "tc" if TC else "gemm"
 
