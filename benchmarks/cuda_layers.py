@@ -113,7 +113,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-prefill", action="store_true", help="decode only")
     ap.add_argument("--fast1", default="", help="one-token GEMV shapes per matrix size (quant.cuda.ops."
                     "FAST1_SHAPE_BY_DIMS), e.g. 5120x2048=4x2x4x128x1,2048x4096=8x4x8x128x1 (for --type)")
+    ap.add_argument("--dispatch-avg", default="", help="expert dispatch kernel choice: ops.PAIRS_AVG,ops.GROUP_AVG "
+                    "(0,0: by the batch's tokens alone, the choice before session 11)")
     a = ap.parse_args(argv)
+    if a.dispatch_avg:
+        from quant.cuda import ops
+        try:
+            ops.PAIRS_AVG, ops.GROUP_AVG = (int(v) for v in a.dispatch_avg.split(","))
+        except ValueError:
+            ap.error(f"--dispatch-avg: {a.dispatch_avg!r} is not two integers P,G (e.g. 2,8)")
     if a.fast1:
         from quant import GGMLType
         from quant.cuda import ops
@@ -132,7 +140,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, model.cfg.n_vocab, 16).tolist()
     long = rng.integers(0, model.cfg.n_vocab, a.prefill).tolist()
-    res = dict(type=a.type, file=os.path.basename(path), layers=a.layers, decode={}, prefill_ms={}, fast1=a.fast1)
+    res = dict(type=a.type, file=os.path.basename(path), layers=a.layers, decode={}, prefill_ms={}, fast1=a.fast1,
+               dispatch_avg=a.dispatch_avg)
     Ls = sorted({1, min(2, a.layers), a.layers})
     for L in Ls:
         res["decode"][L] = d = time_decode(model, L, prompt, a.decode_tokens)

@@ -5,7 +5,7 @@
 
 Kernel choice (`kernel="auto"`, `auto_kernel`): expert dispatch with at most PAIRS_AVG pairs per group on
 average -> one block per pair on the fast one-token kernel ("pairs"); T <= 8 tokens per group, or expert
-dispatch with at most 8 pairs per group on average -> warp GEMV (the fast kernels where the type has one);
+dispatch with at most GROUP_AVG pairs per group on average -> warp GEMV (the fast kernels where the type has one);
 more tokens and I % 128 == 0 -> tiled GEMM on the tensor cores (`tc.py`; `TC = False`: the float32 SIMT
 one); otherwise warp GEMV, 8 tokens per pass.
 
@@ -87,6 +87,7 @@ NT_MAX = 8
 # (32 tokens) "pairs" is 1.1-1.5x faster than one block per group and 2.1-5.3x faster than the tensor
 # cores; at 4 the group kernel wins for 4 of 6 types; at 8 it wins for 5 of 6, the tensor cores for IQ4_XS.
 PAIRS_AVG = 2
+GROUP_AVG = 8                      # (PAIRS_AVG = GROUP_AVG = 0: the choice by the batch's tokens alone, as before)
 # a dense product of 2..PAIRS_DENSE tokens takes the "pairs" kernel too (one block per token and row block);
 # 0: measured no faster than the one-token passes / the 8-token kernel at 2, 4, 8 tokens (4096 x 14336)
 PAIRS_DENSE = 0
@@ -209,7 +210,7 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
     fast = fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)
     if fast and max_per_group > 1 and (n_pairs <= PAIRS_AVG * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
         return "pairs"
-    if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= NT_MAX * gmax):
+    if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= GROUP_AVG * gmax):
         return "fast" if fast else "gemv"
     return "tc" if TC else "gemm"
 
