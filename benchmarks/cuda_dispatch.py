@@ -25,17 +25,29 @@ import numpy as np
 import quant.cuda as qc  # isort: skip  (applies the numpy shim before numba loads)
 from numba import cuda
 
-from cuda_matmul import L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, rel_rms
+from cuda_matmul import L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, dispatch_inputs, rel_rms
 from quant import GGMLType, ref
 from quant.cuda import moe as cmoe
 from quant.cuda import ops
-from quant.cuda.gemv import GroupTable, dense_groups
+from quant.cuda.gemv import dense_groups
 from quant.cuda.testdata import random_qtensor
 from quant.cuda.timing import Timer
 from quant.cuda.weights import clear, device_weight
 
 LLAMA_MOE_N = (1, 4, 8, 32)
 LLAMA_GEMV_N = (1, 2, 3, 4)
+
+
+def checked_time(name: str, launch, yd, view, want, timer: Timer, reps: int) -> float:
+    """Output poisoned with NaN, one launch checked against the oracle (rel-RMS <= 1e-5 of `view(y)`), then the
+    median microseconds per launch over graph replays."""
+    yd.copy_to_device(np.full(yd.shape, np.nan, np.float32))
+    launch(0, 0)
+    cuda.synchronize()
+    r = rel_rms(view(yd.copy_to_host()), want)
+    if not r <= 1e-5:
+        raise AssertionError(f"{name}: relative RMS {r:.2e} against the oracle")
+    return statistics.median(timer.graph(launch, 40, replays=reps))
 
 
 def bench_dispatch(t: GGMLType, timer: Timer, rng, ns, kernels, E=128, O=768, I=2048, A=8, reps=9) -> dict:
@@ -46,15 +58,7 @@ def bench_dispatch(t: GGMLType, timer: Timer, rng, ns, kernels, E=128, O=768, I=
     out = {}
     for n in ns:
         nsets = 8
-        idss = [np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32) for _ in range(nsets)]
-        x = rng.standard_normal((n, I)).astype(np.float32)
-        xd = cuda.to_device(x)
-        yd = cuda.device_array((n * A, O), np.float32)
-        gmax = min(E, n * A)
-        size = GroupTable.size(gmax, n * A, cmoe.BN)
-        tabs = [(cuda.to_device(ids.reshape(-1)), cuda.device_array(size, np.int32), cuda.device_array(size, np.int32))
-                for ids in idss]
-        cnt, fill = cuda.device_array(E, np.int32), cuda.device_array(E, np.int32)
+        idss, x, xd, yd, gmax, tabs, cnt, fill = dispatch_inputs(rng, n, E, O, I, A, nsets)
         wd = {int(e): ref.dequantize(ws[0][int(e)]) for e in np.unique(idss[0])}
         want = np.stack([np.stack([wd[int(e)] @ x[k] for e in idss[0][k]]) for k in range(n)])
         row = out[n] = {"auto_is": ops.auto_kernel(dws[0], xd, gmax, n * A, n)}
@@ -63,13 +67,8 @@ def bench_dispatch(t: GGMLType, timer: Timer, rng, ns, kernels, E=128, O=768, I=
                 idd, tx, tp = tabs[i % nsets]
                 cmoe.bucket_kernel[1, 256, s](idd, E, A, n * A, cmoe.BN, tx, tp, cnt, fill)
                 ops.grouped(dws[i % nbuf], xd, yd, tx, gmax, n * A, n, kernel=kernel, stream=s)
-            yd.copy_to_device(np.full(yd.shape, np.nan, np.float32))
-            launch(0, 0)
-            cuda.synchronize()
-            r = rel_rms(yd.copy_to_host().reshape(n, A, O), want)
-            if not r <= 1e-5:
-                raise AssertionError(f"{t.name} dispatch {kernel} n={n}: relative RMS {r:.2e} against the oracle")
-            row[kernel] = statistics.median(timer.graph(launch, 40, replays=reps))
+            row[kernel] = checked_time(f"{t.name} dispatch {kernel} n={n}", launch, yd,
+                                       lambda y: y.reshape(n, A, O), want, timer, reps)
         ll = LLAMA_MOE_US.get(t.name)
         if ll and n in LLAMA_MOE_N and ll[LLAMA_MOE_N.index(n)]:
             row["llama"] = ll[LLAMA_MOE_N.index(n)]
@@ -95,13 +94,8 @@ def bench_dense(t: GGMLType, timer: Timer, rng, ns, kernels, O=4096, I=14336, re
         for kernel in kernels:
             def launch(i, s, kernel=kernel):
                 ops.grouped(dws[i % nbuf], xd, yd, grp, 1, n, n, kernel=kernel, stream=s)
-            yd.copy_to_device(np.full(yd.shape, np.nan, np.float32))
-            launch(0, 0)
-            cuda.synchronize()
-            r = rel_rms(yd.copy_to_host()[:, :64], ref.matmul(x, wref))
-            if not r <= 1e-5:
-                raise AssertionError(f"{t.name} dense {kernel} n={n}: relative RMS {r:.2e} against the oracle")
-            row[kernel] = statistics.median(timer.graph(launch, 40, replays=reps))
+            row[kernel] = checked_time(f"{t.name} dense {kernel} n={n}", launch, yd, lambda y: y[:, :64],
+                                       ref.matmul(x, wref), timer, reps)
         ll = LLAMA_GEMV_US.get(t.name)
         if ll and n in LLAMA_GEMV_N and ll[LLAMA_GEMV_N.index(n)]:
             row["llama"] = ll[LLAMA_GEMV_N.index(n)]

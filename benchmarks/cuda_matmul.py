@@ -178,6 +178,19 @@ def bench_gemv(t: GGMLType, timer: Timer, rng, ceiling: float, O=4096, I=14336, 
     return res
 
 
+def dispatch_inputs(rng, n: int, E: int, O: int, I: int, A: int, nsets: int):
+    """n tokens routed uniformly at random to A of E experts, nsets times: the ids, x [n, I] (host and device),
+    y [n*A, O], gmax, per set (device ids, the two group tables the bucket kernel fills), its two scratch arrays."""
+    idss = [np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32) for _ in range(nsets)]
+    x = rng.standard_normal((n, I)).astype(np.float32)
+    gmax = min(E, n * A)
+    size = GroupTable.size(gmax, n * A, cmoe.BN)
+    tabs = [(cuda.to_device(ids.reshape(-1)), cuda.device_array(size, np.int32), cuda.device_array(size, np.int32))
+            for ids in idss]
+    return (idss, x, cuda.to_device(x), cuda.device_array((n * A, O), np.float32), gmax, tabs,
+            cuda.device_array(E, np.int32), cuda.device_array(E, np.int32))
+
+
 def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=2048, A=8, ns=(1, 4, 8, 32),
               reps=100, tune=False) -> dict:
     w0 = random_qtensor(t, (E, O, I), rng)
@@ -189,16 +202,8 @@ def bench_moe(t: GGMLType, timer: Timer, rng, ceiling: float, E=128, O=768, I=20
     res = dict(type=t.name, nbuf=nbuf, moe={}, check={})
     for n in ns:
         nsets = 16
-        idss = [np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32) for _ in range(nsets)]
+        idss, x, xd, yd, gmax, tabs, cnt, fill = dispatch_inputs(rng, n, E, O, I, A, nsets)
         distinct = statistics.mean(len(np.unique(i)) for i in idss)
-        x = rng.standard_normal((n, I)).astype(np.float32)
-        xd = cuda.to_device(x)
-        yd = cuda.device_array((n * A, O), np.float32)
-        gmax = min(E, n * A)
-        size = GroupTable.size(gmax, n * A, cmoe.BN)
-        tabs = [(cuda.to_device(ids.reshape(-1)), cuda.device_array(size, np.int32), cuda.device_array(size, np.int32))
-                for ids in idss]
-        cnt, fill = cuda.device_array(E, np.int32), cuda.device_array(E, np.int32)
         kernel = "auto"
 
         shape = None
