@@ -81,7 +81,7 @@ TC = not SIM                       # "auto" takes it on the GPU; the simulator (
 NT_MAX = 8
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
-# together, one from DRAM and the rest from L2; up to NT_MAX on average: one block per group, 8 tokens a
+# together, one from DRAM and the rest from L2; up to GROUP_AVG on average: one block per group, 8 tokens a
 # pass (each decoded weight serves them all); more: the tensor-core GEMM's 32-pair tiles. Measured on the
 # H200 (benchmarks/cuda_dispatch.py, 128 experts of 768 x 2048, 8 used, BENCHMARKS.md): at 2 pairs a group
 # (32 tokens) "pairs" is 1.1-1.5x faster than one block per group and 2.1-5.3x faster than the tensor
