@@ -22,8 +22,10 @@ import sys
 
 import numpy as np
 
-import quant.cuda as qc  # isort: skip  (applies the numpy shim before numba loads)
+# isort: off
+import quant.cuda as qc                  # applies the numpy shim before numba loads
 from numba import cuda
+# isort: on
 
 from cuda_matmul import L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, dispatch_inputs, rel_rms
 from quant import GGMLType, ref
