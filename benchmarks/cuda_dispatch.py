@@ -28,6 +28,7 @@ from numba import cuda
 # isort: on
 
 from cuda_matmul import L2_BYTES, LLAMA_GEMV_US, LLAMA_MOE_US, dispatch_inputs, rel_rms
+
 from quant import GGMLType, ref
 from quant.cuda import moe as cmoe
 from quant.cuda import ops
