@@ -254,6 +254,25 @@ def test_pairs_kernel(t, rng):
     assert_close(f"{t.name} pairs dense", ops.matmul(xd3, w[0], kernel="pairs", shape=shape), ref.matmul(xd3, w[0]))
 
 
+def test_auto_kernel_choice(rng, monkeypatch):
+    """`ops.auto_kernel` chooses expert dispatch by the average pairs per group (the host does not know the
+    largest group): <= PAIRS_AVG one block per pair, <= GROUP_AVG one block per group, more the tiled GEMM;
+    dense products and one-token groups as before; PAIRS_AVG = GROUP_AVG = 0 restores the choice by tokens."""
+    dw = qc.weights.device_weight(random_qtensor(GGMLType.Q8_0, (4, 8, 256), rng)).ensure()
+    xd = cuda_mod.to_device(np.zeros((4, 256), np.float32))
+    tiled = "tc" if ops.TC else "gemm"
+    E = 128
+    for (gmax, n_pairs, mpg, glu), want in [((E, 256, 32, False), "pairs"), ((E, 512, 64, False), "fast"),
+                                            ((E, 1024, 128, False), "fast"), ((E, 4096, 512, False), tiled),
+                                            ((E, 4096, 512, True), "fast"), ((8, 8, 1, False), "fast"),
+                                            ((1, 4, 4, False), "fast"), ((1, 64, 64, False), tiled)]:
+        assert ops.auto_kernel(dw, xd, gmax, n_pairs, mpg, glu) == want, (gmax, n_pairs, mpg, glu)
+    monkeypatch.setattr(ops, "PAIRS_AVG", 0)
+    monkeypatch.setattr(ops, "GROUP_AVG", 0)
+    assert ops.auto_kernel(dw, xd, E, 256, 32) == tiled
+    assert ops.auto_kernel(dw, xd, E, 64, 8) == "fast"
+
+
 def test_bucket_kernel_matches_host(rng):
     """Device grouping (tokens sorted by expert) gives the host's groups, tiles and pairs."""
     from quant.cuda.gemv import GroupTable
