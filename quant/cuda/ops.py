@@ -151,15 +151,12 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         k[(math.ceil(O / RW), gmax), 32 * KS, stream](
             dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
     elif kernel == "fast":
-        if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
-            raise QuantError(f"fast kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
-                             "(or the input is not 16-byte aligned)")
+        _need_fast(kernel, dw, xd)
         one = max_per_group <= (ONE_MAX if gmax > 1 else min(ONE_MAX, max(1, ONE_MAX_DENSE.get(dw.type, 1))))
         default = (FAST1_SHAPE_BY_DIMS.get((dw.type, O, I), FAST1_SHAPE.get(dw.type, FAST1_DEFAULT)) if one
                    else FAST_SHAPE.get(dw.type, FAST_DEFAULT))
         sh = tuple(shape or default)
-        RW, KS = sh[:2]
-        KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
+        RW, KS = sh[0], _ks(dw, sh[1])
         if one:
             k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh)
         else:
@@ -170,13 +167,8 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         k[(math.ceil(O / RW), gmax), 32 * KS, stream](
             dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
     elif kernel == "pairs":
-        if not (fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)):
-            raise QuantError(f"pairs kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
-                             "(or the input is not 16-byte aligned)")
-        sh = tuple(shape or FAST1_IDS_SHAPE.get(dw.type, FAST1_DEFAULT))
-        RW, KS = sh[:2]
-        KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
-        k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh, 3)
+        _need_fast(kernel, dw, xd)
+        k, RW, KS = _ids_kernel(dw, shape, up is not None, rw is not None, 3)
         u = up if up is not None else dw
         k[(n_pairs, math.ceil(O / RW)), 32 * KS, stream](
             dw.w32, dw.w16, u.w32, u.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E)
@@ -207,7 +199,7 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
 
 def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, glu: bool = False) -> str:
     """The kernel `grouped(kernel="auto")` runs (see the module docstring and PAIRS_AVG / PAIRS_DENSE)."""
-    fast = fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)
+    fast = fast_ids_ok(dw, xd)
     if fast and max_per_group > 1 and (n_pairs <= PAIRS_AVG * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
         return "pairs"
     if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= GROUP_AVG * gmax):
@@ -216,8 +208,26 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
 
 
 def fast_ids_ok(dw: DeviceWeight, xd) -> bool:
-    """True when `grouped_ids` serves this weight and input."""
+    """True when the fast kernels (`grouped_ids`, and `grouped`'s "fast" and "pairs") serve this weight and input."""
     return fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)
+
+
+def _need_fast(kernel: str, dw: DeviceWeight, xd) -> None:
+    if not fast_ids_ok(dw, xd):
+        raise QuantError(f"{kernel} kernel: no fast decoder for {dw.type.name} with {dw.rowb}-byte rows "
+                         "(or the input is not 16-byte aligned)")
+
+
+def _ks(dw: DeviceWeight, KS: int) -> int:
+    """KS warps a block, no more than a row's units fill (no idle warps on short rows)."""
+    return max(1, min(KS, (dw.I // dw.spec.BS * _units(dw.type) + 31) // 32))
+
+
+def _ids_kernel(dw: DeviceWeight, shape, glu: bool, rwt: bool, IDM: int):
+    """The one-token kernel of an expert dispatch (shape, default FAST1_IDS_SHAPE) -> (kernel, RW, KS)."""
+    sh = tuple(shape or FAST1_IDS_SHAPE.get(dw.type, FAST1_DEFAULT))
+    RW, KS = sh[0], _ks(dw, sh[1])
+    return _k1(dw.type, RW, KS, glu, rwt, sh, IDM), RW, KS
 
 
 def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: DeviceWeight | None = None,
@@ -232,10 +242,7 @@ def grouped_ids(dw: DeviceWeight, xd, yd, ids, A: int, *, sc=None, rw=None, up: 
     if sc is None:
         sc = _ones(2 * E)
     rwa = rw if rw is not None else _ones(1)
-    sh = tuple(shape or FAST1_IDS_SHAPE.get(dw.type, FAST1_DEFAULT))
-    RW, KS = sh[:2]
-    KS = max(1, min(KS, (I // dw.spec.BS * _units(dw.type) + 31) // 32))
-    k = _k1(dw.type, RW, KS, up is not None, rw is not None, sh, 2 if slot_rows else 1)
+    k, RW, KS = _ids_kernel(dw, shape, up is not None, rw is not None, 2 if slot_rows else 1)
     u = up if up is not None else dw
     k[(math.ceil(O / RW), A), 32 * KS, stream](
         dw.w32, dw.w16, u.w32, u.w16, dw.tab, xd, yd, sc, rwa, ids, O, I, dw.rowb, dw.estride, 0, A, E)
