@@ -1,32 +1,110 @@
-"""Per-sequence state carried between forward calls: the KV cache of every attention layer (f32)."""
+"""Per-sequence state carried between forward calls, one typed container per layer.
+
+    state = model.new_state()          # ModelState: n_past + one container per layer
+    state.layers[il]                   # made by the layer's attention module (`new_state()` there)
+
+Containers (each attention module creates its own; an arch never builds one by hand):
+
+| container        | made by                     | holds (per position unless noted)                         |
+|------------------|-----------------------------|-----------------------------------------------------------|
+| `KVCache`        | `attention/mha.py`          | keys [S, Hkv, K] and values [S, Hkv, V]                    |
+| `LatentKV`       | `attention/mla.py` absorbed | latent c [S, C] and the shared rope key k_pe [S, R]        |
+| `KVCache`        | `attention/mla.py` naive    | decompressed keys [S, H, K] and values [S, H, V]           |
+| `RecurrentState` | linear attention (to come)  | conv tail [n_conv - 1, channels] and delta-rule matrix     |
+
+`Rows` is the appendable buffer they share: capacity doubling, so a decode step costs O(1) amortized
+copies instead of one copy of the whole cache per token. Compressed caches (pooled blocks plus a
+half-filled block, window rings) are further containers of the same kind: they own their buffers and
+expose what attention reads.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
-class KVCache:
-    """Keys and values of every position seen so far, per layer, in float32 (llama.cpp with type_k = type_v = F32).
+class Rows:
+    """An array grown along axis 0: `append(x)` stores x [n, ...] and returns all rows so far [S, ...]."""
 
-    `append` returns layer il's keys [S, Hkv, K] and values [S, Hkv, V]; `n_past` positions are filled.
+    def __init__(self, dtype=np.float32):
+        self.dtype = np.dtype(dtype)
+        self._buf: np.ndarray | None = None
+        self.n = 0
+
+    def append(self, x: np.ndarray) -> np.ndarray:
+        T = x.shape[0]
+        if self._buf is None or self.n + T > self._buf.shape[0] or self._buf.shape[1:] != x.shape[1:]:
+            if self._buf is not None and self._buf.shape[1:] != x.shape[1:]:
+                raise ValueError(f"appending rows of shape {x.shape[1:]} to a buffer of {self._buf.shape[1:]}")
+            cap = max(2 * (self.n + T), 16)               # amortized O(1) per position
+            grown = np.empty((cap, *x.shape[1:]), dtype=self.dtype)
+            if self._buf is not None:
+                grown[:self.n] = self._buf[:self.n]
+            self._buf = grown
+        self._buf[self.n:self.n + T] = x
+        self.n += T
+        return self._buf[:self.n]
+
+    def view(self) -> np.ndarray | None:
+        return None if self._buf is None else self._buf[:self.n]
+
+
+class KVCache:
+    """Keys and values of one softmax-attention layer in float32 (llama.cpp with type_k = type_v = F32)."""
+
+    def __init__(self):
+        self.k, self.v = Rows(), Rows()
+
+    @property
+    def n(self) -> int:
+        return self.k.n
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """k [T, Hkv, K], v [T, Hkv, V] -> every position's keys [S, Hkv, K] and values [S, Hkv, V]."""
+        return self.k.append(k), self.v.append(v)
+
+
+class LatentKV:
+    """MLA's compressed cache: one latent row and one shared rope key per position (DeepSeek-V2 sec. 2.1).
+
+    llama.cpp stores them side by side as a single-head K of width C + R, with V a view of its first C
+    columns; here they are kept apart, which is the same numbers.
     """
 
-    def __init__(self, n_layer: int):
-        self._k: list[np.ndarray | None] = [None] * n_layer     # capacity-doubling buffers
-        self._v: list[np.ndarray | None] = [None] * n_layer
-        self._n = [0] * n_layer
-        self.n_past = 0
+    def __init__(self):
+        self.c, self.k_pe = Rows(), Rows()
 
-    def append(self, il: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Store the new positions of layer il and return all positions: [S, Hkv, K], [S, Hkv, V]."""
-        n, T = self._n[il], k.shape[0]
-        if self._k[il] is None or n + T > self._k[il].shape[0]:
-            cap = max(2 * (n + T), 16)                   # amortized O(1) per position, not a copy per token
-            for bufs, new in ((self._k, k), (self._v, v)):
-                grown = np.empty((cap, *new.shape[1:]), dtype=np.float32)
-                if bufs[il] is not None:
-                    grown[:n] = bufs[il][:n]
-                bufs[il] = grown
-        self._k[il][n:n + T] = k
-        self._v[il][n:n + T] = v
-        self._n[il] = n + T
-        return self._k[il][:n + T], self._v[il][:n + T]
+    @property
+    def n(self) -> int:
+        return self.c.n
+
+    def append(self, c: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """c [T, C], k_pe [T, R] -> all positions' c [S, C], k_pe [S, R]."""
+        return self.c.append(c), self.k_pe.append(k_pe)
+
+
+@dataclass
+class RecurrentState:
+    """Linear attention's state: the short conv's last inputs and the delta-rule matrix (fixed size)."""
+    conv: np.ndarray | None = None        # [n_conv - 1, channels]
+    ssm: np.ndarray | None = None         # [H, K, V]
+
+
+@dataclass
+class ModelState:
+    """Everything a sequence carries: positions seen and one container per layer."""
+    layers: list = field(default_factory=list)
+    n_past: int = 0
+    device: object = None                 # the cuda whole-forward path's device-side cache, when it runs
+
+    def nbytes(self) -> int:
+        """Bytes of every cached array (used rows only): the cache cost per sequence."""
+        total = 0
+        for st in self.layers:
+            for v in vars(st).values():
+                if isinstance(v, Rows) and v.view() is not None:
+                    total += v.view().nbytes
+                elif isinstance(v, np.ndarray):
+                    total += v.nbytes
+        return total

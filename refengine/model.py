@@ -17,7 +17,7 @@ import numpy as np
 import quant
 
 from .archs import get_arch
-from .cache import KVCache
+from .cache import KVCache, ModelState
 from .config import ModelConfig
 from .errors import ConfigError
 from .gguf import GGUFModel, open_gguf
@@ -57,8 +57,8 @@ class Model:
             used.update(ns.tensor_names)
         return sorted(n for n in self.gf.tensors if n not in used)
 
-    def new_state(self) -> KVCache:
-        return KVCache(self.cfg.n_layer)
+    def new_state(self) -> ModelState:
+        return ModelState(layers=[KVCache() for _ in range(self.cfg.n_layer)])
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         """tokens [T] int -> [T, D] float32 (`ggml_get_rows(tok_embd, tokens)`)."""
@@ -87,7 +87,7 @@ class Model:
             warnings.warn(f"{self.path}: logits contain NaN/inf", RuntimeWarning, stacklevel=3)
         return logits
 
-    def forward(self, tokens, state: KVCache | None = None, rt: Runtime | None = None) -> np.ndarray:
+    def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None) -> np.ndarray:
         """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None)."""
         rt = rt or Runtime()
         state = state if state is not None else self.new_state()

@@ -254,7 +254,7 @@ def self_attention(h, w, *, cfg, spec, il, cache, pos, rope, rt, qk_norm=None):
     rt.record("Qcur", il, q)
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)
-    k_all, v_all = cache.append(il, k, v)                                # [S, Hkv, K], [S, Hkv, V]
+    k_all, v_all = cache.layers[il].append(k, v)                                # [S, Hkv, K], [S, Hkv, V]
     S = k_all.shape[0]
     mask = causal_mask(pos, np.arange(S)) if cfg.causal_attn else np.zeros((T, S), np.float32)   # [T, S]
     o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k), rt.record, il)  # [T, H, V]
