@@ -186,8 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("synth", help="write a seeded synthetic GGUF")
-    s.add_argument("arch", help="architecture: llama, qwen3moe")
-    s.add_argument("--preset", default="tiny", help="tiny (default), tiny-moe (llama), qwen3-30b-a3b (qwen3moe)")
+    from .synth import PRESETS
+    s.add_argument("arch", help="architecture: " + ", ".join(PRESETS))
+    s.add_argument("--preset", default="tiny", help="default tiny; per arch: " + "; ".join(
+        f"{a}: {', '.join(ps)}" for a, ps in PRESETS.items()))
     s.add_argument("--type", default="F32", help="weight type: F32, F16, BF16, Q8_0, Q4_K, Q6_K, ... (default F32)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--all-optional", action="store_true", help="add every optional tensor and key llama.cpp accepts")

@@ -26,13 +26,25 @@ class ConfigWarning(UserWarning):
 
 @dataclass(frozen=True)
 class LayerSpec:
-    attn: str                 # "mha" (softmax attention over a KV cache)
+    attn: str                 # "mha" (softmax attention over a KV cache) | "mla" (latent attention)
     ffn: str                  # "dense" | "moe"
     n_head: int               # attention.head_count (scalar or per-layer array)
     n_head_kv: int            # attention.head_count_kv (default: n_head)
     n_ff: int                 # feed_forward_length (dense layers)
     n_ff_exp: int             # expert_feed_forward_length (MoE layers)
     n_expert_used: int        # expert_used_count (scalar or per-layer array)
+    attn_cfg: object = None   # the attention module's typed config (e.g. attention.mla.MLAConfig)
+    moe: object = None        # moe.block.MoEConfig of a MoE layer
+
+
+# Keys that change the math of other archs but that llama.cpp's llama / qwen3moe loaders never read.
+LLAMA_IGNORED_MATH_KEYS = (
+    "attention.scale", "attention.clamp_kqv", "expert_weights_scale", "expert_weights_norm",
+    "expert_gating_func", "expert_shared_count", "expert_shared_feed_forward_length",
+    "leading_dense_block_count", "logit_scale", "embedding_scale", "residual_scale",
+    "attention.sliding_window", "rope.scaling.yarn_log_multiplier", "final_logit_softcapping",
+    "attn_logit_softcapping", "swiglu_clamp_exp", "swiglu_clamp_shexp",
+)
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,19 @@ class KeyReader:
                 f"{self.gf.path}: key {k!r} = {self.gf.get(k)!r} is ignored, as llama.cpp ignores it for "
                 f"arch {self.arch!r}", ConfigWarning, stacklevel=3)
         return found
+
+
+def token_rows(gf) -> int:
+    """Rows of token_embd.weight: the vocabulary size every arch checks its keys against."""
+    if "token_embd.weight" not in gf:
+        from .errors import MissingTensorError
+        raise MissingTensorError(f"{gf.path}: required tensor 'token_embd.weight' is missing")
+    return gf.tensors["token_embd.weight"].shape[0]
+
+
+def check_gqa(gf, il: int, n_head: int, n_head_kv: int) -> None:
+    if n_head_kv <= 0 or n_head % n_head_kv:
+        raise ConfigError(f"{gf.path}: layer {il}: {n_head} heads do not group over {n_head_kv} KV heads")
 
 
 def read_common(r: KeyReader, *, rope_type: int, n_vocab: int) -> dict:

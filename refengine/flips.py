@@ -16,7 +16,8 @@ error e gives an output error ~sqrt(e * step)): one flip is enough to take the l
 `expected` = sum |delta| / step over the tensor: the number of flips the noise alone predicts. For Q8_0 and
 Q8_1 the block scale d = fp16(amax/127) is a rounding decision as well: `scale_flips` counts blocks whose
 d differs (every value of the block then moves by one fp16 step, ~1e-3 relative).
-Input tensors are found by llama.cpp's graph names; the weights they feed by their GGUF names.
+Input tensors are found by llama.cpp's graph names; the weights they feed by their GGUF names (each arch's
+`MATMUL_INPUTS` table).
 """
 from __future__ import annotations
 
@@ -28,17 +29,6 @@ import numpy as np
 from quant import GGMLType
 from quant.llamacpp import partner, quantize_activation
 from quant.rounding import bf16_round, fp16_round
-
-# llama.cpp graph tensor that is the input of a quantized matmul -> the GGUF weights it multiplies
-MATMUL_INPUTS = [
-    (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
-    (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
-    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight"]),
-    (r"ffn_swiglu-(\d+)", ["blk.{il}.ffn_down.weight"]),
-    (r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
-    (r"result_norm", ["output.weight", "token_embd.weight"]),
-]
-
 
 @dataclass
 class FlipStat:
@@ -127,8 +117,9 @@ def flip_census(model, ref: dict, got: dict, order: list[str] | None = None) -> 
     """For every traced input of a quantized matmul, in llama.cpp's evaluation order, the flips between
     llama.cpp's rounding of it and ours. `ref`/`got`: name -> array (oracle tensors, refengine trace)."""
     out = []
+    matmul_inputs = model.arch.MATMUL_INPUTS       # graph name of a matmul input -> the weights it multiplies
     for name in [n for n in (order or ref) if n in got and n in ref]:
-        for pat, weights in MATMUL_INPUTS:
+        for pat, weights in matmul_inputs:
             m = re.fullmatch(pat, name)
             if not m:
                 continue

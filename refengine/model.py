@@ -1,8 +1,11 @@
 """The model: `forward(tokens, state) -> logits`, with weights read lazily from the GGUF.
 
-    x      = token_embd[tokens]                                [T, D]
-    x      = block_il(x) for il in 0..n_layer-1                (per-arch wiring, archs/*.py)
-    logits = rms_norm(x) * output_norm @ output.T              result_norm, result_output   [T, V]
+    x      = arch.embed(tokens)                                 the residual, e.g. [T, D]
+    x      = arch.block(x, layer il, state.layers[il], step)    for il in 0..n_layer-1 (archs/*.py)
+    logits = arch.head(x)                                       [T, V]
+
+The arch owns the math of each piece (the contract is in `refengine/archs/__init__.py`); this loop
+only threads the residual, the per-layer state and the step (tokens, positions, rope) through it.
 
 Opening a model reads only metadata and the tensor table; a layer's weights are mmapped views that
 are decoded when (and only as far as) a matmul needs them.
@@ -10,19 +13,18 @@ are decoded when (and only as far as) a matmul needs them.
 from __future__ import annotations
 
 import os
-import warnings
 
 import numpy as np
 
 import quant
 
 from .archs import get_arch
-from .cache import KVCache, ModelState
+from .cache import ModelState
 from .config import ModelConfig
 from .errors import ConfigError
 from .gguf import GGUFModel, open_gguf
-from .ops import rms_norm
 from .runtime import Runtime
+from .step import Step
 
 
 class Model:
@@ -57,8 +59,12 @@ class Model:
             used.update(ns.tensor_names)
         return sorted(n for n in self.gf.tensors if n not in used)
 
-    def new_state(self) -> ModelState:
-        return ModelState(layers=[KVCache() for _ in range(self.cfg.n_layer)])
+    def new_state(self, attn_form: str | None = None) -> ModelState:
+        """A fresh sequence: one state container per layer, made by the arch's attention modules.
+
+        attn_form: where an attention has two forms, which one this sequence runs (MLA: "absorbed", the one
+        llama.cpp runs and the default, or "naive"); the form is carried by the state's containers."""
+        return ModelState(layers=self.arch.new_state(self.cfg, attn_form))
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         """tokens [T] int -> [T, D] float32 (`ggml_get_rows(tok_embd, tokens)`)."""
@@ -75,53 +81,42 @@ class Model:
             raise ConfigError(f"{self.path}: {n_past + tokens.size} positions exceed the context size n_ctx = {self.n_ctx}")
         return tokens
 
-    def head(self, x: np.ndarray, rt: Runtime) -> np.ndarray:
-        """Final norm and output projection: x [T, D] -> logits [T, V]."""
-        x = rms_norm(x, self.g.output_norm, self.cfg.rms_eps)
-        rt.record("result_norm", -1, x)
-        logits = rt.matmul(x, self.g.output)                                   # [T, V]
-        if self.g.output_scale is not None:
-            logits = logits * self.g.output_scale
-        rt.record("result_output", -1, logits)
-        if rt.check_finite and not np.all(np.isfinite(logits)):
-            warnings.warn(f"{self.path}: logits contain NaN/inf", RuntimeWarning, stacklevel=3)
-        return logits
+    def _step(self, tokens: np.ndarray, n_past: int) -> Step:
+        return Step(tokens=tokens, pos=np.arange(n_past, n_past + tokens.size), n_ctx=self.n_ctx, g=self.g)
 
     def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None) -> np.ndarray:
         """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None)."""
         rt = rt or Runtime()
-        state = state if state is not None else self.new_state()
+        state = state if state is not None else self.new_state(rt.attn_form)
         tokens = self._check_tokens(tokens, state.n_past)
         device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
         if device_forward is not None:
             return device_forward(tokens, state)
-        T = tokens.size
-        pos = np.arange(state.n_past, state.n_past + T)                        # [T]
-        rope = self.arch.rope_for(self.cfg, self.g, pos, self.n_ctx)           # cos, sin [T, R/2]
-        x = self.embed(tokens)                                                 # [T, D]
-        rt.record("embd", -1, x)
-        for il in range(self.cfg.n_layer):
-            x = self.arch.block(x, self.layer(il), cfg=self.cfg, il=il, cache=state, pos=pos, rope=rope, rt=rt)
-        logits = self.head(x, rt)
-        state.n_past += T
+        step = self._step(tokens, state.n_past)
+        a, cfg = self.arch, self.cfg
+        x = a.embed(self.g, cfg, step, rt)                                     # the residual, e.g. [T, D]
+        for il in range(cfg.n_layer):
+            x = a.block(x, self.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
+        logits = a.head(x, self.g, cfg, rt)                                    # [T, V]
+        state.n_past += tokens.size
         return logits
 
     def forward_local(self, tokens, layer_inputs, head_input, rt: Runtime | None = None) -> np.ndarray:
         """Each block run on a given input instead of the previous block's output (one prefill from position 0).
 
-        layer_inputs: n_layer arrays [T, D] (e.g. llama.cpp's `embd`, `l_out-0`, ...); head_input [T, D].
-        Measures every layer's own error, free of what earlier layers accumulated.
+        layer_inputs: n_layer arrays shaped like the residual (e.g. llama.cpp's `embd`, `l_out-0`, ...);
+        head_input likewise. Measures every layer's own error, free of what earlier layers accumulated.
         """
         rt = rt or Runtime()
         tokens = self._check_tokens(tokens, 0)
-        T, D = tokens.size, self.cfg.n_embd
-        pos = np.arange(T)
-        rope = self.arch.rope_for(self.cfg, self.g, pos, self.n_ctx)
-        rt.record("embd", -1, self.embed(tokens))
-        for il in range(self.cfg.n_layer):
-            x = np.asarray(layer_inputs[il], dtype=np.float32).reshape(T, D)
-            self.arch.block(x, self.layer(il), cfg=self.cfg, il=il, cache=self.new_state(), pos=pos, rope=rope, rt=rt)
-        return self.head(np.asarray(head_input, dtype=np.float32).reshape(T, D), rt)
+        step = self._step(tokens, 0)
+        a, cfg = self.arch, self.cfg
+        x0 = a.embed(self.g, cfg, step, rt)
+        fresh = self.new_state(rt.attn_form)
+        for il in range(cfg.n_layer):
+            x = np.asarray(layer_inputs[il], dtype=np.float32).reshape(x0.shape)
+            a.block(x, self.layer(il), cfg=cfg, il=il, state=fresh.layers[il], step=step, rt=rt)
+        return a.head(np.asarray(head_input, dtype=np.float32).reshape(x0.shape), self.g, cfg, rt)
 
     def generate(self, tokens, n: int, *, rt: Runtime | None = None, eos: int | None = None, on_token=None) -> list[int]:
         """Greedy continuation: prefill `tokens`, then decode one token at a time (KV cache). Returns the new ids."""

@@ -51,6 +51,8 @@ class Runtime:
     backend: str = "numpy"    # see BACKENDS
     trace: Trace | None = None
     check_finite: bool = True
+    attn_form: str | None = None   # the form of a fresh state's attention where an arch has two (MLA:
+                                   # "absorbed", llama.cpp's and the default, or "naive"; see Model.new_state)
 
     def __post_init__(self):
         if self.mode not in MODES:

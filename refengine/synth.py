@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGUFWriter
@@ -28,135 +27,32 @@ from tqdm import tqdm
 from quant import GGMLType, type_info
 from quant import ggml as qggml
 
+from .archs import ARCHS
 from .errors import ConfigError
+from .synthplan import TensorPlan
 
-# ---------------------------------------------------------------- presets
+# ---------------------------------------------------------------- per-arch plans (from the arch registry)
 
-PRESETS: dict[str, dict[str, dict]] = {
-    "llama": {
-        "tiny": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
-                     n_ctx=512, rope_base=10000.0, eps=1e-5),
-        "tiny-moe": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
-                         n_expert=4, n_expert_used=2, n_ctx=512, rope_base=10000.0, eps=1e-5),
-    },
-    "qwen3moe": {
-        "tiny": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=128, n_ff=768,
-                     n_expert=8, n_expert_used=2, n_ff_exp=256, n_ctx=512, rope_base=1e6, eps=1e-6),
-        # Qwen3-30B-A3B as published (config.json of Qwen/Qwen3-30B-A3B)
-        "qwen3-30b-a3b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4, head_dim=128,
-                              n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768, n_ctx=40960,
-                              rope_base=1e6, eps=1e-6),
-    },
-}
+PRESETS: dict[str, dict[str, dict]] = {name: m.PRESETS for name, m in ARCHS.items() if hasattr(m, "PRESETS")}
 
 
-@dataclass
-class TensorPlan:
-    name: str
-    shape: tuple[int, ...]     # NumPy order
-    kind: str                  # matrix | embed | output | norm | bias | scale | rope_freqs
-    fan_in: int = 1
+def _arch(arch: str):
+    if arch not in PRESETS:
+        raise ConfigError(f"no synthetic presets for arch {arch!r} (available: {', '.join(PRESETS)})")
+    return ARCHS[arch]
 
 
 def plan_tensors(arch: str, p: dict, *, all_optional: bool = False, fused_qkv: bool = False,
                  tied_output: bool = False, rope_scaling: str | None = None) -> list[TensorPlan]:
-    """The tensor list llama.cpp's loader for `arch` creates, with optional ones when asked."""
-    D, V, K = p["n_embd"], p["n_vocab"], p["head_dim"]
-    H, Hkv = p["n_head"], p["n_head_kv"]
-    E = p.get("n_expert", 0)
-    moe = E > 0
-    F = p.get("n_ff_exp", p["n_ff"]) if moe else p["n_ff"]
-    qwen = arch == "qwen3moe"
-    t = [TensorPlan("token_embd.weight", (V, D), "embed")]
-    if rope_scaling == "longrope":
-        if qwen:
-            raise ConfigError("qwen3moe has no long/short rope factor tensors; longrope is a llama option")
-        t += [TensorPlan("rope_factors_long.weight", (K // 2,), "rope_freqs"),
-              TensorPlan("rope_factors_short.weight", (K // 2,), "rope_freqs")]
-    elif all_optional and not qwen:
-        t.append(TensorPlan("rope_freqs.weight", (K // 2,), "rope_freqs"))
-    for il in range(p["n_layer"]):
-        b = f"blk.{il}."
-        t.append(TensorPlan(b + "attn_norm.weight", (D,), "norm"))
-        dims = {"q": H * K, "k": Hkv * K, "v": Hkv * K}
-        if fused_qkv:
-            t.append(TensorPlan(b + "attn_qkv.weight", (sum(dims.values()), D), "matrix", D))
-            if all_optional:
-                t += [TensorPlan(b + "attn_qkv.bias", (sum(dims.values()),), "bias"),
-                      TensorPlan(b + "attn_qkv.scale", (1,), "scale"),
-                      TensorPlan(b + "attn_qkv.input_scale", (1,), "scale")]
-        else:
-            for x, n in dims.items():
-                t.append(TensorPlan(b + f"attn_{x}.weight", (n, D), "matrix", D))
-                if all_optional:
-                    t += [TensorPlan(b + f"attn_{x}.bias", (n,), "bias"),
-                          TensorPlan(b + f"attn_{x}.scale", (1,), "scale"),
-                          TensorPlan(b + f"attn_{x}.input_scale", (1,), "scale")]
-        if qwen:
-            t += [TensorPlan(b + "attn_q_norm.weight", (K,), "norm"), TensorPlan(b + "attn_k_norm.weight", (K,), "norm")]
-        t.append(TensorPlan(b + "attn_output.weight", (D, H * K), "matrix", H * K))
-        if all_optional:
-            if not qwen:
-                t.append(TensorPlan(b + "attn_output.bias", (D,), "bias"))
-            t += [TensorPlan(b + "attn_output.scale", (1,), "scale"),
-                  TensorPlan(b + "attn_output.input_scale", (1,), "scale")]
-        t.append(TensorPlan(b + "ffn_norm.weight", (D,), "norm"))
-        if moe:
-            t.append(TensorPlan(b + "ffn_gate_inp.weight", (E, D), "router", D))
-            for x, shape, fan in (("gate", (E, F, D), D), ("down", (E, D, F), F), ("up", (E, F, D), D)):
-                t.append(TensorPlan(b + f"ffn_{x}_exps.weight", shape, "matrix", fan))
-                if all_optional:
-                    t += [TensorPlan(b + f"ffn_{x}_exps.scale", (E,), "scale"),
-                          TensorPlan(b + f"ffn_{x}_exps.input_scale", (E,), "scale")]
-        else:
-            for x, shape, fan in (("gate", (F, D), D), ("down", (D, F), F), ("up", (F, D), D)):
-                t.append(TensorPlan(b + f"ffn_{x}.weight", shape, "matrix", fan))
-                if all_optional:
-                    t += [TensorPlan(b + f"ffn_{x}.bias", (shape[0],), "bias"),
-                          TensorPlan(b + f"ffn_{x}.scale", (1,), "scale"),
-                          TensorPlan(b + f"ffn_{x}.input_scale", (1,), "scale")]
-    t.append(TensorPlan("output_norm.weight", (D,), "norm"))
-    if not tied_output:
-        t.append(TensorPlan("output.weight", (V, D), "output", D))
-    return t
+    """The tensor list llama.cpp's loader for `arch` creates, with optional ones when asked (the arch's `synth_plan`)."""
+    return _arch(arch).synth_plan(p, all_optional=all_optional, fused_qkv=fused_qkv, tied_output=tied_output,
+                                  rope_scaling=rope_scaling)
 
 
 def metadata(arch: str, p: dict, *, all_optional: bool, rope_scaling: str | None,
              name: str) -> list[tuple[str, object, str]]:
-    """(key, value, gguf value type) rows."""
-    a = arch
-    kv = [
-        ("general.name", name, "str"),
-        (f"{a}.context_length", p["n_ctx"], "u32"),
-        (f"{a}.embedding_length", p["n_embd"], "u32"),
-        (f"{a}.block_count", p["n_layer"], "u32"),
-        (f"{a}.feed_forward_length", p["n_ff"], "u32"),
-        (f"{a}.attention.head_count", p["n_head"], "u32"),
-        (f"{a}.attention.head_count_kv", p["n_head_kv"], "u32"),
-        (f"{a}.attention.layer_norm_rms_epsilon", p["eps"], "f32"),
-        (f"{a}.rope.freq_base", p["rope_base"], "f32"),
-        (f"{a}.vocab_size", p["n_vocab"], "u32"),
-        ("tokenizer.ggml.model", "none", "str"),
-    ]
-    if p["head_dim"] != p["n_embd"] // p["n_head"]:
-        kv += [(f"{a}.attention.key_length", p["head_dim"], "u32"),
-               (f"{a}.attention.value_length", p["head_dim"], "u32")]
-    if a == "llama":
-        kv.append((f"{a}.rope.dimension_count", p["head_dim"], "u32"))
-    if p.get("n_expert"):
-        kv += [(f"{a}.expert_count", p["n_expert"], "u32"), (f"{a}.expert_used_count", p["n_expert_used"], "u32")]
-        if all_optional and p["n_expert"] >= 4:
-            # group-limited routing, read by llama.cpp for every MoE arch (hparams.n_expert_groups)
-            kv += [(f"{a}.expert_group_count", p["n_expert"] // 2, "u32"),
-                   (f"{a}.expert_group_used_count", p["n_expert"] // 4, "u32")]
-        if "n_ff_exp" in p:
-            kv.append((f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"))
-    if rope_scaling is not None:
-        # context extension, honored by llama.cpp for every arch through llama_context's cparams
-        kv += [(f"{a}.rope.scaling.type", rope_scaling, "str"), (f"{a}.rope.scaling.factor", 4.0, "f32"),
-               (f"{a}.rope.scaling.original_context_length", p["n_ctx"] // 4, "u32"),
-               (f"{a}.rope.scaling.attn_factor", 1.25, "f32")]
-    return kv
+    """(key, value, gguf value type) rows (the arch's `synth_metadata`)."""
+    return _arch(arch).synth_metadata(p, all_optional=all_optional, rope_scaling=rope_scaling, name=name)
 
 
 # ---------------------------------------------------------------- values
@@ -228,8 +124,7 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks;
     `overrides` replaces preset entries (e.g. {"n_expert_used": 8} for top-k equal to the expert count);
     `rope_scaling` is none | linear | yarn | longrope (factor 4); `all_optional` implies yarn unless given."""
-    if arch not in PRESETS:
-        raise ConfigError(f"no synthetic presets for arch {arch!r} (available: {', '.join(PRESETS)})")
+    _arch(arch)
     if preset not in PRESETS[arch]:
         raise ConfigError(f"arch {arch!r} has no preset {preset!r} (available: {', '.join(PRESETS[arch])})")
     p = dict(PRESETS[arch][preset])

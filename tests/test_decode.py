@@ -8,12 +8,32 @@ from refengine.compare import metrics
 TOKENS = [3, 141, 59, 26, 53, 58, 97, 93, 23, 84, 62, 64]
 
 
-@pytest.mark.parametrize("arch,kw", [("llama", {}), ("llama", dict(all_optional=True)),
-                                     ("qwen3moe", {}), ("qwen3moe", dict(wtype="Q4_K"))])
-def test_decode_equals_prefill(synth_model, arch, kw):
+def decode_cases():
+    """Every registered arch, each small preset (and a quantized and an all-optional case of the first);
+    an arch with two attention forms runs both. Adding an arch adds its cases here with no edit."""
+    from refengine.archs import ARCHS
+    from refengine.synth import PRESETS
+    cases = []
+    for arch in ARCHS:
+        tiny = [p for p in PRESETS.get(arch, {}) if p.startswith("tiny")]
+        for i, preset in enumerate(tiny):
+            cases.append((arch, dict(preset=preset), None))
+            if i == 0:
+                cases.append((arch, dict(preset=preset, wtype="Q4_K"), None))
+                cases.append((arch, dict(preset=preset, all_optional=True), None))
+        forms = getattr(ARCHS[arch], "ATTN_FORMS", ())
+        for form in forms[1:]:
+            cases.append((arch, dict(preset=tiny[0]), form))
+    return cases
+
+
+@pytest.mark.parametrize("arch,kw,form", decode_cases(),
+                         ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={w}" for k, w in (v or {}).items()))
+def test_decode_equals_prefill(synth_model, arch, kw, form):
+    """Prefill 8 tokens, then 4 one-token decodes through the carried state == one prefill of all 12."""
     m = Model(synth_model(arch, **kw))
-    full = m.forward(TOKENS)                                   # [N+k, V]
-    state = m.new_state()
+    full = m.forward(TOKENS, m.new_state(form))                # [N+k, V]
+    state = m.new_state(form)
     parts = [m.forward(TOKENS[:8], state)]
     for t in TOKENS[8:]:
         parts.append(m.forward([t], state))

@@ -1,7 +1,23 @@
-"""One module per architecture: tensor-name table, config reading and block wiring.
+"""The arch registry: one module per architecture, each wiring concept modules into blocks.
 
-Each module provides `config_from_gguf(gf)`, `load_globals(gf, cfg)`, `load_layer(gf, cfg, il)`,
-`block(x, w, *, cfg, il, cache, pos, rope, rt)` and `rope_for(cfg, g, pos, n_ctx)`.
+The contract an arch module fulfils (`Model.forward` only loops over it):
+
+    ARCH                               general.architecture value
+    config_from_gguf(gf) -> ModelConfig      typed, per-layer structure as data (cfg.layers[il])
+    load_globals(gf, cfg) -> ns        token embedding, output, rope factors (refengine.globals)
+    load_layer(gf, cfg, il) -> ns      block il's tensors, fields named after the GGUF tensors
+    new_state(cfg) -> [container]      one per layer, made by the layer's attention module (refengine.cache)
+    embed(g, cfg, step, rt) -> x       the residual carried between blocks ([T, D], or more streams)
+    block(x, w, *, cfg, il, state, step, rt) -> x      state: this layer's container; step: refengine.step.Step
+    head(x, g, cfg, rt) -> logits      [T, V]
+
+and the per-arch data the tools read from here instead of naming archs:
+
+    PRESETS, synth_plan(p, **opts), synth_metadata(p, **opts)       refengine.synth
+    MATMUL_INPUTS                                                   refengine.flips
+    DEVICE_PATH                        the whole-forward GPU path may run it (refengine.cuda checks layer kinds)
+
+No arch imports another arch. Adding one: a module here and one line in ARCHS.
 """
 from __future__ import annotations
 

@@ -1,49 +1,154 @@
-"""`qwen3moe`: Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B). The llama block with three changes:
+"""`qwen3moe`: Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B).
 
-- per-head RMS norms on q and k before RoPE (`attn_q_norm`, `attn_k_norm`, weights [K]);
-- NEOX RoPE (pairs (x[i], x[i + K/2])), no rope_freqs factors, no attn_output bias;
-- every layer is MoE: softmax top-k routing with the top-k weights always renormalized
-  (`norm_w = true` is hard-coded in the graph; `expert_weights_norm` is not read).
+llama.cpp: `src/models/qwen3moe.cpp`. One block (Legend: T tokens, D model dim, K head dim):
 
-llama.cpp: `src/models/qwen3moe.cpp`.
+    h = rms_norm(x) * attn_norm                           attn_norm       [T, D]
+    x = x + gqa_attention(h)     per-head RMS norms on q and k before RoPE (attn_q_norm, attn_k_norm: [K]),
+                                 NEOX RoPE, no rope factor tensors, no attn_output bias      ffn_inp
+    h = rms_norm(x) * ffn_norm                            ffn_norm
+    x = x + moe_block(h)         every layer: softmax top-k, weights always renormalized
+                                 (`norm_w = true` is hard-coded in the graph; `expert_weights_norm` is
+                                 not read)                                                   l_out
 """
 from __future__ import annotations
 
-from ..config import ROPE_NEOX
-from ..ops import rms_norm
-from ..weights import load_tensors
-from . import llama
+from .. import synthplan as sp
+from ..attention import gqa
+from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX, KeyReader, LayerSpec, ModelConfig, check_gqa, read_common, token_rows
+from ..errors import ConfigError
+from ..globals import embed_tokens, load_globals as _load_globals, rms_head
+from ..moe.block import MoEConfig, moe_block, moe_table
+from ..ops import rms_norm, rope_cos_sin
+from ..weights import W, load_tensors
 
 ARCH = "qwen3moe"
 ROPE_TYPE = ROPE_NEOX
+DEVICE_PATH = True          # refengine.cuda runs the whole forward (mha with q/k norms + moe)
+
+MATMUL_INPUTS = [
+    (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
+    (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
+    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight"]),
+    (r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
+    (r"result_norm", ["output.weight", "token_embd.weight"]),
+]
 
 
-def config_from_gguf(gf):
-    return llama.config_from_gguf(gf, arch=ARCH, rope_type=ROPE_TYPE, moe_only=True)
+def config_from_gguf(gf) -> ModelConfig:
+    r = KeyReader(gf, ARCH)
+    common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=token_rows(gf))
+    L = common["n_layer"]
+    L_all = L + common["n_layer_nextn"]
+    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
+    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, default=0)[:L]
+    n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
+    E = common["n_expert"]
+    if E == 0:
+        raise ConfigError(f"{gf.path}: {ARCH} needs {ARCH}.expert_count > 0")
+    if max(n_used) == 0:
+        raise ConfigError(f"{gf.path}: {ARCH}.expert_count = {E} but {ARCH}.expert_used_count is missing or 0")
+    if max(n_used) > E:
+        raise ConfigError(f"{gf.path}: {ARCH}.expert_used_count = {max(n_used)} exceeds expert_count = {E}")
+    if common["head_dim_k"] != common["head_dim_v"] or common["head_dim_k"] != common["n_rot"]:
+        raise ConfigError(
+            f"{gf.path}: {ARCH} needs key_length == value_length == rope.dimension_count, got "
+            f"{common['head_dim_k']}, {common['head_dim_v']}, {common['n_rot']}")
+    layers = []
+    for il in range(L):
+        check_gqa(gf, il, n_head[il], n_head_kv[il])
+        # expert_feed_forward_length, else feed_forward_length / expert_used_count (src/models/qwen3moe.cpp:51)
+        ff_exp = int(n_ff_exp[il] or (n_ff[il] // n_used[il] if n_used[il] else 0) or 0)
+        moe = MoEConfig(n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=ff_exp,
+                        n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"])
+        layers.append(LayerSpec(attn="mha", ffn="moe", n_head=int(n_head[il]), n_head_kv=int(n_head_kv[il]),
+                                n_ff=int(n_ff[il] or 0), n_ff_exp=ff_exp, n_expert_used=int(n_used[il]), moe=moe))
+    ignored = r.warn_ignored(list(LLAMA_IGNORED_MATH_KEYS))
+    return ModelConfig(**common, layers=tuple(layers), ignored_keys=ignored)
 
 
 def load_globals(gf, cfg):
-    return llama.load_globals(gf, cfg, rope_factor_tensors=False)
+    return _load_globals(gf, cfg, rope_factor_tensors=False)
 
 
 def load_layer(gf, cfg, il: int):
-    table = llama.attn_table(gf, il, out_bias=False, qk_norm=True) + llama.moe_table(il, gate_required=True)
-    w = load_tensors(gf, table, cfg, cfg.layers[il], il)
-    w.attn_output_bias = None
-    return w
+    spec = cfg.layers[il]
+    p = f"blk.{il}."
+    D = lambda c, s: (c.n_embd,)                                     # noqa: E731
+    table = [W("attn_norm", p + "attn_norm.weight", D, dense=True), W("ffn_norm", p + "ffn_norm.weight", D, dense=True)]
+    table += gqa.gqa_table(gf, il, out_bias=False, qk_norm=True) + moe_table(gf, il, spec.moe)
+    return load_tensors(gf, table, cfg, spec, il)
 
 
-def block(x, w, *, cfg, il, cache, pos, rope, rt):
-    """x [T, D] -> [T, D]."""
-    def qk_norm(q, k):                                       # q [T, H, K], k [T, Hkv, K]
-        q = rms_norm(q, w.attn_q_norm, cfg.rms_eps)
-        rt.record("Qcur_normed", il, q)
-        k = rms_norm(k, w.attn_k_norm, cfg.rms_eps)
-        rt.record("Kcur_normed", il, k)
-        return q, k
-    return llama.block(x, w, cfg=cfg, il=il, cache=cache, pos=pos, rope=rope, rt=rt,
-                       qk_norm=qk_norm, attn_out_name=None)
+def new_state(cfg, attn_form: str | None = None) -> list:
+    """One KVCache per layer (softmax attention has one form; attn_form is for archs with two)."""
+    return [gqa.new_state() for _ in range(cfg.n_layer)]
 
 
 def rope_for(cfg, g, pos, n_ctx):
-    return llama.rope_for(cfg, g, pos, n_ctx)
+    """cos, sin [T, n_rot/2]: NEOX pairs, YaRN from the context parameters, no factor tensors."""
+    return rope_cos_sin(pos, n_rot=cfg.n_rot, base=cfg.rope_freq_base, freq_scale=cfg.rope_freq_scale,
+                        ext_factor=cfg.yarn_ext_factor, attn_factor=cfg.yarn_attn_factor,
+                        n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
+                        beta_slow=cfg.yarn_beta_slow, freq_factors=None)
+
+
+def embed(g, cfg, step, rt):
+    return embed_tokens(g, step.tokens, rt)                              # [T, D]
+
+
+def block(x, w, *, cfg, il, state, step, rt):
+    """x [T, D] -> [T, D]."""
+    spec = cfg.layers[il]
+    cos, sin = step.memo("rope", lambda: rope_for(cfg, step.g, step.pos, step.n_ctx))    # [T, R/2]
+    h = rms_norm(x, w.attn_norm, cfg.rms_eps)
+    rt.record("attn_norm", il, h)
+    a = gqa.self_attention(h, w, cfg=cfg, spec=spec, il=il, state=state, step=step, cos=cos, sin=sin, rt=rt)
+    x = x + a
+    rt.record("ffn_inp", il, x)
+    h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
+    rt.record("ffn_norm", il, h)
+    x = x + moe_block(h, w, mc=spec.moe, spec=spec, il=il, rt=rt)
+    rt.record("l_out", il, x)
+    return x
+
+
+def head(x, g, cfg, rt):
+    return rms_head(x, g, cfg, rt, where=cfg.name or ARCH)
+
+
+# ---------------------------------------------------------------- synthetic models (refengine.synth)
+
+PRESETS = {
+    "tiny": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=128, n_ff=768,
+                 n_expert=8, n_expert_used=2, n_ff_exp=256, n_ctx=512, rope_base=1e6, eps=1e-6),
+    # Qwen3-30B-A3B as published (config.json of Qwen/Qwen3-30B-A3B)
+    "qwen3-30b-a3b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4, head_dim=128,
+                          n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768, n_ctx=40960,
+                          rope_base=1e6, eps=1e-6),
+}
+
+
+def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=False, rope_scaling=None):
+    if rope_scaling == "longrope":
+        raise ConfigError("qwen3moe has no long/short rope factor tensors; longrope is a llama option")
+    D = p["n_embd"]
+    t = [sp.TensorPlan("token_embd.weight", (p["n_vocab"], D), "embed")]
+    for il in range(p["n_layer"]):
+        t.append(sp.TensorPlan(f"blk.{il}.attn_norm.weight", (D,), "norm"))
+        t += sp.gqa_plans(il, p, all_optional=all_optional, fused_qkv=fused_qkv, qk_norm=True, out_bias=False)
+        t.append(sp.TensorPlan(f"blk.{il}.ffn_norm.weight", (D,), "norm"))
+        t += sp.moe_plans(il, D, p["n_expert"], p["n_ff_exp"], all_optional=all_optional)
+    return t + sp.output_plans(p, tied_output=tied_output)
+
+
+def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
+    a = ARCH
+    kv = sp.common_metadata(a, p, name=name)
+    if p["head_dim"] != p["n_embd"] // p["n_head"]:
+        kv += [(f"{a}.attention.key_length", p["head_dim"], "u32"), (f"{a}.attention.value_length", p["head_dim"], "u32")]
+    kv += [(f"{a}.expert_count", p["n_expert"], "u32"), (f"{a}.expert_used_count", p["n_expert_used"], "u32"),
+           (f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32")]
+    if all_optional and p["n_expert"] >= 4:
+        kv += [(f"{a}.expert_group_count", p["n_expert"] // 2, "u32"),
+               (f"{a}.expert_group_used_count", p["n_expert"] // 4, "u32")]
+    return kv + sp.rope_scaling_metadata(a, p, rope_scaling)

@@ -1,7 +1,7 @@
 """The whole forward pass on the GPU for `llama` and `qwen3moe`: activations never leave the device.
 
     dm = DeviceModel(model)                 # checks the arch and the layers' tensors; uploads nothing
-    logits = dm.forward(tokens, state)      # same contract as Model.forward (state: KVCache)
+    logits = dm.forward(tokens, state)      # same contract as Model.forward (state: ModelState)
 
 Per layer (Legend: T tokens, D model dim, H/Hkv heads, K head dim, E experts, A active):
 
@@ -16,7 +16,7 @@ Per layer (Legend: T tokens, D model dim, H/Hkv heads, K head dim, E experts, A 
     dense: x = x + down(silu(gate h) * up h)               GLU GEMV, GEMV,  output norm): add_rms_norm_kernel
 
 Weights are uploaded packed when a layer first runs (all experts: routing happens on the device).
-The KV cache lives on the device beside the host `KVCache` (`state.device`); the position of the
+The KV cache lives on the device beside the host `ModelState` (`state.device`); the position of the
 first new token is a device scalar, so the launches of one decode step are captured once as a CUDA
 graph and replayed for every later token (`graphs=True`). Used by `Runtime(backend="cuda")` when no
 trace is recorded; the traced path runs the same kernels op by op from the NumPy block code.
@@ -51,9 +51,16 @@ OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_
 
 def unsupported(model) -> str | None:
     """Why `model` cannot run on the device path (None when it can)."""
-    if model.arch.ARCH not in ("llama", "qwen3moe"):
-        return f"architecture {model.arch.ARCH}"
     cfg = model.cfg
+    if not getattr(model.arch, "DEVICE_PATH", False):
+        return f"architecture {model.arch.ARCH} (its embed / residual / head are not the device path's)"
+    for il, spec in enumerate(cfg.layers):           # the layer kinds the device kernels implement
+        if spec.attn != "mha" or spec.ffn not in ("dense", "moe"):
+            return f"layer {il}: {spec.attn} attention / {spec.ffn} feed-forward"
+        mc = spec.moe
+        if mc is not None and (mc.gating != "softmax" or not mc.norm_w or mc.w_scale not in (0.0, 1.0)
+                               or mc.n_shared or mc.n_groups > 1):
+            return f"layer {il}: routing {mc.gating} (norm {mc.norm_w}, scale {mc.w_scale}, groups {mc.n_groups}, shared {mc.n_shared})"
     if cfg.rope_type not in (ROPE_NORM, ROPE_NEOX):
         return f"rope type {cfg.rope_type}"
     if model.n_ctx > MAX_S:
@@ -66,6 +73,8 @@ def unsupported(model) -> str | None:
         return f"output type {model.g.output.type.name}"
     for il in range(cfg.n_layer):
         w = model.layer(il)
+        if getattr(w, "ffn_gate_up_exps", None) is not None or getattr(w, "exp_probs_b", None) is not None:
+            return f"layer {il}: fused ffn_gate_up_exps / exp_probs_b"
         for f in OPTIONAL:
             if getattr(w, f, None) is not None:
                 return f"layer {il}: optional tensor {f}"

@@ -76,6 +76,10 @@ class LlamaCpp:
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        # No extra buffer types (weight repacking, AMX): on hosts with AMX (amx_int8) ggml's AMX buffer
+        # crashed llama_decode on Q8_0 / Q4_K models (segfault, 2026-12-02); the plain ggml-cpu mul_mat
+        # rounds activations the same way (docs/quant.md), so the oracle's numbers keep their meaning.
+        mp.use_extra_bufts = False
         self.model = L.llama_model_load_from_file(self.path.encode(), mp)
         if not self.model:
             raise OracleError(f"{self.path}: llama.cpp refused to load the model (run `llama-cli` on it to see why)")

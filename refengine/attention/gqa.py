@@ -1,0 +1,117 @@
+"""Grouped-query self-attention sub-block (Llama, Mistral, Qwen3): projections, q/k norms, RoPE, KV cache.
+
+Legend: T new tokens, S cached positions, D model dim, H query heads, Hkv KV heads, K key head dim,
+V value head dim, R rope dims.
+
+    q, k, v = h @ Wq.T (*s_q) + b_q, ...   (or one fused attn_qkv)      Qcur/Kcur/Vcur [T, H|Hkv, K]
+    q, k    = rms_norm(q) * q_norm, ...     (Qwen3: per-head norms)      Qcur_normed, Kcur_normed
+    q, k    = rope(q), rope(k)              (first R dims, NORM or NEOX pairs)
+    K, V    = cache <- k, v                                              [S, Hkv, K], [S, Hkv, V]
+    o       = attention(q, K, V) (causal, 1/sqrt(K))                     kqv_out    [T, H*V]
+    y       = o @ Wo.T (*s_o) + b_o                                      attn_out   [T, D]
+
+llama.cpp: `build_qkv` and `create_tensor_qkv` (src/llama-graph.cpp, src/llama-model.cpp:3396), the
+generic `.scale` / `.input_scale` pass (src/llama-model.cpp:1620-1790), `build_attn`.
+The layer's state is a `KVCache` (`new_state`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..cache import KVCache
+from ..ops import apply_rope, rms_norm
+from ..ops.linear import linear
+from ..weights import W
+from .mha import attention, causal_mask
+
+D = lambda cfg, s: cfg.n_embd                                        # noqa: E731
+QD = lambda cfg, s: s.n_head * cfg.head_dim_k                        # noqa: E731
+KD = lambda cfg, s: s.n_head_kv * cfg.head_dim_k                     # noqa: E731
+VD = lambda cfg, s: s.n_head_kv * cfg.head_dim_v                     # noqa: E731
+ONE = lambda cfg, s: (1,)                                            # noqa: E731
+
+
+def _vec(n):
+    return lambda cfg, s: (n(cfg, s),)
+
+
+def new_state() -> KVCache:
+    return KVCache()
+
+
+def gqa_table(gf, il: int, *, out_bias: bool = True, qk_norm: bool = False) -> list[W]:
+    """The attention tensors of block il (without attn_norm, which the arch's block owns)."""
+    p = f"blk.{il}."
+    t = []
+    if qk_norm:
+        K = lambda c, s: (c.head_dim_k,)                             # noqa: E731
+        t += [W("attn_q_norm", p + "attn_q_norm.weight", K, dense=True),
+              W("attn_k_norm", p + "attn_k_norm.weight", K, dense=True)]
+    if p + "attn_qkv.weight" in gf:
+        QKV = lambda c, s: QD(c, s) + KD(c, s) + VD(c, s)           # noqa: E731
+        t += [W("attn_qkv", p + "attn_qkv.weight", lambda c, s: (QKV(c, s), c.n_embd)),
+              W("attn_qkv_bias", p + "attn_qkv.bias", _vec(QKV), required=False, dense=True),
+              W("attn_qkv_scale", p + "attn_qkv.scale", ONE, required=False, dense=True),
+              W("attn_qkv_input_scale", p + "attn_qkv.input_scale", ONE, required=False, dense=True)]
+        if p + "attn_qkv.bias" not in gf:
+            t += [W(f"attn_{x}_bias", p + f"attn_{x}.bias", _vec(n), required=False, dense=True)
+                  for x, n in (("q", QD), ("k", KD), ("v", VD))]
+    else:
+        for x, n in (("q", QD), ("k", KD), ("v", VD)):
+            t += [W(f"attn_{x}", p + f"attn_{x}.weight", lambda c, s, n=n: (n(c, s), c.n_embd)),
+                  W(f"attn_{x}_bias", p + f"attn_{x}.bias", _vec(n), required=False, dense=True),
+                  W(f"attn_{x}_scale", p + f"attn_{x}.scale", ONE, required=False, dense=True),
+                  W(f"attn_{x}_input_scale", p + f"attn_{x}.input_scale", ONE, required=False, dense=True)]
+    t += [W("attn_output", p + "attn_output.weight", lambda c, s: (c.n_embd, QD(c, s))),
+          W("attn_output_scale", p + "attn_output.scale", ONE, required=False, dense=True),
+          W("attn_output_input_scale", p + "attn_output.input_scale", ONE, required=False, dense=True)]
+    if out_bias:
+        t.append(W("attn_output_bias", p + "attn_output.bias", _vec(D), required=False, dense=True))
+    return t
+
+
+def project_qkv(h, w, cfg, spec, rt, il):
+    """`build_qkv`: h [T, D] -> q [T, H, K], k [T, Hkv, K], v [T, Hkv, V]."""
+    T = h.shape[0]
+    H, Hkv, K, V = spec.n_head, spec.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
+    if getattr(w, "attn_qkv", None) is not None:
+        bias = w.attn_qkv_bias
+        if bias is None and getattr(w, "attn_q_bias", None) is not None \
+                and w.attn_k_bias is not None and w.attn_v_bias is not None:
+            bias = np.concatenate([w.attn_q_bias, w.attn_k_bias, w.attn_v_bias])
+        qkv = linear(h, w.attn_qkv, w.attn_qkv_scale, None, rt)          # [T, H*K + Hkv*K + Hkv*V]
+        rt.record("wqkv", il, qkv)
+        if bias is not None:
+            qkv = qkv + bias
+            rt.record("wqkv_b", il, qkv)
+        q = qkv[:, :H * K]
+        k = qkv[:, H * K:H * K + Hkv * K]
+        v = qkv[:, H * K + Hkv * K:]
+    else:
+        q = linear(h, w.attn_q, w.attn_q_scale, w.attn_q_bias, rt)       # [T, H*K]
+        k = linear(h, w.attn_k, w.attn_k_scale, w.attn_k_bias, rt)       # [T, Hkv*K]
+        v = linear(h, w.attn_v, w.attn_v_scale, w.attn_v_bias, rt)       # [T, Hkv*V]
+    return q.reshape(T, H, K), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
+
+
+def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt):
+    """h [T, D] -> [T, D]. q/k norms run when the table loaded them (`w.attn_q_norm`)."""
+    T = h.shape[0]
+    q, k, v = project_qkv(h, w, cfg, spec, rt, il)
+    if getattr(w, "attn_q_norm", None) is not None:
+        q = rms_norm(q, w.attn_q_norm, cfg.rms_eps)                      # [T, H, K]
+        rt.record("Qcur_normed", il, q)
+        k = rms_norm(k, w.attn_k_norm, cfg.rms_eps)                      # [T, Hkv, K]
+        rt.record("Kcur_normed", il, k)
+    q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_type)                # [T, H, K]
+    k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_type)                # [T, Hkv, K]
+    rt.record("Qcur", il, q)
+    rt.record("Kcur", il, k)
+    rt.record("Vcur", il, v)
+    k_all, v_all = state.append(k, v)                                    # [S, Hkv, K], [S, Hkv, V]
+    S = k_all.shape[0]
+    mask = causal_mask(step.pos, np.arange(S)) if cfg.causal_attn else np.zeros((T, S), np.float32)   # [T, S]
+    o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k), rt.record, il)  # [T, H, V]
+    o = o.reshape(T, -1)                                                 # [T, H*V]
+    rt.record("kqv_out", il, o)
+    return linear(o, w.attn_output, w.attn_output_scale, getattr(w, "attn_output_bias", None), rt)

@@ -1,0 +1,63 @@
+"""The dense gated feed-forward block (`build_ffn(..., LLM_FFN_SILU, LLM_FFN_PAR)`, src/llama-graph.cpp).
+
+Legend: T tokens, D model dim, F hidden dim.
+
+    up   = (h @ W_up.T   + b_up)   * s_up                   ffn_up    [T, F]
+    gate = (h @ W_gate.T + b_gate) * s_gate                 ffn_gate  [T, F]
+    a    = act(gate) * up          (act = silu: SwiGLU)     ffn_swiglu
+    y    = (a @ W_down.T + b_down) * s_down                 ffn_down  [T, D]
+
+Biases come before the scale here, unlike `build_qkv`. The same block serves as a dense layer's FFN
+(`ffn_gate` / `ffn_up` / `ffn_down`) and as DeepSeek's shared experts (`ffn_*_shexp`): `kind` picks the
+tensor names, and `n_ff` the hidden size of the table.
+"""
+from __future__ import annotations
+
+from ..ops import silu
+from ..weights import W
+
+ACTIVATIONS = {"silu": (silu, "ffn_swiglu")}    # act -> (function, llama.cpp's name of act(gate) * up)
+
+
+def dense_ffn_table(il: int, n_ff, *, suffix: str = "", extras: bool = True) -> list[W]:
+    """ffn_{gate,up,down}{suffix}.weight with optional .bias / .scale / .input_scale (when `extras`).
+
+    n_ff: (cfg, spec) -> hidden size F.   suffix "" for a dense layer, "_shexp" for shared experts."""
+    p = f"blk.{il}."
+    D = lambda c, s: c.n_embd                                        # noqa: E731
+    shapes = {"gate": lambda c, s: (n_ff(c, s), c.n_embd), "up": lambda c, s: (n_ff(c, s), c.n_embd),
+              "down": lambda c, s: (c.n_embd, n_ff(c, s))}
+    out_dim = {"gate": lambda c, s: (n_ff(c, s),), "up": lambda c, s: (n_ff(c, s),), "down": lambda c, s: (D(c, s),)}
+    t = []
+    for x in ("gate", "down", "up"):
+        name = f"ffn_{x}{suffix}"
+        t.append(W(name, p + f"{name}.weight", shapes[x]))
+        if extras:
+            t += [W(f"{name}_bias", p + f"{name}.bias", out_dim[x], required=False, dense=True),
+                  W(f"{name}_scale", p + f"{name}.scale", lambda c, s: (1,), required=False, dense=True),
+                  W(f"{name}_input_scale", p + f"{name}.input_scale", lambda c, s: (1,), required=False, dense=True)]
+    return t
+
+
+def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu"):
+    """h [T, D] -> [T, D]. Weights `w.ffn_{gate,up,down}{suffix}` (+ optional _bias / _scale)."""
+    fn, act_name = ACTIVATIONS[act]
+
+    def proj(x, part):
+        name = f"ffn_{part}{suffix}"
+        y = rt.matmul(x, getattr(w, name))
+        rt.record(f"ffn_{part}", il, y)
+        b, s = getattr(w, name + "_bias", None), getattr(w, name + "_scale", None)
+        if b is not None:
+            y = y + b
+            rt.record(f"ffn_{part}_b", il, y)
+        if s is not None:
+            y = y * s
+            rt.record(f"ffn_{part}_s", il, y)
+        return y
+
+    up = proj(h, "up")                                                   # [T, F]
+    gate = proj(h, "gate")                                               # [T, F]
+    a = fn(gate) * up                                                    # [T, F]
+    rt.record(act_name, il, a)
+    return proj(a, "down")                                               # [T, D]

@@ -1,0 +1,105 @@
+"""The MoE feed-forward block: router + routed experts + shared experts (`build_moe_ffn`, src/llama-graph.cpp).
+
+Legend: T tokens, D model dim, E experts, A active experts per token, I expert hidden dim.
+
+    logits     = h @ W_gate_inp.T                               ffn_moe_logits   [T, E]
+    ids, wts   = route(logits, gating, exp_probs_b, groups)     (moe/router.py)  [T, A], [T, A]
+    y          = sum_a wts[t, a] * expert_{ids[t, a]}(h[t])     (moe/experts.py: SwiGLU experts)
+    y         += shared_experts(h)   (dense SwiGLU, ffn_*_shexp, when expert_shared_count > 0)   ffn_shexp
+
+`MoEConfig` holds every switch of the block, each read from a named GGUF key by the arch; the tables
+name the tensors (`ffn_gate_exps` or the fused `ffn_gate_up_exps`, optional per-expert `.scale`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from quant import QTensor
+
+from ..ffn.dense import dense_ffn, dense_ffn_table
+from ..weights import W
+from .router import softmax_topk
+
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight", 4: "sqrt_softplus"}   # expert_gating_func values
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    n_expert: int               # expert_count
+    n_expert_used: int          # expert_used_count (scalar or per layer)
+    n_ff_exp: int               # expert_feed_forward_length
+    gating: str = "softmax"     # expert_gating_func (GATING); llama / qwen3moe: softmax, fixed by the graph
+    norm_w: bool = True         # expert_weights_norm; llama / qwen3moe: true, fixed by the graph
+    w_scale: float = 0.0        # expert_weights_scale (0 or 1: no scaling)
+    n_groups: int = 0           # expert_group_count (0 / 1: no group-limited routing)
+    n_group_used: int = 0       # expert_group_used_count
+    n_shared: int = 0           # expert_shared_count
+    n_ff_shexp: int = 0         # hidden size of the shared experts (n_ff_exp * n_shared for deepseek2)
+    gate_exps_required: bool = True   # llama (Mixtral files) may omit ffn_gate_exps (then act = silu(up))
+    probs_bias: bool = False    # the arch's loader accepts blk.N.exp_probs_b.bias (selection bias)
+    fused_gate_up: bool = False  # the arch's loader accepts a fused blk.N.ffn_gate_up_exps.weight
+
+
+def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
+    """Router, routed experts (separate or fused gate+up), optional per-expert scales, exp_probs_b, shared experts."""
+    p = f"blk.{il}."
+    E, F, Dm = (lambda c, s: mc.n_expert), (lambda c, s: mc.n_ff_exp), (lambda c, s: c.n_embd)
+    PER_EXPERT = lambda c, s: (mc.n_expert,)                         # noqa: E731
+    t = [W("ffn_gate_inp", p + "ffn_gate_inp.weight", lambda c, s: (E(c, s), Dm(c, s)))]
+    if mc.probs_bias:
+        t.append(W("exp_probs_b", p + "exp_probs_b.bias", PER_EXPERT, required=False, dense=True))
+    if mc.fused_gate_up and p + "ffn_gate_up_exps.weight" in gf:
+        t.append(W("ffn_gate_up_exps", p + "ffn_gate_up_exps.weight", lambda c, s: (E(c, s), 2 * F(c, s), Dm(c, s))))
+    else:
+        t += [W("ffn_gate_exps", p + "ffn_gate_exps.weight", lambda c, s: (E(c, s), F(c, s), Dm(c, s)),
+                required=mc.gate_exps_required),
+              W("ffn_up_exps", p + "ffn_up_exps.weight", lambda c, s: (E(c, s), F(c, s), Dm(c, s)))]
+    t.append(W("ffn_down_exps", p + "ffn_down_exps.weight", lambda c, s: (E(c, s), Dm(c, s), F(c, s))))
+    for x in ("gate", "down", "up"):
+        t += [W(f"ffn_{x}_exps_scale", p + f"ffn_{x}_exps.scale", PER_EXPERT, required=False, dense=True),
+              W(f"ffn_{x}_exps_input_scale", p + f"ffn_{x}_exps.input_scale", PER_EXPERT, required=False, dense=True)]
+    if mc.n_shared > 0:
+        t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp", extras=False)
+    return t
+
+
+def split_gate_up(w) -> tuple[QTensor, QTensor]:
+    """The fused `ffn_gate_up_exps` [E, 2I, D] as gate = rows [0, I) and up = rows [I, 2I) of every expert
+    (llama.cpp: views of one mul_mat_id result, src/llama-graph.cpp build_moe_ffn)."""
+    t = w.ffn_gate_up_exps
+    E, I2, D = t.shape
+    I = I2 // 2
+    raw = np.asarray(t.raw)
+    return (QTensor(t.name + "[gate]", t.type, (E, I, D), np.ascontiguousarray(raw[:, :I])),
+            QTensor(t.name + "[up]", t.type, (E, I, D), np.ascontiguousarray(raw[:, I:])))
+
+
+def route(logits, w, mc: MoEConfig, k: int, *, record, il):
+    """Router logits [T, E] -> ids [T, A], weights [T, A] (moe/router.py)."""
+    if mc.gating != "softmax" or getattr(w, "exp_probs_b", None) is not None:
+        raise NotImplementedError(f"routing {mc.gating!r} with exp_probs_b")
+    return softmax_topk(logits, k, norm_w=mc.norm_w, w_scale=mc.w_scale, n_groups=mc.n_groups,
+                        n_group_used=mc.n_group_used, record=record, il=il)
+
+
+def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
+    """h [T, D] -> [T, D] (routed experts, plus the shared experts when the layer has them)."""
+    logits = rt.matmul(h, w.ffn_gate_inp)                                # [T, E]
+    rt.record("ffn_moe_logits", il, logits)
+    ids, weights = route(logits, w, mc, spec.n_expert_used, record=rt.record, il=il)   # [T, A], [T, A]
+    if getattr(w, "ffn_gate_up_exps", None) is not None:
+        gate, up = split_gate_up(w)
+    else:
+        gate, up = w.ffn_gate_exps, w.ffn_up_exps
+    y = rt.moe_ffn(h, ids, weights, up=up, gate=gate, down=w.ffn_down_exps,
+                   up_scale=w.ffn_up_exps_scale, gate_scale=w.ffn_gate_exps_scale,
+                   down_scale=w.ffn_down_exps_scale, il=il)               # [T, D]
+    rt.record("ffn_moe_out", il, y)
+    if mc.n_shared > 0:
+        s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp")               # [T, D]
+        rt.record("ffn_shexp", il, s)
+        y = y + s
+        rt.record("ffn_out", il, y)
+    return y
