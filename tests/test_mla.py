@@ -250,3 +250,86 @@ def test_config_rules():
         mla_config(KeyReader(FakeGGUF(v3_keys(**{"deepseek2.attention.q_lora_rank": None})), "deepseek2"), **common())
     with pytest.raises(ConfigError, match="key_length"):
         mla_config(KeyReader(FakeGGUF(v3_keys()), "deepseek2"), **common(head_dim_k=192))
+
+
+# ---------------------------------------------------------------- against llama.cpp
+
+def write_deepseek2(path, *, legacy: bool, yarn: bool) -> None:
+    """A one-layer deepseek2 GGUF (dense FFN, F32) with the attention tensors of an MLA or a legacy file."""
+    import gguf
+    Dm, Hm, Dqm, Cm, Rm, DNm, DVm, Vm = 64, 4, 32, 32, 16, 16, 16, 64
+    rng = np.random.default_rng(0)
+    w, a = gguf.GGUFWriter(str(path), "deepseek2"), "deepseek2"
+    u32 = {"context_length": 256, "embedding_length": Dm, "block_count": 1, "feed_forward_length": 64,
+           "attention.head_count": Hm, "attention.head_count_kv": Hm if legacy else 1,
+           "attention.key_length": DNm + Rm if legacy else Cm + Rm, "attention.value_length": DVm if legacy else Cm,
+           "rope.dimension_count": Rm, "leading_dense_block_count": 1, "attention.q_lora_rank": Dqm,
+           "attention.kv_lora_rank": Cm, "expert_feed_forward_length": 32, "expert_shared_count": 1, "vocab_size": Vm}
+    if not legacy:
+        u32.update({"attention.key_length_mla": DNm + Rm, "attention.value_length_mla": DVm})
+    for k, v in u32.items():
+        w.add_uint32(f"{a}.{k}", v)
+    w.add_float32(f"{a}.rope.freq_base", 10000.0)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_string("tokenizer.ggml.model", "none")
+    if yarn:
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", 40.0)
+        w.add_uint32(f"{a}.rope.scaling.original_context_length", 64)
+        w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * 0.707)
+    shapes = {"token_embd": (Vm, Dm), "output_norm": (Dm,), "output": (Vm, Dm), "blk.0.attn_norm": (Dm,),
+              "blk.0.attn_q_a": (Dqm, Dm), "blk.0.attn_q_a_norm": (Dqm,), "blk.0.attn_q_b": (Hm * (DNm + Rm), Dqm),
+              "blk.0.attn_kv_a_mqa": (Cm + Rm, Dm), "blk.0.attn_kv_a_norm": (Cm,),
+              "blk.0.attn_output": (Dm, Hm * DVm), "blk.0.ffn_norm": (Dm,), "blk.0.ffn_gate": (64, Dm),
+              "blk.0.ffn_up": (64, Dm), "blk.0.ffn_down": (Dm, 64)}
+    shapes.update({"blk.0.attn_kv_b": (Hm * (DNm + DVm), Cm)} if legacy else
+                  {"blk.0.attn_k_b": (Hm, Cm, DNm), "blk.0.attn_v_b": (Hm, DVm, Cm)})
+    for name, shape in shapes.items():
+        x = 1 + 0.2 * rng.standard_normal(shape) if len(shape) == 1 else \
+            rng.standard_normal(shape) * (1.0 if name == "token_embd" else 1.5 / math.sqrt(shape[-1]))
+        w.add_tensor(name + ".weight", x.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kind", ["mla", "legacy", "mla-yarn"])
+def test_mla_vs_llamacpp(tmp_path, kind):
+    """Both forms on llama.cpp's own attn_norm-0: every traced name both sides have, and the attention output
+    (llama.cpp's ffn_inp-0 minus the embeddings), within the F32 tolerance (NMSE 1e-8)."""
+    import quant
+    from refengine.compare import metrics
+    from refengine.config import read_common
+    from refengine.gguf import open_gguf
+    from refengine.oracle.llamacpp import run_llamacpp
+    from refengine.weights import load_tensors
+    path = tmp_path / f"{kind}.gguf"
+    write_deepseek2(path, legacy=kind == "legacy", yarn=kind.endswith("yarn"))
+    tokens = [3, 17, 42, 5, 9, 60, 1]
+    ref = run_llamacpp(path, tokens, trace=True)
+    gf = open_gguf(path)
+    r = KeyReader(gf, "deepseek2")
+    cm, n_head, _ = read_common(r, rope_type=0, n_vocab=64)
+    mc = mla_config(r, n_head=n_head[0], **cm)
+    w = load_tensors(gf, mla_table(0, mc), SimpleNamespace(n_embd=64), None, 0)
+    h = ref.tensors["attn_norm-0"].reshape(len(tokens), 64)
+    cos, sin = rope_cos_sin(np.arange(len(tokens)), n_rot=mc.qk_rope, base=cm["rope_freq_base"],
+                            freq_scale=cm["rope_freq_scale"], ext_factor=1.0 if cm["rope_scaling_type"] == "yarn" else 0.0,
+                            attn_factor=mc.rope_attn_factor, n_ctx_orig=cm["n_ctx_orig_yarn"])
+    attn = ref.tensors["ffn_inp-0"].reshape(len(tokens), 64) - quant.dequantize(gf.tensor("token_embd.weight"))[tokens]
+    for form in ("absorbed", "naive"):
+        tr = Trace()
+        out = mla(h, w, mc=mc, il=0, state=new_state(mc, form), cos=cos, sin=sin, rt=Runtime(trace=tr), form=form)
+        assert metrics(attn, out)[0] <= 1e-8, f"{kind} {form}: attention output"
+        shared = [n for n in ref.order if n in tr]
+        assert {"q-0", "kv_cmpr-0", "k_pe-0", "kq_soft_max-0", "kqv_out-0"} <= set(shared)
+        if form == llama_form(mc):
+            assert {"Qcur-0", "Kcur-0", "kqv-0"} <= set(shared)
+        for n in shared:
+            want = ref.tensors[n]
+            if n.startswith("kq") and want.shape[-1] > tr[n].shape[-1]:     # llama.cpp's padded KV view
+                want = want[..., :tr[n].shape[-1]]
+            assert want.size == tr[n].size, f"{kind} {form} {n}: llama.cpp {want.shape}, ours {tr[n].shape}"
+            assert metrics(want, tr[n])[0] <= 1e-8, f"{kind} {form} {n}"
