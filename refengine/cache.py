@@ -53,8 +53,8 @@ class Rows:
 class KVCache:
     """Keys and values of one softmax-attention layer in float32 (llama.cpp with type_k = type_v = F32)."""
 
-    def __init__(self):
-        self.k, self.v = Rows(), Rows()
+    def __init__(self, dtype=np.float32):
+        self.k, self.v = Rows(dtype), Rows(dtype)
 
     @property
     def n(self) -> int:
@@ -72,8 +72,8 @@ class LatentKV:
     columns; here they are kept apart, which is the same numbers.
     """
 
-    def __init__(self):
-        self.c, self.k_pe = Rows(), Rows()
+    def __init__(self, dtype=np.float32):
+        self.c, self.k_pe = Rows(dtype), Rows(dtype)
 
     @property
     def n(self) -> int:

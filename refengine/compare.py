@@ -215,8 +215,10 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         base, _, il = name.rpartition("-")
         base = base if il.isdigit() else name
         if base in ("ffn_moe_argsort", "ffn_moe_topk", "ffn_moe_group_topk"):
-            # the scores the experts (or groups) were ranked by: masked by group routing when there is one
-            src = "ffn_moe_probs_masked" if f"ffn_moe_probs_masked-{il}" in ref else "ffn_moe_probs"
+            # the scores the experts (or groups) were ranked by: masked by group routing when there is one,
+            # else biased by exp_probs_b when there is one (build_moe_ffn selects on those, weights on probs)
+            src = next(s for s in ("ffn_moe_probs_masked", "ffn_moe_probs_biased", "ffn_moe_probs")
+                       if f"{s}-{il}" in ref or s == "ffn_moe_probs")
             if base == "ffn_moe_group_topk":
                 stats.append(_topk_check(name, r, g, None, None))
                 continue

@@ -22,8 +22,10 @@ def causal_mask(q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float,
-              record=None, il: int = -1) -> np.ndarray:
+              record=None, il: int = -1, dtype=np.float32) -> np.ndarray:
     """q: [T, H, K], k: [S, Hkv, K], v: [S, Hkv, V], mask: [T, S] -> [T, H, V].
+
+    `dtype`: float32 as llama.cpp (f32 KV cache); float64 for the equivalence tests (MLA naive vs absorbed).
 
     Traces llama.cpp's `kq` (unscaled, unmasked logits), `kq_soft_max` and `kqv`, each [H, T, *].
     """
@@ -33,9 +35,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_
     assert H % Hkv == 0, f"{H} query heads do not group evenly over {Hkv} KV heads"
     g = H // Hkv
     qg = q.reshape(T, Hkv, g, K)                                          # [T, Hkv, g, K]
-    logits = np.einsum("tngk,snk->ngts", qg, k, dtype=np.float32)         # [Hkv, g, T, S]
-    probs = softmax(logits * np.float32(kq_scale) + mask)                 # [Hkv, g, T, S]
-    out = np.einsum("ngts,snv->ngtv", probs, v, dtype=np.float32)         # [Hkv, g, T, V]
+    logits = np.einsum("tngk,snk->ngts", qg, k, dtype=dtype)              # [Hkv, g, T, S]
+    probs = softmax(logits * dtype(kq_scale) + mask)                      # [Hkv, g, T, S]
+    out = np.einsum("ngts,snv->ngtv", probs, v, dtype=dtype)              # [Hkv, g, T, V]
     if record is not None:
         record("kq", il, logits.reshape(H, T, S))
         record("kq_soft_max", il, probs.reshape(H, T, S))

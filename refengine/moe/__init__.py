@@ -1,5 +1,5 @@
 """Mixture-of-experts: routing (scores -> ids, weights) and expert evaluation."""
 from .experts import moe_ffn
-from .router import softmax_topk, topk_desc
+from .router import route, softmax_topk, topk_desc
 
-__all__ = ["moe_ffn", "softmax_topk", "topk_desc"]
+__all__ = ["moe_ffn", "route", "softmax_topk", "topk_desc"]

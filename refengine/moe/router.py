@@ -1,16 +1,20 @@
 """Expert routing: router logits -> (expert ids, expert weights) per token.
 
-Legend: T tokens, D model dim, E experts, A active experts per token.
+Legend: T tokens, E experts, A active experts per token, G expert groups.
 
-Softmax top-k (Mixtral, Qwen3-MoE; `build_moe_ffn` with LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX,
-src/llama-graph.cpp:2007-2180):
+`build_moe_ffn` (src/llama-graph.cpp:2007-2173), the routing half, for every gating function:
 
-    probs   = softmax(x @ W_gate_inp.T)                  [T, E]
-    (groups: keep the experts of the best groups only, see group_limited)
-    ids     = top-k of probs, descending                 [T, A]
-    weights = probs[ids]                                 [T, A]
-    if norm_w:  weights /= max(sum(weights), 2^-14)      (clamped to the smallest normal f16)
-    if scale not in (0, 1):  weights *= scale
+    probs     = gate(logits)                              [T, E]   ffn_moe_probs
+    sel       = probs + exp_probs_b   (if present)        [T, E]   ffn_moe_probs_biased   (selection only)
+    groups:     keep the experts of the n_group_used best groups of sel, others -> -inf (group_limited)
+    ids       = top-A of sel, descending                  [T, A]   ffn_moe_argsort / ffn_moe_topk
+    weights   = probs[ids]              (UNBIASED probs)  [T, A]   ffn_moe_weights
+    softmax_weight gating only:  weights = softmax(weights)        ffn_moe_weights_softmax
+    if norm_w:  weights /= max(sum(weights), 2^-14)       (clamped to the smallest normal f16)
+    if scale not in (0, 1):  weights *= scale             (routed_scaling_factor)
+
+Everything is float32, as ggml-cpu computes it; the gate functions use the same float32 formulas as
+ggml-cpu's unary ops (`ggml/src/ggml-cpu/unary-ops.cpp`, `vec.h`), not the numerically nicer ones.
 """
 from __future__ import annotations
 
@@ -18,23 +22,60 @@ import numpy as np
 
 from ..ops.softmax import softmax
 
+# `expert_gating_func` values (LLAMA_EXPERT_GATING_FUNC_TYPE_*, src/llama-hparams.h:16-22; 0 = "not set",
+# which each arch's loader replaces by its own default).
+GATING_SOFTMAX = 1         # probs = softmax(logits) over all E experts          (Mixtral, Qwen3-MoE, DeepSeek-V2)
+GATING_SIGMOID = 2         # probs = 1 / (1 + exp(-logits)) per expert           (DeepSeek-V3, Kimi-K2, GLM-4.5)
+GATING_SOFTMAX_WEIGHT = 3  # select on the raw logits; weights = softmax over the A selected logits (gpt-oss)
+GATING_SQRT_SOFTPLUS = 4   # probs = sqrt(softplus(logits)), softplus(x) = x if x > 20 else log(1 + exp(x))
+                           # (DeepSeek-V4; llama.cpp forces an f32 accumulator for its router matmul, a GPU concern)
+GATING_NAMES = {GATING_SOFTMAX: "softmax", GATING_SIGMOID: "sigmoid",
+                GATING_SOFTMAX_WEIGHT: "softmax_weight", GATING_SQRT_SOFTPLUS: "sqrt_softplus"}
+
+# ggml_clamp(weights_sum, 6.103515625e-5, INF) before normalizing: avoids dividing by zero; the value
+# is the smallest normal f16 (2^-14), whatever the activation type.
 F16_MIN_NORMAL = np.float32(6.103515625e-5)
 
 
 def topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest scores per row, largest first, lower index first on ties.  [T, E] -> [T, A] int32"""
+    """Indices of the k largest scores per row, largest first, lower index first on ties.  [T, E] -> [T, A] int32
+
+    (ggml_argsort is std::sort, not stable: llama.cpp may order exact ties either way.)
+    """
     order = np.argsort(-scores, axis=-1, kind="stable")
     return order[:, :k].astype(np.int32)
+
+
+def gate_probs(logits: np.ndarray, gating: int) -> np.ndarray:
+    """The gate function of `build_moe_ffn` (llama-graph.cpp:2052-2072), float32.   [T, E] -> [T, E]"""
+    x = np.asarray(logits, dtype=np.float32)
+    one = np.float32(1.0)
+    if gating == GATING_SOFTMAX:
+        return softmax(x)                                                    # ggml_soft_max
+    if gating == GATING_SIGMOID:
+        with np.errstate(over="ignore"):
+            return (one / (one + np.exp(-x))).astype(np.float32)             # ggml_vec_sigmoid_f32
+    if gating == GATING_SOFTMAX_WEIGHT:
+        return x                                                             # probs = logits
+    if gating == GATING_SQRT_SOFTPLUS:
+        with np.errstate(over="ignore"):
+            # op_softplus: log(1 + exp(x)) in float32 (not log1p: 1 + exp(x) rounds to 1 below ~-17)
+            sp = np.where(x > np.float32(20.0), x, np.log(one + np.exp(x)))
+        return np.sqrt(sp).astype(np.float32)                                # ggml_sqrt
+    raise ValueError(f"expert gating function {gating!r} is not one of "
+                     + ", ".join(f"{k} ({v})" for k, v in GATING_NAMES.items()))
 
 
 def group_limited(scores: np.ndarray, n_groups: int, n_used: int, record=None, il: int = -1) -> np.ndarray:
     """Keep only the experts of the best `n_used` groups (DeepSeek-V3 group routing); others -> -inf.
 
-    scores [T, E] -> [T, E].  A group's score is the sum of its two best experts
-    (`build_moe_ffn`, src/llama-graph.cpp: "select top n_group_used expert groups").
+    scores [T, E] -> [T, E]: the *selection* scores (biased when there is an exp_probs_b). A group's
+    score is the sum of its two best experts, whatever the group size (llama-graph.cpp:2097-2117).
     """
     rec = record or (lambda *a: None)
     T, E = scores.shape
+    if E % n_groups or E // n_groups < 2:
+        raise ValueError(f"group routing needs E % G == 0 and at least 2 experts per group: E = {E}, G = {n_groups}")
     g = scores.reshape(T, n_groups, E // n_groups)                         # [T, G, E/G]
     top2 = -np.sort(-g, axis=-1)[..., :2]                                  # [T, G, 2]
     group_scores = top2.sum(axis=-1, dtype=np.float32)                     # [T, G]
@@ -48,21 +89,34 @@ def group_limited(scores: np.ndarray, n_groups: int, n_used: int, record=None, i
     return masked
 
 
-def softmax_topk(logits: np.ndarray, k: int, *, norm_w: bool, w_scale: float = 0.0, n_groups: int = 0,
-                 n_group_used: int = 0, record=None, il: int = -1):
-    """logits: [T, E] -> ids [T, A] int32, weights [T, A] float32."""
+def route(logits: np.ndarray, k: int, *, gating: int = GATING_SOFTMAX, bias: np.ndarray | None = None,
+          norm_w: bool = False, w_scale: float = 0.0, n_groups: int = 0, n_group_used: int = 0,
+          record=None, il: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """logits [T, E] (ffn_moe_logits), bias [E] (exp_probs_b) -> ids [T, A] int32, weights [T, A] float32.
+
+    The routing steps of `build_moe_ffn` (llama-graph.cpp:2050-2166), in its order and under its names.
+    """
     rec = record or (lambda *a: None)
-    probs = softmax(logits)                                        # [T, E]
+    T, E = logits.shape
+    if not 0 < k <= E:
+        raise ValueError(f"routing: {k} active experts out of {E}")
+    probs = gate_probs(logits, gating)                                     # [T, E]
     rec("ffn_moe_probs", il, probs)
     selection = probs
-    if n_groups > 1:
-        selection = group_limited(probs, n_groups, n_group_used, rec, il)
+    if bias is not None:
+        selection = probs + np.asarray(bias, dtype=np.float32)[None, :]    # [T, E], for selection only
+        rec("ffn_moe_probs_biased", il, selection)
+    if n_groups > 1 and T > 0:
+        selection = group_limited(selection, n_groups, n_group_used, rec, il)
     order = np.argsort(-selection, axis=-1, kind="stable").astype(np.int32)   # [T, E], descending
     rec("ffn_moe_argsort", il, order)
-    ids = order[:, :k]                                             # [T, A]
+    ids = order[:, :k]                                                     # [T, A]
     rec("ffn_moe_topk", il, ids)
-    weights = np.take_along_axis(probs, ids, axis=-1)              # [T, A]
+    weights = np.take_along_axis(probs, ids, axis=-1)                      # [T, A], unbiased
     rec("ffn_moe_weights", il, weights)
+    if gating == GATING_SOFTMAX_WEIGHT:
+        weights = softmax(weights)                                         # [T, A]
+        rec("ffn_moe_weights_softmax", il, weights)
     if norm_w:
         wsum = np.sum(weights, axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)  # [T, 1]
         rec("ffn_moe_weights_sum", il, wsum)
@@ -74,3 +128,11 @@ def softmax_topk(logits: np.ndarray, k: int, *, norm_w: bool, w_scale: float = 0
         weights = weights * np.float32(w_scale)
         rec("ffn_moe_weights_scaled", il, weights)
     return ids, weights.astype(np.float32)
+
+
+def softmax_topk(logits: np.ndarray, k: int, *, norm_w: bool, w_scale: float = 0.0, n_groups: int = 0,
+                 n_group_used: int = 0, record=None, il: int = -1):
+    """Softmax top-k routing (no selection bias): `route(..., gating=GATING_SOFTMAX)`.
+    logits: [T, E] -> ids [T, A] int32, weights [T, A] float32."""
+    return route(logits, k, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=w_scale, n_groups=n_groups,
+                 n_group_used=n_group_used, record=record, il=il)

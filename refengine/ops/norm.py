@@ -8,9 +8,10 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     """y = x / sqrt(mean(x^2) + eps) * w   over the last axis.   x: [..., D], w: [D] -> [..., D]
 
     llama.cpp: `build_norm(..., LLM_NORM_RMS)` = `ggml_rms_norm` then `ggml_mul` by the weight.
+    float32 (float64 inputs stay float64: the precision switch of the equivalence tests).
     """
-    x = np.asarray(x, dtype=np.float32)
-    mean = (np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float64) / x.shape[-1]).astype(np.float32)  # [..., 1]
-    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    x = np.asarray(x, dtype=np.float64 if np.asarray(x).dtype == np.float64 else np.float32)
+    mean = (np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float64) / x.shape[-1]).astype(x.dtype)  # [..., 1]
+    scale = x.dtype.type(1.0) / np.sqrt(mean + x.dtype.type(eps))
     y = x * scale
     return y if w is None else y * w

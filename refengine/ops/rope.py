@@ -58,9 +58,9 @@ def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: 
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode: int) -> np.ndarray:
-    """x: [T, H, K], cos/sin: [T, n_rot/2] -> [T, H, K] with the first n_rot dims rotated."""
+    """x: [T, H, K], cos/sin: [T, n_rot/2] -> [T, H, K] with the first n_rot dims rotated (float32; float64 stays)."""
     half = n_rot // 2
-    out = x.astype(np.float32, copy=True)
+    out = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=True)
     c, s = cos[:, None, :], sin[:, None, :]                                    # [T, 1, half]
     if mode == ROPE_NORM:
         x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]                          # [T, H, half]

@@ -1,0 +1,362 @@
+"""Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2): the naive and the weight-absorbed form, side by side.
+
+Legend: T new tokens, S cached positions (including the new ones), D model dim, H heads, Dq q-LoRA rank,
+C kv-LoRA rank (the latent), dn = qk_nope (the non-rotated part of a head), R = qk_rope (rotated part),
+dk = dn + R, dv = v_head.
+
+Shared by both forms (llama.cpp `src/models/deepseek2.cpp:496-538`):
+
+    q        = rms_norm(h @ Wq_a.T) * q_a_norm @ Wq_b.T    (or h @ Wq.T when Dq = 0)   [T, H, dk]
+    q_nope, q_pe = q[..., :dn], rope(q[..., dn:])                                      [T, H, dn], [T, H, R]
+    ckv      = h @ Wkv_a.T;  c = rms_norm(ckv[:, :C]) * kv_a_norm;  k_pe = rope(ckv[:, C:])   [T, C], [T, R]
+
+Naive form (what the paper writes; llama.cpp's path for legacy `attn_kv_b` files, deepseek2.cpp:593-634):
+decompress a key and a value per head, cache them, run ordinary multi-head attention.
+
+    k_nope[s, h] = c[s] @ Wk_b[h]            Wk_b [H, C, dn]          [S, H, dn]
+    v[s, h]      = Wv_b[h] @ c[s]            Wv_b [H, dv, C]          [S, H, dv]
+    logit[h,t,s] = (q_nope[t,h] . k_nope[s,h] + q_pe[t,h] . k_pe[s]) * kq_scale
+    o[t, h]      = softmax_s(logit) @ v[:, h]                                             [T, H, dv]
+
+Absorbed form (llama.cpp's path for MLA files, deepseek2.cpp:540-592 and the `v_mla` branch of
+`build_attn_mha`, src/llama-graph.cpp:2734-2738): cache only c and k_pe, and move Wk_b to the query and
+Wv_b after the softmax. It is the same numbers because matrix products associate:
+
+    q_nope[t,h] . (c[s] @ Wk_b[h]) = (q_nope[t,h] @ Wk_b[h].T) . c[s] = q_abs[t,h] . c[s]
+    sum_s p[s] (Wv_b[h] @ c[s])    = Wv_b[h] @ (sum_s p[s] c[s])
+
+so attention becomes multi-query attention with one shared head of width C + R (K = [c | k_pe], V = c):
+
+    q_abs = q_nope @ Wk_b[h].T               [T, H, C]
+    o_lat = MQA([q_abs | q_pe], [c | k_pe], c)                                            [T, H, C]
+    o     = o_lat @ Wv_b[h].T                [T, H, dv]
+
+Both forms end with  attn = o.reshape(T, H*dv) @ Wo.T (* attn_output.scale).
+
+The cache per position: absorbed C + R numbers; naive H * (dk + dv).
+`kq_scale` and the rope magnitude follow llama.cpp's YaRN rules (`mla_scales`). Trace names are
+deepseek2.cpp's and `build_attn`'s; names whose shape belongs to one form (Qcur, Kcur, Vcur, kqv) are
+recorded only by the form llama.cpp runs for that file (`llama_form`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import quant
+from quant import QTensor
+
+from ..cache import KVCache, LatentKV
+from ..config import ROPE_NORM, KeyReader
+from ..errors import ConfigError
+from ..ops import apply_rope, rms_norm
+from ..weights import W
+from .mha import attention, causal_mask
+
+FORMS = ("absorbed", "naive")
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    n_head: int            # attention.head_count                                                  H
+    q_lora_rank: int       # attention.q_lora_rank; 0 = plain attn_q (the "lite" models)           Dq
+    kv_lora_rank: int      # attention.kv_lora_rank                                                 C
+    qk_nope: int           # attention.key_length_mla - rope.dimension_count (legacy: key_length - n_rot)   dn
+    qk_rope: int           # rope.dimension_count (n_rot)                                           R
+    v_head: int            # attention.value_length_mla (legacy: attention.value_length)            dv
+    kq_scale: float        # mscale^2 / sqrt(dn + R), from rope.scaling.* (see mla_scales)
+    rope_attn_factor: float  # cparams.yarn_attn_factor: pass to rope_cos_sin(attn_factor=...)
+    rms_eps: float         # attention.layer_norm_rms_epsilon
+    legacy: bool           # key_length_mla / value_length_mla absent: one attn_kv_b, llama.cpp runs naive
+    yarn_log_mul: float = 0.0      # rope.scaling.yarn_log_multiplier / 0.1 (= HF mscale_all_dim; 0 = absent)
+    attn_temp_scale: float = 0.0   # attention.temperature_scale (Mistral-Large-3 query temperature; 0 = off)
+    attn_temp_length: int = 0      # attention.temperature_length
+
+    @property
+    def head_k(self) -> int:       # dk: the per-head query/key width of the naive form
+        return self.qk_nope + self.qk_rope
+
+
+def llama_form(mc: MLAConfig) -> str:
+    """The form llama.cpp runs for this file: naive for legacy attn_kv_b files, absorbed otherwise."""
+    return "naive" if mc.legacy else "absorbed"
+
+
+# ---------------------------------------------------------------- config
+
+def mla_scales(*, head_k: int, freq_scale: float, ext_factor: float, rope_attn_factor: float,
+               yarn_log_mul: float) -> tuple[float, float]:
+    """(rope attn_factor, kq_scale), in float32 as llama.cpp computes them.
+
+    Context (src/llama-context.cpp:177-211), f = 1/freq_scale, L = yarn_log_mul,
+    gm(s, m) = 1 if s <= 1 else 1 + 0.1 m ln s  (HF `yarn_get_mscale`):
+        a = 1;  if ext_factor != 0:  a = gm(f, L) / gm(f, L) = 1 if L != 0 else gm(f, 1)
+                                      (gm(f, mscale) / gm(f, L), and deepseek2 sets mscale = L)
+                                     a /= 1 + 0.1 ln f          (cancels the mscale ggml_rope adds)
+        a *= rope.scaling.attn_factor
+    Graph (deepseek2.cpp:439-443):
+        mscale   = a * (1 + 0.1 ln f) * (1 + 0.1 L ln f)
+        kq_scale = mscale^2 / sqrt(dk)         = dk^-0.5 * yarn_get_mscale(f, L)^2 for YaRN files
+    """
+    f32 = np.float32
+    a = f32(1.0)
+    factor = f32(1.0) / f32(freq_scale)
+    if ext_factor != 0.0:
+        def gm(s, m):
+            return f32(1.0) if s <= 1.0 else f32(f32(0.1) * f32(m) * np.log(s) + f32(1.0))
+        L = f32(yarn_log_mul)
+        if L != 0:
+            # llama.cpp takes mscale = 1 except for deepseek2, where mscale = mscale_all_dim = L
+            # (llama-context.cpp:188-197): the ratio is 1 and the magnitude is left to kq_scale
+            a = f32(gm(factor, L) / gm(factor, L))
+        else:
+            a = gm(factor, 1.0)
+        a = f32(a * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor))))
+    a = f32(a * f32(rope_attn_factor))
+    attn_factor_org = f32(a * (f32(1.0) + f32(0.1) * np.log(factor)))
+    mscale = f32(attn_factor_org * (f32(1.0) + f32(0.1) * f32(yarn_log_mul) * np.log(factor)))
+    kq_scale = f32(f32(1.0) * mscale * mscale / np.sqrt(f32(head_k)))
+    return float(a), float(kq_scale)
+
+
+def mla_config(r: KeyReader, *, n_layer: int, n_head: int, n_rot: int, head_dim_k: int, head_dim_v: int,
+               rms_eps: float, rope_scaling_type: str, rope_freq_scale: float, rope_attn_factor: float,
+               **_common) -> MLAConfig:
+    """deepseek2's attention keys (src/models/deepseek2.cpp:3-42), given `read_common`'s values (pass `**common`).
+
+    q_lora_rank is required unless the model is "lite" (n_layer 26 or 27, or 48 with a 128256 vocab,
+    the vocab from `vocab_size` or the tokenizer list as llama.cpp counts it); a lite model never reads it.
+    Without both key_length_mla and value_length_mla the file is legacy (`llama_hparams::is_mla`).
+    """
+    path = r.gf.path
+    n_vocab = r.get("vocab_size")
+    if n_vocab is None:
+        toks = r.get("tokenizer.ggml.tokens")
+        n_vocab = 0 if toks is None else len(toks)
+    lite = n_layer in (26, 27) or (n_layer == 48 and int(n_vocab) == 128256)
+    q_lora = 0 if lite else int(r.get("attention.q_lora_rank", required=True))
+    kv_lora = int(r.get("attention.kv_lora_rank", required=True))
+    k_mla, v_mla = int(r.get("attention.key_length_mla", 0)), int(r.get("attention.value_length_mla", 0))
+    legacy = not (k_mla and v_mla)
+    dk, dv = (head_dim_k, head_dim_v) if legacy else (k_mla, v_mla)
+    if dk - n_rot < 1:
+        raise ConfigError(f"{path}: MLA head size {dk} leaves no non-rotated dims beside rope.dimension_count = {n_rot}")
+    if not legacy and head_dim_k != kv_lora + n_rot:
+        raise ConfigError(f"{path}: {r._k('attention.key_length')} = {head_dim_k} must be kv_lora_rank + "
+                          f"rope.dimension_count = {kv_lora + n_rot} in an MLA file (the latent cache row)")
+    L = 0.0
+    if r.has("rope.scaling.yarn_log_multiplier"):   # stored as 0.1 * mscale_all_dim (conversion/deepseek.py:382-386)
+        L = float(np.float32(r.get("rope.scaling.yarn_log_multiplier")) / np.float32(0.1))
+    temp_scale = float(r.get("attention.temperature_scale", 0.0))
+    temp_len = int(r.get("attention.temperature_length", 0))
+    if temp_scale != 0.0 and temp_len == 0:
+        raise ConfigError(f"{path}: attention.temperature_scale is set but attention.temperature_length is 0")
+    rope_af, kq_scale = mla_scales(head_k=dk, freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
+                                   ext_factor=1.0 if rope_scaling_type == "yarn" else 0.0, yarn_log_mul=L)
+    return MLAConfig(n_head=int(n_head), q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope=dk - n_rot,
+                     qk_rope=n_rot, v_head=dv, kq_scale=kq_scale, rope_attn_factor=rope_af, rms_eps=float(rms_eps),
+                     legacy=legacy, yarn_log_mul=L, attn_temp_scale=temp_scale, attn_temp_length=temp_len)
+
+
+# ---------------------------------------------------------------- tensors
+
+def mla_table(il: int, mc: MLAConfig) -> list[W]:
+    """The attention tensors deepseek2 creates (deepseek2.cpp:98-122) plus the generic `.scale` /
+    `.input_scale` pass (src/llama-model.cpp:1634-1727). Shapes in NumPy order (reversed ggml ne).
+
+    Of the optional ones the graph uses only attn_output.scale (`build_attn` -> build_lora_mm(wo, .., wo_s));
+    attn_q.scale and every .input_scale are loaded by llama.cpp but never applied (deepseek2 multiplies
+    by attn_q with a plain ggml_mul_mat), so they are accepted and ignored here as well.
+    """
+    p = f"blk.{il}."
+    H, C, R, dk, dv = mc.n_head, mc.kv_lora_rank, mc.qk_rope, mc.head_k, mc.v_head
+    ONE = lambda c, s: (1,)                                                    # noqa: E731
+    t = []
+    if mc.q_lora_rank > 0:
+        Dq = mc.q_lora_rank
+        t += [W("attn_q_a", p + "attn_q_a.weight", lambda c, s: (Dq, c.n_embd)),
+              W("attn_q_a_norm", p + "attn_q_a_norm.weight", lambda c, s: (Dq,), dense=True),
+              W("attn_q_b", p + "attn_q_b.weight", lambda c, s: (H * dk, Dq))]
+    else:
+        t += [W("attn_q", p + "attn_q.weight", lambda c, s: (H * dk, c.n_embd)),
+              W("attn_q_scale", p + "attn_q.scale", ONE, required=False, dense=True),          # unused by llama.cpp
+              W("attn_q_input_scale", p + "attn_q.input_scale", ONE, required=False, dense=True)]
+    t += [W("attn_kv_a_mqa", p + "attn_kv_a_mqa.weight", lambda c, s: (C + R, c.n_embd)),
+          W("attn_kv_a_norm", p + "attn_kv_a_norm.weight", lambda c, s: (C,), dense=True)]
+    if mc.legacy:
+        t.append(W("attn_kv_b", p + "attn_kv_b.weight", lambda c, s: (H * (mc.qk_nope + dv), C)))
+    else:
+        t += [W("attn_k_b", p + "attn_k_b.weight", lambda c, s: (H, C, mc.qk_nope)),       # ne {dn, C, H}
+              W("attn_v_b", p + "attn_v_b.weight", lambda c, s: (H, dv, C))]               # ne {C, dv, H}
+    t += [W("attn_output", p + "attn_output.weight", lambda c, s: (c.n_embd, H * dv)),
+          W("attn_output_scale", p + "attn_output.scale", ONE, required=False, dense=True),
+          W("attn_output_input_scale", p + "attn_output.input_scale", ONE, required=False, dense=True)]
+    return t
+
+
+def new_state(mc: MLAConfig, form: str = "absorbed", dtype=np.float32):
+    """The per-layer cache of one form: LatentKV (c [S, C], k_pe [S, R]) or KVCache (K [S, H, dk], V [S, H, dv])."""
+    if form not in FORMS:
+        raise ValueError(f"MLA form {form!r} is not one of {FORMS}")
+    return LatentKV(dtype) if form == "absorbed" else KVCache(dtype)
+
+
+# ---------------------------------------------------------------- math
+
+def _mm(x, w: QTensor, rt, dtype):
+    """x [T, I] @ w.T, w [O, I] -> [T, O]: `rt.matmul` in float32 (the runtime's mode and backend), or float64
+    from the dequantized weight (the precision switch of the equivalence tests)."""
+    if dtype == np.float32:
+        return rt.matmul(x, w)
+    return x.astype(dtype) @ quant.dequantize(w).astype(dtype).T
+
+
+def _mm_heads(x, w, rt, dtype):
+    """Per-head product, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] (QTensor or array) -> [H, T, O]."""
+    if isinstance(w, QTensor) and dtype == np.float32:
+        return np.stack([rt.matmul(np.ascontiguousarray(x[h]), w[h]) for h in range(x.shape[0])])
+    wd = quant.dequantize(w) if isinstance(w, QTensor) else w
+    return np.einsum("hti,hoi->hto", x.astype(dtype), wd.astype(dtype))          # [H, T, O]
+
+
+def kv_b_heads(w, mc: MLAConfig):
+    """Per-head Wk_b [H, C, dn] and Wv_b [H, dv, C]: the file's attn_k_b / attn_v_b, or split out of a legacy
+    attn_kv_b [H*(dn+dv), C] the way the converter does (conversion/deepseek.py:433-449), dequantized."""
+    if not mc.legacy:
+        return w.attn_k_b, w.attn_v_b
+    H, C, dn = mc.n_head, mc.kv_lora_rank, mc.qk_nope
+    kv = quant.dequantize(w.attn_kv_b).reshape(H, dn + mc.v_head, C)              # [H, dn+dv, C]
+    return kv[:, :dn, :].transpose(0, 2, 1), kv[:, dn:, :]                         # [H, C, dn], [H, dv, C]
+
+
+def project_q(h, w, *, mc, rt, il, dtype=np.float32):
+    """q-LoRA (or plain attn_q) query: h [T, D] -> q [T, H, dk]   (deepseek2.cpp:500-515, all named `q`)."""
+    if mc.q_lora_rank > 0:
+        q = _mm(h, w.attn_q_a, rt, dtype)                                          # [T, Dq]
+        rt.record("q", il, q)
+        q = rms_norm(q, w.attn_q_a_norm, mc.rms_eps)
+        rt.record("q", il, q)
+        q = _mm(q, w.attn_q_b, rt, dtype)                                          # [T, H*dk]
+    else:
+        q = _mm(h, w.attn_q, rt, dtype)                                            # [T, H*dk]
+    q = q.reshape(h.shape[0], mc.n_head, mc.head_k)                                # [T, H*dk] -> [T, H, dk]
+    rt.record("q", il, q)
+    return q
+
+
+def project_kv_a(h, w, *, mc, cos, sin, rt, il, dtype=np.float32):
+    """Latent and shared rope key: h [T, D] -> c [T, C] (normed), k_pe [T, R] (roped)   (deepseek2.cpp:517-538).
+    The row is split latent first, rope tail second; the norm comes after the split."""
+    C, R = mc.kv_lora_rank, mc.qk_rope
+    ckv = _mm(h, w.attn_kv_a_mqa, rt, dtype)                                       # [T, C+R]
+    rt.record("kv_cmpr_pe", il, ckv)
+    k_pe = apply_rope(ckv[:, None, C:], cos, sin, R, ROPE_NORM)                    # [T, 1, R]
+    rt.record("k_pe", il, k_pe)
+    c = rms_norm(ckv[:, :C], w.attn_kv_a_norm, mc.rms_eps)                         # [T, C]
+    rt.record("kv_cmpr", il, c)
+    return c, k_pe[:, 0, :]
+
+
+def attn_temperature(pos, mc: MLAConfig) -> np.ndarray:
+    """Per-position query scale (Llama-4 style; llm_graph_input_attn_temp::set_input, llama-graph.cpp:157-172):
+    log(floor(pos / temperature_length) + 1) * temperature_scale + 1, in double, stored as f32.   [T] -> [T]"""
+    p = np.asarray(pos, dtype=np.float32).astype(np.float64)
+    return (np.log(np.floor(p / mc.attn_temp_length) + 1.0) * mc.attn_temp_scale + 1.0).astype(np.float32)
+
+
+def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, il, rec_form, dtype=np.float32,
+                    q_temp=None):
+    """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv]."""
+    k_b, v_b = kv_b_heads(w, mc)
+    q_nope_perm = q_nope.transpose(1, 0, 2)                                        # [T, H, dn] -> [H, T, dn]
+    rt.record("q_nope_perm", il, q_nope_perm)
+    q_abs = _mm_heads(q_nope_perm, k_b, rt, dtype)                                 # [H, T, C]
+    rt.record("q_nope_absorbed", il, q_abs)
+    q_abs = q_abs.transpose(1, 0, 2)                                               # [H, T, C] -> [T, H, C]
+    rt.record("q_nope_absorbed_perm", il, q_abs)
+    Q = np.concatenate([q_abs, q_pe.astype(dtype)], axis=-1)                       # [T, H, C+R]
+    rec_form("Qcur", il, Q)
+    rec_form("Vcur", il, c[:, None, :])                                            # [T, 1, C]
+    rec_form("Kcur", il, np.concatenate([c, k_pe], axis=-1)[:, None, :])           # [T, 1, C+R]
+    if q_temp is not None:
+        Q = Q * q_temp[:, None, None]
+        rec_form("Qcur_attn_temp_scaled", il, Q)
+    c_all, k_pe_all = state.append(c, k_pe)                                        # [S, C], [S, R]
+    K = np.concatenate([c_all, k_pe_all], axis=-1)[:, None, :]                     # [S, 1, C+R]: one shared head
+    o = attention(Q, K, c_all[:, None, :], mask, mc.kq_scale, _att_record(rt, rec_form), il, dtype)   # [T, H, C]
+    o = _mm_heads(o.transpose(1, 0, 2), v_b, rt, dtype)                            # [H, T, C] -> [H, T, dv]
+    rt.record("kqv_mla", il, o)
+    return o.transpose(1, 0, 2)                                                    # [H, T, dv] -> [T, H, dv]
+
+
+def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask, rt, il, rec_form, dtype=np.float32,
+                 q_temp=None):
+    """MHA over decompressed per-head keys and values: same inputs as attend_absorbed -> [T, H, dv]."""
+    T, H, dn, dv = c.shape[0], mc.n_head, mc.qk_nope, mc.v_head
+    if mc.legacy:                                                                  # llama.cpp's path (:594-612)
+        kv = _mm(c, w.attn_kv_b, rt, dtype)                                        # [T, H*(dn+dv)]
+        rt.record("kv", il, kv)
+        kv = kv.reshape(T, H, dn + dv)                                             # [T, H*(dn+dv)] -> [T, H, dn+dv]
+        k_nope, v = kv[..., :dn], kv[..., dn:]                                     # [T, H, dn], [T, H, dv]
+        rt.record("k_nope_view", il, k_nope)
+        rt.record("Vcur_view", il, v)
+        rt.record("Vcur_cont", il, v)
+    else:                                                                          # decompress through k_b / v_b
+        k_b, v_b = kv_b_heads(w, mc)
+        k_nope = np.einsum("tc,hcn->thn", c.astype(dtype), quant.dequantize(k_b).astype(dtype))   # [T, H, dn]
+        v = _mm_heads(np.broadcast_to(c, (H, *c.shape)), v_b, rt, dtype)         # [H, T, dv]
+        v = v.transpose(1, 0, 2)                                                   # [H, T, dv] -> [T, H, dv]
+    Q = np.concatenate([q_nope.astype(dtype), q_pe.astype(dtype)], axis=-1)        # [T, H, dk], rope tail last
+    K = np.concatenate([k_nope.astype(dtype), np.broadcast_to(k_pe[:, None, :], (T, H, mc.qk_rope))], axis=-1)
+    rec_form("Qcur", il, Q)                                                        # [T, H, dk]
+    rec_form("Kcur", il, K)                                                        # [T, H, dk]
+    if q_temp is not None:
+        Q = Q * q_temp[:, None, None]
+        rec_form("Qcur_attn_temp_scaled", il, Q)
+    K_all, V_all = state.append(K, np.ascontiguousarray(v))                        # [S, H, dk], [S, H, dv]
+    return attention(Q, K_all, V_all, mask, mc.kq_scale, _att_record(rt, rec_form), il, dtype)   # [T, H, dv]
+
+
+def _att_record(rt, rec_form):
+    """kq / kq_soft_max are the same in both forms; kqv ([H, T, C] absorbed, [H, T, dv] naive) is form-specific."""
+    return lambda name, il, a: (rec_form if name == "kqv" else rt.record)(name, il, a)
+
+
+def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absorbed", mask_fn=None,
+        dtype=np.float32) -> np.ndarray:
+    """One MLA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
+
+    state: this layer's `new_state(mc, form)`; its length before the call is the first new position.
+    cos, sin: [T, R/2] from `rope_cos_sin(positions, n_rot=R, attn_factor=mc.rope_attn_factor, ...)`.
+    mask_fn(q_pos [T], k_pos [S]) -> [T, S] additive mask (default: causal).
+    dtype: np.float32 (llama.cpp's arithmetic, every weight through `rt.matmul`) or np.float64 (tests).
+    The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded.
+    """
+    T, R = h.shape[0], mc.qk_rope
+    if form not in FORMS:
+        raise ValueError(f"MLA form {form!r} is not one of {FORMS}")
+    want = LatentKV if form == "absorbed" else KVCache
+    if not isinstance(state, want):
+        raise TypeError(f"MLA form {form!r} needs a {want.__name__} state (new_state(mc, {form!r})), got {type(state).__name__}")
+    assert cos.shape == sin.shape == (T, R // 2), f"cos/sin {cos.shape}, expected {(T, R // 2)}"
+    pos = state.n + np.arange(T)                                                   # [T]
+    rec_form = rt.record if form == llama_form(mc) else (lambda *a: None)
+    q = project_q(h, w, mc=mc, rt=rt, il=il, dtype=dtype)                          # [T, H, dk]
+    c, k_pe = project_kv_a(h, w, mc=mc, cos=cos, sin=sin, rt=rt, il=il, dtype=dtype)   # [T, C], [T, R]
+    q_nope = q[..., :mc.qk_nope]                                                   # [T, H, dn]
+    rt.record("q_nope", il, q_nope)
+    q_pe = apply_rope(q[..., mc.qk_nope:], cos, sin, R, ROPE_NORM)                 # [T, H, R]
+    rt.record("q_pe", il, q_pe)
+    S = state.n + T
+    mask = (mask_fn or causal_mask)(pos, np.arange(S))                             # [T, S]
+    q_temp = attn_temperature(pos, mc) if mc.attn_temp_scale != 0.0 else None      # [T]
+    attend = attend_absorbed if form == "absorbed" else attend_naive
+    o = attend(q_nope, q_pe, c, k_pe, w, mc=mc, state=state, mask=mask, rt=rt, il=il, rec_form=rec_form,
+               dtype=dtype, q_temp=q_temp)                                         # [T, H, dv]
+    o = o.reshape(T, mc.n_head * mc.v_head)                                        # [T, H, dv] -> [T, H*dv]
+    rt.record("kqv_out", il, o)
+    y = _mm(o, w.attn_output, rt, dtype)                                           # [T, D]
+    if w.attn_output_scale is not None:
+        y = y * w.attn_output_scale
+    return y
