@@ -17,6 +17,7 @@ the context's YaRN parameters; the attention scale folds in DeepSeek's mscale (s
 from __future__ import annotations
 
 from ..attention import mla
+from ..cache import LatentKV
 from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, read_common, token_rows
 from ..errors import ConfigError
 from ..ffn import dense_ffn, dense_ffn_table
@@ -27,6 +28,7 @@ from ..weights import W, load_tensors
 
 ARCH = "deepseek2"
 ROPE_TYPE = ROPE_NORM
+ATTN_FORMS = mla.FORMS     # absorbed (llama.cpp's for MLA files) and naive: Model.new_state(attn_form)
 DEVICE_PATH = False         # MLA layers: `--backend cuda` runs op by op (matmuls and expert dispatch on the GPU)
 
 MATMUL_INPUTS = [
@@ -72,7 +74,7 @@ def config_from_gguf(gf) -> ModelConfig:
     gating = GATING[int(func)] if func is not None else _default_gating(L_all, n_vocab)
     w_scale = float(r.get("expert_weights_scale", 0.0))
     norm_w = bool(r.get("expert_weights_norm", False))
-    mc_attn = mla.read_config(r, n_layer_all=L_all, n_vocab=n_vocab, common=common, n_head=n_head)
+    mc_attn = mla.mla_config(r, **{**common, "n_layer": L_all}, n_head=n_head[0])
     if E > 0 and L > n_dense and max(n_used[n_dense:]) == 0:
         raise ConfigError(f"{gf.path}: {ARCH}.expert_count = {E} but {ARCH}.expert_used_count is missing or 0")
     if max(n_used) > E:
@@ -113,7 +115,7 @@ def load_layer(gf, cfg, il: int):
 
 def new_state(cfg, attn_form: str | None = None) -> list:
     """One MLA cache per layer: LatentKV (absorbed, llama.cpp's, the default) or per-head KVCache (naive)."""
-    return [mla.new_state(spec.attn_cfg, attn_form) for spec in cfg.layers]
+    return [mla.new_state(spec.attn_cfg, attn_form or mla.llama_form(spec.attn_cfg)) for spec in cfg.layers]
 
 
 # ---------------------------------------------------------------- forward
@@ -121,7 +123,7 @@ def new_state(cfg, attn_form: str | None = None) -> list:
 def rope_for(cfg, g, pos, n_ctx):
     """cos, sin [T, n_rot/2] of the rope part, with the context's YaRN parameters (no factor tensors)."""
     return rope_cos_sin(pos, n_rot=cfg.n_rot, base=cfg.rope_freq_base, freq_scale=cfg.rope_freq_scale,
-                        ext_factor=cfg.yarn_ext_factor, attn_factor=mla.rope_attn_factor(cfg),
+                        ext_factor=cfg.yarn_ext_factor, attn_factor=cfg.layers[0].attn_cfg.rope_attn_factor,
                         n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
                         beta_slow=cfg.yarn_beta_slow, freq_factors=None)
 
@@ -136,7 +138,8 @@ def block(x, w, *, cfg, il, state, step, rt):
     cos, sin = step.memo("rope", lambda: rope_for(cfg, step.g, step.pos, step.n_ctx))    # [T, R/2]
     h = rms_norm(x, w.attn_norm, cfg.rms_eps)
     rt.record("attn_norm", il, h)
-    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, step=step, cos=cos, sin=sin, rt=rt)
+    form = "absorbed" if isinstance(state, LatentKV) else "naive"        # the form the state was made for
+    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, form=form)
     x = x + a
     rt.record("ffn_inp", il, x)
     h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
