@@ -76,6 +76,8 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
         yield (0.1 * rng.standard_normal(tp.shape)).astype(np.float32)
     elif tp.kind == "scale":
         yield (1.0 + 0.2 * rng.standard_normal(tp.shape)).astype(np.float32)
+    elif tp.kind == "probs_bias":                 # a selection bias (exp_probs_b): zero-mean, the plan's spread
+        yield (tp.std * rng.standard_normal(tp.shape)).astype(np.float32)
     elif tp.kind == "rope_freqs":
         yield (1.0 + 3.0 * rng.random(tp.shape)).astype(np.float32)
     else:
@@ -135,6 +137,10 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     if layers is not None:
         if not 1 <= layers <= p["n_layer"]:
             raise ConfigError(f"--layers must be in 1..{p['n_layer']} for preset {preset!r}")
+    resolve = getattr(ARCHS[arch], "synth_resolve", None)     # an arch's own rule for cutting layers
+    if resolve is not None:
+        p = resolve(p, layers)
+    elif layers is not None:
         p["n_layer"] = layers
     wt = type_info(wtype).type
     if rope_scaling is None and all_optional:

@@ -17,6 +17,7 @@ class TensorPlan:
     shape: tuple[int, ...]     # NumPy order
     kind: str                  # matrix | embed | output | router | norm | bias | scale | rope_freqs | probs_bias
     fan_in: int = 1
+    std: float = 0.0           # probs_bias: the spread of the values (the arch's choice)
 
 
 def extras(name: str, n_out: int, *, bias: bool = True) -> list[TensorPlan]:

@@ -156,8 +156,8 @@ def runs(synth_model):
 
 
 def teacher_forced(model, R: dict) -> list[tuple[str, float]]:
-    """Every quantized matmul of a llama / qwen3moe model, fed llama.cpp's own input tensor: NMSE against
-    llama.cpp's own output tensor."""
+    """Every quantized matmul of a model (output projection, router, routed experts, dense FFN, and MLA's per-head
+    attn_k_b / attn_v_b products), fed llama.cpp's own input tensor: NMSE against llama.cpp's own output."""
     out = []
     T = R["embd"].reshape(-1, model.cfg.n_embd).shape[0]
     mm = lambda x, w: matmul(np.asarray(x, np.float32).reshape(-1, w.shape[-1]), w, mode="llamacpp")  # noqa: E731
@@ -165,6 +165,12 @@ def teacher_forced(model, R: dict) -> list[tuple[str, float]]:
         L = model.layer(il)
         resid = R[f"l_out-{il - 1}"] if il else R["embd"]
         out.append((f"attn_output-{il}", nmse(R[f"ffn_inp-{il}"], mm(R[f"kqv_out-{il}"], L.attn_output) + resid)))
+        if getattr(L, "attn_k_b", None) is not None:                           # MLA, absorbed: per-head products
+            qn, kqv = R[f"q_nope_perm-{il}"], R[f"kqv-{il}"]                    # [H, T, dn], [H, T, C]
+            H = L.attn_k_b.shape[0]
+            qn, kqv = qn.reshape(H, T, -1), kqv.reshape(H, T, -1)
+            out.append((f"attn_k_b-{il}", nmse(R[f"q_nope_absorbed-{il}"], np.stack([mm(qn[h], L.attn_k_b[h]) for h in range(H)]))))
+            out.append((f"attn_v_b-{il}", nmse(R[f"kqv_mla-{il}"], np.stack([mm(kqv[h], L.attn_v_b[h]) for h in range(H)]))))
         h = R[f"ffn_norm-{il}"].reshape(T, -1)                                  # [T, D]
         if getattr(L, "ffn_gate_inp", None) is not None:
             out.append((f"ffn_gate_inp-{il}", nmse(R[f"ffn_moe_logits-{il}"], mm(h, L.ffn_gate_inp))))
@@ -176,7 +182,7 @@ def teacher_forced(model, R: dict) -> list[tuple[str, float]]:
                 got = np.stack([np.stack([mm((h[t] if src is not None else act[t, a]), w[int(ids[t, a])])[0]
                                           for a in range(ids.shape[1])]) for t in range(T)])
                 out.append((f"{name}-{il}", nmse(ref, got)))
-        else:
+        elif getattr(L, "ffn_up", None) is not None:
             out.append((f"ffn_up-{il}", nmse(R[f"ffn_up-{il}"], mm(h, L.ffn_up))))
             out.append((f"ffn_gate-{il}", nmse(R[f"ffn_gate-{il}"], mm(h, L.ffn_gate))))
             out.append((f"ffn_down-{il}", nmse(R[f"ffn_out-{il}"], mm(R[f"ffn_swiglu-{il}"], L.ffn_down))))
@@ -184,16 +190,18 @@ def teacher_forced(model, R: dict) -> list[tuple[str, float]]:
     return out
 
 
-@pytest.mark.parametrize("wtype", MODEL_TYPES)
-@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+DS2_TYPES = ["Q8_0", "Q4_K", "IQ2_XXS"]          # deepseek2: MLA's 3-D attn_k_b / attn_v_b products included
+MODEL_CASES = [(a, t) for a in ("llama", "qwen3moe") for t in MODEL_TYPES] + [("deepseek2", t) for t in DS2_TYPES]
+
+
+@pytest.mark.parametrize("arch,wtype", MODEL_CASES)
 def test_teacher_forced_matmuls(runs, arch, wtype):
     model, ref, _, _ = runs(arch, wtype)
     bad = [(n, e) for n, e in teacher_forced(model, ref.tensors) if not e <= TEACHER_TOL]
     assert not bad, f"{arch} {wtype}: matmuls fed llama.cpp's input differ from llama.cpp's output: {bad}"
 
 
-@pytest.mark.parametrize("wtype", MODEL_TYPES)
-@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+@pytest.mark.parametrize("arch,wtype", MODEL_CASES)
 def test_logits_within_1e7(runs, arch, wtype):
     from refengine.compare import TOLERANCE_LLAMACPP, build_report, metrics
     from refengine.flips import flip_census

@@ -8,8 +8,12 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 
 from refengine.errors import ConfigError
-from refengine.synth_deepseek2 import (PRESETS, ignored_by_llamacpp, metadata, n_params, plan_tensors, resolve,
-                                       write_deepseek2)
+from refengine.archs.deepseek2_synth import PRESETS, ignored_by_llamacpp, metadata, n_params, plan_tensors, resolve
+from refengine.synth import write_synth
+
+
+def write_deepseek2(path, **kw):
+    return write_synth("deepseek2", path, **kw)
 
 TOKENS = [7, 200, 13, 55, 1, 99, 144, 3]
 
@@ -115,29 +119,9 @@ def _id(kw):
     return "-".join(f"{k}={v}" for k, v in kw.items() if k != "overrides")
 
 
-@pytest.fixture
-def no_extra_bufts(monkeypatch):
-    """Load without llama.cpp's CPU extra buffer types (weight repacking: AMX, repack).
-
-    llama.cpp 0.3.36 on an AMX CPU puts a 3-D Q8_0/Q4_0/K-quant/F16 attn_k_b or attn_v_b in the AMX buffer
-    (its loader probe, llama-model-loader.cpp weight_buft_supported, multiplies by a contiguous 4-D F32), but
-    the graph multiplies it by a permuted q_nope (deepseek2.cpp:560) which the AMX supports_op refuses
-    (amx.cpp:152-154): ggml_backend_sched_split_graph aborts with GGML_ASSERT(*cur_backend_id != -1); a
-    quantized attn_v_b (the v_mla product) segfaults instead.
-    """
-    import llama_cpp
-    default = llama_cpp.llama_model_default_params
-
-    def params():
-        mp = default()
-        mp.use_extra_bufts = False
-        return mp
-    monkeypatch.setattr(llama_cpp, "llama_model_default_params", params)
-
-
 @pytest.mark.oracle
 @pytest.mark.parametrize("kw", CASES, ids=_id)
-def test_llamacpp_runs(tmp_path, kw, no_extra_bufts):
+def test_llamacpp_runs(tmp_path, kw):
     from refengine.oracle.llamacpp import run_llamacpp
     path = write_deepseek2(tmp_path / "m.gguf", **kw)
     p = resolve(kw["preset"], layers=kw.get("layers"), overrides=kw.get("overrides"))
@@ -171,7 +155,7 @@ class _Recorder(dict):
 
 
 @pytest.mark.oracle
-def test_graph_names(tmp_path, no_extra_bufts):
+def test_graph_names(tmp_path):
     """Print every graph tensor llama.cpp names while computing tiny (layer 0 dense, layers 1-2 MoE)."""
     from refengine.oracle.llamacpp import LlamaCpp
     path = write_deepseek2(tmp_path / "m.gguf", preset="tiny")

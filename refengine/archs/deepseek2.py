@@ -25,6 +25,7 @@ from ..globals import embed_tokens, load_globals as _load_globals, rms_head
 from ..moe.block import GATING, MoEConfig, moe_block, moe_table
 from ..ops import rms_norm, rope_cos_sin
 from ..weights import W, load_tensors
+from .deepseek2_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek2"
 ROPE_TYPE = ROPE_NORM
@@ -33,7 +34,8 @@ DEVICE_PATH = False         # MLA layers: `--backend cuda` runs op by op (matmul
 
 MATMUL_INPUTS = [
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q_a.weight", "blk.{il}.attn_q.weight", "blk.{il}.attn_kv_a_mqa.weight"]),
-    (r"q_a-(\d+)", ["blk.{il}.attn_q_b.weight"]),
+    (r"q_nope_perm-(\d+)", ["blk.{il}.attn_k_b.weight"]),
+    (r"kqv-(\d+)", ["blk.{il}.attn_v_b.weight"]),
     (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
     (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight",
                          "blk.{il}.ffn_up_shexp.weight"]),
@@ -85,7 +87,7 @@ def config_from_gguf(gf) -> ModelConfig:
         moe = None if dense else MoEConfig(
             n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=int(n_ff_exp[il]), gating=gating, norm_w=norm_w,
             w_scale=w_scale, n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"],
-            n_shared=n_shared, n_ff_shexp=int(n_ff_exp[il]) * n_shared, probs_bias=True, fused_gate_up=True)
+            n_shared=n_shared, n_ff_shexp=int(n_ff_exp[il]) * n_shared, probs_bias=True, fused_gate_up=True, scales=False)
         layers.append(LayerSpec(attn="mla", ffn="dense" if dense else "moe", n_head=int(n_head[il]),
                                 n_head_kv=int(n_head_kv[il]), n_ff=int(n_ff[il] or 0),
                                 n_ff_exp=0 if dense else int(n_ff_exp[il]),
@@ -107,7 +109,7 @@ def load_layer(gf, cfg, il: int):
     table = [W("attn_norm", p + "attn_norm.weight", D, dense=True), W("ffn_norm", p + "ffn_norm.weight", D, dense=True)]
     table += mla.mla_table(il, spec.attn_cfg)
     if spec.ffn == "dense":
-        table += dense_ffn_table(il, lambda c, s: s.n_ff, extras=False)
+        table += dense_ffn_table(il, lambda c, s: s.n_ff)           # .scale loaded, not applied (deepseek2.cpp:647-651)
     else:
         table += moe_table(gf, il, spec.moe)
     return load_tensors(gf, table, cfg, spec, il)
@@ -145,7 +147,7 @@ def block(x, w, *, cfg, il, state, step, rt):
     h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
     rt.record("ffn_norm", il, h)
     if spec.ffn == "dense":
-        f = dense_ffn(h, w, il=il, rt=rt)
+        f = dense_ffn(h, w, il=il, rt=rt, scales=False)
         rt.record("ffn_out", il, f)
     else:
         f = moe_block(h, w, mc=spec.moe, spec=spec, il=il, rt=rt)

@@ -284,6 +284,7 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, 
         rec_form("Qcur_attn_temp_scaled", il, Q)
     c_all, k_pe_all = state.append(c, k_pe)                                        # [S, C], [S, R]
     K = np.concatenate([c_all, k_pe_all], axis=-1)[:, None, :]                     # [S, 1, C+R]: one shared head
+    rec_form("v_cont", il, c_all.T)                                                # [C, S]: V as build_attn reads it
     o = attention(Q, K, c_all[:, None, :], mask, mc.kq_scale, _att_record(rt, rec_form), il, dtype)   # [T, H, C]
     o = _mm_heads(o.transpose(1, 0, 2), v_b, rt, dtype)                            # [H, T, C] -> [H, T, dv]
     rt.record("kqv_mla", il, o)

@@ -39,15 +39,17 @@ def dense_ffn_table(il: int, n_ff, *, suffix: str = "", extras: bool = True) -> 
     return t
 
 
-def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu"):
-    """h [T, D] -> [T, D]. Weights `w.ffn_{gate,up,down}{suffix}` (+ optional _bias / _scale)."""
+def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool = True):
+    """h [T, D] -> [T, D]. Weights `w.ffn_{gate,up,down}{suffix}` (+ optional _bias / _scale).
+
+    scales=False: `.scale` tensors are loaded but not applied (deepseek2's graph passes none to build_ffn)."""
     fn, act_name = ACTIVATIONS[act]
 
     def proj(x, part):
         name = f"ffn_{part}{suffix}"
         y = rt.matmul(x, getattr(w, name))
         rt.record(f"ffn_{part}", il, y)
-        b, s = getattr(w, name + "_bias", None), getattr(w, name + "_scale", None)
+        b, s = getattr(w, name + "_bias", None), getattr(w, name + "_scale", None) if scales else None
         if b is not None:
             y = y + b
             rt.record(f"ffn_{part}_b", il, y)

@@ -20,9 +20,10 @@ from quant import QTensor
 
 from ..ffn.dense import dense_ffn, dense_ffn_table
 from ..weights import W
-from .router import softmax_topk
+from .router import GATING_NAMES, route as route_logits
 
-GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight", 4: "sqrt_softplus"}   # expert_gating_func values
+GATING = GATING_NAMES                            # expert_gating_func value -> name (moe/router.py)
+GATING_IDS = {v: k for k, v in GATING_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class MoEConfig:
     gate_exps_required: bool = True   # llama (Mixtral files) may omit ffn_gate_exps (then act = silu(up))
     probs_bias: bool = False    # the arch's loader accepts blk.N.exp_probs_b.bias (selection bias)
     fused_gate_up: bool = False  # the arch's loader accepts a fused blk.N.ffn_gate_up_exps.weight
+    scales: bool = True         # apply the optional per-expert / shared-expert `.scale` tensors (deepseek2's
+                                # graph loads them but passes none to build_moe_ffn / build_ffn)
 
 
 def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
@@ -61,7 +64,7 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
         t += [W(f"ffn_{x}_exps_scale", p + f"ffn_{x}_exps.scale", PER_EXPERT, required=False, dense=True),
               W(f"ffn_{x}_exps_input_scale", p + f"ffn_{x}_exps.input_scale", PER_EXPERT, required=False, dense=True)]
     if mc.n_shared > 0:
-        t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp", extras=False)
+        t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp")
     return t
 
 
@@ -77,10 +80,9 @@ def split_gate_up(w) -> tuple[QTensor, QTensor]:
 
 
 def route(logits, w, mc: MoEConfig, k: int, *, record, il):
-    """Router logits [T, E] -> ids [T, A], weights [T, A] (moe/router.py)."""
-    if mc.gating != "softmax" or getattr(w, "exp_probs_b", None) is not None:
-        raise NotImplementedError(f"routing {mc.gating!r} with exp_probs_b")
-    return softmax_topk(logits, k, norm_w=mc.norm_w, w_scale=mc.w_scale, n_groups=mc.n_groups,
+    """Router logits [T, E] -> ids [T, A], weights [T, A] (moe/router.py; exp_probs_b biases selection only)."""
+    return route_logits(logits, k, gating=GATING_IDS[mc.gating], bias=getattr(w, "exp_probs_b", None),
+                        norm_w=mc.norm_w, w_scale=mc.w_scale, n_groups=mc.n_groups,
                         n_group_used=mc.n_group_used, record=record, il=il)
 
 
@@ -93,12 +95,13 @@ def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
         gate, up = split_gate_up(w)
     else:
         gate, up = w.ffn_gate_exps, w.ffn_up_exps
+    sc = (lambda t: t) if mc.scales else (lambda t: None)
     y = rt.moe_ffn(h, ids, weights, up=up, gate=gate, down=w.ffn_down_exps,
-                   up_scale=w.ffn_up_exps_scale, gate_scale=w.ffn_gate_exps_scale,
-                   down_scale=w.ffn_down_exps_scale, il=il)               # [T, D]
+                   up_scale=sc(w.ffn_up_exps_scale), gate_scale=sc(w.ffn_gate_exps_scale),
+                   down_scale=sc(w.ffn_down_exps_scale), il=il)           # [T, D]
     rt.record("ffn_moe_out", il, y)
     if mc.n_shared > 0:
-        s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp")               # [T, D]
+        s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=mc.scales)   # [T, D]
         rt.record("ffn_shexp", il, s)
         y = y + s
         rt.record("ffn_out", il, y)

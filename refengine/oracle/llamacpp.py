@@ -76,9 +76,12 @@ class LlamaCpp:
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
-        # No extra buffer types (weight repacking, AMX): on hosts with AMX (amx_int8) ggml's AMX buffer
-        # crashed llama_decode on Q8_0 / Q4_K models (segfault, 2026-12-02); the plain ggml-cpu mul_mat
-        # rounds activations the same way (docs/quant.md), so the oracle's numbers keep their meaning.
+        # No extra buffer types (weight repacking, AMX). On hosts with AMX (amx_int8) llama.cpp 0.3.36 puts
+        # quantized weights in its AMX buffer, then crashes: llama_decode segfaulted on Q8_0 llama models
+        # (2026-12-02), and a 3-D quantized attn_k_b / attn_v_b meets a permuted q_nope (deepseek2.cpp:560)
+        # that AMX's supports_op refuses (amx.cpp:152-154): GGML_ASSERT(*cur_backend_id != -1) or a segfault.
+        # The plain ggml-cpu mul_mat rounds activations the same way (docs/quant.md), so the oracle's
+        # numbers keep their meaning.
         mp.use_extra_bufts = False
         self.model = L.llama_model_load_from_file(self.path.encode(), mp)
         if not self.model:

@@ -1,6 +1,6 @@
-"""Seeded synthetic `deepseek2` GGUFs (DeepSeek-V2/V3, Kimi-K2): MLA, q-LoRA, grouped sigmoid routing.
+"""The synthetic `deepseek2` plans (DeepSeek-V2/V3, Kimi-K2): MLA, q-LoRA, grouped sigmoid routing.
 
-    write_deepseek2("ds.gguf", preset="tiny", wtype="Q4_K", seed=0, all_optional=True)
+    write_synth("deepseek2", "ds.gguf", preset="tiny", wtype="Q4_K", seed=0, all_optional=True)
 
 The tensor names, shapes and keys are the ones llama.cpp's deepseek2 loader asks for
 (`src/models/deepseek2.cpp` load_arch_hparams / load_arch_tensors, llama-cpp-python 0.3.36), written with
@@ -27,15 +27,10 @@ deepseek2 has no rope-factor tensors, so "longrope" is refused.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
-from tqdm import tqdm
 
-from quant import type_info
-
-from .errors import ConfigError
-from .synth import TensorPlan, _rng, _write_streamed, encode, open_writer, tensor_slabs
+from ..errors import ConfigError
+from ..synthplan import TensorPlan, no_option
 
 ARCH = "deepseek2"
 
@@ -201,7 +196,7 @@ def plan_tensors(p: dict, *, all_optional: bool = False, tied_output: bool = Fal
             continue
         t += mat(b + "ffn_gate_inp", (E, D), D, kind="router")               # ne {D, E}
         if p["probs_bias"] or all_optional:
-            t.append(TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias"))
+            t.append(TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias", std=probs_bias_std(p)))
         t += mat(b + "ffn_down_exps", (E, D, Fe), Fe, scales=E)               # ne {Fe, D, E}
         t += mat(b + "ffn_gate_exps", (E, Fe, D), D, scales=E)                # ne {D, Fe, E}
         t += mat(b + "ffn_up_exps", (E, Fe, D), D, scales=E)
@@ -293,29 +288,19 @@ def probs_bias_std(p: dict) -> float:
     return 0.2 if p["gating"] == "sigmoid" else 0.8 / p["n_expert"]
 
 
-def slabs(tp: TensorPlan, seed: int, p: dict):
-    """`synth.tensor_slabs`, plus the kind "probs_bias" (exp_probs_b: zero-mean, `probs_bias_std`)."""
-    if tp.kind == "probs_bias":
-        yield (probs_bias_std(p) * _rng(seed, tp.name).standard_normal(tp.shape)).astype(np.float32)
-    else:
-        yield from tensor_slabs(tp, seed)
+# ---------------------------------------------------------------- the arch's synth entry points (refengine.synth)
+
+def synth_resolve(p: dict, layers: int | None) -> dict:
+    """`layers=N` keeps the first N blocks and lowers n_dense_lead so the last kept block is MoE."""
+    if layers is not None:
+        p = dict(p, n_layer=layers, n_dense_lead=min(p["n_dense_lead"], layers - 1))
+    return p
 
 
-# ---------------------------------------------------------------- writer
+def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=False, rope_scaling=None):
+    no_option(ARCH, fused_qkv=fused_qkv)
+    return plan_tensors(p, all_optional=all_optional, tied_output=tied_output, rope_scaling=rope_scaling)
 
-def write_deepseek2(path: str | os.PathLike, preset: str = "tiny", wtype: str = "F32", seed: int = 0,
-                    all_optional: bool = False, layers: int | None = None, overrides: dict | None = None,
-                    progress: bool = False, tied_output: bool = False, rope_scaling: str | None = None) -> str:
-    """Write a synthetic deepseek2 model; returns its path. See the module docstring for presets, `layers`
-    and `rope_scaling`; `overrides` replaces preset entries (e.g. {"n_expert_used": 8})."""
-    p = resolve(preset, layers=layers, overrides=overrides)
-    wt = type_info(wtype).type
-    plan = plan_tensors(p, all_optional=all_optional, tied_output=tied_output, rope_scaling=rope_scaling)
-    path = os.fspath(path)
-    label = f"synthetic {ARCH} {preset} {wt.name} seed={seed}" + (" all-optional" if all_optional else "")
-    w, types = open_writer(path, ARCH, plan, metadata(p, all_optional=all_optional, rope_scaling=rope_scaling,
-                                                      name=label), wt)
-    for tp in tqdm(plan, desc=f"writing {os.path.basename(path)}", unit="tensor", disable=not progress):
-        _write_streamed(w, (encode(x, types[tp.name]) for x in slabs(tp, seed, p)))
-    w.close()
-    return path
+
+def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
+    return metadata(p, all_optional=all_optional, rope_scaling=rope_scaling, name=name)
