@@ -314,12 +314,14 @@ def matmul_weight_types(model) -> set:
 
 
 def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,
-                local: bool = False) -> Report:
+                local: bool = False, attn_form: str | None = None) -> Report:
     """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor.
     `path` is a GGUF path or an already opened Model.
 
     local: feed every block llama.cpp's own input to it (`embd`, `l_out-0`, ...) and the head llama.cpp's
     last `l_out`, so each layer's figure is its own error, not what earlier layers accumulated.
+    attn_form: where an attention has two forms, the one refengine runs (MLA: "absorbed" or "naive"; default
+    the one llama.cpp runs). Tensors whose shape belongs to one form are traced only by llama.cpp's form.
     """
     from .model import Model
     from .oracle import run_llamacpp
@@ -330,7 +332,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     trace = Trace()
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
-    rt = Runtime(mode=mode, backend=backend, trace=trace)
+    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form)
     if local:
         L = model.cfg.n_layer
         inputs = [ref.tensors["embd"]] + [ref.tensors[f"l_out-{il}"] for il in range(L - 1)]
@@ -342,5 +344,5 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     rep = build_report(model.cfg.arch, ref.logits, got_logits, ref.tensors, ref.order, trace.tensors, tol)
     if mode == "llamacpp":
         from .flips import flip_census
-        rep.flips = flip_census(model, ref.tensors, trace.tensors, ref.order)
+        rep.flips = flip_census(model, ref.tensors, trace.tensors, ref.order, ref.earlier, trace.earlier)
     return rep

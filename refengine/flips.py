@@ -113,12 +113,40 @@ def _aligned_slots(ref: dict, got: dict, name: str, il: str) -> tuple[np.ndarray
     return r[valid], g[valid]
 
 
-def flip_census(model, ref: dict, got: dict, order: list[str] | None = None) -> list[FlipStat]:
+def _earlier_inputs(model, ref_earlier: dict, got_earlier: dict) -> list[tuple[str, np.ndarray, np.ndarray, list[str]]]:
+    """Matmul inputs that share their llama.cpp name with later tensors (MATMUL_INPUTS rows with a third
+    element, the occurrence index): (label, llama.cpp's, ours, weight names)."""
+    out = []
+    for row in model.arch.MATMUL_INPUTS:
+        if len(row) < 3:
+            continue
+        pat, weights, occ = row
+        for name in ref_earlier:
+            m = re.fullmatch(pat, name)
+            if not m or occ >= len(ref_earlier[name]) or occ >= len(got_earlier.get(name, [])):
+                continue
+            il = m.group(1) if m.groups() else ""
+            out.append((f"{name}#{occ}", ref_earlier[name][occ], got_earlier[name][occ],
+                        [w.format(il=il) for w in weights]))
+    return out
+
+
+def flip_census(model, ref: dict, got: dict, order: list[str] | None = None, ref_earlier: dict | None = None,
+                got_earlier: dict | None = None) -> list[FlipStat]:
     """For every traced input of a quantized matmul, in llama.cpp's evaluation order, the flips between
     llama.cpp's rounding of it and ours. `ref`/`got`: name -> array (oracle tensors, refengine trace)."""
     out = []
-    matmul_inputs = model.arch.MATMUL_INPUTS       # graph name of a matmul input -> the weights it multiplies
-    for name in [n for n in (order or ref) if n in got and n in ref]:
+    matmul_inputs = [r[:2] for r in model.arch.MATMUL_INPUTS if len(r) == 2]   # graph name -> the weights it feeds
+    names = [n for n in (order or ref) if n in got and n in ref]
+    for label, r, g, wnames in _earlier_inputs(model, ref_earlier or {}, got_earlier or {}):
+        # a reused name (deepseek2's normed q_a is `q`, like three later tensors): checked before the final one
+        wnames = [w for w in wnames if w in model.gf.tensors]
+        for p in sorted({partner(model.gf.tensors[w].type) for w in wnames}, key=int):
+            if p != GGMLType.F32 and r.size == g.size:
+                s = count_flips(r.reshape(-1, g.shape[-1]), g.reshape(-1, g.shape[-1]), p)
+                s.name = label
+                out.append(s)
+    for name in names:
         for pat, weights in matmul_inputs:
             m = re.fullmatch(pat, name)
             if not m:

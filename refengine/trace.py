@@ -21,10 +21,13 @@ class Trace:
     def __init__(self, names: set[str] | None = None):
         self.names = names
         self.tensors: dict[str, np.ndarray] = {}
+        self.earlier: dict[str, list] = {}       # a name recorded again: the earlier values, in order
 
     def __call__(self, name: str, il: int, value: np.ndarray) -> None:
         key = tensor_name(name, il)
         if self.names is None or key in self.names:
+            if key in self.tensors:
+                self.earlier.setdefault(key, []).append(self.tensors[key])
             self.tensors[key] = np.array(value, copy=True)
 
     def __getitem__(self, key: str) -> np.ndarray:

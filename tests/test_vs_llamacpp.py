@@ -125,3 +125,47 @@ def test_local_mode_equals_whole_model_on_f32(synth_model, arch):
     path = synth_model(arch, all_optional=True)
     rep = run_compare(path, TOKENS, local=True)
     check(rep, arch, True if arch == "qwen3moe" else False, tol=1e-8, scaled=True)
+
+
+# ---------------------------------------------------------------- deepseek2 (MLA)
+# Every tensor llama.cpp names is compared (`only_in_llamacpp` empty), so no name list is kept here.
+
+DS2_CASES = [
+    dict(preset="tiny"),                                   # q-LoRA, 1 dense + 2 MoE, sigmoid + exp_probs_b, shared
+    dict(preset="tiny-lite"),                              # plain attn_q, softmax, no norm
+    dict(preset="tiny-groups"),                            # 16 experts in 4 groups, 2 used
+    dict(preset="tiny-legacy"),                            # attn_kv_b: llama.cpp's non-absorbed path
+    dict(preset="tiny", all_optional=True),                # every .scale/.input_scale, YaRN, attn_factor, temperature
+    dict(preset="tiny-lite", all_optional=True, tied_output=True),
+]
+
+
+ABSORBED_ONLY = {"q_nope_perm", "q_nope_absorbed", "q_nope_absorbed_perm", "Qcur", "Kcur", "Vcur", "v_cont", "kqv", "kqv_mla"}
+
+
+def check_all(rep, tol=1e-8, untraced=frozenset()):
+    table = format_report(rep)
+    left = [n for n in rep.only_in_llamacpp if n.rsplit("-", 1)[0] not in untraced]
+    assert not left, f"llama.cpp tensors refengine does not trace: {left}"
+    assert rep.ok, table
+    assert rep.logits.nmse <= tol and rep.logits.top1_agreement == 1.0, table
+    for s in rep.tensors:
+        assert s.nmse <= tol, (s.name, s.nmse)
+
+
+@pytest.mark.parametrize("kw", DS2_CASES, ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()))
+def test_deepseek2_f32_matches_llamacpp(synth_model, kw):
+    rep = run_compare(synth_model("deepseek2", **kw), TOKENS)
+    assert rep.tolerance == 1e-8
+    check_all(rep)
+
+
+def test_deepseek2_naive_form_matches_llamacpp(synth_model):
+    """The naive form (per-head K/V cache) against llama.cpp's absorbed run: every shared tensor, the logits."""
+    rep = run_compare(synth_model("deepseek2", preset="tiny"), TOKENS, attn_form="naive")
+    check_all(rep, untraced=ABSORBED_ONLY)          # the naive form has no absorbed products to show
+
+
+def test_deepseek2_topk_equal_to_expert_count(synth_model):
+    rep = run_compare(synth_model("deepseek2", preset="tiny", overrides={"n_expert_used": 8}), TOKENS[:5])
+    check_all(rep)

@@ -34,6 +34,7 @@ DEVICE_PATH = False         # MLA layers: `--backend cuda` runs op by op (matmul
 
 MATMUL_INPUTS = [
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q_a.weight", "blk.{il}.attn_q.weight", "blk.{il}.attn_kv_a_mqa.weight"]),
+    (r"q-(\d+)", ["blk.{il}.attn_q_b.weight"], 1),     # the 2nd `q` (the normed q_a): a name llama.cpp reuses
     (r"q_nope_perm-(\d+)", ["blk.{il}.attn_k_b.weight"]),
     (r"kqv-(\d+)", ["blk.{il}.attn_v_b.weight"]),
     (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),

@@ -31,6 +31,7 @@ class OracleResult:
     logits: np.ndarray                                     # [T, V]
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
+    earlier: dict[str, list] = field(default_factory=dict)  # name -> earlier tensors of the same name, in order
 
 
 def _import():
@@ -71,6 +72,7 @@ class LlamaCpp:
         self.path = os.fspath(path)
         self.tensors: dict[str, np.ndarray] = {}
         self.order: list[str] = []
+        self.earlier: dict[str, list] = {}       # a name given again (deepseek2's four `q`): the ones before
         self.recording = trace
         self.n_past = 0
         L.llama_backend_init()
@@ -95,6 +97,8 @@ class LlamaCpp:
                 return self.recording
             got = qggml.read_tensor(t)
             if got is not None and self.recording:
+                if name in self.tensors:
+                    self.earlier.setdefault(name, []).append(self.tensors[name])
                 self.tensors[name] = got[1]
                 if name in self.order:
                     self.order.remove(name)
@@ -179,7 +183,7 @@ def run_llamacpp(path: str | os.PathLike, tokens, *, chunks: list[int] | None = 
             lc.recording = trace and ci == 0
             out.append(lc.decode(tokens[pos:pos + n]))
             pos += n
-        return OracleResult(logits=np.concatenate(out), tensors=lc.tensors, order=lc.order)
+        return OracleResult(logits=np.concatenate(out), tensors=lc.tensors, order=lc.order, earlier=lc.earlier)
 
 
 def generate_llamacpp(path: str | os.PathLike, tokens, n: int, *, n_ctx: int | None = None) -> tuple[list[int], np.ndarray]:
