@@ -119,13 +119,9 @@ def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
 
 # ---------------------------------------------------------------- writer
 
-def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wtype: str = "F32", seed: int = 0,
-                all_optional: bool = False, fused_qkv: bool = False, tied_output: bool = False,
-                layers: int | None = None, shards: int = 1, progress: bool = False,
-                overrides: dict | None = None, rope_scaling: str | None = None) -> str:
-    """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks;
-    `overrides` replaces preset entries (e.g. {"n_expert_used": 8} for top-k equal to the expert count);
-    `rope_scaling` is none | linear | yarn | longrope (factor 4); `all_optional` implies yarn unless given."""
+def resolve_preset(arch: str, preset: str, *, layers: int | None = None, overrides: dict | None = None) -> dict:
+    """The preset's entries with `overrides` applied and cut to `layers` blocks (by the arch's own
+    `synth_resolve` rule where it has one, e.g. deepseek2 keeps its last block MoE)."""
     _arch(arch)
     if preset not in PRESETS[arch]:
         raise ConfigError(f"arch {arch!r} has no preset {preset!r} (available: {', '.join(PRESETS[arch])})")
@@ -134,14 +130,24 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     if unknown:
         raise ConfigError(f"unknown preset entries {sorted(unknown)}; known: {sorted(p)}")
     p.update(overrides or {})
-    if layers is not None:
-        if not 1 <= layers <= p["n_layer"]:
-            raise ConfigError(f"--layers must be in 1..{p['n_layer']} for preset {preset!r}")
-    resolve = getattr(ARCHS[arch], "synth_resolve", None)     # an arch's own rule for cutting layers
+    if layers is not None and not 1 <= layers <= p["n_layer"]:
+        raise ConfigError(f"--layers must be in 1..{p['n_layer']} for preset {preset!r}")
+    resolve = getattr(ARCHS[arch], "synth_resolve", None)
     if resolve is not None:
-        p = resolve(p, layers)
-    elif layers is not None:
+        return resolve(p, layers)
+    if layers is not None:
         p["n_layer"] = layers
+    return p
+
+
+def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wtype: str = "F32", seed: int = 0,
+                all_optional: bool = False, fused_qkv: bool = False, tied_output: bool = False,
+                layers: int | None = None, shards: int = 1, progress: bool = False,
+                overrides: dict | None = None, rope_scaling: str | None = None) -> str:
+    """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks;
+    `overrides` replaces preset entries (e.g. {"n_expert_used": 8} for top-k equal to the expert count);
+    `rope_scaling` is none | linear | yarn | longrope (factor 4); `all_optional` implies yarn unless given."""
+    p = resolve_preset(arch, preset, layers=layers, overrides=overrides)
     wt = type_info(wtype).type
     if rope_scaling is None and all_optional:
         rope_scaling = "yarn"

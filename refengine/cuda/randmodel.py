@@ -32,9 +32,7 @@ def kappa(t: GGMLType, rng) -> float:
 
 def write_random_model(path: str, wtype: str, layers: int | None = None, seed: int = 0, arch="qwen3moe",
                        preset="qwen3-30b-a3b") -> str:
-    p = dict(synth.PRESETS[arch][preset])
-    if layers is not None:
-        p["n_layer"] = layers
+    p = synth.resolve_preset(arch, preset, layers=layers)
     wt = type_info(wtype).type
     plan = synth.plan_tensors(arch, p)
     kv = synth.metadata(arch, p, all_optional=False, rope_scaling=None,
