@@ -166,9 +166,18 @@ def cmd_info(args) -> int:
                   "n_expert", "n_expert_groups", "n_group_used", "causal_attn", "rope_freq_base",
                   "rope_scaling_type", "rope_freq_scale", "n_ctx_orig_yarn"):
             print(f"  {k:<18} {getattr(c, k)}")
-        l0 = c.layers[0]
-        print(f"  {'layer 0':<18} heads {l0.n_head}/{l0.n_head_kv} kv, ffn {l0.ffn}, n_ff {l0.n_ff}, "
-              f"n_ff_exp {l0.n_ff_exp}, experts used {l0.n_expert_used}")
+        kinds: dict = {}                                         # layers grouped by kind, in order
+        for il, sp in enumerate(c.layers):
+            kinds.setdefault((sp.attn, sp.ffn), []).append(il)
+        for (attn, ffn), ils in kinds.items():
+            l0 = c.layers[ils[0]]
+            span = f"{ils[0]}" if len(ils) == 1 else f"{ils[0]}..{ils[-1]}" if ils == list(range(ils[0], ils[-1] + 1)) \
+                else ",".join(map(str, ils))
+            print(f"  {'layers ' + span:<18} {attn}: heads {l0.n_head}/{l0.n_head_kv} kv; ffn {ffn}: n_ff {l0.n_ff}, "
+                  f"n_ff_exp {l0.n_ff_exp}, experts used {l0.n_expert_used}")
+            for sub in (l0.attn_cfg, l0.moe):
+                if sub is not None:
+                    print(f"  {'':<18} {sub}")
         for x in w:
             print(f"warning: {x.message}")
         if unused:
