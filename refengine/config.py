@@ -147,6 +147,25 @@ def token_rows(gf) -> int:
     return gf.tensors["token_embd.weight"].shape[0]
 
 
+def check_experts(gf, arch: str, n_expert: int, n_used, *, required: bool = False) -> None:
+    """expert_count / expert_used_count agree (llama.cpp asserts the same in load_hparams)."""
+    if required and n_expert == 0:
+        raise ConfigError(f"{gf.path}: {arch} needs {arch}.expert_count > 0")
+    used = [u for u in n_used if u is not None]
+    if n_expert > 0 and max(used, default=0) == 0:
+        raise ConfigError(f"{gf.path}: {arch}.expert_count = {n_expert} but {arch}.expert_used_count is missing or 0")
+    if max(used, default=0) > n_expert:
+        raise ConfigError(f"{gf.path}: {arch}.expert_used_count = {max(used)} exceeds expert_count = {n_expert}")
+
+
+def check_head_dims(gf, arch: str, common: dict) -> None:
+    """Softmax-attention archs whose heads are rotated whole: key_length == value_length == rope dims."""
+    if common["head_dim_k"] != common["head_dim_v"] or common["head_dim_k"] != common["n_rot"]:
+        raise ConfigError(
+            f"{gf.path}: {arch} needs key_length == value_length == rope.dimension_count, got "
+            f"{common['head_dim_k']}, {common['head_dim_v']}, {common['n_rot']}")
+
+
 def check_gqa(gf, il: int, n_head: int, n_head_kv: int) -> None:
     if n_head_kv <= 0 or n_head % n_head_kv:
         raise ConfigError(f"{gf.path}: layer {il}: {n_head} heads do not group over {n_head_kv} KV heads")

@@ -57,3 +57,8 @@ def dense_vector(t: QTensor) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
         raise NonFiniteError(f"tensor {t.name!r} holds {bad.size} non-finite values (first at flat index {bad[0]})")
     return a
+
+
+def norm_table(il: int, *names: str) -> list[W]:
+    """The block's own [D] norm vectors (`blk.{il}.attn_norm.weight`, ...), owned by the arch's block wiring."""
+    return [W(n, f"blk.{il}.{n}.weight", lambda c, s: (c.n_embd,), dense=True) for n in names]

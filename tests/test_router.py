@@ -88,7 +88,7 @@ def test_bias_selects_but_does_not_weight():
 
 def test_groups_use_biased_scores():
     """Group choice follows probs + bias: a bias that lifts group 3 makes it win although its probs are lowest."""
-    E, G = 8, 4
+    G = 4                                                   # 8 experts in 4 groups
     lg = np.tile(np.array([3, 2.9, 2, 1.9, 1, 0.9, -1, -1.1], np.float32), (2, 1))
     bias = np.array([0, 0, 0, 0, 0, 0, 5, 5], np.float32)
     tr = Trace()

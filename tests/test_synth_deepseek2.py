@@ -8,7 +8,7 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 
 from refengine.errors import ConfigError
-from refengine.archs.deepseek2_synth import PRESETS, ignored_by_llamacpp, metadata, n_params, plan_tensors, resolve
+from refengine.archs.deepseek2_synth import ignored_by_llamacpp, metadata, n_params, plan_tensors, resolve
 from refengine.synth import write_synth
 
 

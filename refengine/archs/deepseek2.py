@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from ..attention import mla
 from ..cache import LatentKV
-from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, read_common, token_rows
+from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
 from ..errors import ConfigError
 from ..ffn import dense_ffn, dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
 from ..moe.block import GATING, MoEConfig, moe_block, moe_table
-from ..ops import rms_norm, rope_cos_sin
-from ..weights import W, load_tensors
+from ..ops import rms_norm
+from ..ops.rope import context_rope
+from ..weights import load_tensors, norm_table
 from .deepseek2_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek2"
@@ -78,10 +79,7 @@ def config_from_gguf(gf) -> ModelConfig:
     w_scale = float(r.get("expert_weights_scale", 0.0))
     norm_w = bool(r.get("expert_weights_norm", False))
     mc_attn = mla.mla_config(r, **{**common, "n_layer": L_all}, n_head=n_head[0])
-    if E > 0 and L > n_dense and max(n_used[n_dense:]) == 0:
-        raise ConfigError(f"{gf.path}: {ARCH}.expert_count = {E} but {ARCH}.expert_used_count is missing or 0")
-    if max(n_used) > E:
-        raise ConfigError(f"{gf.path}: {ARCH}.expert_used_count = {max(n_used)} exceeds expert_count = {E}")
+    check_experts(gf, ARCH, E if L > n_dense else 0, n_used[n_dense:])
     layers = []
     for il in range(L):
         dense = il < n_dense or E == 0
@@ -105,9 +103,7 @@ def load_globals(gf, cfg):
 
 def load_layer(gf, cfg, il: int):
     spec = cfg.layers[il]
-    p = f"blk.{il}."
-    D = lambda c, s: (c.n_embd,)                                     # noqa: E731
-    table = [W("attn_norm", p + "attn_norm.weight", D, dense=True), W("ffn_norm", p + "ffn_norm.weight", D, dense=True)]
+    table = norm_table(il, "attn_norm", "ffn_norm")
     table += mla.mla_table(il, spec.attn_cfg)
     if spec.ffn == "dense":
         table += dense_ffn_table(il, lambda c, s: s.n_ff)           # .scale loaded, not applied (deepseek2.cpp:647-651)
@@ -125,10 +121,7 @@ def new_state(cfg, attn_form: str | None = None) -> list:
 
 def rope_for(cfg, g, pos, n_ctx):
     """cos, sin [T, n_rot/2] of the rope part, with the context's YaRN parameters (no factor tensors)."""
-    return rope_cos_sin(pos, n_rot=cfg.n_rot, base=cfg.rope_freq_base, freq_scale=cfg.rope_freq_scale,
-                        ext_factor=cfg.yarn_ext_factor, attn_factor=cfg.layers[0].attn_cfg.rope_attn_factor,
-                        n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
-                        beta_slow=cfg.yarn_beta_slow, freq_factors=None)
+    return context_rope(cfg, pos, attn_factor=cfg.layers[0].attn_cfg.rope_attn_factor)
 
 
 def embed(g, cfg, step, rt):

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from .. import synthplan as sp
 from ..attention import gqa
-from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NORM, KeyReader, LayerSpec, ModelConfig, check_gqa, read_common, token_rows
-from ..errors import ConfigError
+from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NORM, KeyReader, LayerSpec, ModelConfig, check_experts, check_gqa, check_head_dims, read_common, token_rows
 from ..ffn import dense_ffn, dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head, rope_factors
 from ..moe.block import MoEConfig, moe_block, moe_table
-from ..ops import rms_norm, rope_cos_sin
-from ..weights import W, load_tensors
+from ..ops import rms_norm
+from ..ops.rope import context_rope
+from ..weights import load_tensors, norm_table
 
 ARCH = "llama"
 ROPE_TYPE = ROPE_NORM
@@ -51,14 +51,8 @@ def config_from_gguf(gf) -> ModelConfig:
     n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
     n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
     E = common["n_expert"]
-    if E > 0 and max(n_used) == 0:
-        raise ConfigError(f"{gf.path}: {ARCH}.expert_count = {E} but {ARCH}.expert_used_count is missing or 0")
-    if max(n_used) > E:
-        raise ConfigError(f"{gf.path}: {ARCH}.expert_used_count = {max(n_used)} exceeds expert_count = {E}")
-    if common["head_dim_k"] != common["head_dim_v"] or common["head_dim_k"] != common["n_rot"]:
-        raise ConfigError(
-            f"{gf.path}: {ARCH} needs key_length == value_length == rope.dimension_count, got "
-            f"{common['head_dim_k']}, {common['head_dim_v']}, {common['n_rot']}")
+    check_experts(gf, ARCH, E, n_used)
+    check_head_dims(gf, ARCH, common)
     layers = []
     for il in range(L):
         check_gqa(gf, il, n_head[il], n_head_kv[il])
@@ -83,9 +77,7 @@ def load_globals(gf, cfg):
 
 def load_layer(gf, cfg, il: int):
     spec = cfg.layers[il]
-    p = f"blk.{il}."
-    D = lambda c, s: (c.n_embd,)                                     # noqa: E731
-    table = [W("attn_norm", p + "attn_norm.weight", D, dense=True), W("ffn_norm", p + "ffn_norm.weight", D, dense=True)]
+    table = norm_table(il, "attn_norm", "ffn_norm")
     table += gqa.gqa_table(gf, il)
     table += dense_ffn_table(il, lambda c, s: s.n_ff) if spec.ffn == "dense" else moe_table(gf, il, spec.moe)
     return load_tensors(gf, table, cfg, spec, il)
@@ -100,10 +92,7 @@ def new_state(cfg, attn_form: str | None = None) -> list:
 
 def rope_for(cfg, g, pos, n_ctx):
     """cos, sin [T, n_rot/2] for positions pos [T] with llama.cpp's context-level rope parameters."""
-    return rope_cos_sin(pos, n_rot=cfg.n_rot, base=cfg.rope_freq_base, freq_scale=cfg.rope_freq_scale,
-                        ext_factor=cfg.yarn_ext_factor, attn_factor=cfg.yarn_attn_factor,
-                        n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
-                        beta_slow=cfg.yarn_beta_slow, freq_factors=rope_factors(g, cfg, n_ctx))
+    return context_rope(cfg, pos, freq_factors=rope_factors(g, cfg, n_ctx))
 
 
 def embed(g, cfg, step, rt):

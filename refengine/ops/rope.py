@@ -73,3 +73,13 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode
     else:
         raise ValueError(f"rope mode {mode} is not NORM (0) or NEOX (2)")
     return out
+
+
+def context_rope(cfg, pos: np.ndarray, *, freq_factors=None, attn_factor: float | None = None):
+    """cos, sin [T, n_rot/2] with llama.cpp's context-level rope parameters (`llama_context` cparams: YaRN
+    from rope.scaling.*, beta_fast / beta_slow defaults); `attn_factor` overrides cparams.yarn_attn_factor."""
+    return rope_cos_sin(pos, n_rot=cfg.n_rot, base=cfg.rope_freq_base, freq_scale=cfg.rope_freq_scale,
+                        ext_factor=cfg.yarn_ext_factor,
+                        attn_factor=cfg.yarn_attn_factor if attn_factor is None else attn_factor,
+                        n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
+                        beta_slow=cfg.yarn_beta_slow, freq_factors=freq_factors)
