@@ -315,10 +315,13 @@ def test_moe_ffn_topk_equals_expert_count_and_blas_path(rng):
 
 # ---------------------------------------------------------------- whole model
 
-def test_synthetic_model_cpu_equals_numpy(synth_model):
+@pytest.mark.parametrize("arch,kw", [("qwen3moe", {}), ("deepseek2", dict(preset="tiny"))])
+def test_synthetic_model_cpu_equals_numpy(synth_model, arch, kw):
+    """The whole forward with the Numba kernels (deepseek2: MLA's per-head products, grouped sigmoid routing,
+    shared experts) equals the NumPy backend, at prefill and at one-token decode steps."""
     from refengine.model import Model
     from refengine.runtime import Runtime
-    m = Model(synth_model("qwen3moe", wtype="Q4_K"))
+    m = Model(synth_model(arch, wtype="Q4_K", **kw))
     tokens = np.array([3, 17, 101, 5, 250, 42, 7], dtype=np.int64)
     want = m.forward(tokens, rt=Runtime(backend="numpy"))
     got = m.forward(tokens, rt=Runtime(backend="cpu"))
