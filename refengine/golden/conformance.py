@@ -32,6 +32,7 @@ against llama.cpp). Written by `refengine conformance` {version}; {n} models, {m
     ARCH-PRESET-TYPE/golden/tensors.safetensors   every intermediate under llama.cpp's graph names + `logits`
     ARCH-PRESET-TYPE/golden/results.gguf      llama.cpp `llama-results` file (logits + tokens)
     ARCH-PRESET-TYPE/golden/logits.kld        llama.cpp `llama-perplexity --kl-divergence-base` file
+    ARCH-PRESET-TYPE/golden-llamacpp/         quantized types only: the same in llama.cpp mode (below)
     kit.json                                  the index: arch, preset, type, files, sizes, sha256
 
 ## Checking an engine
@@ -50,6 +51,13 @@ Without refengine: read `tensors.safetensors` with any safetensors reader and co
 NMSE = sum((yours - golden)^2) / sum(golden^2) per tensor against `tolerance` in the manifest's
 `tensor_table` (F32 weights 1e-8: only the order of float sums may differ; quantized weights 1e-2,
 since an engine may round activations to Q8_0/Q8_K before a quantized matmul as llama.cpp does).
+
+Quantized models have two goldens. `golden/` is exact mode: f32 arithmetic on the dequantized weights,
+held to NMSE 1e-2 (an engine that rounds activations differs from it by 1e-5..1e-2, and a MoE router
+may pick a different expert at a near-tie). `golden-llamacpp/` rounds every matmul's activations to the
+weight's partner type (Q8_0, Q8_1, Q8_K) exactly as ggml-cpu does, and is held to 1e-7: an engine that
+reproduces ggml-cpu's arithmetic should match it to float noise, except where a value sits within float
+noise of a rounding boundary (a "rounding flip", see refengine's docs/quant.md).
 
 With llama.cpp's own tools (CPU build, f32 KV cache, flash attention off):
 
@@ -93,6 +101,9 @@ def write_conformance(out_dir, *, archs=None, types=None, progress: bool = False
         model = Model(mpath)
         tokens = np.random.default_rng([seed, 7]).integers(0, model.cfg.n_vocab, size=N_TOKENS)
         m = make_golden(mpath, tokens, os.path.join(d, "golden"), model=model, path_model="model.gguf")
+        if wtype != "F32":                  # what an engine that rounds activations as ggml-cpu does should match
+            make_golden(mpath, tokens, os.path.join(d, "golden-llamacpp"), model=model, mode="llamacpp",
+                        path_model="model.gguf")
         size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
         kit["models"].append({"dir": name, "arch": arch, "preset": preset, "type": wtype,
                               "model_sha256": sha256_file([mpath]), "tokens": m["tokens"],
