@@ -153,7 +153,7 @@ def cmd_info(args) -> int:
         print(f"  {t:<8} {n:>6} tensors  {size[t] / 2**20:>10.1f} MiB")
     if args.tensors:
         for name, ti in gf.tensors.items():
-            print(f"  {name:<40} {ti.type.name:<8} {str(list(ti.shape)):<22} {os.path.basename(ti.path)}")
+            print(f"  {name:<40} {ti.type.name:<8} {list(ti.shape)!s:<22} {os.path.basename(ti.path)}")
     try:
         from .model import Model
         with warnings.catch_warnings(record=True) as w:

@@ -29,7 +29,7 @@ import quant
 from quant import QTensor
 
 from .archs import get_arch
-from .errors import ConfigError, RefengineError, UnsupportedArchError, WeightError
+from .errors import ConfigError, UnsupportedArchError, WeightError
 
 SMALL_BYTES = 1 << 20          # tensors up to this size are handed to the tables as zeros (no NaN check, no read)
 
@@ -238,7 +238,7 @@ def format_lint(rep: LintReport, *, all_rows: bool = True) -> str:
         if not all_rows and t.ok and not t.flags:
             continue
         nf = f" {t.nonfinite:>9}" if rep.scanned else ""
-        L.append(f"{t.name:<36} {t.type:<8} {str(t.shape):<20} {t.role:<13} {t.accepts:<8}{nf}  {'; '.join(t.flags)}")
+        L.append(f"{t.name:<36} {t.type:<8} {t.shape!s:<20} {t.role:<13} {t.accepts:<8}{nf}  {'; '.join(t.flags)}")
     L.append("")
     for f in rep.flags:
         L.append(f"flag: {f}")

@@ -14,9 +14,9 @@ ggml/src/ggml-cpu/binary-ops.cpp:116-137 aborts on F16 or quantized); `accepts` 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable
 
 import numpy as np
 

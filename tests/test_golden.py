@@ -6,11 +6,16 @@ import os
 
 import numpy as np
 import pytest
-
 from gguf_edit import rewrite
+
 from refengine.cli import main
 from refengine.golden import check_golden, make_golden
-from refengine.golden.formats import (read_kld_base, read_llama_results, read_safetensors, write_safetensors)
+from refengine.golden.formats import (
+    read_kld_base,
+    read_llama_results,
+    read_safetensors,
+    write_safetensors,
+)
 
 TOKENS = [5, 17, 42, 99, 3, 200, 11, 64, 128, 7]
 
@@ -39,7 +44,7 @@ def test_round_trip_cli(golden_dir, capsys, tmp_path):
     assert main(["check", str(golden_dir / "g"), str(tmp_path / "again"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["ok"] and d["first_divergence"] is None and d["compared"] == 57 and not d["missing"]
-    m = json.load(open(golden_dir / "g" / "manifest.json"))
+    m = json.loads((golden_dir / "g" / "manifest.json").read_text())
     assert m["model"]["arch"] == "qwen3moe" and m["tokens"] == TOKENS and len(m["model"]["sha256"]) == 64
     assert m["tensor_table"]["l_out-1"] == {"shape": [10, 256], "dtype": "float32", "tolerance": 1e-8}
     assert "sets" in m["tensor_table"]["ffn_moe_topk-0"]["tolerance"]
@@ -101,7 +106,7 @@ def test_transformers_hidden_states(golden_dir, tmp_path):
     import quant
     from refengine.gguf import open_gguf
     gf = open_gguf(golden_dir / "m.gguf")
-    W = lambda n: torch.from_numpy(np.array(quant.dequantize(gf.tensor(n))))   # noqa: E731
+    W = lambda n: torch.from_numpy(np.array(quant.dequantize(gf.tensor(n))))
     c = tf.Qwen3MoeConfig(vocab_size=256, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, head_dim=128, intermediate_size=768, moe_intermediate_size=256,
                           num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6,
@@ -139,7 +144,7 @@ def test_conformance_kit(tmp_path, capsys):
     from refengine.archs import ARCHS
     assert main(["conformance", str(tmp_path / "kit"), "-q"]) == 0
     print(capsys.readouterr().out)
-    kit = json.load(open(tmp_path / "kit" / "kit.json"))
+    kit = json.loads((tmp_path / "kit" / "kit.json").read_text())
     assert kit["archs"] == list(ARCHS) and len(kit["models"]) == 4 * len(ARCHS)
     assert os.path.isfile(tmp_path / "kit" / "README.md")
     for m in kit["models"]:

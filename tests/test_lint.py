@@ -3,17 +3,18 @@ import json
 
 import numpy as np
 import pytest
-
 from gguf_edit import rewrite
+
 from refengine.cli import main
 from refengine.lint import lint
 
 
 def retype(src, dst, name, wtype):
     """A copy with one tensor stored in another ggml type (the same values, re-encoded)."""
-    import quant
     from gguf import GGUFWriter
     from gguf.constants import GGMLQuantizationType
+
+    import quant
     from refengine.gguf import LazyArray, open_gguf
     from refengine.synth import encode
     gf = open_gguf(src)
@@ -77,7 +78,6 @@ def test_unused_and_wrong_shape_refused(base, tmp_path, capsys):
     extra = rewrite(base, tmp_path / "x.gguf", add_tensors={"blk.0.mystery.weight": np.ones(4, np.float32)})
     assert main(["lint", str(extra)]) == 1
     assert "blk.0.mystery.weight" in capsys.readouterr().out
-    from gguf_edit import GGUFValueType
     short = rewrite(base, tmp_path / "s.gguf", drop_tensors={"blk.1.attn_k_norm.weight"},
                     add_tensors={"blk.1.attn_k_norm.weight": np.ones(64, np.float32)})
     assert main(["lint", str(short), "--json"]) == 1
@@ -86,7 +86,6 @@ def test_unused_and_wrong_shape_refused(base, tmp_path, capsys):
     nokey = rewrite(base, tmp_path / "k.gguf", drop_keys={"qwen3moe.expert_count"})
     assert main(["lint", str(nokey)]) == 1
     assert "expert_count" in capsys.readouterr().out
-    del GGUFValueType
 
 
 def test_scan_counts_nan(base, tmp_path, capsys):

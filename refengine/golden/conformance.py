@@ -80,9 +80,9 @@ def tiny_preset(arch: str) -> str:
 
 
 def write_conformance(out_dir, *, archs=None, types=None, progress: bool = False, seed: int = 0) -> dict:
+    from .. import __version__
     from ..synth import write_synth
     from .write import sha256_file
-    from .. import __version__
     t0 = time.perf_counter()
     archs = list(archs or ARCHS)
     unknown = [a for a in archs if a not in ARCHS]
