@@ -166,6 +166,10 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
                                 "check": f"llama-perplexity -m MODEL --kl-divergence-base {KLD_FILE} --kl-divergence "
                                          f"-c {len(tokens)} -b {len(tokens)} -ctk f32 -ctv f32 -fa off "
                                          "(llama.cpp replaces the first token by BOS when the vocabulary adds one)"}
+        bos = model.gf.get("tokenizer.ggml.bos_token_id")
+        if model.gf.get("tokenizer.ggml.add_bos_token") and bos is not None and int(tokens[0]) != int(bos):
+            manifest["kld_base"]["warning"] = (f"the vocabulary adds BOS ({bos}) but tokens[0] = {int(tokens[0])}: "
+                                               "llama-perplexity evaluates BOS at position 0, these logits did not")
     else:
         manifest["files"]["kld_base"] = None
     manifest["timing_s"] = {"forward": round(t_run, 3), "write": round(time.perf_counter() - t1, 3)}
