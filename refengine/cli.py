@@ -1,4 +1,4 @@
-"""`refengine` command line: synth, compare, run, quantize, info.
+"""`refengine` command line: synth, compare, run, quantize, info, golden, check, lint, conformance.
 
 Exit status: 0 success / match, 1 divergence from llama.cpp, 2 bad input (the message names the
 file, tensor or key at fault).
@@ -153,7 +153,7 @@ def cmd_info(args) -> int:
         print(f"  {t:<8} {n:>6} tensors  {size[t] / 2**20:>10.1f} MiB")
     if args.tensors:
         for name, ti in gf.tensors.items():
-            print(f"  {name:<40} {ti.type.name:<8} {str(list(ti.shape)):<22} {os.path.basename(ti.path)}")
+            print(f"  {name:<40} {ti.type.name:<8} {list(ti.shape)!s:<22} {os.path.basename(ti.path)}")
     try:
         from .model import Model
         with warnings.catch_warnings(record=True) as w:
@@ -184,6 +184,54 @@ def cmd_info(args) -> int:
             print(f"unused tensors (llama.cpp would refuse the file): {', '.join(unused)}")
     except RefengineError as e:
         print(f"model: not loadable by refengine: {e}")
+    return 0
+
+
+def cmd_golden(args) -> int:
+    from .golden import make_golden
+    from .model import Model
+    model = Model(args.file)
+    if args.tokens is None and args.prompt is None:
+        raise RefengineError("golden: give the input with --tokens or --prompt")
+    tokens = _input_tokens(args, model)
+    m = make_golden(args.file, tokens, args.output, mode=args.mode, backend=args.backend, tensors=args.tensors,
+                    progress=not args.quiet, model=model, path_model=args.path_model)
+    n = len(m["order"])
+    print(f"{args.output}: {n - 1} intermediates + logits [{len(tokens)}, {m['model']['n_vocab']}] "
+          f"({m['bytes']['tensors'] / 2**20:.2f} MiB safetensors), manifest.json, results.gguf"
+          + (", logits.kld" if m["files"]["kld_base"] else "")
+          + f"; forward {m['timing_s']['forward']:.2f} s; tolerance NMSE {m['tolerance']['nmse']:.0e} "
+          f"({m['model']['weight_class']} weights, {args.mode} mode)")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .golden.check import check_golden, format_check
+    res = check_golden(args.golden, args.theirs, source=args.source, tol=args.tol)
+    if args.json:
+        print(json.dumps(res.to_dict(), default=float))
+    else:
+        print(format_check(res, all_rows=not args.failures_only))
+    return 0 if res.report.ok else 1
+
+
+def cmd_lint(args) -> int:
+    from .lint import format_lint, lint
+    rep = lint(args.file, scan=args.scan, progress=args.scan and not args.json)
+    if args.json:
+        print(json.dumps(rep.to_dict(), default=float))
+    else:
+        print(format_lint(rep, all_rows=not args.problems_only))
+    return 1 if rep.refused else 0
+
+
+def cmd_conformance(args) -> int:
+    from .golden.conformance import write_conformance
+    archs = args.archs.split(",") if args.archs else None
+    kit = write_conformance(args.output, archs=archs, types=args.types.split(",") if args.types else None,
+                            progress=not args.quiet)
+    print(f"{args.output}: {len(kit['models'])} models over {len(kit['archs'])} archs "
+          f"({', '.join(kit['archs'])}), {kit['bytes'] / 2**20:.1f} MiB, {kit['seconds']:.1f} s; see README.md there")
     return 0
 
 
@@ -259,6 +307,52 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("file")
     i.add_argument("--tensors", action="store_true", help="list every tensor: name, type, shape (NumPy order), shard")
     i.set_defaults(fn=cmd_info)
+
+    gd = sub.add_parser("golden", help="write golden per-layer outputs and logits other engines check against",
+                        description="Writes DIR/tensors.safetensors (every named intermediate under llama.cpp's names, "
+                        "and logits), DIR/manifest.json (model sha256, tokens, versions, per-tensor shape and "
+                        "tolerance), DIR/results.gguf (llama-results --check) and DIR/logits.kld "
+                        "(llama-perplexity --kl-divergence-base).")
+    gd.add_argument("file", help="GGUF (any shard of a split set)")
+    add_input(gd)
+    add_exec(gd)
+    gd.add_argument("--tensors", default="all", help="all (default), logits (no intermediates), or comma-separated "
+                    "glob patterns of names, e.g. 'l_out-*,ffn_moe_topk-*'")
+    gd.add_argument("--path-model", default=None, help="the model path stored in results.gguf, which "
+                    "`llama-results --check -m PATH` must repeat exactly (default: FILE as given)")
+    gd.add_argument("-q", "--quiet", action="store_true")
+    gd.add_argument("-o", "--output", required=True, help="directory to write")
+    gd.set_defaults(fn=cmd_golden)
+
+    ck = sub.add_parser("check", help="compare another engine's dump with a golden directory",
+                        description="THEIRS: a .safetensors or .npz file (or a directory with one) of named tensors. "
+                        "--from refengine: llama.cpp's graph names, as in the golden; --from transformers: "
+                        "hidden_states.N (output_hidden_states; hidden state N+1 is l_out-N, the last one "
+                        "result_norm) and logits. Exit 0 match, 1 divergence, 2 bad input.")
+    ck.add_argument("golden", help="directory written by `refengine golden`")
+    ck.add_argument("theirs", help="the dump to check")
+    ck.add_argument("--from", dest="source", default="refengine", choices=("refengine", "transformers"))
+    ck.add_argument("--tol", type=float, default=None, help="NMSE tolerance (default: the manifest's)")
+    ck.add_argument("--json", action="store_true")
+    ck.add_argument("--failures-only", action="store_true")
+    ck.set_defaults(fn=cmd_check)
+
+    ln = sub.add_parser("lint", help="loader report: per tensor the types llama.cpp accepts; keys; shards; NaN scan",
+                        description="Exit 0: llama.cpp loads and runs the file (flags for strict loaders may remain); "
+                        "1: llama.cpp would refuse it (the reason names the tensor or key); 2: unreadable input.")
+    ln.add_argument("file", help="GGUF (any shard of a split set)")
+    ln.add_argument("--scan", action="store_true", help="decode every tensor and count NaN/inf")
+    ln.add_argument("--json", action="store_true")
+    ln.add_argument("--problems-only", action="store_true", help="list only tensors with a flag")
+    ln.set_defaults(fn=cmd_lint)
+
+    cf = sub.add_parser("conformance", help="a test kit for another engine's CI: tiny GGUFs per arch and type, "
+                        "each with its golden directory")
+    cf.add_argument("output", help="directory to write")
+    cf.add_argument("--archs", default=None, help="comma-separated (default: every registered arch)")
+    cf.add_argument("--types", default=None, help="comma-separated weight types (default: F32,Q8_0,Q4_K,IQ4_XS)")
+    cf.add_argument("-q", "--quiet", action="store_true")
+    cf.set_defaults(fn=cmd_conformance)
     return p
 
 

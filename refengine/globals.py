@@ -47,6 +47,7 @@ def load_globals(gf, cfg, *, rope_factor_tensors: bool = True):
                                   W("output_input_scale", "output.input_scale", ONE, required=False, dense=True)], cfg)
         g.output_scale = extra.output_scale
         g.tensor_names += extra.tensor_names
+        g.tensor_rows.update(extra.tensor_rows)
     return g
 
 

@@ -4,12 +4,19 @@ Every arch declares its tensors as `W(...)` rows; `load_tensors` resolves a tabl
 the file, checks shapes, and returns a namespace whose fields are named after the GGUF tensors
 (`attn_q`, `attn_q_bias`, `attn_q_scale`, `ffn_gate_exps`). Large matrices stay packed, mmapped
 `QTensor`s; small vectors (norms, biases, scales) are decoded to float32 once and checked for NaN/inf.
+
+A row also says which ggml types llama.cpp's graph takes at that place (`refengine lint` reports it):
+a matrix goes through `ggml_mul_mat` / `ggml_get_rows`, which take every type; a dense vector goes
+through an elementwise `ggml_mul` / `ggml_add` (norms, biases, `.scale`, `exp_probs_b`) or is a rope
+factor, and ggml-cpu's binary ops take an F32 second operand only (`binary_op`,
+ggml/src/ggml-cpu/binary-ops.cpp:116-137 aborts on F16 or quantized); `accepts` overrides either (e.g.
+`ssm_conv1d`: `ggml_ssm_conv` reads F32).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable
 
 import numpy as np
 
@@ -26,10 +33,22 @@ class W:
     shape: Callable | None      # cfg, spec -> expected NumPy shape (reversed ggml ne), or None
     required: bool = True
     dense: bool = False         # decode to a float32 array at load (norms, biases, scales)
+    small: bool = False         # a small matrix (router gate, ssm_* projection): llama.cpp multiplies it in any
+                                # type, but strict loaders expect it unquantized (lint flags a quantized one)
+    accepts: tuple[str, ...] | None = None   # ggml types llama.cpp's op takes here (None: see accepted_types)
+
+    def accepted_types(self) -> tuple[str, ...] | None:
+        """The ggml type names llama.cpp's CPU graph takes for this tensor; None means every type."""
+        if self.accepts is not None:
+            return self.accepts
+        return F32_ONLY if self.dense else None
+
+
+F32_ONLY = ("F32",)
 
 
 def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleNamespace:
-    out, names = {}, []
+    out, names, rows = {}, [], {}
     for w in table:
         name = w.name.format(il=il)
         if name not in gf:
@@ -45,8 +64,10 @@ def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleName
                 raise ShapeError(f"{gf.path}: tensor {name!r} has shape {list(got)} (NumPy order), expected {list(want)}")
         out[w.field] = dense_vector(t) if w.dense else t
         names.append(name)
+        rows[name] = w
     ns = SimpleNamespace(**out)
     ns.tensor_names = names          # every GGUF tensor this table consumed
+    ns.tensor_rows = rows            # name -> its W row (what refengine lint reports per tensor)
     return ns
 
 

@@ -50,7 +50,7 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
     p = f"blk.{il}."
     E, F, Dm = (lambda c, s: mc.n_expert), (lambda c, s: mc.n_ff_exp), (lambda c, s: c.n_embd)
     PER_EXPERT = lambda c, s: (mc.n_expert,)                         # noqa: E731
-    t = [W("ffn_gate_inp", p + "ffn_gate_inp.weight", lambda c, s: (E(c, s), Dm(c, s)))]
+    t = [W("ffn_gate_inp", p + "ffn_gate_inp.weight", lambda c, s: (E(c, s), Dm(c, s)), small=True)]
     if mc.probs_bias:
         t.append(W("exp_probs_b", p + "exp_probs_b.bias", PER_EXPERT, required=False, dense=True))
     if mc.fused_gate_up and p + "ffn_gate_up_exps.weight" in gf:

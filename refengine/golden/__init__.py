@@ -1,0 +1,5 @@
+"""Golden outputs other engines test against (`make_golden`, `check_golden`) and the conformance kit."""
+from .check import check_golden, load_dump, load_golden
+from .write import MANIFEST_FILE, TENSORS_FILE, make_golden
+
+__all__ = ["MANIFEST_FILE", "TENSORS_FILE", "check_golden", "load_dump", "load_golden", "make_golden"]
