@@ -71,6 +71,22 @@ class GGUFModel:
         return f"<GGUFModel {self.path!r}: {len(self.shards)} shard(s), {len(self.tensors)} tensors>"
 
 
+# The split keys gguf-split writes, the integer range each must be in (llama.cpp reads them as u16, u16, i32).
+SPLIT_KEYS = {"split.no": (0, 65534), "split.count": (0, 65535), "split.tensors.count": (0, 2**31 - 1)}
+
+
+def split_key(gf: GGUFFile, key: str):
+    """A split key of one shard, typed: an integer in range, or None when absent."""
+    if key not in gf.kv:
+        return None
+    v, t = gf.kv[key], gf.kv_types[key].name
+    lo, hi = SPLIT_KEYS[key]
+    if t not in ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64") or not lo <= v <= hi:
+        shown = repr(v) if isinstance(v, (int, float, str)) else repr(v)[:60]
+        raise MalformedGGUFError(f"{gf.path}: metadata key {key!r} must be an integer in {lo}..{hi}, but is {t} {shown}")
+    return int(v)
+
+
 def open_gguf(path: str | os.PathLike) -> GGUFModel:
     """Open a GGUF file or a whole split set given any of its shards."""
     path = os.fspath(path)
@@ -80,7 +96,8 @@ def open_gguf(path: str | os.PathLike) -> GGUFModel:
             raise MissingShardError(f"{path}: shard {int(m['no'])} of {int(m['count'])} is missing")
         raise MalformedGGUFError(f"{path}: no such file")
     first = read_gguf(path)
-    count = first.kv.get("split.count", 0)
+    count = split_key(first, "split.count") or 0
+    split_key(first, "split.no")
     if not count or count == 1 and "split.no" not in first.kv:
         return GGUFModel([first])
 
@@ -98,11 +115,11 @@ def open_gguf(path: str | os.PathLike) -> GGUFModel:
         raise MissingShardError(f"{path}: split set of {count} shards is incomplete; missing: {', '.join(missing)}")
     shards = [first if p == path else read_gguf(p) for p in paths]
     for i, sh in enumerate(shards):
-        no, cnt = sh.kv.get("split.no"), sh.kv.get("split.count")
+        no, cnt = split_key(sh, "split.no"), split_key(sh, "split.count")
         if no != i or cnt != count:
             raise ShardMismatchError(f"{sh.path}: split.no = {no}, split.count = {cnt}; expected {i} and {count}")
     model = GGUFModel(shards)
-    want = shards[0].kv.get("split.tensors.count")
+    want = split_key(shards[0], "split.tensors.count")
     if want is not None and want != len(model.tensors):
         raise ShardMismatchError(
             f"{shards[0].path}: split.tensors.count = {want} but the {count} shards hold {len(model.tensors)} tensors")
