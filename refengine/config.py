@@ -128,9 +128,9 @@ class Key:
         if self.per_layer:
             what += " (or an array of one per layer)"
         if self.lo is not None:
-            what += f" {'>' if self.lo_open else '>='} {self.lo:g}"
+            what += f" {'>' if self.lo_open else '>='} {self.lo}"
         if self.hi is not None:
-            what += f" and <= {self.hi:g}"
+            what += f" and <= {self.hi}"
         if self.upto_tensors:
             what += " and at most the number of tensors in the file"
         return what

@@ -54,6 +54,34 @@ class GGUFModel:
             raise MissingKeyError(f"{self.path}: required metadata key {key!r} is missing")
         return self.get(key)
 
+    def llamacpp_refusals(self) -> list[str]:
+        """What makes llama.cpp's loader refuse (or abort on) a file that refengine reads: keys refengine does not
+        need, read by llama.cpp with a fixed GGUF type, and tensor data it cannot map. llama.cpp's words in quotes."""
+        out = []
+        for sh in self.shards:
+            for key, want in LLAMACPP_SPLIT_TYPES.items():
+                t = sh.kv_types.get(key)
+                if t is not None and t.name != want:
+                    out.append(f"{os.path.basename(sh.path)}: \"key {key} has wrong type {t.name.lower()} but "
+                               f"expected type {want.lower()}\"")
+            if sh.tensors:
+                first = min(ti.offset for ti in sh.tensors.values())
+                if first % LLAMACPP_TENSOR_ALIGNMENT:
+                    out.append(f"{os.path.basename(sh.path)}: tensor data starts at byte {first}, not a multiple of "
+                               f"{LLAMACPP_TENSOR_ALIGNMENT} (general.alignment = {sh.alignment}): llama.cpp aborts "
+                               f"mapping it, \"GGML_ASSERT(... && \"buffer pointer must be aligned\") failed\"")
+        tok = self.kv.get("tokenizer.ggml.model")
+        if tok is None:
+            out.append("\"key not found in model: tokenizer.ggml.model\" (llama.cpp's vocabulary loader)")
+        elif self.kv_types["tokenizer.ggml.model"].name != "STRING":
+            out.append(f"\"key tokenizer.ggml.model has wrong type {self.kv_types['tokenizer.ggml.model'].name.lower()}"
+                       f" but expected type str\"")
+        elif tok not in LLAMACPP_TOKENIZERS:
+            out.append(f"\"unknown tokenizer: '{tok[:40]}'\"")
+        elif tok not in ("none", "no_vocab") and self.kv_types.get("tokenizer.ggml.tokens") is None:
+            out.append("\"cannot find tokenizer vocab in model file\" (tokenizer.ggml.tokens)")
+        return out
+
     # ---- tensors ----
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -70,6 +98,12 @@ class GGUFModel:
     def __repr__(self) -> str:
         return f"<GGUFModel {self.path!r}: {len(self.shards)} shard(s), {len(self.tensors)} tensors>"
 
+
+# What llama.cpp demands of parts of a file refengine does not need (see GGUFModel.llamacpp_refusals).
+LLAMACPP_SPLIT_TYPES = {"split.no": "UINT16", "split.count": "UINT16", "split.tensors.count": "INT32"}
+LLAMACPP_TENSOR_ALIGNMENT = 32        # ggml-backend.cpp: CPU buffers from a pointer (the mmap) must be aligned
+LLAMACPP_TOKENIZERS = ("none", "no_vocab", "llama", "bert", "gpt2", "hybriddna", "whitespace", "t5", "rwkv", "test",
+                       "plamo2", "gemma4")          # llama_vocab::impl::load (src/llama-vocab.cpp:1949-2151)
 
 # The split keys gguf-split writes, the integer range each must be in (llama.cpp reads them as u16, u16, i32).
 SPLIT_KEYS = {"split.no": (0, 65534), "split.count": (0, 65535), "split.tensors.count": (0, 2**31 - 1)}
@@ -97,7 +131,6 @@ def open_gguf(path: str | os.PathLike) -> GGUFModel:
         raise MalformedGGUFError(f"{path}: no such file")
     first = read_gguf(path)
     count = split_key(first, "split.count") or 0
-    split_key(first, "split.no")
     if not count or count == 1 and "split.no" not in first.kv:
         return GGUFModel([first])
 
