@@ -58,9 +58,11 @@ class GGUFModel:
         """What makes llama.cpp's loader refuse (or abort on) a file that refengine reads: keys refengine does not
         need, read by llama.cpp with a fixed GGUF type, and tensor data it cannot map. llama.cpp's words in quotes."""
         out = []
-        for sh in self.shards:
-            for key, want in LLAMACPP_SPLIT_TYPES.items():
-                t = sh.kv_types.get(key)
+        for i, sh in enumerate(self.shards):
+            # llama.cpp reads split.count of the file it opens; split.no and split.tensors.count only in a set
+            keys = ["split.count"] if len(self.shards) == 1 else ["split.no"] if i else list(LLAMACPP_SPLIT_TYPES)
+            for key in keys:
+                want, t = LLAMACPP_SPLIT_TYPES[key], sh.kv_types.get(key)
                 if t is not None and t.name != want:
                     out.append(f"{os.path.basename(sh.path)}: \"key {key} has wrong type {t.name.lower()} but "
                                f"expected type {want.lower()}\"")
@@ -70,6 +72,10 @@ class GGUFModel:
                     out.append(f"{os.path.basename(sh.path)}: tensor data starts at byte {first}, not a multiple of "
                                f"{LLAMACPP_TENSOR_ALIGNMENT} (general.alignment = {sh.alignment}): llama.cpp aborts "
                                f"mapping it, \"GGML_ASSERT(... && \"buffer pointer must be aligned\") failed\"")
+        for key, want in LLAMACPP_KEY_TYPES.items():
+            t = self.kv_types.get(key)
+            if t is not None and t.name != want:
+                out.append(f"\"key {key} has wrong type {t.name.lower()} but expected type {want.lower()}\"")
         tok = self.kv.get("tokenizer.ggml.model")
         if tok is None:
             out.append("\"key not found in model: tokenizer.ggml.model\" (llama.cpp's vocabulary loader)")
@@ -80,6 +86,9 @@ class GGUFModel:
             out.append(f"\"unknown tokenizer: '{tok[:40]}'\"")
         elif tok not in ("none", "no_vocab") and self.kv_types.get("tokenizer.ggml.tokens") is None:
             out.append("\"cannot find tokenizer vocab in model file\" (tokenizer.ggml.tokens)")
+        elif tok in ("none", "no_vocab") and f"{self.kv.get('general.architecture')}.vocab_size" not in self.kv:
+            out.append(f"tokenizer.ggml.model = {tok!r} and no {{arch}}.vocab_size: llama.cpp's vocabulary has 0 "
+                       f"tokens, \"check_tensor_dims: tensor 'token_embd.weight' has wrong shape\"")
         return out
 
     # ---- tensors ----
@@ -101,6 +110,8 @@ class GGUFModel:
 
 # What llama.cpp demands of parts of a file refengine does not need (see GGUFModel.llamacpp_refusals).
 LLAMACPP_SPLIT_TYPES = {"split.no": "UINT16", "split.count": "UINT16", "split.tensors.count": "INT32"}
+LLAMACPP_KEY_TYPES = {"general.name": "STRING", "tokenizer.ggml.pre": "STRING",    # read for every arch
+                      "tokenizer.ggml.token_type_count": "UINT32"}
 LLAMACPP_TENSOR_ALIGNMENT = 32        # ggml-backend.cpp: CPU buffers from a pointer (the mmap) must be aligned
 LLAMACPP_TOKENIZERS = ("none", "no_vocab", "llama", "bert", "gpt2", "hybriddna", "whitespace", "t5", "rwkv", "test",
                        "plamo2", "gemma4")          # llama_vocab::impl::load (src/llama-vocab.cpp:1949-2151)
