@@ -184,6 +184,7 @@ def cmd_info(args) -> int:
             print(f"unused tensors (llama.cpp would refuse the file): {', '.join(unused)}")
     except RefengineError as e:
         print(f"model: not loadable by refengine: {e}")
+        raise                                   # and exit 2 with that one line on stderr
     return 0
 
 

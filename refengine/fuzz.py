@@ -502,6 +502,9 @@ def run_bounded(fn, path: str, *, deadline: float = DEADLINE_S, memory: int = ME
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
+            os.environ["GGML_NO_BACKTRACE"] = "1"          # ggml_abort: no gdb attach (seconds per abort)
+            import faulthandler
+            faulthandler.disable()                           # an abort is an outcome here, not a report
             resource.setrlimit(resource.RLIMIT_AS, (vm + memory, vm + memory))
             cpu = int(math.ceil(deadline))
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
