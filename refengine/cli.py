@@ -357,8 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"refengine: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if warnings.showwarning is getattr(warnings, "_showwarning_orig", None):   # not under a test's recorder
+        warnings.showwarning = _one_line_warning
     try:
         return args.fn(args)
     except RefengineError as e:

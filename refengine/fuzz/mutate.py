@@ -19,7 +19,10 @@ HUGE = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 10_000_000, 2**63 - 1, 2**63, 2**64 -
 BAD_FLOATS = [float("nan"), float("inf"), float("-inf"), 0.0, -1.0, 1e30, -1e-30, 3.4e38]
 OTHER_VALUES = [(STR, "abc"), (STR, ""), (STR, "12"), (ARR, (I32, [1, 2, 3])), (ARR, (STR, ["a", "b"])),
                 (ARR, (F32, [])), (F32, 1.5), (F64, 2.0), (BOOL, 1), (U64, 2**40), (I8, -1), (U16, 7), (I64, -5),
-                (ARR, (U8, [0] * 2)), (ARR, (ARR, [])), (13, None), (200, None)]   # the last two: no such type
+                (ARR, (U8, [0] * 2)), (ARR, (ARR, [])), (13, None), (200, None),   # these two: no such type
+                # one value per layer of the 2-4 layer seeds, some of them impossible
+                (ARR, (I32, [-1, 4])), (ARR, (U32, [2**32 - 1, 4])), (ARR, (F32, [float("nan"), 4.0])),
+                (ARR, (I64, [2, 2])), (ARR, (U32, [4, 4, 4, 4])), (ARR, (BOOL, [1, 0]))]
 ARCH_NAMES = ["gpt2", "", "LLAMA", "llama ", "qwen3moe", "deepseek2", "llama\x00x", "x" * 300, "mamba", "bert"]
 
 
