@@ -25,11 +25,11 @@ small parser (`RawGGUF`) that keeps every key's encoded value, the tensor table 
     bounded.py    the two runs in bounded children    campaign.py  seeds, records, tables, command line
 """
 from .bounded import DEADLINE_S, MEMORY_BYTES, OUTCOMES, run_bounded, run_llamacpp, run_refengine
-from .campaign import SEEDS, campaign, differential_table, disagreements, fuzz_one, main, make_seeds, outcome_table
+from .campaign import SEEDS, campaign, differential_table, disagreement_table, fuzz_one, main, make_seeds, outcome_table
 from .mutate import KINDS, MUTATIONS, mutate
 from .rawgguf import ARR, BOOL, F32, F64, I8, I16, I32, I64, STR, U8, U16, U32, U64, RawGGUF, TInfo, encode_value, parse
 
 __all__ = ["KINDS", "MUTATIONS", "OUTCOMES", "SEEDS", "DEADLINE_S", "MEMORY_BYTES", "RawGGUF", "TInfo", "campaign",
-           "differential_table", "disagreements", "encode_value", "fuzz_one", "main", "make_seeds", "mutate",
+           "differential_table", "disagreement_table", "encode_value", "fuzz_one", "main", "make_seeds", "mutate",
            "outcome_table", "parse", "run_bounded", "run_llamacpp", "run_refengine",
            "ARR", "BOOL", "F32", "F64", "I8", "I16", "I32", "I64", "STR", "U8", "U16", "U32", "U64"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -130,25 +131,44 @@ def differential_table(recs: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def disagreements(recs: list[dict], limit: int = 40) -> list[str]:
-    """One example per (kind, direction, refengine error / llama.cpp reason prefix)."""
-    seen, out = set(), []
+def _cause(r: dict) -> tuple[str, str]:
+    """(direction, cause) of a disagreement: refengine's error class when it refuses, else llama.cpp's reason
+    with paths, numbers and quoted names blanked, so that one cause is one row."""
+    la, ro = r["llamacpp"], r["refengine"]
+    if accepts(r):
+        how = "llama.cpp aborts / refengine runs" if la["outcome"] == "crash" else "llama.cpp refuses / refengine runs"
+        how += ", says so" if ro["outcome"] == "warned" else ", silently"
+        why = la["msg"] if la["outcome"] != "crash" else la["msg"]             # "killed by SIGABRT"
+        if ro["outcome"] == "warned":                                         # refengine's note, quoting llama.cpp
+            why = ro["msg"].split("refuses this file: ")[-1].split("llama.cpp refuses the file: ")[-1]
+    else:
+        how = "llama.cpp " + {"accepted": "accepts", "crash": "aborts", "hang": "hangs"}.get(la["outcome"], "refuses") \
+            + " / refengine refuses"
+        why = ro.get("error", ro["outcome"])
+    why = re.sub(r"key \S+ has wrong type \S+ but expected type \S+", "key K has wrong type T but expected type T'", why)
+    why = re.sub(r"^\S+\.gguf: ", "", re.sub(r"/\S+/", "", why))
+    why = re.sub(r"'[^']*'", "'…'", why)
+    why = re.sub(r"\b\d+(\.\d+)?(e[+-]?\d+)?\b", "N", why)
+    return how, why[:110]
+
+
+def disagreement_table(recs: list[dict]) -> str:
+    """Every mutant where llama.cpp and refengine do not give the same verdict, refengine runs with a note, or
+    llama.cpp aborts."""
+    rows = defaultdict(list)
     for r in recs:
         if "llamacpp" not in r:
             continue
-        la = r["llamacpp"]["outcome"] == "accepted"
-        if la == accepts(r) and r["refengine"]["outcome"] != "warned":
-            continue
-        key = (r["kind"], la, r["refengine"].get("error", r["refengine"]["outcome"]), r["llamacpp"]["msg"][:40])
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(f"{r['kind']} ({r['desc']}): llama.cpp {'accepts' if la else 'refuses: ' + r['llamacpp']['msg']}; "
-                   f"refengine {r['refengine']['outcome']}: {r['refengine'].get('error', '')} "
-                   f"{r['refengine'].get('msg', '')}")
-        if len(out) >= limit:
-            break
-    return out
+        agree = ((r["llamacpp"]["outcome"] == "accepted") == accepts(r) and r["refengine"]["outcome"] != "warned"
+                 and r["llamacpp"]["outcome"] in ("accepted", "refused"))     # an abort is listed too
+        if not agree:
+            rows[_cause(r)].append(r)
+    out = ["| direction | cause | mutants | kinds | example |", "|---|---|---|---|---|"]
+    for (how, why), rs in sorted(rows.items(), key=lambda kv: (kv[0][0], -len(kv[1]))):
+        kinds = ", ".join(sorted({r["kind"] for r in rs}))
+        ex = rs[0]["desc"].replace("|", "/")[:60]
+        out.append(f"| {how} | {why.replace('|', '/')} | {len(rs)} | {kinds} | {ex} |")
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------- command line
@@ -173,8 +193,8 @@ def main(argv=None) -> int:
         recs = _parallel(a)
     bad = [r for r in recs if r["refengine"]["outcome"] in ("untyped", "crash", "hang", "memory")]
     text = (f"{len(recs)} mutants, seed {a.seed}, {time.time() - t0:.0f} s\n\n## Outcomes\n\n{outcome_table(recs)}\n\n"
-            f"## Differential (llama.cpp's loader)\n\n{differential_table(recs)}\n\n## Disagreements (one example each)\n\n"
-            + "\n".join(f"- {x}" for x in disagreements(recs)) + "\n\n## Failures\n\n"
+            f"## Differential (llama.cpp's loader)\n\n{differential_table(recs)}\n\n## Disagreements by cause\n\n"
+            + disagreement_table(recs) + "\n\n## Failures\n\n"
             + ("\n".join(f"- #{r['index']} {r['seed']} {r['kind']} ({r['desc']}): {r['refengine']}" for r in bad[:50])
                or "none") + "\n")
     if a.table:
