@@ -157,3 +157,28 @@ def test_compare_on_refused_mutant(base, tmp_path, capsys):
 
 def test_errors_are_refengine_errors():
     assert issubclass(InvalidKeyError, RefengineError)
+
+
+def _alloc(path):
+    return {"outcome": "ran", "n": int(np.ones(2**31, dtype=np.uint8).sum())}     # 2 GiB: over the bound
+
+
+def _spin(path):
+    while True:
+        pass
+
+
+def _abort(path):
+    import os
+    os.abort()
+
+
+def _bug(path):
+    return {}["missing"]
+
+
+@pytest.mark.parametrize("fn,outcome", [(_alloc, "memory"), (_spin, "hang"), (_abort, "crash"), (_bug, "untyped")])
+def test_bounded_child_classifies(fn, outcome):
+    """The child's bounds hold: 1 GiB more address space, the deadline; an abort or a bug is an outcome."""
+    res = fuzz.run_bounded(fn, "x.gguf", deadline=1.0)
+    assert res["outcome"] == outcome, res

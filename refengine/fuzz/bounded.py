@@ -30,7 +30,7 @@ def run_refengine(path: str) -> dict:
     import warnings
 
     from ..config import LlamaCppWouldRefuse
-    from ..errors import RefengineError
+    from ..errors import GGUFError, RefengineError
     from ..model import Model
     try:
         with warnings.catch_warnings(record=True) as w:
@@ -40,8 +40,8 @@ def run_refengine(path: str) -> dict:
             m.forward([1, 2, 3])
         notes = [str(x.message) for x in w if issubclass(x.category, LlamaCppWouldRefuse)]
         return {"outcome": "warned" if notes else "ran", "msg": notes[0][:300] if notes else ""}
-    except RefengineError as e:
-        return {"outcome": "typed", "error": type(e).__name__, "msg": str(e)[:300]}
+    except RefengineError as e:           # reader: the file itself (GGUFError), not what it describes
+        return {"outcome": "typed", "error": type(e).__name__, "msg": str(e)[:300], "reader": isinstance(e, GGUFError)}
     except MemoryError as e:
         return {"outcome": "memory", "error": "MemoryError", "msg": str(e)[:300]}
     except Exception as e:                                   # noqa: BLE001  (what the fuzzer is for)

@@ -131,6 +131,24 @@ def differential_table(recs: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def reader_table(recs: list[dict]) -> str:
+    """The GGUF reader alone: ggml's gguf_init_from_file against refengine's reader (a GGUFError)."""
+    by = defaultdict(Counter)
+    for r in recs:
+        if "llamacpp" not in r or r["llamacpp"]["outcome"] not in ("accepted", "refused"):
+            continue
+        g = "refuses" if r["llamacpp"].get("stage") == "gguf" and r["llamacpp"]["outcome"] == "refused" else "reads"
+        mine = "refuses" if r["refengine"].get("reader") else "reads"
+        by[r["kind"]][(g, mine)] += 1
+        by["(all)"][(g, mine)] += 1
+    cols = [("reads", "reads"), ("refuses", "refuses"), ("reads", "refuses"), ("refuses", "reads")]
+    rows = ["| kind | " + " | ".join(f"ggml {a} / refengine {b}" for a, b in cols) + " |", "|---" * 5 + "|"]
+    for k in [*KINDS, "(all)"]:
+        if k in by:
+            rows.append(f"| {k} | " + " | ".join(str(by[k][c]) for c in cols) + " |")
+    return "\n".join(rows)
+
+
 def _cause(r: dict) -> tuple[str, str]:
     """(direction, cause) of a disagreement: refengine's error class when it refuses, else llama.cpp's reason
     with paths, numbers and quoted names blanked, so that one cause is one row."""
@@ -193,7 +211,8 @@ def main(argv=None) -> int:
         recs = _parallel(a)
     bad = [r for r in recs if r["refengine"]["outcome"] in ("untyped", "crash", "hang", "memory")]
     text = (f"{len(recs)} mutants, seed {a.seed}, {time.time() - t0:.0f} s\n\n## Outcomes\n\n{outcome_table(recs)}\n\n"
-            f"## Differential (llama.cpp's loader)\n\n{differential_table(recs)}\n\n## Disagreements by cause\n\n"
+            f"## Differential (llama.cpp's loader)\n\n{differential_table(recs)}\n\n"
+            f"## The GGUF reader alone (ggml's gguf_init_from_file)\n\n{reader_table(recs)}\n\n## Disagreements by cause\n\n"
             + disagreement_table(recs) + "\n\n## Failures\n\n"
             + ("\n".join(f"- #{r['index']} {r['seed']} {r['kind']} ({r['desc']}): {r['refengine']}" for r in bad[:50])
                or "none") + "\n")
