@@ -357,22 +357,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"refengine: warning: {message}", file=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Every line on stderr starts with `refengine: `: warnings (one line each), then at most one error line."""
     args = build_parser().parse_args(argv)
-    if warnings.showwarning is getattr(warnings, "_showwarning_orig", None):   # not under a test's recorder
-        warnings.showwarning = _one_line_warning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            return _run(args)
+        finally:
+            for w in caught:
+                print(f"refengine: warning: {w.message}", file=sys.stderr)
+            _print_error()
+
+
+_ERROR: list[str] = []
+
+
+def _print_error():
+    if _ERROR:
+        print(f"refengine: error: {_ERROR.pop()}", file=sys.stderr)
+
+
+def _run(args) -> int:
+    _ERROR.clear()
     try:
         return args.fn(args)
     except RefengineError as e:
-        print(f"refengine: error: {e}", file=sys.stderr)
+        _ERROR.append(str(e))                   # printed after the warnings, as the last line
         return 2
     except (UnknownTypeError, QuantError, OSError) as e:
         # argument-level problems (unknown --type name, unwritable -o path)
-        print(f"refengine: error: {e}", file=sys.stderr)
+        _ERROR.append(str(e))
         return 2
 
 
