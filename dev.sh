@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up a local virtual environment (.venv) and run the main job or the test suite.
 #   ./dev.sh demo [compare args]   compare a synthetic model with llama.cpp, layer by layer
-#   ./dev.sh test [pytest args]    the whole test suite
+#   ./dev.sh test [pytest args]    the default tier (what CI runs): every test not marked `exhaustive`;
+#                                  a -m of your own replaces the default one
+#   ./dev.sh test-all [pytest args] every test, the exhaustive tier included
 # The first run builds llama-cpp-python (the oracle) from source: about 6 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,6 +23,13 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
     demo) setup; exec .venv/bin/refengine compare "$@" ;;
-    test) setup; exec .venv/bin/python -m pytest -q "$@" ;;
-    *) echo "usage: ./dev.sh demo|test [args]" >&2; exit 2 ;;
+    test)
+        setup
+        tier=(-m "not exhaustive")
+        for a in "$@"; do
+            case "$a" in -m|-m*) tier=() ;; esac        # the caller's own marker expression wins
+        done
+        exec .venv/bin/python -m pytest -q ${tier[@]+"${tier[@]}"} "$@" ;;
+    test-all) setup; exec .venv/bin/python -m pytest -q "$@" ;;
+    *) echo "usage: ./dev.sh demo|test|test-all [args]" >&2; exit 2 ;;
 esac
