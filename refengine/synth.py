@@ -172,7 +172,8 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     per_shard = -(-len(plan) // shards) if shards > 1 else 0
     w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     for key, val, vt in kv_rows:
-        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool}[vt](key, val)
+        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
+         "arr_u32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
     types = {tp.name: choose_type(tp, wt) for tp in plan}
     for tp in plan:
         t = types[tp.name]
