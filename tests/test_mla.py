@@ -300,7 +300,7 @@ def test_mla_vs_llamacpp(tmp_path, kind):
     """Both forms on llama.cpp's own attn_norm-0: every traced name both sides have, and the attention output
     (llama.cpp's ffn_inp-0 minus the embeddings), within the F32 tolerance (NMSE 1e-8)."""
     import quant
-    from refengine.compare import metrics
+    from refengine.compare import KV_PADDED, metrics
     from refengine.config import read_common
     from refengine.gguf import open_gguf
     from refengine.oracle.llamacpp import run_llamacpp
@@ -329,7 +329,7 @@ def test_mla_vs_llamacpp(tmp_path, kind):
             assert {"Qcur-0", "Kcur-0", "kqv-0"} <= set(shared)
         for n in shared:
             want = ref.tensors[n]
-            if n.startswith("kq") and want.shape[-1] > tr[n].shape[-1]:     # llama.cpp's padded KV view
+            if n.split("-")[0] in KV_PADDED and want.shape[-1] > tr[n].shape[-1]:   # llama.cpp's padded KV view
                 want = want[..., :tr[n].shape[-1]]
             assert want.size == tr[n].size, f"{kind} {form} {n}: llama.cpp {want.shape}, ours {tr[n].shape}"
             assert metrics(want, tr[n])[0] <= 1e-8, f"{kind} {form} {n}"
