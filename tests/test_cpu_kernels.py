@@ -315,14 +315,18 @@ def test_moe_ffn_topk_equals_expert_count_and_blas_path(rng):
 
 # ---------------------------------------------------------------- whole model
 
-@pytest.mark.parametrize("arch,kw", [("qwen3moe", {}), ("deepseek2", dict(preset="tiny"))])
+@pytest.mark.parametrize("arch,kw", [("qwen3moe", {}), ("deepseek2", dict(preset="tiny")), ("deepseek32", {}),
+                                     ("glm-dsa", dict(preset="tiny-shared"))])
 def test_synthetic_model_cpu_equals_numpy(synth_model, arch, kw):
     """The whole forward with the Numba kernels (deepseek2: MLA's per-head products, grouped sigmoid routing,
-    shared experts) equals the NumPy backend, at prefill and at one-token decode steps."""
+    shared experts; deepseek32 / glm-dsa: the indexer's projections and shared indexer layers) equals the NumPy
+    backend, at prefill and at one-token decode steps."""
     from refengine.model import Model
     from refengine.runtime import Runtime
     m = Model(synth_model(arch, wtype="Q4_K", **kw))
     tokens = np.array([3, 17, 101, 5, 250, 42, 7], dtype=np.int64)
+    if m.cfg.layers[0].indexer is not None:          # DSA: past the indexer's top-k (8), so keys are dropped
+        tokens = np.concatenate([tokens, np.arange(40, 53)])
     want = m.forward(tokens, rt=Runtime(backend="numpy"))
     got = m.forward(tokens, rt=Runtime(backend="cpu"))
     assert_close("logits (prefill)", got, want)

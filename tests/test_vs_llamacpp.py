@@ -169,3 +169,73 @@ def test_deepseek2_naive_form_matches_llamacpp(synth_model):
 def test_deepseek2_topk_equal_to_expert_count(synth_model):
     rep = run_compare(synth_model("deepseek2", preset="tiny", overrides={"n_expert_used": 8}), TOKENS[:5])
     check_all(rep)
+
+
+# ---------------------------------------------------------------- DSA (deepseek32, glm-dsa): MLA under a top-k mask
+# 40 tokens, the tiny presets' indexer top-k 8: from position 8 on every query drops keys.
+
+DSA_TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, 256, 40)]
+DSA_CASES = [
+    ("deepseek32", dict()),                                   # NEOX indexer rope, LayerNorm eps 1e-6
+    ("glm-dsa", dict()),                                      # NORM indexer rope, eps 0 (the quirk), all layers full
+    ("glm-dsa", dict(preset="tiny-shared")),                  # GLM-5.2's pattern: layers 3-5 share layer 2's top-k
+    ("deepseek32", dict(all_optional=True)),                  # .scale (applied), YaRN, attn_factor, ignored keys
+    ("glm-dsa", dict(preset="tiny-shared", all_optional=True)),   # + indexer tensors of shared layers (unused)
+]
+
+
+def check_dsa(rep, tol=1e-8):
+    """check_all, plus: a selection was compared in every layer that runs an indexer, and every query's set of
+    selected keys equals llama.cpp's or is a named near-tie (`_selection_check`'s note)."""
+    check_all(rep, tol)
+    scores = [s for s in rep.tensors if s.name.startswith("indexer_score-")]
+    sels = [s for s in rep.tensors if s.name.startswith("top_k-")]
+    assert scores and len(sels) == len(scores), [s.name for s in rep.tensors if "top_k" in s.name]
+    for s in sels:
+        assert s.ok, (s.name, s.note)
+    return [f"{s.name}: {s.note}" for s in sels if s.note]
+
+
+@pytest.mark.parametrize("arch,kw", DSA_CASES, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={w}" for k, w in v.items()) or "tiny")
+def test_dsa_f32_matches_llamacpp(synth_model, arch, kw, capsys):
+    rep = run_compare(synth_model(arch, **kw), DSA_TOKENS)
+    assert rep.tolerance == 1e-8
+    ties = check_dsa(rep)
+    with capsys.disabled():
+        print(f"\n  {arch} {kw or 'tiny'}: logits NMSE {rep.logits.nmse:.2e}, worst tensor "
+              f"{max(s.nmse for s in rep.tensors):.2e}, selections equal" + (f" ({'; '.join(ties)})" if ties else ""))
+
+
+def test_dsa_naive_form_matches_llamacpp(synth_model):
+    rep = run_compare(synth_model("deepseek32"), DSA_TOKENS, attn_form="naive")
+    check_all(rep, untraced=ABSORBED_ONLY)
+
+
+def test_dsa_sparse_differs_from_dense_and_both_match(synth_model):
+    """The same weights with top-k 8 (sparse) and top-k 64 >= 40 tokens (every key kept: dense MLA): llama.cpp's
+    logits differ between the two, so the selection matters, and refengine matches llama.cpp in both."""
+    sparse = run_compare(synth_model("glm-dsa", preset="tiny-shared"), DSA_TOKENS)
+    dense = run_compare(synth_model("glm-dsa", preset="tiny-shared", overrides={"idx_top_k": 64}), DSA_TOKENS)
+    check_dsa(sparse)
+    check_all(dense)
+    from refengine.oracle import run_llamacpp
+    a = run_llamacpp(synth_model("glm-dsa", preset="tiny-shared"), DSA_TOKENS, trace=False).logits
+    b = run_llamacpp(synth_model("glm-dsa", preset="tiny-shared", overrides={"idx_top_k": 64}), DSA_TOKENS,
+                     trace=False).logits
+    from refengine.compare import metrics
+    assert metrics(b, a)[0] > 1e-3, "top-k 8 of 40 keys should change llama.cpp's logits"
+    assert metrics(b[:8], a[:8])[0] < 1e-10          # the first 8 queries see at most 8 keys: nothing is dropped
+
+
+def test_dsa_decode_matches_llamacpp_decode(synth_model):
+    """Prefill 6 tokens then 34 one-token decodes in llama.cpp (its MLA and indexer caches) and in refengine."""
+    from refengine import Model
+    from refengine.compare import metrics
+    from refengine.oracle import run_llamacpp
+    path = synth_model("glm-dsa", preset="tiny-shared")
+    ref = run_llamacpp(path, DSA_TOKENS, chunks=[6] + [1] * 34, trace=False).logits
+    m = Model(path)
+    st = m.new_state()
+    got = np.concatenate([m.forward(DSA_TOKENS[:6], st)] + [m.forward([t], st) for t in DSA_TOKENS[6:]])
+    assert metrics(ref, got)[0] <= 1e-8
