@@ -62,7 +62,10 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def matrix_std(tp: TensorPlan) -> float:
-    """Standard deviation of a matrix's values: 1/sqrt(fan_in); embeddings 1; output 3x and router 2x wider."""
+    """Standard deviation of a matrix's values: the plan's own `std` when it sets one, else 1/sqrt(fan_in);
+    embeddings 1; output 3x and router 2x wider."""
+    if tp.std > 0:
+        return tp.std
     return {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
         tp.kind, 1.0 / np.sqrt(tp.fan_in))
 

@@ -17,7 +17,8 @@ class TensorPlan:
     shape: tuple[int, ...]     # NumPy order
     kind: str                  # matrix | embed | output | router | norm | bias | scale | rope_freqs | probs_bias
     fan_in: int = 1
-    std: float = 0.0           # probs_bias: the spread of the values (the arch's choice)
+    std: float = 0.0           # probs_bias: the spread of the values (the arch's choice); a matrix: overrides
+                               # 1/sqrt(fan_in) when > 0
 
 
 def extras(name: str, n_out: int, *, bias: bool = True) -> list[TensorPlan]:
@@ -166,13 +167,14 @@ def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
 
 def indexer_plans(il: int, p: dict) -> list[TensorPlan]:
     """The DSA lightning indexer's tensors (deepseek32.cpp:109-114). The key norm weight is written near 1 and
-    its bias small, like any norm / bias; the rest are matrices."""
+    its bias small, like any norm / bias; the rest are matrices. p["idx_k_std"] (optional) sets attn_k's spread:
+    a tiny one makes the key LayerNorm's eps visible (tests of glm-dsa's eps-0 quirk)."""
     b, D = f"blk.{il}.indexer.", p["n_embd"]
     Hi, di, Dq = p["idx_heads"], p["idx_dim"], p["q_lora"]
     return [TensorPlan(b + "k_norm.weight", (di,), "norm"),
             TensorPlan(b + "k_norm.bias", (di,), "bias"),
             TensorPlan(b + "proj.weight", (Hi, D), "matrix", D),                 # ne {D, Hi}
-            TensorPlan(b + "attn_k.weight", (di, D), "matrix", D),               # ne {D, di}
+            TensorPlan(b + "attn_k.weight", (di, D), "matrix", D, std=p.get("idx_k_std", 0.0)),   # ne {D, di}
             TensorPlan(b + "attn_q_b.weight", (Hi * di, Dq), "matrix", Dq)]      # ne {Dq, Hi*di}
 
 

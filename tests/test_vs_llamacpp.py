@@ -239,3 +239,25 @@ def test_dsa_decode_matches_llamacpp_decode(synth_model):
     st = m.new_state()
     got = np.concatenate([m.forward(DSA_TOKENS[:6], st)] + [m.forward([t], st) for t in DSA_TOKENS[6:]])
     assert metrics(ref, got)[0] <= 1e-8
+
+
+@pytest.mark.parametrize("arch,eps", [("deepseek32", 1e-6), ("glm-dsa", 0.0)])
+def test_dsa_indexer_key_norm_eps_as_llamacpp_runs_it(synth_model, arch, eps):
+    """indexer.attn_k written with std 1e-5: the keys' variance (~1e-8) is below 1e-6, so the LayerNorm's eps
+    decides the normed key. llama.cpp's own pre-norm key (the 1st `indexer_k-0`) normed with the arch's eps
+    gives its normed key (the 2nd); the other eps does not (glm-dsa runs eps 0: hparams.f_norm_eps is never set);
+    and the whole model still matches llama.cpp."""
+    from refengine import Model
+    from refengine.compare import metrics
+    from refengine.ops import layer_norm
+    path = synth_model(arch, overrides={"idx_k_std": 1e-5})
+    rep = run_compare(path, DSA_TOKENS)
+    check_dsa(rep)
+    from refengine.oracle import run_llamacpp
+    ref = run_llamacpp(path, DSA_TOKENS[:16])
+    pre, normed = ref.earlier["indexer_k-0"][:2]
+    w = Model(path).layer(0)
+    assert Model(path).cfg.layers[0].indexer.k_norm_eps == eps
+    assert metrics(normed, layer_norm(pre, w.indexer_k_norm, w.indexer_k_norm_b, eps))[0] < 1e-10
+    other = 1e-6 if eps == 0.0 else 0.0
+    assert metrics(normed, layer_norm(pre, w.indexer_k_norm, w.indexer_k_norm_b, other))[0] > 1e-3

@@ -33,7 +33,7 @@ _TINY = dict(n_vocab=256, n_embd=256, n_layer=3, n_head=4, n_ctx=512, eps=1e-5, 
              n_expert=8, n_expert_used=2, n_ff_exp=128, n_shared=1,
              gating="sigmoid", probs_bias=True, norm_w=True, w_scale=2.5, n_group=0, topk_group=0,
              yarn=None,
-             idx_heads=16, idx_dim=64, idx_top_k=8, idx_types=None)
+             idx_heads=16, idx_dim=64, idx_top_k=8, idx_k_std=0.0, idx_types=None)
 
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
