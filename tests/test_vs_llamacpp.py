@@ -180,7 +180,8 @@ DSA_CASES = [
     ("glm-dsa", dict()),                                      # NORM indexer rope, eps 0 (the quirk), all layers full
     ("glm-dsa", dict(preset="tiny-shared")),                  # GLM-5.2's pattern: layers 3-5 share layer 2's top-k
     ("deepseek32", dict(all_optional=True)),                  # .scale (applied), YaRN, attn_factor, ignored keys
-    ("glm-dsa", dict(preset="tiny-shared", all_optional=True)),   # + indexer tensors of shared layers (unused)
+    pytest.param("glm-dsa", dict(preset="tiny-shared", all_optional=True),      # + shared layers' indexer tensors
+                 marks=pytest.mark.exhaustive),                                # (unused); CI budget: exhaustive
 ]
 
 
@@ -207,6 +208,7 @@ def test_dsa_f32_matches_llamacpp(synth_model, arch, kw, capsys):
               f"{max(s.nmse for s in rep.tensors):.2e}, selections equal" + (f" ({'; '.join(ties)})" if ties else ""))
 
 
+@pytest.mark.exhaustive          # the naive form is also covered by test_dsa.py's decode test and deepseek2's
 def test_dsa_naive_form_matches_llamacpp(synth_model):
     rep = run_compare(synth_model("deepseek32"), DSA_TOKENS, attn_form="naive")
     check_all(rep, untraced=ABSORBED_ONLY)
