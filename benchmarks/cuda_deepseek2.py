@@ -81,11 +81,21 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--decode", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="replace a preset entry, e.g. idx_top_k=8 so a short prompt drops keys (DSA)")
     a = ap.parse_args(argv)
-    path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}-random.gguf")
+    overrides = {}
+    for item in a.override:
+        k, _, v = item.partition("=")
+        try:
+            overrides[k] = int(v)
+        except ValueError:
+            ap.error(f"--override {item!r}: want KEY=INTEGER")
+    tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}-random.gguf")
     t0 = time.perf_counter()
     if not os.path.exists(path):
-        write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset)
+        write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=overrides or None)
     print(f"model {path}: {os.path.getsize(path) / 1e9:.2f} GB, written in {time.perf_counter() - t0:.1f} s", flush=True)
     model = Model(path)
     print("layers:", [(s.attn, s.ffn) for s in model.cfg.layers], flush=True)
