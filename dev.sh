@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Set up a local virtual environment (.venv) and run the main job or the test suite.
 #   ./dev.sh demo [compare args]   compare a synthetic model with llama.cpp, layer by layer
-#   ./dev.sh test [pytest args]    the whole test suite
+#   ./dev.sh test [pytest args]    the default tier (what CI runs): every test not marked `exhaustive`, on one
+#                                  pytest-xdist worker per core; a -m of your own replaces the default one,
+#                                  -n N (-n 0: one process) or -p no:xdist the default -n auto
+#   ./dev.sh test-all [pytest args] every test, the exhaustive tier included (same -n rule)
 # The first run builds llama-cpp-python (the oracle) from source: about 6 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,6 +24,18 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
     demo) setup; exec .venv/bin/refengine compare "$@" ;;
-    test) setup; exec .venv/bin/python -m pytest -q "$@" ;;
-    *) echo "usage: ./dev.sh demo|test [args]" >&2; exit 2 ;;
+    test|test-all)
+        setup
+        tier=(-m "not exhaustive")
+        [ "$cmd" = test-all ] && tier=()
+        # workers: a segfault in native code (llama.cpp) fails its test, not the whole run
+        par=(-n auto --dist worksteal)
+        prev=
+        for a in "$@"; do
+            case "$a" in -m|-m*) tier=() ;; -n|-n*|--numprocesses*|-pno:xdist) par=() ;; esac   # the caller's own wins
+            [ "$prev" = -p ] && [ "$a" = no:xdist ] && par=()
+            prev=$a
+        done
+        exec .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} ${tier[@]+"${tier[@]}"} "$@" ;;
+    *) echo "usage: ./dev.sh demo|test|test-all [args]" >&2; exit 2 ;;
 esac

@@ -1,6 +1,11 @@
 """Real-size DeepSeek-V3 layers with `--backend cuda` (op by op) against the NumPy backend on the CPU.
 
     python benchmarks/cuda_deepseek2.py --type Q4_K [--layers 2] [--dir /tmp] [--prompt 8] [--decode 2] [--json out.json]
+    python benchmarks/cuda_deepseek2.py --arch glm-dsa --preset glm-5.2 --layers 2      (DSA: GLM-5.2's shapes)
+    python benchmarks/cuda_deepseek2.py --arch deepseek32 --preset deepseek-v3.2 --layers 2
+
+For the DSA archs the indexer's projections run through the same backend; the scores, the top-k and the
+attention stay in NumPy. A prompt shorter than the preset's top-k (2048) keeps every key (dense MLA).
 
 The model is the `deepseek-v3` preset (DeepSeek-V3's published shapes: hidden 7168, 128 heads, q-LoRA 1536,
 kv-LoRA 512, rope 64, 256 experts of 2048 x 7168, 8 used in 4 of 8 groups, 1 shared expert, vocab 129280,
@@ -69,17 +74,28 @@ def run(model, rt, prompt, n_dec):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--type", default="Q4_K")
-    ap.add_argument("--preset", default="deepseek-v3", help="a deepseek2 preset (tiny for a quick check)")
+    ap.add_argument("--arch", default="deepseek2", help="deepseek2, deepseek32 or glm-dsa")
+    ap.add_argument("--preset", default="deepseek-v3", help="a preset of the arch (tiny for a quick check)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--decode", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="replace a preset entry, e.g. idx_top_k=8 so a short prompt drops keys (DSA)")
     a = ap.parse_args(argv)
-    path = os.path.join(a.dir, f"{a.preset}-L{a.layers}-{a.type}-random.gguf")
+    overrides = {}
+    for item in a.override:
+        k, _, v = item.partition("=")
+        try:
+            overrides[k] = int(v)
+        except ValueError:
+            ap.error(f"--override {item!r}: want KEY=INTEGER")
+    tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}-random.gguf")
     t0 = time.perf_counter()
     if not os.path.exists(path):
-        write_random_model(path, a.type, a.layers, arch="deepseek2", preset=a.preset)
+        write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=overrides or None)
     print(f"model {path}: {os.path.getsize(path) / 1e9:.2f} GB, written in {time.perf_counter() - t0:.1f} s", flush=True)
     model = Model(path)
     print("layers:", [(s.attn, s.ffn) for s in model.cfg.layers], flush=True)

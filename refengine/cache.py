@@ -10,6 +10,8 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `KVCache`        | `attention/mha.py`          | keys [S, Hkv, K] and values [S, Hkv, V]                    |
 | `LatentKV`       | `attention/mla.py` absorbed | latent c [S, C] and the shared rope key k_pe [S, R]        |
 | `KVCache`        | `attention/mla.py` naive    | decompressed keys [S, H, K] and values [S, H, V]           |
+| `IndexerKeys`    | `attention/dsa_indexer.py`  | the lightning indexer's keys [S, di] (llama.cpp's "lid" cache) |
+| `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` |
 | `RecurrentState` | linear attention (to come)  | conv tail [n_conv - 1, channels] and delta-rule matrix     |
 
 `Rows` is the appendable buffer they share: capacity doubling, so a decode step costs O(1) amortized
@@ -84,6 +86,37 @@ class LatentKV:
         return self.c.append(c), self.k_pe.append(k_pe)
 
 
+class IndexerKeys:
+    """The DSA lightning indexer's key cache: one key of width di per position (shared by the indexer heads).
+
+    llama.cpp keeps it in its own cache (the "lid" cache, src/llama-kv-cache-dsa.cpp:39-53) of the context's
+    type_k: float32 here, as in the oracle's f32 context (its default f16 cache would round the keys).
+    """
+
+    def __init__(self, dtype=np.float32):
+        self.k = Rows(dtype)
+
+    @property
+    def n(self) -> int:
+        return self.k.n
+
+    def append(self, k: np.ndarray) -> np.ndarray:
+        """k [T, di] -> every position's keys [S, di]."""
+        return self.k.append(k)
+
+
+@dataclass
+class DSAState:
+    """A DSA layer: its MLA cache (`LatentKV` absorbed or `KVCache` naive) and its indexer keys; a layer
+    that reuses an earlier layer's selection (glm-dsa's shared indexer layers) has `index = None`."""
+    kv: object
+    index: IndexerKeys | None = None
+
+    @property
+    def n(self) -> int:
+        return self.kv.n
+
+
 @dataclass
 class RecurrentState:
     """Linear attention's state: the short conv's last inputs and the delta-rule matrix (fixed size)."""
@@ -100,11 +133,14 @@ class ModelState:
 
     def nbytes(self) -> int:
         """Bytes of every cached array (used rows only): the cache cost per sequence."""
-        total = 0
-        for st in self.layers:
+        def size(st) -> int:
+            total = 0
             for v in vars(st).values():
                 if isinstance(v, Rows) and v.view() is not None:
                     total += v.view().nbytes
                 elif isinstance(v, np.ndarray):
                     total += v.nbytes
-        return total
+                elif v is not None and hasattr(v, "__dict__"):      # a container inside a container (DSAState)
+                    total += size(v)
+            return total
+        return sum(size(st) for st in self.layers)

@@ -168,16 +168,20 @@ def cmd_info(args) -> int:
             print(f"  {k:<18} {getattr(c, k)}")
         kinds: dict = {}                                         # layers grouped by kind, in order
         for il, sp in enumerate(c.layers):
-            kinds.setdefault((sp.attn, sp.ffn), []).append(il)
+            ix = getattr(sp, "indexer", None)                    # DSA: a layer runs its own indexer or shares one
+            attn = sp.attn if ix is None else f"{sp.attn} ({'own' if ix.full else 'shared'} indexer)"
+            kinds.setdefault((attn, sp.ffn), []).append(il)
         for (attn, ffn), ils in kinds.items():
             l0 = c.layers[ils[0]]
             span = f"{ils[0]}" if len(ils) == 1 else f"{ils[0]}..{ils[-1]}" if ils == list(range(ils[0], ils[-1] + 1)) \
                 else ",".join(map(str, ils))
             print(f"  {'layers ' + span:<18} {attn}: heads {l0.n_head}/{l0.n_head_kv} kv; ffn {ffn}: n_ff {l0.n_ff}, "
                   f"n_ff_exp {l0.n_ff_exp}, experts used {l0.n_expert_used}")
-            for sub in (l0.attn_cfg, l0.moe):
+            for sub in (l0.attn_cfg, getattr(l0, "indexer", None), l0.moe):
                 if sub is not None:
                     print(f"  {'':<18} {sub}")
+            if getattr(l0, "indexer", None) is not None and not l0.indexer.full:
+                print(f"  {'':<18} selection from: " + ", ".join(f"{il} <- {c.layers[il].indexer.source}" for il in ils))
         for x in w:
             print(f"warning: {x.message}")
         if unused:

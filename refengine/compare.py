@@ -12,6 +12,11 @@ position is a near-tie: reported, not failed (the same rule as for expert ids).
 Expert ids (`ffn_moe_topk`) are compared as sets per token; a disagreement at the top-k boundary
 where llama.cpp's own probabilities tie (within `TIE_EPS`) is reported as a tie, not a failure.
 Tensors indexed by routing slot (`ffn_moe_up`, `ffn_moe_weights`, ...) are aligned by expert id first.
+DSA key selections (`top_k`, positions per query) are compared as sets of the causally visible positions; a
+difference where llama.cpp's gap between the k-th and (k+1)-th indexer score (`indexer_score`) is within the
+measured score error of that query is a near-tie, reported and not failed (the same rule). The attention
+tensors that depend on the selection (`kq_soft_max`, `kqv`, `kqv_mla`, `kqv_out`) are then compared only on
+the queries whose sets agree, in the selecting layer and in the layers that share its selection.
 NaN or inf never passes.
 
 Tolerances (NMSE, per tensor), by the activation rounding llama.cpp's CPU backend applies and this
@@ -39,7 +44,8 @@ TIE_EPS = 1e-5
 SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_up", "ffn_moe_gate",
                 "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_up_scaled",
                 "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
-KV_PADDED = ("kq", "kq_soft_max", "v_cont")   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S cells used
+KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score")   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
+SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0}   # DSA: name -> the query (T) axis
 TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}
 TOLERANCE_LLAMACPP = {"F32": 1e-8, "F16": 1e-7, "BF16": 1e-7, "quantized": 1e-7}
 
@@ -204,9 +210,59 @@ def _argsort_check(name, ref_order, got_order, ref_probs, got_probs) -> TensorSt
     return TensorStat(name, list(got_order.shape), float(bad), float(bad), 1.0, bad == 0, note)
 
 
+def _selection_sets(ref_sel, got_sel, ref_score, got_score):
+    """Per query: (agree, near_tie) for DSA selections. ref_sel [.., T, k] (llama.cpp, may name masked positions
+    and padded cells), got_sel [T, n]; scores [.., T, n_kv] / [T, S] with -inf where causally masked."""
+    T, S = got_score.shape[-2], got_score.shape[-1]
+    rs = ref_score.reshape(-1, ref_score.shape[-1])[-T:, :S].astype(np.float64)         # [T, S]
+    gs = got_score.reshape(T, S).astype(np.float64)
+    ref_sel, got_sel = ref_sel.reshape(T, -1), got_sel.reshape(T, -1)
+    agree, tie = np.ones(T, bool), np.zeros(T, bool)
+    for t in range(T):
+        vis = np.isfinite(rs[t])
+        a = {int(s) for s in ref_sel[t] if 0 <= s < S and vis[s]}
+        b = {int(s) for s in got_sel[t] if 0 <= s < S and vis[s]}
+        if a == b:
+            continue
+        agree[t] = False
+        p = np.sort(rs[t][vis])[::-1]
+        k = len(a)
+        err = float(np.max(np.abs(gs[t][vis] - rs[t][vis]))) if vis.any() else 0.0
+        tie[t] = 0 < k < p.size and p[k - 1] - p[k] <= 2 * err + TIE_EPS * abs(p[k - 1])
+    return agree, tie
+
+
+def _selection_check(name, agree, tie, shape) -> TensorStat:
+    bad, ties = int((~agree & ~tie).sum()), int(tie.sum())
+    note = ", ".join(x for x in (f"{bad} query(s) select different keys" if bad else "",
+                                 f"{ties} near-tie(s) at the k-th indexer score" if ties else "") if x)
+    return TensorStat(name, list(shape), float(bad), float(bad), 1.0, bad == 0, note)
+
+
+def _selection_rows(ref: dict, got: dict, il: str, cache: dict):
+    """The per-query agreement of the DSA selection that layer `il` attends with: that of the most recent layer
+    j <= il that ran an indexer (`indexer_score-j`; a later layer sharing it has none), or None.
+
+    llama.cpp names the selection `top_k-j`, but a shared layer names the same tensor again (glm-dsa.cpp:366), so
+    it is traced under the last sharing layer's name: `top_k-m`, m the first m >= j with that name."""
+    js = [j for j in range(int(il), -1, -1) if f"indexer_score-{j}" in ref and f"indexer_score-{j}" in got]
+    if not js:
+        return None
+    j = js[0]
+    if j not in cache:
+        m = j
+        while f"top_k-{m}" not in ref and f"indexer_score-{m + 1}" not in ref and m < j + 1024:
+            m += 1
+        if f"top_k-{m}" not in ref or f"top_k-{j}" not in got:
+            return None
+        cache[j] = _selection_sets(ref[f"top_k-{m}"], got[f"top_k-{j}"], ref[f"indexer_score-{j}"],
+                                   got[f"indexer_score-{j}"])
+    return cache[j]
+
+
 def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[list[TensorStat], list[str]]:
     """Every tensor present in both, in llama.cpp's evaluation order."""
-    stats, missing = [], []
+    stats, missing, selections = [], [], {}
     for name in order:
         if name not in got:
             missing.append(name)
@@ -214,6 +270,10 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         r, g = ref[name], got[name]
         base, _, il = name.rpartition("-")
         base = base if il.isdigit() else name
+        if base == "top_k" and il.isdigit() and _selection_rows(ref, got, il, selections) is not None:
+            agree, tie = _selection_rows(ref, got, il, selections)
+            stats.append(_selection_check(name, agree, tie, np.shape(g)))
+            continue
         if base in ("ffn_moe_argsort", "ffn_moe_topk", "ffn_moe_group_topk"):
             # the scores the experts (or groups) were ranked by: masked by group routing when there is one,
             # else biased by exp_probs_b when there is one (build_moe_ffn selects on those, weights on probs)
@@ -248,6 +308,13 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
                 note = f"{int((~same).sum())} token(s) with a different expert set left out"
         if base in KV_PADDED and r.shape[-1] > g.shape[-1] and r.size // r.shape[-1] == g.size // g.shape[-1]:
             r = r.reshape(-1, r.shape[-1])[:, :g.shape[-1]]    # llama.cpp's KV view is padded past S
+        if base in SELECTION_ROWS and il.isdigit() and r.size == g.size:
+            sel = _selection_rows(ref, got, il, selections)
+            if sel is not None and not sel[0].all():
+                ax, keep = SELECTION_ROWS[base], sel[0]
+                g = np.compress(keep, np.asarray(g), axis=ax)
+                r = np.compress(keep, np.asarray(r).reshape(np.shape(got[name])), axis=ax)
+                note = (note + "; " if note else "") + f"{int((~keep).sum())} query(s) with another key selection left out"
         if r.size != g.size:
             stats.append(TensorStat(name, list(np.shape(got[name])), float("nan"), float("nan"), float("nan"), False,
                                     f"size differs: llama.cpp {list(r.shape)}, refengine {list(np.shape(got[name]))}"))

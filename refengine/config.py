@@ -27,6 +27,7 @@ class ConfigWarning(UserWarning):
 @dataclass(frozen=True)
 class LayerSpec:
     attn: str                 # "mha" (softmax attention over a KV cache) | "mla" (latent attention)
+                              # | "dsa" (latent attention under a lightning-indexer top-k mask)
     ffn: str                  # "dense" | "moe"
     n_head: int               # attention.head_count (scalar or per-layer array)
     n_head_kv: int            # attention.head_count_kv (default: n_head)
@@ -35,6 +36,7 @@ class LayerSpec:
     n_expert_used: int        # expert_used_count (scalar or per-layer array)
     attn_cfg: object = None   # the attention module's typed config (e.g. attention.mla.MLAConfig)
     moe: object = None        # moe.block.MoEConfig of a MoE layer
+    indexer: object = None    # attention.dsa_indexer.IndexerConfig of a DSA layer (full or shared indexer)
 
 
 # Keys that change the math of other archs but that llama.cpp's llama / qwen3moe loaders never read.

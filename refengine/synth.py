@@ -62,7 +62,10 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def matrix_std(tp: TensorPlan) -> float:
-    """Standard deviation of a matrix's values: 1/sqrt(fan_in); embeddings 1; output 3x and router 2x wider."""
+    """Standard deviation of a matrix's values: the plan's own `std` when it sets one, else 1/sqrt(fan_in);
+    embeddings 1; output 3x and router 2x wider."""
+    if tp.std > 0:
+        return tp.std
     return {"embed": 1.0, "output": 3.0 / np.sqrt(tp.fan_in), "router": 2.0 / np.sqrt(tp.fan_in)}.get(
         tp.kind, 1.0 / np.sqrt(tp.fan_in))
 
@@ -172,7 +175,8 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     per_shard = -(-len(plan) // shards) if shards > 1 else 0
     w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     for key, val, vt in kv_rows:
-        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool}[vt](key, val)
+        {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
+         "arr_u32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
     types = {tp.name: choose_type(tp, wt) for tp in plan}
     for tp in plan:
         t = types[tp.name]

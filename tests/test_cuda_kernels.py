@@ -4,11 +4,13 @@ Runs on the GPU when there is one, else in numba's CUDA simulator on toy sizes (
 NUMBA_ENABLE_CUDASIM=1 without /dev/nvidia*). Weights are random bytes with finite block scales
 (`quant.cuda.testdata`): every bit pattern a decoder can meet. Tolerance: relative RMS <= 1e-5 (float32
 sums in another order than NumPy's; the decoders themselves are exact up to one rounding).
-Separately, every kernel is compiled for sm_90 (`compile_ptx`) in a subprocess without the simulator.
+Separately, kernels are compiled for sm_90 (`compile_ptx`) in a subprocess without the simulator: one
+specialization per kernel family in the default tier, every kernel in the exhaustive tier.
+
+Tiers (tests/tiers.py): in the simulator the default tier keeps every type for the naive / warp GEMV (each
+type's decoder) and representative types for the other kernels; the other types are marked `exhaustive`
+(`./dev.sh test-all`, and the GPU run, which also uses real sizes).
 """
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,6 +25,9 @@ from quant.cuda.decoders import SPECS  # noqa: E402
 from quant.cuda.fast import FSPECS  # noqa: E402
 from quant.ref import QuantError  # noqa: E402
 from quant.cuda.testdata import random_qtensor  # noqa: E402
+from tiers import exhaustive, ptx_sm90, tiered  # noqa: E402
+
+pytestmark = pytest.mark.cuda
 
 GPU = not qc.SIM and qc.available()
 TOL = 1e-5
@@ -71,7 +76,12 @@ def test_gemv_naive_and_warp(t, rng):
             assert_close(f"{t.name} gemv {shape}", ops.matmul(x, w, kernel="gemv", shape=shape), want)
 
 
-@pytest.mark.parametrize("t", list(FSPECS), ids=lambda t: t.name)
+# default-tier types of the per-type matrices below: a 32-block type, a K-quant of each decoder shape, a grid
+# i-quant, a code-book nibble type and a float type
+KEEP = {GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.IQ2_XXS, GGMLType.MXFP4, GGMLType.F16}
+
+
+@pytest.mark.parametrize("t", tiered(list(FSPECS), KEEP), ids=lambda t: t.name)
 def test_fast_gemv(t, rng):
     """The fast GEMV (unit decoders, 128-bit loads, prmt conversions): 1 token (the one-token kernel), 2
     and 3 (the 2- and 4-token kernel), and 9 (the 8-token kernel, two passes)."""
@@ -99,7 +109,7 @@ DB_CASES = [(GGMLType.Q8_0, 1088, (3, 1, 1, 0, 0, 1)), (GGMLType.Q4_K, 1280, (4,
             (GGMLType.IQ2_XXS, 256, (2, 1, 1, 0, 0, 1))]
 
 
-@pytest.mark.parametrize("t, i, shape", DB_CASES, ids=lambda c: getattr(c, "name", str(c)))
+@pytest.mark.parametrize("t, i, shape", DB_CASES[:1] + [pytest.param(*c, marks=exhaustive) for c in DB_CASES[1:]], ids=lambda c: getattr(c, "name", str(c)))
 def test_fast1_pipelined(t, i, shape, rng):
     """One-token kernel with software-pipelined loads (two register buffers) against the oracle; on the GPU
     also at a real row length with the shapes the benchmark tries."""
@@ -122,7 +132,7 @@ def test_fast_kernel_refuses_other_types(rng, monkeypatch):
         ops.matmul(np.ones((1, 256), np.float32), w, kernel="fast")
 
 
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", tiered(TYPES, KEEP), ids=lambda t: t.name)
 def test_gemm(t, rng):
     w = random_qtensor(t, (O + 3, I), rng)      # a partial row tile too
     x = rng.standard_normal((T_GEMM, I)).astype(np.float32)
@@ -139,7 +149,7 @@ TC_SHAPES = [None, dict(BM=32, WM=1, WN=1, BN=32), dict(BM=64, WM=4, WN=2, BN=64
     [dict(BM=16, WM=1, WN=1, BN=64)]
 
 
-@pytest.mark.parametrize("t", TC_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", tiered(TC_TYPES, {GGMLType.Q4_K}), ids=lambda t: t.name)
 def test_gemm_tc(t, rng):
     """3xTF32 tensor-core GEMM against the oracle; a partial row tile and a partial token tile."""
     o, i = (O + 3, I) if GPU else (13, max(128, SPECS[t].BS))
@@ -311,15 +321,20 @@ def test_backend_contract(rng):
     assert_close("fallback", qc.matmul(x, odd), ref.matmul(x, odd))
 
 
+# one specialization per kernel family (names as `quant.cuda.ptx.kernels()` gives them), Q8_0 where typed (its
+# decoder compiles 2-5x faster than Q4_K's), and the one-token kernel for Q4_K too (a K-quant's working arrays must
+# stay in registers): the fast / tc ones are also checked for local memory. About 40 s on 2 cores.
+PTX_FAMILIES = ["naive[Q8_0]", "gemv[Q8_0, NT=8, glu]", "gemm[Q8_0, rw]", "tc[Q8_0]", "tc[F32, causal=2]",
+                "fast1[Q8_0, pairs, rw]", "fast1[Q4_K]", "fast[Q8_0, NT=8, glu]", "fast8[Q8_0, ids]", "bucket",
+                "swiglu", "combine"]
+
+
+def test_ptx_sm90_one_per_family():
+    """One specialization of each kernel family compiles for Hopper (sm_90) with NVVM; no GPU needed."""
+    ptx_sm90("quant.cuda.ptx", PTX_FAMILIES)
+
+
+@exhaustive
 def test_ptx_sm90_every_kernel():
     """Every kernel compiles for Hopper (sm_90) with NVRTC/NVVM; no GPU needed."""
-    try:
-        import cuda.bindings  # noqa: F401
-    except ImportError:
-        pytest.skip("numba-cuda[cu13] (NVVM/NVRTC) is not installed")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    r = subprocess.run([sys.executable, "-m", "quant.cuda.ptx", "-j", "2"], env=env, capture_output=True, text=True,
-                       timeout=1800, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if r.returncode == 3:
-        pytest.skip(r.stdout.strip().splitlines()[-1])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ptx_sm90("quant.cuda.ptx", args=["-j", "2"])

@@ -8,6 +8,10 @@
 
 On a GPU: the tiny presets of llama and qwen3moe in several weight types. In the simulator: one
 micro model (a few thousand weights), one layer.
+
+Tiers (tests/tiers.py): `exhaustive` marks the device model's prefill on the tensor-core attention in the
+simulator (minutes: its value product has 128-row tiles; `test_tc_causal_skips` checks the causal GEMM modes it
+uses in the default tier) and the PTX compile of every specialization (the default tier compiles one per family).
 """
 import os
 import subprocess
@@ -23,6 +27,9 @@ from refengine import synth  # noqa: E402
 from refengine.model import Model  # noqa: E402
 from refengine.runtime import Runtime  # noqa: E402
 from refengine.trace import Trace  # noqa: E402
+from tiers import exhaustive, ptx_sm90  # noqa: E402
+
+pytestmark = pytest.mark.cuda
 
 GPU = not qc.SIM and qc.available()
 TOL = 1e-5
@@ -225,6 +232,7 @@ def test_tc_causal_skips(causal, monkeypatch):
     assert rel_rms(got, want) <= 1e-6
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU (in the simulator: test_tc_causal_skips, and the model "
                                       "test below runs attention_tc)")
 def test_attention_tc():
@@ -251,10 +259,11 @@ def test_attention_tc():
     assert rel_rms(att.copy_to_host(), _attention_np(q, kc, vc, pos, scale)) <= 1e-6
 
 
-@pytest.mark.parametrize("path", ["gqa", "tc"])
+@pytest.mark.parametrize("path", ["gqa", pytest.param("tc", marks=exhaustive)])
 def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     """The device forward with each prefill attention (taken from the first token on) against NumPy: the
-    per-KV-head kernel, and the tensor-core GEMMs around the causal softmax (head dim 128)."""
+    per-KV-head kernel, and the tensor-core GEMMs around the causal softmax (head dim 128; in the simulator
+    the per-KV-head kernel runs on the micro model, head dim 32)."""
     from quant.cuda import ops
     from refengine.cuda import DeviceModel, attn, runner
     monkeypatch.setattr(runner, "GQA_MIN_T", 1)
@@ -263,6 +272,9 @@ def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
         arch, preset, wtype = CASES[0]                              # qwen3moe tiny: head dim 128
         m = _model(tmp_path_factory, arch, preset, wtype)
         prompt = [3, 17, 42, 5, 9, 11, 2]
+    elif path == "gqa":
+        m = _model(tmp_path_factory, "qwen3moe", "micro", "Q8_0")
+        prompt = [3, 17]
     else:
         monkeypatch.setattr(ops, "TC_SHAPE", dict(BM=16, WM=1, WN=1, CV=-1))    # 32 simulated threads a block
         synth.PRESETS["qwen3moe"].setdefault("micro128", dict(MICRO_MOE, head_dim=128))
@@ -283,6 +295,7 @@ def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     assert rel_rms(dm.forward([tok], sd), m.forward([tok], st)) <= TOL
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU (the same kernels run in the simulator in "
                                       "test_cuda_kernels.py)")
 @pytest.mark.parametrize("arch,preset,wtype", CASES[:1] + [("llama", "tiny", "Q4_K")])
@@ -302,6 +315,7 @@ def test_traced_cuda_backend_equals_numpy(arch, preset, wtype, tmp_path_factory)
             assert rel_rms(a, b) <= TOL, f"{k}: {rel_rms(a, b):.2e}"
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU")
 def test_cli_run_backend_cuda(tmp_path_factory):
     m = _model(tmp_path_factory, "qwen3moe", "tiny", "Q4_K")
@@ -326,14 +340,12 @@ def test_cli_says_no_gpu(tmp_path_factory):
     assert "needs an NVIDIA GPU" in r.stderr
 
 
+def test_ptx_sm90_device_kernels_one_per_family():
+    """One specialization of each device-path kernel (norms, RoPE, attention, softmax, routing) compiles for sm_90."""
+    ptx_sm90("refengine.cuda.ptx", ["rms_norm", "add", "add_rms_norm", "qk_rope", "attention", "attention_gqa[G=8]",
+                                    "softmax_causal", "route[E=128]"])
+
+
+@exhaustive
 def test_ptx_sm90_device_kernels():
-    try:
-        import cuda.bindings  # noqa: F401
-    except ImportError:
-        pytest.skip("numba-cuda[cu13] (NVVM/NVRTC) is not installed")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    r = subprocess.run([sys.executable, "-m", "refengine.cuda.ptx"], env=env, capture_output=True, text=True,
-                       timeout=600)
-    if r.returncode == 3:
-        pytest.skip(r.stdout.strip().splitlines()[-1])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ptx_sm90("refengine.cuda.ptx", timeout=600)

@@ -191,7 +191,9 @@ def teacher_forced(model, R: dict) -> list[tuple[str, float]]:
 
 
 DS2_TYPES = ["Q8_0", "Q4_K", "IQ2_XXS"]          # deepseek2: MLA's 3-D attn_k_b / attn_v_b products included
-MODEL_CASES = [(a, t) for a in ("llama", "qwen3moe") for t in MODEL_TYPES] + [("deepseek2", t) for t in DS2_TYPES]
+DSA_TYPES = ["Q8_0", "Q4_K"]                     # deepseek32 / glm-dsa: 16 tokens, indexer top-k 8
+MODEL_CASES = [(a, t) for a in ("llama", "qwen3moe") for t in MODEL_TYPES] + [("deepseek2", t) for t in DS2_TYPES] \
+    + [(a, t) for a in ("deepseek32", "glm-dsa") for t in DSA_TYPES]
 
 
 @pytest.mark.parametrize("arch,wtype", MODEL_CASES)
@@ -216,6 +218,10 @@ def test_logits_within_1e7(runs, arch, wtype):
               if f.flips or f.scale_flips]
     names = [s.name for s in rep.tensors]
     first_bad = names.index(rep.first_divergence) if rep.first_divergence in names else len(names)
+    ties = [s for s in rep.tensors[:first_bad + 1] if s.name.startswith("top_k-") and "near-tie" in s.note]
+    if ties:           # DSA: a key selection decided by a near-tie at the k-th indexer score, before the divergence
+        pytest.xfail(f"{arch} {wtype}: logits NMSE {figure:.2e} > {tol:g}: selection near-tie at {ties[0].name} "
+                     f"({ties[0].note}) before the first divergence {rep.first_divergence}")
     # a flip at an earlier occurrence of a reused name ("q-1#1") sits just before that name's final tensor
     pos = lambda n: names.index(n.split("#")[0]) - (0.5 if "#" in n else 0) if n.split("#")[0] in names else None  # noqa: E731
     if census and pos(census[0].name) is not None and pos(census[0].name) < first_bad:

@@ -169,3 +169,95 @@ def test_deepseek2_naive_form_matches_llamacpp(synth_model):
 def test_deepseek2_topk_equal_to_expert_count(synth_model):
     rep = run_compare(synth_model("deepseek2", preset="tiny", overrides={"n_expert_used": 8}), TOKENS[:5])
     check_all(rep)
+
+
+# ---------------------------------------------------------------- DSA (deepseek32, glm-dsa): MLA under a top-k mask
+# 40 tokens, the tiny presets' indexer top-k 8: from position 8 on every query drops keys.
+
+DSA_TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, 256, 40)]
+DSA_CASES = [
+    ("deepseek32", dict()),                                   # NEOX indexer rope, LayerNorm eps 1e-6
+    ("glm-dsa", dict()),                                      # NORM indexer rope, eps 0 (the quirk), all layers full
+    ("glm-dsa", dict(preset="tiny-shared")),                  # GLM-5.2's pattern: layers 3-5 share layer 2's top-k
+    ("deepseek32", dict(all_optional=True)),                  # .scale (applied), YaRN, attn_factor, ignored keys
+    pytest.param("glm-dsa", dict(preset="tiny-shared", all_optional=True),      # + shared layers' indexer tensors
+                 marks=pytest.mark.exhaustive),                                # (unused); CI budget: exhaustive
+]
+
+
+def check_dsa(rep, tol=1e-8):
+    """check_all, plus: a selection was compared in every layer that runs an indexer, and every query's set of
+    selected keys equals llama.cpp's or is a named near-tie (`_selection_check`'s note)."""
+    check_all(rep, tol)
+    scores = [s for s in rep.tensors if s.name.startswith("indexer_score-")]
+    sels = [s for s in rep.tensors if s.name.startswith("top_k-")]
+    assert scores and len(sels) == len(scores), [s.name for s in rep.tensors if "top_k" in s.name]
+    for s in sels:
+        assert s.ok, (s.name, s.note)
+    return [f"{s.name}: {s.note}" for s in sels if s.note]
+
+
+@pytest.mark.parametrize("arch,kw", DSA_CASES, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={w}" for k, w in v.items()) or "tiny")
+def test_dsa_f32_matches_llamacpp(synth_model, arch, kw, capsys):
+    rep = run_compare(synth_model(arch, **kw), DSA_TOKENS)
+    assert rep.tolerance == 1e-8
+    ties = check_dsa(rep)
+    with capsys.disabled():
+        print(f"\n  {arch} {kw or 'tiny'}: logits NMSE {rep.logits.nmse:.2e}, worst tensor "
+              f"{max(s.nmse for s in rep.tensors):.2e}, selections equal" + (f" ({'; '.join(ties)})" if ties else ""))
+
+
+@pytest.mark.exhaustive          # the naive form is also covered by test_dsa.py's decode test and deepseek2's
+def test_dsa_naive_form_matches_llamacpp(synth_model):
+    rep = run_compare(synth_model("deepseek32"), DSA_TOKENS, attn_form="naive")
+    check_all(rep, untraced=ABSORBED_ONLY)
+
+
+def test_dsa_sparse_differs_from_dense_and_both_match(synth_model):
+    """The same weights with top-k 8 (sparse) and top-k 64 >= 40 tokens (every key kept: dense MLA): both match
+    llama.cpp (every tensor, logits NMSE <= 1e-8), and their logits differ, so the selection matters."""
+    from refengine import Model
+    from refengine.compare import metrics
+    paths = [synth_model("glm-dsa", preset="tiny-shared"),
+             synth_model("glm-dsa", preset="tiny-shared", overrides={"idx_top_k": 64})]
+    check_dsa(run_compare(paths[0], DSA_TOKENS))
+    check_all(run_compare(paths[1], DSA_TOKENS))
+    a, b = (Model(p).forward(DSA_TOKENS) for p in paths)
+    assert metrics(b, a)[0] > 1e-3, "top-k 8 of 40 keys should change the logits"
+    assert metrics(b[:8], a[:8])[0] < 1e-10          # the first 8 queries see at most 8 keys: nothing is dropped
+
+
+def test_dsa_decode_matches_llamacpp_decode(synth_model):
+    """Prefill 6 tokens then 34 one-token decodes in llama.cpp (its MLA and indexer caches) and in refengine."""
+    from refengine import Model
+    from refengine.compare import metrics
+    from refengine.oracle import run_llamacpp
+    path = synth_model("glm-dsa", preset="tiny-shared")
+    ref = run_llamacpp(path, DSA_TOKENS, chunks=[6] + [1] * 34, trace=False).logits
+    m = Model(path)
+    st = m.new_state()
+    got = np.concatenate([m.forward(DSA_TOKENS[:6], st)] + [m.forward([t], st) for t in DSA_TOKENS[6:]])
+    assert metrics(ref, got)[0] <= 1e-8
+
+
+@pytest.mark.parametrize("arch,eps", [("deepseek32", 1e-6), ("glm-dsa", 0.0)])
+def test_dsa_indexer_key_norm_eps_as_llamacpp_runs_it(synth_model, arch, eps):
+    """indexer.attn_k written with std 1e-5: the keys' variance (~1e-8) is below 1e-6, so the LayerNorm's eps
+    decides the normed key. llama.cpp's own pre-norm key (the 1st `indexer_k-0`) normed with the arch's eps
+    gives its normed key (the 2nd); the other eps does not (glm-dsa runs eps 0: hparams.f_norm_eps is never set);
+    and the whole model still matches llama.cpp."""
+    from refengine import Model
+    from refengine.compare import metrics
+    from refengine.ops import layer_norm
+    path = synth_model(arch, overrides={"idx_k_std": 1e-5})
+    if eps == 0.0:                                   # the quirk: the whole model too
+        check_dsa(run_compare(path, DSA_TOKENS))
+    from refengine.oracle import run_llamacpp
+    ref = run_llamacpp(path, DSA_TOKENS[:16])
+    pre, normed = ref.earlier["indexer_k-0"][:2]
+    w = Model(path).layer(0)
+    assert Model(path).cfg.layers[0].indexer.k_norm_eps == eps
+    assert metrics(normed, layer_norm(pre, w.indexer_k_norm, w.indexer_k_norm_b, eps))[0] < 1e-10
+    other = 1e-6 if eps == 0.0 else 0.0
+    assert metrics(normed, layer_norm(pre, w.indexer_k_norm, w.indexer_k_norm_b, other))[0] > 1e-3

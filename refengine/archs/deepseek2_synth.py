@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..synthplan import TensorPlan, no_option
+from ..synthplan import TensorPlan, deepseek_ffn_plans, deepseek_metadata, mla_plans, no_option
 
 ARCH = "deepseek2"
 
@@ -153,56 +153,14 @@ def plan_tensors(p: dict, *, all_optional: bool = False, tied_output: bool = Fal
     output.weight (llama.cpp then uses token_embd).
     """
     _check_rope_scaling(rope_scaling)
-    D, V, H = p["n_embd"], p["n_vocab"], p["n_head"]
-    Dq, C, dn, R, dv = p["q_lora"], p["kv_lora"], p["qk_nope"], p["qk_rope"], p["v_head"]
-    dk = dn + R
-    E, Fe, S, F = p["n_expert"], p["n_ff_exp"], p["n_shared"], p["n_ff"]
-
-    def mat(name, shape, fan, kind="matrix", scales=None):
-        """A matrix and, with all_optional, its per-tensor (or per-expert) `.scale` / `.input_scale`."""
-        out = [TensorPlan(name + ".weight", shape, kind, fan)]
-        if all_optional and scales is not None:
-            out += [TensorPlan(name + ".scale", (scales,), "scale"),
-                    TensorPlan(name + ".input_scale", (scales,), "scale")]
-        return out
-
+    D, V = p["n_embd"], p["n_vocab"]
     t = [TensorPlan("token_embd.weight", (V, D), "embed"),
          TensorPlan("output_norm.weight", (D,), "norm")]
     if not tied_output:
         t.append(TensorPlan("output.weight", (V, D), "output", D))
     for il in range(p["n_layer"]):
-        b = f"blk.{il}."
-        t.append(TensorPlan(b + "attn_norm.weight", (D,), "norm"))
-        if Dq > 0:
-            t.append(TensorPlan(b + "attn_q_a_norm.weight", (Dq,), "norm"))
-        t.append(TensorPlan(b + "attn_kv_a_norm.weight", (C,), "norm"))
-        if Dq > 0:
-            t += mat(b + "attn_q_a", (Dq, D), D)                              # ne {D, Dq}
-            t += mat(b + "attn_q_b", (H * dk, Dq), Dq)                        # ne {Dq, H*dk}
-        else:
-            t += mat(b + "attn_q", (H * dk, D), D, scales=1)                  # ne {D, H*dk}
-        t += mat(b + "attn_kv_a_mqa", (C + R, D), D)                          # ne {D, C+R}: latent, then rope
-        if p["mla"]:
-            t += mat(b + "attn_k_b", (H, C, dn), dn)                          # ne {dn, C, H}
-            t += mat(b + "attn_v_b", (H, dv, C), C)                           # ne {C, dv, H}
-        else:
-            t += mat(b + "attn_kv_b", (H * (dn + dv), C), C)                  # ne {C, H*(dn+dv)}
-        t += mat(b + "attn_output", (D, H * dv), H * dv, scales=1)            # ne {H*dv, D}
-        t.append(TensorPlan(b + "ffn_norm.weight", (D,), "norm"))
-        if il < p["n_dense_lead"]:
-            t += mat(b + "ffn_gate", (F, D), D, scales=1)
-            t += mat(b + "ffn_down", (D, F), F, scales=1)
-            t += mat(b + "ffn_up", (F, D), D, scales=1)
-            continue
-        t += mat(b + "ffn_gate_inp", (E, D), D, kind="router")               # ne {D, E}
-        if p["probs_bias"] or all_optional:
-            t.append(TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias", std=probs_bias_std(p)))
-        t += mat(b + "ffn_down_exps", (E, D, Fe), Fe, scales=E)               # ne {Fe, D, E}
-        t += mat(b + "ffn_gate_exps", (E, Fe, D), D, scales=E)                # ne {D, Fe, E}
-        t += mat(b + "ffn_up_exps", (E, Fe, D), D, scales=E)
-        t += mat(b + "ffn_gate_shexp", (Fe * S, D), D, scales=1)              # ne {D, Fe*S}
-        t += mat(b + "ffn_down_shexp", (D, Fe * S), Fe * S, scales=1)
-        t += mat(b + "ffn_up_shexp", (Fe * S, D), D, scales=1)
+        t += mla_plans(il, p, all_optional=all_optional)
+        t += deepseek_ffn_plans(il, p, all_optional=all_optional, probs_bias_std=probs_bias_std(p))
     return t
 
 
@@ -224,43 +182,7 @@ def metadata(p: dict, *, all_optional: bool, rope_scaling: str | None,
     """
     _check_rope_scaling(rope_scaling)
     a = ARCH
-    C, R, dn, dv, H = p["kv_lora"], p["qk_rope"], p["qk_nope"], p["v_head"], p["n_head"]
-    kv = [
-        ("general.name", name, "str"),
-        (f"{a}.context_length", p["n_ctx"], "u32"),
-        (f"{a}.embedding_length", p["n_embd"], "u32"),
-        (f"{a}.block_count", p["n_layer"], "u32"),
-        (f"{a}.feed_forward_length", p["n_ff"], "u32"),
-        (f"{a}.leading_dense_block_count", p["n_dense_lead"], "u32"),
-        (f"{a}.attention.head_count", H, "u32"),
-        (f"{a}.attention.layer_norm_rms_epsilon", p["eps"], "f32"),
-        (f"{a}.attention.q_lora_rank", p["q_lora"], "u32"),
-        (f"{a}.attention.kv_lora_rank", C, "u32"),
-        (f"{a}.rope.freq_base", p["rope_base"], "f32"),
-        (f"{a}.rope.dimension_count", R, "u32"),
-        (f"{a}.vocab_size", p["n_vocab"], "u32"),
-        (f"{a}.expert_count", p["n_expert"], "u32"),
-        (f"{a}.expert_used_count", p["n_expert_used"], "u32"),
-        (f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"),
-        (f"{a}.expert_shared_count", p["n_shared"], "u32"),
-        (f"{a}.expert_weights_scale", p["w_scale"], "f32"),
-        (f"{a}.expert_weights_norm", bool(p["norm_w"]), "bool"),
-        (f"{a}.expert_gating_func", GATING[p["gating"]], "u32"),
-        ("tokenizer.ggml.model", "none", "str"),
-    ]
-    if p["mla"]:
-        kv += [(f"{a}.attention.head_count_kv", 1, "u32"),
-               (f"{a}.attention.key_length", C + R, "u32"),
-               (f"{a}.attention.value_length", C, "u32"),
-               (f"{a}.attention.key_length_mla", dn + R, "u32"),
-               (f"{a}.attention.value_length_mla", dv, "u32")]
-    else:
-        kv += [(f"{a}.attention.head_count_kv", H, "u32"),
-               (f"{a}.attention.key_length", dn + R, "u32"),
-               (f"{a}.attention.value_length", dv, "u32")]
-    if p["n_group"]:
-        kv += [(f"{a}.expert_group_count", p["n_group"], "u32"),
-               (f"{a}.expert_group_used_count", p["topk_group"], "u32")]
+    kv = deepseek_metadata(a, p, name=name, gating_id=GATING[p["gating"]])
     yarn = _yarn(p, rope_scaling)
     if yarn is not None:
         kv += [(f"{a}.rope.scaling.type", "yarn", "str"),

@@ -86,13 +86,14 @@ def llama_form(mc: MLAConfig) -> str:
 # ---------------------------------------------------------------- config
 
 def mla_scales(*, head_k: int, freq_scale: float, ext_factor: float, rope_attn_factor: float,
-               yarn_log_mul: float) -> tuple[float, float]:
+               yarn_log_mul: float, mscale_is_log_mul: bool = True) -> tuple[float, float]:
     """(rope attn_factor, kq_scale), in float32 as llama.cpp computes them.
 
     Context (src/llama-context.cpp:177-211), f = 1/freq_scale, L = yarn_log_mul,
     gm(s, m) = 1 if s <= 1 else 1 + 0.1 m ln s  (HF `yarn_get_mscale`):
-        a = 1;  if ext_factor != 0:  a = gm(f, L) / gm(f, L) = 1 if L != 0 else gm(f, 1)
-                                      (gm(f, mscale) / gm(f, L), and deepseek2 sets mscale = L)
+        a = 1;  if ext_factor != 0:  a = gm(f, m) / gm(f, L) if L != 0 else gm(f, 1)
+                                      m = L for deepseek2 (`mscale_is_log_mul`, so a = 1), m = 1 for
+                                      every other arch (deepseek32: a = gm(f, 1) / gm(f, L))
                                      a /= 1 + 0.1 ln f          (cancels the mscale ggml_rope adds)
         a *= rope.scaling.attn_factor
     Graph (deepseek2.cpp:439-443):
@@ -108,8 +109,9 @@ def mla_scales(*, head_k: int, freq_scale: float, ext_factor: float, rope_attn_f
         L = f32(yarn_log_mul)
         if L != 0:
             # llama.cpp takes mscale = 1 except for deepseek2, where mscale = mscale_all_dim = L
-            # (llama-context.cpp:188-197): the ratio is 1 and the magnitude is left to kq_scale
-            a = f32(gm(factor, L) / gm(factor, L))
+            # (llama-context.cpp:188-197): there the ratio is 1 and the magnitude is left to kq_scale
+            m = L if mscale_is_log_mul else f32(1.0)
+            a = f32(gm(factor, m) / gm(factor, L))
         else:
             a = gm(factor, 1.0)
         a = f32(a * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor))))
@@ -122,23 +124,38 @@ def mla_scales(*, head_k: int, freq_scale: float, ext_factor: float, rope_attn_f
 
 def mla_config(r: KeyReader, *, n_layer: int, n_head: int, n_rot: int, head_dim_k: int, head_dim_v: int,
                rms_eps: float, rope_scaling_type: str, rope_freq_scale: float, rope_attn_factor: float,
-               **_common) -> MLAConfig:
-    """deepseek2's attention keys (src/models/deepseek2.cpp:3-42), given `read_common`'s values (pass `**common`).
+               lite_rule: bool = True, require_mla: bool = False, read_yarn_log_mul: bool = True,
+               mscale_is_log_mul: bool = True, temperature: bool = True, **_common) -> MLAConfig:
+    """MLA's attention keys, given `read_common`'s values (pass `**common`). The defaults are deepseek2's
+    (src/models/deepseek2.cpp:3-42); the DSA archs turn some off (deepseek32.cpp:6-38, glm-dsa.cpp:30-66).
 
-    q_lora_rank is required unless the model is "lite" (n_layer 26 or 27, or 48 with a 128256 vocab,
-    the vocab from `vocab_size` or the tokenizer list as llama.cpp counts it); a lite model never reads it.
-    Without both key_length_mla and value_length_mla the file is legacy (`llama_hparams::is_mla`).
+    lite_rule: q_lora_rank is required unless the model is "lite" (n_layer 26 or 27, or 48 with a 128256 vocab,
+        the vocab from `vocab_size` or the tokenizer list as llama.cpp counts it); a lite model never reads it.
+        False: q_lora_rank is always required (deepseek32, glm-dsa).
+    require_mla: key_length_mla and value_length_mla must both be present (deepseek32 / glm-dsa throw
+        "requires MLA"); otherwise a file without them is legacy (`llama_hparams::is_mla`, one attn_kv_b).
+    read_yarn_log_mul: rope.scaling.yarn_log_multiplier is read (deepseek2, deepseek32; glm-dsa never reads it).
+    mscale_is_log_mul: llama_context's YaRN attn_factor takes mscale = mscale_all_dim (deepseek2 only).
+    temperature: attention.temperature_scale / temperature_length are read (deepseek2 only).
     """
     path = r.gf.path
-    n_vocab = r.get("vocab_size")
-    if n_vocab is None:
-        toks = r.get("tokenizer.ggml.tokens")
-        n_vocab = 0 if toks is None else len(toks)
-    lite = n_layer in (26, 27) or (n_layer == 48 and int(n_vocab) == 128256)
+    lite = False
+    if lite_rule:
+        n_vocab = r.get("vocab_size")
+        if n_vocab is None:
+            toks = r.get("tokenizer.ggml.tokens")
+            n_vocab = 0 if toks is None else len(toks)
+        lite = n_layer in (26, 27) or (n_layer == 48 and int(n_vocab) == 128256)
     q_lora = 0 if lite else int(r.get("attention.q_lora_rank", required=True))
+    if not lite_rule and q_lora <= 0:
+        raise ConfigError(f"{path}: {r._k('attention.q_lora_rank')} = {q_lora}: {r.arch} needs a q-LoRA query "
+                          f"(its indexer reads the q-LoRA latent)")
     kv_lora = int(r.get("attention.kv_lora_rank", required=True))
     k_mla, v_mla = int(r.get("attention.key_length_mla", 0)), int(r.get("attention.value_length_mla", 0))
     legacy = not (k_mla and v_mla)
+    if legacy and require_mla:
+        raise ConfigError(f"{path}: {r.arch} requires MLA: {r._k('attention.key_length_mla')} and "
+                          f"{r._k('attention.value_length_mla')} must both be set (llama.cpp throws the same)")
     dk, dv = (head_dim_k, head_dim_v) if legacy else (k_mla, v_mla)
     if dk - n_rot < 1:
         raise ConfigError(f"{path}: MLA head size {dk} leaves no non-rotated dims beside rope.dimension_count = {n_rot}")
@@ -146,14 +163,15 @@ def mla_config(r: KeyReader, *, n_layer: int, n_head: int, n_rot: int, head_dim_
         raise ConfigError(f"{path}: {r._k('attention.key_length')} = {head_dim_k} must be kv_lora_rank + "
                           f"rope.dimension_count = {kv_lora + n_rot} in an MLA file (the latent cache row)")
     L = 0.0
-    if r.has("rope.scaling.yarn_log_multiplier"):   # stored as 0.1 * mscale_all_dim (conversion/deepseek.py:382-386)
+    if read_yarn_log_mul and r.has("rope.scaling.yarn_log_multiplier"):   # stored as 0.1 * mscale_all_dim (conversion/deepseek.py:382-386)
         L = float(np.float32(r.get("rope.scaling.yarn_log_multiplier")) / np.float32(0.1))
-    temp_scale = float(r.get("attention.temperature_scale", 0.0))
-    temp_len = int(r.get("attention.temperature_length", 0))
+    temp_scale = float(r.get("attention.temperature_scale", 0.0)) if temperature else 0.0
+    temp_len = int(r.get("attention.temperature_length", 0)) if temperature else 0
     if temp_scale != 0.0 and temp_len == 0:
         raise ConfigError(f"{path}: attention.temperature_scale is set but attention.temperature_length is 0")
     rope_af, kq_scale = mla_scales(head_k=dk, freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
-                                   ext_factor=1.0 if rope_scaling_type == "yarn" else 0.0, yarn_log_mul=L)
+                                   ext_factor=1.0 if rope_scaling_type == "yarn" else 0.0, yarn_log_mul=L,
+                                   mscale_is_log_mul=mscale_is_log_mul)
     return MLAConfig(n_head=int(n_head), q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope=dk - n_rot,
                      qk_rope=n_rot, v_head=dv, kq_scale=kq_scale, rope_attn_factor=rope_af, rms_eps=float(rms_eps),
                      legacy=legacy, yarn_log_mul=L, attn_temp_scale=temp_scale, attn_temp_length=temp_len)
@@ -230,13 +248,24 @@ def kv_b_heads(w, mc: MLAConfig):
     return kv[:, :dn, :].transpose(0, 2, 1), kv[:, dn:, :]                         # [H, C, dn], [H, dv, C]
 
 
-def project_q(h, w, *, mc, rt, il, dtype=np.float32):
-    """q-LoRA (or plain attn_q) query: h [T, D] -> q [T, H, dk]   (deepseek2.cpp:500-515, all named `q`)."""
-    if mc.q_lora_rank > 0:
-        q = _mm(h, w.attn_q_a, rt, dtype)                                          # [T, Dq]
-        rt.record("q", il, q)
-        q = rms_norm(q, w.attn_q_a_norm, mc.rms_eps)
-        rt.record("q", il, q)
+def project_q_a(h, w, *, mc, rt, il, name="q", dtype=np.float32):
+    """The normed q-LoRA latent: h [T, D] -> rms_norm(h @ Wq_a.T) * q_a_norm [T, Dq], both steps traced as `name`
+    (deepseek2.cpp:500-505 calls them `q`; deepseek32.cpp:218-222 `qr`, where the indexer reads it too)."""
+    q = _mm(h, w.attn_q_a, rt, dtype)                                              # [T, Dq]
+    rt.record(name, il, q)
+    q = rms_norm(q, w.attn_q_a_norm, mc.rms_eps)
+    rt.record(name, il, q)
+    return q
+
+
+def project_q(h, w, *, mc, rt, il, dtype=np.float32, qr=None):
+    """q-LoRA (or plain attn_q) query: h [T, D] -> q [T, H, dk]   (deepseek2.cpp:500-515, all named `q`).
+    qr: the normed q-LoRA latent [T, Dq] when the caller already has it (`project_q_a`); then only the
+    up-projection runs here."""
+    if qr is not None:
+        q = _mm(qr, w.attn_q_b, rt, dtype)                                         # [T, H*dk]
+    elif mc.q_lora_rank > 0:
+        q = project_q_a(h, w, mc=mc, rt=rt, il=il, dtype=dtype)                    # [T, Dq]
         q = _mm(q, w.attn_q_b, rt, dtype)                                          # [T, H*dk]
     else:
         q = _mm(h, w.attn_q, rt, dtype)                                            # [T, H*dk]
@@ -325,12 +354,14 @@ def _att_record(rt, rec_form):
 
 
 def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absorbed", mask_fn=None,
-        dtype=np.float32) -> np.ndarray:
+        dtype=np.float32, qr=None) -> np.ndarray:
     """One MLA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
 
     state: this layer's `new_state(mc, form)`; its length before the call is the first new position.
     cos, sin: [T, R/2] from `rope_cos_sin(positions, n_rot=R, attn_factor=mc.rope_attn_factor, ...)`.
-    mask_fn(q_pos [T], k_pos [S]) -> [T, S] additive mask (default: causal).
+    mask_fn(q_pos [T], k_pos [S]) -> [T, S] additive mask (default: causal). q_pos are this call's positions
+        (state.n .. state.n + T - 1), k_pos every cached position 0 .. S - 1 after the append.
+    qr: the normed q-LoRA latent [T, Dq] if the caller computed it (DSA: the indexer shares it).
     dtype: np.float32 (llama.cpp's arithmetic, every weight through `rt.matmul`) or np.float64 (tests).
     The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded.
     """
@@ -343,7 +374,7 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
     assert cos.shape == sin.shape == (T, R // 2), f"cos/sin {cos.shape}, expected {(T, R // 2)}"
     pos = state.n + np.arange(T)                                                   # [T]
     rec_form = rt.record if form == llama_form(mc) else (lambda *a: None)
-    q = project_q(h, w, mc=mc, rt=rt, il=il, dtype=dtype)                          # [T, H, dk]
+    q = project_q(h, w, mc=mc, rt=rt, il=il, dtype=dtype, qr=qr)                   # [T, H, dk]
     c, k_pe = project_kv_a(h, w, mc=mc, cos=cos, sin=sin, rt=rt, il=il, dtype=dtype)   # [T, C], [T, R]
     q_nope = q[..., :mc.qk_nope]                                                   # [T, H, dn]
     rt.record("q_nope", il, q_nope)

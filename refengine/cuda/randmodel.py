@@ -31,8 +31,8 @@ def kappa(t: GGMLType, rng) -> float:
 
 
 def write_random_model(path: str, wtype: str, layers: int | None = None, seed: int = 0, arch="qwen3moe",
-                       preset="qwen3-30b-a3b") -> str:
-    p = synth.resolve_preset(arch, preset, layers=layers)
+                       preset="qwen3-30b-a3b", overrides: dict | None = None) -> str:
+    p = synth.resolve_preset(arch, preset, layers=layers, overrides=overrides)
     wt = type_info(wtype).type
     plan = synth.plan_tensors(arch, p)
     kv = synth.metadata(arch, p, all_optional=False, rope_scaling=None,

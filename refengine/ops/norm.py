@@ -15,3 +15,21 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     scale = x.dtype.type(1.0) / np.sqrt(mean + x.dtype.type(eps))
     y = x * scale
     return y if w is None else y * w
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: float) -> np.ndarray:
+    """y = (x - mean(x)) / sqrt(var(x) + eps) * w + b   over the last axis.   x: [..., D], w, b: [D] -> [..., D]
+
+    llama.cpp: `build_norm(..., LLM_NORM)` = `ggml_norm(x, hparams.f_norm_eps)` then `ggml_mul` / `ggml_add`
+    (ops.cpp `ggml_compute_forward_norm_f32`: mean, then the mean of squared deviations). eps = 0 is allowed
+    (ggml asserts eps >= 0); a constant row then divides by zero, as in ggml.
+    """
+    x = np.asarray(x, dtype=np.float64 if np.asarray(x).dtype == np.float64 else np.float32)
+    mean = np.mean(x, axis=-1, keepdims=True, dtype=np.float64)                                   # [..., 1]
+    d = x - mean.astype(x.dtype)                                                                  # [..., D]
+    var = np.mean(np.square(d, dtype=np.float64), axis=-1, keepdims=True).astype(x.dtype)        # [..., 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = d * (x.dtype.type(1.0) / np.sqrt(var + x.dtype.type(eps)))
+    if w is not None:
+        y = y * w
+    return y if b is None else y + b

@@ -1,0 +1,59 @@
+"""DeepSeek Sparse Attention (DSA): MLA that attends only to the keys the lightning indexer selects.
+
+Legend: T new tokens, S cached positions, D model dim, Dq q-LoRA rank.
+
+    qr    = rms_norm(h @ Wq_a.T) * q_a_norm                 [T, Dq]   `qr`, shared by both parts
+    sel   = lightning_indexer(h, qr)                        attention/dsa_indexer.py: top-k positions + mask
+            (or, in a layer without its own indexer, the selection of layer `ic.source` in this same step)
+    attn  = mla(h, mask = sel.mask)                         attention/mla.py, absorbed (llama.cpp's) or naive
+
+llama.cpp: `src/models/deepseek32.cpp:217-402` and `src/models/glm-dsa.cpp:243-365` (shared layers),
+`build_attn` for DSA (src/llama-graph.cpp:3039-3110). The selection travels between layers through the step
+(`Step.memo`), so a shared layer needs no state of its own beyond its MLA cache.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..cache import DSAState
+from ..errors import ConfigError
+from . import dsa_indexer, mla
+from .dsa_indexer import IndexerConfig
+from .mla import MLAConfig
+
+FORMS = mla.FORMS
+
+
+def new_state(mc: MLAConfig, ic: IndexerConfig, form: str = "absorbed", dtype=np.float32) -> DSAState:
+    """A DSA layer's state: the MLA cache of `form` and, where the layer runs its indexer, its key cache."""
+    return DSAState(kv=mla.new_state(mc, form, dtype), index=dsa_indexer.new_state(ic, dtype))
+
+
+def selection_key(il: int) -> tuple[str, int]:
+    return ("dsa_selection", il)
+
+
+def sparse_mla(h, w, *, mc: MLAConfig, ic: IndexerConfig, il: int, state: DSAState, cos, sin, rt, step,
+               form: str = "absorbed", rotate: bool = True) -> np.ndarray:
+    """One DSA attention sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
+
+    state: this layer's `new_state(mc, ic, form)`; step: the forward call's Step (carries the selection from
+    a full layer to the shared layers after it). cos, sin [T, R/2]: the rope part's (MLA and indexer share them).
+    """
+    T = h.shape[0]
+    qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="qr")                     # [T, Dq]
+    if ic.full:
+        sel = step.memo(selection_key(il), lambda: dsa_indexer.lightning_indexer(
+            h, qr, w, ic=ic, state=state.index, cos=cos, sin=sin, rt=rt, il=il, rotate=rotate))
+    else:
+        def missing():
+            raise ConfigError(f"layer {il} shares the indexer of layer {ic.source}, which has not run in this step")
+        sel = step.memo(selection_key(ic.source), missing)
+        rt.record("top_k", il, sel.top_k.astype(np.int32))      # llama.cpp names the shared tensor again (glm-dsa.cpp:366)
+    S = state.n + T
+    assert sel.mask.shape == (T, S), f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"
+
+    def mask_fn(q_pos, k_pos):
+        assert q_pos.shape == (T,) and k_pos.shape == (S,)
+        return sel.mask                                                            # [T, S]
+    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt, form=form, mask_fn=mask_fn, qr=qr)
