@@ -169,6 +169,8 @@ KEYS: dict[str, Key] = {
     "expert_weights_scale": FACTOR0, "expert_weights_norm": BOOL,
     "attention.q_lora_rank": COUNT0, "attention.kv_lora_rank": COUNT, "attention.key_length_mla": COUNT0,
     "attention.value_length_mla": COUNT0, "attention.temperature_scale": FLOAT, "attention.temperature_length": COUNT0,
+    "attention.indexer.head_count": COUNT, "attention.indexer.key_length": COUNT, "attention.indexer.top_k": COUNT,
+    "attention.indexer.types": Key("number", lo=0, hi=1, per_layer=True),        # 1 full, 0 shared, per layer
 }
 
 

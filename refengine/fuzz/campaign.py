@@ -2,7 +2,7 @@
 
     python -m refengine.fuzz -n 5000 --jobs 2 --out fuzz.jsonl --table docs/fuzz-run.md
 
-Mutant i of a campaign seeded s is seed file `sorted(SEEDS)[i % 5]`, kind `KINDS[(i // 5) % 17]`, mutated with
+Mutant i of a campaign seeded s is seed file `sorted(SEEDS)[i % 6]`, kind `KINDS[(i // 6) % 17]`, mutated with
 `numpy.random.default_rng([s, i])`: any record can be made again from its index.
 """
 from __future__ import annotations
@@ -22,12 +22,13 @@ import numpy as np
 from .bounded import OUTCOMES, llamacpp_setup, run_bounded, run_llamacpp, run_refengine
 from .mutate import KINDS, mutate
 
-SEEDS = {   # name -> (arch, write_synth options): dense, MoE, quantized (MLA + MoE), split
+SEEDS = {   # name -> (arch, write_synth options): dense, MoE, quantized (MLA + MoE), split, sparse attention
     "dense-f32": ("llama", dict(wtype="F32")),
     "moe-q8_0": ("qwen3moe", dict(wtype="Q8_0")),
     "moe-f16": ("llama", dict(preset="tiny-moe", wtype="F16")),
     "mla-q4_k": ("deepseek2", dict(wtype="Q4_K")),
     "split3-q8_0": ("llama", dict(wtype="Q8_0", shards=3)),
+    "dsa-q8_0": ("glm-dsa", dict(wtype="Q8_0")),
 }
 
 
