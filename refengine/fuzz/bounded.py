@@ -39,6 +39,10 @@ def run_refengine(path: str) -> dict:
             m.load_all()
             m.forward([1, 2, 3])
         notes = [str(x.message) for x in w if issubclass(x.category, LlamaCppWouldRefuse)]
+        unused = m.unused_tensors()           # `refengine info` and `lint` say: llama.cpp's tensor count differs
+        if unused:
+            notes.append(f"unused tensors (llama.cpp would refuse the file: \"done_getting_tensors: wrong number of "
+                         f"tensors\"): {', '.join(unused[:3])}")
         return {"outcome": "warned" if notes else "ran", "msg": notes[0][:300] if notes else ""}
     except RefengineError as e:           # reader: the file itself (GGUFError), not what it describes
         return {"outcome": "typed", "error": type(e).__name__, "msg": str(e)[:300], "reader": isinstance(e, GGUFError)}

@@ -61,6 +61,8 @@ class GGUFModel:
         for i, sh in enumerate(self.shards):
             # llama.cpp reads split.count of the file it opens; split.no and split.tensors.count only in a set
             keys = ["split.count"] if len(self.shards) == 1 else ["split.no"] if i else list(LLAMACPP_SPLIT_TYPES)
+            if i == 0 and len(self.shards) > 1 and "split.tensors.count" not in sh.kv:
+                out.append(f"{os.path.basename(sh.path)}: \"key not found in model: split.tensors.count\"")
             for key in keys:
                 want, t = LLAMACPP_SPLIT_TYPES[key], sh.kv_types.get(key)
                 if t is not None and t.name != want:
