@@ -180,3 +180,30 @@ def test_bounded_child_classifies(fn, outcome):
     """The child's bounds hold: 1 GiB more address space, the deadline; an abort or a bug is an outcome."""
     res = fuzz.run_bounded(fn, "x.gguf", deadline=1.0)
     assert res["outcome"] == outcome, res
+
+
+def _compare(path):
+    """`refengine compare` in the bounded child: its exit status and stderr (llama.cpp may abort a process)."""
+    import contextlib
+    import io
+
+    from refengine.cli import main
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        rc = main(["compare", path, "--tokens", "1,2,3", "--json"])
+    return {"outcome": "ran", "rc": rc, "err": err.getvalue()}
+
+
+@pytest.mark.oracle
+def test_cli_compare_on_mutants(tmp_path):
+    """compare on one mutant of every kind: exit 0/1, or 2 with one error line; never a crash of the process."""
+    seeds = fuzz.make_seeds(str(tmp_path / "seeds"), names=["moe-q8_0", "split3-q8_0"])
+    for i, kind in enumerate(fuzz.KINDS):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        path, desc = fuzz.mutate(seeds[["moe-q8_0", "split3-q8_0"][i % 2]], kind, np.random.default_rng([8, i]), str(d))
+        res = fuzz.run_bounded(_compare, path, deadline=60)
+        assert res["outcome"] == "ran", (kind, desc, res)
+        err = res["err"].strip().splitlines()
+        assert res["rc"] in (0, 1, 2) and all(e.startswith("refengine: warning: ") for e in err[:-1]), (kind, desc, res)
+        assert res["rc"] != 2 or err[-1].startswith("refengine: error: "), (kind, desc, res)
