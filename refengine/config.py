@@ -297,6 +297,12 @@ class KeyReader:
             raise self._bad(k, spec, v, None)
         if len(v) != n_layer:
             raise ConfigError(f"{self.gf.path}: {k} has {len(v)} entries, expected one per layer ({n_layer})")
+        takes = {"UINT32": ("BOOL", "UINT32", "INT32"), "FLOAT32": ("FLOAT32",)}.get(spec.llama_type)
+        if takes and gtype not in takes:            # llama_model_loader::get_arr's element types
+            why = (f"{k} has wrong array element type {gtype.lower()}" if gtype in ("UINT64", "FLOAT32") else
+                   f"{k} is not a string/float32/uint32/int32/uint64 array")
+            warnings.warn(f"{self.gf.path}: key {k!r} is an array of {gtype}; read here, but llama.cpp refuses the "
+                          f"file: \"{why}\"", LlamaCppWouldRefuse, stacklevel=3)
         elem = Key(**{**spec.__dict__, "per_layer": False, "llama_type": None})
         vals = [self._check(f"{k}[{i}]", elem, x, gtype) for i, x in enumerate(v)]
         return tuple(int(x) if float(x).is_integer() else float(x) for x in vals)
