@@ -166,7 +166,7 @@ def _cause(r: dict) -> tuple[str, str]:
         why = ro.get("error", ro["outcome"])
     why = re.sub(r"key \S+ has wrong type \S+ but expected type \S+", "key K has wrong type T but expected type T'", why)
     why = re.sub(r"(wrong number of tensors\"\)): .*", r"\1: ...", why)
-    why = re.sub(r"^\S+\.gguf: ", "", re.sub(r"/\S+/", "", why))
+    why = re.sub(r"^\S+\.gguf: ", "", re.sub(r"(^|\s)/\S+/", r"\1", why))
     why = re.sub(r"'[^']*'", "'…'", why)
     why = re.sub(r"\b\d+(\.\d+)?(e[+-]?\d+)?\b", "N", why)
     return how, why[:110]
