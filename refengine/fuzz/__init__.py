@@ -1,6 +1,6 @@
 """Fuzz the loader: mutated GGUFs, each opened and run in a bounded child process, beside llama.cpp's loader.
 
-    python -m refengine.fuzz -n 5000 --out fuzz.jsonl --table docs/fuzz.md      (see --help)
+    python -m refengine.fuzz -n 5100 --jobs 2 --out fuzz.jsonl --table fuzz.md   (see --help; docs/fuzz.md)
 
 A mutant is one seed file (or split set) with one structured change (`KINDS`) or random byte flips. Each is
 run twice, in two forked children with an address-space and CPU-time bound (`resource.setrlimit`) and a

@@ -1,6 +1,6 @@
 """The campaign: seeds, mutants by index, the JSON-lines record, the tables in docs/fuzz.md, the command line.
 
-    python -m refengine.fuzz -n 5000 --jobs 2 --out fuzz.jsonl --table docs/fuzz-run.md
+    python -m refengine.fuzz -n 5100 --jobs 2 --out fuzz.jsonl --table fuzz.md
 
 Mutant i of a campaign seeded s is seed file `sorted(SEEDS)[i % 6]`, kind `KINDS[(i // 6) % 17]`, mutated with
 `numpy.random.default_rng([s, i])`: any record can be made again from its index.
