@@ -194,7 +194,8 @@ def disagreement_table(recs: list[dict]) -> str:
 # ---------------------------------------------------------------- command line
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m refengine.fuzz", description=__doc__.split("\n\n")[0],
+    from . import __doc__ as package_doc
+    p = argparse.ArgumentParser(prog="python -m refengine.fuzz", description=package_doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Seeds: " + ", ".join(SEEDS) + ". Kinds: " + ", ".join(KINDS) + ".")
     p.add_argument("-n", type=int, default=200, help="number of mutants (default 200)")
