@@ -188,6 +188,7 @@ def cmd_info(args) -> int:
             print(f"unused tensors (llama.cpp would refuse the file): {', '.join(unused)}")
     except RefengineError as e:
         print(f"model: not loadable by refengine: {e}")
+        raise                                   # and exit 2 with that one line on stderr
     return 0
 
 
@@ -361,15 +362,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every line on stderr starts with `refengine: `: warnings (one line each), then at most one error line."""
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            return _run(args)
+        finally:
+            for w in caught:
+                print(f"refengine: warning: {w.message}", file=sys.stderr)
+            _print_error()
+
+
+_ERROR: list[str] = []
+
+
+def _print_error():
+    if _ERROR:
+        print(f"refengine: error: {_ERROR.pop()}", file=sys.stderr)
+
+
+def _run(args) -> int:
+    _ERROR.clear()
     try:
         return args.fn(args)
     except RefengineError as e:
-        print(f"refengine: error: {e}", file=sys.stderr)
+        _ERROR.append(str(e))                   # printed after the warnings, as the last line
         return 2
     except (UnknownTypeError, QuantError, OSError) as e:
         # argument-level problems (unknown --type name, unwritable -o path)
-        print(f"refengine: error: {e}", file=sys.stderr)
+        _ERROR.append(str(e))
         return 2
 
 

@@ -14,7 +14,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
-from .errors import ConfigError, MissingKeyError
+from .errors import ConfigError, InvalidKeyError, MissingKeyError
 
 ROPE_NORM = 0   # rotate pairs (x[2i], x[2i+1])          (LLAMA_ROPE_TYPE_NORM)
 ROPE_NEOX = 2   # rotate pairs (x[i], x[i + n_rot/2])     (LLAMA_ROPE_TYPE_NEOX)
@@ -99,8 +99,102 @@ class ModelConfig:
         return arch.config_from_gguf(gf)
 
 
+# ---------------------------------------------------------------- typed metadata keys
+
+_INTS = frozenset(("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64"))
+_FLOATS = frozenset(("FLOAT32", "FLOAT64"))
+
+
+@dataclass(frozen=True)
+class Key:
+    """What one metadata value must be.
+
+    kind: "int" | "float" | "bool" | "str" | "strs" (array of strings) | "number" (any finite scalar number;
+    the rule for keys no table lists). lo / hi: inclusive bounds, `lo_open` makes lo exclusive (factors > 0).
+    per_layer: a scalar or an array of one value per layer is allowed (llama.cpp's `get_key_or_arr`).
+    upto_tensors: the value may not exceed the number of tensors in the file (a block_count no tensor table
+    supports is refused before anything is sized by it). llama_type: the exact GGUF type llama.cpp's
+    `GKV<T>::get_kv` demands; another width of the same kind is read here, with a `LlamaCppWouldRefuse` warning.
+    """
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    per_layer: bool = False
+    upto_tensors: bool = False
+    llama_type: str | None = None
+
+    def describe(self) -> str:
+        what = {"int": "an integer", "float": "a finite float", "bool": "a bool", "str": "a string",
+                "strs": "an array of strings", "number": "a finite number"}[self.kind]
+        if self.per_layer:
+            what += " (or an array of one per layer)"
+        if self.lo is not None:
+            what += f" {'>' if self.lo_open else '>='} {self.lo}"
+        if self.hi is not None:
+            what += f" and <= {self.hi}"
+        if self.upto_tensors:
+            what += " and at most the number of tensors in the file"
+        return what
+
+
+U32 = 2**32 - 1
+COUNT = Key("int", lo=1, hi=U32, llama_type="UINT32")          # a positive count or size
+COUNT0 = Key("int", lo=0, hi=U32, llama_type="UINT32")         # a count that may be 0 (absent feature)
+PER_LAYER0 = Key("int", lo=0, hi=U32, per_layer=True, llama_type="UINT32")
+EPS = Key("float", lo=0, llama_type="FLOAT32")
+POSITIVE = Key("float", lo=0, lo_open=True, llama_type="FLOAT32")
+FACTOR0 = Key("float", lo=0, llama_type="FLOAT32")             # a factor where 0 means "not set"
+FLOAT = Key("float", llama_type="FLOAT32")
+BOOL = Key("bool", llama_type="BOOL")
+STR = Key("str", llama_type="STRING")
+
+# Every key an arch of this engine reads, without the `{arch}.` prefix (general.*, tokenizer.*, split.* as is).
+# An arch reading a key not listed here passes `kind=` to `KeyReader.get`, or gets the rule of its default.
+KEYS: dict[str, Key] = {
+    "general.architecture": STR, "general.name": STR, "general.alignment": Key("int", lo=1, llama_type="UINT32"),
+    "tokenizer.ggml.tokens": Key("strs"), "tokenizer.ggml.model": STR,
+    "block_count": Key("int", lo=1, hi=U32, upto_tensors=True, llama_type="UINT32"),
+    "nextn_predict_layers": COUNT0, "embedding_length": COUNT, "context_length": COUNT, "vocab_size": COUNT,
+    "feed_forward_length": PER_LAYER0, "expert_feed_forward_length": PER_LAYER0, "expert_used_count": PER_LAYER0,
+    "attention.head_count": PER_LAYER0,           # 0 in the layers of hybrid archs that have no attention
+    "attention.head_count_kv": PER_LAYER0,
+    "attention.key_length": COUNT, "attention.value_length": COUNT, "rope.dimension_count": COUNT0,
+    "attention.layer_norm_rms_epsilon": EPS, "attention.causal": BOOL,
+    "rope.freq_base": POSITIVE, "rope.scaling.type": STR, "rope.scaling.factor": FACTOR0,
+    "rope.scale_linear": FACTOR0, "rope.scaling.attn_factor": POSITIVE,
+    "rope.scaling.original_context_length": COUNT0, "rope.scaling.yarn_log_multiplier": FACTOR0,
+    "expert_count": COUNT0, "expert_group_count": COUNT0, "expert_group_used_count": COUNT0,
+    "leading_dense_block_count": COUNT0, "expert_shared_count": COUNT0, "expert_gating_func": COUNT0,
+    "expert_weights_scale": FACTOR0, "expert_weights_norm": BOOL,
+    "attention.q_lora_rank": COUNT0, "attention.kv_lora_rank": COUNT, "attention.key_length_mla": COUNT0,
+    "attention.value_length_mla": COUNT0, "attention.temperature_scale": FLOAT, "attention.temperature_length": COUNT0,
+    "attention.indexer.head_count": COUNT, "attention.indexer.key_length": COUNT, "attention.indexer.top_k": COUNT,
+    "attention.indexer.types": Key("number", lo=0, hi=1, per_layer=True),        # 1 full, 0 shared, per layer
+}
+
+
+class LlamaCppWouldRefuse(ConfigWarning):
+    """The file is read here, but llama.cpp's loader refuses it (the message gives llama.cpp's reason)."""
+
+
+def describe_value(v, gtype: str | None = None) -> str:
+    """A metadata value as an error message shows it: its GGUF type and (a prefix of) its value."""
+    from .gguf import LazyArray
+    if isinstance(v, LazyArray):
+        return f"an array of {v.count} {v.elem_type.name}"
+    if isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) > 0:
+        return f"an array of {len(v)}" + (f" {v.dtype}" if hasattr(v, "dtype") else "")
+    if isinstance(v, str):
+        return f"the string {v[:40]!r}" + ("..." if len(v) > 40 else "")
+    return f"{gtype} {v!r}" if gtype else repr(v)
+
+
 class KeyReader:
-    """Reads `{arch}.KEY` with llama.cpp's rules, remembering which keys were consumed."""
+    """Reads `{arch}.KEY` with llama.cpp's rules, remembering which keys were consumed.
+
+    Every read is typed: the value's GGUF type must be of the key's kind (`KEYS`) and in its range, else an
+    `InvalidKeyError` names the file, the key, what it must be and what it is."""
 
     def __init__(self, gf, arch: str):
         self.gf, self.arch, self.used = gf, arch, set()
@@ -111,33 +205,115 @@ class KeyReader:
     def has(self, key: str) -> bool:
         return self._k(key) in self.gf.kv
 
-    def get(self, key: str, default=None, required: bool = False):
+    def spec(self, key: str, default=None) -> Key:
+        if key in KEYS:
+            return KEYS[key]
+        if isinstance(default, bool):
+            return Key("bool")
+        if isinstance(default, int):
+            return Key("int")
+        if isinstance(default, float):
+            return Key("float")
+        if isinstance(default, str):
+            return Key("str")
+        return Key("number")
+
+    def get(self, key: str, default=None, required: bool = False, *, kind: Key | None = None):
         k = self._k(key)
         self.used.add(k)
         if k not in self.gf.kv:
             if required:
                 raise MissingKeyError(f"{self.gf.path}: required metadata key {k!r} is missing")
             return default
-        return self.gf.get(k)
+        spec = kind or self.spec(key, default)
+        v = self.gf.get(k)
+        gtype = self._gtype(k)
+        if spec.per_layer and not isinstance(v, (str, bool, int, float)) and hasattr(v, "__len__"):
+            return v                                       # checked element by element in per_layer
+        return self._check(k, spec, v, gtype)
 
-    def per_layer(self, key: str, n_layer: int, default=None, required: bool = False) -> tuple:
+    def _gtype(self, k: str) -> str | None:
+        t = getattr(self.gf, "kv_types", {}).get(k)
+        return None if t is None else t.name
+
+    def _bad(self, k: str, spec: Key, v, gtype) -> InvalidKeyError:
+        v = self.gf.kv.get(k, v) if k in self.gf.kv else v           # an array as stored: its element type
+        return InvalidKeyError(f"{self.gf.path}: metadata key {k!r} must be {spec.describe()}, "
+                               f"but is {describe_value(v, gtype)}")
+
+    def _check(self, k: str, spec: Key, v, gtype: str | None):
+        """The value of key k checked against spec; returns it as a Python scalar (or list of strings)."""
+        import numpy as np
+        if isinstance(v, np.generic):                      # NumPy scalars (array elements, test fakes)
+            v = v.item()
+        if spec.kind == "str":
+            if not isinstance(v, str):
+                raise self._bad(k, spec, v, gtype)
+        elif spec.kind == "strs":
+            if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+                raise self._bad(k, spec, v, gtype)
+        elif spec.kind == "bool":
+            if not isinstance(v, (bool, int)) or isinstance(v, float):
+                raise self._bad(k, spec, v, gtype)
+            v = bool(v)
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if spec.kind == "int":
+                ok = ok and (isinstance(v, int) or gtype is None and float(v).is_integer())
+            if spec.kind == "number" and isinstance(v, bool):
+                ok = True
+            if not ok or (isinstance(v, float) and not math.isfinite(v)):
+                raise self._bad(k, spec, v, gtype)
+            if spec.kind == "int":
+                v = int(v)
+            lo_fail = spec.lo is not None and (v <= spec.lo if spec.lo_open else v < spec.lo)
+            if lo_fail or (spec.hi is not None and v > spec.hi):
+                raise self._bad(k, spec, v, gtype)
+            n_tensors = len(getattr(self.gf, "tensors", ()) or ())
+            if spec.upto_tensors and hasattr(self.gf, "tensors") and v > n_tensors:
+                raise InvalidKeyError(f"{self.gf.path}: metadata key {k!r} = {v} is more than the file's "
+                                      f"{n_tensors} tensors could hold (each block has at least one tensor)")
+        if spec.llama_type and gtype and gtype != spec.llama_type:
+            warnings.warn(f"{self.gf.path}: key {k!r} is {gtype}; read here, but llama.cpp refuses the file: "
+                          f"\"key {k} has wrong type {gtype.lower()} but expected type {spec.llama_type.lower()}\"",
+                          LlamaCppWouldRefuse, stacklevel=4)
+        return v
+
+    def per_layer(self, key: str, n_layer: int, default=None, required: bool = False, *,
+                  kind: Key | None = None) -> tuple:
         """A key that may be a scalar or an array of one value per layer (`get_key_or_arr`)."""
-        v = self.get(key, default, required)
+        spec = kind or self.spec(key, default)
+        if not spec.per_layer:
+            spec = Key(**{**spec.__dict__, "per_layer": True})
+        v = self.get(key, default, required, kind=spec)
         if v is None:
             return (None,) * n_layer
-        if hasattr(v, "__len__") and not isinstance(v, str):
-            if len(v) != n_layer:
-                raise ConfigError(f"{self.gf.path}: {self._k(key)} has {len(v)} entries, expected one per layer ({n_layer})")
-            return tuple(int(x) if float(x).is_integer() else float(x) for x in v)
-        return (v,) * n_layer
+        if isinstance(v, (str, bool, int, float)) or not hasattr(v, "__len__"):
+            return (v,) * n_layer
+        k = self._k(key)
+        et = getattr(self.gf.kv.get(k), "elem_type", None)
+        gtype = None if et is None else et.name
+        if gtype is not None and gtype not in _INTS | _FLOATS | {"BOOL"}:
+            raise self._bad(k, spec, v, None)
+        if len(v) != n_layer:
+            raise ConfigError(f"{self.gf.path}: {k} has {len(v)} entries, expected one per layer ({n_layer})")
+        takes = {"UINT32": ("BOOL", "UINT32", "INT32"), "FLOAT32": ("FLOAT32",)}.get(spec.llama_type)
+        if takes and gtype not in takes:            # llama_model_loader::get_arr's element types
+            why = (f"{k} has wrong array element type {gtype.lower()}" if gtype in ("UINT64", "FLOAT32") else
+                   f"{k} is not a string/float32/uint32/int32/uint64 array")
+            warnings.warn(f"{self.gf.path}: key {k!r} is an array of {gtype}; read here, but llama.cpp refuses the "
+                          f"file: \"{why}\"", LlamaCppWouldRefuse, stacklevel=3)
+        elem = Key(**{**spec.__dict__, "per_layer": False, "llama_type": None})
+        vals = [self._check(f"{k}[{i}]", elem, x, gtype) for i, x in enumerate(v)]
+        return tuple(int(x) if float(x).is_integer() else float(x) for x in vals)
 
     def warn_ignored(self, keys: list[str]) -> tuple[str, ...]:
         """Keys present in the file that change the math of other archs but that llama.cpp does not read here."""
         found = tuple(self._k(k) for k in keys if self._k(k) in self.gf.kv)
         for k in found:
             warnings.warn(
-                f"{self.gf.path}: key {k!r} = {self.gf.get(k)!r} is ignored, as llama.cpp ignores it for "
-                f"arch {self.arch!r}", ConfigWarning, stacklevel=3)
+                f"{self.gf.path}: key {k!r} = {describe_value(self.gf.get(k))} is ignored, as llama.cpp ignores "
+                f"it for arch {self.arch!r}", ConfigWarning, stacklevel=3)
         return found
 
 

@@ -42,6 +42,11 @@ class MissingKeyError(ConfigError):
     """A required GGUF metadata key is absent."""
 
 
+class InvalidKeyError(ConfigError):
+    """A metadata key of the wrong GGUF value type (an array or string where a number belongs) or out of
+    range (a count that is not positive, a float that is not finite, a factor that is not > 0)."""
+
+
 class UnsupportedArchError(ConfigError):
     """`general.architecture` names an architecture this engine does not implement."""
 

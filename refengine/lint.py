@@ -127,7 +127,7 @@ def lint(path, *, scan: bool = False, progress: bool = False) -> LintReport:
     """Lint one GGUF (any shard of a split set). Raises GGUFError / UnsupportedArchError on unreadable input."""
     import warnings
 
-    from .config import ConfigWarning
+    from .config import ConfigWarning, LlamaCppWouldRefuse
     from .gguf import open_gguf
     gf = open_gguf(path)
     arch_name = gf.get("general.architecture")
@@ -137,10 +137,13 @@ def lint(path, *, scan: bool = False, progress: bool = False) -> LintReport:
         rep.shards.append({"file": os.path.basename(sh.path), "split_no": sh.kv.get("split.no"),
                            "tensors": len(sh.tensors), "bytes": sh.size})
 
+    rep.refusals += [f"file: {note}" for note in gf.llamacpp_refusals()]
+
     # ---- keys: what the config reads, which of those it cannot do without
     cfg = None
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("ignore", ConfigWarning)
+        warnings.simplefilter("always", LlamaCppWouldRefuse)      # a key width llama.cpp refuses
         view = _View(gf)
         try:
             cfg = arch.config_from_gguf(view)
@@ -148,6 +151,7 @@ def lint(path, *, scan: bool = False, progress: bool = False) -> LintReport:
             raise
         except (ConfigError, WeightError) as e:
             rep.refusals.append(f"metadata: {e}")
+        rep.refusals += [f"metadata: {w.message}" for w in caught if issubclass(w.category, LlamaCppWouldRefuse)]
         seen = view.seen                                   # every key it looked up (up to a failure)
         keys = sorted(k for k in seen if not k.startswith("split."))
         for k in keys:

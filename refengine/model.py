@@ -13,6 +13,7 @@ are decoded when (and only as far as) a matmul needs them.
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -20,7 +21,7 @@ import quant
 
 from .archs import get_arch
 from .cache import ModelState
-from .config import ModelConfig
+from .config import LlamaCppWouldRefuse, ModelConfig
 from .errors import ConfigError
 from .gguf import GGUFModel, open_gguf
 from .runtime import Runtime
@@ -32,6 +33,8 @@ class Model:
         self.gf = source if isinstance(source, GGUFModel) else open_gguf(source)
         self.arch = get_arch(self.gf.get("general.architecture"), self.gf.path)
         self.cfg: ModelConfig = self.arch.config_from_gguf(self.gf)
+        for note in self.gf.llamacpp_refusals():          # read here; llama.cpp refuses: say so (refengine info)
+            warnings.warn(f"{self.gf.path}: llama.cpp refuses this file: {note}", LlamaCppWouldRefuse, stacklevel=2)
         # context size: picks long/short rope factors like llama.cpp's n_ctx_seq
         self.n_ctx = int(n_ctx or min(self.cfg.n_ctx_train, 4096))
         self.g = self.arch.load_globals(self.gf, self.cfg)

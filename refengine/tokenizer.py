@@ -13,6 +13,9 @@ class Tokenizer:
         if gf is not None and gf.get("tokenizer.ggml.model") in (None, "none", "no_vocab"):
             raise ConfigError(f"{self.path}: the file has no tokenizer (tokenizer.ggml.model = "
                               f"{gf.get('tokenizer.ggml.model')!r}); pass token ids with --tokens")
+        notes = gf.llamacpp_refusals() if hasattr(gf, "llamacpp_refusals") else []
+        if notes:                      # llama.cpp's tokenizer would refuse the file, or abort the process on it
+            raise ConfigError(f"{self.path}: llama.cpp's tokenizer cannot read this file: {notes[0]}")
         try:
             import llama_cpp as L
         except ImportError:

@@ -60,8 +60,12 @@ def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleName
         if w.shape is not None:
             want = tuple(int(s) for s in w.shape(cfg, spec))
             got = t.shape
-            if got != want:   # llama.cpp's create_tensor demands the exact ne as well
-                raise ShapeError(f"{gf.path}: tensor {name!r} has shape {list(got)} (NumPy order), expected {list(want)}")
+            if got != want:
+                if not same_ne(got, want):
+                    raise ShapeError(f"{gf.path}: tensor {name!r} has shape {list(got)} (NumPy order), "
+                                     f"expected {list(want)}")
+                t = QTensor.from_raw(t.name, t.type, want, t.raw)      # [256, 1] in the file, [256] wanted
+
         out[w.field] = dense_vector(t) if w.dense else t
         names.append(name)
         rows[name] = w
@@ -69,6 +73,12 @@ def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleName
     ns.tensor_names = names          # every GGUF tensor this table consumed
     ns.tensor_rows = rows            # name -> its W row (what refengine lint reports per tensor)
     return ns
+
+
+def same_ne(got: tuple, want: tuple) -> bool:
+    """llama.cpp's `check_tensor_dims`: the ggml ne (reversed shape) equal once both are padded with 1s to 4 dims."""
+    pad = lambda s: tuple(reversed(s)) + (1,) * (4 - len(s))                  # noqa: E731
+    return len(got) <= 4 and len(want) <= 4 and pad(got) == pad(want)
 
 
 def dense_vector(t: QTensor) -> np.ndarray:

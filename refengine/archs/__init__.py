@@ -30,7 +30,11 @@ ARCHS = {m.ARCH: m for m in (llama, qwen3moe, deepseek2, deepseek32, glm_dsa)}
 def get_arch(name, path: str = "<gguf>"):
     if name is None:
         raise UnsupportedArchError(f"{path}: required metadata key 'general.architecture' is missing")
+    if not isinstance(name, str):
+        from ..config import describe_value
+        raise UnsupportedArchError(f"{path}: metadata key 'general.architecture' must be a string, "
+                                   f"but is {describe_value(name)}")
     if name not in ARCHS:
         raise UnsupportedArchError(
-            f"{path}: general.architecture = {name!r} is not implemented (available: {', '.join(sorted(ARCHS))})")
+            f"{path}: general.architecture = {name[:60]!r} is not implemented (available: {', '.join(sorted(ARCHS))})")
     return ARCHS[name]

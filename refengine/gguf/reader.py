@@ -15,6 +15,7 @@ The type enums come from `gguf.constants` and `quant.formats`.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -42,6 +43,12 @@ _STRUCT = {
     GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }
 MAX_DIMS = 4
+# ggml's gguf reader limits (ggml/src/gguf.cpp): a string and an array at most 2**30 bytes / elements,
+# a tensor name shorter than GGML_MAX_NAME, element counts and byte sizes representable in int64.
+MAX_STRING = 1024 * 1024 * 1024
+MAX_ARRAY = 1024 * 1024 * 1024
+MAX_NAME = 64
+INT64_MAX = 2**63 - 1
 
 
 class LazyArray:
@@ -127,7 +134,7 @@ class _Cursor:
 
     def string(self, what: str) -> str:
         n = self.unpack("<Q", f"length of {what}")
-        if n > self.size:
+        if n > MAX_STRING or n > self.size:
             raise MalformedGGUFError(f"{self.path}: {what} claims a length of {n} bytes, larger than the file")
         self.need(n, what)
         s = bytes(self.buf[self.off:self.off + n]).decode("utf-8", errors="replace")
@@ -148,8 +155,11 @@ class _Cursor:
                 et = GGUFValueType(et)
             except ValueError:
                 raise MalformedGGUFError(f"{self.path}: array {what} has unknown element type {et}") from None
+            if n > MAX_ARRAY:
+                raise MalformedGGUFError(f"{self.path}: array {what} claims {n} elements (ggml reads at most {MAX_ARRAY})")
             start = self.off
             if et == GGUFValueType.STRING:
+                self.need(8 * n, f"{n} string lengths of {what}")       # every element has at least its length
                 for i in range(n):
                     m = self.unpack("<Q", f"{what}[{i}] length")
                     self.need(m, f"{what}[{i}]")
@@ -163,6 +173,18 @@ class _Cursor:
             return LazyArray(self.buf, start, self.off, et, n)
         v = self.unpack(_STRUCT[vt], what)
         return bool(v) if vt == GGUFValueType.BOOL else v
+
+
+def _overflows(ne: tuple[int, ...]) -> bool:
+    """ggml's test (gguf.cpp): a dimension >= 2**63, or the running element count leaving int64."""
+    if max(ne) > INT64_MAX:
+        return True
+    n = ne[0]
+    for d in ne[1:]:
+        if d > 1 and INT64_MAX // d < n:
+            return True
+        n *= d
+    return False
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
@@ -185,7 +207,9 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     cur.off = 4
     version = cur.unpack("<I", "version")
     if version not in (2, 3):
-        raise MalformedGGUFError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+        why = ("GGUFv1 is no longer supported" if version == 1 else "the file's byte order differs from this host's"
+               if version & 0xFFFF == 0 else "2 and 3 are supported")
+        raise MalformedGGUFError(f"{path}: GGUF version {version} is not supported ({why})")
     n_tensors = cur.unpack("<Q", "tensor count")
     n_kv = cur.unpack("<Q", "metadata count")
     if n_tensors > size or n_kv > size:
@@ -194,27 +218,43 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     gf = GGUFFile(path=path, version=version, size=size, _mm=mm)
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
+        if not key:
+            raise MalformedGGUFError(f"{path}: metadata key #{i} is empty")
+        if key in gf.kv:       # ggml refuses the file; silently keeping the first or last value would hide it
+            raise MalformedGGUFError(f"{path}: metadata key {key!r} appears twice (again as key #{i})")
         vtype = cur.unpack("<I", f"value type of {key!r}")
         gf.kv[key] = cur.value(vtype, f"value of {key!r}")
         gf.kv_types[key] = GGUFValueType(vtype)
 
     align = gf.kv.get("general.alignment", 32)
-    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+    if "general.alignment" in gf.kv and gf.kv_types["general.alignment"] != GGUFValueType.UINT32:
+        raise MalformedGGUFError(f"{path}: metadata key 'general.alignment' must be UINT32 but is "
+                                 f"{gf.kv_types['general.alignment'].name}")
+    if align <= 0 or align & (align - 1):
         raise MalformedGGUFError(f"{path}: general.alignment = {align!r} is not a power of two")
     gf.alignment = align
 
     infos = []
     for i in range(n_tensors):
         name = cur.string(f"name of tensor #{i}")
+        if len(name.encode()) >= MAX_NAME:
+            raise MalformedGGUFError(f"{path}: tensor #{i} name {name[:80]!r} is {len(name.encode())} bytes "
+                                     f"(ggml allows at most {MAX_NAME - 1})")
         n_dims = cur.unpack("<I", f"n_dims of tensor {name!r}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise MalformedGGUFError(f"{path}: tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
         ne = tuple(cur.unpack("<Q", f"shape of tensor {name!r}") for _ in range(n_dims))
+        if _overflows(ne):
+            raise MalformedGGUFError(f"{path}: tensor {name!r} has shape {list(ne)}, whose element count does not "
+                                     f"fit in int64 (ggml reads each dimension and the product as int64)")
         tid = cur.unpack("<I", f"type of tensor {name!r}")
         off = cur.unpack("<Q", f"offset of tensor {name!r}")
         infos.append((name, ne, tid, off))
     gf.data_start = (cur.off + align - 1) // align * align
+    if infos and gf.data_start > size:
+        raise TruncatedFileError(f"{path}: file ends at byte {size}, before its data section (byte {gf.data_start})")
 
+    expected = 0                            # ggml: each tensor starts where the previous one ends, padded
     for name, ne, tid, off in infos:
         if name in gf.tensors:
             raise MalformedGGUFError(f"{path}: tensor {name!r} appears twice in the tensor table")
@@ -226,7 +266,12 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
             raise MalformedGGUFError(
                 f"{path}: tensor {name!r} of type {info.type.name} has ne[0] = {ne[0]}, "
                 f"not a multiple of the block size {info.block_size}")
-        nbytes = info.row_bytes(ne[0]) * int(np.prod(ne[1:], dtype=np.int64))
+        nbytes = info.row_bytes(ne[0]) * math.prod(ne[1:])
+        if off != expected:
+            raise MalformedGGUFError(
+                f"{path}: tensor {name!r} has data offset {off}, expected {expected}: ggml requires tensor data in "
+                f"table order, each tensor starting where the previous one ends, padded to {align} bytes")
+        expected += (nbytes + align - 1) // align * align
         start = gf.data_start + off
         if start + nbytes > size:
             raise TensorBoundsError(

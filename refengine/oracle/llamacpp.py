@@ -43,14 +43,33 @@ def _import():
 
 
 _LOG_CB = None
+_ERRORS: list[str] = []          # llama.cpp's error log lines since the last load (its reason for a refusal)
 
 
 def _quiet(L):
-    """Silence llama.cpp's log output (it writes model details to stderr on every load)."""
+    """Silence llama.cpp's log output (it writes model details to stderr on every load); keep its errors."""
     global _LOG_CB
     if _LOG_CB is None:
-        _LOG_CB = L.llama_log_callback(lambda level, text, user: None)
+        def log(level, text, user):
+            if level == 4 and text:                        # GGML_LOG_LEVEL_ERROR
+                _ERRORS.append(text.decode("utf-8", errors="replace").strip())
+                del _ERRORS[:-8]
+        _LOG_CB = L.llama_log_callback(log)
         L.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+
+
+def llamacpp_reason() -> str:
+    """llama.cpp's own words for the last refusal ('error loading model: ...'), or '' when it logged none."""
+    errs = [e for e in _ERRORS if "error loading model" in e] or _ERRORS
+    return errs[-1] if errs else ""
+
+
+def precheck(path: str) -> None:
+    """Refuse, with llama.cpp's reason, a file llama.cpp would abort on (an assert kills the whole process)."""
+    from ..gguf import open_gguf
+    notes = open_gguf(path).llamacpp_refusals()
+    if notes:
+        raise OracleError(f"{path}: llama.cpp refuses this file: {notes[0]}")
 
 
 def _skip(name: str) -> bool:
@@ -85,9 +104,11 @@ class LlamaCpp:
         # The plain ggml-cpu mul_mat rounds activations the same way (docs/quant.md), so the oracle's
         # numbers keep their meaning.
         mp.use_extra_bufts = False
+        precheck(self.path)
+        _ERRORS.clear()
         self.model = L.llama_model_load_from_file(self.path.encode(), mp)
         if not self.model:
-            raise OracleError(f"{self.path}: llama.cpp refused to load the model (run `llama-cli` on it to see why)")
+            raise OracleError(f"{self.path}: llama.cpp refused to load the model: {llamacpp_reason() or '(no reason logged)'}")
 
         def cb(t, ask, user):
             name = qggml.tensor_view(t).name.decode("utf-8", errors="replace")
