@@ -20,9 +20,9 @@ from ..attention import mla
 from ..cache import LatentKV
 from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
 from ..errors import ConfigError
-from ..ffn import dense_ffn, dense_ffn_table
+from ..ffn import dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
-from ..moe.block import GATING, MoEConfig, moe_block, moe_table
+from ..moe.block import ffn_sublayer, GATING, MoEConfig, moe_table
 from ..ops import rms_norm
 from ..ops.rope import context_rope
 from ..weights import load_tensors, norm_table
@@ -138,16 +138,7 @@ def block(x, w, *, cfg, il, state, step, rt):
     a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, form=form)
     x = x + a
     rt.record("ffn_inp", il, x)
-    h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
-    rt.record("ffn_norm", il, h)
-    if spec.ffn == "dense":
-        f = dense_ffn(h, w, il=il, rt=rt, scales=False)
-        rt.record("ffn_out", il, f)
-    else:
-        f = moe_block(h, w, mc=spec.moe, spec=spec, il=il, rt=rt)
-    x = x + f
-    rt.record("l_out", il, x)
-    return x
+    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, dense_scales=False)
 
 
 def head(x, g, cfg, rt):

@@ -32,9 +32,9 @@ from ..attention.dsa_indexer import indexer_configs, indexer_table
 from ..cache import DSAState
 from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, read_common, token_rows
 from ..errors import ConfigError
-from ..ffn import dense_ffn, dense_ffn_table
+from ..ffn import dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
-from ..moe.block import GATING, GATING_IDS, deepseek_moe_layers, moe_block, moe_table
+from ..moe.block import ffn_sublayer, GATING, GATING_IDS, deepseek_moe_layers, moe_table
 from ..ops import rms_norm
 from ..ops.rope import context_rope
 from ..weights import load_tensors, norm_table
@@ -150,16 +150,7 @@ def block(x, w, *, cfg, il, state: DSAState, step, rt):
                        step=step, form=form)
     x = x + a
     rt.record("ffn_inp", il, x)
-    h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
-    rt.record("ffn_norm", il, h)
-    if spec.ffn == "dense":
-        f = dense_ffn(h, w, il=il, rt=rt, scales=True)
-        rt.record("ffn_out", il, f)
-    else:
-        f = moe_block(h, w, mc=spec.moe, spec=spec, il=il, rt=rt)
-    x = x + f
-    rt.record("l_out", il, x)
-    return x
+    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, dense_scales=True)
 
 
 def head(x, g, cfg, rt):

@@ -133,3 +133,19 @@ def deepseek_moe_layers(r, common: dict, gating: str, *, scales: bool, fused_gat
             n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"], n_shared=n_shared,
             n_ff_shexp=int(n_ff_exp[il]) * n_shared, probs_bias=True, fused_gate_up=fused_gate_up, scales=scales))
     return out
+
+
+def ffn_sublayer(x, w, *, cfg, spec, il, rt, dense_scales: bool = True):
+    """The second half of a pre-norm block: x + FFN(rms_norm(x) * ffn_norm), dense or MoE by the layer's kind.
+    x [T, D] -> [T, D]; traces ffn_norm, ffn_out (dense) / the MoE block's names, and l_out."""
+    from ..ops import rms_norm
+    h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
+    rt.record("ffn_norm", il, h)
+    if spec.ffn == "dense":
+        f = dense_ffn(h, w, il=il, rt=rt, scales=dense_scales)
+        rt.record("ffn_out", il, f)
+    else:
+        f = moe_block(h, w, mc=spec.moe, spec=spec, il=il, rt=rt)
+    x = x + f
+    rt.record("l_out", il, x)
+    return x
