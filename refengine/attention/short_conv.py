@@ -1,0 +1,32 @@
+"""The short causal depthwise convolution of linear-attention layers, with its carried tail.
+
+Legend: T new tokens, C channels, Kc kernel width (`ssm.conv_kernel`, 4 in every published model).
+
+    xin       = concat(tail, x)                     tail: the last Kc-1 inputs of earlier calls (zeros at start)
+    y[t, c]   = sum_k xin[t + k, c] * w[c, k]       w[:, Kc-1] multiplies the current token
+    new tail  = xin[-(Kc-1):]
+
+llama.cpp: `ggml_ssm_conv` (ggml/src/ggml-cpu/ops.cpp:9932-9985, the sum over k in float32, k ascending),
+its input built by concatenating the cached conv state (src/models/delta-net-base.cpp:449-496). The GGUF
+weight is ne [Kc, C] (NumPy [C, Kc]) and must be F32: the CPU op reads it as float (ops.cpp asserts
+`nb[0] == sizeof(float)`), and the loaders here refuse another type with the tensor's name. Callers apply
+the SiLU that follows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def causal_conv(x: np.ndarray, w: np.ndarray, tail: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """x: [T, C], w: [C, Kc], tail: [Kc-1, C] or None (a new sequence) -> (y [T, C], new tail [Kc-1, C])."""
+    T, C = x.shape
+    assert w.ndim == 2 and w.shape[0] == C, (x.shape, w.shape)
+    Kc = w.shape[1]
+    if tail is None:
+        tail = np.zeros((Kc - 1, C), dtype=x.dtype)
+    assert tail.shape == (Kc - 1, C), (tail.shape, Kc, C)
+    xin = np.concatenate([tail.astype(x.dtype), x], axis=0)           # [Kc-1+T, C]
+    y = np.zeros((T, C), dtype=x.dtype)
+    for k in range(Kc):                                                # llama.cpp's order of the sum
+        y += xin[k:k + T] * w[:, k].astype(x.dtype)                    # [T, C]
+    return y, xin[xin.shape[0] - (Kc - 1):].copy()
