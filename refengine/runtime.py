@@ -71,7 +71,8 @@ class Runtime:
     def moe_ffn(self, x, ids, weights, **kw) -> np.ndarray:
         """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts)."""
         fn = getattr(self._be, "moe_ffn", None)
-        if fn is None:
+        if fn is None or kw.get("act") is not None:      # another activation than SwiGLU: the loop oracle,
+                                                         # its matmuls still through this backend
             from .moe import moe_ffn as fn
             return fn(x, ids, weights, matmul=self.matmul, record=self.record, **kw)
         y = fn(x, ids, weights, mode=self.mode, record=self.record if self.trace is not None else None, **kw)

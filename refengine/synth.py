@@ -83,6 +83,10 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
         yield (tp.std * rng.standard_normal(tp.shape)).astype(np.float32)
     elif tp.kind == "rope_freqs":
         yield (1.0 + 3.0 * rng.random(tp.shape)).astype(np.float32)
+    elif tp.kind == "ssm_a":                      # -exp(A_log), A_log ~ U(0, log 16) (Mamba's init range)
+        yield (-np.exp(np.log(16.0) * rng.random(tp.shape))).astype(np.float32)
+    elif tp.kind == "res_score":                  # an attention-residual score vector: scores of O(1)
+        yield (rng.standard_normal(tp.shape) / np.sqrt(tp.shape[-1])).astype(np.float32)
     else:
         std = matrix_std(tp)
         n0 = tp.shape[0]
@@ -92,9 +96,14 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
             yield (std * rng.standard_normal((rows, *tp.shape[1:]), dtype=np.float32)).astype(np.float32)
 
 
-def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
-    """The stored type: 1-D tensors F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
-    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
+def choose_type(tp: TensorPlan, wtype: GGMLType, tensor_types: dict | None = None) -> GGMLType:
+    """The stored type: `tensor_types[suffix]` for a tensor whose name ends with that suffix (a test's choice,
+    written whatever its rows fit); else 1-D tensors and short-conv weights F32 (converters keep conv F32);
+    matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
+    for suffix, t in (tensor_types or {}).items():
+        if tp.name.endswith(suffix):
+            return type_info(t).type
+    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "conv", "ssm_a", "res_score"):
         return GGMLType.F32
     n = tp.shape[-1]
     for t in (wtype, GGMLType.Q8_0, GGMLType.F16):
@@ -146,10 +155,13 @@ def resolve_preset(arch: str, preset: str, *, layers: int | None = None, overrid
 def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wtype: str = "F32", seed: int = 0,
                 all_optional: bool = False, fused_qkv: bool = False, tied_output: bool = False,
                 layers: int | None = None, shards: int = 1, progress: bool = False,
-                overrides: dict | None = None, rope_scaling: str | None = None) -> str:
+                overrides: dict | None = None, rope_scaling: str | None = None,
+                tensor_types: dict | None = None) -> str:
     """Write a synthetic model; returns the path of the (first) file. `layers` keeps only the first N blocks;
     `overrides` replaces preset entries (e.g. {"n_expert_used": 8} for top-k equal to the expert count);
-    `rope_scaling` is none | linear | yarn | longrope (factor 4); `all_optional` implies yarn unless given."""
+    `rope_scaling` is none | linear | yarn | longrope (factor 4); `all_optional` implies yarn unless given;
+    `tensor_types` {name suffix: ggml type name} stores the matching tensors in that type (e.g.
+    {"ssm_f_b.weight": "Q8_0"}), whatever `wtype` and the F32 rule for small tensors say."""
     p = resolve_preset(arch, preset, layers=layers, overrides=overrides)
     wt = type_info(wtype).type
     if rope_scaling is None and all_optional:
@@ -161,7 +173,8 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     path = os.fspath(path)
     label = f"synthetic {arch} {preset} {wt.name} seed={seed}" + (" all-optional" if all_optional else "")
     w, types = open_writer(path, arch, plan, metadata(arch, p, all_optional=all_optional, rope_scaling=rope_scaling,
-                                                       name=label), wt, shards=shards)
+                                                       name=label), wt, shards=shards,
+                          tensor_types=tensor_types)
     bar = tqdm(plan, desc=f"writing {os.path.basename(path)}", unit="tensor", disable=not progress)
     for tp in bar:
         _write_streamed(w, (encode(x, types[tp.name]) for x in tensor_slabs(tp, seed)))
@@ -169,7 +182,8 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
     return str(w.format_shard_names(Path(path))[0]) if shards > 1 else path
 
 
-def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLType, *, shards: int = 1):
+def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLType, *, shards: int = 1,
+                tensor_types: dict | None = None):
     """A GGUFWriter with metadata and the tensor table written, ready for `_write_streamed` in plan order.
     Returns (writer, {tensor name: stored type})."""
     per_shard = -(-len(plan) // shards) if shards > 1 else 0
@@ -177,7 +191,7 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     for key, val, vt in kv_rows:
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
          "arr_u32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
-    types = {tp.name: choose_type(tp, wt) for tp in plan}
+    types = {tp.name: choose_type(tp, wt, tensor_types) for tp in plan}
     for tp in plan:
         t = types[tp.name]
         nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))

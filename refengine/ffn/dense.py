@@ -63,3 +63,13 @@ def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool
     a = fn(gate) * up                                                    # [T, F]
     rt.record(act_name, il, a)
     return proj(a, "down")                                               # [T, D]
+
+
+def situ_ffn(h, w, *, beta: float, linear_beta: float, rt, suffix: str = ""):
+    """Kimi-K3's gated FFN with SiTU instead of SiLU (src/models/kimi-k3.cpp:315-320 for a dense layer,
+    :607-613 for the shared experts; llama.cpp's build_ffn aborts on SITU, so the graph multiplies by hand
+    and names no intermediate): situ(h @ W_gate.T, h @ W_up.T) @ W_down.T.   h [T, D] -> [T, D]."""
+    from ..ops.activations import situ
+    g = rt.matmul(h, getattr(w, f"ffn_gate{suffix}"))                   # [T, F]
+    u = rt.matmul(h, getattr(w, f"ffn_up{suffix}"))                     # [T, F]
+    return rt.matmul(situ(g, u, beta, linear_beta), getattr(w, f"ffn_down{suffix}"))   # [T, D]

@@ -43,16 +43,23 @@ class MoEConfig:
     fused_gate_up: bool = False  # the arch's loader accepts a fused blk.N.ffn_gate_up_exps.weight
     scales: bool = True         # apply the optional per-expert / shared-expert `.scale` tensors (deepseek2's
                                 # graph loads them but passes none to build_moe_ffn / build_ffn)
+    act: str = "silu"           # expert activation: "silu" (SwiGLU) | "situ" (Kimi-K3, ops.activations.situ)
+    situ_beta: float = 0.0      # activation.situ_beta (act = "situ")
+    situ_linear_beta: float = 0.0   # activation.situ_linear_beta (<= 0: the up branch is not capped)
+    n_latent: int = 0           # expert_latent_length: routed experts run at this width (0: at D; moe/latent.py)
+    probs_bias_required: bool = False   # exp_probs_b.bias must be present (kimi-k3 creates it without NOT_REQUIRED)
+    extras: bool = True         # shared experts' optional .bias / .scale / .input_scale rows
 
 
 def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
     """Router, routed experts (separate or fused gate+up), optional per-expert scales, exp_probs_b, shared experts."""
     p = f"blk.{il}."
-    E, F, Dm = (lambda c, s: mc.n_expert), (lambda c, s: mc.n_ff_exp), (lambda c, s: c.n_embd)
+    E, F = (lambda c, s: mc.n_expert), (lambda c, s: mc.n_ff_exp)
+    Dm = (lambda c, s: mc.n_latent) if mc.n_latent > 0 else (lambda c, s: c.n_embd)   # the experts' width
     PER_EXPERT = lambda c, s: (mc.n_expert,)                         # noqa: E731
     t = [W("ffn_gate_inp", p + "ffn_gate_inp.weight", lambda c, s: (E(c, s), Dm(c, s)), small=True)]
     if mc.probs_bias:
-        t.append(W("exp_probs_b", p + "exp_probs_b.bias", PER_EXPERT, required=False, dense=True))
+        t.append(W("exp_probs_b", p + "exp_probs_b.bias", PER_EXPERT, required=mc.probs_bias_required, dense=True))
     if mc.fused_gate_up and p + "ffn_gate_up_exps.weight" in gf:
         t.append(W("ffn_gate_up_exps", p + "ffn_gate_up_exps.weight", lambda c, s: (E(c, s), 2 * F(c, s), Dm(c, s))))
     else:
@@ -64,7 +71,7 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
         t += [W(f"ffn_{x}_exps_scale", p + f"ffn_{x}_exps.scale", PER_EXPERT, required=False, dense=True),
               W(f"ffn_{x}_exps_input_scale", p + f"ffn_{x}_exps.input_scale", PER_EXPERT, required=False, dense=True)]
     if mc.n_shared > 0:
-        t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp")
+        t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp", extras=mc.extras)
     return t
 
 
@@ -84,6 +91,33 @@ def route(logits, w, mc: MoEConfig, k: int, *, record, il):
     return route_logits(logits, k, gating=GATING_IDS[mc.gating], bias=getattr(w, "exp_probs_b", None),
                         norm_w=mc.norm_w, w_scale=mc.w_scale, n_groups=mc.n_groups,
                         n_group_used=mc.n_group_used, record=record, il=il)
+
+
+def expert_act(mc: MoEConfig):
+    """The routed experts' gated activation for `rt.moe_ffn(act=...)`: None (SwiGLU) or (fn, trace name)."""
+    if mc.act == "silu":
+        return None
+    if mc.act == "situ":
+        from ..ops.activations import situ
+        return (lambda g, u: situ(g, u, mc.situ_beta, mc.situ_linear_beta)), "ffn_moe_situ"
+    raise ValueError(f"expert activation {mc.act!r} is not one of silu, situ")
+
+
+def routed_experts(h, logits, w, *, mc: MoEConfig, spec, il, rt):
+    """Routing of `logits` [T, E] and the routed experts on h [T, Dm] -> [T, Dm] (`build_moe_ffn` given its
+    logits; Dm = D, or the latent width of moe/latent.py)."""
+    ids, weights = route(logits, w, mc, spec.n_expert_used, record=rt.record, il=il)   # [T, A], [T, A]
+    if getattr(w, "ffn_gate_up_exps", None) is not None:
+        gate, up = split_gate_up(w)
+    else:
+        gate, up = w.ffn_gate_exps, w.ffn_up_exps
+    sc = (lambda t: t) if mc.scales else (lambda t: None)
+    kw = {} if mc.act == "silu" else {"act": expert_act(mc)}
+    y = rt.moe_ffn(h, ids, weights, up=up, gate=gate, down=w.ffn_down_exps,
+                   up_scale=sc(w.ffn_up_exps_scale), gate_scale=sc(w.ffn_gate_exps_scale),
+                   down_scale=sc(w.ffn_down_exps_scale), il=il, **kw)     # [T, Dm]
+    rt.record("ffn_moe_out", il, y)
+    return y
 
 
 def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):

@@ -19,8 +19,12 @@ from ..ops.activations import silu
 
 
 def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, down,
-            up_scale=None, gate_scale=None, down_scale=None, matmul, record=None, il: int = -1) -> np.ndarray:
-    """x: [T, D], ids/weights: [T, A] -> [T, D].   `gate` may be None (then act = silu(up))."""
+            up_scale=None, gate_scale=None, down_scale=None, matmul, record=None, il: int = -1,
+            act=None) -> np.ndarray:
+    """x: [T, D], ids/weights: [T, A] -> [T, D].   `gate` may be None (then act = silu(up)).
+
+    act: None for SwiGLU, or (fn(gate [.., I], up [.., I]) -> [.., I], llama.cpp's trace name) for another
+    gated activation (Kimi-K3's SiTU: `ffn_moe_situ`)."""
     rec = record or (lambda *a: None)
     T, D = x.shape
     A = ids.shape[1]
@@ -44,9 +48,11 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
     rec("ffn_moe_up" + ("_scaled" if up_scale is not None else ""), il, up_out)
     if gate is not None:
         rec("ffn_moe_gate" + ("_scaled" if gate_scale is not None else ""), il, gate_out)
-        act = silu(gate_out) * up_out                                 # [T, A, I]
-        rec("ffn_moe_swiglu", il, act)
+        fn, act_name = act if act is not None else (lambda g, u: silu(g) * u, "ffn_moe_swiglu")
+        act = fn(gate_out, up_out)                                    # [T, A, I]
+        rec(act_name, il, act)
     else:
+        assert act is None, "a gated activation needs ffn_gate_exps"
         act = silu(up_out)
         rec("ffn_moe_silu", il, act)
     for e in np.unique(ids):

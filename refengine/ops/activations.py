@@ -13,3 +13,20 @@ def silu(x: np.ndarray) -> np.ndarray:
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up   (`ggml_swiglu_split`)."""
     return silu(gate) * up
+
+
+def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> np.ndarray:
+    """SiTU (Kimi-K3): beta*tanh(gate/beta)*sigmoid(gate) * (lb*tanh(up/lb) if lb > 0 else up), lb = linear_beta.
+
+    A SiLU-like gate whose magnitude is capped at beta (tanh saturates), times an up branch capped at lb.
+    Keys `activation.situ_beta` / `activation.situ_linear_beta`. llama.cpp builds it from float32 unary ops
+    in this order (src/models/kimi-k3.cpp:173-184 `kimi_k3_situ`, the same in build_moe_ffn's LLM_FFN_SITU,
+    src/llama-graph.cpp:2266-2280): scale by 1/beta, tanh, scale by beta, times sigmoid(gate), times up.
+    gate, up: [..., F] float32 -> [..., F]."""
+    f32 = np.float32
+    with np.errstate(over="ignore"):
+        a = np.tanh(gate * f32(f32(1.0) / f32(beta))) * f32(beta)                   # ggml_scale(tanh(scale(g)))
+        a = a * (f32(1.0) / (f32(1.0) + np.exp(-gate)))                              # * ggml_sigmoid(g)
+    if linear_beta > 0.0:
+        up = np.tanh(up * f32(f32(1.0) / f32(linear_beta))) * f32(linear_beta)
+    return (a * up).astype(np.float32, copy=False)
