@@ -83,6 +83,8 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
         yield (tp.std * rng.standard_normal(tp.shape)).astype(np.float32)
     elif tp.kind == "rope_freqs":
         yield (1.0 + 3.0 * rng.random(tp.shape)).astype(np.float32)
+    elif tp.kind == "neg_decay":                  # ssm_a = -exp(A_log): in [-1, -0.05], a decay the state survives
+        yield (-np.exp(rng.uniform(np.log(0.05), 0.0, tp.shape))).astype(np.float32)
     else:
         std = matrix_std(tp)
         n0 = tp.shape[0]
@@ -93,8 +95,9 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
 
 
 def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
-    """The stored type: 1-D tensors F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
-    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
+    """The stored type: 1-D tensors, ssm_a and short-conv weights (`ggml_ssm_conv` reads F32) F32; matrices
+    wtype, else Q8_0 / F16 when their rows do not fit its block."""
+    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "neg_decay", "conv"):
         return GGMLType.F32
     n = tp.shape[-1]
     for t in (wtype, GGMLType.Q8_0, GGMLType.F16):
