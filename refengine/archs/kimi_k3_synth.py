@@ -17,15 +17,16 @@ Presets (`PRESETS[name]`):
               the first MLA block and latent-MoE blocks at K3's sizes).
 
 `layers=N` keeps the first N blocks; leading dense blocks are cut to N-1 so the last block is MoE.
-`all_optional=True` also writes every optional tensor the loader creates and the graph honours: the 4-D
-conv layout {Kc,1,d_in,1}, attn_q_a_norm / q-LoRA (already in both presets), attn_gate, ffn_routed_norm and
-the shared experts are all written by the presets themselves; all_optional adds nothing llama.cpp would
-use beyond them, so it switches the conv weights to the 4-D form and writes attn_gate / routed norm /
-shared experts even where an override turned them off.
+`all_optional=True` writes every optional tensor the loader creates: the converter's 4-D conv layout
+{Kc,1,d_in,1} (3-D otherwise, the form quantized files have), attn_gate / ffn_routed_norm / shared experts
+even where an override turned them off, the q/k/v biases of create_tensor_qkv, and the generic pass's
+`.scale` / `.input_scale` of every matrix that has them (llama-model.cpp:1634-1773). kimi-k3's graph applies
+none of the biases and scales (plain ggml_mul_mat everywhere, build_moe_ffn given no scales), and neither
+does refengine. (The q-LoRA tensors and attn_gate are in both presets already.)
 """
 from __future__ import annotations
 
-from ..synthplan import TensorPlan, no_option
+from ..synthplan import TensorPlan, no_option, weight_plans
 
 ARCH = "kimi-k3"
 GATING_SIGMOID = 2          # expert_gating_func (the converter asserts sigmoid, conversion/kimi_k3.py:206-207)
@@ -86,16 +87,20 @@ def kda_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     b, D, H, dh, Kc = f"blk.{il}.", p["n_embd"], p["n_head"], p["dh"], p["d_conv"]
     d_in = H * dh
     conv_shape = (1, d_in, 1, Kc) if all_optional else (d_in, 1, Kc)
+    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
     t = [TensorPlan(b + f"ssm_conv1d_{x}.weight", conv_shape, "conv", Kc) for x in "qkv"]
-    t += [TensorPlan(b + f"attn_{x}.weight", (d_in, D), "matrix", D) for x in "qkv"]
+    for x in "qkv":
+        t += mat(b + f"attn_{x}", (d_in, D), D, scales=1)
+        if all_optional:                                   # create_tensor_qkv's optional biases (never applied)
+            t.append(TensorPlan(b + f"attn_{x}.bias", (d_in,), "bias"))
     t += [TensorPlan(b + "ssm_f_a.weight", (dh, D), "matrix", D),
-          TensorPlan(b + "ssm_f_b.weight", (d_in, dh), "matrix", dh),
-          TensorPlan(b + "ssm_beta.weight", (H, D), "matrix", D),
-          TensorPlan(b + "ssm_a", (H,), "neg_decay"),
+          TensorPlan(b + "ssm_f_b.weight", (d_in, dh), "matrix", dh)]
+    t += mat(b + "ssm_beta", (H, D), D, scales=1)
+    t += [TensorPlan(b + "ssm_a", (H,), "neg_decay"),
           TensorPlan(b + "ssm_dt.bias", (d_in,), "bias"),
           TensorPlan(b + "ssm_g.weight", (d_in, D), "matrix", D),
-          TensorPlan(b + "ssm_norm.weight", (dh,), "norm"),
-          TensorPlan(b + "attn_output.weight", (D, d_in), "matrix", d_in)]
+          TensorPlan(b + "ssm_norm.weight", (dh,), "norm")]
+    t += mat(b + "attn_output", (D, d_in), d_in, scales=1)
     return t
 
 
@@ -103,38 +108,39 @@ def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     """MLA block il (kimi-k3.cpp:106-137): q-LoRA (or attn_q), latent, split attn_k_b / attn_v_b, attn_gate."""
     b, D, H = f"blk.{il}.", p["n_embd"], p["n_head"]
     Dq, C, dn, R, dv = p["q_lora"], p["kv_lora"], p["qk_nope"], p["qk_rope"], p["v_head"]
+    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
     t = []
     if Dq > 0:
         t += [TensorPlan(b + "attn_q_a_norm.weight", (Dq,), "norm"),
               TensorPlan(b + "attn_q_a.weight", (Dq, D), "matrix", D),
               TensorPlan(b + "attn_q_b.weight", (H * (dn + R), Dq), "matrix", Dq)]
     else:
-        t.append(TensorPlan(b + "attn_q.weight", (H * (dn + R), D), "matrix", D))
+        t += mat(b + "attn_q", (H * (dn + R), D), D, scales=1)
     t += [TensorPlan(b + "attn_kv_a_norm.weight", (C,), "norm"),
           TensorPlan(b + "attn_kv_a_mqa.weight", (C + R, D), "matrix", D),
           TensorPlan(b + "attn_k_b.weight", (H, C, dn), "matrix", dn),
           TensorPlan(b + "attn_v_b.weight", (H, dv, C), "matrix", C)]
     if p["attn_gate"] or all_optional:
-        t.append(TensorPlan(b + "attn_gate.weight", (H * dv, D), "matrix", D))
-    t.append(TensorPlan(b + "attn_output.weight", (D, H * dv), "matrix", H * dv))
+        t += mat(b + "attn_gate", (H * dv, D), D, scales=1)
+    t += mat(b + "attn_output", (D, H * dv), H * dv, scales=1)
     return t
 
 
 def ffn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     """Dense SiTU FFN (il < n_dense_lead) or latent MoE (kimi-k3.cpp:139-165)."""
     b, D = f"blk.{il}.", p["n_embd"]
+    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
     if il < p["n_dense_lead"]:
         F = p["n_ff"]
-        return [TensorPlan(b + "ffn_gate.weight", (F, D), "matrix", D),
-                TensorPlan(b + "ffn_down.weight", (D, F), "matrix", F),
-                TensorPlan(b + "ffn_up.weight", (F, D), "matrix", D)]
+        return (mat(b + "ffn_gate", (F, D), D, scales=1) + mat(b + "ffn_down", (D, F), F, scales=1)
+                + mat(b + "ffn_up", (F, D), D, scales=1))
     E, Fe, S, Dl = p["n_expert"], p["n_ff_exp"], p["n_shared"], p["latent"]
     W = Dl if Dl > 0 else D
     t = [TensorPlan(b + "ffn_gate_inp.weight", (E, D), "router", D),
-         TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias", std=0.2),
-         TensorPlan(b + "ffn_gate_exps.weight", (E, Fe, W), "matrix", W),
-         TensorPlan(b + "ffn_down_exps.weight", (E, W, Fe), "matrix", Fe),
-         TensorPlan(b + "ffn_up_exps.weight", (E, Fe, W), "matrix", W)]
+         TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias", std=0.2)]
+    t += mat(b + "ffn_gate_exps", (E, Fe, W), W, scales=E)
+    t += mat(b + "ffn_down_exps", (E, W, Fe), Fe, scales=E)
+    t += mat(b + "ffn_up_exps", (E, Fe, W), W, scales=E)
     if Dl > 0:
         t += [TensorPlan(b + "ffn_routed_down.weight", (Dl, D), "matrix", D),
               TensorPlan(b + "ffn_routed_up.weight", (D, Dl), "matrix", Dl)]
@@ -142,9 +148,8 @@ def ffn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
             t.append(TensorPlan(b + "ffn_routed_norm.weight", (Dl,), "norm"))
     if S > 0 or all_optional:
         Fs = Fe * max(S, 1)
-        t += [TensorPlan(b + "ffn_gate_shexp.weight", (Fs, D), "matrix", D),
-              TensorPlan(b + "ffn_down_shexp.weight", (D, Fs), "matrix", Fs),
-              TensorPlan(b + "ffn_up_shexp.weight", (Fs, D), "matrix", D)]
+        t += (mat(b + "ffn_gate_shexp", (Fs, D), D, scales=1) + mat(b + "ffn_down_shexp", (D, Fs), Fs, scales=1)
+              + mat(b + "ffn_up_shexp", (Fs, D), D, scales=1))
     return t
 
 

@@ -77,6 +77,8 @@ class KDAConfig:
     full_rank_gate: bool = False         # kimi-k3: output gate `ssm_g` {D, d_in} instead of ssm_g_a / ssm_g_b
     separate_qkv: bool = False           # kimi-k3: attn_q/k/v required (its graph never reads attn_qkv)
     ssm_a_1d: bool = False               # kimi-k3: ssm_a is exactly {H}; kimi-linear: {1, H, 1, 1} or {1, H}
+    k3_trace: bool = False               # kimi-k3's trace names (kimi-k3.cpp:416-470): kda_{q,k,v}_conv,
+                                         # kda_beta after the sigmoid, kda_scan_out, kda_g2
 
     @property
     def d_in(self) -> int:
@@ -178,23 +180,30 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
         new_tails.append(nt)
     state.conv = np.concatenate(new_tails, axis=1)                                # [Kc-1, 3*d_in]
     q, k, v = outs                                                                # [T, H, dh] each
+    if kc.k3_trace:
+        for x, a in zip(STREAMS, outs):
+            rt.record(f"kda_{x}_conv", il, a)
 
     z = rt.matmul(rt.matmul(h, w.ssm_f_a), w.ssm_f_b)                             # [T, d_in]
     rt.record("g1 f_b(f_a(cur))", il, z)
     g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
     rt.record("kda_g1", il, g)
     b = rt.matmul(h, w.ssm_beta)                                                  # [T, H]
-    rt.record("kda_beta", il, b)
     beta = _sigmoid(b)
+    rt.record("kda_beta", il, beta if kc.k3_trace else b)
 
     q, k = l2_norm(q, kc.rms_eps), l2_norm(k, kc.rms_eps)
     o, S = recurrent(q, k, v, g, beta, state.ssm)                                 # [T, H, dh], [H, dh, dh]
     state.ssm = S
     rt.record("attn_output", il, o)
     rt.record("new_state", il, S.transpose(0, 2, 1))                              # ggml keeps S^T per head
+    if kc.k3_trace:
+        rt.record("kda_scan_out", il, o)
 
     if kc.full_rank_gate:
         gate = rt.matmul(h, w.ssm_g)                                              # [T, d_in]
+        if kc.k3_trace:
+            rt.record("kda_g2", il, gate)
     else:
         gate = rt.matmul(rt.matmul(h, w.ssm_g_a), w.ssm_g_b)                      # [T, d_in]
         rt.record("g2 g_b(g_a(cur_2d))", il, gate)

@@ -367,7 +367,7 @@ def _att_record(rt, rec_form):
 
 
 def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absorbed", mask_fn=None,
-        dtype=np.float32, qr=None) -> np.ndarray:
+        dtype=np.float32, qr=None, out_gate=None) -> np.ndarray:
     """One MLA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
 
     state: this layer's `new_state(mc, form)`; its length before the call is the first new position.
@@ -376,6 +376,8 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
     mask_fn(q_pos [T], k_pos [S]) -> [T, S] additive mask (default: causal). q_pos are this call's positions
         (state.n .. state.n + T - 1), k_pos every cached position 0 .. S - 1 after the append.
     qr: the normed q-LoRA latent [T, Dq] if the caller computed it (DSA: the indexer shares it).
+    out_gate: [T, H*dv] multiplied into the heads' output before attn_output (Kimi-K3's sigmoid gate,
+        src/models/kimi-k3.cpp:552-557, traced `mla_gated`), or None.
     dtype: np.float32 (llama.cpp's arithmetic, every weight through `rt.matmul`) or np.float64 (tests).
     The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded.
     """
@@ -403,6 +405,9 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
                dtype=dtype, q_temp=q_temp)                                         # [T, H, dv]
     o = o.reshape(T, mc.n_head * mc.v_head)                                        # [T, H, dv] -> [T, H*dv]
     rt.record("kqv_out", il, o)
+    if out_gate is not None:
+        o = o * out_gate                                                           # [T, H*dv]
+        rt.record("mla_gated", il, o)
     y = _mm(o, w.attn_output, rt, dtype)                                           # [T, D]
     if w.attn_output_scale is not None:
         y = y * w.attn_output_scale

@@ -48,7 +48,6 @@ class MoEConfig:
     situ_linear_beta: float = 0.0   # activation.situ_linear_beta (<= 0: the up branch is not capped)
     n_latent: int = 0           # expert_latent_length: routed experts run at this width (0: at D; moe/latent.py)
     probs_bias_required: bool = False   # exp_probs_b.bias must be present (kimi-k3 creates it without NOT_REQUIRED)
-    extras: bool = True         # shared experts' optional .bias / .scale / .input_scale rows
 
 
 def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
@@ -57,7 +56,7 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
     E, F = (lambda c, s: mc.n_expert), (lambda c, s: mc.n_ff_exp)
     Dm = (lambda c, s: mc.n_latent) if mc.n_latent > 0 else (lambda c, s: c.n_embd)   # the experts' width
     PER_EXPERT = lambda c, s: (mc.n_expert,)                         # noqa: E731
-    t = [W("ffn_gate_inp", p + "ffn_gate_inp.weight", lambda c, s: (E(c, s), Dm(c, s)), small=True)]
+    t = [W("ffn_gate_inp", p + "ffn_gate_inp.weight", lambda c, s: (E(c, s), c.n_embd), small=True)]  # full width
     if mc.probs_bias:
         t.append(W("exp_probs_b", p + "exp_probs_b.bias", PER_EXPERT, required=mc.probs_bias_required, dense=True))
     if mc.fused_gate_up and p + "ffn_gate_up_exps.weight" in gf:
@@ -71,7 +70,7 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
         t += [W(f"ffn_{x}_exps_scale", p + f"ffn_{x}_exps.scale", PER_EXPERT, required=False, dense=True),
               W(f"ffn_{x}_exps_input_scale", p + f"ffn_{x}_exps.input_scale", PER_EXPERT, required=False, dense=True)]
     if mc.n_shared > 0:
-        t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp", extras=mc.extras)
+        t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp")
     return t
 
 

@@ -16,6 +16,8 @@ llama.cpp: `build_latent_moe` (src/models/kimi-k3.cpp:570-618) around `build_moe
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ffn.dense import situ_ffn
 from ..ops import rms_norm
 from ..weights import W
@@ -23,10 +25,17 @@ from .block import MoEConfig, moe_table, routed_experts
 
 
 def latent_moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
-    """moe_table (experts at width Dl) plus ffn_routed_down / ffn_routed_up (required when Dl > 0) and the
-    optional ffn_routed_norm (kimi-k3.cpp:144-164)."""
+    """moe_table (experts at width Dl) plus ffn_routed_down / ffn_routed_up (required when Dl > 0), the
+    optional ffn_routed_norm, and the optional shared experts of width Is = n_ff_shexp (kimi-k3.cpp:144-164)."""
     p = f"blk.{il}."
-    t = moe_table(gf, il, mc)
+    t = moe_table(gf, il, replace(mc, n_shared=0))
+    Fs = mc.n_ff_shexp
+    t += [W("ffn_gate_shexp", p + "ffn_gate_shexp.weight", lambda c, s: (Fs, c.n_embd), required=False),   # ne {D, Is}
+          W("ffn_down_shexp", p + "ffn_down_shexp.weight", lambda c, s: (c.n_embd, Fs), required=False),
+          W("ffn_up_shexp", p + "ffn_up_shexp.weight", lambda c, s: (Fs, c.n_embd), required=False)]
+    for x in ("gate", "down", "up"):                      # the generic pass's scales: loaded, never applied
+        t += [W(f"ffn_{x}_shexp_{k}", p + f"ffn_{x}_shexp.{k}", lambda c, s: (1,), required=False, dense=True)
+              for k in ("scale", "input_scale")]
     if mc.n_latent > 0:
         Dl = mc.n_latent
         t += [W("ffn_routed_down", p + "ffn_routed_down.weight", lambda c, s: (Dl, c.n_embd)),     # ne {D, Dl}

@@ -1,0 +1,255 @@
+"""`kimi-k3`: Kimi-K3 (2.8T) — KDA and MLA blocks, attention residuals across layers, latent SiTU MoE.
+
+llama.cpp: `src/models/kimi-k3.cpp` (keys :16-51, tensors :53-167, graph :236-351, KDA :399-479,
+MLA :485-563, latent MoE :570-618). kimi-linear's skeleton with five new pieces (header :6-14).
+One block (Legend: T tokens, D model dim; `ps` the running residual sum, see residual/attn_res.py):
+
+    cur = res_mix(ps, bank, attn_res_score)         softmax mix of banked checkpoints and ps   res_probs
+    bank ps if il % attn_res.block_size == 0        (after this mix)
+    h   = rms_norm(cur) * attn_norm                                                    attn_norm      [T, D]
+    a   = kda(h)     head_count_kv[il] == 0: attention/kda.py with K3's options (separate q/k/v, full-rank
+                     ssm_g output gate, 1-D ssm_a, gate g = lb * sigmoid(-ssm_a * z) when kda.gate_lower_bound)
+        | mla(h)     attention/mla.py, rope NONE, optional q-LoRA, output * sigmoid(h @ attn_gate.T)  mla_out
+    ps  = a if banked else ps + a                                                      prefix_sum_attn
+    cur = res_mix(ps, bank, ffn_res_score)
+    f   = rms_norm(cur) * ffn_norm                                                     ffn_norm
+    ps  = ps + situ_ffn(f)        il < leading_dense_block_count (ffn/dense.py situ_ffn)           ffn_out
+        | ps + latent_moe(f)      moe/latent.py: router on f, experts at expert_latent_length, SiTU  l_out
+    head: res_mix(ps, bank, output_res_score), then output_norm and output.
+
+With attn_res.block_size = 0 the mixes are identities and the blocks are plain pre-norm residual blocks.
+State: KDA blocks a RecurrentState, MLA blocks the latent cache; the bank is per token and lives for one
+forward call (`ResidualStream`), so decoding needs nothing more. Local-mode compare (`forward_local`) is
+not available for this arch: a block's input is the stream plus its bank, not one [T, D] array.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..attention import kda, mla
+from ..cache import LatentKV
+from ..config import KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
+from ..errors import ConfigError, MissingTensorError
+from ..ffn import dense_ffn_table
+from ..ffn.dense import situ_ffn
+from ..globals import embed_tokens, load_globals as _load_globals, rms_head
+from ..moe.block import GATING, MoEConfig
+from ..moe.latent import latent_moe, latent_moe_table
+from ..ops import rms_norm
+from ..residual import ResidualStream, res_mix
+from ..weights import W, load_tensors, norm_table
+from .kimi_k3_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
+
+ARCH = "kimi-k3"
+ROPE_TYPE = -1             # LLAMA_ROPE_TYPE_NONE (llama-model.cpp:3046-3049): MLA is nope-only
+ATTN_FORMS = mla.FORMS     # the MLA blocks' two forms; KDA blocks have one
+DEVICE_PATH = False        # `--backend cuda` runs op by op (matmuls on the GPU; SiTU experts loop in NumPy)
+
+MATMUL_INPUTS = [
+    (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_k.weight", "blk.{il}.attn_v.weight",
+                          "blk.{il}.ssm_f_a.weight", "blk.{il}.ssm_beta.weight", "blk.{il}.ssm_g.weight",
+                          "blk.{il}.attn_q_a.weight", "blk.{il}.attn_q.weight", "blk.{il}.attn_kv_a_mqa.weight",
+                          "blk.{il}.attn_gate.weight"]),
+    (r"q_nope_perm-(\d+)", ["blk.{il}.attn_k_b.weight"]),
+    (r"kqv-(\d+)", ["blk.{il}.attn_v_b.weight"]),
+    (r"mla_gated-(\d+)", ["blk.{il}.attn_output.weight"]),
+    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_gate.weight", "blk.{il}.ffn_gate_inp.weight",
+                         "blk.{il}.ffn_routed_down.weight", "blk.{il}.ffn_up_shexp.weight",
+                         "blk.{il}.ffn_gate_shexp.weight"]),
+    (r"ffn_moe_situ-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
+    (r"result_norm", ["output.weight"]),
+]
+
+# Keys of other archs that change the math but that the kimi-k3 loader never reads.
+IGNORED_MATH_KEYS = ("attention.scale", "attention.clamp_kqv", "logit_scale", "embedding_scale", "residual_scale",
+                     "attention.sliding_window", "final_logit_softcapping", "attn_logit_softcapping",
+                     "rope.scaling.yarn_log_multiplier", "attention.temperature_scale", "swiglu_clamp_exp",
+                     "swiglu_clamp_shexp", "expert_shared_feed_forward_length", "expert_group_count",
+                     "expert_group_used_count")
+
+
+@dataclass(frozen=True)
+class K3Config(ModelConfig):
+    res_bs: int = 0                # attn_res.block_size (required; 0: no attention residuals)
+    situ_beta: float = 0.0         # activation.situ_beta (required)
+    situ_linear_beta: float = 0.0  # activation.situ_linear_beta (required; <= 0 leaves the up branch uncapped)
+
+
+# ---------------------------------------------------------------- config
+
+def _mla_config(r: KeyReader, gf, common: dict, n_head: int, il: int) -> mla.MLAConfig:
+    """kimi-k3.cpp:18-28, :106-137: key_length_mla / value_length_mla / kv_lora_rank required; q-LoRA when the
+    block has attn_q_a_norm (rank attention.q_lora_rank); kq_scale 1/sqrt(dn + R) (:274)."""
+    k_mla = int(r.get("attention.key_length_mla", required=True))
+    v_mla = int(r.get("attention.value_length_mla", required=True))
+    kv_lora = int(r.get("attention.kv_lora_rank", required=True))
+    q_lora = int(r.get("attention.q_lora_rank", 0))
+    R = common["n_rot"]
+    if k_mla - R < 1 or v_mla < 1:
+        raise ConfigError(f"{gf.path}: MLA head sizes key_length_mla = {k_mla}, value_length_mla = {v_mla} do not fit "
+                          f"rope.dimension_count = {R}")
+    has_q_lora = f"blk.{il}.attn_q_a_norm.weight" in gf
+    if has_q_lora and q_lora <= 0:
+        raise ConfigError(f"{gf.path}: blk.{il}.attn_q_a_norm.weight is present but {r._k('attention.q_lora_rank')} "
+                          f"is {q_lora} (llama.cpp creates it with that size)")
+    kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(k_mla)))
+    return mla.MLAConfig(n_head=n_head, q_lora_rank=q_lora if has_q_lora else 0, kv_lora_rank=kv_lora,
+                         qk_nope=k_mla - R, qk_rope=R, v_head=v_mla, kq_scale=kq_scale, rope_attn_factor=1.0,
+                         rms_eps=common["rms_eps"], legacy=False, rope=False)
+
+
+def config_from_gguf(gf) -> K3Config:
+    r = KeyReader(gf, ARCH)
+    n_vocab = token_rows(gf)
+    common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=n_vocab)
+    L = common["n_layer"]
+    L_all = L + common["n_layer_nextn"]
+    H = int(n_head[0])
+    if any(int(h) != H for h in n_head):
+        raise ConfigError(f"{gf.path}: {ARCH} needs one attention.head_count for every layer (its graph reads n_head())")
+    lb = r.get("kda.gate_lower_bound")
+    kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True)),
+                       d_conv=int(r.get("ssm.conv_kernel", required=True)), rms_eps=common["rms_eps"],
+                       gate_lower_bound=None if lb is None or not np.isfinite(lb) else float(lb),
+                       full_rank_gate=True, separate_qkv=True, ssm_a_1d=True, k3_trace=True)
+    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
+    n_shared = int(r.get("expert_shared_count", required=True))
+    n_dense = int(r.get("leading_dense_block_count", 0))
+    func = int(r.get("expert_gating_func", required=True))
+    if func not in GATING:
+        raise ConfigError(f"{gf.path}: {ARCH}.expert_gating_func = {func} is not one of {sorted(GATING)}")
+    latent = int(r.get("expert_latent_length", 0))
+    res_bs = int(r.get("attn_res.block_size", required=True))
+    beta = float(r.get("activation.situ_beta", required=True))
+    lbeta = float(r.get("activation.situ_linear_beta", required=True))
+    if not beta > 0:
+        raise ConfigError(f"{gf.path}: {r._k('activation.situ_beta')} = {beta} must be > 0 (SiTU divides by it)")
+    n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
+    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
+    E = common["n_expert"]
+    check_experts(gf, ARCH, E if L > n_dense else 0, n_used[n_dense:])
+    layers = []
+    for il in range(L):
+        dense = il < n_dense
+        moe = None if dense else MoEConfig(
+            n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=int(n_ff_exp[il]), gating=GATING[func],
+            norm_w=bool(r.get("expert_weights_norm", False)), w_scale=float(r.get("expert_weights_scale", 0.0)),
+            n_shared=n_shared, n_ff_shexp=int(n_ff_exp[il]) * max(n_shared, 1), probs_bias=True,
+            probs_bias_required=True, fused_gate_up=False, scales=False,
+            act="situ", situ_beta=beta, situ_linear_beta=lbeta, n_latent=latent)
+        recurrent = int(n_head_kv[il]) == 0                                     # kimi-k3.cpp:30-33
+        layers.append(LayerSpec(attn="kda" if recurrent else "mla", ffn="dense" if dense else "moe", n_head=H,
+                                n_head_kv=int(n_head_kv[il]), n_ff=int(n_ff[il] or 0),
+                                n_ff_exp=0 if dense else int(n_ff_exp[il]),
+                                n_expert_used=0 if dense else int(n_used[il]),
+                                attn_cfg=kc if recurrent else _mla_config(r, gf, common, H, il), moe=moe))
+    ignored = r.warn_ignored(list(IGNORED_MATH_KEYS))
+    return K3Config(**common, layers=tuple(layers), ignored_keys=ignored, res_bs=res_bs, situ_beta=beta,
+                    situ_linear_beta=lbeta)
+
+
+# ---------------------------------------------------------------- tensors
+
+def load_globals(gf, cfg):
+    g = _load_globals(gf, cfg, rope_factor_tensors=False)
+    if "output.weight" not in gf:                                                # kimi-k3.cpp:61 (required)
+        raise MissingTensorError(f"{gf.path}: required tensor 'output.weight' is missing ({ARCH} has no tied output)")
+    g.output_res_score = None
+    if cfg.res_bs > 0:                                                           # kimi-k3.cpp:63-65
+        extra = load_tensors(gf, [W("output_res_score", "output_res_score.weight", lambda c, s: (c.n_embd,),
+                                    dense=True)], cfg)
+        g.output_res_score = extra.output_res_score
+        g.tensor_names += extra.tensor_names
+        g.tensor_rows.update(extra.tensor_rows)
+    return g
+
+
+def mla_gate_table(il: int, mc: mla.MLAConfig) -> list[W]:
+    """K3's optional MLA output gate attn_gate {D, H*dv} (kimi-k3.cpp:133-134) and the generic pass's
+    .scale / .input_scale of it (loaded, not applied: kimi-k3.cpp:554 multiplies by attn_gate alone)."""
+    p, ONE = f"blk.{il}.", (lambda c, s: (1,))
+    return [W("attn_gate", p + "attn_gate.weight", lambda c, s: (mc.n_head * mc.v_head, c.n_embd), required=False),
+            W("attn_gate_scale", p + "attn_gate.scale", ONE, required=False, dense=True),
+            W("attn_gate_input_scale", p + "attn_gate.input_scale", ONE, required=False, dense=True)]
+
+
+def load_layer(gf, cfg, il: int):
+    spec = cfg.layers[il]
+    table = norm_table(il, "attn_norm", "ffn_norm")
+    if cfg.res_bs > 0:
+        table += norm_table(il, "attn_res_score", "ffn_res_score")             # kimi-k3.cpp:73-76
+    if spec.attn == "kda":
+        table += kda.kda_table(gf, il, spec.attn_cfg)
+    else:
+        table += mla.mla_table(il, spec.attn_cfg) + mla_gate_table(il, spec.attn_cfg)
+    if spec.ffn == "dense":
+        table += dense_ffn_table(il, lambda c, s: s.n_ff)          # .scale loaded, not applied
+    else:
+        table += latent_moe_table(gf, il, spec.moe)
+    w = load_tensors(gf, table, cfg, spec, il)
+    if spec.attn == "kda":
+        kda.conv_weights(w, spec.attn_cfg)                          # refuse a non-F32 conv weight at load
+    else:
+        w.attn_output_scale = None                                  # loaded by the generic pass, never applied:
+                                                                    # kimi-k3.cpp:559 multiplies by wo alone
+    return w
+
+
+def new_state(cfg, attn_form: str | None = None) -> list:
+    """Per layer: KDA's RecurrentState, or the MLA cache of the form asked (llama.cpp's by default)."""
+    return [kda.new_state(s.attn_cfg) if s.attn == "kda" else
+            mla.new_state(s.attn_cfg, attn_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
+
+
+# ---------------------------------------------------------------- forward
+
+def embed(g, cfg, step, rt):
+    x = embed_tokens(g, step.tokens, rt)                                 # [T, D]
+    rt.record("inp_embd", -1, x)                                         # kimi-k3.cpp:243
+    return ResidualStream(x)
+
+
+def _attention(h, w, spec, il, state, rt):
+    """The block's token mixer: h [T, D] (attn_norm output) -> [T, D]."""
+    if spec.attn == "kda":
+        return kda.kda_layer(h, w, kc=spec.attn_cfg, il=il, state=state, rt=rt)
+    gate = None
+    if w.attn_gate is not None:                                          # kimi-k3.cpp:552-557, reads h
+        with np.errstate(over="ignore"):
+            gate = (np.float32(1.0) / (np.float32(1.0) + np.exp(-rt.matmul(h, w.attn_gate)))).astype(np.float32)
+    form = "absorbed" if isinstance(state, LatentKV) else "naive"        # the form the state was made for
+    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, form=form, out_gate=gate)
+    rt.record("mla_out", il, a)
+    return a
+
+
+def block(x: ResidualStream, w, *, cfg, il, state, step, rt) -> ResidualStream:
+    """The stream (running sum [T, D] and bank) -> the stream after block il."""
+    spec, eps, bs = cfg.layers[il], cfg.rms_eps, cfg.res_bs
+    ps = x.x
+    cur = res_mix(ps, x.bank, w.attn_res_score, eps, rt=rt, il=il) if bs else ps
+    banked = bool(bs) and il % bs == 0
+    bank = x.bank + [ps] if banked else x.bank                           # banks the raw block input
+    h = rms_norm(cur, w.attn_norm, eps)
+    rt.record("attn_norm", il, h)
+    a = _attention(h, w, spec, il, state, rt)                            # [T, D]
+    ps = a if banked else ps + a                                         # the sum restarts on bank layers
+    rt.record("prefix_sum_attn", il, ps)
+    cur = res_mix(ps, bank, w.ffn_res_score, eps, rt=rt, il=il) if bs else ps
+    f = rms_norm(cur, w.ffn_norm, eps)
+    rt.record("ffn_norm", il, f)
+    if spec.ffn == "dense":
+        y = situ_ffn(f, w, beta=cfg.situ_beta, linear_beta=cfg.situ_linear_beta, rt=rt)
+    else:
+        y = latent_moe(f, w, mc=spec.moe, spec=spec, eps=eps, il=il, rt=rt)
+    rt.record("ffn_out", il, y)
+    ps = ps + y
+    rt.record("l_out", il, ps)
+    return ResidualStream(ps, bank)
+
+
+def head(x: ResidualStream, g, cfg, rt):
+    cur = res_mix(x.x, x.bank, g.output_res_score, cfg.rms_eps, rt=rt, il=-1) if cfg.res_bs else x.x
+    return rms_head(cur, g, cfg, rt, where=cfg.name or ARCH)
