@@ -154,7 +154,7 @@ def flip_census(model, ref: dict, got: dict, order: list[str] | None = None, ref
             il = m.group(1) if m.groups() else ""
             wnames = [w.format(il=il) for w in weights if w.format(il=il) in model.gf.tensors]
             parts = sorted({partner(model.gf.tensors[w].type) for w in wnames}, key=int)
-            pair = _aligned_slots(ref, got, name, il) if name.startswith("ffn_moe_swiglu") else \
+            pair = _aligned_slots(ref, got, name, il) if name.startswith(("ffn_moe_swiglu", "ffn_moe_situ")) else \
                 (ref[name].reshape(np.shape(got[name])), got[name])
             if pair is None:
                 continue
