@@ -179,7 +179,9 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     state.conv = np.concatenate(new_tails, axis=1)                                # [Kc-1, 3*d_in]
     q, k, v = outs                                                                # [T, H, dh] each
 
-    z = rt.matmul(rt.matmul(h, w.ssm_f_a), w.ssm_f_b)                             # [T, d_in]
+    fa = rt.matmul(h, w.ssm_f_a)                                                  # [T, dh]
+    rt.record("kda_f_a", il, fa)              # untraced in llama.cpp: the llamacpp-mode flip census reads it
+    z = rt.matmul(fa, w.ssm_f_b)                                                  # [T, d_in]
     rt.record("g1 f_b(f_a(cur))", il, z)
     g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
     rt.record("kda_g1", il, g)
@@ -196,11 +198,14 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     if kc.full_rank_gate:
         gate = rt.matmul(h, w.ssm_g)                                              # [T, d_in]
     else:
-        gate = rt.matmul(rt.matmul(h, w.ssm_g_a), w.ssm_g_b)                      # [T, d_in]
+        ga = rt.matmul(h, w.ssm_g_a)                                              # [T, dh]
+        rt.record("kda_g_a", il, ga)          # untraced in llama.cpp (as kda_f_a)
+        gate = rt.matmul(ga, w.ssm_g_b)                                           # [T, d_in]
         rt.record("g2 g_b(g_a(cur_2d))", il, gate)
     o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head
     rt.record("kda_normed", il, o)
     o = (o * _sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
+    rt.record("kda_gated", il, o)             # untraced in llama.cpp (as kda_f_a)
     y = rt.matmul(np.ascontiguousarray(o), w.attn_output)                         # [T, D]
     rt.record("kda_out", il, y)
     return y
