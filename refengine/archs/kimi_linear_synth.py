@@ -26,7 +26,7 @@ attn_q/k/v(/qkv), attn_output, ssm_beta, the FFN and expert matrices. Of those l
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..synthplan import TensorPlan, weight_plans
+from ..synthplan import TensorPlan, rope_scaling_metadata, weight_plans
 
 ARCH = "kimi-linear"
 
@@ -144,11 +144,16 @@ def ffn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     return t
 
 
+def _check_rope_scaling(rope_scaling) -> None:
+    if rope_scaling not in (None, "none", "linear", "yarn"):
+        raise ConfigError(f"synth {ARCH}: rope scaling {rope_scaling!r} is not one of none, linear, yarn "
+                          f"(no rope factor tensors)")
+
+
 def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=False, rope_scaling=None):
     if tied_output:
         raise ConfigError(f"synth {ARCH}: output.weight is required by llama.cpp's loader (no tied output)")
-    if rope_scaling not in (None, "none"):
-        raise ConfigError(f"synth {ARCH}: rope type NONE, nothing is rotated: rope scaling {rope_scaling!r} has no effect")
+    _check_rope_scaling(rope_scaling)
     D, V = p["n_embd"], p["n_vocab"]
     t = [TensorPlan("token_embd.weight", (V, D), "embed"),
          TensorPlan("output_norm.weight", (D,), "norm"),
@@ -193,6 +198,10 @@ def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
         (f"{a}.expert_gating_func", GATING[p["gating"]], "u32"),
         ("tokenizer.ggml.model", "none", "str"),
     ]
+    # rope type NONE: the generic loader reads rope.scaling.* (llama-model.cpp:1408-1436) but nothing is rotated
+    # and the MLA scale is 1/sqrt(dn+R) whatever they say (kimi-linear.cpp:276), so they change nothing
+    _check_rope_scaling(rope_scaling)
+    kv += rope_scaling_metadata(a, p, None if rope_scaling == "none" else rope_scaling)
     if p["mla"]:
         kv += [(f"{a}.attention.key_length", C + R, "u32"),
                (f"{a}.attention.value_length", C, "u32"),

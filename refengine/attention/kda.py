@@ -184,7 +184,9 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
         for x, a in zip(STREAMS, outs):
             rt.record(f"kda_{x}_conv", il, a)
 
-    z = rt.matmul(rt.matmul(h, w.ssm_f_a), w.ssm_f_b)                             # [T, d_in]
+    fa = rt.matmul(h, w.ssm_f_a)                                                  # [T, dh]
+    rt.record("kda_f_a", il, fa)              # untraced in llama.cpp: the llamacpp-mode flip census reads it
+    z = rt.matmul(fa, w.ssm_f_b)                                                  # [T, d_in]
     rt.record("g1 f_b(f_a(cur))", il, z)
     g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
     rt.record("kda_g1", il, g)
@@ -205,11 +207,14 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
         if kc.k3_trace:
             rt.record("kda_g2", il, gate)
     else:
-        gate = rt.matmul(rt.matmul(h, w.ssm_g_a), w.ssm_g_b)                      # [T, d_in]
+        ga = rt.matmul(h, w.ssm_g_a)                                              # [T, dh]
+        rt.record("kda_g_a", il, ga)          # untraced in llama.cpp (as kda_f_a)
+        gate = rt.matmul(ga, w.ssm_g_b)                                           # [T, d_in]
         rt.record("g2 g_b(g_a(cur_2d))", il, gate)
     o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head
     rt.record("kda_normed", il, o)
     o = (o * _sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
+    rt.record("kda_gated", il, o)             # untraced in llama.cpp (as kda_f_a)
     y = rt.matmul(np.ascontiguousarray(o), w.attn_output)                         # [T, D]
     rt.record("kda_out", il, y)
     return y
