@@ -96,13 +96,18 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
             yield (std * rng.standard_normal((rows, *tp.shape[1:]), dtype=np.float32)).astype(np.float32)
 
 
-def choose_type(tp: TensorPlan, wtype: GGMLType, tensor_types: dict | None = None) -> GGMLType:
-    """The stored type: `tensor_types[suffix]` for a tensor whose name ends with that suffix (a test's choice,
-    written whatever its rows fit); else 1-D tensors, ssm_a, attention-residual scores and short-conv weights
-    (`ggml_ssm_conv` reads F32) F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
+def forced_type(tp: TensorPlan, tensor_types: dict | None) -> GGMLType | None:
+    """`tensor_types[suffix]` for a tensor whose name ends with that suffix (a test's choice, written whatever
+    choose_type would say), else None."""
     for suffix, t in (tensor_types or {}).items():
         if tp.name.endswith(suffix):
             return type_info(t).type
+    return None
+
+
+def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
+    """The stored type: 1-D tensors, ssm_a, attention-residual scores and short-conv weights (`ggml_ssm_conv`
+    reads F32) F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
     if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "neg_decay", "conv", "res_score"):
         return GGMLType.F32
     n = tp.shape[-1]
@@ -191,7 +196,8 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     for key, val, vt in kv_rows:
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
          "arr_u32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
-    types = {tp.name: choose_type(tp, wt, tensor_types) for tp in plan}
+    types = {tp.name: choose_type(tp, wt) if forced_type(tp, tensor_types) is None else forced_type(tp, tensor_types)
+             for tp in plan}
     for tp in plan:
         t = types[tp.name]
         nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))

@@ -55,6 +55,10 @@ MATMUL_INPUTS = [
     (r"q_nope_perm-(\d+)", ["blk.{il}.attn_k_b.weight"]),
     (r"kqv-(\d+)", ["blk.{il}.attn_v_b.weight"]),
     (r"mla_gated-(\d+)", ["blk.{il}.attn_output.weight"]),
+    # refengine-only names (llama.cpp leaves these matmul inputs unnamed): the census reads them when a
+    # test supplies llama.cpp's value recomputed from its traced tensors
+    (r"kda_f_a-(\d+)", ["blk.{il}.ssm_f_b.weight"]),
+    (r"kda_gated-(\d+)", ["blk.{il}.attn_output.weight"]),
     (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_gate.weight", "blk.{il}.ffn_gate_inp.weight",
                          "blk.{il}.ffn_routed_down.weight", "blk.{il}.ffn_up_shexp.weight",
                          "blk.{il}.ffn_gate_shexp.weight"]),
