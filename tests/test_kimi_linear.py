@@ -14,7 +14,7 @@ import pytest
 
 from refengine.compare import format_report, run_compare
 
-pytestmark = pytest.mark.oracle
+oracle = pytest.mark.oracle          # the tests that run llama.cpp
 
 ARCH = "kimi-linear"
 TOKENS = [7, 200, 13, 55, 1, 99, 144, 3, 250, 31, 8, 77, 19, 64, 128, 2, 240, 11, 90, 17, 33, 5, 201, 160,
@@ -38,6 +38,7 @@ def check_f32(rep, il_kinds, legacy=False):
     assert want <= names, sorted(want - names)
 
 
+@oracle
 @pytest.mark.parametrize("kw", [dict(preset="tiny"), dict(preset="tiny", all_optional=True),
                                 dict(preset="tiny", fused_qkv=True), dict(preset="tiny", overrides={"conv_4d": False}),
                                 dict(preset="tiny-legacy", all_optional=True)],
@@ -47,6 +48,7 @@ def test_f32_matches_llamacpp(synth_model, kw):
     check_f32(rep, ["kda", "kda", "kda", "mla"], legacy=kw["preset"] == "tiny-legacy")
 
 
+@oracle
 def test_prefill_then_decode_matches_llamacpp(synth_model):
     """llama.cpp's recurrent state (conv tails, delta state) and latent cache carried across calls, as here."""
     from refengine import Model
@@ -141,6 +143,7 @@ def qruns(synth_model):
     return get
 
 
+@oracle
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
 @pytest.mark.parametrize("kw", [dict(), dict(fused_qkv=True), dict(preset="tiny-legacy")], ids=["tiny", "fused-qkv", "legacy"])
 def test_llamacpp_mode_logits_within_1e7(qruns, wtype, kw):
@@ -184,3 +187,36 @@ def test_conv_weight_must_be_f32(tmp_path):
         synth.choose_type = orig
     with pytest.raises(WeightError, match="ssm_conv1d_q"):
         Model(path).layer(0)
+
+
+def test_cpu_backend_equals_numpy(synth_model):
+    """The whole forward with the Numba kernels equals the NumPy backend, prefill and one-token decode steps."""
+    from refengine.model import Model
+    from refengine.runtime import Runtime
+    m = Model(synth_model(ARCH, wtype="Q4_K"))
+    tokens = np.array([3, 17, 101, 5, 250, 42, 7], dtype=np.int64)
+    want = m.forward(tokens, rt=Runtime(backend="numpy"))
+    got = m.forward(tokens, rt=Runtime(backend="cpu"))
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    st_ref, st_cpu = m.new_state(), m.new_state()
+    for tok in tokens[:3]:
+        a = m.forward([tok], st_cpu, rt=Runtime(backend="cpu"))
+        b = m.forward([tok], st_ref, rt=Runtime(backend="numpy"))
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+
+
+def test_real_size_preset():
+    """kimi-linear-48b carries the published config: 49.1e9 stored values, 3.5e9 active per token (48B-A3B),
+    MLA at blocks 3, 7, .., 23 and 26; `layers=N` keeps the first N blocks' kinds."""
+    from refengine.synth import plan_tensors, resolve_preset
+    p = resolve_preset(ARCH, "kimi-linear-48b")
+    assert (p["n_vocab"], p["n_embd"], p["n_layer"], p["n_head"], p["kda_head"], p["kv_lora"]) == \
+        (163840, 2304, 27, 32, 128, 512)
+    assert (p["n_expert"], p["n_expert_used"], p["n_ff_exp"], p["n_shared"], p["w_scale"]) == (256, 8, 1024, 1, 2.446)
+    assert p["mla_layers"] == (3, 7, 11, 15, 19, 23, 26)
+    plan = plan_tensors(ARCH, p)
+    total = sum(int(np.prod(t.shape, dtype=np.int64)) for t in plan)
+    experts = sum(int(np.prod(t.shape, dtype=np.int64)) for t in plan if "_exps" in t.name)
+    assert 48.5e9 < total < 49.5e9 and 3.3e9 < total - experts * (1 - 8 / 256) < 3.7e9
+    two = plan_tensors(ARCH, resolve_preset(ARCH, "kimi-linear-48b", layers=4))
+    assert "blk.3.attn_kv_a_mqa.weight" in {t.name for t in two} and "blk.2.ssm_conv1d_q.weight" in {t.name for t in two}
