@@ -220,3 +220,39 @@ def test_real_size_preset():
     assert 48.5e9 < total < 49.5e9 and 3.3e9 < total - experts * (1 - 8 / 256) < 3.7e9
     two = plan_tensors(ARCH, resolve_preset(ARCH, "kimi-linear-48b", layers=4))
     assert "blk.3.attn_kv_a_mqa.weight" in {t.name for t in two} and "blk.2.ssm_conv1d_q.weight" in {t.name for t in two}
+
+
+def test_kda_options_for_kimi_k3():
+    """KDAConfig's kimi-k3 switches (kimi-k3.cpp:420-472): the gate lower-bound formula, and a full-rank output
+    gate `ssm_g` equal to the low-rank product gives the low-rank layer's output (float32 order only)."""
+    from types import SimpleNamespace
+    from quant import GGMLType, QTensor
+    from refengine.attention import kda
+    from refengine.cache import RecurrentState
+    from refengine.runtime import Runtime
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    a = -np.exp(rng.uniform(-3, 0, 2)).astype(np.float32)
+    kc = kda.KDAConfig(n_head=2, head_dim=4, d_conv=4, rms_eps=1e-5, gate_lower_bound=-5.0)
+    g = kda.gate_decay(z, a, kc)
+    assert np.allclose(g, -5.0 / (1.0 + np.exp(a[None, :, None] * z)), rtol=1e-6)
+    assert (g < 0).all() and (g > -5).all()
+
+    D, H, dh, Kc, T = 16, 2, 8, 4, 5
+    d_in = H * dh
+    f32 = lambda *s: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)   # noqa: E731
+    q = lambda name, x: QTensor.from_raw(name, GGMLType.F32, x.shape, x.reshape(-1).view(np.uint8))  # noqa: E731
+    w = {n: q(n, f32(*s)) for n, s in dict(attn_q=(d_in, D), attn_k=(d_in, D), attn_v=(d_in, D), ssm_f_a=(dh, D),
+                                             ssm_f_b=(d_in, dh), ssm_beta=(H, D), ssm_g_a=(dh, D), ssm_g_b=(d_in, dh),
+                                             attn_output=(D, d_in)).items()}
+    for x in "qkv":
+        w[f"ssm_conv1d_{x}"] = q(f"ssm_conv1d_{x}", f32(d_in, 1, Kc))
+    w.update(ssm_a=a, ssm_dt_b=0.1 * f32(d_in), ssm_norm=1 + 0.1 * f32(dh), attn_qkv=None)
+    g_b, g_a = (np.asarray(w[n].raw).view(np.float32).reshape(w[n].shape) for n in ("ssm_g_b", "ssm_g_a"))
+    full = q("ssm_g", (g_b.astype(np.float64) @ g_a.astype(np.float64)).astype(np.float32))     # [d_in, D]
+    h = f32(T, D)
+    low = kda.kda_layer(h, SimpleNamespace(**w), kc=kda.KDAConfig(H, dh, Kc, 1e-5), il=0, state=RecurrentState(),
+                        rt=Runtime())
+    kc_full = kda.KDAConfig(H, dh, Kc, 1e-5, full_rank_gate=True, separate_qkv=True)
+    got = kda.kda_layer(h, SimpleNamespace(**w, ssm_g=full), kc=kc_full, il=0, state=RecurrentState(), rt=Runtime())
+    assert np.abs(got - low).max() <= 1e-5 * np.abs(low).max()

@@ -106,16 +106,17 @@ def kda_table(gf, il: int, kc: KDAConfig) -> list[W]:
     # biases of q/k/v: create_tensor_qkv loads them (without a fused bias) whichever projection form is used
     t += [W(f"attn_{x}_bias", p + f"attn_{x}.bias", lambda c, s: (d_in,), required=False, dense=True)
           for x in STREAMS]
-    t += [W("ssm_f_a", p + "ssm_f_a.weight", lambda c, s: (dh, D(c, s)), small=True),
-          W("ssm_f_b", p + "ssm_f_b.weight", lambda c, s: (d_in, dh), small=True),
-          W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (H, D(c, s)), small=True),
+    # the low-rank projections follow the file type (conversion/kimi_linear.py): any matmul type, not "small"
+    t += [W("ssm_f_a", p + "ssm_f_a.weight", lambda c, s: (dh, D(c, s))),
+          W("ssm_f_b", p + "ssm_f_b.weight", lambda c, s: (d_in, dh)),
+          W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (H, D(c, s))),
           W("ssm_a", p + "ssm_a", (lambda c, s: (H,)) if kc.ssm_a_1d else (lambda c, s: (H, 1)), dense=True),
           W("ssm_dt_b", p + "ssm_dt.bias", lambda c, s: (d_in,), dense=True)]
     if kc.full_rank_gate:
         t.append(W("ssm_g", p + "ssm_g.weight", lambda c, s: (d_in, D(c, s))))
     else:
-        t += [W("ssm_g_a", p + "ssm_g_a.weight", lambda c, s: (dh, D(c, s)), small=True),
-              W("ssm_g_b", p + "ssm_g_b.weight", lambda c, s: (d_in, dh), small=True)]
+        t += [W("ssm_g_a", p + "ssm_g_a.weight", lambda c, s: (dh, D(c, s))),
+              W("ssm_g_b", p + "ssm_g_b.weight", lambda c, s: (d_in, dh))]
     t += [W("ssm_norm", p + "ssm_norm.weight", lambda c, s: (dh,), dense=True),
           W("attn_output", p + "attn_output.weight", lambda c, s: (D(c, s), d_in))]
     for n in names + ["attn_output", "ssm_beta"]:                                 # generic pass, unused by KDA
