@@ -17,7 +17,7 @@ llama.cpp: `src/models/kimi-linear.cpp` (keys :4-31, tensors :34-167, graph :234
 A KDA layer carries a `RecurrentState` (conv tails of q|k|v and the [H, dh, dh] delta state); an MLA
 layer the latent cache (`LatentKV`), or a per-head `KVCache` for legacy files whose MLA head sizes are
 absent (key_length_mla = value_length_mla = 0: llama.cpp then multiplies by `attn_kv_b` and runs
-ordinary attention, pairing K = [k_pe | k_nope] with Q = [q_nope | q_pe], kimi-linear.cpp:441-476).
+ordinary attention, pairing K = [k_pe | k_nope] with Q = [q_nope | q_pe], kimi-linear.cpp:453-477).
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ class MLAConfig:
     attn_temp_length: int = 0      # attention.temperature_length
     rope: bool = True              # False: rope type NONE (kimi-linear, kimi-k3): q_pe and k_pe are used unrotated
     legacy_k_rope_first: bool = False   # kimi's legacy attn_kv_b path builds K = [k_pe | k_nope] against
-                                        # Q = [q_nope | q_pe] (kimi-linear.cpp:467-473): reproduce that pairing
+                                        # Q = [q_nope | q_pe] (kimi-linear.cpp:453-477): reproduce that pairing
 
     @property
     def head_k(self) -> int:       # dk: the per-head query/key width of the naive form
