@@ -77,6 +77,7 @@ class KDAConfig:
     full_rank_gate: bool = False         # kimi-k3: output gate `ssm_g` {D, d_in} instead of ssm_g_a / ssm_g_b
     separate_qkv: bool = False           # kimi-k3: attn_q/k/v required (its graph never reads attn_qkv)
     ssm_a_1d: bool = False               # kimi-k3: ssm_a is exactly {H}; kimi-linear: {1, H, 1, 1} or {1, H}
+    beta_traced_after_sigmoid: bool = False  # kimi-k3 names `kda_beta` after the sigmoid, kimi-linear before
 
     @property
     def d_in(self) -> int:
@@ -173,9 +174,10 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
         proj = [rt.matmul(h, getattr(w, f"attn_{x}")) for x in STREAMS]           # 3 x [T, d_in]
     tails = [None] * 3 if state.conv is None else np.split(state.conv, 3, axis=1)  # 3 x [Kc-1, d_in]
     outs, new_tails = [], []
-    for x, wc, tail in zip(proj, conv_weights(w, kc), tails):
+    for name, x, wc, tail in zip(STREAMS, proj, conv_weights(w, kc), tails):
         y, nt = causal_conv(x, wc, tail)                                          # [T, d_in], [Kc-1, d_in]
-        outs.append(silu(y).reshape(T, H, dh))
+        outs.append(silu(y).reshape(T, H, dh))                                    # [T, d_in] -> [T, H, dh]
+        rt.record(f"kda_{name}_conv", il, outs[-1])                               # kimi-k3's names
         new_tails.append(nt)
     state.conv = np.concatenate(new_tails, axis=1)                                # [Kc-1, 3*d_in]
     q, k, v = outs                                                                # [T, H, dh] each
@@ -187,13 +189,14 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
     rt.record("kda_g1", il, g)
     b = rt.matmul(h, w.ssm_beta)                                                  # [T, H]
-    rt.record("kda_beta", il, b)
     beta = _sigmoid(b)
+    rt.record("kda_beta", il, beta if kc.beta_traced_after_sigmoid else b)
 
     q, k = l2_norm(q, kc.rms_eps), l2_norm(k, kc.rms_eps)
     o, S = recurrent(q, k, v, g, beta, state.ssm)                                 # [T, H, dh], [H, dh, dh]
     state.ssm = S
     rt.record("attn_output", il, o)
+    rt.record("kda_scan_out", il, o)                                              # kimi-k3's name
     rt.record("new_state", il, S.transpose(0, 2, 1))                              # ggml keeps S^T per head
 
     if kc.full_rank_gate:
@@ -203,6 +206,7 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
         rt.record("kda_g_a", il, ga)          # untraced in llama.cpp (as kda_f_a)
         gate = rt.matmul(ga, w.ssm_g_b)                                           # [T, d_in]
         rt.record("g2 g_b(g_a(cur_2d))", il, gate)
+    rt.record("kda_g2", il, gate.reshape(T, H, dh))                               # kimi-k3's name
     o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head
     rt.record("kda_normed", il, o)
     o = (o * _sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
