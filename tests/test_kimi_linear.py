@@ -218,8 +218,17 @@ def test_real_size_preset():
     total = sum(int(np.prod(t.shape, dtype=np.int64)) for t in plan)
     experts = sum(int(np.prod(t.shape, dtype=np.int64)) for t in plan if "_exps" in t.name)
     assert 48.5e9 < total < 49.5e9 and 3.3e9 < total - experts * (1 - 8 / 256) < 3.7e9
-    two = plan_tensors(ARCH, resolve_preset(ARCH, "kimi-linear-48b", layers=4))
-    assert "blk.3.attn_kv_a_mqa.weight" in {t.name for t in two} and "blk.2.ssm_conv1d_q.weight" in {t.name for t in two}
+    four = {t.name for t in plan_tensors(ARCH, resolve_preset(ARCH, "kimi-linear-48b", layers=4))}
+    assert "blk.3.attn_kv_a_mqa.weight" in four and "blk.2.ssm_conv1d_q.weight" in four
+    two = resolve_preset(ARCH, "kimi-linear-48b", layers=2)          # no MLA block kept: the last one becomes MLA
+    assert two["mla_layers"] == (1,) and two["n_dense_lead"] == 1
+
+
+@oracle
+def test_layers_cut_loads_in_llamacpp(synth_model):
+    """tiny cut to 2 blocks (KDA + an MLA block put last, see synth_resolve) runs in llama.cpp and matches."""
+    rep = run_compare(synth_model(ARCH, layers=2), TOKENS[:10])
+    check_f32(rep, ["kda", "mla"])
 
 
 def test_kda_options_for_kimi_k3():
