@@ -265,3 +265,21 @@ def test_kda_options_for_kimi_k3():
     kc_full = kda.KDAConfig(H, dh, Kc, 1e-5, full_rank_gate=True, separate_qkv=True)
     got = kda.kda_layer(h, SimpleNamespace(**w, ssm_g=full), kc=kc_full, il=0, state=RecurrentState(), rt=Runtime())
     assert np.abs(got - low).max() <= 1e-5 * np.abs(low).max()
+
+
+@pytest.mark.parametrize("drop,err,what", [
+    (dict(drop_keys=("kimi-linear.kda.head_dim",)), "MissingKeyError", "kimi-linear.kda.head_dim"),
+    (dict(drop_keys=("kimi-linear.expert_gating_func",)), "MissingKeyError", "kimi-linear.expert_gating_func"),
+    (dict(drop_tensors=("output.weight",)), "MissingTensorError", "output.weight"),
+    (dict(drop_tensors=("blk.1.ssm_conv1d_k.weight",)), "MissingTensorError", "blk.1.ssm_conv1d_k.weight"),
+], ids=["kda.head_dim", "gating func", "output", "conv k"])
+def test_required_keys_and_tensors(synth_model, tmp_path, drop, err, what):
+    """What llama.cpp's kimi-linear loader requires is refused when missing, naming it (kimi-linear.cpp:4-31, :41,
+    :57-71)."""
+    from gguf_edit import rewrite
+    import refengine.errors as errors
+    from refengine.model import Model
+    path = rewrite(synth_model(ARCH), tmp_path / "bad.gguf", **drop)
+    with pytest.raises(getattr(errors, err), match=what.replace(".", r"\.")):
+        m = Model(path)
+        m.load_all()
