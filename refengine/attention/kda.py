@@ -14,6 +14,9 @@ fused `ggml_gated_delta_net` with a [K]-wide gate (ggml/src/ggml-cpu/ops.cpp:112
 key axis); `chunked` is the paper's form with llama.cpp's KDA chunk of 16 (src/models/delta-net-base.cpp:61).
 llama.cpp's non-fused single-token path decays the value axis instead (delta-net-base.cpp:335-340); the
 default context never takes it, and it is not reproduced here.
+
+Below them, `kda_layer`: the whole KDA sub-block of kimi-linear (projections, short convs with their carried
+tails, gates, the recurrence, the gated output norm), with `KDAConfig` switches for kimi-k3's variants.
 """
 from __future__ import annotations
 
