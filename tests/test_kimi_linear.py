@@ -49,12 +49,14 @@ def test_f32_matches_llamacpp(synth_model, kw):
 
 
 @oracle
-def test_prefill_then_decode_matches_llamacpp(synth_model):
-    """llama.cpp's recurrent state (conv tails, delta state) and latent cache carried across calls, as here."""
+@pytest.mark.parametrize("preset", ["tiny", "tiny-legacy"])
+def test_prefill_then_decode_matches_llamacpp(synth_model, preset):
+    """llama.cpp's recurrent state (conv tails, delta state) and its latent (legacy: per-head) cache carried
+    across calls, as here."""
     from refengine import Model
     from refengine.compare import metrics
     from refengine.oracle import run_llamacpp
-    path = synth_model(ARCH)
+    path = synth_model(ARCH, preset=preset)
     toks = TOKENS[:12]
     ref = run_llamacpp(path, toks, chunks=[8, 1, 1, 1, 1], trace=False).logits
     m = Model(path)
