@@ -117,7 +117,7 @@ def config_from_gguf(gf) -> K3Config:
     kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True)),
                        d_conv=int(r.get("ssm.conv_kernel", required=True)), rms_eps=common["rms_eps"],
                        gate_lower_bound=None if lb is None or not np.isfinite(lb) else float(lb),
-                       full_rank_gate=True, separate_qkv=True, ssm_a_1d=True, k3_trace=True)
+                       full_rank_gate=True, separate_qkv=True, ssm_a_1d=True, beta_traced_after_sigmoid=True)
     n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
     n_shared = int(r.get("expert_shared_count", required=True))
     n_dense = int(r.get("leading_dense_block_count", 0))

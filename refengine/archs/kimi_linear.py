@@ -17,7 +17,7 @@ llama.cpp: `src/models/kimi-linear.cpp` (keys :4-31, tensors :34-167, graph :234
 A KDA layer carries a `RecurrentState` (conv tails of q|k|v and the [H, dh, dh] delta state); an MLA
 layer the latent cache (`LatentKV`), or a per-head `KVCache` for legacy files whose MLA head sizes are
 absent (key_length_mla = value_length_mla = 0: llama.cpp then multiplies by `attn_kv_b` and runs
-ordinary attention, pairing K = [k_pe | k_nope] with Q = [q_nope | q_pe], kimi-linear.cpp:441-476).
+ordinary attention, pairing K = [k_pe | k_nope] with Q = [q_nope | q_pe], kimi-linear.cpp:453-477).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..attention import kda, mla
 from ..cache import LatentKV
-from ..config import KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
+from ..config import COUNT, KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
 from ..errors import ConfigError, MissingTensorError
 from ..ffn import dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
@@ -93,8 +93,8 @@ def config_from_gguf(gf) -> ModelConfig:
     H = int(n_head[0])
     if any(int(h) != H for h in n_head):
         raise ConfigError(f"{gf.path}: {ARCH} needs one attention.head_count for every layer (its graph reads n_head())")
-    kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True)),
-                       d_conv=int(r.get("ssm.conv_kernel", required=True)), rms_eps=common["rms_eps"])
+    kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
+                       d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"])
     mc = _mla_config(r, common, H)
     n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
     n_shared = int(r.get("expert_shared_count", required=True))
@@ -129,10 +129,9 @@ def config_from_gguf(gf) -> ModelConfig:
 # ---------------------------------------------------------------- tensors
 
 def load_globals(gf, cfg):
-    g = _load_globals(gf, cfg, rope_factor_tensors=False)
-    if g.output is None:                                                         # kimi-linear.cpp:41 (required)
+    if "output.weight" not in gf:                                                # kimi-linear.cpp:41 (required)
         raise MissingTensorError(f"{gf.path}: required tensor 'output.weight' is missing ({ARCH} has no tied output)")
-    return g
+    return _load_globals(gf, cfg, rope_factor_tensors=False)
 
 
 def load_layer(gf, cfg, il: int):

@@ -13,7 +13,8 @@ load_arch_hparams / load_arch_tensors, llama-cpp-python 0.3.36) and its converte
 Presets (`PRESETS[name]`):
 - `tiny`          4 blocks KDA, KDA, KDA, MLA (absorbed attn_k_b / attn_v_b), block 0 dense, sigmoid + exp_probs_b.
 - `tiny-legacy`   the same with key_length_mla = value_length_mla = 0: llama.cpp's legacy attn_kv_b path.
-- `kimi-linear-48b`: the published shape (cited beside it). Too big to write whole: use `layers=N`.
+- `kimi-linear-48b`: the published shape (cited beside it). Too big to write whole: use `layers=N`
+  (see `synth_resolve`: the last kept block is MLA when the cut keeps none).
 
 Entries: `mla_layers` the 0-based MLA block indices (the others are KDA; head_count_kv is 0 there and 1 in
 an MLA block, as the converter writes); `conv_4d` writes the converter's 4-D conv weights {Kc,1,d_in,1} and
@@ -62,11 +63,14 @@ PRESETS: dict[str, dict] = {
 
 
 def synth_resolve(p: dict, layers: int | None) -> dict:
-    """`layers=N` keeps the first N blocks (their KDA / MLA kinds as in the full model)."""
+    """`layers=N` keeps the first N blocks with their KDA / MLA kinds; a cut that would keep no MLA block makes
+    its last block MLA: llama.cpp 0.3.36 aborts on a kimi-linear file without one (its hybrid memory gets an
+    empty attention cache: GGML_ASSERT(buffer) at ggml-backend.cpp:205, measured)."""
     if p["gating"] not in GATING:
         raise ConfigError(f"gating {p['gating']!r} is not one of {', '.join(GATING)}")
     if layers is not None:
-        p = dict(p, n_layer=layers, n_dense_lead=min(p["n_dense_lead"], layers))
+        kept = tuple(i for i in p["mla_layers"] if i < layers) or (layers - 1,)
+        p = dict(p, n_layer=layers, n_dense_lead=min(p["n_dense_lead"], layers), mla_layers=kept)
     return p
 
 

@@ -14,6 +14,9 @@ fused `ggml_gated_delta_net` with a [K]-wide gate (ggml/src/ggml-cpu/ops.cpp:112
 key axis); `chunked` is the paper's form with llama.cpp's KDA chunk of 16 (src/models/delta-net-base.cpp:61).
 llama.cpp's non-fused single-token path decays the value axis instead (delta-net-base.cpp:335-340); the
 default context never takes it, and it is not reproduced here.
+
+Below them, `kda_layer`: the whole KDA sub-block of kimi-linear (projections, short convs with their carried
+tails, gates, the recurrence, the gated output norm), with `KDAConfig` switches for kimi-k3's variants.
 """
 from __future__ import annotations
 
@@ -77,8 +80,7 @@ class KDAConfig:
     full_rank_gate: bool = False         # kimi-k3: output gate `ssm_g` {D, d_in} instead of ssm_g_a / ssm_g_b
     separate_qkv: bool = False           # kimi-k3: attn_q/k/v required (its graph never reads attn_qkv)
     ssm_a_1d: bool = False               # kimi-k3: ssm_a is exactly {H}; kimi-linear: {1, H, 1, 1} or {1, H}
-    k3_trace: bool = False               # kimi-k3's trace names (kimi-k3.cpp:416-470): kda_{q,k,v}_conv,
-                                         # kda_beta after the sigmoid, kda_scan_out, kda_g2
+    beta_traced_after_sigmoid: bool = False  # kimi-k3 names `kda_beta` after the sigmoid, kimi-linear before
 
     @property
     def d_in(self) -> int:
@@ -108,16 +110,17 @@ def kda_table(gf, il: int, kc: KDAConfig) -> list[W]:
     # biases of q/k/v: create_tensor_qkv loads them (without a fused bias) whichever projection form is used
     t += [W(f"attn_{x}_bias", p + f"attn_{x}.bias", lambda c, s: (d_in,), required=False, dense=True)
           for x in STREAMS]
-    t += [W("ssm_f_a", p + "ssm_f_a.weight", lambda c, s: (dh, D(c, s)), small=True),
-          W("ssm_f_b", p + "ssm_f_b.weight", lambda c, s: (d_in, dh), small=True),
-          W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (H, D(c, s)), small=True),
+    # the low-rank projections follow the file type (conversion/kimi_linear.py): any matmul type, not "small"
+    t += [W("ssm_f_a", p + "ssm_f_a.weight", lambda c, s: (dh, D(c, s))),
+          W("ssm_f_b", p + "ssm_f_b.weight", lambda c, s: (d_in, dh)),
+          W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (H, D(c, s))),
           W("ssm_a", p + "ssm_a", (lambda c, s: (H,)) if kc.ssm_a_1d else (lambda c, s: (H, 1)), dense=True),
           W("ssm_dt_b", p + "ssm_dt.bias", lambda c, s: (d_in,), dense=True)]
     if kc.full_rank_gate:
         t.append(W("ssm_g", p + "ssm_g.weight", lambda c, s: (d_in, D(c, s))))
     else:
-        t += [W("ssm_g_a", p + "ssm_g_a.weight", lambda c, s: (dh, D(c, s)), small=True),
-              W("ssm_g_b", p + "ssm_g_b.weight", lambda c, s: (d_in, dh), small=True)]
+        t += [W("ssm_g_a", p + "ssm_g_a.weight", lambda c, s: (dh, D(c, s))),
+              W("ssm_g_b", p + "ssm_g_b.weight", lambda c, s: (d_in, dh))]
     t += [W("ssm_norm", p + "ssm_norm.weight", lambda c, s: (dh,), dense=True),
           W("attn_output", p + "attn_output.weight", lambda c, s: (D(c, s), d_in))]
     for n in names + ["attn_output", "ssm_beta"]:                                 # generic pass, unused by KDA
@@ -174,15 +177,13 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
         proj = [rt.matmul(h, getattr(w, f"attn_{x}")) for x in STREAMS]           # 3 x [T, d_in]
     tails = [None] * 3 if state.conv is None else np.split(state.conv, 3, axis=1)  # 3 x [Kc-1, d_in]
     outs, new_tails = [], []
-    for x, wc, tail in zip(proj, conv_weights(w, kc), tails):
+    for name, x, wc, tail in zip(STREAMS, proj, conv_weights(w, kc), tails):
         y, nt = causal_conv(x, wc, tail)                                          # [T, d_in], [Kc-1, d_in]
-        outs.append(silu(y).reshape(T, H, dh))
+        outs.append(silu(y).reshape(T, H, dh))                                    # [T, d_in] -> [T, H, dh]
+        rt.record(f"kda_{name}_conv", il, outs[-1])                               # kimi-k3's names
         new_tails.append(nt)
     state.conv = np.concatenate(new_tails, axis=1)                                # [Kc-1, 3*d_in]
     q, k, v = outs                                                                # [T, H, dh] each
-    if kc.k3_trace:
-        for x, a in zip(STREAMS, outs):
-            rt.record(f"kda_{x}_conv", il, a)
 
     fa = rt.matmul(h, w.ssm_f_a)                                                  # [T, dh]
     rt.record("kda_f_a", il, fa)              # untraced in llama.cpp: the llamacpp-mode flip census reads it
@@ -192,25 +193,23 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     rt.record("kda_g1", il, g)
     b = rt.matmul(h, w.ssm_beta)                                                  # [T, H]
     beta = _sigmoid(b)
-    rt.record("kda_beta", il, beta if kc.k3_trace else b)
+    rt.record("kda_beta", il, beta if kc.beta_traced_after_sigmoid else b)
 
     q, k = l2_norm(q, kc.rms_eps), l2_norm(k, kc.rms_eps)
     o, S = recurrent(q, k, v, g, beta, state.ssm)                                 # [T, H, dh], [H, dh, dh]
     state.ssm = S
     rt.record("attn_output", il, o)
+    rt.record("kda_scan_out", il, o)                                              # kimi-k3's name
     rt.record("new_state", il, S.transpose(0, 2, 1))                              # ggml keeps S^T per head
-    if kc.k3_trace:
-        rt.record("kda_scan_out", il, o)
 
     if kc.full_rank_gate:
         gate = rt.matmul(h, w.ssm_g)                                              # [T, d_in]
-        if kc.k3_trace:
-            rt.record("kda_g2", il, gate)
     else:
         ga = rt.matmul(h, w.ssm_g_a)                                              # [T, dh]
         rt.record("kda_g_a", il, ga)          # untraced in llama.cpp (as kda_f_a)
         gate = rt.matmul(ga, w.ssm_g_b)                                           # [T, d_in]
         rt.record("g2 g_b(g_a(cur_2d))", il, gate)
+    rt.record("kda_g2", il, gate.reshape(T, H, dh))                               # kimi-k3's name
     o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head
     rt.record("kda_normed", il, o)
     o = (o * _sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]

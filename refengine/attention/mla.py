@@ -34,7 +34,8 @@ so attention becomes multi-query attention with one shared head of width C + R (
 Both forms end with  attn = o.reshape(T, H*dv) @ Wo.T (* attn_output.scale).
 
 The cache per position: absorbed C + R numbers; naive H * (dk + dv).
-`kq_scale` and the rope magnitude follow llama.cpp's YaRN rules (`mla_scales`). Trace names are
+`kq_scale` and the rope magnitude follow llama.cpp's YaRN rules (`mla_scales`). With `rope=False` (kimi-linear,
+kimi-k3: rope type NONE) q_pe and k_pe pass unrotated and the caller sets kq_scale = 1/sqrt(dn + R). Trace names are
 deepseek2.cpp's and `build_attn`'s; names whose shape belongs to one form (Qcur, Kcur, Vcur, kqv) are
 recorded only by the form llama.cpp runs for that file (`llama_form`).
 """
@@ -74,7 +75,7 @@ class MLAConfig:
     attn_temp_length: int = 0      # attention.temperature_length
     rope: bool = True              # False: rope type NONE (kimi-linear, kimi-k3): q_pe and k_pe are used unrotated
     legacy_k_rope_first: bool = False   # kimi's legacy attn_kv_b path builds K = [k_pe | k_nope] against
-                                        # Q = [q_nope | q_pe] (kimi-linear.cpp:467-473): reproduce that pairing
+                                        # Q = [q_nope | q_pe] (kimi-linear.cpp:453-477): reproduce that pairing
 
     @property
     def head_k(self) -> int:       # dk: the per-head query/key width of the naive form
