@@ -247,3 +247,29 @@ def test_lint_and_info_on_small_tensor_types(synth_model, capsys):
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("blk.0.ssm_")]
     got = {r[0]: r[1] for r in rows}
     assert got["blk.0.ssm_f_b.weight"] == "Q8_0" and got["blk.0.ssm_conv1d_q.weight"] == "F32", got
+
+
+@pytest.mark.parametrize("edit,err,what", [
+    (dict(drop_keys=("kimi-k3.attn_res.block_size",)), "MissingKeyError", "kimi-k3.attn_res.block_size"),
+    (dict(drop_keys=("kimi-k3.activation.situ_beta",)), "MissingKeyError", "kimi-k3.activation.situ_beta"),
+    (dict(drop_keys=("kimi-k3.activation.situ_linear_beta",)), "MissingKeyError", "kimi-k3.activation.situ_linear_beta"),
+    (dict(drop_keys=("kimi-k3.activation.situ_beta",), set_keys={"kimi-k3.activation.situ_beta": (0.0, "FLOAT32")}),
+     "InvalidKeyError", "kimi-k3.activation.situ_beta"),
+    (dict(drop_tensors=("output_res_score.weight",)), "MissingTensorError", "output_res_score.weight"),
+    (dict(drop_tensors=("blk.3.ffn_res_score.weight",)), "MissingTensorError", "blk.3.ffn_res_score.weight"),
+    (dict(drop_tensors=("blk.1.exp_probs_b.bias",)), "MissingTensorError", "blk.1.exp_probs_b.bias"),
+    (dict(drop_tensors=("blk.2.ffn_routed_up.weight",)), "MissingTensorError", "blk.2.ffn_routed_up.weight"),
+    (dict(drop_tensors=("blk.0.ssm_g.weight",)), "MissingTensorError", "blk.0.ssm_g.weight"),
+])
+def test_required_keys_and_tensors(synth_model, tmp_path, edit, err, what):
+    """What llama.cpp's kimi-k3 loader requires is refused when missing or out of range, naming it
+    (kimi-k3.cpp:16-51, :53-167)."""
+    from gguf_edit import rewrite
+    import refengine.errors as errors
+    from refengine.model import Model
+    from gguf import GGUFValueType
+    if "set_keys" in edit:
+        edit = dict(edit, set_keys={k: (v, GGUFValueType[t]) for k, (v, t) in edit["set_keys"].items()})
+    path = rewrite(synth_model(ARCH), tmp_path / "bad.gguf", **edit)
+    with pytest.raises(getattr(errors, err), match=what.replace(".", r"\.")):
+        Model(path).load_all()

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..attention import kda, mla
 from ..cache import LatentKV
-from ..config import KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
+from ..config import COUNT, COUNT0, FLOAT, POSITIVE, KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
 from ..errors import ConfigError, MissingTensorError
 from ..ffn import dense_ffn_table
 from ..ffn.dense import situ_ffn
@@ -113,9 +113,9 @@ def config_from_gguf(gf) -> K3Config:
     H = int(n_head[0])
     if any(int(h) != H for h in n_head):
         raise ConfigError(f"{gf.path}: {ARCH} needs one attention.head_count for every layer (its graph reads n_head())")
-    lb = r.get("kda.gate_lower_bound")
-    kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True)),
-                       d_conv=int(r.get("ssm.conv_kernel", required=True)), rms_eps=common["rms_eps"],
+    lb = r.get("kda.gate_lower_bound", kind=FLOAT)                              # absent: -inf, softplus form
+    kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
+                       d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"],
                        gate_lower_bound=None if lb is None or not np.isfinite(lb) else float(lb),
                        full_rank_gate=True, separate_qkv=True, ssm_a_1d=True, beta_traced_after_sigmoid=True)
     n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
@@ -124,12 +124,10 @@ def config_from_gguf(gf) -> K3Config:
     func = int(r.get("expert_gating_func", required=True))
     if func not in GATING:
         raise ConfigError(f"{gf.path}: {ARCH}.expert_gating_func = {func} is not one of {sorted(GATING)}")
-    latent = int(r.get("expert_latent_length", 0))
-    res_bs = int(r.get("attn_res.block_size", required=True))
-    beta = float(r.get("activation.situ_beta", required=True))
-    lbeta = float(r.get("activation.situ_linear_beta", required=True))
-    if not beta > 0:
-        raise ConfigError(f"{gf.path}: {r._k('activation.situ_beta')} = {beta} must be > 0 (SiTU divides by it)")
+    latent = int(r.get("expert_latent_length", 0, kind=COUNT0))
+    res_bs = int(r.get("attn_res.block_size", required=True, kind=COUNT0))
+    beta = float(r.get("activation.situ_beta", required=True, kind=POSITIVE))  # SiTU divides by it
+    lbeta = float(r.get("activation.situ_linear_beta", required=True, kind=FLOAT))
     n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
     n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
     E = common["n_expert"]
