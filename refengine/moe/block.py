@@ -7,6 +7,10 @@ Legend: T tokens, D model dim, E experts, A active experts per token, I expert h
     y          = sum_a wts[t, a] * expert_{ids[t, a]}(h[t])     (moe/experts.py: SwiGLU experts)
     y         += shared_experts(h)   (dense SwiGLU, ffn_*_shexp, when expert_shared_count > 0)   ffn_shexp
 
+The expert activation is SwiGLU, or Kimi-K3's SiTU (`MoEConfig.act`, `ffn_moe_situ`); `routed_experts` is the
+routing + experts half on its own, for blocks that compute the logits elsewhere (moe/latent.py: the router
+reads the full-width input, the experts a down-projected one).
+
 `MoEConfig` holds every switch of the block, each read from a named GGUF key by the arch; the tables
 name the tensors (`ffn_gate_exps` or the fused `ffn_gate_up_exps`, optional per-expert `.scale`).
 """
@@ -123,16 +127,7 @@ def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
     """h [T, D] -> [T, D] (routed experts, plus the shared experts when the layer has them)."""
     logits = rt.matmul(h, w.ffn_gate_inp)                                # [T, E]
     rt.record("ffn_moe_logits", il, logits)
-    ids, weights = route(logits, w, mc, spec.n_expert_used, record=rt.record, il=il)   # [T, A], [T, A]
-    if getattr(w, "ffn_gate_up_exps", None) is not None:
-        gate, up = split_gate_up(w)
-    else:
-        gate, up = w.ffn_gate_exps, w.ffn_up_exps
-    sc = (lambda t: t) if mc.scales else (lambda t: None)
-    y = rt.moe_ffn(h, ids, weights, up=up, gate=gate, down=w.ffn_down_exps,
-                   up_scale=sc(w.ffn_up_exps_scale), gate_scale=sc(w.ffn_gate_exps_scale),
-                   down_scale=sc(w.ffn_down_exps_scale), il=il)           # [T, D]
-    rt.record("ffn_moe_out", il, y)
+    y = routed_experts(h, logits, w, mc=mc, spec=spec, il=il, rt=rt)    # [T, D]
     if mc.n_shared > 0:
         s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=mc.scales)   # [T, D]
         rt.record("ffn_shexp", il, s)
