@@ -101,9 +101,13 @@ def test_f32_matches_llamacpp(synth_model, kw):
 
 @pytest.mark.oracle
 def test_no_attention_residuals_matches_llamacpp(synth_model):
-    """attn_res.block_size = 0: no res_score tensors, plain pre-norm residual blocks (kimi-k3.cpp:63, :280-330)."""
+    """Every optional feature off: attn_res.block_size = 0 (no res_score tensors, plain pre-norm residual blocks,
+    kimi-k3.cpp:63, :280-330), no kda.gate_lower_bound (kimi-linear's softplus gate), plain attn_q, no attn_gate,
+    experts at full width (no expert_latent_length, no routed projections or norm), no shared experts,
+    situ_linear_beta 0 (the up branch uncapped)."""
     rep = run_compare(synth_model(ARCH, overrides={"res_bs": 0, "latent": 0, "q_lora": 0, "attn_gate": False,
-                                                   "routed_norm": False, "gate_lb": None, "situ_linear_beta": 0.0}),
+                                                   "routed_norm": False, "gate_lb": None, "situ_linear_beta": 0.0,
+                                                   "n_shared": 0}),
                       TOKENS[:16])
     check_all(rep)
     assert not any(s.name.startswith("res_probs") for s in rep.tensors)

@@ -229,6 +229,9 @@ def _attention(h, w, spec, il, state, rt):
 
 def block(x: ResidualStream, w, *, cfg, il, state, step, rt) -> ResidualStream:
     """The stream (running sum [T, D] and bank) -> the stream after block il."""
+    if not isinstance(x, ResidualStream):
+        raise ConfigError(f"{ARCH}: a block reads the running sum and the banked checkpoints of earlier blocks "
+                          f"(attention residuals), not one [T, D] array: local-mode compare is not available")
     spec, eps, bs = cfg.layers[il], cfg.rms_eps, cfg.res_bs
     ps = x.x
     cur = res_mix(ps, x.bank, w.attn_res_score, eps, rt=rt, il=il) if bs else ps
