@@ -83,6 +83,8 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
         yield (tp.std * rng.standard_normal(tp.shape)).astype(np.float32)
     elif tp.kind == "rope_freqs":
         yield (1.0 + 3.0 * rng.random(tp.shape)).astype(np.float32)
+    elif tp.kind == "ssm_a":                      # -exp(A_log) as converters store it: decay rates in [0.05, 1]
+        yield (-np.exp(rng.uniform(np.log(0.05), 0.0, tp.shape))).astype(np.float32)
     else:
         std = matrix_std(tp)
         n0 = tp.shape[0]
@@ -94,7 +96,7 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
 
 def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
     """The stored type: 1-D tensors F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
-    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
+    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "conv", "ssm_a"):
         return GGMLType.F32
     n = tp.shape[-1]
     for t in (wtype, GGMLType.Q8_0, GGMLType.F16):

@@ -6,6 +6,7 @@ Legend: T tokens, D model dim, E experts, A active experts per token, I expert h
     ids, wts   = route(logits, gating, exp_probs_b, groups)     (moe/router.py)  [T, A], [T, A]
     y          = sum_a wts[t, a] * expert_{ids[t, a]}(h[t])     (moe/experts.py: SwiGLU experts)
     y         += shared_experts(h)   (dense SwiGLU, ffn_*_shexp, when expert_shared_count > 0)   ffn_shexp
+                   * sigmoid(h @ ffn_gate_inp_shexp)   (Qwen3-Next's shared-expert gate: one logit per token)
 
 `MoEConfig` holds every switch of the block, each read from a named GGUF key by the arch; the tables
 name the tensors (`ffn_gate_exps` or the fused `ffn_gate_up_exps`, optional per-expert `.scale`).
@@ -43,6 +44,8 @@ class MoEConfig:
     fused_gate_up: bool = False  # the arch's loader accepts a fused blk.N.ffn_gate_up_exps.weight
     scales: bool = True         # apply the optional per-expert / shared-expert `.scale` tensors (deepseek2's
                                 # graph loads them but passes none to build_moe_ffn / build_ffn)
+    shexp_gate: bool = False    # the shared experts' output is scaled by sigmoid(h @ ffn_gate_inp_shexp) [T, 1]
+                                # (qwen3next.cpp:597-607)
 
 
 def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
@@ -65,7 +68,20 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
               W(f"ffn_{x}_exps_input_scale", p + f"ffn_{x}_exps.input_scale", PER_EXPERT, required=False, dense=True)]
     if mc.n_shared > 0:
         t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp")
+    if mc.shexp_gate:        # ne {D}: a one-row matmul weight (a file may hold it as {D, 1})
+        t.append(W("ffn_gate_inp_shexp", p + "ffn_gate_inp_shexp.weight", lambda c, s: (c.n_embd,), small=True))
     return t
+
+
+def shexp_gate(h, w, rt, il):
+    """sigmoid(h @ ffn_gate_inp_shexp): h [T, D] -> [T, 1] (`build_lora_mm` of a {D} weight, then ggml_sigmoid)."""
+    from ..ops import sigmoid
+    t = w.ffn_gate_inp_shexp
+    g = rt.matmul(h, QTensor.from_raw(t.name, t.type, (1, t.shape[-1]), t.raw))   # [T, 1]
+    rt.record("shared_expert_gate", il, g)
+    g = sigmoid(g)
+    rt.record("shared_expert_gate_sigmoid", il, g)
+    return g
 
 
 def split_gate_up(w) -> tuple[QTensor, QTensor]:
@@ -103,6 +119,9 @@ def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
     if mc.n_shared > 0:
         s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=mc.scales)   # [T, D]
         rt.record("ffn_shexp", il, s)
+        if mc.shexp_gate:
+            s = s * shexp_gate(h, w, rt, il)                             # [T, D] * [T, 1]
+            rt.record("ffn_shexp_gated", il, s)
         y = y + s
         rt.record("ffn_out", il, y)
     return y
