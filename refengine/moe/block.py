@@ -112,9 +112,16 @@ def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
     else:
         gate, up = w.ffn_gate_exps, w.ffn_up_exps
     sc = (lambda t: t) if mc.scales else (lambda t: None)
+    parts, record = {}, None
+    if getattr(w, "ffn_gate_up_exps", None) is not None:
+        def record(name, il_, value):            # keep gate and up: llama.cpp traces their fused product
+            rt.record(name, il_, value)
+            parts[name] = value
     y = rt.moe_ffn(h, ids, weights, up=up, gate=gate, down=w.ffn_down_exps,
                    up_scale=sc(w.ffn_up_exps_scale), gate_scale=sc(w.ffn_gate_exps_scale),
-                   down_scale=sc(w.ffn_down_exps_scale), il=il)           # [T, D]
+                   down_scale=sc(w.ffn_down_exps_scale), il=il, record=record)   # [T, D]
+    if "ffn_moe_gate" in parts and "ffn_moe_up" in parts:   # one mul_mat_id, [T, A, 2I] (llama-graph.cpp:2183-2201)
+        rt.record("ffn_moe_gate_up", il, np.concatenate([parts["ffn_moe_gate"], parts["ffn_moe_up"]], axis=-1))
     rt.record("ffn_moe_out", il, y)
     if mc.n_shared > 0:
         s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=mc.scales)   # [T, D]
