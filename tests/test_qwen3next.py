@@ -75,6 +75,23 @@ def test_decode_matches_llamacpp_decode(synth_model):
     assert nmse <= 1e-8, nmse
 
 
+@pytest.mark.oracle
+@pytest.mark.parametrize("kw", [dict(), dict(all_optional=True)], ids=_id)
+def test_100_tokens_in_three_calls_match_llamacpp(synth_model, kw):
+    """100 tokens (past the tiny preset's 16-100 range's top) as 50 + 1 + 49 in both engines: every position's
+    logits, and every tensor of one 100-token prefill."""
+    from refengine.oracle import run_llamacpp
+    path = synth_model("qwen3next", **kw)
+    toks = np.random.default_rng(1).integers(0, 256, 100)
+    rep = run_compare(path, toks)
+    assert rep.ok and not rep.only_in_llamacpp, format_report(rep)
+    ref = run_llamacpp(path, toks, chunks=[50, 1, 49], trace=False).logits
+    m = Model(path)
+    state = m.new_state()
+    got = np.concatenate([m.forward(toks[:50], state), m.forward(toks[50:51], state), m.forward(toks[51:], state)])
+    assert metrics(ref, got)[0] <= 1e-8 and np.array_equal(ref.argmax(-1), got.argmax(-1))
+
+
 # ---------------------------------------------------------------- quantized weights, llama.cpp mode
 
 @pytest.mark.oracle
