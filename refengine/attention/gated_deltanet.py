@@ -12,13 +12,23 @@ The two forms, side by side (refengine.attention.delta_rule has the derivation):
 (src/models/delta-net-base.cpp:61). q and k are L2-normalized first with the rms eps inside the sqrt
 (`delta_rule.l2_norm`). Value head h reads key head h // r in qwen3next (an explicit interleaved repeat,
 src/models/qwen3next.cpp:518-537): `expand_heads`.
+
+Below them, the whole qwen3next linear-attention sublayer (`gated_deltanet`: projections, conv, gates,
+delta rule, gated norm, output), its tensor table `gdn_table`, its `GDNConfig` and `new_state`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from ..cache import RecurrentState
+from ..errors import ConfigError, MissingTensorError, WeightError
+from ..ops import rms_norm, sigmoid, silu, softplus
+from ..weights import W
 from . import delta_rule
 from .delta_rule import l2_norm  # noqa: F401  (the norm the layers apply to q and k)
+from .short_conv import causal_conv
 
 CHUNK = 64
 
@@ -54,15 +64,6 @@ def chunked(q, k, v, g, beta, S=None, *, chunk=CHUNK):
 #     q, k, v = y split [Hk*K | Hk*K | Hv*V];  q, k = l2_norm(q), l2_norm(k);  expand_heads (h // r)
 #     o, S    = recurrent(q, k, v, g, beta, S)
 #     out     = (rms_norm(o) * ssm_norm * silu(z)) @ ssm_out.T                per head over V
-
-from dataclasses import dataclass  # noqa: E402
-
-from ..cache import RecurrentState  # noqa: E402
-from ..errors import ConfigError, MissingTensorError, WeightError  # noqa: E402
-from ..ops import rms_norm, sigmoid, silu, softplus  # noqa: E402
-from ..weights import W  # noqa: E402
-from .short_conv import causal_conv  # noqa: E402
-
 
 @dataclass(frozen=True)
 class GDNConfig:
