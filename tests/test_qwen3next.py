@@ -63,6 +63,19 @@ def test_f32_every_tensor_matches_llamacpp(synth_model, kw, kinds):
 
 
 @pytest.mark.oracle
+@pytest.mark.parametrize("n", [19, 100])
+def test_chunked_form_matches_llamacpp(synth_model, n):
+    """The chunked delta rule (chunks of 64: one partial chunk, then a full one and a partial one) against
+    llama.cpp's token-by-token kernel: every tensor, float32 on both sides."""
+    toks = np.random.default_rng(2).integers(0, 256, n)
+    rep = run_compare(synth_model("qwen3next"), toks, attn_form="chunked")
+    assert not rep.only_in_llamacpp
+    for s in rep.tensors:
+        assert s.nmse <= 1e-8, (s.name, s.nmse)
+    assert rep.ok and rep.logits.nmse <= 1e-8 and rep.logits.top1_agreement == 1.0, format_report(rep)
+
+
+@pytest.mark.oracle
 def test_decode_matches_llamacpp_decode(synth_model):
     """Prefill 8 then 4 one-token decodes in both engines (conv tail, delta state and KV cache carried)."""
     from refengine.oracle import run_llamacpp

@@ -32,6 +32,7 @@ from .qwen3next_synth import PRESETS, synth_metadata, synth_plan  # noqa: F401  
 
 ARCH = "qwen3next"
 ROPE_TYPE = ROPE_NEOX
+ATTN_FORMS = gdn.FORMS     # the delta rule token by token (llama.cpp's fused kernel, the default) or chunked
 DEVICE_PATH = False         # linear-attention layers: `--backend cuda` runs op by op (matmuls, experts on the GPU)
 
 MATMUL_INPUTS = [
@@ -118,8 +119,9 @@ def load_layer(gf, cfg, il: int):
 
 
 def new_state(cfg, attn_form: str | None = None) -> list:
-    """Per block: a RecurrentState (conv tail, delta-rule matrix) or a KVCache (full attention)."""
-    return [gdn.new_state() if spec.attn == "gdn" else gqa.new_state() for spec in cfg.layers]
+    """Per block: a GDNState (conv tail, delta-rule matrix; attn_form: its delta-rule form, ATTN_FORMS) or a
+    KVCache (full attention)."""
+    return [gdn.new_state(attn_form or "recurrent") if spec.attn == "gdn" else gqa.new_state() for spec in cfg.layers]
 
 
 # ---------------------------------------------------------------- forward

@@ -100,9 +100,20 @@ def gdn_config(r, path: str) -> GDNConfig:
     return GDNConfig(n_k_heads=hk, n_v_heads=hv, head_k_dim=d_state, head_v_dim=d_state, conv_kernel=kc)
 
 
-def new_state() -> RecurrentState:
+FORMS = ("recurrent", "chunked")      # llama.cpp's fused token-by-token kernel (the default), the chunked form
+
+
+@dataclass
+class GDNState(RecurrentState):
+    """A RecurrentState that also names the form of the delta rule this sequence runs (FORMS)."""
+    form: str = "recurrent"
+
+
+def new_state(form: str = "recurrent") -> GDNState:
     """A new sequence: no conv tail, no delta-rule matrix (both start at zero, `build_rs`)."""
-    return RecurrentState()
+    if form not in FORMS:
+        raise ConfigError(f"gated delta net form {form!r} is not one of {', '.join(FORMS)}")
+    return GDNState(form=form)
 
 
 def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
@@ -170,7 +181,8 @@ def project_qkvz(h, w, gc: GDNConfig, il: int, rt):
 
 
 def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: RecurrentState, rt):
-    """One qwen3next linear-attention sublayer. h [T, D] -> [T, D]; `state` (conv tail, S) updated in place."""
+    """One qwen3next linear-attention sublayer. h [T, D] -> [T, D]; `state` (conv tail, S) updated in place.
+    The delta rule runs in the state's form (`GDNState.form`: recurrent, llama.cpp's; or chunked)."""
     T = h.shape[0]
     Hk, Hv, K, V = gc.n_k_heads, gc.n_v_heads, gc.head_k_dim, gc.head_v_dim
     r, C, Kc = Hv // Hk, gc.conv_dim, gc.conv_kernel
@@ -213,7 +225,8 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     rt.record("q_conv_predelta", il, q)
     rt.record("k_conv_predelta", il, k)
     rt.record("v_conv_predelta", il, v)
-    o, S = recurrent(q, k, v, g, beta, S0)                               # [T, Hv, V], [Hv, K, V]
+    rule = chunked if getattr(state, "form", "recurrent") == "chunked" else recurrent
+    o, S = rule(q, k, v, g, beta, S0)                                    # [T, Hv, V], [Hv, K, V]
     rt.record("attn_output", il, o)
     rt.record("new_state", il, S.transpose(0, 2, 1)[None])
     state.conv, state.ssm = new_tail, S
