@@ -31,6 +31,10 @@ F32_CASES = [
     (dict(fused_qkv=True, tied_output=True, overrides={"fused_gate_up": True}), [True, True, True, False]),
     (dict(all_optional=True, fused_qkv=True, overrides={"legacy_ssm_in": True, "fused_gate_up": True}),
      [False, True, True, True]),
+    # one MTP block after the trunk (nextn_predict_layers = 1; with all_optional its optional nextn tensors):
+    # llama.cpp skips it when loading and in the main pass, refengine neither loads nor runs it
+    (dict(overrides={"n_mtp": 1}), [True, True, True, False]),
+    (dict(all_optional=True, overrides={"n_mtp": 1}), [False, True, True, True]),
 ]
 
 
@@ -43,6 +47,9 @@ def _id(kw):
 def test_f32_every_tensor_matches_llamacpp(synth_model, kw, kinds):
     path = synth_model("qwen3next", **kw)
     assert [s.attn == "gdn" for s in Model(path).cfg.layers] == kinds
+    if kw.get("all_optional") or kw.get("overrides", {}).get("n_mtp"):      # every tensor consumed, keys as llama.cpp's
+        from refengine.lint import lint
+        assert not lint(path).refused
     rep = run_compare(path, TOKENS)
     table = format_report(rep)
     assert rep.tolerance == 1e-8

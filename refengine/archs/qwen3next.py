@@ -103,7 +103,19 @@ def config_from_gguf(gf) -> ModelConfig:
 # ---------------------------------------------------------------- tensors
 
 def load_globals(gf, cfg):
-    return _load_globals(gf, cfg, rope_factor_tensors=False)
+    g = _load_globals(gf, cfg, rope_factor_tensors=False)
+    g.tensor_names = list(g.tensor_names) + mtp_tensor_names(gf, cfg)
+    return g
+
+
+def mtp_tensor_names(gf, cfg) -> list[str]:
+    """The MTP blocks' tensors (blk.N.* for N >= n_layer). llama.cpp creates them with TENSOR_SKIP unless asked
+    to load MTP (qwen3next.cpp:38-40, :108-128): they count as the file's and are never read. Here the same:
+    named as consumed (refengine lint), not loaded."""
+    def block(name):
+        parts = name.split(".")
+        return int(parts[1]) if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit() else -1
+    return [n for n in gf.tensors if cfg.n_layer <= block(n) < cfg.n_layer + cfg.n_layer_nextn]
 
 
 def load_layer(gf, cfg, il: int):

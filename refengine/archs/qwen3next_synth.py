@@ -19,7 +19,9 @@ Presets:
 - `qwen3-next-80b`  the published shape (cited beside it). Too big to write whole: use `layers=N`.
 
 Preset switches (also as `overrides`): `legacy_ssm_in` writes the pre-split `ssm_in` (HF in_proj_qkvz layout)
-instead of attn_qkv + attn_gate; `fused_gate_up` writes `ffn_gate_up_exps`. `fused_qkv=True` fuses the full
+instead of attn_qkv + attn_gate; `fused_gate_up` writes `ffn_gate_up_exps`; `n_mtp` appends that many MTP
+blocks (`nextn_predict_layers`: a full-attention block plus nextn.eh_proj / enorm / hnorm, with all_optional
+also nextn.embed_tokens / shared_head_head / shared_head_norm), which llama.cpp's main pass skips. `fused_qkv=True` fuses the full
 attention's q (with its gate), k, v into one `attn_qkv`.
 
 `all_optional` writes every optional key and tensor the loader accepts: `attention.recurrent_layers` (a
@@ -39,7 +41,7 @@ _TINY = dict(n_vocab=256, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim
              n_ctx=512, rope_base=1e7, eps=1e-6,
              n_expert=8, n_expert_used=2, n_ff_exp=256, n_ff_shexp=256,
              ssm_k_heads=2, ssm_v_heads=4, ssm_state=64, ssm_conv=4, full_attn_interval=4,
-             legacy_ssm_in=False, fused_gate_up=False)
+             legacy_ssm_in=False, fused_gate_up=False, n_mtp=0)
 
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
@@ -52,12 +54,13 @@ PRESETS: dict[str, dict] = {
     # linear_value_head_dim 128, linear_conv_kernel_dim 4, num_experts 512, num_experts_per_tok 10,
     # moe_intermediate_size 512, shared_expert_intermediate_size 512, intermediate_size 5120,
     # vocab_size 151936, full_attention_interval 4, rope_theta 10000000, rms_norm_eps 1e-6,
-    # max_position_embeddings 262144, norm_topk_prob true. (Its MTP block is not written.)
+    # max_position_embeddings 262144, norm_topk_prob true. Its one MTP block (mtp_num_hidden_layers 1) is not
+    # written by default: overrides={"n_mtp": 1} writes it.
     "qwen3-next-80b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=16, n_head_kv=2, head_dim=256, n_rot=64,
                            n_ff=5120, n_ctx=262144, rope_base=1e7, eps=1e-6,
                            n_expert=512, n_expert_used=10, n_ff_exp=512, n_ff_shexp=512,
                            ssm_k_heads=16, ssm_v_heads=32, ssm_state=128, ssm_conv=4, full_attn_interval=4,
-                           legacy_ssm_in=False, fused_gate_up=False),
+                           legacy_ssm_in=False, fused_gate_up=False, n_mtp=0),
 }
 
 
@@ -67,8 +70,8 @@ def recurrent_layers(p: dict, *, all_optional: bool) -> list[bool]:
     full-attention one (the loader must follow the array, not the interval)."""
     n, k = p["n_layer"], p["full_attn_interval"]
     if all_optional and n > 1:
-        return [i % k != 0 for i in range(n)]
-    return [(i + 1) % k != 0 for i in range(n)]
+        return [i % k != 0 for i in range(n)] + [False] * p["n_mtp"]
+    return [(i + 1) % k != 0 for i in range(n)] + [False] * p["n_mtp"]      # MTP blocks: never recurrent (:21)
 
 
 def _gdn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
@@ -125,15 +128,33 @@ def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=Fals
         t += [TensorPlan(f"blk.{il}.attn_norm.weight", (D,), "norm"),
               TensorPlan(f"blk.{il}.post_attention_norm.weight", (D,), "norm")]
         t += _gdn_plans(il, p, all_optional=all_optional) if recr else \
-            _attn_plans(il, p, all_optional=all_optional, fused_qkv=fused_qkv)
-        t += _moe_plans(il, p, all_optional=all_optional)
+            _attn_plans(il, p, all_optional=all_optional and il < p["n_layer"], fused_qkv=fused_qkv)
+        t += _moe_plans(il, p, all_optional=all_optional and il < p["n_layer"])
+        if il >= p["n_layer"]:
+            t += _mtp_plans(il, p, all_optional=all_optional)
     return t + sp.output_plans(p, tied_output=tied_output)
+
+
+def _mtp_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
+    """The NextN tensors of an MTP block (qwen3next.cpp:115-120); llama.cpp skips the whole block unless asked
+    to load MTP, and then creates none of the generic `.scale`s for it (so none are written here)."""
+    b, D, V = f"blk.{il}.nextn.", p["n_embd"], p["n_vocab"]
+    t = [TensorPlan(b + "eh_proj.weight", (D, 2 * D), "matrix", 2 * D),
+         TensorPlan(b + "enorm.weight", (D,), "norm"), TensorPlan(b + "hnorm.weight", (D,), "norm")]
+    if all_optional:
+        t += [TensorPlan(b + "embed_tokens.weight", (V, D), "embed"),
+              TensorPlan(b + "shared_head_head.weight", (V, D), "output", D),
+              TensorPlan(b + "shared_head_norm.weight", (D,), "norm")]
+    return t
 
 
 def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
     """Every key qwen3next reads (spec 1.1), as convert_hf_to_gguf writes them."""
     a = ARCH
-    kv = sp.common_metadata(a, p, name=name)
+    n_all = p["n_layer"] + p["n_mtp"]
+    kv = [(k, n_all, t) if k == f"{a}.block_count" else (k, v, t) for k, v, t in sp.common_metadata(a, p, name=name)]
+    if p["n_mtp"]:
+        kv.append((f"{a}.nextn_predict_layers", p["n_mtp"], "u32"))
     kv += [(f"{a}.attention.key_length", p["head_dim"], "u32"), (f"{a}.attention.value_length", p["head_dim"], "u32"),
            (f"{a}.rope.dimension_count", p["n_rot"], "u32"),
            (f"{a}.expert_count", p["n_expert"], "u32"), (f"{a}.expert_used_count", p["n_expert_used"], "u32"),
