@@ -28,7 +28,7 @@ from ..weights import W
 from .mha import attention, causal_mask
 
 D = lambda cfg, s: cfg.n_embd                                        # noqa: E731
-QD = _QD = lambda cfg, s: s.n_head * cfg.head_dim_k                  # noqa: E731
+QD = lambda cfg, s: s.n_head * cfg.head_dim_k                        # noqa: E731
 KD = lambda cfg, s: s.n_head_kv * cfg.head_dim_k                     # noqa: E731
 VD = lambda cfg, s: s.n_head_kv * cfg.head_dim_v                     # noqa: E731
 ONE = lambda cfg, s: (1,)                                            # noqa: E731
@@ -46,28 +46,28 @@ def gqa_table(gf, il: int, *, out_bias: bool = True, qk_norm: bool = False, q_ga
     """The attention tensors of block il (without attn_norm, which the arch's block owns).
     q_gate: attn_q carries an output gate per head (2 * H * K rows, qwen3next.cpp:77)."""
     p = f"blk.{il}."
-    QD = (lambda c, s: 2 * _QD(c, s)) if q_gate else _QD                 # noqa: N806
+    QW = (lambda c, s: 2 * QD(c, s)) if q_gate else QD                   # noqa: E731  attn_q rows
     t = []
     if qk_norm:
         K = lambda c, s: (c.head_dim_k,)                             # noqa: E731
         t += [W("attn_q_norm", p + "attn_q_norm.weight", K, dense=True),
               W("attn_k_norm", p + "attn_k_norm.weight", K, dense=True)]
     if p + "attn_qkv.weight" in gf:
-        QKV = lambda c, s: QD(c, s) + KD(c, s) + VD(c, s)           # noqa: E731
+        QKV = lambda c, s: QW(c, s) + KD(c, s) + VD(c, s)           # noqa: E731
         t += [W("attn_qkv", p + "attn_qkv.weight", lambda c, s: (QKV(c, s), c.n_embd)),
               W("attn_qkv_bias", p + "attn_qkv.bias", _vec(QKV), required=False, dense=True),
               W("attn_qkv_scale", p + "attn_qkv.scale", ONE, required=False, dense=True),
               W("attn_qkv_input_scale", p + "attn_qkv.input_scale", ONE, required=False, dense=True)]
         if p + "attn_qkv.bias" not in gf:
             t += [W(f"attn_{x}_bias", p + f"attn_{x}.bias", _vec(n), required=False, dense=True)
-                  for x, n in (("q", QD), ("k", KD), ("v", VD))]
+                  for x, n in (("q", QW), ("k", KD), ("v", VD))]
     else:
-        for x, n in (("q", QD), ("k", KD), ("v", VD)):
+        for x, n in (("q", QW), ("k", KD), ("v", VD)):
             t += [W(f"attn_{x}", p + f"attn_{x}.weight", lambda c, s, n=n: (n(c, s), c.n_embd)),
                   W(f"attn_{x}_bias", p + f"attn_{x}.bias", _vec(n), required=False, dense=True),
                   W(f"attn_{x}_scale", p + f"attn_{x}.scale", ONE, required=False, dense=True),
                   W(f"attn_{x}_input_scale", p + f"attn_{x}.input_scale", ONE, required=False, dense=True)]
-    t += [W("attn_output", p + "attn_output.weight", lambda c, s: (c.n_embd, _QD(c, s))),
+    t += [W("attn_output", p + "attn_output.weight", lambda c, s: (c.n_embd, QD(c, s))),
           W("attn_output_scale", p + "attn_output.scale", ONE, required=False, dense=True),
           W("attn_output_input_scale", p + "attn_output.input_scale", ONE, required=False, dense=True)]
     if out_bias:
