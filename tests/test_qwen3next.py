@@ -268,3 +268,20 @@ def test_cpu_backend_equals_numpy(synth_model):
         a = m.forward([tok], st_ref, rt=Runtime(backend="numpy"))
         b = m.forward([tok], st_cpu, rt=Runtime(backend="cpu"))
         assert metrics(a, b)[0] <= 1e-10
+
+
+@pytest.mark.parametrize("edit,err,match", [
+    (dict(drop_keys=["qwen3next.ssm.state_size"]), "MissingKeyError", "ssm.state_size"),
+    (dict(set_keys={"qwen3next.ssm.inner_size": (100, "UINT32")}), "ConfigError", "inner_size 100"),
+    (dict(drop_tensors=["blk.0.attn_qkv.weight"]), "MissingTensorError", "blk.0.attn_qkv.weight.*ssm_in"),
+    (dict(drop_tensors=["blk.1.ssm_a"]), "MissingTensorError", "blk.1.ssm_a"),
+], ids=["no-state-size", "inner-size", "no-qkv", "no-ssm_a"])
+def test_bad_files_name_the_key_or_tensor(synth_model, tmp_path, edit, err, match):
+    from gguf_edit import GGUFValueType, rewrite
+    from refengine import errors
+    if "set_keys" in edit:
+        edit = dict(set_keys={k: (v, getattr(GGUFValueType, t)) for k, (v, t) in edit["set_keys"].items()})
+    out = tmp_path / "bad.gguf"
+    rewrite(synth_model("qwen3next"), out, **edit)
+    with pytest.raises(getattr(errors, err), match=match):
+        Model(out).forward(TOKENS[:2])
