@@ -34,7 +34,8 @@ so attention becomes multi-query attention with one shared head of width C + R (
 Both forms end with  attn = o.reshape(T, H*dv) @ Wo.T (* attn_output.scale).
 
 The cache per position: absorbed C + R numbers; naive H * (dk + dv).
-`kq_scale` and the rope magnitude follow llama.cpp's YaRN rules (`mla_scales`). Trace names are
+`kq_scale` and the rope magnitude follow llama.cpp's YaRN rules (`mla_scales`). With `rope=False` (kimi-linear,
+kimi-k3: rope type NONE) q_pe and k_pe pass unrotated and the caller sets kq_scale = 1/sqrt(dn + R). Trace names are
 deepseek2.cpp's and `build_attn`'s; names whose shape belongs to one form (Qcur, Kcur, Vcur, kqv) are
 recorded only by the form llama.cpp runs for that file (`llama_form`).
 """
@@ -72,6 +73,9 @@ class MLAConfig:
     yarn_log_mul: float = 0.0      # rope.scaling.yarn_log_multiplier / 0.1 (= HF mscale_all_dim; 0 = absent)
     attn_temp_scale: float = 0.0   # attention.temperature_scale (Mistral-Large-3 query temperature; 0 = off)
     attn_temp_length: int = 0      # attention.temperature_length
+    rope: bool = True              # False: rope type NONE (kimi-linear, kimi-k3): q_pe and k_pe are used unrotated
+    legacy_k_rope_first: bool = False   # kimi's legacy attn_kv_b path builds K = [k_pe | k_nope] against
+                                        # Q = [q_nope | q_pe] (kimi-linear.cpp:453-477): reproduce that pairing
 
     @property
     def head_k(self) -> int:       # dk: the per-head query/key width of the naive form
@@ -280,8 +284,11 @@ def project_kv_a(h, w, *, mc, cos, sin, rt, il, dtype=np.float32):
     C, R = mc.kv_lora_rank, mc.qk_rope
     ckv = _mm(h, w.attn_kv_a_mqa, rt, dtype)                                       # [T, C+R]
     rt.record("kv_cmpr_pe", il, ckv)
-    k_pe = apply_rope(ckv[:, None, C:], cos, sin, R, ROPE_NORM)                    # [T, 1, R]
-    rt.record("k_pe", il, k_pe)
+    if mc.rope:
+        k_pe = apply_rope(ckv[:, None, C:], cos, sin, R, ROPE_NORM)                # [T, 1, R]
+        rt.record("k_pe", il, k_pe)
+    else:
+        k_pe = np.ascontiguousarray(ckv[:, None, C:])                              # [T, 1, R] unrotated
     c = rms_norm(ckv[:, :C], w.attn_kv_a_norm, mc.rms_eps)                         # [T, C]
     rt.record("kv_cmpr", il, c)
     return c, k_pe[:, 0, :]
@@ -338,7 +345,14 @@ def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask, rt, il, 
         v = _mm_heads(np.broadcast_to(c, (H, *c.shape)), v_b, rt, dtype)         # [H, T, dv]
         v = v.transpose(1, 0, 2)                                                   # [H, T, dv] -> [T, H, dv]
     Q = np.concatenate([q_nope.astype(dtype), q_pe.astype(dtype)], axis=-1)        # [T, H, dk], rope tail last
-    K = np.concatenate([k_nope.astype(dtype), np.broadcast_to(k_pe[:, None, :], (T, H, mc.qk_rope))], axis=-1)
+    k_pe_h = np.broadcast_to(k_pe[:, None, :], (T, H, mc.qk_rope)).astype(dtype)   # [T, H, R]
+    if mc.legacy_k_rope_first:                 # kimi: K = [k_pe | k_nope] against Q = [q_nope | q_pe]
+        K = np.concatenate([k_pe_h, k_nope.astype(dtype)], axis=-1)               # [T, H, dk]
+        rt.record("mla_Q", il, Q)
+        rt.record("mla_V", il, v)
+        rt.record("mla_K", il, K)
+    else:
+        K = np.concatenate([k_nope.astype(dtype), k_pe_h], axis=-1)               # [T, H, dk]
     rec_form("Qcur", il, Q)                                                        # [T, H, dk]
     rec_form("Kcur", il, K)                                                        # [T, H, dk]
     if q_temp is not None:
@@ -358,7 +372,8 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
     """One MLA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
 
     state: this layer's `new_state(mc, form)`; its length before the call is the first new position.
-    cos, sin: [T, R/2] from `rope_cos_sin(positions, n_rot=R, attn_factor=mc.rope_attn_factor, ...)`.
+    cos, sin: [T, R/2] from `rope_cos_sin(positions, n_rot=R, attn_factor=mc.rope_attn_factor, ...)`;
+        None with `mc.rope` False (no rotation: kimi's rope type NONE).
     mask_fn(q_pos [T], k_pos [S]) -> [T, S] additive mask (default: causal). q_pos are this call's positions
         (state.n .. state.n + T - 1), k_pos every cached position 0 .. S - 1 after the append.
     qr: the normed q-LoRA latent [T, Dq] if the caller computed it (DSA: the indexer shares it).
@@ -371,14 +386,15 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
     want = LatentKV if form == "absorbed" else KVCache
     if not isinstance(state, want):
         raise TypeError(f"MLA form {form!r} needs a {want.__name__} state (new_state(mc, {form!r})), got {type(state).__name__}")
-    assert cos.shape == sin.shape == (T, R // 2), f"cos/sin {cos.shape}, expected {(T, R // 2)}"
+    if mc.rope:
+        assert cos.shape == sin.shape == (T, R // 2), f"cos/sin {cos.shape}, expected {(T, R // 2)}"
     pos = state.n + np.arange(T)                                                   # [T]
     rec_form = rt.record if form == llama_form(mc) else (lambda *a: None)
     q = project_q(h, w, mc=mc, rt=rt, il=il, dtype=dtype, qr=qr)                   # [T, H, dk]
     c, k_pe = project_kv_a(h, w, mc=mc, cos=cos, sin=sin, rt=rt, il=il, dtype=dtype)   # [T, C], [T, R]
     q_nope = q[..., :mc.qk_nope]                                                   # [T, H, dn]
     rt.record("q_nope", il, q_nope)
-    q_pe = apply_rope(q[..., mc.qk_nope:], cos, sin, R, ROPE_NORM)                 # [T, H, R]
+    q_pe = apply_rope(q[..., mc.qk_nope:], cos, sin, R, ROPE_NORM) if mc.rope else q[..., mc.qk_nope:]   # [T, H, R]
     rt.record("q_pe", il, q_pe)
     S = state.n + T
     mask = (mask_fn or causal_mask)(pos, np.arange(S))                             # [T, S]
