@@ -68,14 +68,16 @@ class Runtime:
                                  f"the tensor holds non-finite values")
         return y
 
-    def moe_ffn(self, x, ids, weights, **kw) -> np.ndarray:
-        """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts)."""
+    def moe_ffn(self, x, ids, weights, record=None, **kw) -> np.ndarray:
+        """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts).
+        `record`: a caller's recorder in place of `self.record` (it must pass the tensors on to it)."""
+        rec = record or self.record
         fn = getattr(self._be, "moe_ffn", None)
         if fn is None or kw.get("act") is not None:      # another activation than SwiGLU: the loop oracle,
                                                          # its matmuls still through this backend
             from .moe import moe_ffn as fn
-            return fn(x, ids, weights, matmul=self.matmul, record=self.record, **kw)
-        y = fn(x, ids, weights, mode=self.mode, record=self.record if self.trace is not None else None, **kw)
+            return fn(x, ids, weights, matmul=self.matmul, record=rec, **kw)
+        y = fn(x, ids, weights, mode=self.mode, record=rec if self.trace is not None else None, **kw)
         if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
             raise NonFiniteError(f"routed experts ({names}) produced NaN/inf from a finite input: "

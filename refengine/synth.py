@@ -83,7 +83,7 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
         yield (tp.std * rng.standard_normal(tp.shape)).astype(np.float32)
     elif tp.kind == "rope_freqs":
         yield (1.0 + 3.0 * rng.random(tp.shape)).astype(np.float32)
-    elif tp.kind == "neg_decay":                  # ssm_a = -exp(A_log): in [-1, -0.05], a decay the state survives
+    elif tp.kind == "ssm_a":                      # -exp(A_log) as converters store it: decay rates in [0.05, 1]
         yield (-np.exp(rng.uniform(np.log(0.05), 0.0, tp.shape))).astype(np.float32)
     elif tp.kind == "res_score":                  # an attention-residual score vector: scores of O(1)
         yield (rng.standard_normal(tp.shape) / np.sqrt(tp.shape[-1])).astype(np.float32)
@@ -108,7 +108,7 @@ def forced_type(tp: TensorPlan, tensor_types: dict | None) -> GGMLType | None:
 def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
     """The stored type: 1-D tensors, ssm_a, attention-residual scores and short-conv weights (`ggml_ssm_conv`
     reads F32) F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
-    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "neg_decay", "conv", "res_score"):
+    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "conv", "ssm_a", "res_score"):
         return GGMLType.F32
     n = tp.shape[-1]
     for t in (wtype, GGMLType.Q8_0, GGMLType.F16):

@@ -16,7 +16,7 @@ class TensorPlan:
     name: str
     shape: tuple[int, ...]     # NumPy order
     kind: str                  # matrix | embed | output | router | norm | bias | scale | rope_freqs | probs_bias
-                               # | conv (short-conv weight, F32) | neg_decay (ssm_a = -exp(A_log), F32)
+                               # | conv (a short-conv kernel: F32, std 1/sqrt(fan_in)) | ssm_a (-exp(A_log) < 0, F32)
     fan_in: int = 1
     std: float = 0.0           # probs_bias: the spread of the values (the arch's choice); a matrix: overrides
                                # 1/sqrt(fan_in) when > 0

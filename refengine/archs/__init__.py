@@ -22,9 +22,9 @@ No arch imports another arch. Adding one: a module here and one line in ARCHS.
 from __future__ import annotations
 
 from ..errors import UnsupportedArchError
-from . import deepseek2, deepseek32, glm_dsa, kimi_k3, kimi_linear, llama, qwen3moe
+from . import deepseek2, deepseek32, glm_dsa, kimi_k3, kimi_linear, llama, qwen3moe, qwen3next
 
-ARCHS = {m.ARCH: m for m in (llama, qwen3moe, deepseek2, deepseek32, glm_dsa, kimi_linear, kimi_k3)}
+ARCHS = {m.ARCH: m for m in (llama, qwen3moe, deepseek2, deepseek32, glm_dsa, qwen3next, kimi_linear, kimi_k3)}
 
 
 def get_arch(name, path: str = "<gguf>"):

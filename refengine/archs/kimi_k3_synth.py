@@ -96,7 +96,7 @@ def kda_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     t += [TensorPlan(b + "ssm_f_a.weight", (dh, D), "matrix", D),
           TensorPlan(b + "ssm_f_b.weight", (d_in, dh), "matrix", dh)]
     t += mat(b + "ssm_beta", (H, D), D, scales=1)
-    t += [TensorPlan(b + "ssm_a", (H,), "neg_decay"),
+    t += [TensorPlan(b + "ssm_a", (H,), "ssm_a"),
           TensorPlan(b + "ssm_dt.bias", (d_in,), "bias"),
           TensorPlan(b + "ssm_g.weight", (d_in, D), "matrix", D),
           TensorPlan(b + "ssm_norm.weight", (dh,), "norm")]

@@ -99,7 +99,7 @@ def kda_plans(il: int, p: dict, *, all_optional: bool, fused_qkv: bool) -> list[
     t += mat(b + "ssm_f_a", (dh, D), D)                                     # ne {D, dh}
     t += mat(b + "ssm_f_b", (d_in, dh), dh)                                 # ne {dh, d_in}
     t += mat(b + "ssm_beta", (H, D), D, scales=1)                           # ne {D, H}
-    t.append(TensorPlan(b + "ssm_a", (1, 1, H, 1) if p["conv_4d"] else (H, 1), "neg_decay"))   # ne {1,H,1,1} / {1,H}
+    t.append(TensorPlan(b + "ssm_a", (1, 1, H, 1) if p["conv_4d"] else (H, 1), "ssm_a"))   # ne {1,H,1,1} / {1,H}
     t.append(TensorPlan(b + "ssm_dt.bias", (d_in,), "bias"))
     t += mat(b + "ssm_g_a", (dh, D), D)
     t += mat(b + "ssm_g_b", (d_in, dh), dh)

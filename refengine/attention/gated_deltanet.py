@@ -12,13 +12,23 @@ The two forms, side by side (refengine.attention.delta_rule has the derivation):
 (src/models/delta-net-base.cpp:61). q and k are L2-normalized first with the rms eps inside the sqrt
 (`delta_rule.l2_norm`). Value head h reads key head h // r in qwen3next (an explicit interleaved repeat,
 src/models/qwen3next.cpp:518-537): `expand_heads`.
+
+Below them, the whole qwen3next linear-attention sublayer (`gated_deltanet`: projections, conv, gates,
+delta rule, gated norm, output), its tensor table `gdn_table`, its `GDNConfig` and `new_state`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from ..cache import RecurrentState
+from ..errors import ConfigError, MissingTensorError, WeightError
+from ..ops import rms_norm, sigmoid, silu, softplus
+from ..weights import W
 from . import delta_rule
 from .delta_rule import l2_norm  # noqa: F401  (the norm the layers apply to q and k)
+from .short_conv import causal_conv
 
 CHUNK = 64
 
@@ -39,3 +49,191 @@ def chunked(q, k, v, g, beta, S=None, *, chunk=CHUNK):
     """The chunked form of `recurrent` (same arguments, same result up to float rounding)."""
     assert g.ndim == 2, "GDN decays each head by one scalar: g is [T, H]"
     return delta_rule.chunked(q, k, v, g, beta, S, chunk=chunk)
+
+
+# ---------------------------------------------------------------- the qwen3next layer
+#
+# llama.cpp: `build_layer_attn_linear` and `build_qkvz` (src/models/qwen3next.cpp:314-563), the conv state
+# and the fused delta-rule call of `llm_build_delta_net_base` (src/models/delta-net-base.cpp:449-560).
+# Further letters: C conv channels (2*Hk*K + Hv*V), Kc conv kernel, r = Hv / Hk.
+#
+#     qkv, z  = h @ attn_qkv.T, h @ attn_gate.T       (legacy: one ssm_in, split per key-head group)
+#     b, a    = h @ ssm_ba.T  split per key-head group into [r betas | r alphas]
+#     beta    = sigmoid(b);   g = softplus(a + ssm_dt.bias) * ssm_a           ssm_a = -exp(A_log)
+#     y       = silu(causal_conv(qkv, ssm_conv1d, tail))                      [T, C]
+#     q, k, v = y split [Hk*K | Hk*K | Hv*V];  q, k = l2_norm(q), l2_norm(k);  expand_heads (h // r)
+#     o, S    = recurrent(q, k, v, g, beta, S)
+#     out     = (rms_norm(o) * ssm_norm * silu(z)) @ ssm_out.T                per head over V
+
+@dataclass(frozen=True)
+class GDNConfig:
+    n_k_heads: int      # ssm.group_count (Hk)
+    n_v_heads: int      # ssm.time_step_rank (Hv)
+    head_k_dim: int     # ssm.state_size (K; llama.cpp sizes the state V x V, so K == V)
+    head_v_dim: int     # ssm.inner_size / ssm.time_step_rank (V)
+    conv_kernel: int    # ssm.conv_kernel (Kc)
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+def gdn_config(r, path: str) -> GDNConfig:
+    """The ssm.* keys (qwen3next.cpp:10-14, all required), checked the way the loader's shapes need them."""
+    kc = int(r.get("ssm.conv_kernel", required=True))
+    d_inner = int(r.get("ssm.inner_size", required=True))
+    d_state = int(r.get("ssm.state_size", required=True))
+    hv = int(r.get("ssm.time_step_rank", required=True))
+    hk = int(r.get("ssm.group_count", required=True))
+    if min(kc, d_state, hv, hk) <= 0 or hv % hk or d_inner != hv * d_state:
+        raise ConfigError(f"{path}: ssm keys do not fit a gated delta net: conv_kernel {kc}, inner_size {d_inner}, "
+                          f"state_size {d_state}, time_step_rank {hv}, group_count {hk} (needs time_step_rank a "
+                          f"multiple of group_count and inner_size = time_step_rank * state_size)")
+    return GDNConfig(n_k_heads=hk, n_v_heads=hv, head_k_dim=d_state, head_v_dim=d_state, conv_kernel=kc)
+
+
+FORMS = ("recurrent", "chunked")      # llama.cpp's fused token-by-token kernel (the default), the chunked form
+
+
+@dataclass
+class GDNState(RecurrentState):
+    """A RecurrentState that also names the form of the delta rule this sequence runs (FORMS)."""
+    form: str = "recurrent"
+
+
+def new_state(form: str = "recurrent") -> GDNState:
+    """A new sequence: no conv tail, no delta-rule matrix (both start at zero, `build_rs`)."""
+    if form not in FORMS:
+        raise ConfigError(f"gated delta net form {form!r} is not one of {', '.join(FORMS)}")
+    return GDNState(form=form)
+
+
+def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
+    """The linear-attention tensors of block il (qwen3next.cpp:83-94) and the generic pass's optional
+    `.scale` / `.input_scale` of its projections, which the GDN graph loads but never applies."""
+    p = f"blk.{il}."
+    D = lambda c, s: c.n_embd                                        # noqa: E731
+    ONE = lambda c, s: (1,)                                          # noqa: E731
+    qkvz = 2 * gc.key_dim + 2 * gc.value_dim
+    if p + "attn_qkv.weight" not in gf and p + "ssm_in.weight" not in gf:
+        raise MissingTensorError(f"{gf.path}: linear-attention block {il} needs {p}attn_qkv.weight (with "
+                                 f"{p}attn_gate.weight) or the legacy {p}ssm_in.weight; the file has neither")
+    t = [W("attn_qkv", p + "attn_qkv.weight", lambda c, s: (gc.conv_dim, D(c, s)), required=False),
+         W("attn_gate", p + "attn_gate.weight", lambda c, s: (gc.value_dim, D(c, s)),
+           required=p + "attn_qkv.weight" in gf),
+         W("ssm_in", p + "ssm_in.weight", lambda c, s: (qkvz, D(c, s)), required=False),
+         # ggml_ssm_conv reads the kernel as float (ggml-cpu/ops.cpp asserts nb[0] == sizeof(float))
+         W("ssm_conv1d", p + "ssm_conv1d.weight", lambda c, s: (gc.conv_dim, gc.conv_kernel), dense=True,
+           accepts=("F32",)),
+         W("ssm_dt_bias", p + "ssm_dt.bias", lambda c, s: (gc.n_v_heads,), dense=True),
+         W("ssm_a", p + "ssm_a", lambda c, s: (gc.n_v_heads,), dense=True),
+         W("ssm_ba", p + "ssm_ba.weight", lambda c, s: (2 * gc.n_v_heads, D(c, s)), small=True),
+         W("ssm_norm", p + "ssm_norm.weight", lambda c, s: (gc.head_v_dim,), dense=True),
+         W("ssm_out", p + "ssm_out.weight", lambda c, s: (D(c, s), gc.value_dim))]
+    for x in ("attn_qkv", "attn_gate", "ssm_in", "ssm_out"):
+        t += [W(f"{x}_scale", p + f"{x}.scale", ONE, required=False, dense=True),
+              W(f"{x}_input_scale", p + f"{x}.input_scale", ONE, required=False, dense=True)]
+    return t
+
+
+def check_conv_type(gf, il: int) -> None:
+    """`ssm_conv1d` must be F32: ggml's CPU `ssm_conv` reads the kernel as float and aborts on another type."""
+    name = f"blk.{il}.ssm_conv1d.weight"
+    if name in gf and gf.tensor(name).type.name != "F32":
+        raise WeightError(f"{gf.path}: tensor {name!r} is {gf.tensor(name).type.name}; ggml_ssm_conv takes F32 only "
+                          f"(llama.cpp's converter keeps ssm_conv1d in F32)")
+
+
+def project_qkvz(h, w, gc: GDNConfig, il: int, rt):
+    """h [T, D] -> qkv [T, C] (q of every key head | k | v) and z [T, Hv*V] (`build_qkvz`).
+
+    Legacy `ssm_in` holds, per key head g, [q_g (K) | k_g (K) | v of heads g*r..g*r+r-1 (r*V) | z of them (r*V)]
+    (the HF `in_proj_qkvz` layout); regrouped here as llama.cpp does (qwen3next.cpp:336-391)."""
+    T = h.shape[0]
+    if w.attn_qkv is not None:
+        qkv = rt.matmul(h, w.attn_qkv)                                   # [T, C]
+        rt.record("linear_attn_qkv_mixed", il, qkv)
+        z = rt.matmul(h, w.attn_gate)                                    # [T, Hv*V]
+        rt.record("z", il, z)
+        return qkv, z
+    Hk, K, rV = gc.n_k_heads, gc.head_k_dim, gc.value_dim // gc.n_k_heads
+    mixed = rt.matmul(h, w.ssm_in)                                       # [T, 2*Hk*K + 2*Hv*V]
+    rt.record("linear_attn_mixed_qkvz", il, mixed)
+    grp = mixed.reshape(T, Hk, 2 * K + 2 * rV)                           # [T, Hk, 2K + 2rV]
+    q, k = grp[..., :K], grp[..., K:2 * K]                               # [T, Hk, K]
+    v, z = grp[..., 2 * K:2 * K + rV], grp[..., 2 * K + rV:]             # [T, Hk, rV]
+    for name, x in (("q", q), ("k", k), ("v", v), ("z", z)):
+        rt.record(name, il, x)
+    flat = [x.reshape(T, -1) for x in (q, k, v)]
+    for name, x in zip(("query_flat", "key_flat", "value_flat"), flat):
+        rt.record(name, il, x)
+    qkv = np.concatenate(flat, axis=1)                                   # [T, C]
+    rt.record("qkv_mixed", il, qkv)
+    return qkv, np.ascontiguousarray(z.reshape(T, -1))
+
+
+def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: RecurrentState, rt):
+    """One qwen3next linear-attention sublayer. h [T, D] -> [T, D]; `state` (conv tail, S) updated in place.
+    The delta rule runs in the state's form (`GDNState.form`: recurrent, llama.cpp's; or chunked)."""
+    T = h.shape[0]
+    Hk, Hv, K, V = gc.n_k_heads, gc.n_v_heads, gc.head_k_dim, gc.head_v_dim
+    r, C, Kc = Hv // Hk, gc.conv_dim, gc.conv_kernel
+    qkv, z = project_qkvz(h, w, gc, il, rt)                              # [T, C], [T, Hv*V]
+
+    ba = rt.matmul(h, w.ssm_ba)                                          # [T, 2*Hv]
+    rt.record("linear_attn_mixed_ba", il, ba)
+    ba = ba.reshape(T, Hk, 2 * r)                                        # [T, Hk, 2r]: r betas, r alphas per group
+    b, a = ba[..., :r], ba[..., r:]                                      # [T, Hk, r]
+    rt.record("b", il, b)
+    rt.record("a", il, a)
+    beta = sigmoid(b.reshape(T, Hv))                                     # [T, Hv]
+    sp = softplus(a.reshape(T, Hv) + w.ssm_dt_bias)                      # [T, Hv]
+    rt.record("a_softplus", il, sp)
+    g = sp * w.ssm_a                                                     # [T, Hv]  log decay, <= 0
+    rt.record("gate", il, g)
+
+    tail = state.conv if state.conv is not None else np.zeros((Kc - 1, C), np.float32)   # [Kc-1, C]
+    S0 = state.ssm if state.ssm is not None else np.zeros((Hv, K, V), np.float32)        # [Hv, K, V]
+    rt.record("conv_states", il, tail.T.reshape(1, -1))                  # llama.cpp's row: channel-major
+    rt.record("conv_states_reshaped", il, tail.T[None])                  # [1, C, Kc-1]
+    rt.record("qkv_mixed_transposed", il, qkv.T[None])                   # [1, C, T]
+    rt.record("state_predelta", il, S0.transpose(0, 2, 1)[None])         # [1, Hv, V, K]: S^T per head
+    y, new_tail = causal_conv(qkv, w.ssm_conv1d, tail)                   # [T, C], [Kc-1, C]
+    rt.record("conv_input", il, np.concatenate([tail, qkv]).T[None])     # [1, C, Kc-1+T]
+    rt.record("conv_state_last", il, new_tail.T[None])
+    # the cache row the new tail is copied into, as llama.cpp's callback reads it: before the copy (the old tail)
+    rt.record("conv_state_update", il, tail.T.reshape(1, -1))
+    rt.record("conv_output_raw", il, y)
+    y = silu(y)
+    rt.record("conv_output_silu", il, y)
+
+    q = y[:, :Hk * K].reshape(T, Hk, K)                                  # [T, Hk, K]
+    k = y[:, Hk * K:2 * Hk * K].reshape(T, Hk, K)                        # [T, Hk, K]
+    v = y[:, 2 * Hk * K:].reshape(T, Hv, V)                              # [T, Hv, V]
+    rt.record("q_conv", il, q)
+    rt.record("k_conv", il, k)
+    q = expand_heads(l2_norm(q, eps), r)                                 # [T, Hv, K]
+    k = expand_heads(l2_norm(k, eps), r)                                 # [T, Hv, K]
+    rt.record("q_conv_predelta", il, q)
+    rt.record("k_conv_predelta", il, k)
+    rt.record("v_conv_predelta", il, v)
+    rule = chunked if getattr(state, "form", "recurrent") == "chunked" else recurrent
+    o, S = rule(q, k, v, g, beta, S0)                                    # [T, Hv, V], [Hv, K, V]
+    rt.record("attn_output", il, o)
+    rt.record("new_state", il, S.transpose(0, 2, 1)[None])
+    state.conv, state.ssm = new_tail, S
+
+    o = rms_norm(o, w.ssm_norm, eps) * silu(z.reshape(T, Hv, V))         # [T, Hv, V]  build_norm_gated
+    o = o.reshape(T, Hv * V)
+    rt.record("final_output", il, o)
+    out = rt.matmul(o, w.ssm_out)                                        # [T, D]
+    rt.record("linear_attn_out", il, out)
+    return out

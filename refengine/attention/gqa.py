@@ -10,6 +10,9 @@ V value head dim, R rope dims.
     o       = attention(q, K, V) (causal, 1/sqrt(K))                     kqv_out    [T, H*V]
     y       = o @ Wo.T (*s_o) + b_o                                      attn_out   [T, D]
 
+Output gate (Qwen3-Next, `q_gate=True`): attn_q (or attn_qkv's q part) gives 2K per head, [q | gate], and
+`o = o * sigmoid(gate)` before attn_output (src/models/qwen3next.cpp:236-312).
+
 llama.cpp: `build_qkv` and `create_tensor_qkv` (src/llama-graph.cpp, src/llama-model.cpp:3396), the
 generic `.scale` / `.input_scale` pass (src/llama-model.cpp:1620-1790), `build_attn`.
 The layer's state is a `KVCache` (`new_state`).
@@ -19,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache import KVCache
-from ..ops import apply_rope, rms_norm
+from ..ops import apply_rope, rms_norm, sigmoid
 from ..ops.linear import linear
 from ..weights import W
 from .mha import attention, causal_mask
@@ -39,25 +42,27 @@ def new_state() -> KVCache:
     return KVCache()
 
 
-def gqa_table(gf, il: int, *, out_bias: bool = True, qk_norm: bool = False) -> list[W]:
-    """The attention tensors of block il (without attn_norm, which the arch's block owns)."""
+def gqa_table(gf, il: int, *, out_bias: bool = True, qk_norm: bool = False, q_gate: bool = False) -> list[W]:
+    """The attention tensors of block il (without attn_norm, which the arch's block owns).
+    q_gate: attn_q carries an output gate per head (2 * H * K rows, qwen3next.cpp:77)."""
     p = f"blk.{il}."
+    QW = (lambda c, s: 2 * QD(c, s)) if q_gate else QD                   # noqa: E731  attn_q rows
     t = []
     if qk_norm:
         K = lambda c, s: (c.head_dim_k,)                             # noqa: E731
         t += [W("attn_q_norm", p + "attn_q_norm.weight", K, dense=True),
               W("attn_k_norm", p + "attn_k_norm.weight", K, dense=True)]
     if p + "attn_qkv.weight" in gf:
-        QKV = lambda c, s: QD(c, s) + KD(c, s) + VD(c, s)           # noqa: E731
+        QKV = lambda c, s: QW(c, s) + KD(c, s) + VD(c, s)           # noqa: E731
         t += [W("attn_qkv", p + "attn_qkv.weight", lambda c, s: (QKV(c, s), c.n_embd)),
               W("attn_qkv_bias", p + "attn_qkv.bias", _vec(QKV), required=False, dense=True),
               W("attn_qkv_scale", p + "attn_qkv.scale", ONE, required=False, dense=True),
               W("attn_qkv_input_scale", p + "attn_qkv.input_scale", ONE, required=False, dense=True)]
         if p + "attn_qkv.bias" not in gf:
             t += [W(f"attn_{x}_bias", p + f"attn_{x}.bias", _vec(n), required=False, dense=True)
-                  for x, n in (("q", QD), ("k", KD), ("v", VD))]
+                  for x, n in (("q", QW), ("k", KD), ("v", VD))]
     else:
-        for x, n in (("q", QD), ("k", KD), ("v", VD)):
+        for x, n in (("q", QW), ("k", KD), ("v", VD)):
             t += [W(f"attn_{x}", p + f"attn_{x}.weight", lambda c, s, n=n: (n(c, s), c.n_embd)),
                   W(f"attn_{x}_bias", p + f"attn_{x}.bias", _vec(n), required=False, dense=True),
                   W(f"attn_{x}_scale", p + f"attn_{x}.scale", ONE, required=False, dense=True),
@@ -70,10 +75,11 @@ def gqa_table(gf, il: int, *, out_bias: bool = True, qk_norm: bool = False) -> l
     return t
 
 
-def project_qkv(h, w, cfg, spec, rt, il):
-    """`build_qkv`: h [T, D] -> q [T, H, K], k [T, Hkv, K], v [T, Hkv, V]."""
+def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False):
+    """`build_qkv`: h [T, D] -> q [T, H, K] ([T, H, 2K]: q | gate with q_gate), k [T, Hkv, K], v [T, Hkv, V]."""
     T = h.shape[0]
     H, Hkv, K, V = spec.n_head, spec.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
+    Kq = 2 * K if q_gate else K
     if getattr(w, "attn_qkv", None) is not None:
         bias = w.attn_qkv_bias
         if bias is None and getattr(w, "attn_q_bias", None) is not None \
@@ -84,20 +90,29 @@ def project_qkv(h, w, cfg, spec, rt, il):
         if bias is not None:
             qkv = qkv + bias
             rt.record("wqkv_b", il, qkv)
-        q = qkv[:, :H * K]
-        k = qkv[:, H * K:H * K + Hkv * K]
-        v = qkv[:, H * K + Hkv * K:]
+        q = qkv[:, :H * Kq]
+        k = qkv[:, H * Kq:H * Kq + Hkv * K]
+        v = qkv[:, H * Kq + Hkv * K:]
     else:
         q = linear(h, w.attn_q, w.attn_q_scale, w.attn_q_bias, rt)       # [T, H*K]
         k = linear(h, w.attn_k, w.attn_k_scale, w.attn_k_bias, rt)       # [T, Hkv*K]
         v = linear(h, w.attn_v, w.attn_v_scale, w.attn_v_bias, rt)       # [T, Hkv*V]
-    return q.reshape(T, H, K), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
+    return q.reshape(T, H, Kq), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
 
 
-def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt):
-    """h [T, D] -> [T, D]. q/k norms run when the table loaded them (`w.attn_q_norm`)."""
+def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, out_gate: bool = False):
+    """h [T, D] -> [T, D]. q/k norms run when the table loaded them (`w.attn_q_norm`).
+    out_gate: attn_q gives [q | gate] per head and the output is o * sigmoid(gate) (table with q_gate=True)."""
     T = h.shape[0]
-    q, k, v = project_qkv(h, w, cfg, spec, rt, il)
+    q, k, v = project_qkv(h, w, cfg, spec, rt, il, q_gate=out_gate)
+    if out_gate:
+        K = cfg.head_dim_k
+        rt.record("Qcur_full", il, q.reshape(T, -1))                    # [T, H*2K]
+        rt.record("Kcur", il, k)
+        rt.record("Vcur", il, v)
+        q, gate = q[..., :K], q[..., K:]                                 # [T, H, K] each
+        rt.record("Qcur_view", il, q)
+        rt.record("gate", il, gate)
     if getattr(w, "attn_q_norm", None) is not None:
         q = rms_norm(q, w.attn_q_norm, cfg.rms_eps)                      # [T, H, K]
         rt.record("Qcur_normed", il, q)
@@ -114,4 +129,10 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt):
     o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k), rt.record, il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]
     rt.record("kqv_out", il, o)
+    if out_gate:
+        rt.record("attn_pregate", il, o)
+        gate = sigmoid(gate.reshape(T, -1))                              # [T, H*K]  (K == V)
+        rt.record("gate_sigmoid", il, gate)
+        o = o * gate
+        rt.record("attn_gated", il, o)
     return linear(o, w.attn_output, w.attn_output_scale, getattr(w, "attn_output_bias", None), rt)

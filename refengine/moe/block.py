@@ -6,6 +6,7 @@ Legend: T tokens, D model dim, E experts, A active experts per token, I expert h
     ids, wts   = route(logits, gating, exp_probs_b, groups)     (moe/router.py)  [T, A], [T, A]
     y          = sum_a wts[t, a] * expert_{ids[t, a]}(h[t])     (moe/experts.py: SwiGLU experts)
     y         += shared_experts(h)   (dense SwiGLU, ffn_*_shexp, when expert_shared_count > 0)   ffn_shexp
+                   * sigmoid(h @ ffn_gate_inp_shexp)   (Qwen3-Next's shared-expert gate: one logit per token)
 
 The expert activation is SwiGLU, or Kimi-K3's SiTU (`MoEConfig.act`, `ffn_moe_situ`); `routed_experts` is the
 routing + experts half on its own, for blocks that compute the logits elsewhere (moe/latent.py: the router
@@ -52,6 +53,8 @@ class MoEConfig:
     situ_linear_beta: float = 0.0   # activation.situ_linear_beta (<= 0: the up branch is not capped)
     n_latent: int = 0           # expert_latent_length: routed experts run at this width (0: at D; moe/latent.py)
     probs_bias_required: bool = False   # exp_probs_b.bias must be present (kimi-k3 creates it without NOT_REQUIRED)
+    shexp_gate: bool = False    # the shared experts' output is scaled by sigmoid(h @ ffn_gate_inp_shexp) [T, 1]
+                                # (qwen3next.cpp:597-607)
 
 
 def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
@@ -75,7 +78,20 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
               W(f"ffn_{x}_exps_input_scale", p + f"ffn_{x}_exps.input_scale", PER_EXPERT, required=False, dense=True)]
     if mc.n_shared > 0:
         t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp")
+    if mc.shexp_gate:        # ne {D}: a one-row matmul weight (a file may hold it as {D, 1})
+        t.append(W("ffn_gate_inp_shexp", p + "ffn_gate_inp_shexp.weight", lambda c, s: (c.n_embd,), small=True))
     return t
+
+
+def shexp_gate(h, w, rt, il):
+    """sigmoid(h @ ffn_gate_inp_shexp): h [T, D] -> [T, 1] (`build_lora_mm` of a {D} weight, then ggml_sigmoid)."""
+    from ..ops import sigmoid
+    t = w.ffn_gate_inp_shexp
+    g = rt.matmul(h, QTensor.from_raw(t.name, t.type, (1, t.shape[-1]), t.raw))   # [T, 1]
+    rt.record("shared_expert_gate", il, g)
+    g = sigmoid(g)
+    rt.record("shared_expert_gate_sigmoid", il, g)
+    return g
 
 
 def split_gate_up(w) -> tuple[QTensor, QTensor]:
@@ -116,9 +132,16 @@ def routed_experts(h, logits, w, *, mc: MoEConfig, spec, il, rt):
         gate, up = w.ffn_gate_exps, w.ffn_up_exps
     sc = (lambda t: t) if mc.scales else (lambda t: None)
     kw = {} if mc.act == "silu" else {"act": expert_act(mc)}
+    parts, record = {}, None
+    if getattr(w, "ffn_gate_up_exps", None) is not None:
+        def record(name, il_, value):            # keep gate and up: llama.cpp traces their fused product
+            rt.record(name, il_, value)
+            parts[name] = value
     y = rt.moe_ffn(h, ids, weights, up=up, gate=gate, down=w.ffn_down_exps,
                    up_scale=sc(w.ffn_up_exps_scale), gate_scale=sc(w.ffn_gate_exps_scale),
-                   down_scale=sc(w.ffn_down_exps_scale), il=il, **kw)     # [T, Dm]
+                   down_scale=sc(w.ffn_down_exps_scale), il=il, record=record, **kw)   # [T, Dm]
+    if "ffn_moe_gate" in parts and "ffn_moe_up" in parts:   # one mul_mat_id, [T, A, 2I] (llama-graph.cpp:2183-2201)
+        rt.record("ffn_moe_gate_up", il, np.concatenate([parts["ffn_moe_gate"], parts["ffn_moe_up"]], axis=-1))
     rt.record("ffn_moe_out", il, y)
     return y
 
@@ -131,6 +154,9 @@ def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
     if mc.n_shared > 0:
         s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=mc.scales)   # [T, D]
         rt.record("ffn_shexp", il, s)
+        if mc.shexp_gate:
+            s = s * shexp_gate(h, w, rt, il)                             # [T, D] * [T, 1]
+            rt.record("ffn_shexp_gated", il, s)
         y = y + s
         rt.record("ffn_out", il, y)
     return y
