@@ -42,8 +42,8 @@ from quant import GGMLType
 
 TIE_EPS = 1e-5
 SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_up", "ffn_moe_gate",
-                "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_up_scaled",
-                "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
+                "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_situ", "ffn_moe_down", "ffn_moe_weighted",
+                "ffn_moe_up_scaled", "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
 KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score")   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
 SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0}   # DSA: name -> the query (T) axis
 TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}

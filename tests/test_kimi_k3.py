@@ -79,7 +79,8 @@ def test_kimi_k3_preset_layers_hold_every_kind():
     assert p["full_attn"] == (3,) and p["n_dense_lead"] == 1
     assert plan["blk.0.ssm_f_b.weight"] == (64 * 128, 128) and plan["blk.0.ssm_a"] == (64,)
     assert plan["blk.3.attn_q_b.weight"] == (64 * 192, 1536) and plan["blk.3.attn_gate.weight"] == (64 * 128, 7168)
-    assert plan["blk.1.ffn_gate_exps.weight"] == (896, 3072, 3584) and plan["blk.1.ffn_routed_up.weight"] == (7168, 3584)
+    assert plan["blk.1.ffn_gate_exps.weight"] == (896, 3072, 3584)
+    assert plan["blk.1.ffn_routed_up.weight"] == (7168, 3584)
     full = ks.plan_tensors(resolve_preset(ARCH, "kimi-k3"))
     n = sum(int(np.prod(tp.shape, dtype=np.int64)) for tp in full)
     assert 2.6e12 < n < 3.0e12, n
@@ -256,7 +257,8 @@ def test_lint_and_info_on_small_tensor_types(synth_model, capsys):
 @pytest.mark.parametrize("edit,err,what", [
     (dict(drop_keys=("kimi-k3.attn_res.block_size",)), "MissingKeyError", "kimi-k3.attn_res.block_size"),
     (dict(drop_keys=("kimi-k3.activation.situ_beta",)), "MissingKeyError", "kimi-k3.activation.situ_beta"),
-    (dict(drop_keys=("kimi-k3.activation.situ_linear_beta",)), "MissingKeyError", "kimi-k3.activation.situ_linear_beta"),
+    (dict(drop_keys=("kimi-k3.activation.situ_linear_beta",)), "MissingKeyError",
+     "kimi-k3.activation.situ_linear_beta"),
     (dict(drop_keys=("kimi-k3.activation.situ_beta",), set_keys={"kimi-k3.activation.situ_beta": (0.0, "FLOAT32")}),
      "InvalidKeyError", "kimi-k3.activation.situ_beta"),
     (dict(drop_tensors=("output_res_score.weight",)), "MissingTensorError", "output_res_score.weight"),

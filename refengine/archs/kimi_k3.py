@@ -30,7 +30,8 @@ import numpy as np
 
 from ..attention import kda, mla
 from ..cache import LatentKV
-from ..config import COUNT, COUNT0, FLOAT, POSITIVE, KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
+from ..config import (COUNT, COUNT0, FLOAT, POSITIVE, KeyReader, LayerSpec, ModelConfig, check_experts, read_common,
+                      token_rows)
 from ..errors import ConfigError, MissingTensorError
 from ..ffn import dense_ffn_table
 from ..ffn.dense import situ_ffn
@@ -112,7 +113,8 @@ def config_from_gguf(gf) -> K3Config:
     L_all = L + common["n_layer_nextn"]
     H = int(n_head[0])
     if any(int(h) != H for h in n_head):
-        raise ConfigError(f"{gf.path}: {ARCH} needs one attention.head_count for every layer (its graph reads n_head())")
+        raise ConfigError(f"{gf.path}: {ARCH} needs one attention.head_count for every layer "
+                          f"(its graph reads n_head())")
     lb = r.get("kda.gate_lower_bound", kind=FLOAT)                              # absent: -inf, softplus form
     kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
                        d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"],

@@ -83,7 +83,8 @@ def is_kda(p: dict, il: int) -> bool:
 
 def kda_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     """KDA block il (kimi-k3.cpp:82-105): conv q/k/v (F32, 3-D {Kc,1,d_in} or 4-D with all_optional),
-    separate attn_q/k/v, ssm_f_a / ssm_f_b / ssm_beta, 1-D ssm_a, ssm_dt.bias, full-rank ssm_g, ssm_norm, attn_output."""
+    separate attn_q/k/v, ssm_f_a / ssm_f_b / ssm_beta, 1-D ssm_a, ssm_dt.bias, full-rank ssm_g, ssm_norm,
+    attn_output."""
     b, D, H, dh, Kc = f"blk.{il}.", p["n_embd"], p["n_head"], p["dh"], p["d_conv"]
     d_in = H * dh
     conv_shape = (1, d_in, 1, Kc) if all_optional else (d_in, 1, Kc)
@@ -167,7 +168,8 @@ def plan_tensors(p: dict, *, all_optional: bool = False) -> list[TensorPlan]:
         if p["res_bs"] > 0:
             t += [TensorPlan(b + "attn_res_score.weight", (D,), "res_score"),
                   TensorPlan(b + "ffn_res_score.weight", (D,), "res_score")]
-        t += kda_plans(il, p, all_optional=all_optional) if is_kda(p, il) else mla_plans(il, p, all_optional=all_optional)
+        attn = kda_plans if is_kda(p, il) else mla_plans
+        t += attn(il, p, all_optional=all_optional)
         t += ffn_plans(il, p, all_optional=all_optional)
     return t
 
