@@ -56,10 +56,6 @@ MATMUL_INPUTS = [
     (r"q_nope_perm-(\d+)", ["blk.{il}.attn_k_b.weight"]),
     (r"kqv-(\d+)", ["blk.{il}.attn_v_b.weight"]),
     (r"mla_gated-(\d+)", ["blk.{il}.attn_output.weight"]),
-    # refengine-only names (llama.cpp leaves these matmul inputs unnamed): the census reads them when a
-    # test supplies llama.cpp's value recomputed from its traced tensors
-    (r"kda_f_a-(\d+)", ["blk.{il}.ssm_f_b.weight"]),
-    (r"kda_gated-(\d+)", ["blk.{il}.attn_output.weight"]),
     (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_gate.weight", "blk.{il}.ffn_gate_inp.weight",
                          "blk.{il}.ffn_routed_down.weight", "blk.{il}.ffn_up_shexp.weight",
                          "blk.{il}.ffn_gate_shexp.weight"]),
@@ -102,7 +98,8 @@ def _mla_config(r: KeyReader, gf, common: dict, n_head: int, il: int) -> mla.MLA
     kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(k_mla)))
     return mla.MLAConfig(n_head=n_head, q_lora_rank=q_lora if has_q_lora else 0, kv_lora_rank=kv_lora,
                          qk_nope=k_mla - R, qk_rope=R, v_head=v_mla, kq_scale=kq_scale, rope_attn_factor=1.0,
-                         rms_eps=common["rms_eps"], legacy=False, rope=False)
+                         rms_eps=common["rms_eps"], legacy=False, rope=False,
+                         output_scale=False)                  # attn_output.scale loaded, not applied (:559)
 
 
 def config_from_gguf(gf) -> K3Config:
@@ -195,9 +192,6 @@ def load_layer(gf, cfg, il: int):
     w = load_tensors(gf, table, cfg, spec, il)
     if spec.attn == "kda":
         kda.conv_weights(w, spec.attn_cfg)                          # refuse a non-F32 conv weight at load
-    else:
-        w.attn_output_scale = None                                  # loaded by the generic pass, never applied:
-                                                                    # kimi-k3.cpp:559 multiplies by wo alone
     return w
 
 

@@ -76,6 +76,8 @@ class MLAConfig:
     rope: bool = True              # False: rope type NONE (kimi-linear, kimi-k3): q_pe and k_pe are used unrotated
     legacy_k_rope_first: bool = False   # kimi's legacy attn_kv_b path builds K = [k_pe | k_nope] against
                                         # Q = [q_nope | q_pe] (kimi-linear.cpp:453-477): reproduce that pairing
+    output_scale: bool = True      # apply attn_output.scale when the file has one (build_attn's wo_s); False:
+                                   # kimi-k3 multiplies by attn_output alone (kimi-k3.cpp:559)
 
     @property
     def head_k(self) -> int:       # dk: the per-head query/key width of the naive form
@@ -410,6 +412,6 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
         o = o * out_gate                                                           # [T, H*dv]
         rt.record("mla_gated", il, o)
     y = _mm(o, w.attn_output, rt, dtype)                                           # [T, D]
-    if w.attn_output_scale is not None:
+    if mc.output_scale and w.attn_output_scale is not None:
         y = y * w.attn_output_scale
     return y
