@@ -77,13 +77,14 @@ def test_kimi_k3_preset_layers_hold_every_kind():
     p = resolve_preset(ARCH, "kimi-k3", layers=4)
     plan = {tp.name: tp.shape for tp in ks.plan_tensors(p)}
     assert p["full_attn"] == (3,) and p["n_dense_lead"] == 1
-    assert plan["blk.0.ssm_f_b.weight"] == (64 * 128, 128) and plan["blk.0.ssm_a"] == (64,)
-    assert plan["blk.3.attn_q_b.weight"] == (64 * 192, 1536) and plan["blk.3.attn_gate.weight"] == (64 * 128, 7168)
+    assert plan["blk.0.ssm_f_b.weight"] == (96 * 128, 128) and plan["blk.0.ssm_a"] == (96,)
+    assert plan["blk.3.attn_q_b.weight"] == (96 * 192, 1536) and plan["blk.3.attn_gate.weight"] == (96 * 128, 7168)
     assert plan["blk.1.ffn_gate_exps.weight"] == (896, 3072, 3584)
     assert plan["blk.1.ffn_routed_up.weight"] == (7168, 3584)
     full = ks.plan_tensors(resolve_preset(ARCH, "kimi-k3"))
     n = sum(int(np.prod(tp.shape, dtype=np.int64)) for tp in full)
     assert 2.6e12 < n < 3.0e12, n
+    assert sum(1 for tp in full if tp.name.endswith("attn_kv_a_mqa.weight")) == 24      # 69 KDA + 24 MLA blocks
 
 
 # ---------------------------------------------------------------- F32 against llama.cpp

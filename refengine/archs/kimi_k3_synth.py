@@ -44,26 +44,25 @@ _TINY = dict(n_vocab=256, n_embd=256, n_layer=5, n_head=4, n_ctx=512, eps=1e-5,
 
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
-    # Kimi-K3 (2.8T total, ~50B active; llama.cpp: 93 blocks = LLM_TYPE_2_8T_A50B, kimi-k3.cpp:47-50).
-    # Its config.json could not be found with the search tools (Hugging Face moonshotai/Kimi-K3 is listed
-    # in the moonshotai collection, its file was not retrievable here), so this preset is DERIVED, not copied:
-    # - from the brief / model card: 93 layers, 896 routed experts, top-16, 1M context;
-    # - from llama.cpp: gate_lower_bound -5 (kimi-k3.cpp:422), MLA nope-only, sigmoid routing with
-    #   exp_probs_b, 1-D ssm_a, full-rank ssm_g, conv kernel 4 (kimi-linear's);
-    # - Kimi-K2 / Kimi-Linear sizes where K3 keeps the family's shapes: hidden 7168, 64 heads, q_lora 1536,
-    #   kv_lora 512, qk_nope 128, qk_rope 64, v_head 128, KDA head_dim 128, dense FFN 18432, 1 dense lead
-    #   block, 1 shared expert, vocab 163840, rms eps 1e-5, routed scale 2.827, renormalize true;
-    #   Kimi-Linear's 3:1 KDA:MLA pattern (MLA at 1-based layers 4, 8, ..., 92);
-    # - chosen so the counts match 2.8T / A50B: expert latent 3584, expert FFN 3072
-    #   (93 * 896 * 3 * 3584 * 3072 = 2.75e12 routed; 93 * 16 * 3 * 3584 * 3072 = 49e9 active);
-    # - SiTU betas and attn_res block size: placeholders (beta 2.0, linear beta 8.0, block 6).
-    "kimi-k3": dict(n_vocab=163840, n_embd=7168, n_layer=93, n_head=64, n_ctx=1048576, eps=1e-5,
-                    full_attn=tuple(range(3, 93, 4)), dh=128, d_conv=4, gate_lb=-5.0,
+    # Kimi-K3 (2.8T total, 104B active; llama.cpp: 93 blocks = LLM_TYPE_2_8T_A50B, kimi-k3.cpp:47-50).
+    # Published shapes, from public descriptions of the released moonshotai/Kimi-K3 config.json (its file was not
+    # retrievable here): NVIDIA NeMo AutoModel's Kimi K3 page (docs.nvidia.com/nemo/automodel, model-coverage
+    # kimi-k3: 93 layers = 69 KDA + 24 gated MLA, 2.8T / 104B active, 1,048,576 context); NeMo Megatron-Bridge
+    # KimiK3ModelProvider (kimi_linear_num_heads 96, kimi_linear_head_dim 128, conv kernel 4,
+    # kimi_attn_res_block_size 12); FlashInfer's Kimi K3 MegaMoE page (896 experts, routed_expert_hidden_size
+    # 3584, moe_intermediate_size 3072, top-16, SiTU); colibri docs/kimi_k3.md (MLA every 4th layer plus the
+    # final one, NoPE, q_lora 1536, kv_lora 512, qk_nope 128 + 64 extra dims, v 128, 96 heads; KDA gate
+    # -5 * sigmoid(...)); sqliteai/waste docs/K3.md (hidden 7168, latent MoE 7168 -> 3584).
+    # Not found in those sources, so kept from Kimi-K2 / Kimi-Linear: vocab 163840, dense FFN 18432 with 1
+    # leading dense block, 1 shared expert, rms eps 1e-5, routed scale 2.827, renormalize true; the SiTU
+    # betas (2.0 / 8.0) are placeholders (they change values, not shapes).
+    "kimi-k3": dict(n_vocab=163840, n_embd=7168, n_layer=93, n_head=96, n_ctx=1048576, eps=1e-5,
+                    full_attn=tuple(range(3, 92, 4)) + (92,), dh=128, d_conv=4, gate_lb=-5.0,
                     q_lora=1536, kv_lora=512, qk_nope=128, qk_rope=64, v_head=128, attn_gate=True,
                     n_ff=18432, n_dense_lead=1,
                     n_expert=896, n_expert_used=16, n_ff_exp=3072, n_shared=1, latent=3584, routed_norm=True,
                     norm_w=True, w_scale=2.827,
-                    situ_beta=2.0, situ_linear_beta=8.0, res_bs=6),
+                    situ_beta=2.0, situ_linear_beta=8.0, res_bs=12),
 }
 
 
