@@ -3,6 +3,8 @@
     python benchmarks/cuda_deepseek2.py --type Q4_K [--layers 2] [--dir /tmp] [--prompt 8] [--decode 2] [--json out.json]
     python benchmarks/cuda_deepseek2.py --arch glm-dsa --preset glm-5.2 --layers 2      (DSA: GLM-5.2's shapes)
     python benchmarks/cuda_deepseek2.py --arch deepseek32 --preset deepseek-v3.2 --layers 2
+    python benchmarks/cuda_deepseek2.py --arch kimi-k3 --preset kimi-k3 --layers 3 --override full_attn=2
+                                        (K3: KDA dense, KDA latent MoE, gated MLA latent MoE)
 
 For the DSA archs the indexer's projections run through the same backend; the scores, the top-k and the
 attention stay in NumPy. A prompt shorter than the preset's top-k (2048) keeps every key (dense MLA).
@@ -35,6 +37,7 @@ import quant.cuda  # noqa: F401  (numpy shim before numba)
 from refengine.cuda.randmodel import write_random_model
 from refengine.model import Model
 from refengine.runtime import Runtime
+from refengine.synth import PRESETS
 
 
 def rel_rms(a, b):
@@ -74,7 +77,7 @@ def run(model, rt, prompt, n_dec):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--type", default="Q4_K")
-    ap.add_argument("--arch", default="deepseek2", help="deepseek2, deepseek32 or glm-dsa")
+    ap.add_argument("--arch", default="deepseek2", help="deepseek2, deepseek32, glm-dsa, kimi-linear, kimi-k3, qwen3next")
     ap.add_argument("--preset", default="deepseek-v3", help="a preset of the arch (tiny for a quick check)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dir", default="/tmp")
@@ -87,11 +90,12 @@ def main(argv=None) -> int:
     overrides = {}
     for item in a.override:
         k, _, v = item.partition("=")
-        try:
-            overrides[k] = int(v)
-        except ValueError:
-            ap.error(f"--override {item!r}: want KEY=INTEGER")
-    tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+        try:      # a comma list (or one integer) for an entry the preset holds as a tuple, e.g. full_attn=2
+            overrides[k] = (tuple(int(x) for x in v.split(",") if x)
+                            if isinstance(PRESETS[a.arch][a.preset].get(k), tuple) else int(v))
+        except (ValueError, KeyError):
+            ap.error(f"--override {item!r}: want KEY=INTEGER (or KEY=I,J,... for a tuple entry) of a known preset")
+    tag = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in sorted(overrides.items()))
     path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}-random.gguf")
     t0 = time.perf_counter()
     if not os.path.exists(path):

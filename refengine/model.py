@@ -22,7 +22,7 @@ import quant
 from .archs import get_arch
 from .cache import ModelState
 from .config import LlamaCppWouldRefuse, ModelConfig
-from .errors import ConfigError
+from .errors import ConfigError, UnsupportedArchError
 from .gguf import GGUFModel, open_gguf
 from .runtime import Runtime
 from .step import Step
@@ -111,9 +111,14 @@ class Model:
         head_input likewise. Measures every layer's own error, free of what earlier layers accumulated.
         """
         rt = rt or Runtime()
+        a, cfg = self.arch, self.cfg
+        if not getattr(a, "LOCAL_INPUTS", True):
+            raise UnsupportedArchError(
+                f"{self.path}: {cfg.arch} blocks read more than the previous block's output (attention residuals "
+                f"mix a bank of earlier checkpoints), so a block cannot be fed llama.cpp's l_out alone: "
+                f"compare without --local")
         tokens = self._check_tokens(tokens, 0)
         step = self._step(tokens, 0)
-        a, cfg = self.arch, self.cfg
         x0 = a.embed(self.g, cfg, step, rt)
         fresh = self.new_state(rt.attn_form)
         for il in range(cfg.n_layer):

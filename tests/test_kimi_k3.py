@@ -284,3 +284,12 @@ def test_required_keys_and_tensors(synth_model, tmp_path, edit, err, what):
     path = rewrite(synth_model(ARCH), tmp_path / "bad.gguf", **edit)
     with pytest.raises(getattr(errors, err), match=what.replace(".", r"\.")):
         Model(path).load_all()
+
+
+def test_kimi_k3_local_compare_is_refused_clearly(synth_model):
+    """A K3 block mixes a bank of earlier checkpoints: llama.cpp's l_out alone cannot feed it, so --local is
+    refused with a named error before llama.cpp runs (not a KeyError from deep inside)."""
+    from refengine.compare import run_compare
+    from refengine.errors import UnsupportedArchError
+    with pytest.raises(UnsupportedArchError, match="compare without --local"):
+        run_compare(synth_model(ARCH), [1, 2, 3], local=True)

@@ -16,6 +16,8 @@ and the per-arch data the tools read from here instead of naming archs:
     PRESETS, synth_plan(p, **opts), synth_metadata(p, **opts)       refengine.synth
     MATMUL_INPUTS                                                   refengine.flips
     DEVICE_PATH                        the whole-forward GPU path may run it (refengine.cuda checks layer kinds)
+    LOCAL_INPUTS                       optional, default True: False when a block reads more than the previous
+                                       block's output (kimi-k3's attention residuals); `compare --local` is refused
 
 No arch imports another arch. Adding one: a module here and one line in ARCHS.
 """

@@ -47,6 +47,7 @@ ARCH = "kimi-k3"
 ROPE_TYPE = -1             # LLAMA_ROPE_TYPE_NONE (llama-model.cpp:3046-3049): MLA is nope-only
 ATTN_FORMS = mla.FORMS     # the MLA blocks' two forms; KDA blocks have one
 DEVICE_PATH = False        # `--backend cuda` runs op by op (matmuls on the GPU; SiTU experts loop in NumPy)
+LOCAL_INPUTS = False       # a block reads the bank of earlier checkpoints too: `compare --local` is refused
 
 MATMUL_INPUTS = [
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_k.weight", "blk.{il}.attn_v.weight",
