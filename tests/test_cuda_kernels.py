@@ -215,6 +215,33 @@ def test_moe_ffn(t, kernel, rng, few_threads):
         assert_close("no gate", cmoe.moe_ffn(x, ids, wts, up=up, gate=None, down=down, kernel=kernel), want)
 
 
+@pytest.mark.parametrize("T", [3] if not GPU else [1, 20])
+def test_moe_ffn_situ(T, rng, few_threads):
+    """Kimi-K3's SiTU experts through the grouped dispatch (activation on the host between the kernels) against
+    the loop oracle with the same activation: output and every traced intermediate; one token included."""
+    from refengine.moe.experts import moe_ffn as loop_moe
+    from refengine.ops.activations import situ
+    t = GGMLType.Q8_0
+    E, A = (4, 2) if not GPU else (16, 4)
+    D, F = (32, 32) if not GPU else (512, 256)
+    up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
+    down = random_qtensor(t, (E, D, F), rng, "down")
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:A] for _ in range(T)]).astype(np.int32)
+    wts = rng.uniform(0.1, 1.0, (T, A)).astype(np.float32)
+    act = (lambda g, u: situ(g, u, 1.5, 3.0), "ffn_moe_situ")
+    rec_w, rec_g = {}, {}
+    want = loop_moe(x, ids, wts, up=up, gate=gate, down=down, matmul=ref.matmul, act=act,
+                    record=lambda n, il, v: rec_w.__setitem__(n, v))
+    got = cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, act=act,
+                       record=lambda n, il, v: rec_g.__setitem__(n, v))
+    assert_close("situ traced", got, want)
+    assert set(rec_g) == set(rec_w) and "ffn_moe_situ" in rec_g
+    for k in rec_w:
+        assert_close(k, rec_g[k], rec_w[k])
+    assert_close("situ", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, act=act), want)
+
+
 @pytest.mark.parametrize("t", [GGMLType.Q8_0] if not GPU else list(FSPECS), ids=lambda t: t.name)
 def test_moe_one_token_from_ids(t, rng):
     """One token: the fast kernel reads the expert ids directly (no group table), gate/up fused, then down."""

@@ -259,11 +259,16 @@ def _scales(s, E):
 
 def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, down, up_scale=None,
             gate_scale=None, down_scale=None, mode: str = "exact", record=None, il: int = -1,
-            kernel: str = "auto") -> np.ndarray:
+            kernel: str = "auto", act=None) -> np.ndarray:
     """x [T, D], ids / weights [T, A] -> [T, D]; `gate` may be None (then act = silu(up)).
 
     With `record` the intermediates are computed unfused and handed to it under the loop oracle's names.
+    act: None (SwiGLU, fused on the device) or (fn(gate, up) -> act, trace name) for another gated activation
+    (Kimi-K3's SiTU): the three projections still run as grouped dispatch kernels over the routed pairs, and
+    the activation runs on the host between them with the loop oracle's own function.
     """
+    if act is not None and gate is None:
+        raise QuantError("moe_ffn: a gated activation needs the gate experts")
     if mode != "exact":
         raise QuantError(f"moe_ffn: mode {mode!r} is not implemented (available: exact)")
     for m in (up, gate, down):
@@ -286,12 +291,13 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
     sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, E), _scales(up_scale, E)]))
     sc_d = cuda.to_device(_scales(down_scale, E))
     wts = cuda.to_device(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1))
-    if record is None:
+    if record is None and act is None:
         idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
             one_token_ok(dup, dgate, ddown, xd) else None
         return moe_ffn_device(xd, tx, tp, gmax, n, mpg, A, wts, up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
                               sc_d=sc_d, kernel=kernel, ids=idd).copy_to_host()
-    # traced: every intermediate of the loop oracle, computed by the same kernels, unfused
+    # traced or another activation: every intermediate of the loop oracle, computed by the same kernels, unfused
+    record = record or (lambda *a: None)
     I = up.shape[1]
     u = cuda.device_array((n, I), np.float32)
     grouped(dup, xd, u, tx, gmax, n, mpg, sc=sc_gu[E:], kernel=kernel)
@@ -302,11 +308,17 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
         g = cuda.device_array((n, I), np.float32)
         grouped(dgate, xd, g, tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
         record("ffn_moe_gate" + ("_scaled" if gate_scale is not None else ""), il, g.copy_to_host().reshape(T, A, I))
-    act = cuda.device_array((n, I), np.float32)
-    swiglu_kernel[_grid(n * I), EW](g, u, act, dgate is not None)
-    record("ffn_moe_swiglu" if dgate is not None else "ffn_moe_silu", il, act.copy_to_host().reshape(T, A, I))
+    if act is not None:                                  # pair rows follow tab_x: the same [n, I] layout as
+        fn, act_name = act                               # u and g, so the host activation is elementwise
+        a_host = np.ascontiguousarray(fn(g.copy_to_host(), u.copy_to_host()), dtype=np.float32)
+        record(act_name, il, a_host.reshape(T, A, I))
+        act_d = cuda.to_device(a_host)
+    else:
+        act_d = cuda.device_array((n, I), np.float32)
+        swiglu_kernel[_grid(n * I), EW](g, u, act_d, dgate is not None)
+        record("ffn_moe_swiglu" if dgate is not None else "ffn_moe_silu", il, act_d.copy_to_host().reshape(T, A, I))
     dn = cuda.device_array((n, D), np.float32)
-    grouped(ddown, act, dn, tp, gmax, n, mpg, sc=sc_d, kernel=kernel)
+    grouped(ddown, act_d, dn, tp, gmax, n, mpg, sc=sc_d, kernel=kernel)
     down_out = dn.copy_to_host().reshape(T, A, D)
     record("ffn_moe_down" + ("_scaled" if down_scale is not None else ""), il, down_out)
     weighted = down_out * np.asarray(weights, dtype=np.float32)[:, :, None]
