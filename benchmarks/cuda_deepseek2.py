@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--decode", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--backend", default="cuda", help="the backend under test (cpu: a dry run without a GPU)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="replace a preset entry, e.g. idx_top_k=8 so a short prompt drops keys (DSA)")
     a = ap.parse_args(argv)
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
     model = Model(path)
     print("layers:", [(s.attn, s.ffn) for s in model.cfg.layers], flush=True)
     prompt = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, a.prompt))
-    gpu_rt = Runtime(backend="cuda")
+    gpu_rt = Runtime(backend=a.backend)
     warm = run(model, gpu_rt, prompt, 1)                               # uploads, compiles every kernel
     gpu = run(model, gpu_rt, prompt, a.decode)
     print(f"gpu: prefill {gpu['prefill_s']:.3f} s, decode {gpu['decode_s']} s (warm-up {warm['prefill_s']:.1f} s)",
