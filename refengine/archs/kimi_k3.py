@@ -39,6 +39,7 @@ from ..globals import embed_tokens, load_globals as _load_globals, rms_head
 from ..moe.block import GATING, MoEConfig
 from ..moe.latent import latent_moe, latent_moe_table
 from ..ops import rms_norm
+from ..ops.activations import sigmoid
 from ..residual import ResidualStream, res_mix
 from ..weights import W, load_tensors, norm_table
 from .kimi_k3_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
@@ -216,8 +217,7 @@ def _attention(h, w, spec, il, state, rt):
         return kda.kda_layer(h, w, kc=spec.attn_cfg, il=il, state=state, rt=rt)
     gate = None
     if w.attn_gate is not None:                                          # kimi-k3.cpp:552-557, reads h
-        with np.errstate(over="ignore"):
-            gate = (np.float32(1.0) / (np.float32(1.0) + np.exp(-rt.matmul(h, w.attn_gate)))).astype(np.float32)
+        gate = sigmoid(rt.matmul(h, w.attn_gate))                        # [T, H*dv]
     form = "absorbed" if isinstance(state, LatentKV) else "naive"        # the form the state was made for
     a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, form=form, out_gate=gate)
     rt.record("mla_out", il, a)

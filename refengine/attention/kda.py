@@ -29,7 +29,7 @@ import quant
 from ..cache import RecurrentState
 from ..errors import WeightError
 from ..ops import rms_norm
-from ..ops.activations import silu
+from ..ops.activations import sigmoid, silu, softplus
 from ..weights import W
 from . import delta_rule
 from .delta_rule import l2_norm  # noqa: F401  (the norm the layers apply to q and k)
@@ -147,23 +147,12 @@ def new_state(kc: KDAConfig) -> RecurrentState:
     return RecurrentState()
 
 
-def _softplus(x):
-    """ggml_softplus (ggml-cpu unary-ops.cpp): x above 20 passes through, else log(1 + e^x), float32."""
-    with np.errstate(over="ignore"):
-        return np.where(x > 20.0, x, np.log1p(np.exp(x))).astype(np.float32)
-
-
-def _sigmoid(x):
-    with np.errstate(over="ignore"):
-        return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
-
-
 def gate_decay(z, ssm_a, kc: KDAConfig):
     """z [T, H, dh] (f_b(f_a(h)) + dt_bias), ssm_a [H] (= -exp(A_log)) -> log decay g [T, H, dh] (<= 0)."""
     a = ssm_a.reshape(1, kc.n_head, 1).astype(np.float32)
     if kc.gate_lower_bound is None:
-        return _softplus(z) * a                                                   # kimi-linear.cpp:314-324
-    return np.float32(kc.gate_lower_bound) * _sigmoid(-a * z)                      # kimi-k3.cpp:420-439
+        return softplus(z) * a                                                   # kimi-linear.cpp:314-324
+    return np.float32(kc.gate_lower_bound) * sigmoid(-a * z)                      # kimi-k3.cpp:420-439
 
 
 def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.ndarray:
@@ -192,7 +181,7 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
     rt.record("kda_g1", il, g)
     b = rt.matmul(h, w.ssm_beta)                                                  # [T, H]
-    beta = _sigmoid(b)
+    beta = sigmoid(b)
     rt.record("kda_beta", il, beta if kc.beta_traced_after_sigmoid else b)
 
     q, k = l2_norm(q, kc.rms_eps), l2_norm(k, kc.rms_eps)
@@ -212,7 +201,7 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     rt.record("kda_g2", il, gate.reshape(T, H, dh))                               # kimi-k3's name
     o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head
     rt.record("kda_normed", il, o)
-    o = (o * _sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
+    o = (o * sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
     rt.record("kda_gated", il, o)             # untraced in llama.cpp (as kda_f_a)
     y = rt.matmul(np.ascontiguousarray(o), w.attn_output)                         # [T, D]
     rt.record("kda_out", il, y)
