@@ -96,7 +96,7 @@ def untraced_flips(model, ref: dict, got: dict) -> list[tuple[str, str, str]]:
     (refengine.flips.count_flips), or where llama.cpp's output is reproduced from its own input moved across an
     activation rounding boundary by <= 2 ulps (`_nudge_explains`: llama.cpp's value sits on the boundary)."""
     from quant.llamacpp import partner
-    from refengine.attention.kda import _sigmoid
+    from refengine.ops.activations import sigmoid
     from refengine.flips import count_flips
     from refengine.runtime import Runtime
     rt = Runtime(mode="llamacpp")
@@ -108,7 +108,7 @@ def untraced_flips(model, ref: dict, got: dict) -> list[tuple[str, str, str]]:
         h = np.ascontiguousarray(ref[f"attn_norm-{il}"].reshape(-1, model.cfg.n_embd), dtype=np.float32)
         T = h.shape[0]
         g2 = ref[f"g2 g_b(g_a(cur_2d))-{il}"].reshape(T, H, dh)
-        gated = (ref[f"kda_normed-{il}"].reshape(T, H, dh) * _sigmoid(g2)).reshape(T, H * dh)
+        gated = (ref[f"kda_normed-{il}"].reshape(T, H, dh) * sigmoid(g2)).reshape(T, H * dh)
         for label, x, w, y_name in ((f"kda_f_a-{il}", rt.matmul(h, L.ssm_f_a), L.ssm_f_b, f"g1 f_b(f_a(cur))-{il}"),
                                     (f"kda_g_a-{il}", rt.matmul(h, L.ssm_g_a), L.ssm_g_b, f"g2 g_b(g_a(cur_2d))-{il}"),
                                     (f"kda_gated-{il}", np.ascontiguousarray(gated, dtype=np.float32), L.attn_output,
