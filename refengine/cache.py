@@ -12,7 +12,7 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `KVCache`        | `attention/mla.py` naive    | decompressed keys [S, H, K] and values [S, H, V]           |
 | `IndexerKeys`    | `attention/dsa_indexer.py`  | the lightning indexer's keys [S, di] (llama.cpp's "lid" cache) |
 | `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` |
-| `RecurrentState` | linear attention (to come)  | conv tail [n_conv - 1, channels] and delta-rule matrix     |
+| `RecurrentState` | `attention/gated_deltanet.py`, `attention/kda.py` | conv tail [n_conv - 1, channels] and delta-rule matrix |
 
 `Rows` is the appendable buffer they share: capacity doubling, so a decode step costs O(1) amortized
 copies instead of one copy of the whole cache per token. Compressed caches (pooled blocks plus a
@@ -119,9 +119,11 @@ class DSAState:
 
 @dataclass
 class RecurrentState:
-    """Linear attention's state: the short conv's last inputs and the delta-rule matrix (fixed size)."""
+    """Linear attention's state: the short conv's last inputs and the delta-rule matrix (fixed size), and the
+    form of the delta rule this sequence runs: "recurrent" (llama.cpp's fused kernel) or "chunked"."""
     conv: np.ndarray | None = None        # [n_conv - 1, channels]
     ssm: np.ndarray | None = None         # [H, K, V]
+    form: str = "recurrent"
 
 
 @dataclass

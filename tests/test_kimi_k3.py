@@ -293,3 +293,12 @@ def test_kimi_k3_local_compare_is_refused_clearly(synth_model):
     from refengine.errors import UnsupportedArchError
     with pytest.raises(UnsupportedArchError, match="compare without --local"):
         run_compare(synth_model(ARCH), [1, 2, 3], local=True)
+
+
+@pytest.mark.oracle
+def test_chunked_delta_rule_matches_llamacpp(synth_model):
+    """The KDA blocks run the chunked delta rule (chunks of 16; 24 tokens = 16 + 8) against llama.cpp's fused
+    token-by-token kernel: every tensor and the logits within the F32 tolerance."""
+    rep = run_compare(synth_model(ARCH), TOKENS, attn_form="chunked")
+    assert rep.tolerance == 1e-8
+    check_all(rep)

@@ -285,3 +285,11 @@ def test_required_keys_and_tensors(synth_model, tmp_path, drop, err, what):
     with pytest.raises(getattr(errors, err), match=what.replace(".", r"\.")):
         m = Model(path)
         m.load_all()
+
+
+@oracle
+def test_chunked_delta_rule_matches_llamacpp(synth_model):
+    """The KDA layers run the chunked form (chunks of 16; 30 tokens = 16 + 14) against llama.cpp's fused
+    token-by-token kernel: every tensor and the logits within the F32 tolerance."""
+    rep = run_compare(synth_model(ARCH), TOKENS, attn_form="chunked")
+    check_f32(rep, ["kda", "kda", "kda", "mla"], legacy=False)

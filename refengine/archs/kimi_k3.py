@@ -46,7 +46,7 @@ from .kimi_k3_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  #
 
 ARCH = "kimi-k3"
 ROPE_TYPE = -1             # LLAMA_ROPE_TYPE_NONE (llama-model.cpp:3046-3049): MLA is nope-only
-ATTN_FORMS = mla.FORMS     # the MLA blocks' two forms; KDA blocks have one
+ATTN_FORMS = mla.FORMS + ("chunked",)   # MLA blocks: absorbed / naive; KDA blocks: the chunked delta rule
 DEVICE_PATH = False        # `--backend cuda` runs op by op (matmuls on the GPU; SiTU experts loop in NumPy)
 LOCAL_INPUTS = False       # a block reads the bank of earlier checkpoints too: `compare --local` is refused
 
@@ -198,9 +198,12 @@ def load_layer(gf, cfg, il: int):
 
 
 def new_state(cfg, attn_form: str | None = None) -> list:
-    """Per layer: KDA's RecurrentState, or the MLA cache of the form asked (llama.cpp's by default)."""
-    return [kda.new_state(s.attn_cfg) if s.attn == "kda" else
-            mla.new_state(s.attn_cfg, attn_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
+    """Per layer: KDA's RecurrentState, or the MLA cache of the form asked (llama.cpp's by default).
+    attn_form: an MLA form (absorbed / naive) for the MLA layers, or "chunked" for the KDA layers' delta rule."""
+    kda_form = "chunked" if attn_form == "chunked" else "recurrent"
+    mla_form = attn_form if attn_form in mla.FORMS else None
+    return [kda.new_state(s.attn_cfg, kda_form) if s.attn == "kda" else
+            mla.new_state(s.attn_cfg, mla_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
 
 
 # ---------------------------------------------------------------- forward

@@ -103,10 +103,7 @@ def gdn_config(r, path: str) -> GDNConfig:
 FORMS = ("recurrent", "chunked")      # llama.cpp's fused token-by-token kernel (the default), the chunked form
 
 
-@dataclass
-class GDNState(RecurrentState):
-    """A RecurrentState that also names the form of the delta rule this sequence runs (FORMS)."""
-    form: str = "recurrent"
+GDNState = RecurrentState          # conv tail, delta-rule matrix and the form of the rule (FORMS)
 
 
 def new_state(form: str = "recurrent") -> GDNState:

@@ -27,7 +27,7 @@ import numpy as np
 import quant
 
 from ..cache import RecurrentState
-from ..errors import WeightError
+from ..errors import ConfigError, WeightError
 from ..ops import rms_norm
 from ..ops.activations import sigmoid, silu, softplus
 from ..weights import W
@@ -142,9 +142,15 @@ def conv_weights(w, kc: KDAConfig) -> list[np.ndarray]:
     return out
 
 
-def new_state(kc: KDAConfig) -> RecurrentState:
-    """Zero conv tails and delta state (a new sequence); filled by the first `kda_layer` call."""
-    return RecurrentState()
+FORMS = ("recurrent", "chunked")      # llama.cpp's fused token-by-token kernel (the default), the chunked form
+
+
+def new_state(kc: KDAConfig, form: str = "recurrent") -> RecurrentState:
+    """Zero conv tails and delta state (a new sequence); filled by the first `kda_layer` call. `form`: the
+    delta rule's form this sequence runs (FORMS)."""
+    if form not in FORMS:
+        raise ConfigError(f"KDA delta-rule form {form!r} is not one of {', '.join(FORMS)}")
+    return RecurrentState(form=form)
 
 
 def gate_decay(z, ssm_a, kc: KDAConfig):
@@ -185,7 +191,8 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     rt.record("kda_beta", il, beta if kc.beta_traced_after_sigmoid else b)
 
     q, k = l2_norm(q, kc.rms_eps), l2_norm(k, kc.rms_eps)
-    o, S = recurrent(q, k, v, g, beta, state.ssm)                                 # [T, H, dh], [H, dh, dh]
+    rule = chunked if state.form == "chunked" else recurrent                      # the state's form
+    o, S = rule(q, k, v, g, beta, state.ssm)                                      # [T, H, dh], [H, dh, dh]
     state.ssm = S
     rt.record("attn_output", il, o)
     rt.record("kda_scan_out", il, o)                                              # kimi-k3's name
