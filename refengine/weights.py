@@ -10,7 +10,7 @@ a matrix goes through `ggml_mul_mat` / `ggml_get_rows`, which take every type; a
 through an elementwise `ggml_mul` / `ggml_add` (norms, biases, `.scale`, `exp_probs_b`) or is a rope
 factor, and ggml-cpu's binary ops take an F32 second operand only (`binary_op`,
 ggml/src/ggml-cpu/binary-ops.cpp:116-137 aborts on F16 or quantized); `accepts` overrides either (e.g.
-`ssm_conv1d`: `ggml_ssm_conv` reads F32).
+`ssm_conv1d`: `ggml_ssm_conv` reads F32), and with `refuse_others` a file with another type is refused at load.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 import quant
 from quant import QTensor
 
-from .errors import MissingTensorError, NonFiniteError, ShapeError
+from .errors import MissingTensorError, NonFiniteError, ShapeError, WeightError
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class W:
     small: bool = False         # a small matrix (router gate, ssm_* projection): llama.cpp multiplies it in any
                                 # type, but strict loaders expect it unquantized (lint flags a quantized one)
     accepts: tuple[str, ...] | None = None   # ggml types llama.cpp's op takes here (None: see accepted_types)
+    refuse_others: bool = False # another type than `accepts` is refused at load (llama.cpp aborts on it:
+                                # `ggml_ssm_conv` reads its kernel as float), not only reported by lint
 
     def accepted_types(self) -> tuple[str, ...] | None:
         """The ggml type names llama.cpp's CPU graph takes for this tensor; None means every type."""
@@ -57,6 +59,9 @@ def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleName
             out[w.field] = None
             continue
         t = gf.tensor(name)
+        if w.refuse_others and t.type.name not in w.accepts:
+            raise WeightError(f"{gf.path}: tensor {name!r} is {t.type.name}; llama.cpp's op here takes "
+                              f"{' / '.join(w.accepts)} only (its converter writes {w.accepts[0]})")
         if w.shape is not None:
             want = tuple(int(s) for s in w.shape(cfg, spec))
             got = t.shape

@@ -257,7 +257,7 @@ def test_kda_options_for_kimi_k3():
                                              ssm_f_b=(d_in, dh), ssm_beta=(H, D), ssm_g_a=(dh, D), ssm_g_b=(d_in, dh),
                                              attn_output=(D, d_in)).items()}
     for x in "qkv":
-        w[f"ssm_conv1d_{x}"] = q(f"ssm_conv1d_{x}", f32(d_in, 1, Kc))
+        w[f"ssm_conv1d_{x}"] = f32(d_in, 1, Kc)                      # decoded at load (dense rows)
     w.update(ssm_a=a, ssm_dt_b=0.1 * f32(d_in), ssm_norm=1 + 0.1 * f32(dh), attn_qkv=None)
     g_b, g_a = (np.asarray(w[n].raw).view(np.float32).reshape(w[n].shape) for n in ("ssm_g_b", "ssm_g_a"))
     full = q("ssm_g", (g_b.astype(np.float64) @ g_a.astype(np.float64)).astype(np.float32))     # [d_in, D]

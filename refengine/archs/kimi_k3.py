@@ -191,10 +191,7 @@ def load_layer(gf, cfg, il: int):
         table += dense_ffn_table(il, lambda c, s: s.n_ff)          # .scale loaded, not applied
     else:
         table += latent_moe_table(gf, il, spec.moe)
-    w = load_tensors(gf, table, cfg, spec, il)
-    if spec.attn == "kda":
-        kda.conv_weights(w, spec.attn_cfg)                          # refuse a non-F32 conv weight at load
-    return w
+    return load_tensors(gf, table, cfg, spec, il)
 
 
 def new_state(cfg, attn_form: str | None = None) -> list:

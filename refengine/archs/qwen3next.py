@@ -122,7 +122,6 @@ def load_layer(gf, cfg, il: int):
     spec = cfg.layers[il]
     table = norm_table(il, "attn_norm", "post_attention_norm")
     if spec.attn == "gdn":
-        gdn.check_conv_type(gf, il)
         table += gdn.gdn_table(gf, il, spec.attn_cfg)
     else:
         table += gqa.gqa_table(gf, il, out_bias=False, qk_norm=True, q_gate=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache import RecurrentState
-from ..errors import ConfigError, MissingTensorError, WeightError
+from ..errors import ConfigError, MissingTensorError
 from ..ops import rms_norm, sigmoid, silu, softplus
 from ..weights import W
 from . import delta_rule
@@ -129,7 +129,7 @@ def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
          W("ssm_in", p + "ssm_in.weight", lambda c, s: (qkvz, D(c, s)), required=False),
          # ggml_ssm_conv reads the kernel as float (ggml-cpu/ops.cpp asserts nb[0] == sizeof(float))
          W("ssm_conv1d", p + "ssm_conv1d.weight", lambda c, s: (gc.conv_dim, gc.conv_kernel), dense=True,
-           accepts=("F32",)),
+           accepts=("F32",), refuse_others=True),
          W("ssm_dt_bias", p + "ssm_dt.bias", lambda c, s: (gc.n_v_heads,), dense=True),
          W("ssm_a", p + "ssm_a", lambda c, s: (gc.n_v_heads,), dense=True),
          W("ssm_ba", p + "ssm_ba.weight", lambda c, s: (2 * gc.n_v_heads, D(c, s)), small=True),
@@ -139,14 +139,6 @@ def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
         t += [W(f"{x}_scale", p + f"{x}.scale", ONE, required=False, dense=True),
               W(f"{x}_input_scale", p + f"{x}.input_scale", ONE, required=False, dense=True)]
     return t
-
-
-def check_conv_type(gf, il: int) -> None:
-    """`ssm_conv1d` must be F32: ggml's CPU `ssm_conv` reads the kernel as float and aborts on another type."""
-    name = f"blk.{il}.ssm_conv1d.weight"
-    if name in gf and gf.tensor(name).type.name != "F32":
-        raise WeightError(f"{gf.path}: tensor {name!r} is {gf.tensor(name).type.name}; ggml_ssm_conv takes F32 only "
-                          f"(llama.cpp's converter keeps ssm_conv1d in F32)")
 
 
 def project_qkvz(h, w, gc: GDNConfig, il: int, rt):

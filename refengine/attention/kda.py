@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import quant
 
 from ..cache import RecurrentState
-from ..errors import ConfigError, WeightError
+from ..errors import ConfigError
 from ..ops import rms_norm
 from ..ops.activations import sigmoid, silu, softplus
 from ..weights import W
@@ -98,7 +97,8 @@ def kda_table(gf, il: int, kc: KDAConfig) -> list[W]:
     H, dh, d_in, Kc = kc.n_head, kc.head_dim, kc.d_in, kc.d_conv
     D = lambda c, s: c.n_embd                                                     # noqa: E731
     ONE = lambda c, s: (1,)                                                       # noqa: E731
-    t = [W(f"ssm_conv1d_{x}", p + f"ssm_conv1d_{x}.weight", lambda c, s: (d_in, 1, Kc), accepts=("F32",))
+    t = [W(f"ssm_conv1d_{x}", p + f"ssm_conv1d_{x}.weight", lambda c, s: (d_in, 1, Kc), dense=True,
+           accepts=("F32",), refuse_others=True)     # ggml_ssm_conv reads float (ggml-cpu ops.cpp asserts nb[0])
          for x in STREAMS]
     fused = not kc.separate_qkv and p + "attn_qkv.weight" in gf
     names = ["attn_qkv"] if fused else [f"attn_{x}" for x in STREAMS]
@@ -127,19 +127,6 @@ def kda_table(gf, il: int, kc: KDAConfig) -> list[W]:
         t += [W(f"{n}_scale", p + f"{n}.scale", ONE, required=False, dense=True),
               W(f"{n}_input_scale", p + f"{n}.input_scale", ONE, required=False, dense=True)]
     return t
-
-
-def conv_weights(w, kc: KDAConfig) -> list[np.ndarray]:
-    """The three conv weights as [d_in, Kc] float32; another stored type is refused naming the tensor
-    (`ggml_ssm_conv` reads float, ggml/src/ggml-cpu/ops.cpp asserts nb[0] == sizeof(float))."""
-    out = []
-    for x in STREAMS:
-        t = getattr(w, f"ssm_conv1d_{x}")
-        if t.type.name != "F32":
-            raise WeightError(f"tensor {t.name!r} is {t.type.name}: llama.cpp's ssm_conv reads F32 only "
-                              f"(convert it with its conv weights kept F32)")
-        out.append(quant.dequantize(t).reshape(kc.d_in, kc.d_conv))
-    return out
 
 
 FORMS = ("recurrent", "chunked")      # llama.cpp's fused token-by-token kernel (the default), the chunked form
@@ -172,7 +159,7 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
         proj = [rt.matmul(h, getattr(w, f"attn_{x}")) for x in STREAMS]           # 3 x [T, d_in]
     tails = [None] * 3 if state.conv is None else np.split(state.conv, 3, axis=1)  # 3 x [Kc-1, d_in]
     outs, new_tails = [], []
-    for name, x, wc, tail in zip(STREAMS, proj, conv_weights(w, kc), tails):
+    for name, x, wc, tail in zip(STREAMS, proj, (getattr(w, f"ssm_conv1d_{x}").reshape(d_in, kc.d_conv) for x in STREAMS), tails):
         y, nt = causal_conv(x, wc, tail)                                          # [T, d_in], [Kc-1, d_in]
         outs.append(silu(y).reshape(T, H, dh))                                    # [T, d_in] -> [T, H, dh]
         rt.record(f"kda_{name}_conv", il, outs[-1])                               # kimi-k3's names
