@@ -203,6 +203,26 @@ def deepseek_ffn_plans(il: int, p: dict, *, all_optional: bool, probs_bias_std: 
     return t
 
 
+def mla_metadata(a: str, p: dict) -> list[tuple[str, object, str]]:
+    """MLA's head keys as converters write them: key_length = C+R / value_length = C (the latent cache row) and
+    the per-head sizes key_length_mla = dn+R / value_length_mla = dv (deepseek2, deepseek32, glm-dsa, kimi-*)."""
+    C, R, dn, dv = p["kv_lora"], p["qk_rope"], p["qk_nope"], p["v_head"]
+    return [(f"{a}.attention.key_length", C + R, "u32"),
+            (f"{a}.attention.value_length", C, "u32"),
+            (f"{a}.attention.key_length_mla", dn + R, "u32"),
+            (f"{a}.attention.value_length_mla", dv, "u32")]
+
+
+def moe_metadata(a: str, p: dict) -> list[tuple[str, object, str]]:
+    """The DeepSeek-style MoE keys: experts, used, expert FFN, shared experts, leading dense blocks, routed scale."""
+    return [(f"{a}.expert_count", p["n_expert"], "u32"),
+            (f"{a}.expert_used_count", p["n_expert_used"], "u32"),
+            (f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"),
+            (f"{a}.expert_shared_count", p["n_shared"], "u32"),
+            (f"{a}.leading_dense_block_count", p["n_dense_lead"], "u32"),
+            (f"{a}.expert_weights_scale", p["w_scale"], "f32")]
+
+
 def deepseek_metadata(a: str, p: dict, *, name: str, gating_id: int | None) -> list[tuple[str, object, str]]:
     """The keys the DeepSeek-family loaders read (deepseek2.cpp:3-53, deepseek32.cpp:6-38): sizes, MLA ranks and
     head sizes (key_length = C+R / value_length = C, the latent cache rows, as the converter writes them),
@@ -214,7 +234,6 @@ def deepseek_metadata(a: str, p: dict, *, name: str, gating_id: int | None) -> l
         (f"{a}.embedding_length", p["n_embd"], "u32"),
         (f"{a}.block_count", p["n_layer"], "u32"),
         (f"{a}.feed_forward_length", p["n_ff"], "u32"),
-        (f"{a}.leading_dense_block_count", p["n_dense_lead"], "u32"),
         (f"{a}.attention.head_count", H, "u32"),
         (f"{a}.attention.layer_norm_rms_epsilon", p["eps"], "f32"),
         (f"{a}.attention.q_lora_rank", p["q_lora"], "u32"),
@@ -222,22 +241,13 @@ def deepseek_metadata(a: str, p: dict, *, name: str, gating_id: int | None) -> l
         (f"{a}.rope.freq_base", p["rope_base"], "f32"),
         (f"{a}.rope.dimension_count", R, "u32"),
         (f"{a}.vocab_size", p["n_vocab"], "u32"),
-        (f"{a}.expert_count", p["n_expert"], "u32"),
-        (f"{a}.expert_used_count", p["n_expert_used"], "u32"),
-        (f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"),
-        (f"{a}.expert_shared_count", p["n_shared"], "u32"),
-        (f"{a}.expert_weights_scale", p["w_scale"], "f32"),
         (f"{a}.expert_weights_norm", bool(p["norm_w"]), "bool"),
         ("tokenizer.ggml.model", "none", "str"),
-    ]
+    ] + moe_metadata(a, p)
     if gating_id is not None:
         kv.append((f"{a}.expert_gating_func", gating_id, "u32"))
     if p.get("mla", True):
-        kv += [(f"{a}.attention.head_count_kv", 1, "u32"),
-               (f"{a}.attention.key_length", C + R, "u32"),
-               (f"{a}.attention.value_length", C, "u32"),
-               (f"{a}.attention.key_length_mla", dn + R, "u32"),
-               (f"{a}.attention.value_length_mla", dv, "u32")]
+        kv += [(f"{a}.attention.head_count_kv", 1, "u32")] + mla_metadata(a, p)
     else:
         kv += [(f"{a}.attention.head_count_kv", H, "u32"),
                (f"{a}.attention.key_length", dn + R, "u32"),

@@ -194,13 +194,7 @@ def load_layer(gf, cfg, il: int):
     return load_tensors(gf, table, cfg, spec, il)
 
 
-def new_state(cfg, attn_form: str | None = None) -> list:
-    """Per layer: KDA's RecurrentState, or the MLA cache of the form asked (llama.cpp's by default).
-    attn_form: an MLA form (absorbed / naive) for the MLA layers, or "chunked" for the KDA layers' delta rule."""
-    kda_form = "chunked" if attn_form == "chunked" else "recurrent"
-    mla_form = attn_form if attn_form in mla.FORMS else None
-    return [kda.new_state(s.attn_cfg, kda_form) if s.attn == "kda" else
-            mla.new_state(s.attn_cfg, mla_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
+new_state = kda.hybrid_new_state     # KDA RecurrentState or MLA cache per layer; attn_form: ATTN_FORMS
 
 
 # ---------------------------------------------------------------- forward

@@ -26,7 +26,7 @@ does refengine. (The q-LoRA tensors and attn_gate are in both presets already.)
 """
 from __future__ import annotations
 
-from ..synthplan import TensorPlan, no_option, weight_plans
+from ..synthplan import TensorPlan, mla_metadata, moe_metadata, no_option, weight_plans
 
 ARCH = "kimi-k3"
 GATING_SIGMOID = 2          # expert_gating_func (the converter asserts sigmoid, conversion/kimi_k3.py:206-207)
@@ -179,7 +179,7 @@ def metadata(p: dict, *, name: str) -> list[tuple[str, object, str]]:
     """The keys conversion/kimi_k3.py writes and kimi-k3.cpp:16-51 reads. head_count_kv is per layer:
     1 on MLA blocks (MLA served as MQA), 0 on KDA blocks (llama.cpp's mark of a recurrent layer)."""
     a = ARCH
-    C, R, dn, dv = p["kv_lora"], p["qk_rope"], p["qk_nope"], p["v_head"]
+    C, R = p["kv_lora"], p["qk_rope"]
     kv = [
         ("general.name", name, "str"),
         (f"{a}.context_length", p["n_ctx"], "u32"),
@@ -194,23 +194,13 @@ def metadata(p: dict, *, name: str) -> list[tuple[str, object, str]]:
         (f"{a}.kda.head_dim", p["dh"], "u32"),
         (f"{a}.attention.kv_lora_rank", C, "u32"),
         (f"{a}.rope.dimension_count", R, "u32"),
-        (f"{a}.attention.key_length", C + R, "u32"),
-        (f"{a}.attention.value_length", C, "u32"),
-        (f"{a}.attention.key_length_mla", dn + R, "u32"),
-        (f"{a}.attention.value_length_mla", dv, "u32"),
-        (f"{a}.expert_count", p["n_expert"], "u32"),
-        (f"{a}.expert_used_count", p["n_expert_used"], "u32"),
-        (f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"),
-        (f"{a}.expert_shared_count", p["n_shared"], "u32"),
-        (f"{a}.leading_dense_block_count", p["n_dense_lead"], "u32"),
-        (f"{a}.expert_weights_scale", p["w_scale"], "f32"),
         (f"{a}.expert_weights_norm", bool(p["norm_w"]), "bool"),
         (f"{a}.expert_gating_func", GATING_SIGMOID, "u32"),
         (f"{a}.activation.situ_beta", p["situ_beta"], "f32"),
         (f"{a}.activation.situ_linear_beta", p["situ_linear_beta"], "f32"),
         (f"{a}.attn_res.block_size", p["res_bs"], "u32"),
         ("tokenizer.ggml.model", "none", "str"),
-    ]
+    ] + mla_metadata(a, p) + moe_metadata(a, p)
     if p["q_lora"] > 0:
         kv.append((f"{a}.attention.q_lora_rank", p["q_lora"], "u32"))
     if p["gate_lb"] is not None:

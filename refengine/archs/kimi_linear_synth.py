@@ -27,7 +27,7 @@ attn_q/k/v(/qkv), attn_output, ssm_beta, the FFN and expert matrices. Of those l
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..synthplan import TensorPlan, rope_scaling_metadata, weight_plans
+from ..synthplan import TensorPlan, mla_metadata, moe_metadata, rope_scaling_metadata, weight_plans
 
 ARCH = "kimi-linear"
 
@@ -193,24 +193,15 @@ def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
         (f"{a}.ssm.conv_kernel", p["d_conv"], "u32"),
         (f"{a}.kda.head_dim", p["kda_head"], "u32"),
         (f"{a}.vocab_size", p["n_vocab"], "u32"),
-        (f"{a}.expert_count", p["n_expert"], "u32"),
-        (f"{a}.expert_used_count", p["n_expert_used"], "u32"),
-        (f"{a}.expert_feed_forward_length", p["n_ff_exp"], "u32"),
-        (f"{a}.expert_shared_count", p["n_shared"], "u32"),
-        (f"{a}.leading_dense_block_count", p["n_dense_lead"], "u32"),
-        (f"{a}.expert_weights_scale", p["w_scale"], "f32"),
         (f"{a}.expert_gating_func", GATING[p["gating"]], "u32"),
         ("tokenizer.ggml.model", "none", "str"),
-    ]
+    ] + moe_metadata(a, p)
     # rope type NONE: the generic loader reads rope.scaling.* (llama-model.cpp:1408-1436) but nothing is rotated
     # and the MLA scale is 1/sqrt(dn+R) whatever they say (kimi-linear.cpp:276), so they change nothing
     _check_rope_scaling(rope_scaling)
     kv += rope_scaling_metadata(a, p, None if rope_scaling == "none" else rope_scaling)
     if p["mla"]:
-        kv += [(f"{a}.attention.key_length", C + R, "u32"),
-               (f"{a}.attention.value_length", C, "u32"),
-               (f"{a}.attention.key_length_mla", dn + R, "u32"),
-               (f"{a}.attention.value_length_mla", dv, "u32")]
+        kv += mla_metadata(a, p)
     else:
         kv += [(f"{a}.attention.key_length", dn + R, "u32"),
                (f"{a}.attention.value_length", dv, "u32"),

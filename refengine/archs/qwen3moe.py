@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import synthplan as sp
 from ..attention import gqa
-from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX, KeyReader, LayerSpec, ModelConfig, check_experts, check_gqa, check_head_dims, read_common, token_rows
+from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX, KeyReader, LayerSpec, ModelConfig, check_experts, check_gqa, check_head_dims, read_common, token_rows, qwen_moe_sizes
 from ..errors import ConfigError
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
 from ..moe.block import MoEConfig, moe_block, moe_table
@@ -40,21 +40,18 @@ def config_from_gguf(gf) -> ModelConfig:
     common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=token_rows(gf))
     L = common["n_layer"]
     L_all = L + common["n_layer_nextn"]
-    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, default=0)[:L]
-    n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
+    n_ff, n_used, n_ff_exp = qwen_moe_sizes(r, L, L_all)     # expert FFN: its key, else n_ff / n_used
     E = common["n_expert"]
     check_experts(gf, ARCH, E, n_used, required=True)
     check_head_dims(gf, ARCH, common)
     layers = []
     for il in range(L):
         check_gqa(gf, il, n_head[il], n_head_kv[il])
-        # expert_feed_forward_length, else feed_forward_length / expert_used_count (src/models/qwen3moe.cpp:51)
-        ff_exp = int(n_ff_exp[il] or (n_ff[il] // n_used[il] if n_used[il] else 0) or 0)
-        moe = MoEConfig(n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=ff_exp,
+        ff_exp = n_ff_exp[il]
+        moe = MoEConfig(n_expert=E, n_expert_used=n_used[il], n_ff_exp=ff_exp,
                         n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"])
         layers.append(LayerSpec(attn="mha", ffn="moe", n_head=int(n_head[il]), n_head_kv=int(n_head_kv[il]),
-                                n_ff=int(n_ff[il] or 0), n_ff_exp=ff_exp, n_expert_used=int(n_used[il]), moe=moe))
+                                n_ff=n_ff[il], n_ff_exp=ff_exp, n_expert_used=n_used[il], moe=moe))
     ignored = r.warn_ignored(list(LLAMA_IGNORED_MATH_KEYS))
     return ModelConfig(**common, layers=tuple(layers), ignored_keys=ignored)
 

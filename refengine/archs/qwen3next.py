@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..attention import gated_deltanet as gdn
 from ..attention import gqa
-from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX, Key, KeyReader, LayerSpec, ModelConfig, check_experts, check_gqa, read_common, token_rows
+from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX, Key, KeyReader, LayerSpec, ModelConfig, check_experts, check_gqa, read_common, token_rows, qwen_moe_sizes
 from ..errors import ConfigError
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
 from ..moe.block import MoEConfig, moe_block, moe_table
@@ -72,9 +72,7 @@ def config_from_gguf(gf) -> ModelConfig:
     common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=token_rows(gf))
     L = common["n_layer"]
     L_all = L + common["n_layer_nextn"]
-    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, default=0)[:L]
-    n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
+    n_ff, n_used, n_ff_exp = qwen_moe_sizes(r, L, L_all)     # expert FFN: its key, else n_ff / n_used
     n_ff_shexp = int(r.get("expert_shared_feed_forward_length", 0))
     E = common["n_expert"]
     check_experts(gf, ARCH, E, n_used, required=True)                    # "cannot have zero experts" (:34-36)
@@ -87,15 +85,14 @@ def config_from_gguf(gf) -> ModelConfig:
     for il in range(L):
         if not recr[il]:
             check_gqa(gf, il, n_head[il], n_head_kv[il])
-        # expert_feed_forward_length, else feed_forward_length / expert_used_count (qwen3next.cpp:53)
-        ff_exp = int(n_ff_exp[il] or (n_ff[il] // n_used[il] if n_used[il] else 0) or 0)
-        moe = MoEConfig(n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=ff_exp,
+        ff_exp = n_ff_exp[il]
+        moe = MoEConfig(n_expert=E, n_expert_used=n_used[il], n_ff_exp=ff_exp,
                         n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"],
-                        n_shared=1, n_ff_shexp=n_ff_shexp or int(n_ff[il] or 0), fused_gate_up=True,
+                        n_shared=1, n_ff_shexp=n_ff_shexp or n_ff[il], fused_gate_up=True,
                         shexp_gate=True)
         layers.append(LayerSpec(attn="gdn" if recr[il] else "mha", ffn="moe", n_head=int(n_head[il]),
-                                n_head_kv=int(n_head_kv[il]), n_ff=int(n_ff[il] or 0), n_ff_exp=ff_exp,
-                                n_expert_used=int(n_used[il]), attn_cfg=gc if recr[il] else None, moe=moe))
+                                n_head_kv=int(n_head_kv[il]), n_ff=n_ff[il], n_ff_exp=ff_exp,
+                                n_expert_used=n_used[il], attn_cfg=gc if recr[il] else None, moe=moe))
     ignored = r.warn_ignored(list(IGNORED_MATH_KEYS))
     return ModelConfig(**common, layers=tuple(layers), ignored_keys=ignored)
 

@@ -140,6 +140,17 @@ def new_state(kc: KDAConfig, form: str = "recurrent") -> RecurrentState:
     return RecurrentState(form=form)
 
 
+def hybrid_new_state(cfg, attn_form: str | None = None) -> list:
+    """The state of a KDA + MLA hybrid (kimi-linear, kimi-k3), per layer: KDA's RecurrentState, or the MLA cache
+    of the form asked (llama.cpp's by default). attn_form: an MLA form (absorbed / naive) for the MLA layers,
+    or "chunked" for the KDA layers' delta rule."""
+    from . import mla
+    kda_form = "chunked" if attn_form == "chunked" else "recurrent"
+    mla_form = attn_form if attn_form in mla.FORMS else None
+    return [new_state(s.attn_cfg, kda_form) if s.attn == "kda" else
+            mla.new_state(s.attn_cfg, mla_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
+
+
 def gate_decay(z, ssm_a, kc: KDAConfig):
     """z [T, H, dh] (f_b(f_a(h)) + dt_bias), ssm_a [H] (= -exp(A_log)) -> log decay g [T, H, dh] (<= 0)."""
     a = ssm_a.reshape(1, kc.n_head, 1).astype(np.float32)
