@@ -11,6 +11,7 @@ takes for a MUL_MAT weight load, run and match; a non-F32 conv weight is refused
 import numpy as np
 import pytest
 
+from tests.flipcheck import logits_or_named_flip
 from refengine.compare import format_report, run_compare
 
 ARCH = "kimi-k3"
@@ -150,31 +151,6 @@ def qruns(synth_model):
             cache[key] = (model, run_llamacpp(model.path, tokens, n_ctx=model.n_ctx), trace, logits)
         return cache[key]
     return get
-
-
-def logits_or_named_flip(model, ref, trace, logits, what):
-    """Pass when logits NMSE <= 1e-7; xfail naming the first rounding flip (refengine.flips) before the first
-    divergence; fail otherwise."""
-    from refengine.compare import TOLERANCE_LLAMACPP, build_report, metrics
-    from refengine.flips import flip_census
-    tol = TOLERANCE_LLAMACPP["quantized"]
-    figure = metrics(ref.logits, logits)[0]
-    if figure <= tol:
-        return
-    got = trace.tensors
-    rep = build_report(model.cfg.arch, ref.logits, logits, ref.tensors, ref.order, got, tol)
-    names = [s.name for s in rep.tensors]
-    first_bad = names.index(rep.first_divergence) if rep.first_divergence in names else len(names)
-    census = [(names.index(f.name), f"{f.name} ({f.flips} {f.partner} code(s) of {f.values}, {f.scale_flips} "
-               f"block scale(s), float noise predicts {f.expected:.2g})")
-              for f in flip_census(model, ref.tensors, got, ref.order, ref.earlier, trace.earlier)
-              if (f.flips or f.scale_flips) and f.name in names]
-    census.sort()
-    if census and census[0][0] <= first_bad:
-        pytest.xfail(f"{what}: logits NMSE {figure:.2e} > {tol:g}: rounding flip at {census[0][1]} before the "
-                     f"first divergence {rep.first_divergence}")
-    pytest.fail(f"{what}: logits NMSE {figure:.2e} > {tol:g} with no rounding flip before the first divergence "
-                f"{rep.first_divergence}")
 
 
 @pytest.mark.oracle

@@ -12,6 +12,7 @@ rounding boundary.
 import numpy as np
 import pytest
 
+from tests.flipcheck import logits_or_named_flip
 from refengine.compare import format_report, run_compare
 
 oracle = pytest.mark.oracle          # the tests that run llama.cpp
@@ -149,29 +150,8 @@ def qruns(synth_model):
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
 @pytest.mark.parametrize("kw", [dict(), dict(fused_qkv=True), dict(preset="tiny-legacy")], ids=["tiny", "fused-qkv", "legacy"])
 def test_llamacpp_mode_logits_within_1e7(qruns, wtype, kw):
-    from refengine.compare import TOLERANCE_LLAMACPP, build_report, metrics
-    from refengine.flips import flip_census
     model, ref, trace, logits = qruns(wtype, kw)
-    tol = TOLERANCE_LLAMACPP["quantized"]
-    figure = metrics(ref.logits, logits)[0]
-    if figure <= tol:
-        return
-    got = trace.tensors
-    rep = build_report(model.cfg.arch, ref.logits, logits, ref.tensors, ref.order, got, tol)
-    names = [s.name for s in rep.tensors]
-    first_bad = names.index(rep.first_divergence) if rep.first_divergence in names else len(names)
-    census = [(names.index(f.name), f"{f.name} ({f.flips} {f.partner} code(s) of {f.values}, {f.scale_flips} "
-               f"block scale(s))") for f in flip_census(model, ref.tensors, got, ref.order, ref.earlier, trace.earlier)
-              if (f.flips or f.scale_flips) and f.name in names]
-    # an unnamed input sits just before the output it feeds
-    census += [(names.index(y) - 0.5, f"{x} (unnamed in llama.cpp; {what})")
-               for x, y, what in untraced_flips(model, ref.tensors, got) if y in names]
-    census.sort()
-    if census and census[0][0] <= first_bad:
-        pytest.xfail(f"{wtype} {kw}: logits NMSE {figure:.2e} > {tol:g}: rounding flip at {census[0][1]} before "
-                     f"the first divergence {rep.first_divergence}")
-    pytest.fail(f"{wtype} {kw}: logits NMSE {figure:.2e} > {tol:g} with no rounding flip before the first "
-                f"divergence {rep.first_divergence}")
+    logits_or_named_flip(model, ref, trace, logits, f"{wtype} {kw}", untraced=untraced_flips(model, ref.tensors, trace.tensors))
 
 
 def test_conv_weight_must_be_f32(tmp_path):

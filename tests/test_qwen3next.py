@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from refengine import Model
+from tests.flipcheck import logits_or_named_flip
 from refengine.compare import format_report, metrics, run_compare
 
 TOKENS = [7, 200, 13, 55, 1, 99, 144, 3, 250, 31, 8, 77, 19, 64, 128, 2, 240, 11, 90]
@@ -117,8 +118,6 @@ def test_100_tokens_in_three_calls_match_llamacpp(synth_model, kw):
 @pytest.mark.oracle
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
 def test_llamacpp_mode_logits_within_1e7(synth_model, wtype):
-    from refengine.compare import TOLERANCE_LLAMACPP, build_report
-    from refengine.flips import flip_census
     from refengine.oracle import run_llamacpp
     from refengine.runtime import Runtime
     from refengine.trace import Trace
@@ -127,22 +126,7 @@ def test_llamacpp_mode_logits_within_1e7(synth_model, wtype):
     trace = Trace()
     logits = model.forward(tokens, rt=Runtime(mode="llamacpp", trace=trace))
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
-    tol = TOLERANCE_LLAMACPP["quantized"]
-    figure = metrics(ref.logits, logits)[0]
-    if figure <= tol:
-        return
-    rep = build_report(model.cfg.arch, ref.logits, logits, ref.tensors, ref.order, trace.tensors, tol)
-    census = [f for f in flip_census(model, ref.tensors, trace.tensors, ref.order, ref.earlier, trace.earlier)
-              if f.flips or f.scale_flips]
-    names = [s.name for s in rep.tensors]
-    first_bad = names.index(rep.first_divergence) if rep.first_divergence in names else len(names)
-    if census and census[0].name in names and names.index(census[0].name) < first_bad:
-        f = census[0]
-        pytest.xfail(f"qwen3next {wtype}: logits NMSE {figure:.2e} > {tol:g}: rounding flip at {f.name} "
-                     f"({f.flips} {f.partner} code(s) of {f.values}, {f.scale_flips} block scale(s)) before the "
-                     f"first divergence {rep.first_divergence}")
-    pytest.fail(f"qwen3next {wtype}: logits NMSE {figure:.2e} > {tol:g} with no rounding flip before "
-                f"the first divergence {rep.first_divergence}")
+    logits_or_named_flip(model, ref, trace, logits, f"qwen3next {wtype}")
 
 
 @pytest.mark.oracle
