@@ -14,7 +14,6 @@ A backend is a module with the NumPy oracle's signatures:
 """
 from __future__ import annotations
 
-import inspect
 
 import importlib
 from dataclasses import dataclass
@@ -75,7 +74,7 @@ class Runtime:
         `record`: a caller's recorder in place of `self.record` (it must pass the tensors on to it)."""
         rec = record or self.record
         fn = getattr(self._be, "moe_ffn", None)
-        if fn is None or (kw.get("act") is not None and "act" not in inspect.signature(fn).parameters):
+        if fn is None or (kw.get("act") is not None and not getattr(self._be, "MOE_GATED_ACTS", False)):
             # another activation than SwiGLU on a backend without it (cpu): the loop oracle, its matmuls
             # still through this backend (the cuda backend takes `act`: grouped dispatch, activation on the host)
             from .moe import moe_ffn as fn

@@ -215,7 +215,7 @@ def test_moe_ffn(t, kernel, rng, few_threads):
         assert_close("no gate", cmoe.moe_ffn(x, ids, wts, up=up, gate=None, down=down, kernel=kernel), want)
 
 
-@pytest.mark.parametrize("T", [3] if not GPU else [1, 20])
+@pytest.mark.parametrize("T", [2] if not GPU else [1, 20])
 def test_moe_ffn_situ(T, rng, few_threads):
     """Kimi-K3's SiTU experts through the grouped dispatch (activation on the host between the kernels) against
     the loop oracle with the same activation: output and every traced intermediate; one token included."""
@@ -239,7 +239,8 @@ def test_moe_ffn_situ(T, rng, few_threads):
     assert set(rec_g) == set(rec_w) and "ffn_moe_situ" in rec_g
     for k in rec_w:
         assert_close(k, rec_g[k], rec_w[k])
-    assert_close("situ", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, act=act), want)
+    from refengine.runtime import Runtime        # untraced, through the runtime (which sends SiTU experts here)
+    assert_close("situ", Runtime(backend="cuda").moe_ffn(x, ids, wts, up=up, gate=gate, down=down, act=act), want)
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q8_0] if not GPU else list(FSPECS), ids=lambda t: t.name)

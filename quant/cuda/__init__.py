@@ -23,6 +23,8 @@ from .decoders import SPECS  # noqa: E402
 from .ops import matmul, supported  # noqa: E402
 from .moe import moe_ffn  # noqa: E402
 
+MOE_GATED_ACTS = True    # moe_ffn takes act=(fn, trace name): another gated activation than SwiGLU (Kimi-K3's SiTU)
+
 
 class GPUUnavailable(RuntimeError):
     """No CUDA device (and the simulator is not enabled)."""
