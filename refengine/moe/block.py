@@ -78,16 +78,15 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
               W(f"ffn_{x}_exps_input_scale", p + f"ffn_{x}_exps.input_scale", PER_EXPERT, required=False, dense=True)]
     if mc.n_shared > 0:
         t += dense_ffn_table(il, lambda c, s: mc.n_ff_shexp, suffix="_shexp")
-    if mc.shexp_gate:        # ne {D}: a one-row matmul weight (a file may hold it as {D, 1})
-        t.append(W("ffn_gate_inp_shexp", p + "ffn_gate_inp_shexp.weight", lambda c, s: (c.n_embd,), small=True))
+    if mc.shexp_gate:        # ne {D} (or {D, 1}): loaded as a one-row matmul weight [1, D]
+        t.append(W("ffn_gate_inp_shexp", p + "ffn_gate_inp_shexp.weight", lambda c, s: (1, c.n_embd), small=True))
     return t
 
 
 def shexp_gate(h, w, rt, il):
     """sigmoid(h @ ffn_gate_inp_shexp): h [T, D] -> [T, 1] (`build_lora_mm` of a {D} weight, then ggml_sigmoid)."""
     from ..ops import sigmoid
-    t = w.ffn_gate_inp_shexp
-    g = rt.matmul(h, QTensor.from_raw(t.name, t.type, (1, t.shape[-1]), t.raw))   # [T, 1]
+    g = rt.matmul(h, w.ffn_gate_inp_shexp)                              # [T, D] @ [1, D].T -> [T, 1]
     rt.record("shared_expert_gate", il, g)
     g = sigmoid(g)
     rt.record("shared_expert_gate_sigmoid", il, g)
@@ -97,12 +96,16 @@ def shexp_gate(h, w, rt, il):
 def split_gate_up(w) -> tuple[QTensor, QTensor]:
     """The fused `ffn_gate_up_exps` [E, 2I, D] as gate = rows [0, I) and up = rows [I, 2I) of every expert
     (llama.cpp: views of one mul_mat_id result, src/llama-graph.cpp build_moe_ffn)."""
-    t = w.ffn_gate_up_exps
-    E, I2, D = t.shape
-    I = I2 // 2
-    raw = np.asarray(t.raw)
-    return (QTensor(t.name + "[gate]", t.type, (E, I, D), np.ascontiguousarray(raw[:, :I])),
+    split = getattr(w, "ffn_gate_up_split", None)      # made once per loaded layer: a split per forward call
+    if split is None:                                   # copied the packed bytes every time (and, on the cuda
+        t = w.ffn_gate_up_exps                          # backend, uploaded a new device copy every time)
+        E, I2, D = t.shape
+        I = I2 // 2
+        raw = np.asarray(t.raw)
+        split = w.ffn_gate_up_split = (
+            QTensor(t.name + "[gate]", t.type, (E, I, D), np.ascontiguousarray(raw[:, :I])),
             QTensor(t.name + "[up]", t.type, (E, I, D), np.ascontiguousarray(raw[:, I:])))
+    return split
 
 
 def route(logits, w, mc: MoEConfig, k: int, *, record, il):
