@@ -196,8 +196,8 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     for key, val, vt in kv_rows:
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
          "arr_u32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
-    types = {tp.name: choose_type(tp, wt) if forced_type(tp, tensor_types) is None else forced_type(tp, tensor_types)
-             for tp in plan}
+    forced = {tp.name: forced_type(tp, tensor_types) for tp in plan}
+    types = {tp.name: choose_type(tp, wt) if forced[tp.name] is None else forced[tp.name] for tp in plan}
     for tp in plan:
         t = types[tp.name]
         nbytes = type_info(t).row_bytes(tp.shape[-1]) * int(np.prod(tp.shape[:-1], dtype=np.int64))
