@@ -24,7 +24,7 @@ from functools import partial
 from ..attention import mla
 from ..moe.block import GATING_IDS
 from . import deepseek_family as family
-from .deepseek_family import embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401  (the contract)
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401
 from .deepseek2_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek2"

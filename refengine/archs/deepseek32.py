@@ -29,7 +29,7 @@ from ..attention import mla
 from ..attention.dsa_indexer import indexer_configs
 from ..config import ROPE_NEOX
 from . import deepseek_family as family
-from .deepseek_family import embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401  (the contract)
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401
 from .deepseek32_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek32"

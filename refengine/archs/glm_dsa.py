@@ -37,7 +37,7 @@ from ..attention.dsa_indexer import indexer_configs
 from ..config import ROPE_NORM, KeyReader
 from ..moe.block import GATING_IDS
 from . import deepseek_family as family
-from .deepseek_family import embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401  (the contract)
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401
 from .glm_dsa_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "glm-dsa"
