@@ -125,10 +125,10 @@ def no_option(arch: str, **opts) -> None:
             raise ConfigError(f"synth {arch}: option {k} is not available for this arch")
 
 
-# ---------------------------------------------------------------- the DeepSeek family (deepseek2, deepseek32, glm-dsa)
+# ---------------------------------------------------------------- MLA and DeepSeek-style MoE (DeepSeek family, kimi-*)
 #
-# Preset entries these read: n_embd n_vocab n_head | q_lora kv_lora qk_nope qk_rope v_head mla | n_ff n_dense_lead
-# n_expert n_ff_exp n_shared probs_bias | (DSA) idx_heads idx_dim idx_top_k.
+# Preset entries these read: q_lora kv_lora qk_nope qk_rope v_head | n_expert n_expert_used n_ff_exp n_shared
+# n_dense_lead w_scale. The DeepSeek family's own plans are in archs/deepseek_family_synth.py.
 
 def weight_plans(name: str, shape, fan: int, *, all_optional: bool, kind: str = "matrix",
                  scales: int | None = None) -> list[TensorPlan]:
@@ -138,69 +138,6 @@ def weight_plans(name: str, shape, fan: int, *, all_optional: bool, kind: str = 
     if all_optional and scales is not None:
         out += [TensorPlan(name + ".scale", (scales,), "scale"), TensorPlan(name + ".input_scale", (scales,), "scale")]
     return out
-
-
-def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
-    """MLA's tensors (deepseek2.cpp:98-122, deepseek32.cpp:92-105): norms, q-LoRA (or plain attn_q), the latent
-    projection, attn_k_b / attn_v_b (or a legacy attn_kv_b when p["mla"] is false), attn_output."""
-    b, D, H = f"blk.{il}.", p["n_embd"], p["n_head"]
-    Dq, C, dn, R, dv = p["q_lora"], p["kv_lora"], p["qk_nope"], p["qk_rope"], p["v_head"]
-    dk = dn + R
-    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
-    t = [TensorPlan(b + "attn_norm.weight", (D,), "norm")]
-    if Dq > 0:
-        t.append(TensorPlan(b + "attn_q_a_norm.weight", (Dq,), "norm"))
-    t.append(TensorPlan(b + "attn_kv_a_norm.weight", (C,), "norm"))
-    if Dq > 0:
-        t += mat(b + "attn_q_a", (Dq, D), D)                              # ne {D, Dq}
-        t += mat(b + "attn_q_b", (H * dk, Dq), Dq)                        # ne {Dq, H*dk}
-    else:
-        t += mat(b + "attn_q", (H * dk, D), D, scales=1)                  # ne {D, H*dk}
-    t += mat(b + "attn_kv_a_mqa", (C + R, D), D)                          # ne {D, C+R}: latent, then rope
-    if p.get("mla", True):
-        t += mat(b + "attn_k_b", (H, C, dn), dn)                          # ne {dn, C, H}
-        t += mat(b + "attn_v_b", (H, dv, C), C)                           # ne {C, dv, H}
-    else:
-        t += mat(b + "attn_kv_b", (H * (dn + dv), C), C)                  # ne {C, H*(dn+dv)}
-    t += mat(b + "attn_output", (D, H * dv), H * dv, scales=1)            # ne {H*dv, D}
-    return t
-
-
-def indexer_plans(il: int, p: dict) -> list[TensorPlan]:
-    """The DSA lightning indexer's tensors (deepseek32.cpp:109-114). The key norm weight is written near 1 and
-    its bias small, like any norm / bias; the rest are matrices. p["idx_k_std"] (optional) sets attn_k's spread:
-    a tiny one makes the key LayerNorm's eps visible (tests of glm-dsa's eps-0 quirk)."""
-    b, D = f"blk.{il}.indexer.", p["n_embd"]
-    Hi, di, Dq = p["idx_heads"], p["idx_dim"], p["q_lora"]
-    return [TensorPlan(b + "k_norm.weight", (di,), "norm"),
-            TensorPlan(b + "k_norm.bias", (di,), "bias"),
-            TensorPlan(b + "proj.weight", (Hi, D), "matrix", D),                 # ne {D, Hi}
-            TensorPlan(b + "attn_k.weight", (di, D), "matrix", D, std=p.get("idx_k_std", 0.0)),   # ne {D, di}
-            TensorPlan(b + "attn_q_b.weight", (Hi * di, Dq), "matrix", Dq)]      # ne {Dq, Hi*di}
-
-
-def deepseek_ffn_plans(il: int, p: dict, *, all_optional: bool, probs_bias_std: float) -> list[TensorPlan]:
-    """ffn_norm, then a dense SwiGLU FFN (il < n_dense_lead) or router, optional exp_probs_b, routed experts
-    (gate/down/up) and shared experts (deepseek2.cpp:124-158, deepseek32.cpp:107-139)."""
-    b, D = f"blk.{il}.", p["n_embd"]
-    E, Fe, S, F = p["n_expert"], p["n_ff_exp"], p["n_shared"], p["n_ff"]
-    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
-    t = [TensorPlan(b + "ffn_norm.weight", (D,), "norm")]
-    if il < p["n_dense_lead"]:
-        t += mat(b + "ffn_gate", (F, D), D, scales=1)
-        t += mat(b + "ffn_down", (D, F), F, scales=1)
-        t += mat(b + "ffn_up", (F, D), D, scales=1)
-        return t
-    t += mat(b + "ffn_gate_inp", (E, D), D, kind="router")               # ne {D, E}
-    if p["probs_bias"] or all_optional:
-        t.append(TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias", std=probs_bias_std))
-    t += mat(b + "ffn_down_exps", (E, D, Fe), Fe, scales=E)               # ne {Fe, D, E}
-    t += mat(b + "ffn_gate_exps", (E, Fe, D), D, scales=E)                # ne {D, Fe, E}
-    t += mat(b + "ffn_up_exps", (E, Fe, D), D, scales=E)
-    t += mat(b + "ffn_gate_shexp", (Fe * S, D), D, scales=1)              # ne {D, Fe*S}
-    t += mat(b + "ffn_down_shexp", (D, Fe * S), Fe * S, scales=1)
-    t += mat(b + "ffn_up_shexp", (Fe * S, D), D, scales=1)
-    return t
 
 
 def mla_metadata(a: str, p: dict) -> list[tuple[str, object, str]]:
@@ -221,75 +158,3 @@ def moe_metadata(a: str, p: dict) -> list[tuple[str, object, str]]:
             (f"{a}.expert_shared_count", p["n_shared"], "u32"),
             (f"{a}.leading_dense_block_count", p["n_dense_lead"], "u32"),
             (f"{a}.expert_weights_scale", p["w_scale"], "f32")]
-
-
-def deepseek_metadata(a: str, p: dict, *, name: str, gating_id: int | None) -> list[tuple[str, object, str]]:
-    """The keys the DeepSeek-family loaders read (deepseek2.cpp:3-53, deepseek32.cpp:6-38): sizes, MLA ranks and
-    head sizes (key_length = C+R / value_length = C, the latent cache rows, as the converter writes them),
-    the MoE keys; `gating_id` None leaves expert_gating_func out."""
-    C, R, dn, dv, H = p["kv_lora"], p["qk_rope"], p["qk_nope"], p["v_head"], p["n_head"]
-    kv = [
-        ("general.name", name, "str"),
-        (f"{a}.context_length", p["n_ctx"], "u32"),
-        (f"{a}.embedding_length", p["n_embd"], "u32"),
-        (f"{a}.block_count", p["n_layer"], "u32"),
-        (f"{a}.feed_forward_length", p["n_ff"], "u32"),
-        (f"{a}.attention.head_count", H, "u32"),
-        (f"{a}.attention.layer_norm_rms_epsilon", p["eps"], "f32"),
-        (f"{a}.attention.q_lora_rank", p["q_lora"], "u32"),
-        (f"{a}.attention.kv_lora_rank", C, "u32"),
-        (f"{a}.rope.freq_base", p["rope_base"], "f32"),
-        (f"{a}.rope.dimension_count", R, "u32"),
-        (f"{a}.vocab_size", p["n_vocab"], "u32"),
-        (f"{a}.expert_weights_norm", bool(p["norm_w"]), "bool"),
-        ("tokenizer.ggml.model", "none", "str"),
-    ] + moe_metadata(a, p)
-    if gating_id is not None:
-        kv.append((f"{a}.expert_gating_func", gating_id, "u32"))
-    if p.get("mla", True):
-        kv += [(f"{a}.attention.head_count_kv", 1, "u32")] + mla_metadata(a, p)
-    else:
-        kv += [(f"{a}.attention.head_count_kv", H, "u32"),
-               (f"{a}.attention.key_length", dn + R, "u32"),
-               (f"{a}.attention.value_length", dv, "u32")]
-    if p["n_group"]:
-        kv += [(f"{a}.expert_group_count", p["n_group"], "u32"),
-               (f"{a}.expert_group_used_count", p["topk_group"], "u32")]
-    return kv
-
-
-def mla_yarn(p: dict, rope_scaling: str | None) -> dict | None:
-    """The YaRN parameters a DeepSeek-family synth file carries (None: no scaling or linear): the preset's
-    own, or with rope_scaling="yarn" and none in the preset factor 4 over n_ctx/4 with mscale_all_dim 1."""
-    if rope_scaling is None:
-        return p["yarn"]
-    if rope_scaling == "yarn":
-        return p["yarn"] or dict(factor=4.0, orig_ctx=p["n_ctx"] // 4, mscale_all_dim=1.0)
-    return None
-
-
-def check_mla_rope_scaling(arch: str, rope_scaling: str | None) -> None:
-    if rope_scaling == "longrope":
-        raise ConfigError(f"{arch} has no rope factor tensors: longrope is not an option (use none, linear or yarn)")
-    if rope_scaling not in (None, "none", "linear", "yarn"):
-        raise ConfigError(f"rope scaling {rope_scaling!r} is not one of none, linear, yarn")
-
-
-def mla_rope_scaling_metadata(a: str, p: dict, rope_scaling: str | None, *, all_optional: bool) -> list:
-    """rope.scaling.* rows as the converter writes them for MLA models: YaRN with yarn_log_multiplier
-    = 0.1 * mscale_all_dim (llama.cpp divides by 0.1 again where it reads it), the betas when known, or linear
-    factor 4; all_optional adds rope.scaling.attn_factor (with any scaling)."""
-    check_mla_rope_scaling(a, rope_scaling)
-    kv = []
-    yarn = mla_yarn(p, rope_scaling)
-    if yarn is not None:
-        kv += [(f"{a}.rope.scaling.type", "yarn", "str"),
-               (f"{a}.rope.scaling.factor", yarn["factor"], "f32"),
-               (f"{a}.rope.scaling.original_context_length", yarn["orig_ctx"], "u32"),
-               (f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * yarn["mscale_all_dim"], "f32")]
-        kv += [(f"{a}.rope.scaling.yarn_{k}", yarn[k], "f32") for k in ("beta_fast", "beta_slow") if k in yarn]
-    elif rope_scaling == "linear":
-        kv += [(f"{a}.rope.scaling.type", "linear", "str"), (f"{a}.rope.scaling.factor", 4.0, "f32")]
-    if all_optional and (yarn is not None or rope_scaling == "linear"):
-        kv.append((f"{a}.rope.scaling.attn_factor", 1.25, "f32"))
-    return kv

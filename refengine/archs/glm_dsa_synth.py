@@ -19,24 +19,18 @@ archs/glm_dsa.py), and the indexer tensors of shared layers (loaded by llama.cpp
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
-from ..synthplan import (TensorPlan, check_mla_rope_scaling, deepseek_ffn_plans, deepseek_metadata, indexer_plans,
-                         mla_plans, mla_rope_scaling_metadata, no_option)
+from functools import partial
+
+from . import deepseek_family_synth as family
+from .deepseek_family_synth import synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "glm-dsa"
-GATING = {"softmax": 1, "sigmoid": 2}
 GLM_5_2_TYPES = (1, 1) + (1, 0, 0, 0) * 19          # glm-dsa.cpp:5-28: 21 full of 78
 
-_TINY = dict(n_vocab=256, n_embd=256, n_layer=3, n_head=4, n_ctx=512, eps=1e-5, rope_base=10000.0,
-             n_ff=512, n_dense_lead=1,
-             q_lora=128, kv_lora=128, qk_nope=64, qk_rope=32, v_head=64, mla=True,
-             n_expert=8, n_expert_used=2, n_ff_exp=128, n_shared=1,
-             gating="sigmoid", probs_bias=True, norm_w=True, w_scale=2.5, n_group=0, topk_group=0,
-             yarn=None,
-             idx_heads=16, idx_dim=64, idx_top_k=8, idx_k_std=0.0, idx_types=None)
+_TINY = dict(family.TINY, eps=1e-5, **family.TINY_INDEXER, idx_types=None)
 
 PRESETS: dict[str, dict] = {
-    "tiny": _TINY,
+    "tiny": dict(_TINY),
     "tiny-shared": dict(_TINY, n_layer=7, n_embd=128, n_ff=256, q_lora=64, kv_lora=64, qk_nope=32, qk_rope=32,
                         v_head=32, n_ff_exp=64, idx_types=GLM_5_2_TYPES[:7]),
     "tiny-default": dict(_TINY, n_layer=7, n_embd=128, n_ff=256, q_lora=64, kv_lora=64, qk_nope=32, qk_rope=32,
@@ -59,10 +53,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def probs_bias_std(p: dict) -> float:
-    return 0.2 if p["gating"] == "sigmoid" else 0.8 / p["n_expert"]
-
-
 def full_layers(p: dict) -> list[bool]:
     """Which layers run their own indexer, by the rule llama.cpp applies to this file (archs/glm_dsa.py)."""
     if p["idx_types"] is not None:
@@ -72,50 +62,12 @@ def full_layers(p: dict) -> list[bool]:
     return [il < len(GLM_5_2_TYPES) and bool(GLM_5_2_TYPES[il]) for il in range(p["n_layer"])]
 
 
-def plan_tensors(p: dict, *, all_optional: bool = False, tied_output: bool = False,
-                 rope_scaling: str | None = None) -> list[TensorPlan]:
-    """The tensors glm-dsa.cpp:110-173 creates (the trunk); a shared layer's indexer tensors only with all_optional."""
-    check_mla_rope_scaling(ARCH, rope_scaling)
-    D, V = p["n_embd"], p["n_vocab"]
-    t = [TensorPlan("token_embd.weight", (V, D), "embed"), TensorPlan("output_norm.weight", (D,), "norm")]
-    if not tied_output:
-        t.append(TensorPlan("output.weight", (V, D), "output", D))
-    for il, full in enumerate(full_layers(p)):
-        t += mla_plans(il, p, all_optional=all_optional)
-        if full or all_optional:
-            t += indexer_plans(il, p)
-        t += deepseek_ffn_plans(il, p, all_optional=all_optional, probs_bias_std=probs_bias_std(p))
-    return t
+def optional_keys(p: dict) -> list[tuple[str, object, str]]:
+    """What `all_optional` adds beyond the family's keys: attention.layer_norm_epsilon (not read: eps 0)."""
+    return [("attention.layer_norm_epsilon", 1e-3, "f32")]
 
 
-def metadata(p: dict, *, all_optional: bool, rope_scaling: str | None, name: str) -> list[tuple[str, object, str]]:
-    """Every key glm-dsa.cpp:30-66 reads; expert_gating_func is written (converters do; absent means sigmoid)."""
-    a = ARCH
-    kv = deepseek_metadata(a, p, name=name, gating_id=GATING[p["gating"]])
-    kv += [(f"{a}.attention.indexer.head_count", p["idx_heads"], "u32"),
-           (f"{a}.attention.indexer.key_length", p["idx_dim"], "u32"),
-           (f"{a}.attention.indexer.top_k", p["idx_top_k"], "u32")]
-    if p["idx_types"] is not None:
-        kv.append((f"{a}.attention.indexer.types", list(p["idx_types"][:p["n_layer"]]), "arr_bool"))
-    kv += mla_rope_scaling_metadata(a, p, rope_scaling, all_optional=all_optional)
-    if all_optional:
-        kv += [(f"{a}.attention.layer_norm_epsilon", 1e-3, "f32")]
-    return kv
-
-
-def synth_resolve(p: dict, layers: int | None) -> dict:
-    """`layers=N` keeps the first N blocks (and their indexer types), the last one MoE."""
-    if p["gating"] not in GATING:
-        raise ConfigError(f"gating {p['gating']!r} is not one of {', '.join(GATING)}")
-    if layers is not None:
-        p = dict(p, n_layer=layers, n_dense_lead=min(p["n_dense_lead"], layers - 1))
-    return p
-
-
-def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=False, rope_scaling=None):
-    no_option(ARCH, fused_qkv=fused_qkv)
-    return plan_tensors(p, all_optional=all_optional, tied_output=tied_output, rope_scaling=rope_scaling)
-
-
-def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
-    return metadata(p, all_optional=all_optional, rope_scaling=rope_scaling, name=name)
+# The trunk glm-dsa.cpp:110-173 creates (a shared layer's indexer tensors only with all_optional); every key
+# glm-dsa.cpp:30-66 reads, expert_gating_func written (converters do; absent means sigmoid).
+synth_plan = partial(family.synth_plan, ARCH, full_layers=full_layers)
+synth_metadata = partial(family.synth_metadata, ARCH, full_layers=full_layers, optional_keys=optional_keys)

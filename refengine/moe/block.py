@@ -165,33 +165,6 @@ def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
     return y
 
 
-def deepseek_moe_layers(r, common: dict, gating: str, *, scales: bool, fused_gate_up: bool) -> list:
-    """Per trunk layer: None (dense FFN) or the MoEConfig of DeepSeek's MoE FFN (routed + shared experts), from
-    leading_dense_block_count, expert_feed_forward_length (required), expert_used_count, expert_shared_count
-    (required), expert_weights_scale, expert_weights_norm, the group keys; `gating` already resolved by the arch.
-    (deepseek32.cpp:7-16, glm-dsa.cpp the same lines; deepseek2.cpp:3-20 reads the same keys.)"""
-    from ..config import check_experts
-    L = common["n_layer"]
-    L_all = L + common["n_layer_nextn"]
-    n_dense = int(r.get("leading_dense_block_count", 0))
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
-    n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
-    n_shared = int(r.get("expert_shared_count", required=True))
-    E = common["n_expert"]
-    check_experts(r.gf, r.arch, E if L > n_dense else 0, n_used[n_dense:])
-    out = []
-    for il in range(L):
-        if il < n_dense or E == 0:
-            out.append(None)
-            continue
-        out.append(MoEConfig(
-            n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=int(n_ff_exp[il]), gating=gating,
-            norm_w=bool(r.get("expert_weights_norm", False)), w_scale=float(r.get("expert_weights_scale", 0.0)),
-            n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"], n_shared=n_shared,
-            n_ff_shexp=int(n_ff_exp[il]) * n_shared, probs_bias=True, fused_gate_up=fused_gate_up, scales=scales))
-    return out
-
-
 def ffn_sublayer(x, w, *, cfg, spec, il, rt, dense_scales: bool = True):
     """The second half of a pre-norm block: x + FFN(rms_norm(x) * ffn_norm), dense or MoE by the layer's kind.
     x [T, D] -> [T, D]; traces ffn_norm, ffn_out (dense) / the MoE block's names, and l_out."""
