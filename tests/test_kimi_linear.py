@@ -254,7 +254,8 @@ def test_kda_options_for_kimi_k3():
                         rt=Runtime(trace=t_full), names=kimi_k3.KDA_NAMES)
     assert np.abs(got - low).max() <= 1e-5 * np.abs(low).max()
     for names, t in ((kimi_linear.KDA_NAMES, t_low), (kimi_k3.KDA_NAMES, t_full)):
-        assert set(names) <= set(kda.POINTS) and set(t) == {f"{n}-0" for n in names.values()}
+        want = {f"{n}-0" for v in names.values() for n in ((v,) if isinstance(v, str) else v)}
+        assert set(names) <= set(kda.POINTS) and set(t) == want
     b = h @ np.asarray(w["ssm_beta"].raw).view(np.float32).reshape(H, D).T                 # [T, H] logits
     np.testing.assert_allclose(t_low["kda_beta-0"], b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(t_full["kda_beta-0"], 1 / (1 + np.exp(-b)), rtol=1e-5, atol=1e-6)

@@ -64,11 +64,12 @@ MATMUL_INPUTS = [
 # Keys of other archs that change the math but that the kimi-k3 loader never reads.
 IGNORED_MATH_KEYS = fam.IGNORED_MATH_KEYS + ("expert_group_count", "expert_group_used_count")
 
-# The names kimi-k3.cpp:416-476 gives KDA's tensors (kda.POINTS): beta after its sigmoid, the gate per head.
-# f_a(h) and the gated output are matmul inputs llama.cpp leaves unnamed: refengine names them (flip census).
+# The names kimi-k3.cpp:416-476 gives KDA's tensors (kda.POINTS): beta after its sigmoid, the gate per head; the
+# delta rule's output and state also by build_recurrent_attn's names (delta-net-base.cpp:527-560). f_a(h) and
+# the gated output are matmul inputs llama.cpp leaves unnamed: refengine names them (flip census).
 KDA_NAMES = {"q_conv": "kda_q_conv", "k_conv": "kda_k_conv", "v_conv": "kda_v_conv", "f_a": "kda_f_a",
-             "g": "kda_g1", "beta": "kda_beta", "scan_out": "kda_scan_out", "gate_heads": "kda_g2",
-             "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
+             "g": "kda_g1", "beta": "kda_beta", "scan_out": ("attn_output", "kda_scan_out"), "state": "new_state",
+             "gate_heads": "kda_g2", "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
 # kimi-k3.cpp:82-105: attn_q/k/v required (the graph never reads attn_qkv); ssm_a exactly {H}
 KDA_TENSORS = dict(fused_qkv=False, ssm_a_shape=lambda H: (H,))
 

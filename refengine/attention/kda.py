@@ -153,9 +153,9 @@ def gate_decay(z, ssm_a, kc: KDAConfig):
     return np.float32(kc.gate_lower_bound) * sigmoid(-a * z)                      # kimi-k3.cpp:420-439
 
 
-# The points `kda_layer` can trace, by concept; an arch passes `names` {point: the name its llama.cpp graph gives
-# that tensor} and only the points it names are recorded (graphs name different points: one the beta logits,
-# another beta after the sigmoid). Without `names` every point is recorded under its own name.
+# The points `kda_layer` can trace, by concept; an arch passes `names` {point: the name, or the names, its llama.cpp
+# graph gives that tensor} and only the points it names are recorded (graphs name different points: one the beta
+# logits, another beta after the sigmoid). Without `names` every point is recorded under its own name.
 POINTS = (
     "q_conv", "k_conv", "v_conv",    # [T, H, dh]   silu(short_conv(.)) of each stream
     "f_a",                           # [T, dh]      h @ ssm_f_a.T
@@ -173,13 +173,13 @@ POINTS = (
 
 
 def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
-              names: Mapping[str, str] | None = None) -> np.ndarray:
+              names: Mapping[str, str | tuple[str, ...]] | None = None) -> np.ndarray:
     """One KDA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add). `state` is updated
     in place: conv [Kc-1, 3*d_in] (q|k|v tails), ssm [H, dh, dh] (key x value per head). `names`: the trace
     names of the POINTS the arch records."""
     def record(point, x):
-        name = point if names is None else names.get(point)
-        if name is not None:
+        got = point if names is None else names.get(point, ())
+        for name in (got,) if isinstance(got, str) else got:
             rt.record(name, il, x)
 
     T, H, dh, d_in = h.shape[0], kc.n_head, kc.head_dim, kc.d_in
