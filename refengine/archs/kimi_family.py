@@ -82,7 +82,8 @@ def read_keys(gf, arch: str) -> HybridKeys:
     L_all = L + common["n_layer_nextn"]
     H = int(n_head[0])
     if any(int(h) != H for h in n_head):
-        raise ConfigError(f"{gf.path}: {arch} needs one attention.head_count for every layer (its graph reads n_head())")
+        raise ConfigError(f"{gf.path}: {arch} needs one attention.head_count for every layer "
+                          f"(its graph reads n_head())")
     kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
                        d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"])
     n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
