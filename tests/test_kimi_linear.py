@@ -214,8 +214,10 @@ def test_layers_cut_loads_in_llamacpp(synth_model):
 
 
 def test_kda_options_for_kimi_k3():
-    """KDAConfig's kimi-k3 switches (kimi-k3.cpp:420-472): the gate lower-bound formula, and a full-rank output
-    gate `ssm_g` equal to the low-rank product gives the low-rank layer's output (float32 order only)."""
+    """KDAConfig's math options that kimi-k3 takes (kimi-k3.cpp:420-472): the gate lower-bound formula, and a
+    full-rank output gate `ssm_g` equal to the low-rank product gives the low-rank layer's output (float32 order
+    only). The trace names are each arch's data: beta is traced before its sigmoid by kimi-linear, after it by
+    kimi-k3, and each arch records only the names it maps."""
     from types import SimpleNamespace
     from quant import GGMLType, QTensor
     from refengine.attention import kda
@@ -242,11 +244,21 @@ def test_kda_options_for_kimi_k3():
     g_b, g_a = (np.asarray(w[n].raw).view(np.float32).reshape(w[n].shape) for n in ("ssm_g_b", "ssm_g_a"))
     full = q("ssm_g", (g_b.astype(np.float64) @ g_a.astype(np.float64)).astype(np.float32))     # [d_in, D]
     h = f32(T, D)
+    from refengine.archs import kimi_k3, kimi_linear
+    from refengine.trace import Trace
+    t_low, t_full = Trace(), Trace()
     low = kda.kda_layer(h, SimpleNamespace(**w), kc=kda.KDAConfig(H, dh, Kc, 1e-5), il=0, state=RecurrentState(),
-                        rt=Runtime())
-    kc_full = kda.KDAConfig(H, dh, Kc, 1e-5, full_rank_gate=True, separate_qkv=True)
-    got = kda.kda_layer(h, SimpleNamespace(**w, ssm_g=full), kc=kc_full, il=0, state=RecurrentState(), rt=Runtime())
+                        rt=Runtime(trace=t_low), names=kimi_linear.KDA_NAMES)
+    kc_full = kda.KDAConfig(H, dh, Kc, 1e-5, full_rank_gate=True)
+    got = kda.kda_layer(h, SimpleNamespace(**w, ssm_g=full), kc=kc_full, il=0, state=RecurrentState(),
+                        rt=Runtime(trace=t_full), names=kimi_k3.KDA_NAMES)
     assert np.abs(got - low).max() <= 1e-5 * np.abs(low).max()
+    for names, t in ((kimi_linear.KDA_NAMES, t_low), (kimi_k3.KDA_NAMES, t_full)):
+        want = {f"{n}-0" for v in names.values() for n in ((v,) if isinstance(v, str) else v)}
+        assert set(names) <= set(kda.POINTS) and set(t) == want
+    b = h @ np.asarray(w["ssm_beta"].raw).view(np.float32).reshape(H, D).T                 # [T, H] logits
+    np.testing.assert_allclose(t_low["kda_beta-0"], b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t_full["kda_beta-0"], 1 / (1 + np.exp(-b)), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("drop,err,what", [

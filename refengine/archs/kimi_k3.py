@@ -18,35 +18,32 @@ One block (Legend: T tokens, D model dim; `ps` the running residual sum, see res
     head: res_mix(ps, bank, output_res_score), then output_norm and output.
 
 With attn_res.block_size = 0 the mixes are identities and the blocks are plain pre-norm residual blocks.
+The family's shared pieces are in archs/kimi_family.py; this file states K3's data and its residual stream.
 State: KDA blocks a RecurrentState, MLA blocks the latent cache; the bank is per token and lives for one
 forward call (`ResidualStream`), so decoding needs nothing more. Local-mode compare (`forward_local`) is
 not available for this arch: a block's input is the stream plus its bank, not one [T, D] array.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..attention import kda, mla
-from ..cache import LatentKV
-from ..config import (COUNT, COUNT0, FLOAT, POSITIVE, KeyReader, LayerSpec, ModelConfig, check_experts, read_common,
-                      token_rows)
-from ..errors import ConfigError, MissingTensorError
-from ..ffn import dense_ffn_table
+from ..attention import mla
+from ..config import COUNT0, FLOAT, POSITIVE, KeyReader, ModelConfig
+from ..errors import ConfigError
 from ..ffn.dense import situ_ffn
-from ..globals import embed_tokens, load_globals as _load_globals, rms_head
-from ..moe.block import GATING, MoEConfig
+from ..globals import embed_tokens, rms_head
+from ..moe.block import MoEConfig
 from ..moe.latent import latent_moe, latent_moe_table
 from ..ops import rms_norm
-from ..ops.activations import sigmoid
 from ..residual import ResidualStream, res_mix
-from ..weights import W, load_tensors, norm_table
+from ..weights import W, load_tensors
+from . import kimi_family as fam
+from .kimi_family import ATTN_FORMS, ROPE_TYPE, new_state  # noqa: F401  (the arch contract)
 from .kimi_k3_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "kimi-k3"
-ROPE_TYPE = -1             # LLAMA_ROPE_TYPE_NONE (llama-model.cpp:3046-3049): MLA is nope-only
-ATTN_FORMS = mla.FORMS + ("chunked",)   # MLA blocks: absorbed / naive; KDA blocks: the chunked delta rule
 DEVICE_PATH = False        # `--backend cuda` runs op by op (matmuls on the GPU; SiTU experts loop in NumPy)
 LOCAL_INPUTS = False       # a block reads the bank of earlier checkpoints too: `compare --local` is refused
 
@@ -55,8 +52,7 @@ MATMUL_INPUTS = [
                           "blk.{il}.ssm_f_a.weight", "blk.{il}.ssm_beta.weight", "blk.{il}.ssm_g.weight",
                           "blk.{il}.attn_q_a.weight", "blk.{il}.attn_q.weight", "blk.{il}.attn_kv_a_mqa.weight",
                           "blk.{il}.attn_gate.weight"]),
-    (r"q_nope_perm-(\d+)", ["blk.{il}.attn_k_b.weight"]),
-    (r"kqv-(\d+)", ["blk.{il}.attn_v_b.weight"]),
+    *fam.MLA_INPUTS,
     (r"mla_gated-(\d+)", ["blk.{il}.attn_output.weight"]),
     (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_gate.weight", "blk.{il}.ffn_gate_inp.weight",
                          "blk.{il}.ffn_routed_down.weight", "blk.{il}.ffn_up_shexp.weight",
@@ -66,11 +62,16 @@ MATMUL_INPUTS = [
 ]
 
 # Keys of other archs that change the math but that the kimi-k3 loader never reads.
-IGNORED_MATH_KEYS = ("attention.scale", "attention.clamp_kqv", "logit_scale", "embedding_scale", "residual_scale",
-                     "attention.sliding_window", "final_logit_softcapping", "attn_logit_softcapping",
-                     "rope.scaling.yarn_log_multiplier", "attention.temperature_scale", "swiglu_clamp_exp",
-                     "swiglu_clamp_shexp", "expert_shared_feed_forward_length", "expert_group_count",
-                     "expert_group_used_count")
+IGNORED_MATH_KEYS = fam.IGNORED_MATH_KEYS + ("expert_group_count", "expert_group_used_count")
+
+# The names kimi-k3.cpp:416-476 gives KDA's tensors (kda.POINTS): beta after its sigmoid, the gate per head; the
+# delta rule's output and state also by build_recurrent_attn's names (delta-net-base.cpp:527-560). f_a(h) and
+# the gated output are matmul inputs llama.cpp leaves unnamed: refengine names them (flip census).
+KDA_NAMES = {"q_conv": "kda_q_conv", "k_conv": "kda_k_conv", "v_conv": "kda_v_conv", "f_a": "kda_f_a",
+             "g": "kda_g1", "beta": "kda_beta", "scan_out": ("attn_output", "kda_scan_out"), "state": "new_state",
+             "gate_heads": "kda_g2", "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
+# kimi-k3.cpp:82-105: attn_q/k/v required (the graph never reads attn_qkv); ssm_a exactly {H}
+KDA_TENSORS = dict(fused_qkv=False, ssm_a_shape=lambda H: (H,))
 
 
 @dataclass(frozen=True)
@@ -105,60 +106,30 @@ def _mla_config(r: KeyReader, gf, common: dict, n_head: int, il: int) -> mla.MLA
 
 
 def config_from_gguf(gf) -> K3Config:
-    r = KeyReader(gf, ARCH)
-    n_vocab = token_rows(gf)
-    common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=n_vocab)
-    L = common["n_layer"]
-    L_all = L + common["n_layer_nextn"]
-    H = int(n_head[0])
-    if any(int(h) != H for h in n_head):
-        raise ConfigError(f"{gf.path}: {ARCH} needs one attention.head_count for every layer "
-                          f"(its graph reads n_head())")
+    k = fam.read_keys(gf, ARCH)
+    r = k.r
     lb = r.get("kda.gate_lower_bound", kind=FLOAT)                              # absent: -inf, softplus form
-    kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
-                       d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"],
-                       gate_lower_bound=None if lb is None or not np.isfinite(lb) else float(lb),
-                       full_rank_gate=True, separate_qkv=True, ssm_a_1d=True, beta_traced_after_sigmoid=True)
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
-    n_shared = int(r.get("expert_shared_count", required=True))
-    n_dense = int(r.get("leading_dense_block_count", 0))
-    func = int(r.get("expert_gating_func", required=True))
-    if func not in GATING:
-        raise ConfigError(f"{gf.path}: {ARCH}.expert_gating_func = {func} is not one of {sorted(GATING)}")
+    kc = replace(k.kda, gate_lower_bound=None if lb is None or not np.isfinite(lb) else float(lb),
+                 full_rank_gate=True)                                           # ssm_g (kimi-k3.cpp:463-466)
     latent = int(r.get("expert_latent_length", 0, kind=COUNT0))
     res_bs = int(r.get("attn_res.block_size", required=True, kind=COUNT0))
     beta = float(r.get("activation.situ_beta", required=True, kind=POSITIVE))  # SiTU divides by it
     lbeta = float(r.get("activation.situ_linear_beta", required=True, kind=FLOAT))
-    n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
-    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
-    E = common["n_expert"]
-    check_experts(gf, ARCH, E if L > n_dense else 0, n_used[n_dense:])
-    layers = []
-    for il in range(L):
-        dense = il < n_dense
-        moe = None if dense else MoEConfig(
-            n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=int(n_ff_exp[il]), gating=GATING[func],
-            norm_w=bool(r.get("expert_weights_norm", False)), w_scale=float(r.get("expert_weights_scale", 0.0)),
-            n_shared=n_shared, n_ff_shexp=int(n_ff_exp[il]) * max(n_shared, 1), probs_bias=True,
-            probs_bias_required=True, fused_gate_up=False, scales=False,
-            act="situ", situ_beta=beta, situ_linear_beta=lbeta, n_latent=latent)
-        recurrent = int(n_head_kv[il]) == 0                                     # kimi-k3.cpp:30-33
-        layers.append(LayerSpec(attn="kda" if recurrent else "mla", ffn="dense" if dense else "moe", n_head=H,
-                                n_head_kv=int(n_head_kv[il]), n_ff=int(n_ff[il] or 0),
-                                n_ff_exp=0 if dense else int(n_ff_exp[il]),
-                                n_expert_used=0 if dense else int(n_used[il]),
-                                attn_cfg=kc if recurrent else _mla_config(r, gf, common, H, il), moe=moe))
+    moe = lambda il: MoEConfig(**k.moe_sizes(il), norm_w=bool(r.get("expert_weights_norm", False)),  # noqa: E731
+                               w_scale=float(r.get("expert_weights_scale", 0.0)), n_shared=k.n_shared,
+                               probs_bias_required=True, act="situ", situ_beta=beta, situ_linear_beta=lbeta,
+                               n_latent=latent)
+    layers = fam.layer_specs(k, kda_cfg=kc, mla_cfg=lambda il: _mla_config(r, gf, k.common, k.n_head, il),
+                             moe_cfg=moe)
     ignored = r.warn_ignored(list(IGNORED_MATH_KEYS))
-    return K3Config(**common, layers=tuple(layers), ignored_keys=ignored, res_bs=res_bs, situ_beta=beta,
+    return K3Config(**k.common, layers=layers, ignored_keys=ignored, res_bs=res_bs, situ_beta=beta,
                     situ_linear_beta=lbeta)
 
 
 # ---------------------------------------------------------------- tensors
 
 def load_globals(gf, cfg):
-    g = _load_globals(gf, cfg, rope_factor_tensors=False)
-    if "output.weight" not in gf:                                                # kimi-k3.cpp:61 (required)
-        raise MissingTensorError(f"{gf.path}: required tensor 'output.weight' is missing ({ARCH} has no tied output)")
+    g = fam.load_globals(gf, cfg, ARCH)
     g.output_res_score = None
     if cfg.res_bs > 0:                                                           # kimi-k3.cpp:63-65
         extra = load_tensors(gf, [W("output_res_score", "output_res_score.weight", lambda c, s: (c.n_embd,),
@@ -179,22 +150,10 @@ def mla_gate_table(il: int, mc: mla.MLAConfig) -> list[W]:
 
 
 def load_layer(gf, cfg, il: int):
-    spec = cfg.layers[il]
-    table = norm_table(il, "attn_norm", "ffn_norm")
-    if cfg.res_bs > 0:
-        table += norm_table(il, "attn_res_score", "ffn_res_score")             # kimi-k3.cpp:73-76
-    if spec.attn == "kda":
-        table += kda.kda_table(gf, il, spec.attn_cfg)
-    else:
-        table += mla.mla_table(il, spec.attn_cfg) + mla_gate_table(il, spec.attn_cfg)
-    if spec.ffn == "dense":
-        table += dense_ffn_table(il, lambda c, s: s.n_ff)          # .scale loaded, not applied
-    else:
-        table += latent_moe_table(gf, il, spec.moe)
-    return load_tensors(gf, table, cfg, spec, il)
-
-
-new_state = kda.hybrid_new_state     # KDA RecurrentState or MLA cache per layer; attn_form: ATTN_FORMS
+    res = ("attn_res_score", "ffn_res_score") if cfg.res_bs > 0 else ()         # kimi-k3.cpp:73-76
+    return fam.load_layer(gf, cfg, il, norms=("attn_norm", "ffn_norm") + res, kda_tensors=KDA_TENSORS,
+                          mla_table=lambda il, mc: mla.mla_table(il, mc) + mla_gate_table(il, mc),
+                          moe_table=latent_moe_table)
 
 
 # ---------------------------------------------------------------- forward
@@ -203,19 +162,6 @@ def embed(g, cfg, step, rt):
     x = embed_tokens(g, step.tokens, rt)                                 # [T, D]
     rt.record("inp_embd", -1, x)                                         # kimi-k3.cpp:243
     return ResidualStream(x)
-
-
-def _attention(h, w, spec, il, state, rt):
-    """The block's token mixer: h [T, D] (attn_norm output) -> [T, D]."""
-    if spec.attn == "kda":
-        return kda.kda_layer(h, w, kc=spec.attn_cfg, il=il, state=state, rt=rt)
-    gate = None
-    if w.attn_gate is not None:                                          # kimi-k3.cpp:552-557, reads h
-        gate = sigmoid(rt.matmul(h, w.attn_gate))                        # [T, H*dv]
-    form = "absorbed" if isinstance(state, LatentKV) else "naive"        # the form the state was made for
-    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, form=form, out_gate=gate)
-    rt.record("mla_out", il, a)
-    return a
 
 
 def block(x: ResidualStream, w, *, cfg, il, state, step, rt) -> ResidualStream:
@@ -228,9 +174,8 @@ def block(x: ResidualStream, w, *, cfg, il, state, step, rt) -> ResidualStream:
     cur = res_mix(ps, x.bank, w.attn_res_score, eps, rt=rt, il=il) if bs else ps
     banked = bool(bs) and il % bs == 0
     bank = x.bank + [ps] if banked else x.bank                           # banks the raw block input
-    h = rms_norm(cur, w.attn_norm, eps)
-    rt.record("attn_norm", il, h)
-    a = _attention(h, w, spec, il, state, rt)                            # [T, D]
+    a = fam.attention(cur, w, spec=spec, il=il, state=state, rt=rt, eps=eps, kda_names=KDA_NAMES,
+                      mla_out_gate=True)                                 # [T, D]
     ps = a if banked else ps + a                                         # the sum restarts on bank layers
     rt.record("prefix_sum_attn", il, ps)
     cur = res_mix(ps, bank, w.ffn_res_score, eps, rt=rt, il=il) if bs else ps

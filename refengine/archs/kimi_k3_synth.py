@@ -27,6 +27,7 @@ does refengine. (The q-LoRA tensors and attn_gate are in both presets already.)
 from __future__ import annotations
 
 from ..synthplan import TensorPlan, mla_metadata, moe_metadata, no_option, weight_plans
+from .kimi_family_synth import head_metadata, kda_plans
 
 ARCH = "kimi-k3"
 GATING_SIGMOID = 2          # expert_gating_func (the converter asserts sigmoid, conversion/kimi_k3.py:206-207)
@@ -80,28 +81,13 @@ def is_kda(p: dict, il: int) -> bool:
 
 # ---------------------------------------------------------------- tensors
 
-def kda_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
-    """KDA block il (kimi-k3.cpp:82-105): conv q/k/v (F32, 3-D {Kc,1,d_in} or 4-D with all_optional),
-    separate attn_q/k/v, ssm_f_a / ssm_f_b / ssm_beta, 1-D ssm_a, ssm_dt.bias, full-rank ssm_g, ssm_norm,
-    attn_output."""
-    b, D, H, dh, Kc = f"blk.{il}.", p["n_embd"], p["n_head"], p["dh"], p["d_conv"]
-    d_in = H * dh
-    conv_shape = (1, d_in, 1, Kc) if all_optional else (d_in, 1, Kc)
-    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
-    t = [TensorPlan(b + f"ssm_conv1d_{x}.weight", conv_shape, "conv", Kc) for x in "qkv"]
-    for x in "qkv":
-        t += mat(b + f"attn_{x}", (d_in, D), D, scales=1)
-        if all_optional:                                   # create_tensor_qkv's optional biases (never applied)
-            t.append(TensorPlan(b + f"attn_{x}.bias", (d_in,), "bias"))
-    t += [TensorPlan(b + "ssm_f_a.weight", (dh, D), "matrix", D),
-          TensorPlan(b + "ssm_f_b.weight", (d_in, dh), "matrix", dh)]
-    t += mat(b + "ssm_beta", (H, D), D, scales=1)
-    t += [TensorPlan(b + "ssm_a", (H,), "ssm_a"),
-          TensorPlan(b + "ssm_dt.bias", (d_in,), "bias"),
-          TensorPlan(b + "ssm_g.weight", (d_in, D), "matrix", D),
-          TensorPlan(b + "ssm_norm.weight", (dh,), "norm")]
-    t += mat(b + "attn_output", (D, d_in), d_in, scales=1)
-    return t
+def _kda_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
+    """KDA block il (kimi-k3.cpp:82-105): conv q/k/v 3-D {Kc,1,d_in} (4-D with all_optional), separate
+    attn_q/k/v, 1-D ssm_a, full-rank ssm_g."""
+    H, dh, Kc = p["n_head"], p["dh"], p["d_conv"]
+    return kda_plans(il, D=p["n_embd"], H=H, dh=dh, Kc=Kc,
+                     conv_shape=(1, H * dh, 1, Kc) if all_optional else (H * dh, 1, Kc), ssm_a_shape=(H,),
+                     fused_qkv=False, full_rank_gate=True, all_optional=all_optional)
 
 
 def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
@@ -167,7 +153,7 @@ def plan_tensors(p: dict, *, all_optional: bool = False) -> list[TensorPlan]:
         if p["res_bs"] > 0:
             t += [TensorPlan(b + "attn_res_score.weight", (D,), "res_score"),
                   TensorPlan(b + "ffn_res_score.weight", (D,), "res_score")]
-        attn = kda_plans if is_kda(p, il) else mla_plans
+        attn = _kda_plans if is_kda(p, il) else mla_plans
         t += attn(il, p, all_optional=all_optional)
         t += ffn_plans(il, p, all_optional=all_optional)
     return t
@@ -180,15 +166,8 @@ def metadata(p: dict, *, name: str) -> list[tuple[str, object, str]]:
     1 on MLA blocks (MLA served as MQA), 0 on KDA blocks (llama.cpp's mark of a recurrent layer)."""
     a = ARCH
     C, R = p["kv_lora"], p["qk_rope"]
-    kv = [
-        ("general.name", name, "str"),
-        (f"{a}.context_length", p["n_ctx"], "u32"),
-        (f"{a}.embedding_length", p["n_embd"], "u32"),
-        (f"{a}.block_count", p["n_layer"], "u32"),
-        (f"{a}.feed_forward_length", p["n_ff"], "u32"),
-        (f"{a}.attention.head_count", p["n_head"], "u32"),
-        (f"{a}.attention.head_count_kv", [0 if is_kda(p, il) else 1 for il in range(p["n_layer"])], "arr_u32"),
-        (f"{a}.attention.layer_norm_rms_epsilon", p["eps"], "f32"),
+    kv = head_metadata(a, p, name=name, head_count_kv=[0 if is_kda(p, il) else 1 for il in range(p["n_layer"])])
+    kv += [
         (f"{a}.vocab_size", p["n_vocab"], "u32"),
         (f"{a}.ssm.conv_kernel", p["d_conv"], "u32"),
         (f"{a}.kda.head_dim", p["dh"], "u32"),

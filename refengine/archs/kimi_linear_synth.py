@@ -27,7 +27,8 @@ attn_q/k/v(/qkv), attn_output, ssm_beta, the FFN and expert matrices. Of those l
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..synthplan import TensorPlan, mla_metadata, moe_metadata, rope_scaling_metadata, weight_plans
+from ..synthplan import TensorPlan, mla_metadata, mla_plans, moe_metadata, rope_scaling_metadata, weight_plans
+from .kimi_family_synth import head_metadata, kda_plans
 
 ARCH = "kimi-linear"
 
@@ -80,50 +81,14 @@ def is_mla(p: dict, il: int) -> bool:
 
 # ---------------------------------------------------------------- tensors
 
-def kda_plans(il: int, p: dict, *, all_optional: bool, fused_qkv: bool) -> list[TensorPlan]:
-    """kimi-linear.cpp:52-109 (+ the generic pass's optional scales, llama-model.cpp:1634-1727)."""
-    b, D, H, dh, Kc = f"blk.{il}.", p["n_embd"], p["n_head"], p["kda_head"], p["d_conv"]
-    d_in = H * dh
-    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
-    conv = (1, d_in, 1, Kc) if p["conv_4d"] else (d_in, 1, Kc)              # ne {Kc,1,d_in,1} / {Kc,1,d_in}
-    t = [TensorPlan(b + f"ssm_conv1d_{x}.weight", conv, "conv", Kc) for x in "qkv"]
-    if fused_qkv:
-        t += mat(b + "attn_qkv", (3 * d_in, D), D, scales=1)                # ne {D, 3 d_in}
-        if all_optional:
-            t.append(TensorPlan(b + "attn_qkv.bias", (3 * d_in,), "bias"))
-    else:
-        for x in "qkv":
-            t += mat(b + f"attn_{x}", (d_in, D), D, scales=1)               # ne {D, d_in}
-            if all_optional:
-                t.append(TensorPlan(b + f"attn_{x}.bias", (d_in,), "bias"))
-    t += mat(b + "ssm_f_a", (dh, D), D)                                     # ne {D, dh}
-    t += mat(b + "ssm_f_b", (d_in, dh), dh)                                 # ne {dh, d_in}
-    t += mat(b + "ssm_beta", (H, D), D, scales=1)                           # ne {D, H}
-    t.append(TensorPlan(b + "ssm_a", (1, 1, H, 1) if p["conv_4d"] else (H, 1), "ssm_a"))   # ne {1,H,1,1} / {1,H}
-    t.append(TensorPlan(b + "ssm_dt.bias", (d_in,), "bias"))
-    t += mat(b + "ssm_g_a", (dh, D), D)
-    t += mat(b + "ssm_g_b", (d_in, dh), dh)
-    t.append(TensorPlan(b + "ssm_norm.weight", (dh,), "norm"))
-    t += mat(b + "attn_output", (D, d_in), d_in, scales=1)                  # ne {d_in, D}
-    return t
-
-
-def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
-    """kimi-linear.cpp:111-136: plain attn_q (no q-LoRA), the latent projection, attn_k_b / attn_v_b (or a
-    legacy attn_kv_b), attn_output."""
-    b, D, H = f"blk.{il}.", p["n_embd"], p["n_head"]
-    C, dn, R, dv = p["kv_lora"], p["qk_nope"], p["qk_rope"], p["v_head"]
-    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
-    t = [TensorPlan(b + "attn_kv_a_norm.weight", (C,), "norm")]
-    t += mat(b + "attn_q", (H * (dn + R), D), D, scales=1)                  # ne {D, H*(dn+R)}
-    t += mat(b + "attn_kv_a_mqa", (C + R, D), D)                            # ne {D, C+R}
-    if p["mla"]:
-        t += mat(b + "attn_k_b", (H, C, dn), dn)                            # ne {dn, C, H}
-        t += mat(b + "attn_v_b", (H, dv, C), C)                             # ne {C, dv, H}
-    else:
-        t += mat(b + "attn_kv_b", (H * (dn + dv), C), C)                    # ne {C, H*(dn+dv)}
-    t += mat(b + "attn_output", (D, H * dv), H * dv, scales=1)              # ne {H*dv, D}
-    return t
+def _kda_plans(il: int, p: dict, all_optional: bool, fused_qkv: bool) -> list[TensorPlan]:
+    """kimi-linear.cpp:52-109: `conv_4d` writes the 4-D conv weights and ssm_a {1,H,1,1} (else {1,H}); the
+    low-rank output gate ssm_g_a / ssm_g_b."""
+    H, d_in = p["n_head"], p["n_head"] * p["kda_head"]
+    return kda_plans(il, D=p["n_embd"], H=H, dh=p["kda_head"], Kc=p["d_conv"],
+                     conv_shape=(1, d_in, 1, p["d_conv"]) if p["conv_4d"] else (d_in, 1, p["d_conv"]),
+                     ssm_a_shape=(1, 1, H, 1) if p["conv_4d"] else (H, 1),
+                     fused_qkv=fused_qkv, full_rank_gate=False, all_optional=all_optional)
 
 
 def ffn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
@@ -163,9 +128,10 @@ def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=Fals
          TensorPlan("output_norm.weight", (D,), "norm"),
          TensorPlan("output.weight", (V, D), "output", D)]
     for il in range(p["n_layer"]):
-        t.append(TensorPlan(f"blk.{il}.attn_norm.weight", (D,), "norm"))
-        t += (mla_plans(il, p, all_optional=all_optional) if is_mla(p, il) else
-              kda_plans(il, p, all_optional=all_optional, fused_qkv=fused_qkv))
+        if is_mla(p, il):       # kimi-linear.cpp:111-136: plain attn_q (no q-LoRA), attn_k_b / attn_v_b or attn_kv_b
+            t += mla_plans(il, dict(p, q_lora=0), all_optional=all_optional)       # attn_norm first
+        else:
+            t += [TensorPlan(f"blk.{il}.attn_norm.weight", (D,), "norm")] + _kda_plans(il, p, all_optional, fused_qkv)
         t += ffn_plans(il, p, all_optional=all_optional)
     return t
 
@@ -178,15 +144,8 @@ def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
     a, H, C, R = ARCH, p["n_head"], p["kv_lora"], p["qk_rope"]
     dn, dv = p["qk_nope"], p["v_head"]
     mla_kv = 1 if p["mla"] else H
-    kv = [
-        ("general.name", name, "str"),
-        (f"{a}.context_length", p["n_ctx"], "u32"),
-        (f"{a}.embedding_length", p["n_embd"], "u32"),
-        (f"{a}.block_count", p["n_layer"], "u32"),
-        (f"{a}.feed_forward_length", p["n_ff"], "u32"),
-        (f"{a}.attention.head_count", H, "u32"),
-        (f"{a}.attention.head_count_kv", [mla_kv if is_mla(p, il) else 0 for il in range(p["n_layer"])], "arr_u32"),
-        (f"{a}.attention.layer_norm_rms_epsilon", p["eps"], "f32"),
+    kv = head_metadata(a, p, name=name, head_count_kv=[mla_kv if is_mla(p, il) else 0 for il in range(p["n_layer"])])
+    kv += [
         (f"{a}.attention.kv_lora_rank", C, "u32"),
         (f"{a}.rope.freq_base", p["rope_base"], "f32"),
         (f"{a}.rope.dimension_count", R, "u32"),

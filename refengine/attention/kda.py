@@ -2,8 +2,8 @@
 
 Legend: T tokens, H heads (KDA has as many key as value heads), K = V = head dim (`kda.head_dim`).
 
-    g_t[h, i] = ssm_a[h] * softplus(f_t[h, i] + dt_bias[h, i])           kimi-linear (and K3 without a lower bound)
-              = lb * sigmoid(-ssm_a[h] * (f_t[h, i] + dt_bias[h, i]))    K3 with `kda.gate_lower_bound` lb (< 0)
+    g_t[h, i] = ssm_a[h] * softplus(f_t[h, i] + dt_bias[h, i])           the softplus decay
+              = lb * sigmoid(-ssm_a[h] * (f_t[h, i] + dt_bias[h, i]))    bounded by `kda.gate_lower_bound` lb (< 0)
     S[h]      = diag(e^{g_t[h, :]}) S[h];  S[h] += k_t beta_t (v_t - S[h]^T k_t)^T;  o_t = S[h]^T q_t / sqrt(V)
 
 GDN's scalar forget gate becomes a diagonal one: each key channel i of the state forgets at its own rate,
@@ -15,15 +15,18 @@ key axis); `chunked` is the paper's form with llama.cpp's KDA chunk of 16 (src/m
 llama.cpp's non-fused single-token path decays the value axis instead (delta-net-base.cpp:335-340); the
 default context never takes it, and it is not reproduced here.
 
-Below them, `kda_layer`: the whole KDA sub-block of kimi-linear (projections, short convs with their carried
-tails, gates, the recurrence, the gated output norm), with `KDAConfig` switches for kimi-k3's variants.
+Below them, `kda_layer`: the whole KDA sub-block (projections, short convs with their carried tails, gates,
+the recurrence, the gated output norm). `KDAConfig` holds the math, with its two alternatives (the bounded
+sigmoid decay, a full-rank output gate); what differs between archs but is not math is the arch's data: the
+names its llama.cpp graph gives the traced tensors (`kda_layer(names=...)`, see `POINTS`) and how its loader
+lays out the tensors (`kda_table(fused_qkv=..., ssm_a_shape=...)`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-
 
 from ..cache import RecurrentState
 from ..errors import ConfigError
@@ -50,20 +53,20 @@ def chunked(q, k, v, g, beta, S=None, *, chunk=CHUNK):
     return delta_rule.chunked(q, k, v, g, beta, S, chunk=chunk)
 
 
-# ---------------------------------------------------------------- the KDA layer (kimi-linear; kimi-k3 options)
+# ---------------------------------------------------------------- the KDA layer
 #
-# llama.cpp: src/models/kimi-linear.cpp:175-232 (causal_conv1d) and :288-384 (the KDA branch); kimi-k3's
-# variant src/models/kimi-k3.cpp:399-479. Legend: T tokens, D model dim, H heads, dh head dim, d_in = H*dh,
-# Kc conv kernel (`ssm.conv_kernel`).
+# llama.cpp: src/models/kimi-linear.cpp:175-232 (causal_conv1d) and :288-384 (the KDA branch); the bounded
+# decay and the full-rank output gate: src/models/kimi-k3.cpp:399-479. Legend: T tokens, D model dim, H heads,
+# dh head dim, d_in = H*dh, Kc conv kernel (`ssm.conv_kernel`).
 #
 #     q, k, v = h @ attn_q.T, h @ attn_k.T, h @ attn_v.T        (or h @ attn_qkv.T split in thirds)  [T, d_in]
 #     q, k, v = silu(short_conv(., ssm_conv1d_{q,k,v}))          one conv tail per stream, q|k|v in one state
 #     z       = (h @ ssm_f_a.T) @ ssm_f_b.T + ssm_dt.bias        [T, d_in] -> [T, H, dh]
-#     g       = softplus(z) * ssm_a[h]                           (kimi-linear; ssm_a = -exp(A_log))
-#             | lb * sigmoid(-ssm_a[h] * z)                      (kimi-k3 with kda.gate_lower_bound lb)
+#     g       = softplus(z) * ssm_a[h]                           (ssm_a = -exp(A_log))
+#             | lb * sigmoid(-ssm_a[h] * z)                      (gate_lower_bound lb)
 #     beta    = sigmoid(h @ ssm_beta.T)                          [T, H]
 #     o, S    = recurrent(l2(q), l2(k), v, g, beta, S)           [T, H, dh]
-#     gate    = (h @ ssm_g_a.T) @ ssm_g_b.T | h @ ssm_g.T        (low rank: kimi-linear; full rank: kimi-k3)
+#     gate    = (h @ ssm_g_a.T) @ ssm_g_b.T | h @ ssm_g.T        (low rank | full_rank_gate)
 #     y       = (rms_norm(o) * ssm_norm * sigmoid(gate)).reshape(T, d_in) @ attn_output.T
 
 STREAMS = ("q", "k", "v")
@@ -75,20 +78,22 @@ class KDAConfig:
     head_dim: int                        # kda.head_dim (key = value head dim)                          dh
     d_conv: int                          # ssm.conv_kernel                                              Kc
     rms_eps: float                       # attention.layer_norm_rms_epsilon (l2 norms and output norm)
-    gate_lower_bound: float | None = None    # kimi-k3 kda.gate_lower_bound: g = lb * sigmoid(-ssm_a * z)
-    full_rank_gate: bool = False         # kimi-k3: output gate `ssm_g` {D, d_in} instead of ssm_g_a / ssm_g_b
-    separate_qkv: bool = False           # kimi-k3: attn_q/k/v required (its graph never reads attn_qkv)
-    ssm_a_1d: bool = False               # kimi-k3: ssm_a is exactly {H}; kimi-linear: {1, H, 1, 1} or {1, H}
-    beta_traced_after_sigmoid: bool = False  # kimi-k3 names `kda_beta` after the sigmoid, kimi-linear before
+    gate_lower_bound: float | None = None    # kda.gate_lower_bound lb: g = lb * sigmoid(-ssm_a * z) (None: softplus)
+    full_rank_gate: bool = False         # output gate h @ ssm_g.T {D, d_in} instead of (h @ ssm_g_a.T) @ ssm_g_b.T
 
     @property
     def d_in(self) -> int:
         return self.n_head * self.head_dim
 
 
-def kda_table(gf, il: int, kc: KDAConfig) -> list[W]:
+def kda_table(gf, il: int, kc: KDAConfig, *, fused_qkv: bool = True,
+              ssm_a_shape: Callable[[int], tuple[int, ...]] = lambda H: (H, 1)) -> list[W]:
     """The KDA layer's tensors (kimi-linear.cpp:52-109). Shapes NumPy order; `same_ne` accepts the 4-D and 3-D
     conv weights ({Kc,1,d_in,1} / {Kc,1,d_in}) and ssm_a {1,H,1,1} / {1,H}, as llama.cpp's two tries do.
+
+    The arch's loader layout: `fused_qkv` whether one attn_qkv {D, 3 d_in} stands in for attn_q/k/v when the file
+    has it (create_tensor_qkv's first try; False: the graph reads attn_q/k/v only, and they are required);
+    `ssm_a_shape(H)` the NumPy shape ssm_a must have.
 
     Optional tensors the loader accepts but the KDA graph never applies (plain ggml_mul_mat, kimi-linear.cpp:
     300-379): attn_q/k/v(/qkv) .bias, and the generic pass's .scale / .input_scale of attn_q/k/v/qkv,
@@ -100,7 +105,7 @@ def kda_table(gf, il: int, kc: KDAConfig) -> list[W]:
     t = [W(f"ssm_conv1d_{x}", p + f"ssm_conv1d_{x}.weight", lambda c, s: (d_in, 1, Kc), dense=True,
            accepts=("F32",), refuse_others=True)     # ggml_ssm_conv reads float (ggml-cpu ops.cpp asserts nb[0])
          for x in STREAMS]
-    fused = not kc.separate_qkv and p + "attn_qkv.weight" in gf
+    fused = fused_qkv and p + "attn_qkv.weight" in gf
     names = ["attn_qkv"] if fused else [f"attn_{x}" for x in STREAMS]
     if fused:
         t += [W("attn_qkv", p + "attn_qkv.weight", lambda c, s: (3 * d_in, D(c, s))),
@@ -114,7 +119,7 @@ def kda_table(gf, il: int, kc: KDAConfig) -> list[W]:
     t += [W("ssm_f_a", p + "ssm_f_a.weight", lambda c, s: (dh, D(c, s))),
           W("ssm_f_b", p + "ssm_f_b.weight", lambda c, s: (d_in, dh)),
           W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (H, D(c, s))),
-          W("ssm_a", p + "ssm_a", (lambda c, s: (H,)) if kc.ssm_a_1d else (lambda c, s: (H, 1)), dense=True),
+          W("ssm_a", p + "ssm_a", lambda c, s: ssm_a_shape(H), dense=True),
           W("ssm_dt_b", p + "ssm_dt.bias", lambda c, s: (d_in,), dense=True)]
     if kc.full_rank_gate:
         t.append(W("ssm_g", p + "ssm_g.weight", lambda c, s: (d_in, D(c, s))))
@@ -140,17 +145,6 @@ def new_state(kc: KDAConfig, form: str = "recurrent") -> RecurrentState:
     return RecurrentState(form=form)
 
 
-def hybrid_new_state(cfg, attn_form: str | None = None) -> list:
-    """The state of a KDA + MLA hybrid (kimi-linear, kimi-k3), per layer: KDA's RecurrentState, or the MLA cache
-    of the form asked (llama.cpp's by default). attn_form: an MLA form (absorbed / naive) for the MLA layers,
-    or "chunked" for the KDA layers' delta rule."""
-    from . import mla
-    kda_form = "chunked" if attn_form == "chunked" else "recurrent"
-    mla_form = attn_form if attn_form in mla.FORMS else None
-    return [new_state(s.attn_cfg, kda_form) if s.attn == "kda" else
-            mla.new_state(s.attn_cfg, mla_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
-
-
 def gate_decay(z, ssm_a, kc: KDAConfig):
     """z [T, H, dh] (f_b(f_a(h)) + dt_bias), ssm_a [H] (= -exp(A_log)) -> log decay g [T, H, dh] (<= 0)."""
     a = ssm_a.reshape(1, kc.n_head, 1).astype(np.float32)
@@ -159,9 +153,35 @@ def gate_decay(z, ssm_a, kc: KDAConfig):
     return np.float32(kc.gate_lower_bound) * sigmoid(-a * z)                      # kimi-k3.cpp:420-439
 
 
-def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.ndarray:
+# The points `kda_layer` can trace, by concept; an arch passes `names` {point: the name, or the names, its llama.cpp
+# graph gives that tensor} and only the points it names are recorded (graphs name different points: one the beta
+# logits, another beta after the sigmoid). Without `names` every point is recorded under its own name.
+POINTS = (
+    "q_conv", "k_conv", "v_conv",    # [T, H, dh]   silu(short_conv(.)) of each stream
+    "f_a",                           # [T, dh]      h @ ssm_f_a.T
+    "f_b",                           # [T, d_in]    f_a @ ssm_f_b.T
+    "g",                             # [T, H, dh]   the log decay
+    "beta_logits", "beta",           # [T, H]       h @ ssm_beta.T, then its sigmoid
+    "scan_out",                      # [T, H, dh]   the delta rule's output o
+    "state",                         # [H, dh, dh]  the new state, S^T per head (ggml's layout)
+    "g_a",                           # [T, dh]      h @ ssm_g_a.T (low-rank output gate only)
+    "gate", "gate_heads",            # [T, d_in]    the output gate before its sigmoid; the same as [T, H, dh]
+    "normed",                        # [T, H, dh]   rms_norm(o) * ssm_norm
+    "gated",                         # [T, d_in]    normed * sigmoid(gate)
+    "out",                           # [T, D]       gated @ attn_output.T
+)
+
+
+def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
+              names: Mapping[str, str | tuple[str, ...]] | None = None) -> np.ndarray:
     """One KDA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add). `state` is updated
-    in place: conv [Kc-1, 3*d_in] (q|k|v tails), ssm [H, dh, dh] (key x value per head)."""
+    in place: conv [Kc-1, 3*d_in] (q|k|v tails), ssm [H, dh, dh] (key x value per head). `names`: the trace
+    names of the POINTS the arch records."""
+    def record(point, x):
+        got = point if names is None else names.get(point, ())
+        for name in (got,) if isinstance(got, str) else got:
+            rt.record(name, il, x)
+
     T, H, dh, d_in = h.shape[0], kc.n_head, kc.head_dim, kc.d_in
     if getattr(w, "attn_qkv", None) is not None:
         qkv = rt.matmul(h, w.attn_qkv)                                            # [T, 3*d_in]
@@ -173,41 +193,41 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt) -> np.
     for name, x, wc, tail in zip(STREAMS, proj, (getattr(w, f"ssm_conv1d_{x}").reshape(d_in, kc.d_conv) for x in STREAMS), tails):
         y, nt = causal_conv(x, wc, tail)                                          # [T, d_in], [Kc-1, d_in]
         outs.append(silu(y).reshape(T, H, dh))                                    # [T, d_in] -> [T, H, dh]
-        rt.record(f"kda_{name}_conv", il, outs[-1])                               # kimi-k3's names
+        record(f"{name}_conv", outs[-1])
         new_tails.append(nt)
     state.conv = np.concatenate(new_tails, axis=1)                                # [Kc-1, 3*d_in]
     q, k, v = outs                                                                # [T, H, dh] each
 
     fa = rt.matmul(h, w.ssm_f_a)                                                  # [T, dh]
-    rt.record("kda_f_a", il, fa)              # untraced in llama.cpp: the llamacpp-mode flip census reads it
+    record("f_a", fa)
     z = rt.matmul(fa, w.ssm_f_b)                                                  # [T, d_in]
-    rt.record("g1 f_b(f_a(cur))", il, z)
+    record("f_b", z)
     g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
-    rt.record("kda_g1", il, g)
+    record("g", g)
     b = rt.matmul(h, w.ssm_beta)                                                  # [T, H]
+    record("beta_logits", b)
     beta = sigmoid(b)
-    rt.record("kda_beta", il, beta if kc.beta_traced_after_sigmoid else b)
+    record("beta", beta)
 
     q, k = l2_norm(q, kc.rms_eps), l2_norm(k, kc.rms_eps)
     rule = chunked if state.form == "chunked" else recurrent                      # the state's form
     o, S = rule(q, k, v, g, beta, state.ssm)                                      # [T, H, dh], [H, dh, dh]
     state.ssm = S
-    rt.record("attn_output", il, o)
-    rt.record("kda_scan_out", il, o)                                              # kimi-k3's name
-    rt.record("new_state", il, S.transpose(0, 2, 1))                              # ggml keeps S^T per head
+    record("scan_out", o)
+    record("state", S.transpose(0, 2, 1))                                         # ggml keeps S^T per head
 
     if kc.full_rank_gate:
         gate = rt.matmul(h, w.ssm_g)                                              # [T, d_in]
     else:
         ga = rt.matmul(h, w.ssm_g_a)                                              # [T, dh]
-        rt.record("kda_g_a", il, ga)          # untraced in llama.cpp (as kda_f_a)
+        record("g_a", ga)
         gate = rt.matmul(ga, w.ssm_g_b)                                           # [T, d_in]
-        rt.record("g2 g_b(g_a(cur_2d))", il, gate)
-    rt.record("kda_g2", il, gate.reshape(T, H, dh))                               # kimi-k3's name
+    record("gate", gate)
+    record("gate_heads", gate.reshape(T, H, dh))
     o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head
-    rt.record("kda_normed", il, o)
+    record("normed", o)
     o = (o * sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
-    rt.record("kda_gated", il, o)             # untraced in llama.cpp (as kda_f_a)
+    record("gated", o)
     y = rt.matmul(np.ascontiguousarray(o), w.attn_output)                         # [T, D]
-    rt.record("kda_out", il, y)
+    record("out", y)
     return y
