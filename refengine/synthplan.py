@@ -140,6 +140,32 @@ def weight_plans(name: str, shape, fan: int, *, all_optional: bool, kind: str = 
     return out
 
 
+def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
+    """MLA's tensors (deepseek2.cpp:98-122, deepseek32.cpp:92-105): norms, q-LoRA (or plain attn_q), the latent
+    projection, attn_k_b / attn_v_b (or a legacy attn_kv_b when p["mla"] is false), attn_output."""
+    b, D, H = f"blk.{il}.", p["n_embd"], p["n_head"]
+    Dq, C, dn, R, dv = p["q_lora"], p["kv_lora"], p["qk_nope"], p["qk_rope"], p["v_head"]
+    dk = dn + R
+    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
+    t = [TensorPlan(b + "attn_norm.weight", (D,), "norm")]
+    if Dq > 0:
+        t.append(TensorPlan(b + "attn_q_a_norm.weight", (Dq,), "norm"))
+    t.append(TensorPlan(b + "attn_kv_a_norm.weight", (C,), "norm"))
+    if Dq > 0:
+        t += mat(b + "attn_q_a", (Dq, D), D)                              # ne {D, Dq}
+        t += mat(b + "attn_q_b", (H * dk, Dq), Dq)                        # ne {Dq, H*dk}
+    else:
+        t += mat(b + "attn_q", (H * dk, D), D, scales=1)                  # ne {D, H*dk}
+    t += mat(b + "attn_kv_a_mqa", (C + R, D), D)                          # ne {D, C+R}: latent, then rope
+    if p.get("mla", True):
+        t += mat(b + "attn_k_b", (H, C, dn), dn)                          # ne {dn, C, H}
+        t += mat(b + "attn_v_b", (H, dv, C), C)                           # ne {C, dv, H}
+    else:
+        t += mat(b + "attn_kv_b", (H * (dn + dv), C), C)                  # ne {C, H*(dn+dv)}
+    t += mat(b + "attn_output", (D, H * dv), H * dv, scales=1)            # ne {H*dv, D}
+    return t
+
+
 def mla_metadata(a: str, p: dict) -> list[tuple[str, object, str]]:
     """MLA's head keys as converters write them: key_length = C+R / value_length = C (the latent cache row) and
     the per-head sizes key_length_mla = dn+R / value_length_mla = dv (deepseek2, deepseek32, glm-dsa, kimi-*)."""
