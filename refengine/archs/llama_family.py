@@ -91,7 +91,7 @@ class Variant:
                                         # feed_forward_length), its output gated by sigmoid(h @ ffn_gate_inp_shexp)
     moe_quirks: dict = field(default_factory=dict)   # further MoEConfig fields (tensors the loader accepts)
     # -- tensors
-    rope_factor_tensors: bool = True    # rope_freqs / rope_factors_long|short are loaded (llama_model::get_rope_factors)
+    rope_factor_tensors: bool = True    # rope_freqs / rope_factors_long|short loaded (get_rope_factors)
     qk_norm: bool = False               # attn_q_norm / attn_k_norm [K]: per-head RMS norms before RoPE
     out_bias: bool = True               # attn_output.bias may be present
     q_gate: bool = False                # attn_q gives [q | gate] per head; o * sigmoid(gate) before attn_output
@@ -122,15 +122,13 @@ class Variant:
         self.check_dims(gf, self.arch, common)
         gc = gdn.gdn_config(r, gf.path) if self.linear_layers else None
         linear = self.linear_layers(r, L, L_all) if self.linear_layers else [False] * L
-        shexp = dict(n_shared=1, shexp_gate=True) if self.shared_expert else {}
         layers = []
         for il in range(L):
             if not linear[il]:
                 check_gqa(gf, il, n_head[il], n_head_kv[il])
+            shexp = dict(n_shared=1, n_ff_shexp=n_ff_shexp or n_ff[il], shexp_gate=True) if self.shared_expert else {}
             moe = None
             if E > 0:
-                if self.shared_expert:
-                    shexp["n_ff_shexp"] = n_ff_shexp or n_ff[il]
                 moe = MoEConfig(n_expert=E, n_expert_used=n_used[il], n_ff_exp=n_ff_exp[il],
                                 n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"],
                                 **shexp, **self.moe_quirks)

@@ -46,5 +46,6 @@ PRESETS = {
 
 # the arch contract (refengine.archs): the family's functions on qwen3moe's data
 config_from_gguf, load_globals, load_layer = QWEN3MOE.config_from_gguf, QWEN3MOE.load_globals, QWEN3MOE.load_layer
-new_state, rope_for, embed, block, head = QWEN3MOE.new_state, QWEN3MOE.rope_for, QWEN3MOE.embed, QWEN3MOE.block, QWEN3MOE.head
+new_state, rope_for, embed, block, head = (QWEN3MOE.new_state, QWEN3MOE.rope_for, QWEN3MOE.embed, QWEN3MOE.block,
+                                           QWEN3MOE.head)
 synth_plan, synth_metadata = QWEN3MOE.synth_plan, QWEN3MOE.synth_metadata
