@@ -325,16 +325,6 @@ def token_rows(gf) -> int:
     return gf.tensors["token_embd.weight"].shape[0]
 
 
-def qwen_moe_sizes(r, n_layer: int, n_layer_all: int) -> tuple[list[int], list[int], list[int]]:
-    """Per trunk block (n_ff, n_expert_used, n_ff_exp) as the Qwen MoE loaders read them: `expert_feed_forward_length`,
-    else `feed_forward_length / expert_used_count` (src/models/qwen3moe.cpp:51, qwen3next.cpp:53)."""
-    n_ff = [int(v or 0) for v in r.per_layer("feed_forward_length", n_layer_all, default=0)[:n_layer]]
-    n_used = [int(v or 0) for v in r.per_layer("expert_used_count", n_layer_all, default=0)[:n_layer]]
-    n_ff_exp = r.per_layer("expert_feed_forward_length", n_layer_all, default=0)[:n_layer]
-    ff_exp = [int(e or (f // u if u else 0) or 0) for e, f, u in zip(n_ff_exp, n_ff, n_used)]
-    return n_ff, n_used, ff_exp
-
-
 def check_experts(gf, arch: str, n_expert: int, n_used, *, required: bool = False) -> None:
     """expert_count / expert_used_count agree (llama.cpp asserts the same in load_hparams)."""
     if required and n_expert == 0:

@@ -100,7 +100,8 @@ def gdn_config(r, path: str) -> GDNConfig:
     return GDNConfig(n_k_heads=hk, n_v_heads=hv, head_k_dim=d_state, head_v_dim=d_state, conv_kernel=kc)
 
 
-FORMS = ("recurrent", "chunked")      # llama.cpp's fused token-by-token kernel (the default), the chunked form
+RULES = {"recurrent": recurrent, "chunked": chunked}     # state.form -> the delta rule it runs
+FORMS = tuple(RULES)       # llama.cpp's fused token-by-token kernel (the default), the chunked form
 
 
 GDNState = RecurrentState          # conv tail, delta-rule matrix and the form of the rule (FORMS)
@@ -214,8 +215,7 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     rt.record("q_conv_predelta", il, q)
     rt.record("k_conv_predelta", il, k)
     rt.record("v_conv_predelta", il, v)
-    rule = chunked if getattr(state, "form", "recurrent") == "chunked" else recurrent
-    o, S = rule(q, k, v, g, beta, S0)                                    # [T, Hv, V], [Hv, K, V]
+    o, S = RULES[state.form](q, k, v, g, beta, S0)                       # the sequence's form of the rule                                    # [T, Hv, V], [Hv, K, V]
     rt.record("attn_output", il, o)
     rt.record("new_state", il, S.transpose(0, 2, 1)[None])
     state.conv, state.ssm = new_tail, S
