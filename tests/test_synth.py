@@ -41,15 +41,6 @@ def test_logits_are_spread(synth_model):
         assert logits.std() > 1.0
 
 
-def test_tiny_presets_run_fast(synth_model):
-    import time
-    for arch in ("llama", "qwen3moe"):
-        m = Model(synth_model(arch))
-        t = time.perf_counter()
-        m.forward(list(range(16)))
-        assert time.perf_counter() - t < 1.0
-
-
 def test_real_size_preset_shapes():
     """qwen3-30b-a3b carries Qwen3-30B-A3B's published config."""
     p = PRESETS["qwen3moe"]["qwen3-30b-a3b"]
