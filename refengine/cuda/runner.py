@@ -52,7 +52,7 @@ OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_
 def unsupported(model) -> str | None:
     """Why `model` cannot run on the device path (None when it can)."""
     cfg = model.cfg
-    if not getattr(model.arch, "DEVICE_PATH", False):
+    if not model.arch.DEVICE_PATH:
         return f"architecture {model.arch.ARCH} (its embed / residual / head are not the device path's)"
     for il, spec in enumerate(cfg.layers):           # the layer kinds the device kernels implement
         if spec.attn != "mha" or spec.ffn not in ("dense", "moe"):
