@@ -28,10 +28,11 @@ from numba import cuda
 from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
-from ._dev import SIM
+from .device import SIM
 from .decoders import SPECS
-from .fast import fast_supported, fgemv1_kernel, fgemv_kernel
+from .fast import fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
+from .fast_specs import FSPECS, fast_supported
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .tc import gemm_tc_kernel
 from .weights import DeviceWeight, device_weight
@@ -255,11 +256,10 @@ def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
     DB = bool(sh[5]) if len(sh) > 5 else False
     if X8 and len(sh) > 4 and sh[4] and t in CW:
         return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, DB)
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, False, DB)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, None, DB)
 
 
 def _units(t: GGMLType) -> int:
-    from .fast import FSPECS
     return FSPECS[t].UPB
 
 
