@@ -265,9 +265,7 @@ def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     per-KV-head kernel, and the tensor-core GEMMs around the causal softmax (head dim 128; in the simulator
     the per-KV-head kernel runs on the micro model, head dim 32)."""
     from quant.cuda import ops
-    from refengine.cuda import DeviceModel, attn, runner
-    monkeypatch.setattr(runner, "GQA_MIN_T", 1)
-    monkeypatch.setattr(runner, "TC_ATTENTION", path == "tc")
+    from refengine.cuda import DeviceModel, attn
     if GPU:
         arch, preset, wtype = CASES[0]                              # qwen3moe tiny: head dim 128
         m = _model(tmp_path_factory, arch, preset, wtype)
@@ -287,7 +285,7 @@ def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     real_tc = attn.attention_tc
     monkeypatch.setattr(attn, "attention_tc", lambda *a, **k: calls.append(1) or real_tc(*a, **k))
     st, sd = m.new_state(), m.new_state()
-    dm = DeviceModel(m, graphs=False)
+    dm = DeviceModel(m, graphs=False, tc_attention=path == "tc", gqa_min_t=1)
     want = m.forward(prompt, st)
     assert rel_rms(dm.forward(prompt, sd), want) <= TOL
     assert bool(calls) == (path == "tc")

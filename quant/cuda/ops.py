@@ -58,7 +58,6 @@ FAST1_DEFAULT = (8, 4, 8, 128, 0)
 # step's small matrices (q|k|v, output, router: a few MB) may want other shapes than 4096 x 14336 (empty
 # unless set, e.g. by `benchmarks/cuda_layers.py --fast1`)
 FAST1_SHAPE_BY_DIMS: dict[tuple[GGMLType, int, int], tuple[int, ...]] = {}
-X8 = True                          # False: never the 8-bit kernel
 # groups of up to ONE_MAX pairs go to the one-token kernels, one pass per pair (the rows of later passes
 # come from L2); larger groups to the 8-token `fgemv_kernel`. A dense GEMV (one group of T tokens) takes the
 # one-token kernel only up to ONE_MAX_DENSE[type] tokens: where it measured faster than the 8-token kernel
@@ -254,7 +253,7 @@ def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
     P = sh[2] if len(sh) > 2 else 4
     MR = sh[3] if len(sh) > 3 and not glu else 0
     DB = bool(sh[5]) if len(sh) > 5 else False
-    if X8 and len(sh) > 4 and sh[4] and t in CW:
+    if len(sh) > 4 and sh[4] and t in CW:
         return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, DB)
     return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, None, DB)
 
