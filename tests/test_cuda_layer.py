@@ -204,7 +204,7 @@ def test_route_kernel(E, k):
 
 
 @pytest.mark.parametrize("causal", [1, 2])
-def test_tc_causal_skips(causal, monkeypatch):
+def test_tc_causal_skips(causal):
     """The tensor-core GEMM's causal modes on a small F32 matrix: 1 skips row tiles past what a token tile sees
     (those outputs stay unwritten: NaN here), 2 stops the K loop after the tile holding the last visible column
     (the activations are zero past it, as the softmax leaves them). Pair rows t, token t sees rows < pos + t + 1."""
@@ -212,7 +212,6 @@ def test_tc_causal_skips(causal, monkeypatch):
 
     from quant.cuda import ops
     from refengine.cuda import attn
-    monkeypatch.setattr(ops, "TC_SHAPE", dict(BM=16, WM=1, WN=1, CV=-1))     # 16-row tiles: one is skipped
     rng = np.random.default_rng(causal)
     T, pos = 34, (0 if causal == 1 else 96)
     O, I = (48, 128) if causal == 1 else (16, 256)
@@ -224,7 +223,8 @@ def test_tc_causal_skips(causal, monkeypatch):
     grp = cuda.to_device(attn.head_groups(T, 1, 1))
     y = cuda.to_device(np.full((T, O), np.nan, np.float32))
     ops.grouped(attn.CacheMat(cuda.to_device(w), O, I, 1, I * 4, O * I * 4), cuda.to_device(x), y, grp, 1, T, T,
-                kernel="tc", causal=causal, cpos=cuda.to_device(np.array([pos], np.int32)), ch=1)
+                kernel="tc", shape=dict(BM=16, WM=1, WN=1, CV=-1), causal=causal,      # 16-row tiles: one is skipped
+                cpos=cuda.to_device(np.array([pos], np.int32)), ch=1)
     got, want = y.copy_to_host(), x @ w.T
     if causal == 1:
         assert np.isnan(got[:32, 32:]).all()                 # the first tile (tokens 0..31) sees rows < 32 only

@@ -197,12 +197,16 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, pairs, gemm, tc, auto)")
 
 
-def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, glu: bool = False) -> str:
-    """The kernel `grouped(kernel="auto")` runs (see the module docstring and PAIRS_AVG / PAIRS_DENSE)."""
+def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, glu: bool = False, *,
+                pairs_avg: int | None = None, group_avg: int | None = None) -> str:
+    """The kernel `grouped(kernel="auto")` runs (see the module docstring and PAIRS_AVG / PAIRS_DENSE);
+    pairs_avg, group_avg: the dispatch thresholds (default PAIRS_AVG, GROUP_AVG)."""
+    pairs_avg = PAIRS_AVG if pairs_avg is None else pairs_avg
+    group_avg = GROUP_AVG if group_avg is None else group_avg
     fast = fast_ids_ok(dw, xd)
-    if fast and max_per_group > 1 and (n_pairs <= PAIRS_AVG * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
+    if fast and max_per_group > 1 and (n_pairs <= pairs_avg * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
         return "pairs"
-    if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= GROUP_AVG * gmax):
+    if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= group_avg * gmax):
         return "fast" if fast else "gemv"
     return "tc" if TC else "gemm"
 
