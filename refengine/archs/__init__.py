@@ -15,7 +15,8 @@ and the per-arch data the tools read from the spec instead of naming archs
 
 `spec_of(module)` builds an arch's spec from the module's members of the same names (a missing required one
 is an `ArchSpecError` naming the arch and the member); `ARCHS` maps general.architecture to the spec and
-`get_arch` returns it. No arch imports another arch. Adding one: a module here and one line in ARCHS.
+`get_arch` returns it. No arch imports another arch (siblings share a family module, e.g. deepseek_family).
+Adding one: a module here and one line in ARCHS.
 """
 from __future__ import annotations
 
