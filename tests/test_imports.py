@@ -143,4 +143,5 @@ if __name__ == "__main__":
     for c in cycles(graph(mods)):
         print("cycle:", " <-> ".join(c), "(allowed)" if set(c) in ALLOWED_CYCLES else "")
     for m, t, name, line in private_imports(mods):
-        print(f"private: {m}:{line} imports {name or '*'} from {t}", "(allowed)" if (m, t, name) in ALLOWED_PRIVATE else "")
+        allowed = "(allowed)" if (m, t, name) in ALLOWED_PRIVATE else ""
+        print(f"private: {m}:{line} imports {name or '*'} from {t}", allowed)

@@ -1,6 +1,6 @@
-"""Fast warp GEMV for every type with a unit decoder: the 13 of `fast_units.py` (Q4_K, Q6_K, Q8_0, Q4_0, Q5_K, Q2_K, Q3_K,
-IQ4_XS, IQ4_NL, MXFP4, Q4_1, Q5_0, Q5_1) and those of `fast_more.py` (NVFP4, F16, BF16, F32 and the IQ grid
-types); same math and signature as `gemv.gemv_kernel`.
+"""Fast warp GEMV for every type with a unit decoder: the 13 of `fast_units.py` (Q4_K, Q6_K, Q8_0, Q4_0, Q5_K,
+Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4, Q4_1, Q5_0, Q5_1) and those of `fast_more.py` (NVFP4, F16, BF16, F32 and the
+IQ grid types); same math and signature as `gemv.gemv_kernel`.
 
     y[out(j), o] = sc[e] * (x[tok(j)] . W_e[o])     over the groups of a `GroupTable` (dense = one group)
 

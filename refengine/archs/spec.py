@@ -90,7 +90,7 @@ class ArchSpec:
             if not isinstance(getattr(self, flag), bool):
                 raise bad(flag, f"must be a bool, is {getattr(self, flag)!r}")
         if self.DEVICE_PATH and self.rope_for is None:
-            raise bad("rope_for", "is required with DEVICE_PATH = True (the device path computes rope once per forward)")
+            raise bad("rope_for", "is required with DEVICE_PATH = True (the device path computes rope per forward)")
 
     def __repr__(self) -> str:
         return f"ArchSpec({self.ARCH!r})"
