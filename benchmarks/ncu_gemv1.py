@@ -39,8 +39,8 @@ def main():
         t = GGMLType[tn]
         if tn not in ws:
             ws[tn] = device_weight(random_qtensor(t, (O, I), rng)).ensure()
-        ops.X8 = kind == "i"
-        ops.grouped(ws[tn], x, y, grp, 1, 1, 1, kernel="fast", shape=sh)
+        shape = (*sh, *(0,) * (4 - len(sh)), int(kind == "i"))       # X (the 5th entry): the 8-bit kernel
+        ops.grouped(ws[tn], x, y, grp, 1, 1, 1, kernel="fast", shape=shape)
         cuda.synchronize()
         print(tn, kind, sh, "launched", flush=True)
         if a.sass:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .formats import GGMLType, type_info
-from .ref import QuantError
+from .errors import QuantError
 from .rounding import F32, bf16_bits, fp16_bits, nearest_int, roundf, seq_sum
 
 

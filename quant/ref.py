@@ -14,11 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decode import DecodeError, decode
+from .errors import QuantError
 from .formats import GGMLType, TypeInfo, type_info
-
-
-class QuantError(ValueError):
-    """A tensor whose bytes cannot be decoded (unsupported type, wrong byte count)."""
 
 
 @dataclass(frozen=True)

@@ -400,7 +400,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     trace = Trace()
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
     rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form)
-    if local and not getattr(model.arch, "LOCAL_INPUTS", True):
+    if local and not model.arch.LOCAL_INPUTS:
         model.forward_local(tokens, [], None)                 # raises the clear error before llama.cpp runs
     if local:
         L = model.cfg.n_layer

@@ -1,9 +1,10 @@
 """ModelConfig: every hyperparameter the forward pass uses, each read from a named GGUF key.
 
-Built only by `ModelConfig.from_gguf`. Keys are written without the `{arch}.` prefix in the comments
-(`attention.head_count` means `llama.attention.head_count` for a `llama` file). Defaults are the ones
-llama.cpp applies (`llama_model_base::load_hparams`, `src/llama-model.cpp:1298`, and the arch's
-`load_arch_hparams`); a missing required key is a `MissingKeyError` naming the key and the file.
+Built only by an arch's `config_from_gguf` (`refengine.archs`; config imports no arch). Keys are written
+without the `{arch}.` prefix in the comments (`attention.head_count` means `llama.attention.head_count` for
+a `llama` file). Defaults are the ones llama.cpp applies (`llama_model_base::load_hparams`,
+`src/llama-model.cpp:1298`, and the arch's `load_arch_hparams`); a missing required key is a
+`MissingKeyError` naming the key and the file.
 
 Per-layer structure (attention kind, dense or MoE feed-forward, head counts) is explicit data in
 `layers`, never computed inside a block.
@@ -28,6 +29,8 @@ class ConfigWarning(UserWarning):
 class LayerSpec:
     attn: str                 # "mha" (softmax attention over a KV cache) | "mla" (latent attention)
                               # | "dsa" (latent attention under a lightning-indexer top-k mask)
+                              # | "gdn" (gated delta net) | "kda" (Kimi delta attention): linear attention
+                              # over a recurrent state
     ffn: str                  # "dense" | "moe"
     n_head: int               # attention.head_count (scalar or per-layer array)
     n_head_kv: int            # attention.head_count_kv (default: n_head)
@@ -91,12 +94,6 @@ class ModelConfig:
             af = 1.0 if factor <= 1.0 else 0.1 * math.log(factor) + 1.0
             af *= 1.0 / (1.0 + 0.1 * math.log(factor))
         return af * self.rope_attn_factor
-
-    @staticmethod
-    def from_gguf(gf) -> "ModelConfig":
-        from .archs import get_arch
-        arch = get_arch(gf.get("general.architecture"), gf.path)
-        return arch.config_from_gguf(gf)
 
 
 # ---------------------------------------------------------------- typed metadata keys
@@ -349,8 +346,11 @@ def check_gqa(gf, il: int, n_head: int, n_head_kv: int) -> None:
         raise ConfigError(f"{gf.path}: layer {il}: {n_head} heads do not group over {n_head_kv} KV heads")
 
 
-def read_common(r: KeyReader, *, rope_type: int, n_vocab: int) -> dict:
-    """The hyperparameters every transformer arch reads (`load_hparams`, src/llama-model.cpp:1298-1470)."""
+def read_common(r: KeyReader, *, rope_type: int, n_vocab: int) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
+    """The hyperparameters every transformer arch reads (`load_hparams`, src/llama-model.cpp:1298-1470).
+
+    Returns (common, n_head, n_head_kv): `common` the ModelConfig fields of every arch (keyword arguments),
+    n_head / n_head_kv the head counts of the trunk's layers, one per layer."""
     gf = r.gf
     n_layer_all = int(r.get("block_count", required=True))
     n_nextn = int(r.get("nextn_predict_layers", 0))

@@ -4,7 +4,7 @@
     x      = arch.block(x, layer il, state.layers[il], step)    for il in 0..n_layer-1 (archs/*.py)
     logits = arch.head(x)                                       [T, V]
 
-The arch owns the math of each piece (the contract is in `refengine/archs/__init__.py`); this loop
+The arch owns the math of each piece (the contract is `refengine.archs.spec.ArchSpec`); this loop
 only threads the residual, the per-layer state and the step (tokens, positions, rope) through it.
 
 Opening a model reads only metadata and the tensor table; a layer's weights are mmapped views that
@@ -112,7 +112,7 @@ class Model:
         """
         rt = rt or Runtime()
         a, cfg = self.arch, self.cfg
-        if not getattr(a, "LOCAL_INPUTS", True):
+        if not a.LOCAL_INPUTS:
             raise UnsupportedArchError(
                 f"{self.path}: {cfg.arch} blocks read more than the previous block's output (attention residuals "
                 f"mix a bank of earlier checkpoints), so a block cannot be fed llama.cpp's l_out alone: "

@@ -33,7 +33,7 @@ from .synthplan import TensorPlan
 
 # ---------------------------------------------------------------- per-arch plans (from the arch registry)
 
-PRESETS: dict[str, dict[str, dict]] = {name: m.PRESETS for name, m in ARCHS.items() if hasattr(m, "PRESETS")}
+PRESETS: dict[str, dict[str, dict]] = {name: s.PRESETS for name, s in ARCHS.items()}
 
 
 def _arch(arch: str):
@@ -149,12 +149,7 @@ def resolve_preset(arch: str, preset: str, *, layers: int | None = None, overrid
     p.update(overrides or {})
     if layers is not None and not 1 <= layers <= p["n_layer"]:
         raise ConfigError(f"--layers must be in 1..{p['n_layer']} for preset {preset!r}")
-    resolve = getattr(ARCHS[arch], "synth_resolve", None)
-    if resolve is not None:
-        return resolve(p, layers)
-    if layers is not None:
-        p["n_layer"] = layers
-    return p
+    return ARCHS[arch].synth_resolve(p, layers)
 
 
 def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wtype: str = "F32", seed: int = 0,

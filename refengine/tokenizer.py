@@ -20,8 +20,8 @@ class Tokenizer:
             import llama_cpp as L
         except ImportError:
             raise OracleError("text prompts need llama-cpp-python's tokenizer: pip install 'llama-cpp-python==0.3.36'") from None
-        from .oracle.llamacpp import _quiet
-        _quiet(L)
+        from .oracle.llamacpp import quiet_logs
+        quiet_logs(L)
         self.L = L
         mp = L.llama_model_default_params()
         mp.vocab_only = True

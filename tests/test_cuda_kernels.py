@@ -292,7 +292,7 @@ def test_pairs_kernel(t, rng):
     assert_close(f"{t.name} pairs dense", ops.matmul(xd3, w[0], kernel="pairs", shape=shape), ref.matmul(xd3, w[0]))
 
 
-def test_auto_kernel_choice(rng, monkeypatch):
+def test_auto_kernel_choice(rng):
     """`ops.auto_kernel` chooses expert dispatch by the average pairs per group (the host does not know the
     largest group): <= PAIRS_AVG one block per pair, <= GROUP_AVG one block per group, more the tiled GEMM;
     dense products and one-token groups as before; PAIRS_AVG = GROUP_AVG = 0 restores the choice by tokens."""
@@ -305,10 +305,8 @@ def test_auto_kernel_choice(rng, monkeypatch):
                                             ((E, 4096, 512, True), "fast"), ((8, 8, 1, False), "fast"),
                                             ((1, 4, 4, False), "fast"), ((1, 64, 64, False), tiled)]:
         assert ops.auto_kernel(dw, xd, gmax, n_pairs, mpg, glu) == want, (gmax, n_pairs, mpg, glu)
-    monkeypatch.setattr(ops, "PAIRS_AVG", 0)
-    monkeypatch.setattr(ops, "GROUP_AVG", 0)
-    assert ops.auto_kernel(dw, xd, E, 256, 32) == tiled
-    assert ops.auto_kernel(dw, xd, E, 64, 8) == "fast"
+    assert ops.auto_kernel(dw, xd, E, 256, 32, pairs_avg=0, group_avg=0) == tiled
+    assert ops.auto_kernel(dw, xd, E, 64, 8, pairs_avg=0, group_avg=0) == "fast"
 
 
 def test_bucket_kernel_matches_host(rng):

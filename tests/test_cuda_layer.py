@@ -204,7 +204,7 @@ def test_route_kernel(E, k):
 
 
 @pytest.mark.parametrize("causal", [1, 2])
-def test_tc_causal_skips(causal, monkeypatch):
+def test_tc_causal_skips(causal):
     """The tensor-core GEMM's causal modes on a small F32 matrix: 1 skips row tiles past what a token tile sees
     (those outputs stay unwritten: NaN here), 2 stops the K loop after the tile holding the last visible column
     (the activations are zero past it, as the softmax leaves them). Pair rows t, token t sees rows < pos + t + 1."""
@@ -212,7 +212,6 @@ def test_tc_causal_skips(causal, monkeypatch):
 
     from quant.cuda import ops
     from refengine.cuda import attn
-    monkeypatch.setattr(ops, "TC_SHAPE", dict(BM=16, WM=1, WN=1, CV=-1))     # 16-row tiles: one is skipped
     rng = np.random.default_rng(causal)
     T, pos = 34, (0 if causal == 1 else 96)
     O, I = (48, 128) if causal == 1 else (16, 256)
@@ -224,7 +223,8 @@ def test_tc_causal_skips(causal, monkeypatch):
     grp = cuda.to_device(attn.head_groups(T, 1, 1))
     y = cuda.to_device(np.full((T, O), np.nan, np.float32))
     ops.grouped(attn.CacheMat(cuda.to_device(w), O, I, 1, I * 4, O * I * 4), cuda.to_device(x), y, grp, 1, T, T,
-                kernel="tc", causal=causal, cpos=cuda.to_device(np.array([pos], np.int32)), ch=1)
+                kernel="tc", shape=dict(BM=16, WM=1, WN=1, CV=-1), causal=causal,      # 16-row tiles: one is skipped
+                cpos=cuda.to_device(np.array([pos], np.int32)), ch=1)
     got, want = y.copy_to_host(), x @ w.T
     if causal == 1:
         assert np.isnan(got[:32, 32:]).all()                 # the first tile (tokens 0..31) sees rows < 32 only
@@ -265,9 +265,7 @@ def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     per-KV-head kernel, and the tensor-core GEMMs around the causal softmax (head dim 128; in the simulator
     the per-KV-head kernel runs on the micro model, head dim 32)."""
     from quant.cuda import ops
-    from refengine.cuda import DeviceModel, attn, runner
-    monkeypatch.setattr(runner, "GQA_MIN_T", 1)
-    monkeypatch.setattr(runner, "TC_ATTENTION", path == "tc")
+    from refengine.cuda import DeviceModel, attn
     if GPU:
         arch, preset, wtype = CASES[0]                              # qwen3moe tiny: head dim 128
         m = _model(tmp_path_factory, arch, preset, wtype)
@@ -287,7 +285,7 @@ def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     real_tc = attn.attention_tc
     monkeypatch.setattr(attn, "attention_tc", lambda *a, **k: calls.append(1) or real_tc(*a, **k))
     st, sd = m.new_state(), m.new_state()
-    dm = DeviceModel(m, graphs=False)
+    dm = DeviceModel(m, graphs=False, tc_attention=path == "tc", gqa_min_t=1)
     want = m.forward(prompt, st)
     assert rel_rms(dm.forward(prompt, sd), want) <= TOL
     assert bool(calls) == (path == "tc")

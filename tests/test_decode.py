@@ -21,7 +21,7 @@ def decode_cases():
             if i == 0:
                 cases.append((arch, dict(preset=preset, wtype="Q4_K"), None))
                 cases.append((arch, dict(preset=preset, all_optional=True), None))
-        forms = getattr(ARCHS[arch], "ATTN_FORMS", ()) if tiny else ()
+        forms = ARCHS[arch].ATTN_FORMS if tiny else ()
         for form in forms[1:]:
             cases.append((arch, dict(preset=tiny[0]), form))
     return cases

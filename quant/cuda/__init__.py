@@ -18,7 +18,7 @@ if not hasattr(_np, "row_stack"):
 
 from numba import cuda as _cuda  # noqa: E402
 
-from ._dev import SIM  # noqa: E402
+from .device import SIM  # noqa: E402
 from .decoders import SPECS  # noqa: E402
 from .ops import matmul, supported  # noqa: E402
 from .moe import moe_ffn  # noqa: E402

@@ -15,7 +15,7 @@ Parts are numbered so that parts [h*P/2, (h+1)*P/2) of a 256-weight block cover 
 [128h, 128h + 128): the GEMM stages K tiles of 128 columns.
 
 The arithmetic is float32 on dequantized values, as `quant.ref.dequantize` then a float32 product:
-small integers become floats through the exponent trick of `_dev.u2f` (exact, and faster than an
+small integers become floats through the exponent trick of `device.u2f` (exact, and faster than an
 int->float conversion). Layouts: `ggml/src/ggml-common.h` (block structs) and `dequantize_row_*` in
 `ggml/src/ggml-quants.c` of the llama.cpp vendored in llama-cpp-python 0.3.36.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..formats import GGMLType
-from ._dev import MAGIC, MAGIC_BITS, as_f32, byte, f16_to_f32, hf, ld16, ld32, ld32a, ld8, u2f
+from .device import MAGIC, MAGIC_BITS, as_f32, byte, f16_to_f32, hf, ld16, ld32, ld32a, ld8, u2f
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ def dec_nvfp4(w32, w16, tb, base, p, v, r):
 # ------------------------------------------------------------------ K-quants (256-weight blocks)
 
 @cuda.jit(device=True, inline=True)
-def _b12(s0, s1, s2, k):
+def b12(s0, s1, s2, k):
     """Byte k (0..11) of the 12 bytes s0|s1|s2."""
     w = s0
     if k >= 8:
@@ -232,14 +232,14 @@ def _b12(s0, s1, s2, k):
 
 
 @cuda.jit(device=True, inline=True)
-def _scale_min_k4(s0, s1, s2, j):
+def scale_min_k4(s0, s1, s2, j):
     """`get_scale_min_k4`: the 6-bit scale and min of sub-block j (0..7) of Q4_K / Q5_K."""
     if j < 4:
-        sc = _b12(s0, s1, s2, j) & uint32(63)
-        m = _b12(s0, s1, s2, j + 4) & uint32(63)
+        sc = b12(s0, s1, s2, j) & uint32(63)
+        m = b12(s0, s1, s2, j + 4) & uint32(63)
     else:
-        sc = (_b12(s0, s1, s2, j + 4) & uint32(15)) | ((_b12(s0, s1, s2, j - 4) >> uint32(6)) << uint32(4))
-        m = (_b12(s0, s1, s2, j + 4) >> uint32(4)) | ((_b12(s0, s1, s2, j) >> uint32(6)) << uint32(4))
+        sc = (b12(s0, s1, s2, j + 4) & uint32(15)) | ((b12(s0, s1, s2, j - 4) >> uint32(6)) << uint32(4))
+        m = (b12(s0, s1, s2, j + 4) >> uint32(4)) | ((b12(s0, s1, s2, j) >> uint32(6)) << uint32(4))
     return sc, m
 
 
@@ -254,8 +254,8 @@ def dec_q4_k(w32, w16, tb, base, p, v, r):
     s0 = ld32a(w32, base, 4)
     s1 = ld32a(w32, base, 8)
     s2 = ld32a(w32, base, 12)
-    sc0, m0 = _scale_min_k4(s0, s1, s2, 2 * g)
-    sc1, m1 = _scale_min_k4(s0, s1, s2, 2 * g + 1)
+    sc0, m0 = scale_min_k4(s0, s1, s2, 2 * g)
+    sc1, m1 = scale_min_k4(s0, s1, s2, 2 * g + 1)
     a0 = d * _f(sc0)
     b0 = dmin * _f(m0)
     a1 = d * _f(sc1)
@@ -280,8 +280,8 @@ def dec_q5_k(w32, w16, tb, base, p, v, r):
     s0 = ld32a(w32, base, 4)
     s1 = ld32a(w32, base, 8)
     s2 = ld32a(w32, base, 12)
-    sc0, m0 = _scale_min_k4(s0, s1, s2, 2 * g)
-    sc1, m1 = _scale_min_k4(s0, s1, s2, 2 * g + 1)
+    sc0, m0 = scale_min_k4(s0, s1, s2, 2 * g)
+    sc1, m1 = scale_min_k4(s0, s1, s2, 2 * g + 1)
     a0 = d * _f(sc0)
     b0 = dmin * _f(m0)
     a1 = d * _f(sc1)
@@ -372,10 +372,10 @@ def dec_q3_k(w32, w16, tb, base, p, v, r):
     for j in range(4):
         i = 8 * h + 2 * j + (l0 >> 4)
         if i < 8:
-            lo = _b12(s0, s1, s2, i) & uint32(15)
+            lo = b12(s0, s1, s2, i) & uint32(15)
         else:
-            lo = _b12(s0, s1, s2, i - 8) >> uint32(4)
-        hi = (_b12(s0, s1, s2, 8 + (i & 3)) >> uint32(2 * (i >> 2))) & uint32(3)
+            lo = b12(s0, s1, s2, i - 8) >> uint32(4)
+        hi = (b12(s0, s1, s2, 8 + (i & 3)) >> uint32(2 * (i >> 2))) & uint32(3)
         a = d * (_f(lo | (hi << uint32(4))) - float32(32.0))
         hb = uint32(4 * h + j)
         for k in range(4):
@@ -391,7 +391,7 @@ def dec_q3_k(w32, w16, tb, base, p, v, r):
 # whose 8th bit makes the parity even (`ksigns_iq2xs`).
 
 @cuda.jit(device=True, inline=True)
-def _ksigns(s7):
+def ksigns(s7):
     """`ksigns_iq2xs[s7]`: 7 sign bits plus an 8th that makes the count of set bits even."""
     s7 = uint32(s7) & uint32(127)
     return s7 | ((uint32(cuda.popc(s7)) & uint32(1)) << uint32(7))
@@ -420,7 +420,7 @@ def dec_iq2_xxs(w32, w16, tb, base, p, v, r):
     db = d * (float32(0.5) + _f(aux1 >> uint32(28))) * float32(0.25)
     for li in range(2):
         l = 2 * (p & 1) + li
-        _grid8(v, r, 8 * li, tb, byte(aux0, l), _ksigns(aux1 >> uint32(7 * l)), db)
+        _grid8(v, r, 8 * li, tb, byte(aux0, l), ksigns(aux1 >> uint32(7 * l)), db)
     return 16 * p
 
 
@@ -433,7 +433,7 @@ def dec_iq2_xs(w32, w16, tb, base, p, v, r):
     db = d * (float32(0.5) + _f(sc)) * float32(0.25)
     for li in range(2):
         q = ld16(w32, base, 2 + 2 * (4 * ib + 2 * (p & 1) + li))
-        _grid8(v, r, 8 * li, tb, q & uint32(511), _ksigns(q >> uint32(9)), db)
+        _grid8(v, r, 8 * li, tb, q & uint32(511), ksigns(q >> uint32(9)), db)
     return 16 * p
 
 
@@ -462,7 +462,7 @@ def dec_iq3_xxs(w32, w16, tb, base, p, v, r):
     db = d * (float32(0.5) + _f(aux >> uint32(28))) * float32(0.5)
     for li in range(2):
         l = 2 * (p & 1) + li
-        signs = _ksigns(aux >> uint32(7 * l))
+        signs = ksigns(aux >> uint32(7 * l))
         g = ld16(w32, base, 2 + 8 * ib + 2 * l)       # two grid indices
         g0 = uint32(tb[g & uint32(255)])
         g1 = uint32(tb[g >> uint32(8)])

@@ -31,8 +31,10 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from ..formats import GGMLType
-from ._dev import SIM
-from .fast import FSPECS, LO4, _k4_scales, _sel, fgemv1_kernel, q6_codes, q6_head
+from .device import SIM
+from .fast import fgemv1_kernel
+from .fast_specs import FSPECS
+from .fast_units import LO4, k4_scales, q6_codes, q6_head, shift_sel
 from .vec import dp4a, prmt
 
 if SIM:
@@ -69,7 +71,7 @@ def _pack(a, b, c, d):
 @functools.lru_cache(maxsize=None)
 def x_helpers(t):
     """digitise(xv, xl, xk): a unit's float activations -> digit planes; idot(qw, sa, sb, xl, xk, xs): one
-    decoded unit's code words against them (the 8-bit halves of `fast.fgemv1_kernel` with X8)."""
+    decoded unit's code words against them (the 8-bit halves of `fast.fgemv1_kernel`, its x8)."""
     s = FSPECS[t]
     NR, RL, HASB = s.NR, s.RL, s.HASB
     NQ = RL // 4
@@ -115,10 +117,10 @@ def x_helpers(t):
     return digitise, idot
 
 
-# ------------------------------------------------------------------ code-word decoders (loads: fast.ld_*)
+# ------------------------------------------------------------------ code-word decoders (loads: fast_units.ld_*)
 @cuda.jit(device=True, inline=True)
 def cw_q4_k(raw, rf, p, base, c, qw, sa, sb, r, tb):
-    _k4_scales(raw, p, c, sa, sb, r)
+    k4_scales(raw, p, c, sa, sb, r)
     for t in range(4):
         w = raw[p, 4 + t]
         qw[r, t] = w & uint32(LO4)
@@ -138,7 +140,7 @@ def cw_q6_k(raw, rf, p, base, c, qw, sa, sb, r, tb):
 
 @cuda.jit(device=True, inline=True)
 def cw_q8_0(raw, rf, p, base, c, qw, sa, sb, r, tb):
-    sel = _sel(base, 0x5432)
+    sel = shift_sel(base, 0x5432)
     sa[r, 0] = rf[p]
     for t in range(8):
         qw[r, t] = prmt(raw[p, t], raw[p, t + 1], sel)
@@ -146,7 +148,7 @@ def cw_q8_0(raw, rf, p, base, c, qw, sa, sb, r, tb):
 
 @cuda.jit(device=True, inline=True)
 def cw_q4_0(raw, rf, p, base, c, qw, sa, sb, r, tb):
-    sel = _sel(base, 0x5432)
+    sel = shift_sel(base, 0x5432)
     d = rf[p] * float32(0.0625)                          # codes are 16 (q - 8)
     sa[r, 0] = d
     sa[r, 1] = d
@@ -167,7 +169,8 @@ def igemv1_kernel(t, RW: int = 8, KS: int = 4, glu: bool = False, rwt: bool = Fa
     DB: pipelined loads (see `fast.fgemv1_kernel`)."""
     if t not in CW:
         raise KeyError(f"no 8-bit code-word decoder for {t.name}")
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, True, DB)
+    digitise, idot = x_helpers(t)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, (CW[t], digitise, idot), DB)
 
 
 __all__ = ["CW", "igemv1_kernel"]

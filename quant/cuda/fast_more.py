@@ -1,5 +1,6 @@
-"""Fast-GEMV decoders for more types (see `fast.py` for the unit / ld / dc protocol). Each type here adds
-its `FSpec` to `fast.FSPECS`; the kernels, host dispatch, PTX check and tests pick it up from there.
+"""Fast-GEMV decoders for more types (see `fast_units.py` for the unit / ld / dc protocol). Each type here is
+an `FSpec` in `MORE`, which the registry `fast_specs.FSPECS` joins to `fast_units.BASE`; the kernels, host
+dispatch, PTX check and tests pick it up from there.
 
     NVFP4           the doubled e2m1 values (as MXFP4) times 2^-15, made float16 by bit moves (no table), times
                     2^15 / 2 the UE4M3 sub-block scale
@@ -19,9 +20,9 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from ..formats import GGMLType
-from ._dev import MAGIC, SIM, as_f32, hf, u2f
-from .decoders import _ksigns
-from .fast import FSPECS, FSpec, _jn, _ldn, _qf, col_iq4_xs, col_one
+from .device import MAGIC, SIM, as_f32, hf, u2f
+from .decoders import ksigns
+from .fast_units import FSpec, col_iq4_xs, col_one, jn, ldn, qf
 from .vec import h2f, ld4u, prmt
 
 # Two intrinsics beside those of `vec.py` (with simulator twins):
@@ -43,7 +44,7 @@ else:
     from numba.core import types
     from numba.cuda.extending import intrinsic
 
-    from .vec import _addr
+    from .vec import elem_addr
 
     def _idx64(builder, signature, idx):
         i64 = ir.IntType(64)
@@ -62,7 +63,7 @@ else:
             text = "{ .reg .u64 g; cvta.to.global.u64 g, $2; ld.global.nc.v2.u32 {$0, $1}, [g]; }"
             asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32, i32]), [ir.IntType(64)]), text,
                                "=r,=r,l", side_effect=False)
-            addr = _addr(context, builder, signature.args[0], args[0], _idx64(builder, signature, args[1]))
+            addr = elem_addr(context, builder, signature.args[0], args[0], _idx64(builder, signature, args[1]))
             res = builder.call(asm, [addr])
             return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(2)])
         return sig, codegen
@@ -194,7 +195,7 @@ def dc_f32(raw, rf, p, base, c, q, sa, sb, r, tb):
 # unit c = sub-block c (32 weights, columns 32c + 16j + 0..15 for run j); a group l (8 weights, columns
 # 8l ..+8 of the unit) is one grid entry of 8 bytes (two of 4 for IQ3) with 8 sign bits. A grid byte g
 # with its sign becomes the byte 128 +- g (`_signed4`: four bytes at a time, by a per-byte mask), then the
-# exact float by `_qf`: no branch per weight. The grid words come from `tb` (global memory, read through the
+# exact float by `qf`: no branch per weight. The grid words come from `tb` (global memory, read through the
 # cache), the table the generic decoders read (`decoders.tables`); a unit issues all its grid loads first.
 QOFF = MAGIC + 128.0
 
@@ -210,13 +211,13 @@ def _signed4(g, s):
 @cuda.jit(device=True, inline=True)
 def _group8(q, r, l, g0, g1, s):
     """q[r, 8l .. 8l+8) = the 8 grid bytes g0 | g1 with sign bits s (bit k: weight k), as exact floats."""
-    s = uint32(s)                                        # (`_ksigns` gives 64 bits: keep the shifts 32-bit)
+    s = uint32(s)                                        # (`ksigns` gives 64 bits: keep the shifts 32-bit)
     v0 = _signed4(g0, s)
     v1 = _signed4(g1, s >> uint32(4))
     off = float32(QOFF)
     for k in range(4):
-        q[r, 8 * l + k] = _qf(v0, k, off)
-        q[r, 8 * l + 4 + k] = _qf(v1, k, off)
+        q[r, 8 * l + k] = qf(v0, k, off)
+        q[r, 8 * l + 4 + k] = qf(v1, k, off)
 
 
 @cuda.jit(device=True, inline=True)
@@ -261,17 +262,17 @@ def _ld1(w32, off, raw, p, k):
 # 4 x 7 sign bits (`ksigns`) and a 4-bit scale at the top; w = d (0.5 + scale) / 2 * (+-grid byte).
 @cuda.jit(device=True, inline=True)
 def ld_iq3_xxs(w32, w16, base, c, raw, rf, p):
-    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
-    _ldn(w32, base + uint64(66 + 4 * c), raw, p, 3, 2)
+    ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    ldn(w32, base + uint64(66 + 4 * c), raw, p, 3, 2)
     rf[p] = hf(w16, base, 0)
 
 
 @cuda.jit(device=True, inline=True)
 def dc_iq3_xxs(raw, rf, p, base, c, q, sa, sb, r, tb):
     oq = base + uint64(2 + 8 * c)
-    ga = _jn(raw, p, 0, oq, 0)
-    gb = _jn(raw, p, 0, oq, 1)
-    aux = _jn(raw, p, 3, base + uint64(66 + 4 * c), 0)
+    ga = jn(raw, p, 0, oq, 0)
+    gb = jn(raw, p, 0, oq, 1)
+    aux = jn(raw, p, 3, base + uint64(66 + 4 * c), 0)
     db = rf[p] * (float32(0.5) + u2f(aux >> uint32(28))) * float32(0.5)
     sa[r, 0] = db
     sa[r, 1] = db
@@ -279,35 +280,35 @@ def dc_iq3_xxs(raw, rf, p, base, c, q, sa, sb, r, tb):
     g = (uint32(tb[ga & m]), uint32(tb[(ga >> uint32(8)) & m]), uint32(tb[(ga >> uint32(16)) & m]),
          uint32(tb[ga >> uint32(24)]), uint32(tb[gb & m]), uint32(tb[(gb >> uint32(8)) & m]),
          uint32(tb[(gb >> uint32(16)) & m]), uint32(tb[gb >> uint32(24)]))
-    _groups8(q, r, g, _ksigns(aux), _ksigns(aux >> uint32(7)), _ksigns(aux >> uint32(14)), _ksigns(aux >> uint32(21)))
+    _groups8(q, r, g, ksigns(aux), ksigns(aux >> uint32(7)), ksigns(aux >> uint32(14)), ksigns(aux >> uint32(21)))
 
 
 # IQ2_XXS (66 B): d | per sub-block 8 bytes at 2 + 8c: 4 grid indices (8-byte entries), then a u32 of
 # 4 x 7 sign bits and a 4-bit scale at the top; w = d (0.5 + scale) / 4 * (+-grid byte).
 @cuda.jit(device=True, inline=True)
 def ld_iq2_xxs(w32, w16, base, c, raw, rf, p):
-    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
     rf[p] = hf(w16, base, 0)
 
 
 @cuda.jit(device=True, inline=True)
 def dc_iq2_xxs(raw, rf, p, base, c, q, sa, sb, r, tb):
     oq = base + uint64(2 + 8 * c)
-    aux0 = _jn(raw, p, 0, oq, 0)
-    aux1 = _jn(raw, p, 0, oq, 1)
+    aux0 = jn(raw, p, 0, oq, 0)
+    aux1 = jn(raw, p, 0, oq, 1)
     db = rf[p] * (float32(0.5) + u2f(aux1 >> uint32(28))) * float32(0.25)
     sa[r, 0] = db
     sa[r, 1] = db
     m = uint32(255)
     g = _grid8x4(tb, aux0 & m, (aux0 >> uint32(8)) & m, (aux0 >> uint32(16)) & m, aux0 >> uint32(24))
-    _groups8(q, r, g, _ksigns(aux1), _ksigns(aux1 >> uint32(7)), _ksigns(aux1 >> uint32(14)), _ksigns(aux1 >> uint32(21)))
+    _groups8(q, r, g, ksigns(aux1), ksigns(aux1 >> uint32(7)), ksigns(aux1 >> uint32(14)), ksigns(aux1 >> uint32(21)))
 
 
 # IQ2_XS (74 B): d | qs u16[32] (9-bit index | 7 sign bits << 9), 4 per sub-block at 2 + 8c | scales[8] at
 # 66: sub-block c's byte, low nibble for groups 0-1 (run 0), high for 2-3 (run 1); w = d (0.5 + s) / 4 * (+-g).
 @cuda.jit(device=True, inline=True)
 def ld_iq2_xs(w32, w16, base, c, raw, rf, p):
-    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
     _ld1(w32, base + uint64(66 + c), raw, p, 3)
     rf[p] = hf(w16, base, 0)
 
@@ -323,20 +324,20 @@ def _iq2_scales(d, sc, sa, r):
 def dc_iq2_xs(raw, rf, p, base, c, q, sa, sb, r, tb):
     oq = base + uint64(2 + 8 * c)
     _iq2_scales(rf[p], _wbyte(raw, p, 3, base + uint64(66 + c)), sa, r)
-    w0 = _jn(raw, p, 0, oq, 0)                           # u16 l = index | signs << 9
-    w1 = _jn(raw, p, 0, oq, 1)
+    w0 = jn(raw, p, 0, oq, 0)                           # u16 l = index | signs << 9
+    w1 = jn(raw, p, 0, oq, 1)
     m = uint32(511)
     g = _grid8x4(tb, w0 & m, (w0 >> uint32(16)) & m, w1 & m, (w1 >> uint32(16)) & m)
-    _groups8(q, r, g, _ksigns(w0 >> uint32(9)), _ksigns(w0 >> uint32(25)), _ksigns(w1 >> uint32(9)),
-             _ksigns(w1 >> uint32(25)))
+    _groups8(q, r, g, ksigns(w0 >> uint32(9)), ksigns(w0 >> uint32(25)), ksigns(w1 >> uint32(9)),
+             ksigns(w1 >> uint32(25)))
 
 
 # IQ2_S (82 B): d | qs[32] index low bytes at 2 + 4c | signs[32] at 34 + 4c (8 bits per group) | qh[8] at 66
 # (2 high index bits per group) | scales[8] at 74 (as IQ2_XS).
 @cuda.jit(device=True, inline=True)
 def ld_iq2_s(w32, w16, base, c, raw, rf, p):
-    _ldn(w32, base + uint64(2 + 4 * c), raw, p, 0, 2)
-    _ldn(w32, base + uint64(34 + 4 * c), raw, p, 2, 2)
+    ldn(w32, base + uint64(2 + 4 * c), raw, p, 0, 2)
+    ldn(w32, base + uint64(34 + 4 * c), raw, p, 2, 2)
     _ld1(w32, base + uint64(66 + c), raw, p, 4)
     _ld1(w32, base + uint64(74 + c), raw, p, 5)
     rf[p] = hf(w16, base, 0)
@@ -345,8 +346,8 @@ def ld_iq2_s(w32, w16, base, c, raw, rf, p):
 @cuda.jit(device=True, inline=True)
 def dc_iq2_s(raw, rf, p, base, c, q, sa, sb, r, tb):
     _iq2_scales(rf[p], _wbyte(raw, p, 5, base + uint64(74 + c)), sa, r)
-    qs = _jn(raw, p, 0, base + uint64(2 + 4 * c), 0)
-    sg = _jn(raw, p, 2, base + uint64(34 + 4 * c), 0)
+    qs = jn(raw, p, 0, base + uint64(2 + 4 * c), 0)
+    sg = jn(raw, p, 2, base + uint64(34 + 4 * c), 0)
     qh = _wbyte(raw, p, 4, base + uint64(66 + c))
     m, mh = uint32(255), uint32(0x300)
     g = _grid8x4(tb, (qs & m) | ((qh << uint32(8)) & mh), ((qs >> uint32(8)) & m) | ((qh << uint32(6)) & mh),
@@ -358,8 +359,8 @@ def dc_iq2_s(raw, rf, p, base, c, q, sa, sb, r, tb):
 # signs[32] at 74 + 4c | scales[4] at 106 (nibble c % 2 of byte c / 2); w = d (1 + 2 scale) * (+-grid byte).
 @cuda.jit(device=True, inline=True)
 def ld_iq3_s(w32, w16, base, c, raw, rf, p):
-    _ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
-    _ldn(w32, base + uint64(74 + 4 * c), raw, p, 3, 2)
+    ldn(w32, base + uint64(2 + 8 * c), raw, p, 0, 3)
+    ldn(w32, base + uint64(74 + 4 * c), raw, p, 3, 2)
     _ld1(w32, base + uint64(66 + c), raw, p, 5)
     _ld1(w32, base + uint64(106 + (c >> 1)), raw, p, 6)
     rf[p] = hf(w16, base, 0)
@@ -372,10 +373,10 @@ def dc_iq3_s(raw, rf, p, base, c, q, sa, sb, r, tb):
     db = rf[p] * (float32(1.0) + float32(2.0) * u2f(sc))
     sa[r, 0] = db
     sa[r, 1] = db
-    sg = _jn(raw, p, 3, base + uint64(74 + 4 * c), 0)
+    sg = jn(raw, p, 3, base + uint64(74 + 4 * c), 0)
     qh = _wbyte(raw, p, 5, base + uint64(66 + c))
-    ga = _jn(raw, p, 0, oq, 0)                           # index low bytes 0..3, then 4..7
-    gb = _jn(raw, p, 0, oq, 1)
+    ga = jn(raw, p, 0, oq, 0)                           # index low bytes 0..3, then 4..7
+    gb = jn(raw, p, 0, oq, 1)
     m, h = uint32(255), uint32(256)                      # entry e gets bit e of qh as its 9th bit
     g = (uint32(tb[(ga & m) | ((qh << uint32(8)) & h)]), uint32(tb[((ga >> uint32(8)) & m) | ((qh << uint32(7)) & h)]),
          uint32(tb[((ga >> uint32(16)) & m) | ((qh << uint32(6)) & h)]), uint32(tb[(ga >> uint32(24)) | ((qh << uint32(5)) & h)]),
@@ -385,7 +386,7 @@ def dc_iq3_s(raw, rf, p, base, c, q, sa, sb, r, tb):
 
 
 # IQ1_S / IQ1_M: w = dl * (grid + delta), grid in {-1, 0, 1} (the table holds grid + 1 = t), delta = +-1/8:
-# as an integer times dl / 8: 8 t - 8 +- 1, i.e. the byte 8 t under the exponent minus 7 or 9 (`_qf`).
+# as an integer times dl / 8: 8 t - 8 +- 1, i.e. the byte 8 t under the exponent minus 7 or 9 (`qf`).
 @cuda.jit(device=True, inline=True)
 def _group1(q, r, l, g0, g1, neg):
     """q[r, 8l .. 8l+8) = 8 (grid + delta) for the grid entry g0 | g1 (delta < 0 where neg)."""
@@ -393,22 +394,22 @@ def _group1(q, r, l, g0, g1, neg):
     a = g0 << uint32(3)                                  # t <= 2: 8 t stays within its byte
     b = g1 << uint32(3)
     for k in range(4):
-        q[r, 8 * l + k] = _qf(a, k, off)
-        q[r, 8 * l + 4 + k] = _qf(b, k, off)
+        q[r, 8 * l + k] = qf(a, k, off)
+        q[r, 8 * l + 4 + k] = qf(b, k, off)
 
 
 # IQ1_S (50 B): d | qs[32] index low bytes at 2 + 4c | qh u16[8] at 34 + 2c: 3 high index bits per group,
 # a 3-bit scale at bit 12, the delta sign at bit 15; dl = d (2 scale + 1).
 @cuda.jit(device=True, inline=True)
 def ld_iq1_s(w32, w16, base, c, raw, rf, p):
-    _ldn(w32, base + uint64(2 + 4 * c), raw, p, 0, 2)
+    ldn(w32, base + uint64(2 + 4 * c), raw, p, 0, 2)
     _ld1(w32, base + uint64(34 + 2 * c), raw, p, 2)
     rf[p] = hf(w16, base, 0)
 
 
 @cuda.jit(device=True, inline=True)
 def dc_iq1_s(raw, rf, p, base, c, q, sa, sb, r, tb):
-    qs = _jn(raw, p, 0, base + uint64(2 + 4 * c), 0)
+    qs = jn(raw, p, 0, base + uint64(2 + 4 * c), 0)
     qh = (raw[p, 2] >> uint32(8 * ((base + uint64(34 + 2 * c)) & uint64(3)))) & uint32(0xFFFF)
     dl = rf[p] * (float32(2.0) * u2f((qh >> uint32(12)) & uint32(7)) + float32(1.0)) * float32(0.125)
     sa[r, 0] = dl
@@ -471,4 +472,3 @@ MORE: dict = {
     T.IQ1_S: FSpec(T.IQ1_S, 256, 50, 8, 2, 16, False, False, 3, 4, 4, ld_iq1_s, dc_iq1_s, col_iq4_xs),
     T.IQ1_M: FSpec(T.IQ1_M, 256, 56, 8, 2, 16, False, False, 4, 8, 4, ld_iq1_m, dc_iq1_m, col_iq4_xs),
 }
-FSPECS.update(MORE)

@@ -26,7 +26,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, int32, int64, uint32, uint64
 
-from ._dev import silu, warp_sum
+from .device import silu, warp_sum
 from .decoders import spec, tables
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from numba import cuda, int32
 
 from ..ref import QuantError
-from ._dev import SIM, silu
+from .device import SIM, silu
 from .gemv import GroupTable
 from .ops import GEMM_SHAPE, auto_kernel, fast_ids_ok, grouped, grouped_ids, supported
 from .weights import DeviceWeight, device_weight

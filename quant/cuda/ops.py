@@ -28,10 +28,11 @@ from numba import cuda
 from .. import ref
 from ..formats import GGMLType
 from ..ref import QTensor, QuantError
-from ._dev import SIM
+from .device import SIM
 from .decoders import SPECS
-from .fast import fast_supported, fgemv1_kernel, fgemv_kernel
+from .fast import fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
+from .fast_specs import FSPECS, fast_supported
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .tc import gemm_tc_kernel
 from .weights import DeviceWeight, device_weight
@@ -57,7 +58,6 @@ FAST1_DEFAULT = (8, 4, 8, 128, 0)
 # step's small matrices (q|k|v, output, router: a few MB) may want other shapes than 4096 x 14336 (empty
 # unless set, e.g. by `benchmarks/cuda_layers.py --fast1`)
 FAST1_SHAPE_BY_DIMS: dict[tuple[GGMLType, int, int], tuple[int, ...]] = {}
-X8 = True                          # False: never the 8-bit kernel
 # groups of up to ONE_MAX pairs go to the one-token kernels, one pass per pair (the rows of later passes
 # come from L2); larger groups to the 8-token `fgemv_kernel`. A dense GEMV (one group of T tokens) takes the
 # one-token kernel only up to ONE_MAX_DENSE[type] tokens: where it measured faster than the 8-token kernel
@@ -197,12 +197,16 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, pairs, gemm, tc, auto)")
 
 
-def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, glu: bool = False) -> str:
-    """The kernel `grouped(kernel="auto")` runs (see the module docstring and PAIRS_AVG / PAIRS_DENSE)."""
+def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, glu: bool = False, *,
+                pairs_avg: int | None = None, group_avg: int | None = None) -> str:
+    """The kernel `grouped(kernel="auto")` runs (see the module docstring and PAIRS_AVG / PAIRS_DENSE);
+    pairs_avg, group_avg: the dispatch thresholds (default PAIRS_AVG, GROUP_AVG)."""
+    pairs_avg = PAIRS_AVG if pairs_avg is None else pairs_avg
+    group_avg = GROUP_AVG if group_avg is None else group_avg
     fast = fast_ids_ok(dw, xd)
-    if fast and max_per_group > 1 and (n_pairs <= PAIRS_AVG * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
+    if fast and max_per_group > 1 and (n_pairs <= pairs_avg * gmax if gmax > 1 else max_per_group <= PAIRS_DENSE):
         return "pairs"
-    if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= GROUP_AVG * gmax):
+    if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= group_avg * gmax):
         return "fast" if fast else "gemv"
     return "tc" if TC else "gemm"
 
@@ -253,13 +257,12 @@ def _k1(t: GGMLType, RW, KS, glu, rwt, sh, IDM=0):
     P = sh[2] if len(sh) > 2 else 4
     MR = sh[3] if len(sh) > 3 and not glu else 0
     DB = bool(sh[5]) if len(sh) > 5 else False
-    if X8 and len(sh) > 4 and sh[4] and t in CW:
+    if len(sh) > 4 and sh[4] and t in CW:
         return igemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, DB)
-    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, False, DB)
+    return fgemv1_kernel(t, RW, KS, glu, rwt, P, IDM, MR, None, DB)
 
 
 def _units(t: GGMLType) -> int:
-    from .fast import FSPECS
     return FSPECS[t].UPB
 
 

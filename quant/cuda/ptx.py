@@ -14,7 +14,7 @@ import time
 import quant.cuda  # noqa: F401  (numpy shim)
 from numba import cuda
 
-from ._dev import SIM
+from .device import SIM
 from ..formats import GGMLType
 from .decoders import SPECS
 from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
@@ -72,7 +72,7 @@ def kernels(all_variants: bool = False):
         if t in (GGMLType.Q4_K, GGMLType.Q4_0):          # the pipelined one-token kernel (shape flag DB)
             out.append((f"fast8[{n}, DB]", igemv1_kernel(t, 8, 4, False, False, 2, 0, 128, True), SIG_GEMV))
         else:
-            out.append((f"fast1[{n}, DB]", fgemv1_kernel(t, 8, 4, False, False, 2, 0, 128, False, True), SIG_GEMV))
+            out.append((f"fast1[{n}, DB]", fgemv1_kernel(t, 8, 4, False, False, 2, 0, 128, None, True), SIG_GEMV))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))
@@ -89,7 +89,7 @@ def compile_all(items, cc=(9, 0), verbose=True) -> list[str]:
             assert ".entry" in ptx
             if name.startswith(("fast", "tc")) and ".local" in ptx:
                 # the fast kernels' working arrays must stay in registers: local memory means a loop
-                # over them was not unrolled (see fast.FSpec.PMAX / PGLU)
+                # over them was not unrolled (see fast_units.FSpec.PMAX / PGLU)
                 failed.append(f"{name}: uses local memory")
                 print(f"FAIL {name}: uses local memory", flush=True)
                 continue

@@ -34,7 +34,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, int64, uint32, uint64
 
-from ._dev import SIM
+from .device import SIM
 from .decoders import spec
 from .gemv import part_of, tile_of
 from .vec import tf32_split

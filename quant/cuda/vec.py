@@ -12,7 +12,7 @@
 
 Why: numba indexes one element per load, so a lane reading 16 contiguous bytes issues 4 loads (and a
 float32 activation run of 4 issues 4), which is what capped the first kernels; and a byte turned into a
-float costs a shift, a mask and an or in numba, one `prmt` here (see `fast.py`: the byte lands under the
+float costs a shift, a mask and an or in numba, one `prmt` here (see `fast_units.qf`: the byte lands under the
 exponent 0x4B, 2^23 + byte, and one subtraction gives the exact float).
 
 The vector loads go through the read-only (non-coherent) path: only for data no kernel writes while
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._dev import SIM
+from .device import SIM
 
 if SIM:
     def ld4u(a, i):
@@ -68,7 +68,7 @@ else:
 
     _I16, _I32, _I64, _F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 
-    def _addr(context, builder, aryty, ary, idx):
+    def elem_addr(context, builder, aryty, ary, idx):
         data = context.make_array(aryty)(context, builder, ary).data
         return builder.ptrtoint(builder.gep(data, [idx]), _I64)
 
@@ -90,7 +90,7 @@ else:
                 idx = args[1]
                 if idx.type.width < 64:
                     idx = builder.sext(idx, _I64) if signature.args[1].signed else builder.zext(idx, _I64)
-                res = builder.call(_ld4(elem, suffix, cons), [_addr(context, builder, signature.args[0], args[0], idx)])
+                res = builder.call(_ld4(elem, suffix, cons), [elem_addr(context, builder, signature.args[0], args[0], idx)])
                 vals = [builder.extract_value(res, k) for k in range(4)]
                 return context.make_tuple(builder, signature.return_type, vals)
             return sig, codegen

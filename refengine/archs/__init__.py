@@ -1,35 +1,34 @@
 """The arch registry: one module per architecture, each wiring concept modules into blocks.
 
-The contract an arch module fulfils (`Model.forward` only loops over it):
+The contract an arch module fulfils is one declared structure, `spec.ArchSpec` (its docstring lists every
+member): the forward (`Model.forward` only loops over it)
 
-    ARCH                               general.architecture value
-    config_from_gguf(gf) -> ModelConfig      typed, per-layer structure as data (cfg.layers[il])
-    load_globals(gf, cfg) -> ns        token embedding, output, rope factors (refengine.globals)
-    load_layer(gf, cfg, il) -> ns      block il's tensors, fields named after the GGUF tensors
-    new_state(cfg) -> [container]      one per layer, made by the layer's attention module (refengine.cache)
-    embed(g, cfg, step, rt) -> x       the residual carried between blocks ([T, D], or more streams)
-    block(x, w, *, cfg, il, state, step, rt) -> x      state: this layer's container; step: refengine.step.Step
-    head(x, g, cfg, rt) -> logits      [T, V]
+    ARCH, config_from_gguf, load_globals, load_layer, new_state, embed, block, head
 
-and the per-arch data the tools read from here instead of naming archs:
+and the per-arch data the tools read from the spec instead of naming archs
 
-    PRESETS, synth_plan(p, **opts), synth_metadata(p, **opts)       refengine.synth
-    MATMUL_INPUTS                                                   refengine.flips
-    DEVICE_PATH                        the whole-forward GPU path may run it (refengine.cuda checks layer kinds)
-    LOCAL_INPUTS                       optional, default True: False when a block reads more than the previous
-                                       block's output (kimi-k3's attention residuals); `compare --local` is refused
+    PRESETS, synth_plan, synth_metadata, synth_resolve (optional)    refengine.synth
+    MATMUL_INPUTS                                                    refengine.flips
+    ATTN_FORMS (optional, default ())                                Model.new_state, the decode tests
+    DEVICE_PATH (optional, default False), rope_for (with it)        refengine.cuda
+    LOCAL_INPUTS (optional, default True)                            Model.forward_local, `compare --local`
 
-No arch imports another arch. Adding one: a module here and one line in ARCHS.
+`spec_of(module)` builds an arch's spec from the module's members of the same names (a missing required one
+is an `ArchSpecError` naming the arch and the member); `ARCHS` maps general.architecture to the spec and
+`get_arch` returns it. No arch imports another arch (siblings share a family module, e.g. deepseek_family).
+Adding one: a module here and one line in ARCHS.
 """
 from __future__ import annotations
 
 from ..errors import UnsupportedArchError
 from . import deepseek2, deepseek32, glm_dsa, kimi_k3, kimi_linear, llama, qwen3moe, qwen3next
+from .spec import ArchSpec, ArchSpecError, spec_of  # noqa: F401  (the contract)
 
-ARCHS = {m.ARCH: m for m in (llama, qwen3moe, deepseek2, deepseek32, glm_dsa, qwen3next, kimi_linear, kimi_k3)}
+ARCHS: dict[str, ArchSpec] = {s.ARCH: s for s in map(spec_of, (
+    llama, qwen3moe, deepseek2, deepseek32, glm_dsa, qwen3next, kimi_linear, kimi_k3))}
 
 
-def get_arch(name, path: str = "<gguf>"):
+def get_arch(name, path: str = "<gguf>") -> ArchSpec:
     if name is None:
         raise UnsupportedArchError(f"{path}: required metadata key 'general.architecture' is missing")
     if not isinstance(name, str):

@@ -19,7 +19,7 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from quant.cuda import ops
-from quant.cuda._dev import warp_max
+from quant.cuda.device import warp_max
 from quant.cuda.decoders import spec
 from quant.cuda.gemv import GroupTable
 from quant.cuda.moe import BN

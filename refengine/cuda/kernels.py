@@ -14,7 +14,7 @@ import math
 
 from numba import cuda, float32, float64, int32
 
-from quant.cuda._dev import SIM, expf, warp_argmax, warp_max, warp_sum
+from quant.cuda.device import SIM, expf, warp_argmax, warp_max, warp_sum
 from quant.cuda.moe import slot_sum
 from quant.cuda.vec import ld4f
 

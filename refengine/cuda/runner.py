@@ -42,8 +42,8 @@ from . import attn
 from .kernels import (ATT_K, GQA_MIN_T, MAX_E, MAX_S, NORM_BLOCK, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
                       gqa_fits, qk_rope_kernel, rms_norm_kernel, route_kernel)
 
-TC_ATTENTION = not quant.cuda.SIM          # prefill attention on the tensor cores (attn.py); the simulator (an
-                                           # emulation there, slow) takes attention_gqa_kernel; tests force either
+TC_ATTENTION = not quant.cuda.SIM          # DeviceModel's default: prefill attention on the tensor cores (attn.py);
+                                           # the simulator (an emulation there, slow) takes attention_gqa_kernel
 OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_output_bias", "attn_q_scale",
             "attn_k_scale", "attn_v_scale", "attn_qkv_scale", "attn_output_scale", "ffn_gate_bias", "ffn_up_bias",
             "ffn_down_bias", "ffn_gate_scale", "ffn_up_scale", "ffn_down_scale")
@@ -52,7 +52,7 @@ OPTIONAL = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_qkv_bias", "attn_
 def unsupported(model) -> str | None:
     """Why `model` cannot run on the device path (None when it can)."""
     cfg = model.cfg
-    if not getattr(model.arch, "DEVICE_PATH", False):
+    if not model.arch.DEVICE_PATH:
         return f"architecture {model.arch.ARCH} (its embed / residual / head are not the device path's)"
     for il, spec in enumerate(cfg.layers):           # the layer kinds the device kernels implement
         if spec.attn != "mha" or spec.ffn not in ("dense", "moe"):
@@ -152,9 +152,12 @@ class DeviceState:
 
 
 class DeviceModel:
-    def __init__(self, model, *, graphs: bool | None = None, n_layer: int | None = None):
+    def __init__(self, model, *, graphs: bool | None = None, n_layer: int | None = None,
+                 tc_attention: bool | None = None, gqa_min_t: int = GQA_MIN_T):
         """graphs: capture decode steps as CUDA graphs (default on a GPU); n_layer: run only the first
-        n_layer blocks, then the output head (benchmarks: per-layer cost by difference)."""
+        n_layer blocks, then the output head (benchmarks: per-layer cost by difference).
+        Prefill attention from gqa_min_t new tokens on: on the tensor cores where tc_attention (default
+        TC_ATTENTION: on a GPU) and the sizes fit, else the per-KV-head kernel; below it, attention_kernel."""
         why = unsupported(model)
         if why is not None:
             raise ConfigError(f"{model.path}: the cuda device path does not support {why}")
@@ -168,6 +171,8 @@ class DeviceModel:
         self.out_scale = None if model.g.output_scale is None else float(np.asarray(model.g.output_scale).reshape(-1)[0])
         self.bufs: dict[int, dict] = {}
         self.graphs_on = (not quant.cuda.SIM) if graphs is None else graphs      # the simulator has no graphs
+        self.tc_attention = TC_ATTENTION if tc_attention is None else bool(tc_attention)
+        self.gqa_min_t = int(gqa_min_t)
         self.graphs: dict[int, object] = {}
         self.n_replays = 0
         self._marks = None                     # [(stage name, event)] while profiling
@@ -233,7 +238,7 @@ class DeviceModel:
         self._mark("attention")
         G = H // Hkv
         Kv = st.vt[il].shape[1]
-        if (T >= GQA_MIN_T and TC_ATTENTION and H % Hkv == 0 and qv.is_c_contiguous() and attv.is_c_contiguous()
+        if (T >= self.gqa_min_t and self.tc_attention and H % Hkv == 0 and qv.is_c_contiguous() and attv.is_c_contiguous()
                 and attn.fits(T, H, K, Kv, self._s_end)):                         # prefill: on the tensor cores
             sc = b.get(("scores", H))
             if sc is None or sc.shape[1] < attn.cols(self._s_end):
@@ -242,7 +247,7 @@ class DeviceModel:
             if grp is None:
                 grp = b[("head_grp", H, G)] = cuda.to_device(attn.head_groups(T, H, G), stream=s)
             attn.attention_tc(qv, st.kc[il], st.vt[il], st.pos, self._s_end - T, 1.0 / np.sqrt(K), sc, attv, grp, s)
-        elif T >= GQA_MIN_T and H % Hkv == 0 and gqa_fits(G, self._s_end, K):      # prefill: KV rows read once per G heads
+        elif T >= self.gqa_min_t and H % Hkv == 0 and gqa_fits(G, self._s_end, K):      # prefill: KV rows read once per G heads
             attention_gqa_kernel(G)[(Hkv, T), 256, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)
         else:
             attention_kernel[(H, T), 128, s](qv, st.kc[il], st.vc[il], st.pos, 1.0 / np.sqrt(K), attv)

@@ -13,7 +13,7 @@ import struct
 import numpy as np
 
 from .rawgguf import ARR, BOOL, F32, F64, I8, I32, I64, INT_TYPES, STR, U8, U16, U32, U64, RawGGUF, TInfo, \
-    _pad, encode_value, parse
+    align_up, encode_value, parse
 
 HUGE = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 10_000_000, 2**63 - 1, 2**63, 2**64 - 1, -1, -2**31, 513]
 BAD_FLOATS = [float("nan"), float("inf"), float("-inf"), 0.0, -1.0, 1e30, -1e-30, 3.4e38]
@@ -138,7 +138,7 @@ def offset(raw, rng, ctx):
     off = 0
     for t in raw.tensors:
         t.offset = off
-        off += _pad(len(t.blob), raw.alignment)
+        off += align_up(len(t.blob), raw.alignment)
     i = int(rng.integers(len(raw.tensors)))
     t = raw.tensors[i]
     how = _pick(rng, ["+1", "+align", "-align", "swap", "zero", "huge", "same-as-prev"])

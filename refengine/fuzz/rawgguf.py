@@ -66,19 +66,19 @@ class RawGGUF:
                 if n is not None and n != len(t.blob):
                     t.blob = t.blob[:n] + bytes(max(0, n - len(t.blob)))
                 t.offset = off
-                off += _pad(len(t.blob), self.alignment)
+                off += align_up(len(t.blob), self.alignment)
         for t in self.tensors:
             nd = len(t.ne) if t.n_dims is None else t.n_dims
             out += [_str(t.name), struct.pack("<I", nd), b"".join(struct.pack("<Q", _u64(d)) for d in t.ne),
                     struct.pack("<IQ", t.type & 0xFFFFFFFF, _u64(t.offset))]
         head = b"".join(out)
         a = self.alignment if 0 < self.alignment < 1 << 24 else 32
-        data = bytearray(_pad(len(head), a) - len(head))
+        data = bytearray(align_up(len(head), a) - len(head))
         if self.relayout:
             for t in self.tensors:
-                data += t.blob + bytes(_pad(len(t.blob), a) - len(t.blob))
+                data += t.blob + bytes(align_up(len(t.blob), a) - len(t.blob))
         else:                    # place each blob at its (possibly wrong) offset, bounded
-            body = bytearray(sum(_pad(len(t.blob), 32) for t in self.tensors))
+            body = bytearray(sum(align_up(len(t.blob), 32) for t in self.tensors))
             for t in self.tensors:
                 o = min(t.offset, len(body))
                 body[o:o + len(t.blob)] = t.blob
@@ -90,7 +90,7 @@ def _u64(v: int) -> int:
     return v % (1 << 64)
 
 
-def _pad(n: int, a: int) -> int:
+def align_up(n: int, a: int) -> int:
     a = a if 0 < a < 1 << 24 else 32
     return (n + a - 1) // a * a
 
@@ -153,7 +153,7 @@ def parse(buf: bytes) -> RawGGUF:
         ty, o = struct.unpack_from("<IQ", buf, off + 4 + 8 * nd)
         off += 4 + 8 * nd + 12
         infos.append((name, ne, ty, o))
-    start = _pad(off, align)
+    start = align_up(off, align)
     ends = [o for _, _, _, o in infos[1:]] + [len(buf) - start]
     tensors = []
     for (name, ne, ty, o), e in zip(infos, ends):

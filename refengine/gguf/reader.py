@@ -36,7 +36,7 @@ _SCALAR = {
     GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "<u1", GGUFValueType.UINT64: "<u8",
     GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8",
 }
-_STRUCT = {
+STRUCT_FORMAT = {                 # `struct` format of each scalar value type (the reader's and the writer's)
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
     GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
     GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<B", GGUFValueType.UINT64: "<Q",
@@ -171,7 +171,7 @@ class _Cursor:
                 self.need(nb, what)
                 self.off += nb
             return LazyArray(self.buf, start, self.off, et, n)
-        v = self.unpack(_STRUCT[vt], what)
+        v = self.unpack(STRUCT_FORMAT[vt], what)
         return bool(v) if vt == GGUFValueType.BOOL else v
 
 

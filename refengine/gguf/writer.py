@@ -22,7 +22,7 @@ from gguf.constants import GGUFValueType
 from quant import type_info
 
 from ..errors import GGUFError
-from .reader import _STRUCT, LazyArray
+from .reader import STRUCT_FORMAT, LazyArray
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
@@ -50,7 +50,7 @@ def _value(vtype: GGUFValueType, value) -> bytes:
             raise GGUFError(f"array values must come from a read GGUF file (LazyArray), got {type(value).__name__}")
         head = struct.pack("<IQ", int(value.elem_type), value.count)
         return head + bytes(value._buf[value._offset:value._end])
-    return struct.pack(_STRUCT[vtype], value)
+    return struct.pack(STRUCT_FORMAT[vtype], value)
 
 
 class GGUFWriter:

@@ -70,7 +70,7 @@ refengine README for running it on a real model.)
 
 
 def tiny_preset(arch: str) -> str:
-    presets = getattr(ARCHS[arch], "PRESETS", {})
+    presets = ARCHS[arch].PRESETS
     if "tiny" in presets:
         return "tiny"
     tiny = [p for p in presets if p.startswith("tiny")]

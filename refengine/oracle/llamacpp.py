@@ -46,7 +46,7 @@ _LOG_CB = None
 _ERRORS: list[str] = []          # llama.cpp's error log lines since the last load (its reason for a refusal)
 
 
-def _quiet(L):
+def quiet_logs(L):
     """Silence llama.cpp's log output (it writes model details to stderr on every load); keep its errors."""
     global _LOG_CB
     if _LOG_CB is None:
@@ -87,7 +87,7 @@ class LlamaCpp:
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 512, n_batch: int = 512, trace: bool = False,
                  n_threads: int | None = None, names: set[str] | None = None):
         L = self.L = _import()
-        _quiet(L)
+        quiet_logs(L)
         self.path = os.fspath(path)
         self.tensors: dict[str, np.ndarray] = {}
         self.order: list[str] = []
