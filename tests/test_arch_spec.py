@@ -1,7 +1,6 @@
 """Every registered arch against the contract `refengine.archs.spec.ArchSpec`; the tools read the spec, not modules."""
 import os
 import re
-import sys
 import types
 
 import pytest
