@@ -42,7 +42,8 @@ def test_cpu_backend_equals_numpy(synth_model, arch, case):
         assert_close(f"{arch} {what}", got, want, tol)
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), f"{arch} {what}: max abs"
 
-    same("logits (prefill)", m.forward(tokens, rt=Runtime(backend="cpu")), m.forward(tokens, rt=Runtime(backend="numpy")))
+    same("logits (prefill)", m.forward(tokens, rt=Runtime(backend="cpu")),
+         m.forward(tokens, rt=Runtime(backend="numpy")))
     st_ref, st_cpu = m.new_state(), m.new_state()                                        # decode: T = 1 steps
     for tok in tokens[:3]:
         same("logits (decode)", m.forward([tok], st_cpu, rt=Runtime(backend="cpu")),

@@ -54,7 +54,7 @@ F32_CASES = [
     ("kimi-linear", dict(preset="tiny", fused_qkv=True), KDA3),
     ("kimi-linear", dict(preset="tiny", overrides={"conv_4d": False}), KDA3),        # the 3-D conv / 2-D ssm_a forms
     ("kimi-linear", dict(preset="tiny-legacy", all_optional=True), KDA3),            # attn_kv_b: per-head K/V
-    # all optional: 4-D conv, q/k/v biases and every generic .scale / .input_scale, none of which kimi-k3's graph applies
+    # all optional: 4-D conv, q/k/v biases, every generic .scale / .input_scale: none of them in kimi-k3's graph
     ("kimi-k3", dict(), K3),
     ("kimi-k3", dict(all_optional=True), K3),
 ]
@@ -185,8 +185,8 @@ DSA_CASES = [
 
 
 def check_dsa(rep, tol=1e-8):
-    """check_report at 1e-8, plus: a selection was compared in every layer that runs an indexer, and every query's set of
-    selected keys equals llama.cpp's or is a named near-tie (`_selection_check`'s note)."""
+    """check_report at 1e-8, plus: a selection was compared in every layer that runs an indexer, and every query's set
+    of selected keys equals llama.cpp's or is a named near-tie (`_selection_check`'s note)."""
     check_report(rep, tol)
     scores = [s for s in rep.tensors if s.name.startswith("indexer_score-")]
     sels = [s for s in rep.tensors if s.name.startswith("top_k-")]
