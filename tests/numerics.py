@@ -7,7 +7,8 @@ names the case with max-abs and cosine in its message.
 One guard policy for all three:
 - NaN or inf on either side never passes: an AssertionError names the side (a non-finite value cannot be
   "within" a tolerance, and a test checking that two results differ must not pass on NaN either);
-- the shapes must be equal (no broadcasting of a row against a matrix);
+- the shapes must be equal (no broadcasting of a row against a matrix); nmse alone compares the values in order
+  (equal sizes), as refengine.compare.metrics does;
 - a reference that is all zeros is handled explicitly: 0.0 when `got` is all zeros too, else inf (no floor
   on the denominator that would turn a tiny reference into a loose bound).
 """
@@ -34,8 +35,9 @@ def rel_rms(got, want) -> float:
 
 
 def nmse(ref, got) -> float:
-    """Normalized mean squared error of `got` against `ref` (reference first, as refengine.compare.metrics)."""
-    return rel_rms(got, ref) ** 2
+    """Normalized mean squared error of `got` against `ref` (reference first, as refengine.compare.metrics), over
+    the values in order: the sizes must be equal, the shapes may differ (llama.cpp's [1, T, n] against [T, n])."""
+    return rel_rms(np.ravel(got), np.ravel(ref)) ** 2
 
 
 def assert_close(name: str, got, want, tol: float) -> None:
