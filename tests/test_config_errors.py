@@ -110,3 +110,55 @@ def test_non_causal_attention_matches_llamacpp(base, tmp_path):
     assert rep.ok and rep.logits.nmse <= 1e-8, rep.first_divergence
     causal = Model(base).forward([3, 1, 4, 1, 5, 9, 2, 6])
     assert not np.allclose(causal[:-1], Model(f).forward([3, 1, 4, 1, 5, 9, 2, 6])[:-1])
+
+
+# ---------------------------------------------------------------- per arch: what llama.cpp's loader requires
+# (arch, the edit to its tiny file, the error, a regex its message must match). Refused when missing or out of
+# range, naming the key or tensor: qwen3next (qwen3next.cpp's loader), kimi-linear (kimi-linear.cpp:4-31, :41,
+# :57-71), kimi-k3 (kimi-k3.cpp:16-51, :53-167). A new arch adds its rows here.
+UINT32, FLOAT32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+REQUIRED = [
+    ("qwen3next", "no-state-size", dict(drop_keys=["qwen3next.ssm.state_size"]), "MissingKeyError", "ssm.state_size"),
+    ("qwen3next", "inner-size", dict(set_keys={"qwen3next.ssm.inner_size": (100, UINT32)}), "ConfigError",
+     "inner_size 100"),
+    ("qwen3next", "no-qkv", dict(drop_tensors=["blk.0.attn_qkv.weight"]), "MissingTensorError",
+     r"blk\.0\.attn_qkv\.weight.*ssm_in"),
+    ("qwen3next", "no-ssm_a", dict(drop_tensors=["blk.1.ssm_a"]), "MissingTensorError", r"blk\.1\.ssm_a"),
+    ("kimi-linear", "kda.head_dim", dict(drop_keys=("kimi-linear.kda.head_dim",)), "MissingKeyError",
+     r"kimi-linear\.kda\.head_dim"),
+    ("kimi-linear", "gating-func", dict(drop_keys=("kimi-linear.expert_gating_func",)), "MissingKeyError",
+     r"kimi-linear\.expert_gating_func"),
+    ("kimi-linear", "output", dict(drop_tensors=("output.weight",)), "MissingTensorError", r"output\.weight"),
+    ("kimi-linear", "conv-k", dict(drop_tensors=("blk.1.ssm_conv1d_k.weight",)), "MissingTensorError",
+     r"blk\.1\.ssm_conv1d_k\.weight"),
+    ("kimi-k3", "res-block-size", dict(drop_keys=("kimi-k3.attn_res.block_size",)), "MissingKeyError",
+     r"kimi-k3\.attn_res\.block_size"),
+    ("kimi-k3", "situ-beta", dict(drop_keys=("kimi-k3.activation.situ_beta",)), "MissingKeyError",
+     r"kimi-k3\.activation\.situ_beta"),
+    ("kimi-k3", "situ-linear-beta", dict(drop_keys=("kimi-k3.activation.situ_linear_beta",)), "MissingKeyError",
+     r"kimi-k3\.activation\.situ_linear_beta"),
+    ("kimi-k3", "situ-beta-0", dict(drop_keys=("kimi-k3.activation.situ_beta",),
+                                    set_keys={"kimi-k3.activation.situ_beta": (0.0, FLOAT32)}),
+     "InvalidKeyError", r"kimi-k3\.activation\.situ_beta"),
+    ("kimi-k3", "output-res-score", dict(drop_tensors=("output_res_score.weight",)), "MissingTensorError",
+     r"output_res_score\.weight"),
+    ("kimi-k3", "ffn-res-score", dict(drop_tensors=("blk.3.ffn_res_score.weight",)), "MissingTensorError",
+     r"blk\.3\.ffn_res_score\.weight"),
+    ("kimi-k3", "exp-probs-b", dict(drop_tensors=("blk.1.exp_probs_b.bias",)), "MissingTensorError",
+     r"blk\.1\.exp_probs_b\.bias"),
+    ("kimi-k3", "routed-up", dict(drop_tensors=("blk.2.ffn_routed_up.weight",)), "MissingTensorError",
+     r"blk\.2\.ffn_routed_up\.weight"),
+    ("kimi-k3", "ssm_g", dict(drop_tensors=("blk.0.ssm_g.weight",)), "MissingTensorError", r"blk\.0\.ssm_g\.weight"),
+]
+
+
+@pytest.mark.parametrize("arch,edit,err,match", [r[:1] + r[2:] for r in REQUIRED],
+                         ids=[f"{r[0]}-{r[1]}" for r in REQUIRED])
+def test_required_keys_and_tensors(synth_model, tmp_path, arch, edit, err, match):
+    """The edited file is refused with the named error when it is opened, its layers loaded or run."""
+    from refengine import errors
+    path = rewrite(synth_model(arch), tmp_path / "bad.gguf", **edit)
+    with pytest.raises(getattr(errors, err), match=match):
+        m = Model(path)
+        m.load_all()
+        m.forward([1, 2])

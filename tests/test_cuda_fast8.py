@@ -23,6 +23,7 @@ from quant.cuda import ops  # noqa: E402
 from quant.cuda.fast8 import CW, INV254, _digits  # noqa: E402
 from quant.cuda.testdata import random_qtensor  # noqa: E402
 from quant.formats import type_info  # noqa: E402
+from numerics import rel_rms  # noqa: E402
 from tiers import exhaustive, tiered  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -32,12 +33,6 @@ O, I = (256, 2048) if GPU else (5, 512)
 TOL8 = 1e-6
 # (rows per warp, warps, rows in flight, register cap, 1 = the 8-bit kernel); simulator: fewer threads
 SHAPE = (8, 4, 8, 128, 1) if GPU else (2, 1, 2, 0, 1)
-
-
-def rel_rms(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert np.all(np.isfinite(got)), "non-finite output"
-    return float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)))
 
 
 @pytest.fixture(scope="module")

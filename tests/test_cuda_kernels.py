@@ -25,6 +25,7 @@ from quant.cuda.decoders import SPECS  # noqa: E402
 from quant.cuda.fast import FSPECS  # noqa: E402
 from quant.ref import QuantError  # noqa: E402
 from quant.cuda.testdata import random_qtensor  # noqa: E402
+from numerics import assert_close  # noqa: E402
 from tiers import exhaustive, ptx_sm90, tiered  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -37,17 +38,6 @@ O, I = (256, 1024) if GPU else (4, 256)
 T_GEMM = 70 if GPU else 33                   # more than one 32-token tile, not a multiple of it
 # the simulator runs one Python thread per CUDA thread: a 64-thread tile (same 32-token tiles) keeps it quick
 GEMM_SHAPE = None if GPU else dict(BM=16, BN=32, TM=2, TN=4)
-
-
-def rel_rms(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert np.all(np.isfinite(got)), "non-finite output"
-    return float(np.sqrt(np.mean((got - want) ** 2) / max(np.mean(want ** 2), 1e-30)))
-
-
-def assert_close(name, got, want, tol=TOL):
-    r = rel_rms(got, want)
-    assert r <= tol, f"{name}: relative RMS {r:.2e} > {tol:.0e} (max abs {np.max(np.abs(got - want)):.3e})"
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +59,11 @@ def test_gemv_naive_and_warp(t, rng):
     for T in (1, 3):
         x = rng.standard_normal((T, I)).astype(np.float32)
         want = ref.matmul(x, w)
-        assert_close(f"{t.name} naive T={T}", ops.matmul(x, w, kernel="naive"), want)
-        assert_close(f"{t.name} gemv T={T}", ops.matmul(x, w, kernel="gemv"), want)
+        assert_close(f"{t.name} naive T={T}", ops.matmul(x, w, kernel="naive"), want, TOL)
+        assert_close(f"{t.name} gemv T={T}", ops.matmul(x, w, kernel="gemv"), want, TOL)
     if GPU:                                   # every row-group shape the benchmark may pick
         for shape in ((1, 8, 2), (2, 4, 4), (4, 2, 1)):
-            assert_close(f"{t.name} gemv {shape}", ops.matmul(x, w, kernel="gemv", shape=shape), want)
+            assert_close(f"{t.name} gemv {shape}", ops.matmul(x, w, kernel="gemv", shape=shape), want, TOL)
 
 
 # default-tier types of the per-type matrices below: a 32-block type, a K-quant of each decoder shape, a grid
@@ -90,16 +80,16 @@ def test_fast_gemv(t, rng):
     for T in (1, 2, 3, 9):
         x = rng.standard_normal((T, I)).astype(np.float32)
         want = ref.matmul(x, w)
-        assert_close(f"{t.name} fast T={T}", ops.matmul(x, w, kernel="fast", shape=shape), want)
+        assert_close(f"{t.name} fast T={T}", ops.matmul(x, w, kernel="fast", shape=shape), want, TOL)
     if GPU:                                          # every shape the benchmark may pick
         for shape in ((1, 4), (4, 4), (2, 8), (4, 2), (1, 8), (2, 2)):
-            assert_close(f"{t.name} fast {shape}", ops.matmul(x, w, kernel="fast", shape=shape), want)
+            assert_close(f"{t.name} fast {shape}", ops.matmul(x, w, kernel="fast", shape=shape), want, TOL)
         for T, shapes in ((1, ((4, 4), (8, 4), (16, 4), (8, 2), (16, 2), (32, 4), (8, 8), (16, 8))),
                           (4, ((8, 4, 2), (4, 4, 1), (8, 2, 2), (16, 4, 2)))):
             x1 = x[:T]
             want = ref.matmul(x1, w)
             for shape in shapes:
-                assert_close(f"{t.name} fast T={T} {shape}", ops.matmul(x1, w, kernel="fast", shape=shape), want)
+                assert_close(f"{t.name} fast T={T} {shape}", ops.matmul(x1, w, kernel="fast", shape=shape), want, TOL)
 
 
 # the pipelined one-token kernel (shape flag DB): (type, I, shape) with lanes holding 1 or 2 units, an odd
@@ -115,13 +105,13 @@ def test_fast1_pipelined(t, i, shape, rng):
     also at a real row length with the shapes the benchmark tries."""
     w = random_qtensor(t, (5, i), rng)                # 5 rows: a partial group of rows
     x = rng.standard_normal((1, i)).astype(np.float32)
-    assert_close(f"{t.name} fast1 DB {shape}", ops.matmul(x, w, kernel="fast", shape=shape), ref.matmul(x, w))
+    assert_close(f"{t.name} fast1 DB {shape}", ops.matmul(x, w, kernel="fast", shape=shape), ref.matmul(x, w), TOL)
     if GPU:
         w = random_qtensor(t, (O + 1, 4 * I), rng)
         x = rng.standard_normal((1, 4 * I)).astype(np.float32)
         want = ref.matmul(x, w)
         for sh in ((8, 4, 2, 128, 0, 1), (8, 4, 2, 128, 1, 1), (8, 4, 4, 0, 0, 1), (16, 4, 4, 0, 1, 1)):
-            assert_close(f"{t.name} fast1 DB {sh}", ops.matmul(x, w, kernel="fast", shape=sh), want)
+            assert_close(f"{t.name} fast1 DB {sh}", ops.matmul(x, w, kernel="fast", shape=sh), want, TOL)
 
 
 def test_fast_kernel_refuses_other_types(rng, monkeypatch):
@@ -136,7 +126,7 @@ def test_fast_kernel_refuses_other_types(rng, monkeypatch):
 def test_gemm(t, rng):
     w = random_qtensor(t, (O + 3, I), rng)      # a partial row tile too
     x = rng.standard_normal((T_GEMM, I)).astype(np.float32)
-    assert_close(f"{t.name} gemm", ops.matmul(x, w, kernel="gemm", shape=GEMM_SHAPE), ref.matmul(x, w))
+    assert_close(f"{t.name} gemm", ops.matmul(x, w, kernel="gemm", shape=GEMM_SHAPE), ref.matmul(x, w), TOL)
 
 
 # the tensor-core GEMM: every type on the GPU; in the simulator (mma emulated through shared memory, ~15 s a
@@ -157,7 +147,7 @@ def test_gemm_tc(t, rng):
     x = rng.standard_normal((T_GEMM, i)).astype(np.float32)
     want = ref.matmul(x, w)
     for sh in TC_SHAPES:
-        assert_close(f"{t.name} tc {sh}", ops.matmul(x, w, kernel="tc", shape=sh), want)
+        assert_close(f"{t.name} tc {sh}", ops.matmul(x, w, kernel="tc", shape=sh), want, TOL)
 
 
 def test_tf32_split_twin():
@@ -201,18 +191,18 @@ def test_moe_ffn(t, kernel, rng, few_threads):
     rec_w, rec_g = {}, {}
     want = loop_moe(x, ids, wts, up=up, gate=gate, down=down, matmul=ref.matmul,
                     record=lambda n, il, v: rec_w.__setitem__(n, v), **sc)
-    assert_close("fused", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, kernel=kernel, **sc), want)
+    assert_close("fused", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, kernel=kernel, **sc), want, TOL)
     if not GPU:
         return                                 # the traced variant runs the same kernels unfused: GPU only
     got = cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, kernel=kernel,
                        record=lambda n, il, v: rec_g.__setitem__(n, v), **sc)
-    assert_close("traced", got, want)
+    assert_close("traced", got, want, TOL)
     assert set(rec_g) == set(rec_w)
     for k in rec_w:
-        assert_close(k, rec_g[k], rec_w[k])
+        assert_close(k, rec_g[k], rec_w[k], TOL)
     if GPU and t == MOE_TYPES[0]:              # no gate: act = silu(up)
         want = loop_moe(x, ids, wts, up=up, gate=None, down=down, matmul=ref.matmul)
-        assert_close("no gate", cmoe.moe_ffn(x, ids, wts, up=up, gate=None, down=down, kernel=kernel), want)
+        assert_close("no gate", cmoe.moe_ffn(x, ids, wts, up=up, gate=None, down=down, kernel=kernel), want, TOL)
 
 
 @pytest.mark.parametrize("T", [2] if not GPU else [1, 20])
@@ -235,12 +225,12 @@ def test_moe_ffn_situ(T, rng, few_threads):
                     record=lambda n, il, v: rec_w.__setitem__(n, v))
     got = cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, act=act,
                        record=lambda n, il, v: rec_g.__setitem__(n, v))
-    assert_close("situ traced", got, want)
+    assert_close("situ traced", got, want, TOL)
     assert set(rec_g) == set(rec_w) and "ffn_moe_situ" in rec_g
     for k in rec_w:
-        assert_close(k, rec_g[k], rec_w[k])
+        assert_close(k, rec_g[k], rec_w[k], TOL)
     from refengine.runtime import Runtime        # untraced, through the runtime (which sends SiTU experts here)
-    assert_close("situ", Runtime(backend="cuda").moe_ffn(x, ids, wts, up=up, gate=gate, down=down, act=act), want)
+    assert_close("situ", Runtime(backend="cuda").moe_ffn(x, ids, wts, up=up, gate=gate, down=down, act=act), want, TOL)
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q8_0] if not GPU else list(FSPECS), ids=lambda t: t.name)
@@ -260,7 +250,7 @@ def test_moe_one_token_from_ids(t, rng):
     want = loop_moe(x, ids, wts, up=up, gate=gate, down=down, matmul=ref.matmul, **sc)
     dw = {k: qc.weights.device_weight(m).ensure() for k, m in (("up", up), ("gate", gate), ("down", down))}
     assert cmoe.one_token_ok(dw["up"], dw["gate"], dw["down"], cuda_mod.to_device(x))
-    assert_close("one token", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, **sc), want)
+    assert_close("one token", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, **sc), want, TOL)
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q8_0, GGMLType.Q4_K] if not GPU else list(FSPECS), ids=lambda t: t.name)
@@ -287,9 +277,9 @@ def test_pairs_kernel(t, rng):
     ops.grouped(dw, cuda_mod.to_device(x), yd, tx, gmax, n, T, kernel="pairs", shape=shape)
     wd = ref.dequantize(w)                                       # [E, O, I]
     want = np.stack([wd[ids[k, a]] @ x[k] for k in range(T) for a in range(A)])
-    assert_close(f"{t.name} pairs", yd.copy_to_host(), want)
+    assert_close(f"{t.name} pairs", yd.copy_to_host(), want, TOL)
     xd3 = rng.standard_normal((3, I_)).astype(np.float32)
-    assert_close(f"{t.name} pairs dense", ops.matmul(xd3, w[0], kernel="pairs", shape=shape), ref.matmul(xd3, w[0]))
+    assert_close(f"{t.name} pairs dense", ops.matmul(xd3, w[0], kernel="pairs", shape=shape), ref.matmul(xd3, w[0]), TOL)
 
 
 def test_auto_kernel_choice(rng):
@@ -344,7 +334,7 @@ def test_backend_contract(rng):
         qc.matmul(np.zeros((2, 64), np.float32), w, mode="nope")
     odd = random_qtensor(GGMLType.F32, (3, 40), rng)           # rows not a whole pseudo-block: NumPy path
     x = rng.standard_normal((2, 40)).astype(np.float32)
-    assert_close("fallback", qc.matmul(x, odd), ref.matmul(x, odd))
+    assert_close("fallback", qc.matmul(x, odd), ref.matmul(x, odd), TOL)
 
 
 # one specialization per kernel family (names as `quant.cuda.ptx.kernels()` gives them), Q8_0 where typed (its

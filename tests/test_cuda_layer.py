@@ -27,6 +27,7 @@ from refengine import synth  # noqa: E402
 from refengine.model import Model  # noqa: E402
 from refengine.runtime import Runtime  # noqa: E402
 from refengine.trace import Trace  # noqa: E402
+from numerics import rel_rms  # noqa: E402
 from tiers import exhaustive, ptx_sm90  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -44,12 +45,6 @@ def few_threads(monkeypatch):
     if not GPU:
         from quant.cuda import ops
         monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
-
-
-def rel_rms(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.all(np.isfinite(a))
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
 def _model(tmp_path_factory, arch, preset, wtype):

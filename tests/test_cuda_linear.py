@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import quant.cuda as qc
+from numerics import rel_rms
 from refengine import Model, Runtime
 
 GPU = not qc.SIM and qc.available()
@@ -32,6 +33,6 @@ def test_linear_attention_cuda_backend_equals_numpy(synth_model, arch, wtype, tm
     got = [m.forward(tokens, sc, Runtime(backend="cuda"))] + [m.forward([t], sc, Runtime(backend="cuda")) for t in (1, 2)]
     want = [m.forward(tokens, sn, Runtime())] + [m.forward([t], sn, Runtime()) for t in (1, 2)]
     for g, w in zip(got, want):
-        rel = np.sqrt(np.mean((g.astype(np.float64) - w) ** 2) / np.mean(w.astype(np.float64) ** 2))
+        rel = rel_rms(g, w)
         assert rel <= 1e-5, (arch, wtype, rel)
         assert np.array_equal(g.argmax(-1), w.argmax(-1))

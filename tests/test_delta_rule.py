@@ -9,7 +9,7 @@ import pytest
 
 from refengine.attention import delta_rule, gated_deltanet, kda
 from refengine.attention.short_conv import causal_conv
-from tests.numerics import rel_rms
+from numerics import rel_rms
 
 H, K, V = 3, 8, 8
 

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 from gguf_edit import rewrite
+from second_oracle import import_transformers
 
 from refengine.cli import main
 from refengine.golden import check_golden, make_golden
@@ -98,11 +99,11 @@ def test_files_for_other_tools(golden_dir):
     assert toks.tolist() == TOKENS and np.abs(lp[0] - ref)[keep].max() < 16 / 65535
 
 
+@pytest.mark.transformers
 def test_transformers_hidden_states(golden_dir, tmp_path):
     """transformers' Qwen3-MoE on the same weights: hidden states + logits pass `check --from transformers`
     at the F32 tolerance (hidden state N+1 is l_out-N, the last one result_norm)."""
-    torch = pytest.importorskip("torch")
-    tf = pytest.importorskip("transformers")
+    torch, tf = import_transformers()               # skipped without them; under CI=true a failure
     import quant
     from refengine.gguf import open_gguf
     gf = open_gguf(golden_dir / "m.gguf")
@@ -136,6 +137,19 @@ def test_transformers_hidden_states(golden_dir, tmp_path):
     print({s.name: f"{s.nmse:.1e}" for s in res.report.tensors}, f"logits {res.report.logits.nmse:.1e}")
     assert res.report.ok, res.report.first_divergence
     assert [s.name for s in res.report.tensors] == ["embd", "l_out-0", "result_norm"] and res.report.tolerance == 1e-8
+
+
+def test_transformers_missing_fails_under_ci(monkeypatch):
+    """Without torch a transformers comparison skips, but under CI=true it fails: CI cannot go green without the
+    second oracle (tests/second_oracle.py)."""
+    import sys
+    monkeypatch.setitem(sys.modules, "torch", None)          # `import torch` raises ImportError
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        import_transformers()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="hf extra"):
+        import_transformers()
 
 
 def test_conformance_kit(tmp_path, capsys):

@@ -1,8 +1,8 @@
 """kimi-k3 (KDA + MLA, attention residuals, latent SiTU MoE) against llama.cpp, tensor by tensor.
 
 F32 weights: every tensor llama.cpp names is traced (`not rep.only_in_llamacpp`), each NMSE <= 1e-8, logits
-NMSE <= 1e-8, top-1 100% — the tiny file and the all-optional one (4-D conv, q/k/v biases and every generic
-`.scale` / `.input_scale`, none of which kimi-k3's graph applies).
+NMSE <= 1e-8, top-1 100% — the tiny file and the all-optional one are cases of test_vs_llamacpp.py's F32
+list; here the file with every optional feature off, decode and the chunked form.
 Q8_0 / Q4_K in llama.cpp mode: logits NMSE <= 1e-7, or a named rounding flip before the first divergence.
 The loader case: small KDA matrices (ssm_f_a, ssm_f_b, ssm_beta, ssm_g) in Q8_0 and in other types llama.cpp
 takes for a MUL_MAT weight load, run and match; a non-F32 conv weight is refused naming the tensor, and
@@ -12,28 +12,11 @@ import numpy as np
 import pytest
 
 from tests.flipcheck import logits_or_named_flip
-from refengine.compare import format_report, run_compare
+from refengine.compare import run_compare
+from reportcheck import check_report
 
 ARCH = "kimi-k3"
 TOKENS = [7, 200, 13, 55, 1, 99, 144, 3, 250, 31, 8, 77, 19, 64, 128, 2, 240, 11, 90, 17, 33, 5, 201, 160]
-
-KDA_NAMES = ["attn_norm-{}", "kda_q_conv-{}", "kda_k_conv-{}", "kda_v_conv-{}", "kda_g1-{}", "kda_beta-{}",
-             "kda_scan_out-{}", "kda_g2-{}", "kda_normed-{}", "prefix_sum_attn-{}", "ffn_norm-{}", "ffn_out-{}",
-             "l_out-{}"]
-MLA_NAMES = ["attn_norm-{}", "kq_soft_max-{}", "kqv_mla-{}", "kqv_out-{}", "mla_gated-{}", "prefix_sum_attn-{}",
-             "ffn_norm-{}", "l_out-{}"]
-MOE_NAMES = ["ffn_moe_logits-{}", "ffn_moe_topk-{}", "ffn_moe_situ-{}", "ffn_moe_out-{}", "ffn_shexp-{}"]
-KINDS = ["kda", "kda", "mla", "kda", "mla"]          # tiny: full_attn = (2, 4); block 0 dense, 1-4 latent MoE
-
-
-def check_all(rep, tol=1e-8):
-    table = format_report(rep)
-    assert not rep.only_in_llamacpp, f"llama.cpp tensors refengine does not trace: {rep.only_in_llamacpp}"
-    assert rep.ok, table
-    assert rep.logits.nmse <= tol and rep.logits.top1_agreement == 1.0, table
-    for s in rep.tensors:
-        assert s.nmse <= tol, (s.name, s.nmse)
-
 
 # ---------------------------------------------------------------- the new pieces on their own (no oracle)
 
@@ -89,18 +72,7 @@ def test_kimi_k3_preset_layers_hold_every_kind():
 
 
 # ---------------------------------------------------------------- F32 against llama.cpp
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("kw", [dict(), dict(all_optional=True)], ids=["tiny", "all-optional"])
-def test_f32_matches_llamacpp(synth_model, kw):
-    rep = run_compare(synth_model(ARCH, **kw), TOKENS)
-    assert rep.tolerance == 1e-8
-    check_all(rep)
-    names = {s.name for s in rep.tensors}
-    want = {n.format(il) for il, kind in enumerate(KINDS) for n in (KDA_NAMES if kind == "kda" else MLA_NAMES)}
-    want |= {n.format(il) for il in range(1, 5) for n in MOE_NAMES} | {"res_probs", "res_probs-0", "inp_embd"}
-    assert want <= names, sorted(want - names)
-
+# (the tiny and all-optional files: test_vs_llamacpp.py's F32 cases)
 
 @pytest.mark.oracle
 def test_no_attention_residuals_matches_llamacpp(synth_model):
@@ -112,7 +84,7 @@ def test_no_attention_residuals_matches_llamacpp(synth_model):
                                                    "routed_norm": False, "gate_lb": None, "situ_linear_beta": 0.0,
                                                    "n_shared": 0}),
                       TOKENS[:16])
-    check_all(rep)
+    check_report(rep, 1e-8)
     assert not any(s.name.startswith("res_probs") for s in rep.tensors)
 
 
@@ -175,20 +147,29 @@ def test_k3_ssm_f_b_q8_0_matches_llamacpp(synth_model):
     assert types["blk.0.ssm_f_b.weight"] == types["blk.0.ssm_f_a.weight"] == types["blk.1.ssm_beta.weight"] == "Q8_0"
     rep = run_compare(path, TOKENS, mode="llamacpp")
     assert rep.tolerance == 1e-7
-    check_all(rep, tol=1e-7)
+    check_report(rep, 1e-7)
 
 
 # types llama.cpp's CPU takes as a MUL_MAT weight; rows of 32 (ssm_f_b: ne0 = kda.head_dim = 32) take the
 # 32-blocks, rows of 256 (ssm_f_a, ssm_beta, ssm_g: ne0 = D) every type
 SMALL_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q5_1", "IQ4_NL", "Q4_K", "Q6_K", "Q2_K"]
+# measured, not loosened: logits within 1e-7 but a tensor over it, next to a rounding flip (refengine.flips) that
+# the flip rule does not yet prove (issue 25); strict: a pass fails until this entry goes
+TENSOR_OVER_BOUND = {
+    "Q6_K": "kda_g2-3 NMSE 1.14e-7 > 1e-7 (logits 2.1e-10, every other tensor <= 1.6e-8): one Q8_K activation code "
+            "of 4096 flipped at attn_norm-3, ssm_g's input (float noise predicts 0.22)",
+}
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("t", SMALL_TYPES)
+@pytest.mark.parametrize("t", [pytest.param(t, marks=pytest.mark.xfail(
+                                   strict=True, raises=AssertionError, reason=TENSOR_OVER_BOUND[t]))
+                               if t in TENSOR_OVER_BOUND else t for t in SMALL_TYPES])
 def test_k3_small_kda_tensors_in_each_type_match_llamacpp(synth_model, t):
     """Each small KDA matrix in type t where its rows fit t's block, in llama.cpp mode (activations rounded as
     ggml-cpu does): every tensor within 1e-7, or a named rounding flip."""
     from quant import type_info
+    from refengine.compare import build_report
     from refengine.model import Model
     from refengine.oracle import run_llamacpp
     from refengine.runtime import Runtime
@@ -203,6 +184,8 @@ def test_k3_small_kda_tensors_in_each_type_match_llamacpp(synth_model, t):
     logits = model.forward(tokens, rt=Runtime(mode="llamacpp", trace=trace))
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
     logits_or_named_flip(model, ref, trace, logits, what=f"{', '.join(names)} in {t}")
+    # the logits passed (a flip xfails above): every tensor too
+    check_report(build_report(ARCH, ref.logits, logits, ref.tensors, ref.order, trace.tensors, 1e-7), 1e-7)
 
 
 def test_conv_weight_not_f32_is_refused_naming_it(synth_model):
@@ -235,33 +218,6 @@ def test_lint_and_info_on_small_tensor_types(synth_model, capsys):
     assert got["blk.0.ssm_f_b.weight"] == "Q8_0" and got["blk.0.ssm_conv1d_q.weight"] == "F32", got
 
 
-@pytest.mark.parametrize("edit,err,what", [
-    (dict(drop_keys=("kimi-k3.attn_res.block_size",)), "MissingKeyError", "kimi-k3.attn_res.block_size"),
-    (dict(drop_keys=("kimi-k3.activation.situ_beta",)), "MissingKeyError", "kimi-k3.activation.situ_beta"),
-    (dict(drop_keys=("kimi-k3.activation.situ_linear_beta",)), "MissingKeyError",
-     "kimi-k3.activation.situ_linear_beta"),
-    (dict(drop_keys=("kimi-k3.activation.situ_beta",), set_keys={"kimi-k3.activation.situ_beta": (0.0, "FLOAT32")}),
-     "InvalidKeyError", "kimi-k3.activation.situ_beta"),
-    (dict(drop_tensors=("output_res_score.weight",)), "MissingTensorError", "output_res_score.weight"),
-    (dict(drop_tensors=("blk.3.ffn_res_score.weight",)), "MissingTensorError", "blk.3.ffn_res_score.weight"),
-    (dict(drop_tensors=("blk.1.exp_probs_b.bias",)), "MissingTensorError", "blk.1.exp_probs_b.bias"),
-    (dict(drop_tensors=("blk.2.ffn_routed_up.weight",)), "MissingTensorError", "blk.2.ffn_routed_up.weight"),
-    (dict(drop_tensors=("blk.0.ssm_g.weight",)), "MissingTensorError", "blk.0.ssm_g.weight"),
-])
-def test_required_keys_and_tensors(synth_model, tmp_path, edit, err, what):
-    """What llama.cpp's kimi-k3 loader requires is refused when missing or out of range, naming it
-    (kimi-k3.cpp:16-51, :53-167)."""
-    from gguf_edit import rewrite
-    import refengine.errors as errors
-    from refengine.model import Model
-    from gguf import GGUFValueType
-    if "set_keys" in edit:
-        edit = dict(edit, set_keys={k: (v, GGUFValueType[t]) for k, (v, t) in edit["set_keys"].items()})
-    path = rewrite(synth_model(ARCH), tmp_path / "bad.gguf", **edit)
-    with pytest.raises(getattr(errors, err), match=what.replace(".", r"\.")):
-        Model(path).load_all()
-
-
 def test_kimi_k3_local_compare_is_refused_clearly(synth_model):
     """A K3 block mixes a bank of earlier checkpoints: llama.cpp's l_out alone cannot feed it, so --local is
     refused with a named error before llama.cpp runs (not a KeyError from deep inside)."""
@@ -277,4 +233,4 @@ def test_chunked_delta_rule_matches_llamacpp(synth_model):
     token-by-token kernel: every tensor and the logits within the F32 tolerance."""
     rep = run_compare(synth_model(ARCH), TOKENS, attn_form="chunked")
     assert rep.tolerance == 1e-8
-    check_all(rep)
+    check_report(rep, 1e-8)

@@ -1,4 +1,8 @@
-"""Every named tensor and the logits of synthetic llama / qwen3moe models against llama.cpp.
+"""Every named tensor and the logits of synthetic models against llama.cpp.
+
+F32 files of every arch: one case list (`F32_CASES`: an arch's loader variants are entries there; its own
+mechanisms are tested in its own file). Then llama / qwen3moe quantized in exact mode and edge cases,
+deepseek2 (MLA) and the DSA archs (deepseek32, glm-dsa).
 
 Tolerances are refengine.compare's table: NMSE <= 1e-8 for F32 weights (nothing is rounded on either side
 but the order of float sums). Quantized weights in exact mode differ by llama.cpp's activation
@@ -7,73 +11,78 @@ rounding; there the figure is printed and top-1 agreement must be 100%.
 import numpy as np
 import pytest
 
-from refengine.compare import format_report, run_compare
+from refengine.compare import run_compare
+from reportcheck import check_report
+from traced_names import expected_names
 
 pytestmark = pytest.mark.oracle
 
 TOKENS = [7, 200, 13, 55, 1, 99, 144, 3, 250, 31, 8, 77, 19, 64, 128, 2, 240, 11, 90]
 
-# Names llama.cpp's graph produces that refengine must trace, per layer ({} = layer index).
-LLAMA_NAMES = ["attn_norm-{}", "Qcur-{}", "Kcur-{}", "Vcur-{}", "kq-{}", "kq_soft_max-{}", "kqv-{}", "kqv_out-{}", "attn_out-{}", "ffn_inp-{}",
-               "ffn_norm-{}", "l_out-{}"]
-DENSE_NAMES = ["ffn_up-{}", "ffn_gate-{}", "ffn_swiglu-{}", "ffn_out-{}"]
-MOE_NAMES = ["ffn_moe_logits-{}", "ffn_moe_probs-{}", "ffn_moe_topk-{}", "ffn_moe_weights-{}",
-             "ffn_moe_weights_sum-{}", "ffn_moe_weights_norm-{}", "ffn_moe_up-{}", "ffn_moe_gate-{}",
-             "ffn_moe_swiglu-{}", "ffn_moe_down-{}", "ffn_moe_weighted-{}", "ffn_moe_out-{}"]
-QWEN_NAMES = ["attn_norm-{}", "Qcur_normed-{}", "Kcur_normed-{}", "Qcur-{}", "Kcur-{}", "Vcur-{}", "kq-{}",
-              "kq_soft_max-{}", "kqv-{}", "kqv_out-{}",
-              "ffn_inp-{}", "ffn_norm-{}", "l_out-{}"] + MOE_NAMES
-GLOBAL_NAMES = ["embd", "result_norm", "result_output"]
-
-
-def expected_names(arch, moe, scaled=False, n_layer=2):
-    per = QWEN_NAMES if arch == "qwen3moe" else LLAMA_NAMES + (MOE_NAMES if moe else DENSE_NAMES)
-    if scaled:   # all-optional: llama.cpp names a scaled expert output ffn_moe_up_scaled etc.; group routing
-        per = [n.replace("_up-", "_up_scaled-").replace("_gate-", "_gate_scaled-").replace("_down-", "_down_scaled-")
-               if n.startswith("ffn_moe_") else n for n in per]
-        if moe:
-            per = per + ["ffn_moe_group_topk-{}", "ffn_moe_probs_masked-{}"]
-    return set(GLOBAL_NAMES) | {n.format(il) for il in range(n_layer) for n in per}
-
-
-def check(rep, arch, moe, tol=None, scaled=False):
-    table = format_report(rep)
-    compared = {s.name for s in rep.tensors}
-    missing = expected_names(arch, moe, scaled) - compared
-    assert not missing, f"not compared: {sorted(missing)}\n{table}"
-    assert not rep.only_in_llamacpp, f"llama.cpp tensors refengine does not trace: {rep.only_in_llamacpp}"
-    assert rep.ok, table
-    if tol is not None and tol <= 1e-8:
-        assert rep.logits.top1_agreement == 1.0, table
-    if tol is not None:
-        assert rep.logits.nmse <= tol, table
-
-
+# every arch's F32 files: (arch, write_synth options, each block's attention kind, or None: not pinned).
+# Every tensor llama.cpp names and the logits within NMSE 1e-8, top-1 100%, the arch's names compared
+# (traced_names), no llama.cpp tensor left untraced.
+GDN3 = ["gdn", "gdn", "gdn", "mha"]                  # qwen3next tiny: full attention every 4th block
+GDN_RL = ["mha", "gdn", "gdn", "gdn"]                # all_optional: attention.recurrent_layers wins
+KDA3 = ["kda", "kda", "kda", "mla"]                  # kimi-linear tiny
+K3 = ["kda", "kda", "mla", "kda", "mla"]             # kimi-k3 tiny: full_attn = (2, 4)
 F32_CASES = [
-    ("llama", dict()),
-    ("llama", dict(all_optional=True)),
-    ("llama", dict(all_optional=True, fused_qkv=True, tied_output=True)),
-    ("llama", dict(rope_scaling="linear")),
-    ("llama", dict(rope_scaling="longrope")),
-    ("llama", dict(preset="tiny-moe")),
-    ("llama", dict(preset="tiny-moe", all_optional=True)),
-    ("qwen3moe", dict()),
-    ("qwen3moe", dict(all_optional=True)),
-    ("qwen3moe", dict(all_optional=True, fused_qkv=True, tied_output=True)),
-    ("qwen3moe", dict(rope_scaling="linear")),
+    ("llama", dict(), None),
+    ("llama", dict(all_optional=True), None),
+    ("llama", dict(all_optional=True, fused_qkv=True, tied_output=True), None),
+    ("llama", dict(rope_scaling="linear"), None),
+    ("llama", dict(rope_scaling="longrope"), None),
+    ("llama", dict(preset="tiny-moe"), None),
+    ("llama", dict(preset="tiny-moe", all_optional=True), None),
+    ("qwen3moe", dict(), None),
+    ("qwen3moe", dict(all_optional=True), None),
+    ("qwen3moe", dict(all_optional=True, fused_qkv=True, tied_output=True), None),
+    ("qwen3moe", dict(rope_scaling="linear"), None),
+    ("qwen3next", dict(), GDN3),
+    ("qwen3next", dict(all_optional=True), GDN_RL),
+    ("qwen3next", dict(overrides={"legacy_ssm_in": True}), GDN3),
+    ("qwen3next", dict(fused_qkv=True, tied_output=True, overrides={"fused_gate_up": True}), GDN3),
+    ("qwen3next", dict(all_optional=True, fused_qkv=True, overrides={"legacy_ssm_in": True, "fused_gate_up": True}),
+     GDN_RL),
+    # one MTP block after the trunk (nextn_predict_layers = 1; with all_optional its optional nextn tensors):
+    # llama.cpp skips it when loading and in the main pass, refengine neither loads nor runs it
+    ("qwen3next", dict(overrides={"n_mtp": 1}), GDN3),
+    ("qwen3next", dict(all_optional=True, overrides={"n_mtp": 1}), GDN_RL),
+    # all optional tensors: of them llama.cpp applies only the MLA blocks' attn_output.scale
+    ("kimi-linear", dict(preset="tiny"), KDA3),
+    ("kimi-linear", dict(preset="tiny", all_optional=True), KDA3),
+    ("kimi-linear", dict(preset="tiny", fused_qkv=True), KDA3),
+    ("kimi-linear", dict(preset="tiny", overrides={"conv_4d": False}), KDA3),        # the 3-D conv / 2-D ssm_a forms
+    ("kimi-linear", dict(preset="tiny-legacy", all_optional=True), KDA3),            # attn_kv_b: per-head K/V
+    # all optional: 4-D conv, q/k/v biases, every generic .scale / .input_scale: none of them in kimi-k3's graph
+    ("kimi-k3", dict(), K3),
+    ("kimi-k3", dict(all_optional=True), K3),
 ]
+# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24)
+F32_TOKENS = TOKENS + [17, 33, 5, 201, 160, 42, 9, 118, 77, 230, 4]
+N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24}
 
 
-@pytest.mark.parametrize("arch,kw", F32_CASES, ids=lambda v: v if isinstance(v, str) else
-                         "-".join(f"{k}={w}" for k, w in v.items()) or "plain")
-def test_f32_matches_llamacpp(synth_model, arch, kw):
+def _case_id(kw):
+    return "-".join(f"{k}={w}" for k, w in kw.items()).replace(" ", "") or "plain"
+
+
+def two_block_names(arch, **kw):
+    """The names a llama / qwen3moe tiny file (2 blocks) must have compared."""
+    return expected_names(arch, kw, ["mha", "mha"])
+
+
+@pytest.mark.parametrize("arch,kw,kinds", F32_CASES,
+                         ids=[f"{a}-{_case_id(kw)}" for a, kw, _ in F32_CASES])
+def test_f32_matches_llamacpp(synth_model, arch, kw, kinds):
+    from refengine import Model
     path = synth_model(arch, **kw)
-    rep = run_compare(path, TOKENS)
+    got_kinds = [s.attn for s in Model(path).cfg.layers]
+    if kinds is not None:
+        assert got_kinds == kinds
+    rep = run_compare(path, F32_TOKENS[:N_TOKENS.get(arch, len(TOKENS))])
     assert rep.tolerance == 1e-8
-    check(rep, arch, arch == "qwen3moe" or kw.get("preset") == "tiny-moe", tol=1e-8,
-          scaled=kw.get("all_optional", False))
-    for s in rep.tensors:
-        assert s.nmse <= 1e-8, (s.name, s.nmse)
+    check_report(rep, 1e-8, want=expected_names(arch, kw, got_kinds))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
@@ -86,25 +95,25 @@ def test_quantized_exact_mode(synth_model, arch, wtype, capsys):
         print(f"\n  {arch} {wtype} exact mode vs llama.cpp: logits NMSE {rep.logits.nmse:.3e}, "
               f"KL mean {rep.logits.kld_mean:.3e}, top-1 {100 * rep.logits.top1_agreement:.1f}% "
               f"({rep.logits.top1_near_ties} near-ties)")
-    check(rep, arch, arch == "qwen3moe")
+    check_report(rep, want=two_block_names(arch))
     assert rep.logits.top1_unexplained == 0
 
 
 def test_one_token(synth_model):
     rep = run_compare(synth_model("qwen3moe"), [42])
-    check(rep, "qwen3moe", True, tol=1e-8)
+    check_report(rep, 1e-8, want=two_block_names("qwen3moe"))
 
 
 def test_topk_equal_to_expert_count(synth_model):
     """Every token uses every expert: routing reduces to a softmax-weighted sum."""
     rep = run_compare(synth_model("qwen3moe", overrides={"n_expert_used": 8}), TOKENS[:5])
-    check(rep, "qwen3moe", True, tol=1e-8)
+    check_report(rep, 1e-8, want=two_block_names("qwen3moe"))
 
 
 def test_experts_without_tokens(synth_model):
     """Two tokens, top-2 of 8: most experts receive no token and must contribute nothing."""
     rep = run_compare(synth_model("qwen3moe", seed=5), TOKENS[:2])
-    check(rep, "qwen3moe", True, tol=1e-8)
+    check_report(rep, 1e-8, want=two_block_names("qwen3moe"))
     ids = None
     for s in rep.tensors:
         if s.name == "ffn_moe_topk-0":
@@ -124,7 +133,7 @@ def test_local_mode_equals_whole_model_on_f32(synth_model, arch):
     """With F32 weights, feeding each layer llama.cpp's input changes nothing measurable."""
     path = synth_model(arch, all_optional=True)
     rep = run_compare(path, TOKENS, local=True)
-    check(rep, arch, True if arch == "qwen3moe" else False, tol=1e-8, scaled=True)
+    check_report(rep, 1e-8, want=two_block_names(arch, all_optional=True))
 
 
 # ---------------------------------------------------------------- deepseek2 (MLA)
@@ -143,32 +152,22 @@ DS2_CASES = [
 ABSORBED_ONLY = {"q_nope_perm", "q_nope_absorbed", "q_nope_absorbed_perm", "Qcur", "Kcur", "Vcur", "v_cont", "kqv", "kqv_mla"}
 
 
-def check_all(rep, tol=1e-8, untraced=frozenset()):
-    table = format_report(rep)
-    left = [n for n in rep.only_in_llamacpp if n.rsplit("-", 1)[0] not in untraced]
-    assert not left, f"llama.cpp tensors refengine does not trace: {left}"
-    assert rep.ok, table
-    assert rep.logits.nmse <= tol and rep.logits.top1_agreement == 1.0, table
-    for s in rep.tensors:
-        assert s.nmse <= tol, (s.name, s.nmse)
-
-
 @pytest.mark.parametrize("kw", DS2_CASES, ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()))
 def test_deepseek2_f32_matches_llamacpp(synth_model, kw):
     rep = run_compare(synth_model("deepseek2", **kw), TOKENS)
     assert rep.tolerance == 1e-8
-    check_all(rep)
+    check_report(rep, 1e-8)
 
 
 def test_deepseek2_naive_form_matches_llamacpp(synth_model):
     """The naive form (per-head K/V cache) against llama.cpp's absorbed run: every shared tensor, the logits."""
     rep = run_compare(synth_model("deepseek2", preset="tiny"), TOKENS, attn_form="naive")
-    check_all(rep, untraced=ABSORBED_ONLY)          # the naive form has no absorbed products to show
+    check_report(rep, 1e-8, untraced=ABSORBED_ONLY)          # the naive form has no absorbed products to show
 
 
 def test_deepseek2_topk_equal_to_expert_count(synth_model):
     rep = run_compare(synth_model("deepseek2", preset="tiny", overrides={"n_expert_used": 8}), TOKENS[:5])
-    check_all(rep)
+    check_report(rep, 1e-8)
 
 
 # ---------------------------------------------------------------- DSA (deepseek32, glm-dsa): MLA under a top-k mask
@@ -186,9 +185,9 @@ DSA_CASES = [
 
 
 def check_dsa(rep, tol=1e-8):
-    """check_all, plus: a selection was compared in every layer that runs an indexer, and every query's set of
-    selected keys equals llama.cpp's or is a named near-tie (`_selection_check`'s note)."""
-    check_all(rep, tol)
+    """check_report at 1e-8, plus: a selection was compared in every layer that runs an indexer, and every query's set
+    of selected keys equals llama.cpp's or is a named near-tie (`_selection_check`'s note)."""
+    check_report(rep, tol)
     scores = [s for s in rep.tensors if s.name.startswith("indexer_score-")]
     sels = [s for s in rep.tensors if s.name.startswith("top_k-")]
     assert scores and len(sels) == len(scores), [s.name for s in rep.tensors if "top_k" in s.name]
@@ -211,7 +210,7 @@ def test_dsa_f32_matches_llamacpp(synth_model, arch, kw, capsys):
 @pytest.mark.exhaustive          # the naive form is also covered by test_dsa.py's decode test and deepseek2's
 def test_dsa_naive_form_matches_llamacpp(synth_model):
     rep = run_compare(synth_model("deepseek32"), DSA_TOKENS, attn_form="naive")
-    check_all(rep, untraced=ABSORBED_ONLY)
+    check_report(rep, 1e-8, untraced=ABSORBED_ONLY)
 
 
 def test_dsa_sparse_differs_from_dense_and_both_match(synth_model):
@@ -222,7 +221,7 @@ def test_dsa_sparse_differs_from_dense_and_both_match(synth_model):
     paths = [synth_model("glm-dsa", preset="tiny-shared"),
              synth_model("glm-dsa", preset="tiny-shared", overrides={"idx_top_k": 64})]
     check_dsa(run_compare(paths[0], DSA_TOKENS))
-    check_all(run_compare(paths[1], DSA_TOKENS))
+    check_report(run_compare(paths[1], DSA_TOKENS), 1e-8)
     a, b = (Model(p).forward(DSA_TOKENS) for p in paths)
     assert metrics(b, a)[0] > 1e-3, "top-k 8 of 40 keys should change the logits"
     assert metrics(b[:8], a[:8])[0] < 1e-10          # the first 8 queries see at most 8 keys: nothing is dropped

@@ -1,0 +1,98 @@
+"""The names llama.cpp's graph gives, per arch, that a compare against it must have compared (data, one entry
+per arch; `{}` = the layer index).
+
+`rep.only_in_llamacpp` empty says refengine traces every tensor llama.cpp names; these lists say llama.cpp
+still names them, so a compare cannot pass by comparing nothing. An arch without an entry (deepseek2, deepseek32,
+glm-dsa) relies on `only_in_llamacpp` alone.
+
+    expected_names(arch, kw, kinds) -> set of names
+        kw: the write_synth options of the file; kinds: each block's `LayerSpec.attn` ("mha", "gdn", "kda", ...)
+"""
+from __future__ import annotations
+
+GLOBAL_NAMES = ["embd", "result_norm", "result_output"]
+
+# ---------------------------------------------------------------- llama, qwen3moe
+LLAMA_NAMES = ["attn_norm-{}", "Qcur-{}", "Kcur-{}", "Vcur-{}", "kq-{}", "kq_soft_max-{}", "kqv-{}", "kqv_out-{}",
+               "attn_out-{}", "ffn_inp-{}", "ffn_norm-{}", "l_out-{}"]
+DENSE_NAMES = ["ffn_up-{}", "ffn_gate-{}", "ffn_swiglu-{}", "ffn_out-{}"]
+MOE_NAMES = ["ffn_moe_logits-{}", "ffn_moe_probs-{}", "ffn_moe_topk-{}", "ffn_moe_weights-{}",
+             "ffn_moe_weights_sum-{}", "ffn_moe_weights_norm-{}", "ffn_moe_up-{}", "ffn_moe_gate-{}",
+             "ffn_moe_swiglu-{}", "ffn_moe_down-{}", "ffn_moe_weighted-{}", "ffn_moe_out-{}"]
+QWEN_NAMES = ["attn_norm-{}", "Qcur_normed-{}", "Kcur_normed-{}", "Qcur-{}", "Kcur-{}", "Vcur-{}", "kq-{}",
+              "kq_soft_max-{}", "kqv-{}", "kqv_out-{}",
+              "ffn_inp-{}", "ffn_norm-{}", "l_out-{}"] + MOE_NAMES
+
+# ---------------------------------------------------------------- qwen3next (gated DeltaNet + gated attention)
+QWEN3NEXT_GDN = ["attn_norm", "linear_attn_qkv_mixed", "z", "linear_attn_mixed_ba", "b", "a", "a_softplus", "gate",
+                 "conv_states", "conv_input", "conv_output_raw", "conv_output_silu", "q_conv", "k_conv",
+                 "q_conv_predelta", "k_conv_predelta", "v_conv_predelta", "state_predelta", "attn_output",
+                 "new_state", "final_output", "linear_attn_out"]
+QWEN3NEXT_LEGACY = ["linear_attn_mixed_qkvz", "query_flat", "key_flat", "value_flat", "qkv_mixed"]
+QWEN3NEXT_ATTN = ["attn_norm", "Qcur_full", "Qcur_normed", "Kcur_normed", "Qcur", "Kcur", "Vcur", "kq",
+                  "kq_soft_max", "kqv", "attn_pregate", "gate_sigmoid", "attn_gated", "attn_output"]
+QWEN3NEXT_FFN = ["attn_residual", "attn_post_norm", "ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk",
+                 "ffn_moe_weights_norm", "ffn_moe_swiglu", "ffn_moe_out", "ffn_shexp", "shared_expert_gate",
+                 "shared_expert_gate_sigmoid", "ffn_shexp_gated", "ffn_out", "l_out"]
+
+# ---------------------------------------------------------------- kimi-linear (KDA + MLA without rope)
+KIMI_LINEAR_KDA = ["attn_norm-{}", "g1 f_b(f_a(cur))-{}", "kda_g1-{}", "kda_beta-{}", "new_state-{}",
+                   "attn_output-{}", "kda_normed-{}", "g2 g_b(g_a(cur_2d))-{}", "kda_out-{}", "ffn_inp-{}",
+                   "ffn_norm-{}", "l_out-{}"]
+KIMI_LINEAR_MLA = ["attn_norm-{}", "kqv_out-{}", "mla_out-{}", "ffn_inp-{}", "ffn_norm-{}", "l_out-{}"]
+KIMI_LINEAR_ABSORBED = ["q_nope-{}", "q_pe-{}", "q_nope_absorbed-{}", "Qcur-{}", "Kcur-{}", "kqv_mla-{}"]
+KIMI_LINEAR_LEGACY = ["mla_Q-{}", "mla_K-{}", "mla_V-{}"]
+
+# ---------------------------------------------------------------- kimi-k3 (KDA + MLA, attention residuals, SiTU MoE)
+KIMI_K3_KDA = ["attn_norm-{}", "kda_q_conv-{}", "kda_k_conv-{}", "kda_v_conv-{}", "kda_g1-{}", "kda_beta-{}",
+               "kda_scan_out-{}", "kda_g2-{}", "kda_normed-{}", "prefix_sum_attn-{}", "ffn_norm-{}", "ffn_out-{}",
+               "l_out-{}"]
+KIMI_K3_MLA = ["attn_norm-{}", "kq_soft_max-{}", "kqv_mla-{}", "kqv_out-{}", "mla_gated-{}", "prefix_sum_attn-{}",
+               "ffn_norm-{}", "l_out-{}"]
+KIMI_K3_MOE = ["ffn_moe_logits-{}", "ffn_moe_topk-{}", "ffn_moe_situ-{}", "ffn_moe_out-{}", "ffn_shexp-{}"]
+
+
+def _llama(arch, kw, kinds):
+    moe = arch == "qwen3moe" or kw.get("preset") == "tiny-moe"
+    per = QWEN_NAMES if arch == "qwen3moe" else LLAMA_NAMES + (MOE_NAMES if moe else DENSE_NAMES)
+    if kw.get("all_optional"):   # llama.cpp names a scaled expert output ffn_moe_up_scaled etc.; group routing
+        per = [n.replace("_up-", "_up_scaled-").replace("_gate-", "_gate_scaled-").replace("_down-", "_down_scaled-")
+               if n.startswith("ffn_moe_") else n for n in per]
+        if moe:
+            per = per + ["ffn_moe_group_topk-{}", "ffn_moe_probs_masked-{}"]
+    return set(GLOBAL_NAMES) | {n.format(il) for il in range(len(kinds)) for n in per}
+
+
+def _qwen3next(arch, kw, kinds):
+    legacy = kw.get("overrides", {}).get("legacy_ssm_in", False)
+    want = {"result_norm", "result_output"}
+    for il, kind in enumerate(kinds):
+        if kind == "gdn":
+            names = QWEN3NEXT_GDN + (QWEN3NEXT_LEGACY if legacy else [])
+            if legacy:
+                names = [n for n in names if n != "linear_attn_qkv_mixed"]
+        else:
+            names = QWEN3NEXT_ATTN
+        want |= {f"{n}-{il}" for n in names + QWEN3NEXT_FFN}
+    return want
+
+
+def _kimi_linear(arch, kw, kinds):
+    mla = KIMI_LINEAR_MLA + (KIMI_LINEAR_LEGACY if kw.get("preset") == "tiny-legacy" else KIMI_LINEAR_ABSORBED)
+    return {n.format(il) for il, kind in enumerate(kinds) for n in (KIMI_LINEAR_KDA if kind == "kda" else mla)}
+
+
+def _kimi_k3(arch, kw, kinds):
+    """The tiny preset: block 0 dense, blocks 1.. latent MoE; attention residuals on."""
+    want = {n.format(il) for il, kind in enumerate(kinds) for n in (KIMI_K3_KDA if kind == "kda" else KIMI_K3_MLA)}
+    return want | {n.format(il) for il in range(1, len(kinds)) for n in KIMI_K3_MOE} | {"res_probs", "res_probs-0",
+                                                                                         "inp_embd"}
+
+
+EXPECTED = {"llama": _llama, "qwen3moe": _llama, "qwen3next": _qwen3next, "kimi-linear": _kimi_linear,
+            "kimi-k3": _kimi_k3}
+
+
+def expected_names(arch: str, kw: dict, kinds: list[str]) -> set[str]:
+    fn = EXPECTED.get(arch)
+    return fn(arch, kw, kinds) if fn else set()
