@@ -26,8 +26,13 @@ place of ours (`Runtime.force_inputs`); a flip that appears further on is forced
 `MAX_ROUNDS`). A forced input must itself be float noise before rounding (NMSE <= `NOISE_NMSE`, the flips
 no more than the noise predicts, `plausible`): otherwise it is a divergence, not a flip. The flip is proven
 when the forced run has every tensor and the logits within compare's llama.cpp-mode tolerance; otherwise the
-proof names the tensor where teacher forcing stops agreeing. A flip in an input llama.cpp does not name cannot
-be forced: the proof then stops at the first output that diverges.
+proof names the tensor where teacher forcing stops agreeing. When no named input flips before the first
+divergence, the inputs llama.cpp's graph leaves unnamed are looked at: they are still in its trace
+(auto-named `node_N`), found as the tensor of the input's size within float noise of ours (`_unnamed_flip`),
+and forced by the weight they feed.
+
+    proof = prove_flips(model, tokens, ref)      # ref: llama.cpp's OracleResult for the tokens
+    proof.outcome                                # "pass" | "proven-flip" | "fails" (proof.stopped_at)
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ from .compare import TOLERANCE_EXACT, build_report, matmul_weight_types, metrics
 
 NOISE_NMSE = TOLERANCE_EXACT["F32"]   # a forced input agrees with llama.cpp's this well before rounding (1e-8)
 MAX_ROUNDS = 12                       # flips forced one after another, at most
+
 
 @dataclass
 class FlipStat:
@@ -208,6 +214,8 @@ def plausible(f: FlipStat) -> bool:
 class Forced:
     flip: FlipStat        # the census entry of the forced input (in the run just before it was forced)
     nmse: float           # ours against llama.cpp's before rounding
+    weight: str = ""      # an input llama.cpp leaves unnamed: the weight it feeds (forced by weight name)
+    value: np.ndarray | None = field(default=None, repr=False)    # ... and llama.cpp's value of it
 
     def describe(self) -> str:
         f = self.flip
@@ -268,6 +276,9 @@ def _force_dict(forced: list[Forced], ref, trace) -> dict:
     """Runtime.force_inputs for the forced labels: a name's last recording is `NAME#k`, k = our count before it."""
     out = {}
     for x in forced:
+        if x.weight:
+            out[x.weight] = x.value
+            continue
         name, _, occ = x.flip.name.partition("#")
         key = x.flip.name if occ else (f"{name}#{len(trace.earlier[name])}" if name in trace.earlier else name)
         out[key] = _value(x.flip.name, ref.tensors, ref.earlier)
@@ -277,13 +288,60 @@ def _force_dict(forced: list[Forced], ref, trace) -> dict:
     return out
 
 
-def _run_llamacpp_mode(model, tokens, force: dict | None = None):
+def _run_llamacpp_mode(model, tokens, force: dict | None = None, log: list | None = None):
+    """refengine in llama.cpp mode -> (trace, logits, forced hits); `log` collects ("mm", weight, x) for every
+    matmul and ("rec", name) for every recording, in order."""
     from .runtime import Runtime
     from .trace import Trace
+
+    class Logged(Runtime):
+        def matmul(self, x, w):
+            log.append(("mm", w, np.array(self._forced_input(x) if self._forced else x, np.float32)))
+            return super().matmul(x, w)
+
+        def record(self, name, il, value):
+            super().record(name, il, value)
+            log.append(("rec", name if il < 0 else f"{name}-{il}", np.asarray(value)))
+
     trace = Trace()
-    rt = Runtime(mode="llamacpp", trace=trace, force_inputs=force or None)
+    rt = (Logged if log is not None else Runtime)(mode="llamacpp", trace=trace, force_inputs=force or None)
     logits = model.forward(np.asarray(tokens), rt=rt)
     return trace, logits, rt.forced_hits
+
+
+def _unnamed_flip(model, tokens, ref, force: dict, order: list[str], stop: float) -> Forced | None:
+    """The first flipped matmul input that refengine does not record under a llama.cpp name, before graph
+    position `stop`: llama.cpp's value of it is the tensor of its trace (auto-named `node_N` where its graph
+    names none) within float noise of ours (NMSE <= NOISE_NMSE, the nearest). Experts and heads are not
+    looked at (their inputs are rows or heads of named tensors)."""
+    log = []
+    _run_llamacpp_mode(model, tokens, force, log)
+    ref_all = [(f"{n}#{k}", np.asarray(a)) for n, vals in ref.earlier.items() for k, a in enumerate(vals)] + \
+        [(n, np.asarray(a)) for n, a in ref.tensors.items()]
+    ref_all = [(n, a) for n, a in ref_all if a.dtype.kind == "f"]
+    for i, e in enumerate(log):
+        if e[0] != "mm" or "[" in e[1].name or e[1].name in force:
+            continue
+        w, x = e[1], e[2]
+        p = partner(w.type)
+        if p == GGMLType.F32:
+            continue
+        nxt = next((q[1] for q in log[i + 1:] if q[0] == "rec" and q[1] in order), None)
+        pos = graph_position(nxt, order) - 0.5 if nxt else float("inf")
+        if pos >= stop:
+            break
+        if any(q[0] == "rec" and q[1] in ref.tensors and q[2].size == x.size and
+               np.array_equal(q[2].reshape(x.shape), x) for q in log[:i]):
+            continue                                        # a tensor llama.cpp names: the census's
+        best = min(((metrics(a, x.reshape(a.shape))[0], n, a) for n, a in ref_all if a.size == x.size),
+                   default=None, key=lambda b: b[0])
+        if best is None or not best[0] <= NOISE_NMSE:
+            continue
+        f = count_flips(best[2].reshape(x.shape), x, p)
+        if f.any:
+            f.name = f"{best[1]} (unnamed input of {w.name})"
+            return Forced(f, best[0], w.name, best[2].reshape(x.shape).astype(np.float32))
+    return None
 
 
 def prove_flips(model, tokens, ref=None, *, trace=None, logits=None, max_rounds: int = MAX_ROUNDS) -> Proof:
@@ -316,6 +374,14 @@ def prove_flips(model, tokens, ref=None, *, trace=None, logits=None, max_rounds:
                      if f.any and f.name not in done and graph_position(f.name, order) < stop), None)
         proof.stopped_at = first
         if cand is None:
+            extra = _unnamed_flip(model, tokens, ref, _force_dict(proof.forced, ref, trace), order, stop)
+            if extra is not None and plausible(extra.flip):
+                proof.forced.append(extra)
+                trace, logits, hits = _run_llamacpp_mode(model, tokens, _force_dict(proof.forced, ref, trace))
+                if hits.get(extra.weight):
+                    continue
+                proof.stopped_at, proof.reason = first, f"no matmul took the forced input of {extra.weight}"
+                return proof
             proof.reason = (f"{first} diverges (NMSE {_tensor_nmse(rep, first):.2e}) with no rounding flip in a "
                             f"traced matmul input before it" + (" left to force" if proof.forced else ""))
             return proof

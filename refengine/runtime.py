@@ -19,7 +19,8 @@ activation rounding: the rounding then sees llama.cpp's bits. `NAME#k` forces th
 a name llama.cpp reuses (deepseek2's normed q_a is the 2nd `q`); `NAME` is `NAME#0`. A routed-expert slot
 tensor (`ffn_moe_swiglu-IL`, `ffn_moe_situ-IL`: the down projection's input [T, A, I]) is matched to our slots
 by expert id, with llama.cpp's `ffn_moe_topk-IL` given in the same dict; token slots whose expert llama.cpp
-did not pick keep our value. `forced_hits` counts, per forced name, the matmuls that took it.
+did not pick keep our value. A GGUF weight name as key forces that weight's input (one llama.cpp leaves
+unnamed, found in its trace by refengine.flips). `forced_hits` counts, per key, the matmuls that took it.
 """
 from __future__ import annotations
 
@@ -94,6 +95,9 @@ class Runtime:
         """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""
         if self._forced:
             x = self._forced_input(x)
+        if self.force_inputs and w.name in self.force_inputs:      # an input llama.cpp names none: by its weight
+            x = np.ascontiguousarray(np.reshape(self.force_inputs[w.name], x.shape), dtype=np.float32)
+            self.forced_hits[w.name] = self.forced_hits.get(w.name, 0) + 1
         y = self._be.matmul(x, w, mode=self.mode)
         if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             raise NonFiniteError(f"weight {w.name!r} ({w.type.name}) produced NaN/inf from a finite input: "

@@ -44,10 +44,7 @@ OUTCOMES = {
     "qwen3next-Q4_K": "proven-flip",
     "kimi-linear-Q8_0": "proven-flip",
     "kimi-linear-Q4_K": "proven-flip",
-    "kimi-linear-fused-qkv-Q8_0": (
-        "unproven", "g1 f_b(f_a(cur))-1",
-        "its input f_a(cur) = ssm_f_a(attn_norm-1) has no name in llama.cpp (kimi-linear.cpp:314-316), so llama.cpp's "
-        "value of it cannot be forced; no traced matmul input flips before it"),
+    "kimi-linear-fused-qkv-Q8_0": "proven-flip",
     "kimi-linear-fused-qkv-Q4_K": "pass",
     "kimi-linear-legacy-Q8_0": "proven-flip",
     "kimi-linear-legacy-Q4_K": "proven-flip",
