@@ -214,8 +214,8 @@ def plausible(f: FlipStat) -> bool:
 class Forced:
     flip: FlipStat        # the census entry of the forced input (in the run just before it was forced)
     nmse: float           # ours against llama.cpp's before rounding
-    weight: str = ""      # an input llama.cpp leaves unnamed: the weight it feeds (forced by weight name)
-    value: np.ndarray | None = field(default=None, repr=False)    # ... and llama.cpp's value of it
+    weight: str = ""      # an input llama.cpp leaves unnamed: the weight it feeds (forced by weight name);
+                          # llama.cpp's value of it is the attribute `value` (kept out of compare's JSON)
 
     def describe(self) -> str:
         f = self.flip
@@ -340,7 +340,9 @@ def _unnamed_flip(model, tokens, ref, force: dict, order: list[str], stop: float
         f = count_flips(best[2].reshape(x.shape), x, p)
         if f.any:
             f.name = f"{best[1]} (unnamed input of {w.name})"
-            return Forced(f, best[0], w.name, best[2].reshape(x.shape).astype(np.float32))
+            forced = Forced(f, best[0], w.name)
+            forced.value = best[2].reshape(x.shape).astype(np.float32)
+            return forced
     return None
 
 
