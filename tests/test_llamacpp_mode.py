@@ -188,10 +188,12 @@ def runs(synth_model):
     return get
 
 
-# Quantized matmuls whose input or output llama.cpp's trace does not hold (tests/matmul_teacher.py): per case,
+# Quantized matmuls whose input or output tests/matmul_teacher.py cannot take from llama.cpp's trace: per case,
 # weight name -> why. Every other quantized matmul of the case is checked.
-_K3_Q_NOPE = "input q_nope is a permuted view of Qcur that llama.cpp neither names nor evaluates (kimi-k3.cpp:516-525)"
-_K3_LATENT = "input rows of routed_in = ffn_routed_down(ffn_norm), unnamed (kimi-k3.cpp:575-577), per expert"
+_K3_Q_NOPE = ("per-head inputs from q_nope, a permuted view of Qcur that kimi-k3's graph names none of (kimi-k3.cpp:"
+              "516-525; refengine's q_nope_perm is not a llama.cpp name): heads are located only in named tensors")
+_K3_LATENT = ("per-expert rows of routed_in = ffn_routed_down(ffn_norm), which llama.cpp leaves unnamed (kimi-k3.cpp:"
+              "575-577): rows are located only in named tensors")
 _K3 = {**{f"blk.{il}.attn_k_b.weight": _K3_Q_NOPE for il in (2, 4)},
        **{f"blk.{il}.ffn_{x}_exps.weight": _K3_LATENT for il in (1, 2, 3, 4) for x in ("gate", "up")}}
 UNNAMED_MATMULS: dict[str, dict[str, str]] = {"kimi-k3-Q8_0": _K3, "kimi-k3-Q4_K": _K3}
