@@ -67,7 +67,11 @@ def cmd_compare(args) -> int:
     try:
         model = Model(path)
         tokens = _input_tokens(args, model)
-        rep = run_compare(model, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local)
+        explain = None
+        if args.mode == "llamacpp" and not args.local:          # the flip census and, over tolerance, its proof
+            from .flips import explain
+        rep = run_compare(model, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local,
+                          explain=explain)
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -101,6 +101,7 @@ class Report:
     tensors: list[TensorStat] = field(default_factory=list)
     only_in_llamacpp: list[str] = field(default_factory=list)
     flips: list = field(default_factory=list)        # llamacpp mode: refengine.flips.FlipStat per matmul input
+    proof: object = None                             # llamacpp mode, logits over tolerance: refengine.flips.Proof
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -153,7 +154,7 @@ def logit_metrics(ref: np.ndarray, got: np.ndarray) -> LogitStat:
                      ties, int((~agree).sum()) - ties)
 
 
-def _slot_alignment(ids_ref: np.ndarray, ids_got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def slot_alignment(ids_ref: np.ndarray, ids_got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """perm[t, a] = slot in `got` holding expert ids_ref[t, a]; valid[t, a] False where `got` lacks that expert."""
     T, A = ids_ref.shape
     perm = np.zeros((T, A), dtype=np.int64)
@@ -291,7 +292,7 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         if base in SLOT_TENSORS and f"ffn_moe_topk-{il}" in ref and f"ffn_moe_topk-{il}" in got:
             ids_g = got[f"ffn_moe_topk-{il}"]
             ids_r = ref[f"ffn_moe_topk-{il}"].reshape(ids_g.shape)
-            perm, valid = _slot_alignment(ids_r, ids_g)
+            perm, valid = slot_alignment(ids_r, ids_g)
             g = np.take_along_axis(g.reshape(*ids_g.shape, -1), perm[..., None], axis=1)
             r = r.reshape(g.shape)
             note = "aligned by expert id"
@@ -301,7 +302,7 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         if base == "ffn_moe_out" and f"ffn_moe_topk-{il}" in ref and f"ffn_moe_topk-{il}" in got:
             # tokens whose expert set differs (near-ties, judged at ffn_moe_topk) sum different experts
             ids_g = got[f"ffn_moe_topk-{il}"]
-            _, valid = _slot_alignment(ids_g, ref[f"ffn_moe_topk-{il}"].reshape(ids_g.shape))
+            _, valid = slot_alignment(ids_g, ref[f"ffn_moe_topk-{il}"].reshape(ids_g.shape))
             same = valid.all(axis=1)
             if not same.all():
                 g, r = g.reshape(len(same), -1)[same], r.reshape(len(same), -1)[same]
@@ -357,7 +358,7 @@ def format_report(rep: Report, *, all_rows: bool = True) -> str:
                      f"llama.cpp's top-2 margin there {lg.margin_at_mismatch:.4g}; "
                      f"{lg.top1_near_ties} mismatch(es) within the logit error (near-ties), "
                      f"{lg.top1_unexplained} not")
-    flipped = [f for f in rep.flips if f.flips or f.scale_flips]
+    flipped = [f for f in rep.flips if f.flips or f.scale_flips]      # in llama.cpp's graph order
     if flipped:
         f0 = flipped[0]
         what = (f"{f0.flips} of {f0.values} {f0.partner} codes differ; float noise alone predicts {f0.expected:.2g}"
@@ -365,6 +366,8 @@ def format_report(rep: Report, *, all_rows: bool = True) -> str:
                 f"{f0.expected_scale:.2g}")
         lines.append(f"rounding flips (llamacpp mode): first at {f0.name} ({what}), "
                      f"{sum(f.flips + f.scale_flips for f in rep.flips)} in total: see refengine.flips")
+    if rep.proof is not None:
+        lines.append(f"flip rule (teacher forcing from llama.cpp): {rep.proof.summary()}")
     lines.append(f"tolerance (NMSE per tensor): {rep.tolerance:.0e}")
     lines.append("verdict: " + ("MATCH" if rep.ok else f"DIVERGES, first at {rep.first_divergence}"))
     return "\n".join(lines)
@@ -381,7 +384,7 @@ def matmul_weight_types(model) -> set:
 
 
 def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,
-                local: bool = False, attn_form: str | None = None) -> Report:
+                local: bool = False, attn_form: str | None = None, explain=None) -> Report:
     """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor.
     `path` is a GGUF path or an already opened Model.
 
@@ -389,6 +392,8 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     last `l_out`, so each layer's figure is its own error, not what earlier layers accumulated.
     attn_form: where an attention has two forms, the one refengine runs (MLA: "absorbed" or "naive"; default
     the one llama.cpp runs). Tensors whose shape belongs to one form are traced only by llama.cpp's form.
+    explain(model, tokens, ref, trace, logits, rep): called last, to add to the report (the command line
+    passes refengine.flips.explain in llama.cpp mode: the flip census and, over tolerance, the flip rule).
     """
     from .model import Model
     from .oracle import run_llamacpp
@@ -398,10 +403,10 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     model = path if isinstance(path, Model) else Model(path)
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     trace = Trace()
-    ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
-    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form)
     if local and not model.arch.LOCAL_INPUTS:
         model.forward_local(tokens, [], None)                 # raises the clear error before llama.cpp runs
+    ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
+    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form)
     if local:
         L = model.cfg.n_layer
         inputs = [ref.tensors["embd"]] + [ref.tensors[f"l_out-{il}"] for il in range(L - 1)]
@@ -411,7 +416,6 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     if tol is None:
         tol = tolerance(matmul_weight_types(model), mode)
     rep = build_report(model.cfg.arch, ref.logits, got_logits, ref.tensors, ref.order, trace.tensors, tol)
-    if mode == "llamacpp":
-        from .flips import flip_census
-        rep.flips = flip_census(model, ref.tensors, trace.tensors, ref.order, ref.earlier, trace.earlier)
+    if explain is not None:
+        explain(model, tokens, ref, trace, got_logits, rep)
     return rep

@@ -11,6 +11,16 @@ A backend is a module with the NumPy oracle's signatures:
     numpy  -> quant.ref   (the reference)
     cpu    -> quant.cpu   (Numba kernels)
     cuda   -> quant.cuda  (numba-cuda kernels)
+
+Teacher forcing (`force_inputs`, refengine.flips): name -> llama.cpp's value of a traced tensor. When the
+forward records a tensor under a forced name, every matmul that then takes that tensor (the array itself,
+one head of it [H, T, I] -> [T, I], or its transpose's head) takes llama.cpp's value instead, before the
+activation rounding: the rounding then sees llama.cpp's bits. `NAME#k` forces the k-th recording (from 0) of
+a name llama.cpp reuses (deepseek2's normed q_a is the 2nd `q`); `NAME` is `NAME#0`. A routed-expert slot
+tensor (`ffn_moe_swiglu-IL`, `ffn_moe_situ-IL`: the down projection's input [T, A, I]) is matched to our slots
+by expert id, with llama.cpp's `ffn_moe_topk-IL` given in the same dict; token slots whose expert llama.cpp
+did not pick keep our value. A GGUF weight name as key forces that weight's input (one llama.cpp leaves
+unnamed, found in its trace by refengine.flips). `forced_hits` counts, per key, the matmuls that took it.
 """
 from __future__ import annotations
 
@@ -54,15 +64,40 @@ class Runtime:
     check_finite: bool = True
     attn_form: str | None = None   # the form of a fresh state's attention where an arch has two (MLA:
                                    # "absorbed", llama.cpp's and the default, or "naive"; see Model.new_state)
+    force_inputs: dict | None = None   # teacher forcing: llama.cpp name -> llama.cpp's value (module docstring)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r} is not available; choose one of {', '.join(MODES)}")
         self._be = load_backend(self.backend)
         self._device_models = {}
+        self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
+        self._forced: list[tuple[str, np.ndarray, np.ndarray]] = []   # (label, ours, llama.cpp's as ours' shape)
+        self.forced_hits: dict[str, int] = {}
+
+    def _forced_input(self, x: np.ndarray) -> np.ndarray:
+        """llama.cpp's value of x when x is (a head of) a forced tensor, else x."""
+        for label, ours, ref in reversed(self._forced):
+            cands = []
+            if ours.size == x.size:
+                cands.append((ours.reshape(x.shape), ref.reshape(x.shape)))
+            elif ours.ndim == 3 and x.ndim == 2 and ours.shape[1:] == x.shape:        # one head [H, T, I] -> [T, I]
+                cands += [(ours[k], ref[k]) for k in range(ours.shape[0])]
+            elif ours.ndim == 3 and x.ndim == 2 and (ours.shape[0], ours.shape[2]) == x.shape:   # [T, H, I], head k
+                cands += [(ours[:, k], ref[:, k]) for k in range(ours.shape[1])]
+            for o, r in cands:
+                if np.array_equal(o, x):
+                    self.forced_hits[label] = self.forced_hits.get(label, 0) + 1
+                    return np.ascontiguousarray(r, dtype=np.float32)
+        return x
 
     def matmul(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""
+        if self._forced:
+            x = self._forced_input(x)
+        if self.force_inputs and w.name in self.force_inputs:      # an input llama.cpp names none: by its weight
+            x = np.ascontiguousarray(np.reshape(self.force_inputs[w.name], x.shape), dtype=np.float32)
+            self.forced_hits[w.name] = self.forced_hits.get(w.name, 0) + 1
         y = self._be.matmul(x, w, mode=self.mode)
         if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             raise NonFiniteError(f"weight {w.name!r} ({w.type.name}) produced NaN/inf from a finite input: "
@@ -74,6 +109,11 @@ class Runtime:
         `record`: a caller's recorder in place of `self.record` (it must pass the tensors on to it)."""
         rec = record or self.record
         fn = getattr(self._be, "moe_ffn", None)
+        if self.force_inputs:
+            from .moe import moe_ffn as fn
+            if self._forced:
+                x = self._forced_input(x)
+            return fn(x, ids, weights, matmul=self._expert_matmul(ids, kw), record=rec, **kw)
         if fn is None or (kw.get("act") is not None and not getattr(self._be, "MOE_GATED_ACTS", False)):
             # another activation than SwiGLU on a backend without it (cpu): the loop oracle, its matmuls
             # still through this backend (the cuda backend takes `act`: grouped dispatch, activation on the host)
@@ -85,6 +125,36 @@ class Runtime:
             raise NonFiniteError(f"routed experts ({names}) produced NaN/inf from a finite input: "
                                  f"an expert that tokens were routed to holds non-finite values")
         return y
+
+    def _expert_matmul(self, ids: np.ndarray, kw: dict):
+        """The loop oracle's matmul with the down projection's input forced to llama.cpp's slot tensor, when
+        it is forced: expert e's rows are those of `np.nonzero(ids == e)`, as the loop takes them."""
+        il, down = kw.get("il", -1), kw.get("down")
+        act = kw["act"][1] if kw.get("act") is not None else ("ffn_moe_swiglu" if kw.get("gate") is not None
+                                                              else "ffn_moe_silu")
+        label = f"{act}-{il}"
+        ref = (self.force_inputs or {}).get(label)
+        ref_ids = (self.force_inputs or {}).get(f"ffn_moe_topk-{il}")
+        if ref is None or ref_ids is None or down is None:
+            return self.matmul
+        T, A = ids.shape
+        ref_ids = np.asarray(ref_ids).reshape(T, A)
+        ref = np.asarray(ref, np.float32).reshape(T, A, -1)
+        names = {f"{down.name}[{e}]": int(e) for e in np.unique(ids)}
+
+        def mm(x, w):
+            e = names.get(w.name)
+            if e is None:
+                return self.matmul(x, w)
+            tok, _ = np.nonzero(ids == e)
+            x = np.array(x, dtype=np.float32, copy=True)
+            for i, t in enumerate(tok):
+                a = np.flatnonzero(ref_ids[t] == e)
+                if a.size:
+                    x[i] = ref[t, a[0]]
+            self.forced_hits[label] = self.forced_hits.get(label, 0) + 1
+            return self.matmul(x, w)
+        return mm
 
     def device_forward(self, model):
         """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None
@@ -101,3 +171,18 @@ class Runtime:
     def record(self, name: str, il: int, value: np.ndarray) -> None:
         if self.trace is not None:
             self.trace(name, il, value)
+        if self.force_inputs:
+            key = name if il < 0 else f"{name}-{il}"
+            k = self._seen.get(key, 0)
+            self._seen[key] = k + 1
+            label = f"{key}#{k}"
+            if label not in self.force_inputs:
+                label = key if k == 0 else label
+            ref = self.force_inputs.get(label)
+            if ref is not None and name != "ffn_moe_topk" and not (name.startswith("ffn_moe_") and np.ndim(value) == 3):
+                # (slot tensors are forced by moe_ffn; llama.cpp's expert ids only come with them)
+                value = np.asarray(value)
+                if np.size(ref) != value.size:
+                    raise ValueError(f"forced {label}: llama.cpp's value has {np.size(ref)} values, ours {value.size}")
+                self._forced.append((label, np.array(value, dtype=np.float32, copy=True),
+                                     np.asarray(ref, np.float32).reshape(value.shape)))

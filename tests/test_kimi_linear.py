@@ -3,16 +3,12 @@
 F32 weights: every tensor llama.cpp names is traced (`not rep.only_in_llamacpp`), each NMSE <= 1e-8, logits
 NMSE <= 1e-8, top-1 100% — the loader variants (plain tiny, all optional, fused attn_qkv, 3-D conv / 2-D ssm_a,
 legacy attn_kv_b) are cases of test_vs_llamacpp.py's F32 list; here decode, the chunked form and a cut file.
-Q8_0 / Q4_K in llama.cpp mode: logits NMSE <= 1e-7, or a named rounding flip before the first divergence:
-a traced one from refengine.flips, or one in a matmul input llama.cpp leaves unnamed (KDA's f_a(h), g_a(h)
-and the gated output before attn_output): there the first diverging output, recomputed from llama.cpp's own
-traced inputs, is reproduced by moving one input value by at most 2 float32 ulps across an activation
-rounding boundary.
+Q8_0 / Q4_K in llama.cpp mode: tests/test_llamacpp_mode.py (LLAMACPP_CASES, outcomes pinned in
+tests/llamacpp_mode_outcomes.py).
 """
 import numpy as np
 import pytest
 
-from tests.flipcheck import logits_or_named_flip
 from refengine.compare import run_compare
 from reportcheck import check_report
 from traced_names import expected_names
@@ -43,94 +39,6 @@ def test_prefill_then_decode_matches_llamacpp(synth_model, preset):
     state = m.new_state()
     got = np.concatenate([m.forward(toks[:8], state)] + [m.forward([t], state) for t in toks[8:]])
     assert metrics(ref, got)[0] <= 1e-8
-
-
-# ---------------------------------------------------------------- Q8_0 / Q4_K in llama.cpp mode
-
-def _nudge_explains(x, w, y_ref, rt, max_ulps=2, tol=1e-5):
-    """Rows of y = x @ w.T (llamacpp mode) that differ from llama.cpp's y_ref by more than float noise: for each,
-    the (row, column, ulps) of one input value whose move by <= max_ulps float32 ulps reproduces y_ref's row,
-    or None when no such value exists. -> (list of explained moves, all rows explained)."""
-    y = rt.matmul(x, w)
-    bad = np.nonzero(np.abs(y - y_ref).max(axis=1) > tol * max(1.0, float(np.abs(y_ref).max())))[0]
-    moves = []
-    for t in bad:
-        hit = None
-        for j in range(x.shape[1]):
-            for k in [s * n for n in range(1, max_ulps + 1) for s in (1, -1)]:
-                r = x[t].copy()
-                for _ in range(abs(k)):
-                    r[j] = np.nextafter(r[j], np.float32(np.inf if k > 0 else -np.inf))
-                if np.abs(rt.matmul(r[None], w)[0] - y_ref[t]).max() <= tol * max(1.0, float(np.abs(y_ref[t]).max())):
-                    hit = (int(t), j, k)
-                    break
-            if hit:
-                break
-        moves.append(hit)
-    return [m for m in moves if m], all(moves)
-
-
-def untraced_flips(model, ref: dict, got: dict) -> list[tuple[str, str, str]]:
-    """(input label, the output it feeds, what) for every KDA matmul whose input llama.cpp does not name, where
-    llama.cpp's input (recomputed from its traced tensors) and refengine's round to different activation codes
-    (refengine.flips.count_flips), or where llama.cpp's output is reproduced from its own input moved across an
-    activation rounding boundary by <= 2 ulps (`_nudge_explains`: llama.cpp's value sits on the boundary)."""
-    from quant.llamacpp import partner
-    from refengine.ops.activations import sigmoid
-    from refengine.flips import count_flips
-    from refengine.runtime import Runtime
-    rt = Runtime(mode="llamacpp")
-    out = []
-    for il, spec in enumerate(model.cfg.layers):
-        if spec.attn != "kda":
-            continue
-        L, H, dh = model.layer(il), spec.attn_cfg.n_head, spec.attn_cfg.head_dim
-        h = np.ascontiguousarray(ref[f"attn_norm-{il}"].reshape(-1, model.cfg.n_embd), dtype=np.float32)
-        T = h.shape[0]
-        g2 = ref[f"g2 g_b(g_a(cur_2d))-{il}"].reshape(T, H, dh)
-        gated = (ref[f"kda_normed-{il}"].reshape(T, H, dh) * sigmoid(g2)).reshape(T, H * dh)
-        for label, x, w, y_name in ((f"kda_f_a-{il}", rt.matmul(h, L.ssm_f_a), L.ssm_f_b, f"g1 f_b(f_a(cur))-{il}"),
-                                    (f"kda_g_a-{il}", rt.matmul(h, L.ssm_g_a), L.ssm_g_b, f"g2 g_b(g_a(cur_2d))-{il}"),
-                                    (f"kda_gated-{il}", np.ascontiguousarray(gated, dtype=np.float32), L.attn_output,
-                                     f"kda_out-{il}")):
-            f = count_flips(x, got[label].reshape(x.shape), partner(w.type))
-            if f.flips or f.scale_flips:
-                out.append((label, y_name, f"{f.flips} {f.partner} code(s) of {f.values}, {f.scale_flips} block "
-                                           f"scale(s), float noise predicts {f.expected:.2g} / {f.expected_scale:.2g}"))
-                continue
-            moves, explained = _nudge_explains(x, w, ref[y_name].reshape(T, -1), rt)
-            if moves and explained:
-                out.append((label, y_name, f"llama.cpp's value on a rounding boundary: moves (row, col, ulps) "
-                                           f"{moves[:2]} reproduce its {y_name}"))
-    return out
-
-
-@pytest.fixture(scope="module")
-def qruns(synth_model):
-    from refengine.model import Model
-    from refengine.oracle import run_llamacpp
-    from refengine.runtime import Runtime
-    from refengine.trace import Trace
-    cache = {}
-
-    def get(wtype, kw):
-        key = (wtype, tuple(sorted(kw.items())))
-        if key not in cache:
-            model = Model(synth_model(ARCH, wtype=wtype, **kw))
-            tokens = np.random.default_rng(0).integers(0, model.cfg.n_vocab, 16)
-            trace = Trace()
-            logits = model.forward(tokens, rt=Runtime(mode="llamacpp", trace=trace))
-            cache[key] = (model, run_llamacpp(model.path, tokens, n_ctx=model.n_ctx), trace, logits)
-        return cache[key]
-    return get
-
-
-@oracle
-@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
-@pytest.mark.parametrize("kw", [dict(), dict(fused_qkv=True), dict(preset="tiny-legacy")], ids=["tiny", "fused-qkv", "legacy"])
-def test_llamacpp_mode_logits_within_1e7(qruns, wtype, kw):
-    model, ref, trace, logits = qruns(wtype, kw)
-    logits_or_named_flip(model, ref, trace, logits, f"{wtype} {kw}", untraced=untraced_flips(model, ref.tensors, trace.tensors))
 
 
 def test_conv_weight_must_be_f32(tmp_path):

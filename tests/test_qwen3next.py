@@ -2,14 +2,14 @@
 
 F32 weights: every loader variant's file is a case of test_vs_llamacpp.py's F32 list (each tensor llama.cpp
 names and the logits within NMSE 1e-8, no llama.cpp tensor left untraced); here the chunked form and longer
-prompts against llama.cpp, the same bounds. Q8_0 / Q4_K in llama.cpp mode: logits NMSE <= 1e-7, or an xfail that
-names the rounding flip before the first divergence. Decode: llama.cpp's own prefill-then-decode schedule.
+prompts against llama.cpp, the same bounds. Q8_0 / Q4_K in llama.cpp mode (whole model, and every quantized
+matmul teacher-forced): tests/test_llamacpp_mode.py (LLAMACPP_CASES).
+Decode: llama.cpp's own prefill-then-decode schedule.
 """
 import numpy as np
 import pytest
 
 from refengine import Model
-from tests.flipcheck import logits_or_named_flip
 from refengine.compare import metrics, run_compare
 from reportcheck import check_report
 
@@ -56,65 +56,6 @@ def test_100_tokens_in_three_calls_match_llamacpp(synth_model, kw):
     state = m.new_state()
     got = np.concatenate([m.forward(toks[:50], state), m.forward(toks[50:51], state), m.forward(toks[51:], state)])
     assert metrics(ref, got)[0] <= 1e-8 and np.array_equal(ref.argmax(-1), got.argmax(-1))
-
-
-# ---------------------------------------------------------------- quantized weights, llama.cpp mode
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
-def test_llamacpp_mode_logits_within_1e7(synth_model, wtype):
-    from refengine.oracle import run_llamacpp
-    from refengine.runtime import Runtime
-    from refengine.trace import Trace
-    model = Model(synth_model("qwen3next", wtype=wtype))
-    tokens = np.random.default_rng(0).integers(0, model.cfg.n_vocab, 16)
-    trace = Trace()
-    logits = model.forward(tokens, rt=Runtime(mode="llamacpp", trace=trace))
-    ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
-    logits_or_named_flip(model, ref, trace, logits, f"qwen3next {wtype}")
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
-def test_llamacpp_mode_teacher_forced_matmuls(synth_model, wtype):
-    """Every quantized matmul of the model (GDN and attention projections, router, shared expert and its
-    gate, routed experts, output), fed llama.cpp's own input in llama.cpp mode, gives llama.cpp's output:
-    only float summation order is left (the misses of the whole-model test are flips, not the matmuls)."""
-    from quant.ref import matmul
-    from refengine.oracle import run_llamacpp
-    model = Model(synth_model("qwen3next", wtype=wtype))
-    tokens = np.random.default_rng(0).integers(0, model.cfg.n_vocab, 16)
-    R = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx).tensors
-    T = len(tokens)
-    mm = lambda x, w: matmul(np.asarray(x, np.float32).reshape(-1, w.shape[-1]), w, mode="llamacpp")  # noqa: E731
-    nm = lambda ref, got: metrics(ref, got)[0]                                                         # noqa: E731
-    out = []
-    for il, spec in enumerate(model.cfg.layers):
-        L = model.layer(il)
-        h = R[f"attn_norm-{il}"].reshape(T, -1)
-        if spec.attn == "gdn":
-            out += [(f"attn_qkv-{il}", nm(R[f"linear_attn_qkv_mixed-{il}"], mm(h, L.attn_qkv))),
-                    (f"attn_gate-{il}", nm(R[f"z-{il}"], mm(h, L.attn_gate))),
-                    (f"ssm_ba-{il}", nm(R[f"linear_attn_mixed_ba-{il}"], mm(h, L.ssm_ba))),
-                    (f"ssm_out-{il}", nm(R[f"linear_attn_out-{il}"], mm(R[f"final_output-{il}"], L.ssm_out)))]
-        else:
-            out += [(f"attn_q-{il}", nm(R[f"Qcur_full-{il}"], mm(h, L.attn_q))),
-                    (f"attn_output-{il}", nm(R[f"attn_output-{il}"], mm(R[f"attn_gated-{il}"], L.attn_output)))]
-        f = R[f"attn_post_norm-{il}"].reshape(T, -1)
-        out += [(f"ffn_gate_inp-{il}", nm(R[f"ffn_moe_logits-{il}"], mm(f, L.ffn_gate_inp))),
-                (f"ffn_up_shexp-{il}", nm(R[f"ffn_up-{il}"], mm(f, L.ffn_up_shexp))),
-                (f"ffn_gate_shexp-{il}", nm(R[f"ffn_gate-{il}"], mm(f, L.ffn_gate_shexp))),
-                (f"ffn_down_shexp-{il}", nm(R[f"ffn_shexp-{il}"], mm(R[f"ffn_swiglu-{il}"], L.ffn_down_shexp)))]
-        ids = R[f"ffn_moe_topk-{il}"].reshape(T, -1)
-        act = R[f"ffn_moe_swiglu-{il}"].reshape(T, ids.shape[1], -1)
-        for name, src, w in (("ffn_moe_up", f, L.ffn_up_exps), ("ffn_moe_gate", f, L.ffn_gate_exps),
-                             ("ffn_moe_down", None, L.ffn_down_exps)):
-            got = np.stack([np.stack([mm(src[t] if src is not None else act[t, a], w[int(ids[t, a])])[0]
-                                      for a in range(ids.shape[1])]) for t in range(T)])
-            out.append((f"{name}-{il}", nm(R[f"{name}-{il}"].reshape(got.shape), got)))
-    out.append(("output", nm(R["result_output"], mm(R["result_norm"], model.g.output))))
-    bad = [(n, e) for n, e in out if not e <= 1e-10]
-    assert not bad, f"qwen3next {wtype}: matmuls fed llama.cpp's input differ from llama.cpp's output: {bad}"
 
 
 # ---------------------------------------------------------------- without the oracle
