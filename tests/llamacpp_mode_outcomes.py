@@ -23,7 +23,7 @@ OUTCOMES = {
     "llama-Q2_K": "pass",
     "llama-IQ2_XXS": "pass",
     "llama-MXFP4": "pass",
-    "llama-F16": "pass",
+    "llama-F16": "proven-flip",        # logits 8.1e-8, a tensor over 1e-7: kqv_out-0 forced (18 f16 codes; noise predicts 14)
     "llama-BF16": "proven-flip",
     "qwen3moe-Q8_0": "pass",
     "qwen3moe-Q4_K": "pass",
@@ -31,7 +31,7 @@ OUTCOMES = {
     "qwen3moe-Q2_K": "proven-flip",
     "qwen3moe-IQ2_XXS": "pass",
     "qwen3moe-MXFP4": "pass",
-    "qwen3moe-F16": "pass",
+    "qwen3moe-F16": "proven-flip",     # logits 8.5e-8, a tensor over 1e-7: kqv_out-0 forced (20 f16 codes; noise predicts 24)
     "qwen3moe-BF16": "pass",
     "deepseek2-Q8_0": "pass",
     "deepseek2-Q4_K": "proven-flip",
@@ -57,7 +57,7 @@ OUTCOMES = {
     "kimi-k3-small-Q5_1": "pass",
     "kimi-k3-small-IQ4_NL": "pass",
     "kimi-k3-small-Q4_K": "pass",
-    "kimi-k3-small-Q6_K": "pass",
+    "kimi-k3-small-Q6_K": "proven-flip",   # logits 2.1e-10, kda_g2-3 1.1e-7: attn_norm-3 forced (1 Q8_K code)
     "kimi-k3-small-Q2_K": "pass",
     "quantize-moe-q2k": "pass",
 }
