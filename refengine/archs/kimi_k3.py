@@ -141,7 +141,7 @@ def load_globals(gf, cfg):
 
 def mla_table(il: int, mc: mla.MLAConfig) -> list[W]:
     """MLA's tensors as kimi-k3 loads them: attn_output.scale loaded and never applied (build_attn gets no wo_s,
-    kimi-k3.cpp:534; :559 multiplies by attn_output alone), then the output gate's."""
+    kimi-k3.cpp:534 and :549; :559 multiplies by attn_output alone), then the output gate's."""
     return mla.mla_table(il, mc, apply_output_scale=False) + mla_gate_table(il, mc)
 
 

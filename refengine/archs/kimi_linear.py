@@ -58,7 +58,7 @@ KDA_NAMES = {"f_a": "kda_f_a", "f_b": "g1 f_b(f_a(cur))", "g": "kda_g1", "beta_l
              "scan_out": "attn_output", "state": "new_state", "g_a": "kda_g_a", "gate": "g2 g_b(g_a(cur_2d))",
              "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
 # llama.cpp's path for legacy attn_kv_b files (kimi-linear.cpp:453-477), as `mla.mla` options: the per-head key is
-# built K = [k_pe | k_nope] (:476) against Q = [q_nope | q_pe], and Q, V, K are also named mla_Q, mla_V, mla_K.
+# built K = [k_pe | k_nope] (:477) against Q = [q_nope | q_pe], and Q, V, K are also named mla_Q, mla_V, mla_K.
 LEGACY_MLA_GRAPH = dict(k_parts=("rope", "nope"), names={"Q": ("Qcur", "mla_Q"), "K": ("Kcur", "mla_K"),
                                                          "V": ("Vcur_view", "Vcur_cont", "mla_V")})
 # kimi-linear.cpp:52-109: one attn_qkv or attn_q/k/v (create_tensor_qkv's two tries); ssm_a {1, H} (or {1,H,1,1})

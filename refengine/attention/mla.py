@@ -194,7 +194,7 @@ def mla_table(il: int, mc: MLAConfig, *, apply_output_scale: bool = True) -> lis
     attn_q.scale and every .input_scale are loaded by llama.cpp but never applied (deepseek2 multiplies
     by attn_q with a plain ggml_mul_mat), so they are accepted and ignored here as well.
     apply_output_scale: False for an arch whose graph loads attn_output.scale and never applies it (kimi-k3:
-    build_attn gets no wo_s, kimi-k3.cpp:534, and :559 multiplies by attn_output alone): the tensor is then
+    build_attn gets no wo_s, kimi-k3.cpp:534 and :549, and :559 multiplies by attn_output alone): the tensor is then
     loaded as `attn_output_scale_unapplied`, so `mla` finds no output scale.
     """
     p = f"blk.{il}."
@@ -235,7 +235,7 @@ def new_state(mc: MLAConfig, form: str | None = None, dtype=np.float32):
 
 # The points whose trace name differs between llama.cpp's MLA graphs, with deepseek2.cpp's names. An arch passes
 # `names` {point: the name, or the names, its graph gives that tensor} to replace some (kimi-linear's legacy
-# path also names the naive form's per-head tensors mla_Q / mla_K / mla_V, kimi-linear.cpp:454-477).
+# path also names the naive form's per-head tensors mla_Q / mla_K / mla_V, kimi-linear.cpp:455-478).
 NAMES = {
     "Q": "Qcur",                          # the attention's query: naive [T, H, dk], absorbed [T, H, C+R]
     "K": "Kcur",                          # its new keys: naive [T, H, dk], absorbed [T, 1, C+R]
@@ -323,7 +323,8 @@ def attn_temperature(pos, mc: MLAConfig) -> np.ndarray:
 
 def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, il, rec_form, dtype=np.float32,
                     q_temp=None, names=NAMES, k_parts=K_PARTS):
-    """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv]."""
+    """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv].
+    k_parts is not used: the one shared key is [c | k_pe]."""
     k_b, v_b = kv_b_heads(w, mc)
     q_nope_perm = q_nope.transpose(1, 0, 2)                                        # [T, H, dn] -> [H, T, dn]
     rt.record("q_nope_perm", il, q_nope_perm)
@@ -397,7 +398,7 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
         src/models/kimi-k3.cpp:552-557, traced `mla_gated`), or None.
     dtype: np.float32 (llama.cpp's arithmetic, every weight through `rt.matmul`) or np.float64 (tests).
     k_parts: the order of the naive form's per-head key parts, ("nope", "rope") the aligned one; ("rope", "nope")
-        reproduces a graph that builds K = [k_pe | k_nope] against Q = [q_nope | q_pe] (kimi-linear.cpp:476,
+        reproduces a graph that builds K = [k_pe | k_nope] against Q = [q_nope | q_pe] (kimi-linear.cpp:477,
         its legacy attn_kv_b path). The absorbed form has one shared key [c | k_pe] and ignores it.
     names: {point: name(s)} replacing entries of `NAMES` (the arch's graph's trace names).
     The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded; the output
