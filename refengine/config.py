@@ -41,12 +41,6 @@ class LayerSpec:
                               # attention.dsa.DSAConfig carries its MLA and its indexer, full or shared)
     moe: object = None        # moe.block.MoEConfig of a MoE layer
 
-    @property
-    def indexer(self):
-        """A "dsa" layer's IndexerConfig (`attn_cfg.indexer`), else None: a read-only view for the readers
-        that have not moved to `attn_cfg` yet (tests/test_cpu_kernels.py, tests/test_vs_llamacpp.py)."""
-        return self.attn_cfg.indexer if self.attn == "dsa" else None
-
 
 # Keys that change the math of other archs but that llama.cpp's llama / qwen3moe loaders never read.
 LLAMA_IGNORED_MATH_KEYS = (
