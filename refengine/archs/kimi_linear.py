@@ -55,7 +55,7 @@ KDA_NAMES = {"f_a": "kda_f_a", "f_b": "g1 f_b(f_a(cur))", "g": "kda_g1", "beta_l
              "scan_out": "attn_output", "state": "new_state", "g_a": "kda_g_a", "gate": "g2 g_b(g_a(cur_2d))",
              "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
 MOE_TENSORS = MoETensors(
-    probs_bias="optional",     # exp_probs_b.bias read by build_moe_ffn (kimi-linear.cpp:512-523)
+    probs_bias="required",     # exp_probs_b created with flags 0 (kimi-linear.cpp:164)
     apply_scales=False)        # build_moe_ffn and the shared build_ffn get no `.scale` (kimi-linear.cpp:512-532)
 # kimi-linear.cpp:52-109: one attn_qkv or attn_q/k/v (create_tensor_qkv's two tries); ssm_a {1, H} (or {1,H,1,1})
 KDA_TENSORS = dict(fused_qkv=True, ssm_a_shape=lambda H: (H, 1))
