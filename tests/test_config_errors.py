@@ -131,6 +131,8 @@ REQUIRED = [
     ("kimi-linear", "output", dict(drop_tensors=("output.weight",)), "MissingTensorError", r"output\.weight"),
     ("kimi-linear", "conv-k", dict(drop_tensors=("blk.1.ssm_conv1d_k.weight",)), "MissingTensorError",
      r"blk\.1\.ssm_conv1d_k\.weight"),
+    ("kimi-linear", "exp-probs-b", dict(drop_tensors=("blk.1.exp_probs_b.bias",)), "MissingTensorError",
+     r"blk\.1\.exp_probs_b\.bias"),                # created with flags 0 (kimi-linear.cpp:164)
     ("kimi-k3", "res-block-size", dict(drop_keys=("kimi-k3.attn_res.block_size",)), "MissingKeyError",
      r"kimi-k3\.attn_res\.block_size"),
     ("kimi-k3", "situ-beta", dict(drop_keys=("kimi-k3.activation.situ_beta",)), "MissingKeyError",

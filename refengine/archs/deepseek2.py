@@ -22,15 +22,19 @@ from __future__ import annotations
 from functools import partial
 
 from ..attention import mla
-from ..moe.block import GATING_IDS
+from ..moe.block import GATING_IDS, MoETensors
 from . import deepseek_family as family
-from .deepseek_family import ROPE_TYPE, embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, new_state, rope_for  # noqa: F401
 from .deepseek2_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek2"
 ATTN_FORMS = mla.FORMS     # absorbed (llama.cpp's for MLA files) and naive: Model.new_state(attn_form)
 DEVICE_PATH = False         # MLA layers: `--backend cuda` runs op by op (matmuls and expert dispatch on the GPU)
 FFN_SCALES = False          # FFN / expert / shared `.scale`: loaded, not applied (deepseek2.cpp:647-651, :655-678)
+MOE_TENSORS = MoETensors(
+    probs_bias="optional",      # exp_probs_b created TENSOR_NOT_REQUIRED (deepseek2.cpp:124-158)
+    fused_gate_up=True,         # a fused ffn_gate_up_exps is created when the file has one (deepseek2.cpp:124-158)
+    apply_scales=False)         # build_moe_ffn / the shared build_ffn get no `.scale` (deepseek2.cpp:655-678)
 
 MATMUL_INPUTS = family.matmul_inputs([
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q_a.weight", "blk.{il}.attn_q.weight", "blk.{il}.attn_kv_a_mqa.weight"]),
@@ -53,6 +57,7 @@ def gating_id(r, n_layer_all: int, n_vocab: int) -> int:
 
 
 # mla_config's defaults are deepseek2's (the lite rule, legacy attn_kv_b files, temperature, mscale special case).
-config_from_gguf = partial(family.config_from_gguf, ARCH, gating_id=gating_id, mla_options={}, ffn_scales=FFN_SCALES,
-                           fused_gate_up=True, ignored_keys=IGNORED_MATH_KEYS)
-block = partial(family.block, ffn_scales=FFN_SCALES)
+config_from_gguf = partial(family.config_from_gguf, ARCH, gating_id=gating_id, mla_options={},
+                           ignored_keys=IGNORED_MATH_KEYS)
+load_layer = partial(family.load_layer, moe_tensors=MOE_TENSORS)
+block = partial(family.block, ffn_scales=FFN_SCALES, moe_tensors=MOE_TENSORS)

@@ -28,8 +28,9 @@ from functools import partial
 from ..attention import mla
 from ..attention.dsa_indexer import indexer_configs
 from ..config import ROPE_NEOX
+from ..moe.block import MoETensors
 from . import deepseek_family as family
-from .deepseek_family import ROPE_TYPE, embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, new_state, rope_for  # noqa: F401
 from .deepseek32_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek32"
@@ -38,6 +39,9 @@ INDEXER_K_NORM_EPS = 1e-6      # hparams.f_norm_eps, hard-coded (deepseek32.cpp:
 ATTN_FORMS = mla.FORMS         # absorbed (llama.cpp's) and naive: Model.new_state(attn_form)
 DEVICE_PATH = False            # MLA layers: `--backend cuda` runs op by op
 FFN_SCALES = True              # the FFN / expert / shared `.scale` tensors are applied (deepseek32.cpp:417-449)
+MOE_TENSORS = MoETensors(
+    probs_bias="optional",         # exp_probs_b TENSOR_NOT_REQUIRED, gate and up separate (deepseek32.cpp:107-139)
+    apply_scales=True)             # the experts' and shared experts' `.scale` are applied (deepseek32.cpp:417-449)
 # mla_config: q_lora_rank and key/value_length_mla required, no attention.temperature_*, no mscale special case
 MLA_OPTIONS = dict(lite_rule=False, require_mla=True, mscale_is_log_mul=False, temperature=False)
 
@@ -62,6 +66,6 @@ def indexers(r, common: dict) -> list:
 
 
 config_from_gguf = partial(family.config_from_gguf, ARCH, gating_id=gating_id, mla_options=MLA_OPTIONS,
-                           ffn_scales=FFN_SCALES, fused_gate_up=False, indexers=indexers,
-                           ignored_keys=IGNORED_MATH_KEYS)
-block = partial(family.block, ffn_scales=FFN_SCALES)
+                           indexers=indexers, ignored_keys=IGNORED_MATH_KEYS)
+load_layer = partial(family.load_layer, moe_tensors=MOE_TENSORS)
+block = partial(family.block, ffn_scales=FFN_SCALES, moe_tensors=MOE_TENSORS)

@@ -32,7 +32,7 @@ from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, check_experts
 from ..errors import ConfigError
 from ..ffn import dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
-from ..moe.block import GATING, MoEConfig, ffn_sublayer, moe_table
+from ..moe.block import GATING, MoEConfig, MoETensors, ffn_sublayer, moe_matmul_inputs, moe_table
 from ..ops import rms_norm
 from ..ops.rope import context_rope
 from ..weights import load_tensors, norm_table
@@ -47,10 +47,7 @@ def matmul_inputs(attention_rows: list) -> list:
         (r"q_nope_perm-(\d+)", ["blk.{il}.attn_k_b.weight"]),
         (r"kqv-(\d+)", ["blk.{il}.attn_v_b.weight"]),
         (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
-        (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight",
-                             "blk.{il}.ffn_up_shexp.weight"]),
-        (r"ffn_swiglu-(\d+)", ["blk.{il}.ffn_down.weight", "blk.{il}.ffn_down_shexp.weight"]),
-        (r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
+        *moe_matmul_inputs(dense=True, shared=True),
         (r"result_norm", ["output.weight", "token_embd.weight"]),
     ]
 
@@ -66,7 +63,7 @@ DSA_MATMUL_INPUTS = matmul_inputs([
 
 # ---------------------------------------------------------------- config
 
-def deepseek_moe_layers(r: KeyReader, common: dict, gating: str, *, scales: bool, fused_gate_up: bool) -> list:
+def deepseek_moe_layers(r: KeyReader, common: dict, gating: str) -> list:
     """Per trunk layer: None (dense FFN) or the MoEConfig of DeepSeek's MoE FFN (routed + shared experts), from
     leading_dense_block_count, expert_feed_forward_length (required), expert_used_count, expert_shared_count
     (required), expert_weights_scale, expert_weights_norm, the group keys; `gating` already resolved by the arch.
@@ -88,18 +85,17 @@ def deepseek_moe_layers(r: KeyReader, common: dict, gating: str, *, scales: bool
             n_expert=E, n_expert_used=int(n_used[il]), n_ff_exp=int(n_ff_exp[il]), gating=gating,
             norm_w=bool(r.get("expert_weights_norm", False)), w_scale=float(r.get("expert_weights_scale", 0.0)),
             n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"], n_shared=n_shared,
-            n_ff_shexp=int(n_ff_exp[il]) * n_shared, probs_bias=True, fused_gate_up=fused_gate_up, scales=scales))
+            n_ff_shexp=int(n_ff_exp[il]) * n_shared))
     return out
 
 
-def config_from_gguf(arch: str, gf, *, gating_id, mla_options: dict, ffn_scales: bool, fused_gate_up: bool,
-                     ignored_keys: tuple, indexers=None) -> ModelConfig:
+def config_from_gguf(arch: str, gf, *, gating_id, mla_options: dict, ignored_keys: tuple,
+                     indexers=None) -> ModelConfig:
     """The member's ModelConfig: one LayerSpec per trunk layer (the `nextn_predict_layers` MTP blocks after it
     are counted in per-layer keys, not run).
 
     gating_id(r, n_layer_all, n_vocab) -> the expert_gating_func value (the arch's rule for a missing key);
-    mla_options: `mla.mla_config`'s switches; ffn_scales: the FFN / expert / shared `.scale` tensors are applied;
-    fused_gate_up: a fused ffn_gate_up_exps is accepted; ignored_keys: math keys of other archs, warned about;
+    mla_options: `mla.mla_config`'s switches; ignored_keys: math keys of other archs, warned about;
     indexers(r, common) -> one IndexerConfig per trunk layer (the DSA members; None: plain MLA layers).
     """
     r = KeyReader(gf, arch)
@@ -110,7 +106,7 @@ def config_from_gguf(arch: str, gf, *, gating_id, mla_options: dict, ffn_scales:
     func = gating_id(r, L_all, n_vocab)
     if func not in GATING:
         raise ConfigError(f"{gf.path}: {arch}.expert_gating_func = {func} is not one of {sorted(GATING)}")
-    moes = deepseek_moe_layers(r, common, GATING[func], scales=ffn_scales, fused_gate_up=fused_gate_up)
+    moes = deepseek_moe_layers(r, common, GATING[func])
     n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
     mc = mla.mla_config(r, **{**common, "n_layer": L_all}, n_head=n_head[0], **mla_options)
     ics = [None] * L if indexers is None else indexers(r, common)
@@ -134,14 +130,15 @@ def load_globals(gf, cfg):
 ATTENTION = {"mla": (mla.mla_table, mla.new_state), "dsa": (dsa.dsa_table, dsa.new_state)}
 
 
-def load_layer(gf, cfg, il: int):
-    """Norms, MLA's tensors and (a "dsa" layer) the indexer's, then the dense FFN or the MoE block's."""
+def load_layer(gf, cfg, il: int, *, moe_tensors: MoETensors):
+    """Norms, MLA's tensors and (a "dsa" layer) the indexer's, then the dense FFN or the MoE block's (which the
+    member's loader accepts or requires: moe_tensors)."""
     spec = cfg.layers[il]
     table = norm_table(il, "attn_norm", "ffn_norm") + ATTENTION[spec.attn][0](il, spec.attn_cfg)
     if spec.ffn == "dense":
         table += dense_ffn_table(il, lambda c, s: s.n_ff)   # .scale applied or not: the arch's ffn_scales
     else:
-        table += moe_table(gf, il, spec.moe)
+        table += moe_table(gf, il, spec.moe, moe_tensors)
     return load_tensors(gf, table, cfg, spec, il)
 
 
@@ -165,9 +162,9 @@ def embed(g, cfg, step, rt):
     return embed_tokens(g, step.tokens, rt)                              # [T, D]
 
 
-def block(x, w, *, cfg, il, state, step, rt, ffn_scales: bool):
-    """x [T, D] -> [T, D]. ffn_scales: the dense FFN applies its `.scale` tensors (an MoE layer follows its
-    MoEConfig.scales, read with the same rule)."""
+def block(x, w, *, cfg, il, state, step, rt, ffn_scales: bool, moe_tensors: MoETensors):
+    """x [T, D] -> [T, D]. ffn_scales: the dense FFN applies its `.scale` tensors; moe_tensors: the member's
+    MoETensors (an MoE layer's `.scale` tensors apply by its apply_scales)."""
     spec = cfg.layers[il]
     cos, sin = step.memo("rope", lambda: rope_for(cfg, step.g, step.pos, step.n_ctx))    # [T, R/2]
     h = rms_norm(x, w.attn_norm, cfg.rms_eps)
@@ -178,7 +175,7 @@ def block(x, w, *, cfg, il, state, step, rt, ffn_scales: bool):
         a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt)
     x = x + a
     rt.record("ffn_inp", il, x)
-    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, dense_scales=ffn_scales)
+    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=moe_tensors, dense_scales=ffn_scales)
 
 
 def head(x, g, cfg, rt):

@@ -35,9 +35,9 @@ from functools import partial
 from ..attention import mla
 from ..attention.dsa_indexer import indexer_configs
 from ..config import ROPE_NORM, KeyReader
-from ..moe.block import GATING_IDS
+from ..moe.block import GATING_IDS, MoETensors
 from . import deepseek_family as family
-from .deepseek_family import ROPE_TYPE, embed, head, load_globals, load_layer, new_state, rope_for  # noqa: F401
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, new_state, rope_for  # noqa: F401
 from .glm_dsa_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "glm-dsa"
@@ -50,6 +50,9 @@ GLM_5_2_MIN_CONTEXT = 1048576  # context_length below this: GLM-5 / 5.1, every l
 ATTN_FORMS = mla.FORMS         # absorbed (llama.cpp's) and naive: Model.new_state(attn_form)
 DEVICE_PATH = False            # MLA layers: `--backend cuda` runs op by op
 FFN_SCALES = True              # the FFN / expert / shared `.scale` tensors are applied (as deepseek32.cpp:417-449)
+MOE_TENSORS = MoETensors(
+    probs_bias="optional",         # exp_probs_b TENSOR_NOT_REQUIRED, gate and up separate (glm-dsa.cpp:110-173)
+    apply_scales=True)             # the experts' and shared experts' `.scale` are applied (as deepseek32.cpp:417-449)
 # mla_config: as deepseek32's, and rope.scaling.yarn_log_multiplier is not read either
 MLA_OPTIONS = dict(lite_rule=False, require_mla=True, read_yarn_log_mul=False, mscale_is_log_mul=False,
                    temperature=False)
@@ -89,6 +92,6 @@ def indexers(r, common: dict) -> list:
 
 
 config_from_gguf = partial(family.config_from_gguf, ARCH, gating_id=gating_id, mla_options=MLA_OPTIONS,
-                           ffn_scales=FFN_SCALES, fused_gate_up=False, indexers=indexers,
-                           ignored_keys=IGNORED_MATH_KEYS)
-block = partial(family.block, ffn_scales=FFN_SCALES)
+                           indexers=indexers, ignored_keys=IGNORED_MATH_KEYS)
+load_layer = partial(family.load_layer, moe_tensors=MOE_TENSORS)
+block = partial(family.block, ffn_scales=FFN_SCALES, moe_tensors=MOE_TENSORS)

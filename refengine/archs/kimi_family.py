@@ -66,11 +66,10 @@ class HybridKeys:
 
     def moe_sizes(self, il: int) -> dict:
         """MoEConfig's fields both archs set alike for MoE block il: the shared experts are created with
-        n_ff_exp * max(n_shared, 1) (kimi-linear.cpp:146-152, kimi-k3.cpp:161-164), exp_probs_b is read."""
+        n_ff_exp * max(n_shared, 1) (kimi-linear.cpp:146-152, kimi-k3.cpp:161-164)."""
         n_ff_exp = int(self.n_ff_exp[il])
         return dict(n_expert=self.common["n_expert"], n_expert_used=int(self.n_used[il]), n_ff_exp=n_ff_exp,
-                    gating=self.gating, n_ff_shexp=n_ff_exp * max(self.n_shared, 1), probs_bias=True,
-                    fused_gate_up=False, scales=False)
+                    gating=self.gating, n_ff_shexp=n_ff_exp * max(self.n_shared, 1))
 
 
 def read_keys(gf, arch: str) -> HybridKeys:
@@ -123,10 +122,11 @@ def load_globals(gf, cfg, arch: str):
     return _load_globals(gf, cfg, rope_factor_tensors=False)
 
 
-def layer_table(gf, cfg, il: int, *, norms: tuple[str, ...], kda_tensors: dict, mla_table, moe_table) -> list[W]:
+def layer_table(gf, cfg, il: int, *, norms: tuple[str, ...], kda_tensors: dict, mla_table, moe_table,
+                moe_tensors) -> list[W]:
     """Block il's tensors: the [D] vectors `norms`, the KDA layer (`kda.kda_table` with the arch's layout
     options `kda_tensors`) or the arch's `mla_table(il, mc)`, then the dense FFN (its .scale loaded, not applied:
-    build_ffn gets NULL) or the arch's `moe_table(gf, il, moe_cfg)`."""
+    build_ffn gets NULL) or the arch's `moe_table(gf, il, moe_cfg, moe_tensors)` (moe_tensors: its MoETensors)."""
     spec = cfg.layers[il]
     table = norm_table(il, *norms)
     if spec.attn == "kda":
@@ -136,7 +136,7 @@ def layer_table(gf, cfg, il: int, *, norms: tuple[str, ...], kda_tensors: dict, 
     if spec.ffn == "dense":
         table += dense_ffn_table(il, lambda c, s: s.n_ff)
     else:
-        table += moe_table(gf, il, spec.moe)
+        table += moe_table(gf, il, spec.moe, moe_tensors)
     return table
 
 

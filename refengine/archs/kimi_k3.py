@@ -34,7 +34,7 @@ from ..config import COUNT0, FLOAT, POSITIVE, KeyReader, ModelConfig
 from ..errors import ConfigError
 from ..ffn.dense import situ_ffn
 from ..globals import embed_tokens, rms_head
-from ..moe.block import MoEConfig
+from ..moe.block import MoEConfig, MoETensors
 from ..moe.latent import latent_moe, latent_moe_table
 from ..ops import rms_norm
 from ..residual import ResidualStream, res_mix
@@ -70,6 +70,9 @@ IGNORED_MATH_KEYS = fam.IGNORED_MATH_KEYS + ("expert_group_count", "expert_group
 KDA_NAMES = {"q_conv": "kda_q_conv", "k_conv": "kda_k_conv", "v_conv": "kda_v_conv", "f_a": "kda_f_a",
              "g": "kda_g1", "beta": "kda_beta", "scan_out": ("attn_output", "kda_scan_out"), "state": "new_state",
              "gate_heads": "kda_g2", "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
+MOE_TENSORS = MoETensors(
+    probs_bias="required",     # exp_probs_b created with flags 0 (kimi-k3.cpp:147)
+    apply_scales=False)        # build_moe_ffn gets no `.scale` (kimi-k3.cpp:584-596)
 # kimi-k3.cpp:82-105: attn_q/k/v required (the graph never reads attn_qkv); ssm_a exactly {H}
 KDA_TENSORS = dict(fused_qkv=False, ssm_a_shape=lambda H: (H,))
 
@@ -116,7 +119,7 @@ def config_from_gguf(gf) -> K3Config:
     lbeta = float(r.get("activation.situ_linear_beta", required=True, kind=FLOAT))
     moe = lambda il: MoEConfig(**k.moe_sizes(il), norm_w=bool(r.get("expert_weights_norm", False)),  # noqa: E731
                                w_scale=float(r.get("expert_weights_scale", 0.0)), n_shared=k.n_shared,
-                               probs_bias_required=True, act="situ", situ_beta=beta, situ_linear_beta=lbeta,
+                               act="situ", situ_beta=beta, situ_linear_beta=lbeta,
                                n_latent=latent)
     layers = fam.layer_specs(k, kda_cfg=kc, mla_cfg=lambda il: _mla_config(r, gf, k.common, k.n_head, il),
                              moe_cfg=moe)
@@ -158,7 +161,7 @@ def load_layer(gf, cfg, il: int):
     res = ("attn_res_score", "ffn_res_score") if cfg.res_bs > 0 else ()         # kimi-k3.cpp:73-76
     return fam.load_layer(gf, cfg, il, norms=("attn_norm", "ffn_norm") + res, kda_tensors=KDA_TENSORS,
                           mla_table=mla_table,
-                          moe_table=latent_moe_table)
+                          moe_table=latent_moe_table, moe_tensors=MOE_TENSORS)
 
 
 # ---------------------------------------------------------------- forward
@@ -189,7 +192,7 @@ def block(x: ResidualStream, w, *, cfg, il, state, step, rt) -> ResidualStream:
     if spec.ffn == "dense":
         y = situ_ffn(f, w, beta=cfg.situ_beta, linear_beta=cfg.situ_linear_beta, rt=rt)
     else:
-        y = latent_moe(f, w, mc=spec.moe, spec=spec, eps=eps, il=il, rt=rt)
+        y = latent_moe(f, w, mc=spec.moe, tensors=MOE_TENSORS, spec=spec, eps=eps, il=il, rt=rt)
     rt.record("ffn_out", il, y)
     ps = ps + y
     rt.record("l_out", il, ps)

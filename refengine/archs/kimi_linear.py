@@ -28,7 +28,7 @@ from ..attention import mla
 from ..config import KeyReader, ModelConfig
 from ..errors import ConfigError
 from ..globals import embed_tokens, rms_head
-from ..moe.block import MoEConfig, ffn_sublayer, moe_table
+from ..moe.block import MoEConfig, MoETensors, ffn_sublayer, moe_matmul_inputs, moe_table
 from . import kimi_family as fam
 from .kimi_family import ATTN_FORMS, ROPE_TYPE, new_state  # noqa: F401  (the arch contract)
 from .kimi_linear_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
@@ -42,10 +42,7 @@ MATMUL_INPUTS = [
                           "blk.{il}.ssm_g_a.weight", "blk.{il}.attn_kv_a_mqa.weight"]),
     *fam.MLA_INPUTS,
     (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
-    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight",
-                         "blk.{il}.ffn_up_shexp.weight"]),
-    (r"ffn_swiglu-(\d+)", ["blk.{il}.ffn_down.weight", "blk.{il}.ffn_down_shexp.weight"]),
-    (r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
+    *moe_matmul_inputs(dense=True, shared=True),
     (r"result_norm", ["output.weight"]),
 ]
 
@@ -61,6 +58,9 @@ KDA_NAMES = {"f_a": "kda_f_a", "f_b": "g1 f_b(f_a(cur))", "g": "kda_g1", "beta_l
 # built K = [k_pe | k_nope] (:477) against Q = [q_nope | q_pe], and Q, V, K are also named mla_Q, mla_V, mla_K.
 LEGACY_MLA_GRAPH = dict(k_parts=("rope", "nope"), names={"Q": ("Qcur", "mla_Q"), "K": ("Kcur", "mla_K"),
                                                          "V": ("Vcur_view", "Vcur_cont", "mla_V")})
+MOE_TENSORS = MoETensors(
+    probs_bias="required",     # exp_probs_b created with flags 0 (kimi-linear.cpp:164)
+    apply_scales=False)        # build_moe_ffn and the shared build_ffn get no `.scale` (kimi-linear.cpp:512-532)
 # kimi-linear.cpp:52-109: one attn_qkv or attn_q/k/v (create_tensor_qkv's two tries); ssm_a {1, H} (or {1,H,1,1})
 KDA_TENSORS = dict(fused_qkv=True, ssm_a_shape=lambda H: (H, 1))
 
@@ -110,7 +110,7 @@ def load_globals(gf, cfg):
 def load_layer(gf, cfg, il: int):
     # MLA: plain attn_q (q_lora_rank 0); MoE: moe.block's table (exp_probs_b, the shared experts)
     return fam.load_layer(gf, cfg, il, norms=("attn_norm", "ffn_norm"), kda_tensors=KDA_TENSORS,
-                          mla_table=mla.mla_table, moe_table=moe_table)
+                          mla_table=mla.mla_table, moe_table=moe_table, moe_tensors=MOE_TENSORS)
 
 
 # ---------------------------------------------------------------- forward
@@ -128,7 +128,7 @@ def block(x, w, *, cfg, il, state, step, rt):
     x = x + fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES,
                           mla_graph=LEGACY_MLA_GRAPH if legacy else None)
     rt.record("ffn_inp", il, x)
-    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, dense_scales=False)
+    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=MOE_TENSORS, dense_scales=False)
 
 
 def head(x, g, cfg, rt):

@@ -18,6 +18,7 @@ Experts (Mixtral files) are sized by feed_forward_length and may omit ffn_gate_e
 from __future__ import annotations
 
 from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NORM
+from ..moe.block import MoETensors, moe_matmul_inputs
 from .llama_family import Variant
 
 ARCH = "llama"
@@ -25,15 +26,13 @@ ROPE_TYPE = ROPE_NORM
 DEVICE_PATH = True          # refengine.cuda runs the whole forward of this arch's layer kinds (mha + dense/moe)
 
 LLAMA = Variant(arch=ARCH, rope_type=ROPE_TYPE, ignored_keys=LLAMA_IGNORED_MATH_KEYS,
-                moe_quirks=dict(gate_exps_required=False))
+                moe_tensors=MoETensors(optional_gate=True))   # ffn_gate_exps TENSOR_NOT_REQUIRED (models/llama.cpp)
 
 # llama.cpp graph tensor that is the input of a quantized matmul -> the GGUF weights it multiplies (refengine.flips)
 MATMUL_INPUTS = [
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
     (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
-    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up.weight", "blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight"]),
-    (r"ffn_swiglu-(\d+)", ["blk.{il}.ffn_down.weight"]),
-    (r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
+    *moe_matmul_inputs(dense=True, shared=False),
     (r"result_norm", ["output.weight", "token_embd.weight"]),
 ]
 

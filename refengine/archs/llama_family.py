@@ -19,7 +19,7 @@ loads them, NORM or NEOX pairs by the member's rope type, YaRN from the context 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from .. import synthplan as sp
@@ -30,7 +30,7 @@ from ..config import (KeyReader, LayerSpec, ModelConfig, check_experts, check_gq
 from ..errors import ConfigError
 from ..ffn import dense_ffn, dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head, rope_factors
-from ..moe.block import MoEConfig, moe_block, moe_table
+from ..moe.block import MoEConfig, MoETensors, moe_block, moe_table
 from ..ops import rms_norm
 from ..ops.rope import context_rope
 from ..weights import load_tensors, norm_table
@@ -89,7 +89,7 @@ class Variant:
     linear_layers: Callable | None = None   # (reader, L, L_all) -> per block True = gated DeltaNet
     shared_expert: bool = False         # one shared expert sized by expert_shared_feed_forward_length (else
                                         # feed_forward_length), its output gated by sigmoid(h @ ffn_gate_inp_shexp)
-    moe_quirks: dict = field(default_factory=dict)   # further MoEConfig fields (tensors the loader accepts)
+    moe_tensors: MoETensors = MoETensors()   # which MoE tensors the loader accepts / requires (moe/block.py)
     # -- tensors
     rope_factor_tensors: bool = True    # rope_freqs / rope_factors_long|short loaded (get_rope_factors)
     qk_norm: bool = False               # attn_q_norm / attn_k_norm [K]: per-head RMS norms before RoPE
@@ -131,7 +131,7 @@ class Variant:
             if E > 0:
                 moe = MoEConfig(n_expert=E, n_expert_used=n_used[il], n_ff_exp=n_ff_exp[il],
                                 n_groups=common["n_expert_groups"], n_group_used=common["n_group_used"],
-                                **shexp, **self.moe_quirks)
+                                **shexp)
             layers.append(LayerSpec(attn="gdn" if linear[il] else "mha", ffn="moe" if moe else "dense",
                                     n_head=int(n_head[il]), n_head_kv=int(n_head_kv[il]), n_ff=n_ff[il],
                                     n_ff_exp=n_ff_exp[il] if moe else 0, n_expert_used=n_used[il],
@@ -154,7 +154,10 @@ class Variant:
             table += gdn.gdn_table(gf, il, spec.attn_cfg)
         else:
             table += gqa.gqa_table(gf, il, out_bias=self.out_bias, qk_norm=self.qk_norm, q_gate=self.q_gate)
-        table += dense_ffn_table(il, lambda c, s: s.n_ff) if spec.ffn == "dense" else moe_table(gf, il, spec.moe)
+        if spec.ffn == "dense":
+            table += dense_ffn_table(il, lambda c, s: s.n_ff)
+        else:
+            table += moe_table(gf, il, spec.moe, self.moe_tensors)
         return load_tensors(gf, table, cfg, spec, il)
 
     def new_state(self, cfg, attn_form: str | None = None) -> list:
@@ -197,7 +200,7 @@ class Variant:
             f = dense_ffn(h, w, il=il, rt=rt)
             rt.record("ffn_out", il, f)       # llama.cpp then renames the residual sum to l_out
         else:
-            f = moe_block(h, w, mc=spec.moe, spec=spec, il=il, rt=rt)
+            f = moe_block(h, w, mc=spec.moe, tensors=self.moe_tensors, spec=spec, il=il, rt=rt)
         x = x + f
         for name in self.trace_l_out:
             rt.record(name, il, x)

@@ -15,6 +15,7 @@ Experts are sized by expert_feed_forward_length, else feed_forward_length / expe
 from __future__ import annotations
 
 from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX
+from ..moe.block import moe_matmul_inputs
 from .llama_family import Variant
 
 ARCH = "qwen3moe"
@@ -30,8 +31,7 @@ QWEN3MOE = Variant(arch=ARCH, rope_type=ROPE_TYPE, ignored_keys=LLAMA_IGNORED_MA
 MATMUL_INPUTS = [
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
     (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
-    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight"]),
-    (r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
+    *moe_matmul_inputs(dense=False, shared=False),
     (r"result_norm", ["output.weight", "token_embd.weight"]),
 ]
 

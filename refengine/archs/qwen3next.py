@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..attention import gated_deltanet as gdn
 from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX, Key, KeyReader
+from ..moe.block import MoETensors
 from .llama_family import Variant, check_kv_dims
 from .qwen3next_synth import PRESETS, synth_metadata, synth_plan  # noqa: F401  (refengine.synth)
 
@@ -63,7 +64,8 @@ QWEN3NEXT = Variant(
     arch=ARCH, rope_type=ROPE_TYPE, ignored_keys=IGNORED_MATH_KEYS,
     expert_ff_length=True, experts_required=True,                        # "cannot have zero experts" (:34-36)
     check_dims=check_kv_dims,                                            # rope on the first n_rot dims only
-    linear_layers=layer_kinds, shared_expert=True, moe_quirks=dict(fused_gate_up=True),
+    linear_layers=layer_kinds, shared_expert=True,
+    moe_tensors=MoETensors(fused_gate_up=True),    # a fused ffn_gate_up_exps is accepted (qwen3next.cpp:31-129)
     rope_factor_tensors=False, qk_norm=True, out_bias=False, q_gate=True,
     ffn_norm="post_attention_norm", mtp_skipped=True,
     trace_embd="model.embed_tokens", trace_attn_out="attn_output", trace_ffn_inp="attn_residual",

@@ -12,8 +12,10 @@ The expert activation is SwiGLU, or Kimi-K3's SiTU (`MoEConfig.act`, `ffn_moe_si
 routing + experts half on its own, for blocks that compute the logits elsewhere (moe/latent.py: the router
 reads the full-width input, the experts a down-projected one).
 
-`MoEConfig` holds every switch of the block, each read from a named GGUF key by the arch; the tables
-name the tensors (`ffn_gate_exps` or the fused `ffn_gate_up_exps`, optional per-expert `.scale`).
+`MoEConfig` holds the routing and expert math, each field read from a named GGUF key by the arch (or fixed
+by its graph). `MoETensors` holds what the arch's llama.cpp loader does with the block's tensors (which it
+accepts, which it requires) and whether its graph applies the loaded `.scale` tensors: loader facts the arch
+passes as data to `moe_table` and to the block, each citing its line.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ GATING_IDS = {v: k for k, v in GATING_NAMES.items()}
 
 @dataclass(frozen=True)
 class MoEConfig:
+    """The routing and the experts' math of one MoE layer."""
     n_expert: int               # expert_count
     n_expert_used: int          # expert_used_count (scalar or per layer)
     n_ff_exp: int               # expert_feed_forward_length
@@ -43,34 +46,52 @@ class MoEConfig:
     n_group_used: int = 0       # expert_group_used_count
     n_shared: int = 0           # expert_shared_count
     n_ff_shexp: int = 0         # hidden size of the shared experts (n_ff_exp * n_shared for deepseek2)
-    gate_exps_required: bool = True   # llama (Mixtral files) may omit ffn_gate_exps (then act = silu(up))
-    probs_bias: bool = False    # the arch's loader accepts blk.N.exp_probs_b.bias (selection bias)
-    fused_gate_up: bool = False  # the arch's loader accepts a fused blk.N.ffn_gate_up_exps.weight
-    scales: bool = True         # apply the optional per-expert / shared-expert `.scale` tensors (deepseek2's
-                                # graph loads them but passes none to build_moe_ffn / build_ffn)
     act: str = "silu"           # expert activation: "silu" (SwiGLU) | "situ" (Kimi-K3, ops.activations.situ)
     situ_beta: float = 0.0      # activation.situ_beta (act = "situ")
     situ_linear_beta: float = 0.0   # activation.situ_linear_beta (<= 0: the up branch is not capped)
     n_latent: int = 0           # expert_latent_length: routed experts run at this width (0: at D; moe/latent.py)
-    probs_bias_required: bool = False   # exp_probs_b.bias must be present (kimi-k3 creates it without NOT_REQUIRED)
     shexp_gate: bool = False    # the shared experts' output is scaled by sigmoid(h @ ffn_gate_inp_shexp) [T, 1]
                                 # (qwen3next.cpp:597-607)
 
 
-def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
-    """Router, routed experts (separate or fused gate+up), optional per-expert scales, exp_probs_b, shared experts."""
+PROBS_BIAS = ("absent", "optional", "required")     # MoETensors.probs_bias
+
+
+@dataclass(frozen=True)
+class MoETensors:
+    """What one arch's llama.cpp loader does with the MoE block's tensors, and whether its graph applies the
+    loaded `.scale` tensors: not math (the routing is the same whichever an arch has). The defaults are the plain
+    block's; an arch states what differs, citing the create_tensor / build_moe_ffn line of its llama.cpp file."""
+    optional_gate: bool = False     # ffn_gate_exps is created TENSOR_NOT_REQUIRED (llama.cpp's llama loader, for
+                                    # Mixtral files without it: the graph then runs act = silu(up))
+    probs_bias: str = "absent"      # exp_probs_b.bias: "absent" (not created: a file's copy is an unused tensor),
+                                    # "optional" (created TENSOR_NOT_REQUIRED) | "required" (created with flags 0)
+    fused_gate_up: bool = False     # the loader creates a fused ffn_gate_up_exps when the file has one (the graph
+                                    # views one mul_mat_id result, llama-graph.cpp:2183-2201), else gate and up
+    apply_scales: bool = True       # the experts' and shared experts' `.scale` (loaded by the generic pass,
+                                    # llama-model.cpp:1634-1773) reach build_moe_ffn / build_ffn; False: passed NULL
+
+    def __post_init__(self):
+        if self.probs_bias not in PROBS_BIAS:
+            raise ValueError(f"MoETensors.probs_bias {self.probs_bias!r} is not one of {', '.join(PROBS_BIAS)}")
+
+
+def moe_table(gf, il: int, mc: MoEConfig, tensors: MoETensors) -> list[W]:
+    """Router, routed experts (separate or fused gate+up), optional per-expert scales, exp_probs_b, shared experts;
+    which of them the loader accepts or requires: `tensors`."""
     p = f"blk.{il}."
     E, F = (lambda c, s: mc.n_expert), (lambda c, s: mc.n_ff_exp)
     Dm = (lambda c, s: mc.n_latent) if mc.n_latent > 0 else (lambda c, s: c.n_embd)   # the experts' width
     PER_EXPERT = lambda c, s: (mc.n_expert,)                         # noqa: E731
     t = [W("ffn_gate_inp", p + "ffn_gate_inp.weight", lambda c, s: (E(c, s), c.n_embd), small=True)]  # full width
-    if mc.probs_bias:
-        t.append(W("exp_probs_b", p + "exp_probs_b.bias", PER_EXPERT, required=mc.probs_bias_required, dense=True))
-    if mc.fused_gate_up and p + "ffn_gate_up_exps.weight" in gf:
+    if tensors.probs_bias != "absent":
+        t.append(W("exp_probs_b", p + "exp_probs_b.bias", PER_EXPERT, required=tensors.probs_bias == "required",
+                   dense=True))
+    if tensors.fused_gate_up and p + "ffn_gate_up_exps.weight" in gf:
         t.append(W("ffn_gate_up_exps", p + "ffn_gate_up_exps.weight", lambda c, s: (E(c, s), 2 * F(c, s), Dm(c, s))))
     else:
         t += [W("ffn_gate_exps", p + "ffn_gate_exps.weight", lambda c, s: (E(c, s), F(c, s), Dm(c, s)),
-                required=mc.gate_exps_required),
+                required=not tensors.optional_gate),
               W("ffn_up_exps", p + "ffn_up_exps.weight", lambda c, s: (E(c, s), F(c, s), Dm(c, s)))]
     t.append(W("ffn_down_exps", p + "ffn_down_exps.weight", lambda c, s: (E(c, s), Dm(c, s), F(c, s))))
     for x in ("gate", "down", "up"):
@@ -81,6 +102,17 @@ def moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
     if mc.shexp_gate:        # ne {D} (or {D, 1}): loaded as a one-row matmul weight [1, D]
         t.append(W("ffn_gate_inp_shexp", p + "ffn_gate_inp_shexp.weight", lambda c, s: (1, c.n_embd), small=True))
     return t
+
+
+def moe_matmul_inputs(norm: str = "ffn_norm", *, dense: bool, shared: bool) -> list:
+    """`MATMUL_INPUTS` rows (refengine.flips) of an FFN sublayer with a SwiGLU MoE block: the normed input `norm`
+    feeds the up projections and the router, the gated products feed the down projections. dense: other layers
+    run a dense SwiGLU FFN (ffn_up / ffn_down); shared: the block has shared SwiGLU experts (ffn_*_shexp)."""
+    up = (["blk.{il}.ffn_up.weight"] if dense else []) + ["blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight"]
+    up += ["blk.{il}.ffn_up_shexp.weight"] if shared else []
+    down = (["blk.{il}.ffn_down.weight"] if dense else []) + (["blk.{il}.ffn_down_shexp.weight"] if shared else [])
+    rows = [(rf"{norm}-(\d+)", up)] + ([(r"ffn_swiglu-(\d+)", down)] if down else [])
+    return rows + [(r"ffn_moe_swiglu-(\d+)", ["blk.{il}.ffn_down_exps.weight"])]
 
 
 def shexp_gate(h, w, rt, il):
@@ -125,15 +157,15 @@ def expert_act(mc: MoEConfig):
     raise ValueError(f"expert activation {mc.act!r} is not one of silu, situ")
 
 
-def routed_experts(h, logits, w, *, mc: MoEConfig, spec, il, rt):
+def routed_experts(h, logits, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt):
     """Routing of `logits` [T, E] and the routed experts on h [T, Dm] -> [T, Dm] (`build_moe_ffn` given its
-    logits; Dm = D, or the latent width of moe/latent.py)."""
+    logits; Dm = D, or the latent width of moe/latent.py). The experts' `.scale` apply if `tensors.apply_scales`."""
     ids, weights = route(logits, w, mc, spec.n_expert_used, record=rt.record, il=il)   # [T, A], [T, A]
     if getattr(w, "ffn_gate_up_exps", None) is not None:
         gate, up = split_gate_up(w)
     else:
         gate, up = w.ffn_gate_exps, w.ffn_up_exps
-    sc = (lambda t: t) if mc.scales else (lambda t: None)
+    sc = (lambda t: t) if tensors.apply_scales else (lambda t: None)
     kw = {} if mc.act == "silu" else {"act": expert_act(mc)}
     parts, record = {}, None
     if getattr(w, "ffn_gate_up_exps", None) is not None:
@@ -149,13 +181,14 @@ def routed_experts(h, logits, w, *, mc: MoEConfig, spec, il, rt):
     return y
 
 
-def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
-    """h [T, D] -> [T, D] (routed experts, plus the shared experts when the layer has them)."""
+def moe_block(h, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt):
+    """h [T, D] -> [T, D] (routed experts, plus the shared experts when the layer has them; their `.scale` apply
+    if `tensors.apply_scales`)."""
     logits = rt.matmul(h, w.ffn_gate_inp)                                # [T, E]
     rt.record("ffn_moe_logits", il, logits)
-    y = routed_experts(h, logits, w, mc=mc, spec=spec, il=il, rt=rt)    # [T, D]
+    y = routed_experts(h, logits, w, mc=mc, tensors=tensors, spec=spec, il=il, rt=rt)    # [T, D]
     if mc.n_shared > 0:
-        s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=mc.scales)   # [T, D]
+        s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=tensors.apply_scales)   # [T, D]
         rt.record("ffn_shexp", il, s)
         if mc.shexp_gate:
             s = s * shexp_gate(h, w, rt, il)                             # [T, D] * [T, 1]
@@ -165,9 +198,10 @@ def moe_block(h, w, *, mc: MoEConfig, spec, il, rt):
     return y
 
 
-def ffn_sublayer(x, w, *, cfg, spec, il, rt, dense_scales: bool = True):
+def ffn_sublayer(x, w, *, cfg, spec, il, rt, moe_tensors: MoETensors, dense_scales: bool = True):
     """The second half of a pre-norm block: x + FFN(rms_norm(x) * ffn_norm), dense or MoE by the layer's kind.
-    x [T, D] -> [T, D]; traces ffn_norm, ffn_out (dense) / the MoE block's names, and l_out."""
+    x [T, D] -> [T, D]; traces ffn_norm, ffn_out (dense) / the MoE block's names, and l_out. dense_scales: the
+    dense FFN applies its `.scale` tensors; moe_tensors: the arch's MoETensors."""
     from ..ops import rms_norm
     h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
     rt.record("ffn_norm", il, h)
@@ -175,7 +209,7 @@ def ffn_sublayer(x, w, *, cfg, spec, il, rt, dense_scales: bool = True):
         f = dense_ffn(h, w, il=il, rt=rt, scales=dense_scales)
         rt.record("ffn_out", il, f)
     else:
-        f = moe_block(h, w, mc=spec.moe, spec=spec, il=il, rt=rt)
+        f = moe_block(h, w, mc=spec.moe, tensors=moe_tensors, spec=spec, il=il, rt=rt)
     x = x + f
     rt.record("l_out", il, x)
     return x

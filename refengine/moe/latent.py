@@ -21,14 +21,14 @@ from dataclasses import replace
 from ..ffn.dense import situ_ffn
 from ..ops import rms_norm
 from ..weights import W
-from .block import MoEConfig, moe_table, routed_experts
+from .block import MoEConfig, MoETensors, moe_table, routed_experts
 
 
-def latent_moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
+def latent_moe_table(gf, il: int, mc: MoEConfig, tensors: MoETensors) -> list[W]:
     """moe_table (experts at width Dl) plus ffn_routed_down / ffn_routed_up (required when Dl > 0), the
     optional ffn_routed_norm, and the optional shared experts of width Is = n_ff_shexp (kimi-k3.cpp:144-164)."""
     p = f"blk.{il}."
-    t = moe_table(gf, il, replace(mc, n_shared=0))
+    t = moe_table(gf, il, replace(mc, n_shared=0), tensors)
     Fs = mc.n_ff_shexp
     t += [W("ffn_gate_shexp", p + "ffn_gate_shexp.weight", lambda c, s: (Fs, c.n_embd), required=False),   # ne {D, Is}
           W("ffn_down_shexp", p + "ffn_down_shexp.weight", lambda c, s: (c.n_embd, Fs), required=False),
@@ -44,12 +44,13 @@ def latent_moe_table(gf, il: int, mc: MoEConfig) -> list[W]:
     return t
 
 
-def latent_moe(f, w, *, mc: MoEConfig, spec, eps: float, il: int, rt):
-    """f [T, D] (the ffn_norm output) -> [T, D]."""
+def latent_moe(f, w, *, mc: MoEConfig, tensors: MoETensors, spec, eps: float, il: int, rt):
+    """f [T, D] (the ffn_norm output) -> [T, D]; the routed experts' `.scale` apply if `tensors.apply_scales`
+    (the shared experts' never: situ_ffn takes none)."""
     logits = rt.matmul(f, w.ffn_gate_inp)                                      # [T, E]
     rt.record("ffn_moe_logits", il, logits)
     xl = rt.matmul(f, w.ffn_routed_down) if getattr(w, "ffn_routed_down", None) is not None else f   # [T, Dl]
-    y = routed_experts(xl, logits, w, mc=mc, spec=spec, il=il, rt=rt)          # [T, Dl]
+    y = routed_experts(xl, logits, w, mc=mc, tensors=tensors, spec=spec, il=il, rt=rt)   # [T, Dl]
     if getattr(w, "ffn_routed_norm", None) is not None:
         y = rms_norm(y, w.ffn_routed_norm, eps)
     if getattr(w, "ffn_routed_up", None) is not None:
