@@ -55,7 +55,7 @@ class HybridKeys:
     """The keys both Kimi loaders read, per layer where llama.cpp reads them per layer (arrays of n_layer)."""
     r: KeyReader
     common: dict               # read_common's hyperparameters
-    n_head: int                # attention.head_count (one for every layer: the graphs read n_head())
+    n_head: int                # attention.head_count of layer 0 (a scalar or per layer: the graphs read n_head())
     n_head_kv: np.ndarray      # attention.head_count_kv per layer (0: a KDA block)
     kda: kda.KDAConfig         # kda.head_dim, ssm.conv_kernel; an arch adds its KDA options (dataclasses.replace)
     n_dense: int               # leading_dense_block_count
@@ -80,21 +80,25 @@ def read_keys(gf, arch: str) -> HybridKeys:
     common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=token_rows(gf))
     L = common["n_layer"]
     L_all = L + common["n_layer_nextn"]
-    H = int(n_head[0])
-    if any(int(h) != H for h in n_head):
-        raise ConfigError(f"{gf.path}: {arch} needs one attention.head_count for every layer "
-                          f"(its graph reads n_head())")
+    # head_count may be a scalar or one per layer (llama.cpp's writers store [H, 0]: 0 in the KDA blocks); both
+    # graphs read n_head(), layer 0's entry, for the KDA and the MLA blocks alike (kimi-linear.cpp:255,
+    # kimi-k3.cpp:255, LLAMA_LOAD_LOCALS); read_common refuses layer 0's entry 0 as llama.cpp's tensors do
+    kda_blocks = frozenset(il for il in range(L) if int(n_head_kv[il]) == 0)
+    H = int(r.layer0("attention.head_count", n_head, unused=kda_blocks)[0])
     kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
                        d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"])
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
+    # the tensors are sized by n_ff_exp() and n_ff() (layer 0's entries, kimi-linear.cpp:140, kimi-k3.cpp:144)
+    n_ff_exp = r.layer0("expert_feed_forward_length", r.per_layer("expert_feed_forward_length", L_all,
+                                                                  required=True)[:L])
     n_shared = int(r.get("expert_shared_count", required=True))
     n_dense = int(r.get("leading_dense_block_count", 0))
     func = int(r.get("expert_gating_func", required=True))
     if func not in GATING:
         raise ConfigError(f"{gf.path}: {arch}.expert_gating_func = {func} is not one of {sorted(GATING)}")
     n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
-    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
+    n_ff = r.layer0("feed_forward_length", r.per_layer("feed_forward_length", L_all, default=0)[:L])
     check_experts(gf, arch, common["n_expert"] if L > n_dense else 0, n_used[n_dense:])
+    n_used = (r.expert_used(n_used, range(n_dense, L) if common["n_expert"] else ()),) * L
     return HybridKeys(r=r, common=common, n_head=H, n_head_kv=n_head_kv, kda=kc, n_dense=n_dense, n_ff=n_ff,
                       n_ff_exp=n_ff_exp, n_used=n_used, n_shared=n_shared, gating=GATING[func])
 
