@@ -85,6 +85,12 @@ def read_keys(gf, arch: str) -> HybridKeys:
     # kimi-k3.cpp:255, LLAMA_LOAD_LOCALS); read_common refuses layer 0's entry 0 as llama.cpp's tensors do
     kda_blocks = frozenset(il for il in range(L) if int(n_head_kv[il]) == 0)
     H = int(r.layer0("attention.head_count", n_head, unused=kda_blocks)[0])
+    latent = r.get("attention.key_length_mla", 0) and r.get("attention.value_length_mla", 0)   # hparams.is_mla()
+    wide = [il for il in range(L) if il not in kda_blocks and int(n_head_kv[il]) != 1]
+    if latent and wide:       # the latent cache holds head_count_kv[il] rows of (kv_lora + rope) per token
+        raise ConfigError(f"{gf.path}: {r._k('attention.head_count_kv')} = {list(n_head_kv)}: MLA block {wide[0]} "
+                          f"has {n_head_kv[wide[0]]} KV heads, not the one latent row llama.cpp's MLA cache holds; "
+                          f"llama.cpp aborts on the file (GGML_ASSERT(a->ne[0] == b->ne[0]), ggml.c:4014, measured)")
     kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
                        d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"])
     # the tensors are sized by n_ff_exp() and n_ff() (layer 0's entries, kimi-linear.cpp:140, kimi-k3.cpp:144)
