@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from ..attention import kda, mla
 from ..cache import LatentKV
@@ -52,16 +51,18 @@ IGNORED_MATH_KEYS = ("attention.scale", "attention.clamp_kqv", "logit_scale", "e
 
 @dataclass(frozen=True)
 class HybridKeys:
-    """The keys both Kimi loaders read, per layer where llama.cpp reads them per layer (arrays of n_layer)."""
+    """The keys both Kimi loaders read, one entry per layer (tuples of n_layer) as llama.cpp uses them: a key its
+    graph or tensor shapes read without a layer (n_ff(), n_ff_exp(), n_expert_used()) holds layer 0's entry in
+    every layer (KeyReader.layer0); head_count_kv is read per layer (it marks the KDA blocks)."""
     r: KeyReader
     common: dict               # read_common's hyperparameters
     n_head: int                # attention.head_count of layer 0 (a scalar or per layer: the graphs read n_head())
-    n_head_kv: np.ndarray      # attention.head_count_kv per layer (0: a KDA block)
+    n_head_kv: tuple           # attention.head_count_kv per layer (0: a KDA block)
     kda: kda.KDAConfig         # kda.head_dim, ssm.conv_kernel; an arch adds its KDA options (dataclasses.replace)
     n_dense: int               # leading_dense_block_count
-    n_ff: np.ndarray           # feed_forward_length (dense blocks)
-    n_ff_exp: np.ndarray       # expert_feed_forward_length (required)
-    n_used: np.ndarray         # expert_used_count
+    n_ff: tuple                # feed_forward_length (dense blocks): layer 0's
+    n_ff_exp: tuple            # expert_feed_forward_length (required): layer 0's
+    n_used: tuple              # expert_used_count: layer 0's (the MoE blocks must agree: KeyReader.expert_used)
     n_shared: int              # expert_shared_count (required)
     gating: str                # expert_gating_func (required), a GATING name
 
