@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 
 from ..attention import kda, mla
 from ..cache import LatentKV
