@@ -14,6 +14,10 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` |
 | `RecurrentState` | `attention/gated_deltanet.py`, `attention/kda.py` | conv tail [n_conv - 1, channels] and delta-rule matrix |
 
+A container of an attention with several forms carries the form its sequence runs (`form`: MLA's "absorbed" /
+"naive", a delta rule's "recurrent" / "chunked"); the attention module reads it, so an arch passes the state and
+never asks what kind of container it holds.
+
 `Rows` is the appendable buffer they share: capacity doubling, so a decode step costs O(1) amortized
 copies instead of one copy of the whole cache per token. Compressed caches (pooled blocks plus a
 half-filled block, window rings) are further containers of the same kind: they own their buffers and
@@ -53,10 +57,15 @@ class Rows:
 
 
 class KVCache:
-    """Keys and values of one softmax-attention layer in float32 (llama.cpp with type_k = type_v = F32)."""
+    """Keys and values of one softmax-attention layer in float32 (llama.cpp with type_k = type_v = F32).
 
-    def __init__(self, dtype=np.float32):
+    form: the form of the attention that made it, where that attention has several (MLA's "naive": keys and
+    values decompressed per head); None for plain softmax attention, which has one.
+    """
+
+    def __init__(self, dtype=np.float32, form: str | None = None):
         self.k, self.v = Rows(dtype), Rows(dtype)
+        self.form = form
 
     @property
     def n(self) -> int:
@@ -73,6 +82,7 @@ class LatentKV:
     llama.cpp stores them side by side as a single-head K of width C + R, with V a view of its first C
     columns; here they are kept apart, which is the same numbers.
     """
+    form = "absorbed"                     # MLA's weight-absorbed form: the only one that caches the latent
 
     def __init__(self, dtype=np.float32):
         self.c, self.k_pe = Rows(dtype), Rows(dtype)
@@ -115,6 +125,11 @@ class DSAState:
     @property
     def n(self) -> int:
         return self.kv.n
+
+    @property
+    def form(self) -> str:
+        """The MLA form this layer runs: its cache's."""
+        return self.kv.form
 
 
 @dataclass

@@ -172,7 +172,7 @@ def cmd_info(args) -> int:
             print(f"  {k:<18} {getattr(c, k)}")
         kinds: dict = {}                                         # layers grouped by kind, in order
         for il, sp in enumerate(c.layers):
-            ix = getattr(sp, "indexer", None)                    # DSA: a layer runs its own indexer or shares one
+            ix = sp.attn_cfg.indexer if sp.attn == "dsa" else None   # DSA: a layer runs its own indexer or shares one
             attn = sp.attn if ix is None else f"{sp.attn} ({'own' if ix.full else 'shared'} indexer)"
             kinds.setdefault((attn, sp.ffn), []).append(il)
         for (attn, ffn), ils in kinds.items():
@@ -181,11 +181,13 @@ def cmd_info(args) -> int:
                 else ",".join(map(str, ils))
             print(f"  {'layers ' + span:<18} {attn}: heads {l0.n_head}/{l0.n_head_kv} kv; ffn {ffn}: n_ff {l0.n_ff}, "
                   f"n_ff_exp {l0.n_ff_exp}, experts used {l0.n_expert_used}")
-            for sub in (l0.attn_cfg, getattr(l0, "indexer", None), l0.moe):
+            dsa = l0.attn == "dsa"                               # a DSAConfig: its MLA, then its indexer
+            for sub in ((l0.attn_cfg.mla, l0.attn_cfg.indexer) if dsa else (l0.attn_cfg,)) + (l0.moe,):
                 if sub is not None:
                     print(f"  {'':<18} {sub}")
-            if getattr(l0, "indexer", None) is not None and not l0.indexer.full:
-                print(f"  {'':<18} selection from: " + ", ".join(f"{il} <- {c.layers[il].indexer.source}" for il in ils))
+            if dsa and not l0.attn_cfg.indexer.full:
+                print(f"  {'':<18} selection from: " + ", ".join(f"{il} <- {c.layers[il].attn_cfg.indexer.source}"
+                                                                  for il in ils))
         for x in w:
             print(f"warning: {x.message}")
         if unused:

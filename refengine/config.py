@@ -37,9 +37,9 @@ class LayerSpec:
     n_ff: int                 # feed_forward_length (dense layers)
     n_ff_exp: int             # expert_feed_forward_length (MoE layers)
     n_expert_used: int        # expert_used_count (scalar or per-layer array)
-    attn_cfg: object = None   # the attention module's typed config (e.g. attention.mla.MLAConfig)
+    attn_cfg: object = None   # the attention module's typed config (e.g. attention.mla.MLAConfig; a DSA layer's
+                              # attention.dsa.DSAConfig carries its MLA and its indexer, full or shared)
     moe: object = None        # moe.block.MoEConfig of a MoE layer
-    indexer: object = None    # attention.dsa_indexer.IndexerConfig of a DSA layer (full or shared indexer)
 
 
 # Keys that change the math of other archs but that llama.cpp's llama / qwen3moe loaders never read.

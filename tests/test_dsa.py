@@ -51,7 +51,7 @@ def test_indexer_config_per_arch(synth_model, arch, mode, eps):
     when the file carries attention.layer_norm_epsilon (all_optional writes 1e-3): llama.cpp does not read it."""
     with pytest.warns(Warning, match="layer_norm_epsilon"):
         m = Model(synth_model(arch, all_optional=True))
-    ic = m.cfg.layers[0].indexer
+    ic = m.cfg.layers[0].attn_cfg.indexer
     assert (ic.rope_mode, ic.k_norm_eps, ic.n_head, ic.head_dim, ic.top_k) == (mode, eps, 16, 64, 8)
 
 
@@ -60,12 +60,12 @@ def test_glm_dsa_indexer_types_rules(synth_model):
     want = [True, True, True, False, False, False, True]
     for preset in ("tiny-shared", "tiny-default"):
         m = Model(synth_model("glm-dsa", preset=preset))
-        assert [s.indexer.full for s in m.cfg.layers] == want
-        assert [s.indexer.source for s in m.cfg.layers] == [0, 1, 2, 2, 2, 2, 6]
+        assert [s.attn_cfg.indexer.full for s in m.cfg.layers] == want
+        assert [s.attn_cfg.indexer.source for s in m.cfg.layers] == [0, 1, 2, 2, 2, 2, 6]
         st = m.new_state()
         assert all(isinstance(s, DSAState) for s in st.layers)
         assert [isinstance(s.index, IndexerKeys) for s in st.layers] == want        # shared layers: no indexer cache
-    assert all(s.indexer.full for s in Model(synth_model("glm-dsa")).cfg.layers)
+    assert all(s.attn_cfg.indexer.full for s in Model(synth_model("glm-dsa")).cfg.layers)
 
 
 def test_shared_layers_reuse_the_selection(synth_model):

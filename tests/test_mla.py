@@ -11,6 +11,7 @@ from numerics import assert_close
 
 from quant import GGMLType, QTensor
 from refengine.attention.mla import (MLAConfig, llama_form, mla, mla_config, mla_scales, mla_table, new_state)
+from refengine.cache import KVCache, RecurrentState
 from refengine.config import KeyReader
 from refengine.errors import ConfigError, MissingKeyError
 from refengine.ops import rope_cos_sin
@@ -56,8 +57,7 @@ def run(mc, w, h, form, *, dtype=np.float32, chunks=None, rt=None, trace=None):
     out, n = [], 0
     for t in (chunks or [h.shape[0]]):
         cos, sin = rope_cos_sin(np.arange(n, n + t), n_rot=R, base=10000.0)
-        out.append(mla(h[n:n + t].astype(dtype), w, mc=mc, il=0, state=st, cos=cos, sin=sin, rt=rt, form=form,
-                       dtype=dtype))
+        out.append(mla(h[n:n + t].astype(dtype), w, mc=mc, il=0, state=st, cos=cos, sin=sin, rt=rt, dtype=dtype))
         n += t
     return np.concatenate(out)
 
@@ -170,12 +170,58 @@ def test_trace_names_and_shapes():
     assert {k: tr3[k].shape for k in legacy} == legacy
 
 
-def test_state_must_match_form():
-    mc = make_mc(**CASES["q_lora"])
+def test_state_carries_its_form():
+    """The state made for a form carries it (None: llama.cpp's); mla runs that form and refuses a container of
+    another attention (a plain softmax KVCache, a delta-rule RecurrentState)."""
+    mc, legacy = make_mc(**CASES["q_lora"]), make_mc(**CASES["legacy"])
+    assert [new_state(mc, f).form for f in ("absorbed", "naive")] == ["absorbed", "naive"]
+    assert (new_state(mc).form, new_state(legacy).form) == ("absorbed", "naive")
     cos, sin = rope_cos_sin(np.arange(1), n_rot=R, base=10000.0)
-    with pytest.raises(TypeError, match="LatentKV"):
-        mla(np.zeros((1, D), np.float32), make_weights(mc), mc=mc, il=0, state=new_state(mc, "naive"),
-            cos=cos, sin=sin, rt=Runtime(), form="absorbed")
+    for other in (KVCache(), RecurrentState()):
+        with pytest.raises(TypeError, match="form of its state"):
+            mla(np.zeros((1, D), np.float32), make_weights(mc), mc=mc, il=0, state=other, cos=cos, sin=sin,
+                rt=Runtime())
+
+
+def test_k_parts_and_names_are_the_callers():
+    """k_parts ("rope", "nope") builds the naive form's key crosswise (kimi-linear's legacy graph): another
+    result, the same for both chunkings; the absorbed form has no per-head key and ignores it. `names` adds
+    the arch's trace names."""
+    mc = make_mc(**CASES["legacy"])
+    w, h = make_weights(mc), np.random.default_rng(3).standard_normal((4, D)).astype(np.float32)
+    cos, sin = rope_cos_sin(np.arange(4), n_rot=R, base=10000.0)
+
+    def go(form, **kw):
+        tr = Trace()
+        out = mla(h, w, mc=mc, il=0, state=new_state(mc, form), cos=cos, sin=sin, rt=Runtime(trace=tr), **kw)
+        return out, tr
+    cross = dict(k_parts=("rope", "nope"), names={"K": ("Kcur", "mla_K")})
+    (aligned, _), (crossed, tr) = go("naive"), go("naive", **cross)
+    assert not np.allclose(aligned, crossed)
+    K = tr["mla_K-0"]                                                    # [T, H, dk]: the rope part first
+    assert np.array_equal(K, tr["Kcur-0"])
+    assert np.array_equal(K[..., :R], np.broadcast_to(tr["k_pe-0"], K[..., :R].shape))
+    assert np.array_equal(K[..., R:], tr["k_nope_view-0"])
+    assert np.array_equal(go("absorbed")[0], go("absorbed", **cross)[0])
+    with pytest.raises(ValueError, match="k_parts"):
+        go("naive", k_parts=("nope", "nope"))
+
+
+def test_output_scale_applied_or_loaded_only():
+    """mla_table's apply_output_scale=False loads attn_output.scale under another field: the graph sees none."""
+    mc = make_mc(**CASES["q_lora"])
+    fields = lambda **kw: {r.name: r.field for r in mla_table(0, mc, **kw)}          # noqa: E731
+    assert fields()["blk.0.attn_output.scale"] == "attn_output_scale"
+    assert fields(apply_output_scale=False)["blk.0.attn_output.scale"] == "attn_output_scale_unapplied"
+    w, h = make_weights(mc), np.random.default_rng(4).standard_normal((2, D)).astype(np.float32)
+    cos, sin = rope_cos_sin(np.arange(2), n_rot=R, base=10000.0)
+    run1 = lambda w: mla(h, w, mc=mc, il=0, state=new_state(mc), cos=cos, sin=sin, rt=Runtime())   # noqa: E731
+    base = run1(w)
+    w.attn_output_scale = np.float32([2.0])
+    assert np.allclose(run1(w), 2 * base)
+    del w.attn_output_scale
+    w.attn_output_scale_unapplied = np.float32([2.0])
+    assert np.array_equal(run1(w), base)
 
 
 # ---------------------------------------------------------------- config and scales
@@ -321,7 +367,7 @@ def test_mla_vs_llamacpp(tmp_path, kind):
     attn = ref.tensors["ffn_inp-0"].reshape(len(tokens), 64) - quant.dequantize(gf.tensor("token_embd.weight"))[tokens]
     for form in ("absorbed", "naive"):
         tr = Trace()
-        out = mla(h, w, mc=mc, il=0, state=new_state(mc, form), cos=cos, sin=sin, rt=Runtime(trace=tr), form=form)
+        out = mla(h, w, mc=mc, il=0, state=new_state(mc, form), cos=cos, sin=sin, rt=Runtime(trace=tr))
         assert metrics(attn, out)[0] <= 1e-8, f"{kind} {form}: attention output"
         shared = [n for n in ref.order if n in tr]
         assert {"q-0", "kv_cmpr-0", "k_pe-0", "kq_soft_max-0", "kqv_out-0"} <= set(shared)

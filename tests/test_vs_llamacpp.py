@@ -256,7 +256,7 @@ def test_dsa_indexer_key_norm_eps_as_llamacpp_runs_it(synth_model, arch, eps):
     ref = run_llamacpp(path, DSA_TOKENS[:16])
     pre, normed = ref.earlier["indexer_k-0"][:2]
     w = Model(path).layer(0)
-    assert Model(path).cfg.layers[0].indexer.k_norm_eps == eps
+    assert Model(path).cfg.layers[0].attn_cfg.indexer.k_norm_eps == eps
     assert metrics(normed, layer_norm(pre, w.indexer_k_norm, w.indexer_k_norm_b, eps))[0] < 1e-10
     other = 1e-6 if eps == 0.0 else 0.0
     assert metrics(normed, layer_norm(pre, w.indexer_k_norm, w.indexer_k_norm_b, other))[0] > 1e-3

@@ -28,8 +28,6 @@ What differs is data the arch module passes (the arch files cite the lines):
 from __future__ import annotations
 
 from ..attention import dsa, mla
-from ..attention.dsa_indexer import indexer_table
-from ..cache import LatentKV
 from ..config import ROPE_NORM, KeyReader, LayerSpec, ModelConfig, check_experts, read_common, token_rows
 from ..errors import ConfigError
 from ..ffn import dense_ffn_table
@@ -125,7 +123,7 @@ def config_from_gguf(arch: str, gf, *, gating_id, mla_options: dict, ffn_scales:
         LayerSpec(attn="mla" if ic is None else "dsa", ffn="dense" if moe is None else "moe", n_head=int(n_head[il]),
                   n_head_kv=int(n_head_kv[il]), n_ff=int(n_ff[il] or 0),
                   n_ff_exp=0 if moe is None else moe.n_ff_exp, n_expert_used=0 if moe is None else moe.n_expert_used,
-                  attn_cfg=mc, moe=moe, indexer=ic)
+                  attn_cfg=mc if ic is None else dsa.DSAConfig(mla=mc, indexer=ic), moe=moe)
         for il, (moe, ic) in enumerate(zip(moes, ics)))
     ignored = r.warn_ignored(list(ignored_keys))
     return ModelConfig(**common, layers=layers, ignored_keys=ignored)
@@ -137,12 +135,14 @@ def load_globals(gf, cfg):
     return _load_globals(gf, cfg, rope_factor_tensors=False)
 
 
+# Per attention kind ("mla" | "dsa"): its module's tensor table, state and sub-block.
+ATTENTION = {"mla": (mla.mla_table, mla.new_state), "dsa": (dsa.dsa_table, dsa.new_state)}
+
+
 def load_layer(gf, cfg, il: int):
-    """Norms, MLA's tensors, the indexer's (a "dsa" layer), then the dense FFN or the MoE block's."""
+    """Norms, MLA's tensors and (a "dsa" layer) the indexer's, then the dense FFN or the MoE block's."""
     spec = cfg.layers[il]
-    table = norm_table(il, "attn_norm", "ffn_norm") + mla.mla_table(il, spec.attn_cfg)
-    if spec.attn == "dsa":
-        table += indexer_table(il, spec.indexer)
+    table = norm_table(il, "attn_norm", "ffn_norm") + ATTENTION[spec.attn][0](il, spec.attn_cfg)
     if spec.ffn == "dense":
         table += dense_ffn_table(il, lambda c, s: s.n_ff)   # .scale applied or not: the arch's ffn_scales
     else:
@@ -151,18 +151,19 @@ def load_layer(gf, cfg, il: int):
 
 
 def new_state(cfg, attn_form: str | None = None) -> list:
-    """Per layer the MLA cache of the form: LatentKV (absorbed, llama.cpp's for MLA files, the default) or
-    per-head KVCache (naive); a "dsa" layer's DSAState holds it with, where the layer runs its own indexer,
-    the indexer key cache (a shared layer has none)."""
-    return [dsa.new_state(s.attn_cfg, s.indexer, attn_form or mla.llama_form(s.attn_cfg)) if s.attn == "dsa" else
-            mla.new_state(s.attn_cfg, attn_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
+    """Per layer the MLA cache of the form (it carries it): LatentKV (absorbed, llama.cpp's for MLA files, the
+    default) or per-head KVCache (naive); a "dsa" layer's DSAState holds it with, where the layer runs its own
+    indexer, the indexer key cache (a shared layer has none)."""
+    return [ATTENTION[s.attn][1](s.attn_cfg, attn_form) for s in cfg.layers]
 
 
 # ---------------------------------------------------------------- forward
 
 def rope_for(cfg, g, pos, n_ctx):
     """cos, sin [T, n_rot/2] of the rope part, with the context's YaRN parameters (no factor tensors)."""
-    return context_rope(cfg, pos, attn_factor=cfg.layers[0].attn_cfg.rope_attn_factor)
+    spec = cfg.layers[0]
+    mc = spec.attn_cfg.mla if spec.attn == "dsa" else spec.attn_cfg                # every layer's MLAConfig is one
+    return context_rope(cfg, pos, attn_factor=mc.rope_attn_factor)
 
 
 def embed(g, cfg, step, rt):
@@ -176,13 +177,10 @@ def block(x, w, *, cfg, il, state, step, rt, ffn_scales: bool):
     cos, sin = step.memo("rope", lambda: rope_for(cfg, step.g, step.pos, step.n_ctx))    # [T, R/2]
     h = rms_norm(x, w.attn_norm, cfg.rms_eps)
     rt.record("attn_norm", il, h)
-    if spec.attn == "dsa":
-        form = "absorbed" if isinstance(state.kv, mla.LatentKV) else "naive"
-        a = dsa.sparse_mla(h, w, mc=spec.attn_cfg, ic=spec.indexer, il=il, state=state, cos=cos, sin=sin, rt=rt,
-                           step=step, form=form)
+    if spec.attn == "dsa":                                               # the state's form decides MLA's
+        a = dsa.sparse_mla(h, w, dc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, step=step)
     else:
-        form = "absorbed" if isinstance(state, LatentKV) else "naive"        # the form the state was made for
-        a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, form=form)
+        a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt)
     x = x + a
     rt.record("ffn_inp", il, x)
     return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, dense_scales=ffn_scales)

@@ -12,8 +12,8 @@ D model dim):
 What the family shares lives here: the keys both loaders read (`read_keys`), the per-layer structure
 (`layer_specs`), the block's tensor table (`layer_table`), the state (`new_state`) and the token mixer
 (`attention`). An arch file passes what differs as data: the names its llama.cpp graph gives KDA's traced
-tensors (`kda.POINTS`), how its loader lays out KDA's tensors (`kda.kda_table` options), its MLA config and
-tables, its MoE config and table.
+tensors (`kda.POINTS`), how its loader lays out KDA's tensors (`kda.kda_table` options), its MLA config,
+table and what its graph does differently in MLA (`mla.mla`'s `k_parts`, `names`), its MoE config and table.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..attention import kda, mla
-from ..cache import LatentKV
 from ..config import COUNT, KeyReader, LayerSpec, check_experts, read_common, token_rows
 from ..errors import ConfigError, MissingTensorError
 from ..ffn import dense_ffn_table
@@ -163,16 +162,18 @@ def new_state(cfg, attn_form: str | None = None) -> list:
     (ATTN_FORMS): an MLA form (absorbed / naive) for the MLA blocks, or "chunked" for the KDA blocks' delta rule."""
     kda_form = "chunked" if attn_form == "chunked" else "recurrent"
     mla_form = attn_form if attn_form in mla.FORMS else None
-    return [kda.new_state(s.attn_cfg, kda_form) if s.attn == "kda" else
-            mla.new_state(s.attn_cfg, mla_form or mla.llama_form(s.attn_cfg)) for s in cfg.layers]
+    return [kda.new_state(s.attn_cfg, kda_form) if s.attn == "kda" else mla.new_state(s.attn_cfg, mla_form)
+            for s in cfg.layers]
 
 
 # ---------------------------------------------------------------- forward
 
-def attention(x, w, *, spec, il, state, rt, eps: float, kda_names: dict, mla_out_gate: bool = False):
+def attention(x, w, *, spec, il, state, rt, eps: float, kda_names: dict, mla_out_gate: bool = False,
+              mla_graph: dict | None = None):
     """attn_norm, then the block's token mixer: x [T, D] -> [T, D] (before the residual). `kda_names`: the
     trace names of kda.POINTS; `mla_out_gate`: an MLA block's output is gated by sigmoid(h @ attn_gate.T) when
-    the block has attn_gate (kimi-k3.cpp:552-557, reads h)."""
+    the block has attn_gate (kimi-k3.cpp:552-557, reads h); `mla_graph`: what the arch's MLA graph does
+    differently from deepseek2's (`mla.mla`'s k_parts / names), or None. An MLA block runs in its state's form."""
     h = rms_norm(x, w.attn_norm, eps)
     rt.record("attn_norm", il, h)
     if spec.attn == "kda":
@@ -180,7 +181,7 @@ def attention(x, w, *, spec, il, state, rt, eps: float, kda_names: dict, mla_out
     gate = None
     if mla_out_gate and w.attn_gate is not None:
         gate = sigmoid(rt.matmul(h, w.attn_gate))                        # [T, H*dv]
-    form = "absorbed" if isinstance(state, LatentKV) else "naive"        # the form the state was made for
-    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, form=form, out_gate=gate)
+    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, out_gate=gate,
+                **(mla_graph or {}))
     rt.record("mla_out", il, a)
     return a

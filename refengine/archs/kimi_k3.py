@@ -101,8 +101,7 @@ def _mla_config(r: KeyReader, gf, common: dict, n_head: int, il: int) -> mla.MLA
     kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(k_mla)))
     return mla.MLAConfig(n_head=n_head, q_lora_rank=q_lora if has_q_lora else 0, kv_lora_rank=kv_lora,
                          qk_nope=k_mla - R, qk_rope=R, v_head=v_mla, kq_scale=kq_scale, rope_attn_factor=1.0,
-                         rms_eps=common["rms_eps"], legacy=False, rope=False,
-                         output_scale=False)                  # attn_output.scale loaded, not applied (:559)
+                         rms_eps=common["rms_eps"], legacy=False, rope=False)
 
 
 def config_from_gguf(gf) -> K3Config:
@@ -140,6 +139,12 @@ def load_globals(gf, cfg):
     return g
 
 
+def mla_table(il: int, mc: mla.MLAConfig) -> list[W]:
+    """MLA's tensors as kimi-k3 loads them: attn_output.scale loaded and never applied (build_attn gets no wo_s,
+    kimi-k3.cpp:534 and :549; :559 multiplies by attn_output alone), then the output gate's."""
+    return mla.mla_table(il, mc, apply_output_scale=False) + mla_gate_table(il, mc)
+
+
 def mla_gate_table(il: int, mc: mla.MLAConfig) -> list[W]:
     """K3's optional MLA output gate attn_gate {D, H*dv} (kimi-k3.cpp:133-134) and the generic pass's
     .scale / .input_scale of it (loaded, not applied: kimi-k3.cpp:554 multiplies by attn_gate alone)."""
@@ -152,7 +157,7 @@ def mla_gate_table(il: int, mc: mla.MLAConfig) -> list[W]:
 def load_layer(gf, cfg, il: int):
     res = ("attn_res_score", "ffn_res_score") if cfg.res_bs > 0 else ()         # kimi-k3.cpp:73-76
     return fam.load_layer(gf, cfg, il, norms=("attn_norm", "ffn_norm") + res, kda_tensors=KDA_TENSORS,
-                          mla_table=lambda il, mc: mla.mla_table(il, mc) + mla_gate_table(il, mc),
+                          mla_table=mla_table,
                           moe_table=latent_moe_table)
 
 

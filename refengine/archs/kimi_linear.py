@@ -57,6 +57,10 @@ IGNORED_MATH_KEYS = fam.IGNORED_MATH_KEYS + ("expert_weights_norm", "attention.q
 KDA_NAMES = {"f_a": "kda_f_a", "f_b": "g1 f_b(f_a(cur))", "g": "kda_g1", "beta_logits": "kda_beta",
              "scan_out": "attn_output", "state": "new_state", "g_a": "kda_g_a", "gate": "g2 g_b(g_a(cur_2d))",
              "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
+# llama.cpp's path for legacy attn_kv_b files (kimi-linear.cpp:453-477), as `mla.mla` options: the per-head key is
+# built K = [k_pe | k_nope] (:477) against Q = [q_nope | q_pe], and Q, V, K are also named mla_Q, mla_V, mla_K.
+LEGACY_MLA_GRAPH = dict(k_parts=("rope", "nope"), names={"Q": ("Qcur", "mla_Q"), "K": ("Kcur", "mla_K"),
+                                                         "V": ("Vcur_view", "Vcur_cont", "mla_V")})
 # kimi-linear.cpp:52-109: one attn_qkv or attn_q/k/v (create_tensor_qkv's two tries); ssm_a {1, H} (or {1,H,1,1})
 KDA_TENSORS = dict(fused_qkv=True, ssm_a_shape=lambda H: (H, 1))
 
@@ -81,7 +85,7 @@ def _mla_config(r: KeyReader, common: dict, n_head: int) -> mla.MLAConfig:
     kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(dk)))                 # kimi-linear.cpp:276
     return mla.MLAConfig(n_head=n_head, q_lora_rank=0, kv_lora_rank=kv_lora, qk_nope=dk - R, qk_rope=R, v_head=dv,
                          kq_scale=kq_scale, rope_attn_factor=1.0, rms_eps=common["rms_eps"], legacy=legacy,
-                         rope=False, legacy_k_rope_first=legacy)
+                         rope=False)
 
 
 def config_from_gguf(gf) -> ModelConfig:
@@ -120,7 +124,9 @@ def embed(g, cfg, step, rt):
 def block(x, w, *, cfg, il, state, step, rt):
     """x [T, D] -> [T, D]."""
     spec = cfg.layers[il]
-    x = x + fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES)
+    legacy = spec.attn == "mla" and spec.attn_cfg.legacy
+    x = x + fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES,
+                          mla_graph=LEGACY_MLA_GRAPH if legacy else None)
     rt.record("ffn_inp", il, x)
     return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, dense_scales=False)
 

@@ -4,7 +4,7 @@ Legend: T new tokens, S cached positions, D model dim, Dq q-LoRA rank.
 
     qr    = rms_norm(h @ Wq_a.T) * q_a_norm                 [T, Dq]   `qr`, shared by both parts
     sel   = lightning_indexer(h, qr)                        attention/dsa_indexer.py: top-k positions + mask
-            (or, in a layer without its own indexer, the selection of layer `ic.source` in this same step)
+            (or, in a layer without its own indexer, the selection of layer `indexer.source` in this same step)
     attn  = mla(h, mask = sel.mask)                         attention/mla.py, absorbed (llama.cpp's) or naive
 
 llama.cpp: `src/models/deepseek32.cpp:217-402` and `src/models/glm-dsa.cpp:243-365` (shared layers),
@@ -13,10 +13,13 @@ llama.cpp: `src/models/deepseek32.cpp:217-402` and `src/models/glm-dsa.cpp:243-3
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..cache import DSAState
 from ..errors import ConfigError
+from ..weights import W
 from . import dsa_indexer, mla
 from .dsa_indexer import IndexerConfig
 from .mla import MLAConfig
@@ -24,23 +27,37 @@ from .mla import MLAConfig
 FORMS = mla.FORMS
 
 
-def new_state(mc: MLAConfig, ic: IndexerConfig, form: str = "absorbed", dtype=np.float32) -> DSAState:
-    """A DSA layer's state: the MLA cache of `form` and, where the layer runs its indexer, its key cache."""
-    return DSAState(kv=mla.new_state(mc, form, dtype), index=dsa_indexer.new_state(ic, dtype))
+@dataclass(frozen=True)
+class DSAConfig:
+    """A DSA layer's attention config (`LayerSpec.attn_cfg` of a "dsa" layer): its MLA and its indexer."""
+    mla: MLAConfig
+    indexer: IndexerConfig     # the layer's own indexer (full) or the layer whose selection it shares
+
+
+def dsa_table(il: int, dc: DSAConfig) -> list[W]:
+    """MLA's tensors, then the indexer's (required where the layer runs its own indexer)."""
+    return mla.mla_table(il, dc.mla) + dsa_indexer.indexer_table(il, dc.indexer, q_lora_rank=dc.mla.q_lora_rank)
+
+
+def new_state(dc: DSAConfig, form: str | None = None, dtype=np.float32) -> DSAState:
+    """A DSA layer's state: the MLA cache of `form` (None: llama.cpp's) and, where the layer runs its own
+    indexer, its key cache. The state carries the form (`DSAState.form`)."""
+    return DSAState(kv=mla.new_state(dc.mla, form, dtype), index=dsa_indexer.new_state(dc.indexer, dtype))
 
 
 def selection_key(il: int) -> tuple[str, int]:
     return ("dsa_selection", il)
 
 
-def sparse_mla(h, w, *, mc: MLAConfig, ic: IndexerConfig, il: int, state: DSAState, cos, sin, rt, step,
-               form: str = "absorbed", rotate: bool = True) -> np.ndarray:
+def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, step,
+               rotate: bool = True) -> np.ndarray:
     """One DSA attention sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
 
-    state: this layer's `new_state(mc, ic, form)`; step: the forward call's Step (carries the selection from
-    a full layer to the shared layers after it). cos, sin [T, R/2]: the rope part's (MLA and indexer share them).
+    state: this layer's `new_state(dc, form)` (MLA runs in its form); step: the forward call's Step (carries
+    the selection from a full layer to the shared layers after it). cos, sin [T, R/2]: the rope part's (MLA
+    and indexer share them).
     """
-    T = h.shape[0]
+    T, mc, ic = h.shape[0], dc.mla, dc.indexer
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="qr")                     # [T, Dq]
     if ic.full:
         sel = step.memo(selection_key(il), lambda: dsa_indexer.lightning_indexer(
@@ -56,4 +73,4 @@ def sparse_mla(h, w, *, mc: MLAConfig, ic: IndexerConfig, il: int, state: DSASta
     def mask_fn(q_pos, k_pos):
         assert q_pos.shape == (T,) and k_pos.shape == (S,)
         return sel.mask                                                            # [T, S]
-    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt, form=form, mask_fn=mask_fn, qr=qr)
+    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt, mask_fn=mask_fn, qr=qr)

@@ -93,9 +93,10 @@ def indexer_configs(r, *, n_rot: int, rope_mode: int, k_norm_eps: float, full: l
 
 # ---------------------------------------------------------------- tensors
 
-def indexer_table(il: int, ic: IndexerConfig) -> list[W]:
+def indexer_table(il: int, ic: IndexerConfig, *, q_lora_rank: int) -> list[W]:
     """The indexer tensors (deepseek32.cpp:109-114; glm-dsa.cpp:143-148 makes all five optional, and a shared
-    layer never reads them: required here only where the layer runs its indexer). NumPy order shapes."""
+    layer never reads them: required here only where the layer runs its indexer). NumPy order shapes.
+    q_lora_rank: the MLA query's latent width Dq (the indexer's query reads that latent)."""
     p, req = f"blk.{il}.indexer.", ic.full
     Hi, di = ic.n_head, ic.head_dim
     return [W("indexer_k_norm", p + "k_norm.weight", lambda c, s: (di,), required=req, dense=True),
@@ -103,7 +104,7 @@ def indexer_table(il: int, ic: IndexerConfig) -> list[W]:
             W("indexer_proj", p + "proj.weight", lambda c, s: (Hi, c.n_embd), required=req),          # ne {D, Hi}
             W("indexer_attn_k", p + "attn_k.weight", lambda c, s: (di, c.n_embd), required=req),      # ne {D, di}
             W("indexer_attn_q_b", p + "attn_q_b.weight",
-              lambda c, s: (Hi * di, s.attn_cfg.q_lora_rank), required=req)]                          # ne {Dq, Hi*di}
+              lambda c, s: (Hi * di, q_lora_rank), required=req)]                                     # ne {Dq, Hi*di}
 
 
 def new_state(ic: IndexerConfig, dtype=np.float32) -> IndexerKeys | None:

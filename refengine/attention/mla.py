@@ -38,6 +38,11 @@ The cache per position: absorbed C + R numbers; naive H * (dk + dv).
 kimi-k3: rope type NONE) q_pe and k_pe pass unrotated and the caller sets kq_scale = 1/sqrt(dn + R). Trace names are
 deepseek2.cpp's and `build_attn`'s; names whose shape belongs to one form (Qcur, Kcur, Vcur, kqv) are
 recorded only by the form llama.cpp runs for that file (`llama_form`).
+
+The form is the state's: `new_state(mc, form)` makes the cache of one form (it carries `form`), and `mla` runs
+the form of the state it is given. What one llama.cpp graph does differently from deepseek2.cpp is passed by
+the arch, never kept in MLAConfig: the order of the naive form's key parts (`k_parts`), extra trace names
+(`NAMES`), an output `.scale` the graph loads and does not apply (`mla_table(apply_output_scale=False)`).
 """
 from __future__ import annotations
 
@@ -74,10 +79,6 @@ class MLAConfig:
     attn_temp_scale: float = 0.0   # attention.temperature_scale (Mistral-Large-3 query temperature; 0 = off)
     attn_temp_length: int = 0      # attention.temperature_length
     rope: bool = True              # False: rope type NONE (kimi-linear, kimi-k3): q_pe and k_pe are used unrotated
-    legacy_k_rope_first: bool = False   # kimi's legacy attn_kv_b path builds K = [k_pe | k_nope] against
-                                        # Q = [q_nope | q_pe] (kimi-linear.cpp:453-477): reproduce that pairing
-    output_scale: bool = True      # apply attn_output.scale when the file has one (build_attn's wo_s); False:
-                                   # kimi-k3 multiplies by attn_output alone (kimi-k3.cpp:559)
 
     @property
     def head_k(self) -> int:       # dk: the per-head query/key width of the naive form
@@ -185,13 +186,16 @@ def mla_config(r: KeyReader, *, n_layer: int, n_head: int, n_rot: int, head_dim_
 
 # ---------------------------------------------------------------- tensors
 
-def mla_table(il: int, mc: MLAConfig) -> list[W]:
+def mla_table(il: int, mc: MLAConfig, *, apply_output_scale: bool = True) -> list[W]:
     """The attention tensors deepseek2 creates (deepseek2.cpp:98-122) plus the generic `.scale` /
     `.input_scale` pass (src/llama-model.cpp:1634-1727). Shapes in NumPy order (reversed ggml ne).
 
     Of the optional ones the graph uses only attn_output.scale (`build_attn` -> build_lora_mm(wo, .., wo_s));
     attn_q.scale and every .input_scale are loaded by llama.cpp but never applied (deepseek2 multiplies
     by attn_q with a plain ggml_mul_mat), so they are accepted and ignored here as well.
+    apply_output_scale: False for an arch whose graph loads attn_output.scale and never applies it (kimi-k3:
+    build_attn gets no wo_s, kimi-k3.cpp:534 and :549, and :559 multiplies by attn_output alone): the tensor is then
+    loaded as `attn_output_scale_unapplied`, so `mla` finds no output scale.
     """
     p = f"blk.{il}."
     H, C, R, dk, dv = mc.n_head, mc.kv_lora_rank, mc.qk_rope, mc.head_k, mc.v_head
@@ -214,16 +218,30 @@ def mla_table(il: int, mc: MLAConfig) -> list[W]:
         t += [W("attn_k_b", p + "attn_k_b.weight", lambda c, s: (H, C, mc.qk_nope)),       # ne {dn, C, H}
               W("attn_v_b", p + "attn_v_b.weight", lambda c, s: (H, dv, C))]               # ne {C, dv, H}
     t += [W("attn_output", p + "attn_output.weight", lambda c, s: (c.n_embd, H * dv)),
-          W("attn_output_scale", p + "attn_output.scale", ONE, required=False, dense=True),
+          W("attn_output_scale" if apply_output_scale else "attn_output_scale_unapplied", p + "attn_output.scale",
+            ONE, required=False, dense=True),
           W("attn_output_input_scale", p + "attn_output.input_scale", ONE, required=False, dense=True)]
     return t
 
 
-def new_state(mc: MLAConfig, form: str = "absorbed", dtype=np.float32):
-    """The per-layer cache of one form: LatentKV (c [S, C], k_pe [S, R]) or KVCache (K [S, H, dk], V [S, H, dv])."""
+def new_state(mc: MLAConfig, form: str | None = None, dtype=np.float32):
+    """The per-layer cache of one form, which it carries (`.form`): LatentKV (c [S, C], k_pe [S, R]) for
+    "absorbed", KVCache (K [S, H, dk], V [S, H, dv]) for "naive"; None: the form llama.cpp runs (`llama_form`)."""
+    form = form or llama_form(mc)
     if form not in FORMS:
         raise ValueError(f"MLA form {form!r} is not one of {FORMS}")
-    return LatentKV(dtype) if form == "absorbed" else KVCache(dtype)
+    return LatentKV(dtype) if form == "absorbed" else KVCache(dtype, form="naive")
+
+
+# The points whose trace name differs between llama.cpp's MLA graphs, with deepseek2.cpp's names. An arch passes
+# `names` {point: the name, or the names, its graph gives that tensor} to replace some (kimi-linear's legacy
+# path also names the naive form's per-head tensors mla_Q / mla_K / mla_V, kimi-linear.cpp:455-478).
+NAMES = {
+    "Q": "Qcur",                          # the attention's query: naive [T, H, dk], absorbed [T, H, C+R]
+    "K": "Kcur",                          # its new keys: naive [T, H, dk], absorbed [T, 1, C+R]
+    "V": ("Vcur_view", "Vcur_cont"),      # the per-head values [T, H, dv] split out of attn_kv_b (legacy files)
+}
+K_PARTS = ("nope", "rope")                # the naive form's per-head key: K = [k_nope | k_pe], as Q = [q_nope | q_pe]
 
 
 # ---------------------------------------------------------------- math
@@ -304,8 +322,9 @@ def attn_temperature(pos, mc: MLAConfig) -> np.ndarray:
 
 
 def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, il, rec_form, dtype=np.float32,
-                    q_temp=None):
-    """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv]."""
+                    q_temp=None, names=NAMES, k_parts=K_PARTS):
+    """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv].
+    k_parts is not used: the one shared key is [c | k_pe]."""
     k_b, v_b = kv_b_heads(w, mc)
     q_nope_perm = q_nope.transpose(1, 0, 2)                                        # [T, H, dn] -> [H, T, dn]
     rt.record("q_nope_perm", il, q_nope_perm)
@@ -314,9 +333,9 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, 
     q_abs = q_abs.transpose(1, 0, 2)                                               # [H, T, C] -> [T, H, C]
     rt.record("q_nope_absorbed_perm", il, q_abs)
     Q = np.concatenate([q_abs, q_pe.astype(dtype)], axis=-1)                       # [T, H, C+R]
-    rec_form("Qcur", il, Q)
+    rec_form(names["Q"], il, Q)
     rec_form("Vcur", il, c[:, None, :])                                            # [T, 1, C]
-    rec_form("Kcur", il, np.concatenate([c, k_pe], axis=-1)[:, None, :])           # [T, 1, C+R]
+    rec_form(names["K"], il, np.concatenate([c, k_pe], axis=-1)[:, None, :])       # [T, 1, C+R]
     if q_temp is not None:
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
@@ -330,8 +349,9 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, 
 
 
 def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask, rt, il, rec_form, dtype=np.float32,
-                 q_temp=None):
-    """MHA over decompressed per-head keys and values: same inputs as attend_absorbed -> [T, H, dv]."""
+                 q_temp=None, names=NAMES, k_parts=K_PARTS):
+    """MHA over decompressed per-head keys and values: same inputs as attend_absorbed -> [T, H, dv].
+    k_parts: the order of K's parts per head (Q is always [q_nope | q_pe])."""
     T, H, dn, dv = c.shape[0], mc.n_head, mc.qk_nope, mc.v_head
     if mc.legacy:                                                                  # llama.cpp's path (:594-612)
         kv = _mm(c, w.attn_kv_b, rt, dtype)                                        # [T, H*(dn+dv)]
@@ -339,8 +359,7 @@ def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask, rt, il, 
         kv = kv.reshape(T, H, dn + dv)                                             # [T, H*(dn+dv)] -> [T, H, dn+dv]
         k_nope, v = kv[..., :dn], kv[..., dn:]                                     # [T, H, dn], [T, H, dv]
         rt.record("k_nope_view", il, k_nope)
-        rt.record("Vcur_view", il, v)
-        rt.record("Vcur_cont", il, v)
+        rec_form(names["V"], il, v)
     else:                                                                          # decompress through k_b / v_b
         k_b, v_b = kv_b_heads(w, mc)
         k_nope = np.einsum("tc,hcn->thn", c.astype(dtype), quant.dequantize(k_b).astype(dtype))   # [T, H, dn]
@@ -348,15 +367,10 @@ def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask, rt, il, 
         v = v.transpose(1, 0, 2)                                                   # [H, T, dv] -> [T, H, dv]
     Q = np.concatenate([q_nope.astype(dtype), q_pe.astype(dtype)], axis=-1)        # [T, H, dk], rope tail last
     k_pe_h = np.broadcast_to(k_pe[:, None, :], (T, H, mc.qk_rope)).astype(dtype)   # [T, H, R]
-    if mc.legacy_k_rope_first:                 # kimi: K = [k_pe | k_nope] against Q = [q_nope | q_pe]
-        K = np.concatenate([k_pe_h, k_nope.astype(dtype)], axis=-1)               # [T, H, dk]
-        rt.record("mla_Q", il, Q)
-        rt.record("mla_V", il, v)
-        rt.record("mla_K", il, K)
-    else:
-        K = np.concatenate([k_nope.astype(dtype), k_pe_h], axis=-1)               # [T, H, dk]
-    rec_form("Qcur", il, Q)                                                        # [T, H, dk]
-    rec_form("Kcur", il, K)                                                        # [T, H, dk]
+    part = {"nope": k_nope.astype(dtype), "rope": k_pe_h}
+    K = np.concatenate([part[p] for p in k_parts], axis=-1)                       # [T, H, dk]
+    rec_form(names["Q"], il, Q)                                                    # [T, H, dk]
+    rec_form(names["K"], il, K)                                                    # [T, H, dk]
     if q_temp is not None:
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
@@ -369,11 +383,12 @@ def _att_record(rt, rec_form):
     return lambda name, il, a: (rec_form if name == "kqv" else rt.record)(name, il, a)
 
 
-def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absorbed", mask_fn=None,
-        dtype=np.float32, qr=None, out_gate=None) -> np.ndarray:
+def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtype=np.float32, qr=None,
+        out_gate=None, k_parts: tuple[str, str] = K_PARTS, names=None) -> np.ndarray:
     """One MLA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
 
-    state: this layer's `new_state(mc, form)`; its length before the call is the first new position.
+    state: this layer's `new_state(mc, form)`; it runs in the state's form (`state.form`, FORMS), and its length
+        before the call is the first new position.
     cos, sin: [T, R/2] from `rope_cos_sin(positions, n_rot=R, attn_factor=mc.rope_attn_factor, ...)`;
         None with `mc.rope` False (no rotation: kimi's rope type NONE).
     mask_fn(q_pos [T], k_pos [S]) -> [T, S] additive mask (default: causal). q_pos are this call's positions
@@ -382,18 +397,29 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
     out_gate: [T, H*dv] multiplied into the heads' output before attn_output (Kimi-K3's sigmoid gate,
         src/models/kimi-k3.cpp:552-557, traced `mla_gated`), or None.
     dtype: np.float32 (llama.cpp's arithmetic, every weight through `rt.matmul`) or np.float64 (tests).
-    The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded.
+    k_parts: the order of the naive form's per-head key parts, ("nope", "rope") the aligned one; ("rope", "nope")
+        reproduces a graph that builds K = [k_pe | k_nope] against Q = [q_nope | q_pe] (kimi-linear.cpp:477,
+        its legacy attn_kv_b path). The absorbed form has one shared key [c | k_pe] and ignores it.
+    names: {point: name(s)} replacing entries of `NAMES` (the arch's graph's trace names).
+    The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded; the output
+    `.scale` is applied when the arch's table loads it as `attn_output_scale` (`mla_table`).
     """
     T, R = h.shape[0], mc.qk_rope
+    form = state.form
     if form not in FORMS:
-        raise ValueError(f"MLA form {form!r} is not one of {FORMS}")
-    want = LatentKV if form == "absorbed" else KVCache
-    if not isinstance(state, want):
-        raise TypeError(f"MLA form {form!r} needs a {want.__name__} state (new_state(mc, {form!r})), got {type(state).__name__}")
+        raise TypeError(f"MLA runs the form of its state (new_state(mc, form), one of {FORMS}); this "
+                        f"{type(state).__name__} has form {form!r}")
+    if tuple(sorted(k_parts)) != ("nope", "rope"):
+        raise ValueError(f"k_parts {k_parts!r}: the two key parts \"nope\" and \"rope\", in some order")
     if mc.rope:
         assert cos.shape == sin.shape == (T, R // 2), f"cos/sin {cos.shape}, expected {(T, R // 2)}"
     pos = state.n + np.arange(T)                                                   # [T]
-    rec_form = rt.record if form == llama_form(mc) else (lambda *a: None)
+
+    def rec_form(name, il, a):      # a name whose shape belongs to one form: recorded by the form llama.cpp runs
+        if form == llama_form(mc):
+            for n in (name,) if isinstance(name, str) else name:
+                rt.record(n, il, a)
+
     q = project_q(h, w, mc=mc, rt=rt, il=il, dtype=dtype, qr=qr)                   # [T, H, dk]
     c, k_pe = project_kv_a(h, w, mc=mc, cos=cos, sin=sin, rt=rt, il=il, dtype=dtype)   # [T, C], [T, R]
     q_nope = q[..., :mc.qk_nope]                                                   # [T, H, dn]
@@ -405,13 +431,15 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, form: str = "absor
     q_temp = attn_temperature(pos, mc) if mc.attn_temp_scale != 0.0 else None      # [T]
     attend = attend_absorbed if form == "absorbed" else attend_naive
     o = attend(q_nope, q_pe, c, k_pe, w, mc=mc, state=state, mask=mask, rt=rt, il=il, rec_form=rec_form,
-               dtype=dtype, q_temp=q_temp)                                         # [T, H, dv]
+               dtype=dtype, q_temp=q_temp, names=NAMES if names is None else {**NAMES, **names},
+               k_parts=k_parts)                                                    # [T, H, dv]
     o = o.reshape(T, mc.n_head * mc.v_head)                                        # [T, H, dv] -> [T, H*dv]
     rt.record("kqv_out", il, o)
     if out_gate is not None:
         o = o * out_gate                                                           # [T, H*dv]
         rt.record("mla_gated", il, o)
     y = _mm(o, w.attn_output, rt, dtype)                                           # [T, D]
-    if mc.output_scale and w.attn_output_scale is not None:
-        y = y * w.attn_output_scale
+    wo_s = getattr(w, "attn_output_scale", None)       # absent where the arch's table loads it unapplied (mla_table)
+    if wo_s is not None:
+        y = y * wo_s
     return y
