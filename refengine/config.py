@@ -304,6 +304,45 @@ class KeyReader:
         vals = [self._check(f"{k}[{i}]", elem, x, gtype) for i, x in enumerate(v)]
         return tuple(int(x) if float(x).is_integer() else float(x) for x in vals)
 
+    def layer0(self, key: str, values: tuple, *, unused=frozenset()) -> tuple:
+        """Every layer's value as llama.cpp's graph takes it where it calls the accessor without a layer: the
+        entry of layer 0 (`hparams.n_head()` is `n_head(0)`, llama-hparams.cpp:50-55; LLAMA_LOAD_LOCALS,
+        llama-model.h:860-878, and llm_graph_context's members, llama-graph.cpp:1470-1477, size the tensors
+        and the graph with it). `values`: what `per_layer` read (a scalar is already one per layer).
+
+        An array whose other entries differ from layer 0's is read as llama.cpp reads it, with a ConfigWarning
+        (the file is ambiguous: the entry a writer meant is not the one llama.cpp uses). `unused`: layers whose
+        entry 0 is the writer's "not this kind of layer" (the KDA blocks of a Kimi file: `[H, 0]`), not a value.
+        """
+        first = values[0]
+        odd = [il for il, v in enumerate(values) if v != first and not (il in unused and v == 0)]
+        if odd:
+            warnings.warn(f"{self.gf.path}: {self._k(key)} = {list(values)} differs between layers (layer {odd[0]}: "
+                          f"{values[odd[0]]}); read as llama.cpp's graph reads it, layer 0's {first} for every "
+                          f"layer", ConfigWarning, stacklevel=3)
+        return (first,) * len(values)
+
+    def expert_used(self, values: tuple, moe_layers) -> int:
+        """expert_used_count as llama.cpp's MoE graph uses it: it selects `n_expert_used()` (layer 0's entry,
+        llama-graph.cpp:1477) experts in every MoE block and sums the first `n_expert_used(il)` of them
+        (:2349). Where a MoE block's entry differs from layer 0's the two disagree (llama.cpp weights top-n_0 and
+        adds n_il of them): refused as ambiguous. Layer 0's entry 0 with MoE blocks is refused as llama.cpp's
+        loaders refuse it ("n_expert_used must be > 0", deepseek2.cpp:137, qwen3moe.cpp:45)."""
+        moe_layers = list(moe_layers)
+        first = int(values[0] or 0)
+        if not moe_layers:
+            return first
+        if first == 0:
+            raise ConfigError(f"{self.gf.path}: {self._k('expert_used_count')} = {list(values)}: llama.cpp selects "
+                              f"layer 0's 0 experts in every MoE block (its MoE loaders refuse the file: "
+                              f"\"n_expert_used must be > 0\")")
+        odd = [il for il in moe_layers if int(values[il] or 0) != first]
+        if odd:
+            raise ConfigError(f"{self.gf.path}: {self._k('expert_used_count')} = {list(values)} is ambiguous: "
+                              f"llama.cpp's graph selects layer 0's {first} experts in every MoE block but sums "
+                              f"{values[odd[0]]} of them in block {odd[0]} (llama-graph.cpp:1477, :2349)")
+        return first
+
     def warn_ignored(self, keys: list[str]) -> tuple[str, ...]:
         """Keys present in the file that change the math of other archs but that llama.cpp does not read here."""
         found = tuple(self._k(k) for k in keys if self._k(k) in self.gf.kv)
@@ -364,8 +403,10 @@ def read_common(r: KeyReader, *, rope_type: int, n_vocab: int) -> tuple[dict, tu
     n_head = r.per_layer("attention.head_count", n_layer_all, required=True)[:n_layer]
     n_head_kv = r.per_layer("attention.head_count_kv", n_layer_all)[:n_layer]
     n_head_kv = tuple(h if kv is None else kv for h, kv in zip(n_head, n_head_kv))
-    if n_head[0] <= 0:
-        raise ConfigError(f"{gf.path}: {r._k('attention.head_count')} must be positive")
+    if n_head[0] <= 0:                    # every graph reads n_head(), layer 0's entry (llama-hparams.cpp:50)
+        raise ConfigError(f"{gf.path}: {r._k('attention.head_count')} must be positive in layer 0, but is "
+                          f"{list(n_head) if len(set(n_head)) > 1 else n_head[0]}: llama.cpp sizes every block "
+                          f"by layer 0's entry (n_head()) and refuses the file (\"tensor ... has wrong shape\")")
     head_k = int(r.get("attention.key_length", n_embd // n_head[0]))
     head_v = int(r.get("attention.value_length", n_embd // n_head[0]))
     n_rot = int(r.get("rope.dimension_count", head_k))

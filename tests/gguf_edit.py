@@ -7,7 +7,7 @@ from refengine.gguf import LazyArray, open_gguf
 
 
 def rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), tensor_fn=None, add_tensors=None):
-    """set_keys: {key: (value, GGUFValueType)}; tensor_fn(name, raw uint8 array) -> new raw (same size) or None;
+    """set_keys: {key: (value, GGUFValueType)} or, for an array, {key: (list, GGUFValueType.ARRAY, element type)}; tensor_fn(name, raw uint8 array) -> new raw (same size) or None;
     add_tensors: {name: float32 array}."""
     gf = open_gguf(src)
     w = GGUFWriter(str(dst), gf.get("general.architecture"))
@@ -20,8 +20,8 @@ def rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), tensor_fn
             w.add_key_value(k, list(v.value), vt, sub_type=v.elem_type)
         else:
             w.add_key_value(k, v, vt)
-    for k, (v, vt) in (set_keys or {}).items():
-        w.add_key_value(k, v, vt)
+    for k, (v, vt, *sub) in (set_keys or {}).items():
+        w.add_key_value(k, v, vt, sub_type=sub[0] if sub else None)
     for name, ti in gf.tensors.items():
         if name in drop_tensors:
             continue

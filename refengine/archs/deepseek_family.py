@@ -71,11 +71,15 @@ def deepseek_moe_layers(r: KeyReader, common: dict, gating: str) -> list:
     L = common["n_layer"]
     L_all = L + common["n_layer_nextn"]
     n_dense = int(r.get("leading_dense_block_count", 0))
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
+    # a scalar or one per layer; the tensors and the graph take n_ff_exp() and n_expert_used(), layer 0's
+    # entries (deepseek2.cpp:82, :137, LLAMA_LOAD_LOCALS; deepseek32.cpp:74, glm-dsa.cpp:107)
+    n_ff_exp = r.layer0("expert_feed_forward_length",
+                        r.per_layer("expert_feed_forward_length", L_all, required=True)[:L])
     n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
     n_shared = int(r.get("expert_shared_count", required=True))
     E = common["n_expert"]
     check_experts(r.gf, r.arch, E if L > n_dense else 0, n_used[n_dense:])
+    n_used = (r.expert_used(n_used, range(n_dense, L) if E else ()),) * L
     out = []
     for il in range(L):
         if il < n_dense or E == 0:
@@ -107,7 +111,8 @@ def config_from_gguf(arch: str, gf, *, gating_id, mla_options: dict, ignored_key
     if func not in GATING:
         raise ConfigError(f"{gf.path}: {arch}.expert_gating_func = {func} is not one of {sorted(GATING)}")
     moes = deepseek_moe_layers(r, common, GATING[func])
-    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
+    n_ff = r.layer0("feed_forward_length", r.per_layer("feed_forward_length", L_all, default=0)[:L])   # n_ff()
+    n_head = r.layer0("attention.head_count", n_head)          # the graph's n_head (llama-graph.cpp:1470)
     mc = mla.mla_config(r, **{**common, "n_layer": L_all}, n_head=n_head[0], **mla_options)
     ics = [None] * L if indexers is None else indexers(r, common)
     layers = tuple(

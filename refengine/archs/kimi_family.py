@@ -51,16 +51,18 @@ IGNORED_MATH_KEYS = ("attention.scale", "attention.clamp_kqv", "logit_scale", "e
 
 @dataclass(frozen=True)
 class HybridKeys:
-    """The keys both Kimi loaders read, per layer where llama.cpp reads them per layer (arrays of n_layer)."""
+    """The keys both Kimi loaders read, one entry per layer (tuples of n_layer) as llama.cpp uses them: a key its
+    graph or tensor shapes read without a layer (n_ff(), n_ff_exp(), n_expert_used()) holds layer 0's entry in
+    every layer (KeyReader.layer0); head_count_kv is read per layer (it marks the KDA blocks)."""
     r: KeyReader
     common: dict               # read_common's hyperparameters
-    n_head: int                # attention.head_count (one for every layer: the graphs read n_head())
-    n_head_kv: np.ndarray      # attention.head_count_kv per layer (0: a KDA block)
+    n_head: int                # attention.head_count of layer 0 (a scalar or per layer: the graphs read n_head())
+    n_head_kv: tuple           # attention.head_count_kv per layer (0: a KDA block)
     kda: kda.KDAConfig         # kda.head_dim, ssm.conv_kernel; an arch adds its KDA options (dataclasses.replace)
     n_dense: int               # leading_dense_block_count
-    n_ff: np.ndarray           # feed_forward_length (dense blocks)
-    n_ff_exp: np.ndarray       # expert_feed_forward_length (required)
-    n_used: np.ndarray         # expert_used_count
+    n_ff: tuple                # feed_forward_length (dense blocks): layer 0's
+    n_ff_exp: tuple            # expert_feed_forward_length (required): layer 0's
+    n_used: tuple              # expert_used_count: layer 0's (the MoE blocks must agree: KeyReader.expert_used)
     n_shared: int              # expert_shared_count (required)
     gating: str                # expert_gating_func (required), a GATING name
 
@@ -78,21 +80,31 @@ def read_keys(gf, arch: str) -> HybridKeys:
     common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=token_rows(gf))
     L = common["n_layer"]
     L_all = L + common["n_layer_nextn"]
-    H = int(n_head[0])
-    if any(int(h) != H for h in n_head):
-        raise ConfigError(f"{gf.path}: {arch} needs one attention.head_count for every layer "
-                          f"(its graph reads n_head())")
+    # head_count may be a scalar or one per layer (llama.cpp's writers store [H, 0]: 0 in the KDA blocks); both
+    # graphs read n_head(), layer 0's entry, for the KDA and the MLA blocks alike (kimi-linear.cpp:255,
+    # kimi-k3.cpp:255, LLAMA_LOAD_LOCALS); read_common refuses layer 0's entry 0 as llama.cpp's tensors do
+    kda_blocks = frozenset(il for il in range(L) if int(n_head_kv[il]) == 0)
+    H = int(r.layer0("attention.head_count", n_head, unused=kda_blocks)[0])
+    latent = r.get("attention.key_length_mla", 0) and r.get("attention.value_length_mla", 0)   # hparams.is_mla()
+    wide = [il for il in range(L) if il not in kda_blocks and int(n_head_kv[il]) != 1]
+    if latent and wide:       # the latent cache holds head_count_kv[il] rows of (kv_lora + rope) per token
+        raise ConfigError(f"{gf.path}: {r._k('attention.head_count_kv')} = {list(n_head_kv)}: MLA block {wide[0]} "
+                          f"has {n_head_kv[wide[0]]} KV heads, not the one latent row llama.cpp's MLA cache holds; "
+                          f"llama.cpp aborts on the file (GGML_ASSERT(a->ne[0] == b->ne[0]), ggml.c:4014, measured)")
     kc = kda.KDAConfig(n_head=H, head_dim=int(r.get("kda.head_dim", required=True, kind=COUNT)),
                        d_conv=int(r.get("ssm.conv_kernel", required=True, kind=COUNT)), rms_eps=common["rms_eps"])
-    n_ff_exp = r.per_layer("expert_feed_forward_length", L_all, required=True)[:L]
+    # the tensors are sized by n_ff_exp() and n_ff() (layer 0's entries, kimi-linear.cpp:140, kimi-k3.cpp:144)
+    n_ff_exp = r.layer0("expert_feed_forward_length", r.per_layer("expert_feed_forward_length", L_all,
+                                                                  required=True)[:L])
     n_shared = int(r.get("expert_shared_count", required=True))
     n_dense = int(r.get("leading_dense_block_count", 0))
     func = int(r.get("expert_gating_func", required=True))
     if func not in GATING:
         raise ConfigError(f"{gf.path}: {arch}.expert_gating_func = {func} is not one of {sorted(GATING)}")
     n_used = r.per_layer("expert_used_count", L_all, default=0)[:L]
-    n_ff = r.per_layer("feed_forward_length", L_all, default=0)[:L]
+    n_ff = r.layer0("feed_forward_length", r.per_layer("feed_forward_length", L_all, default=0)[:L])
     check_experts(gf, arch, common["n_expert"] if L > n_dense else 0, n_used[n_dense:])
+    n_used = (r.expert_used(n_used, range(n_dense, L) if common["n_expert"] else ()),) * L
     return HybridKeys(r=r, common=common, n_head=H, n_head_kv=n_head_kv, kda=kc, n_dense=n_dense, n_ff=n_ff,
                       n_ff_exp=n_ff_exp, n_used=n_used, n_shared=n_shared, gating=GATING[func])
 

@@ -43,16 +43,32 @@ def llama_moe_sizes(r, n_layer: int, n_layer_all: int) -> tuple[list[int], list[
     `feed_forward_length` (Mixtral; `expert_feed_forward_length` is not read)."""
     n_ff = [int(v or 0) for v in r.per_layer("feed_forward_length", n_layer_all, default=0)[:n_layer]]
     n_used = [int(v or 0) for v in r.per_layer("expert_used_count", n_layer_all, default=0)[:n_layer]]
-    return n_ff, n_used, n_ff
+    return n_ff, n_used, list(r.layer0("feed_forward_length", n_ff))     # the experts: n_ff() (LLAMA_LOAD_LOCALS)
 
 
 def qwen_moe_sizes(r, n_layer: int, n_layer_all: int) -> tuple[list[int], list[int], list[int]]:
     """Per trunk block (n_ff, n_expert_used, n_ff_exp) as the Qwen MoE loaders read them: `expert_feed_forward_length`,
     else `feed_forward_length / expert_used_count` (src/models/qwen3moe.cpp:51, qwen3next.cpp:53)."""
-    n_ff, n_used, _ = llama_moe_sizes(r, n_layer, n_layer_all)
-    n_ff_exp = r.per_layer("expert_feed_forward_length", n_layer_all, default=0)[:n_layer]
-    ff_exp = [int(e or (f // u if u else 0) or 0) for e, f, u in zip(n_ff_exp, n_ff, n_used)]
+    n_ff, n_used, ff0 = llama_moe_sizes(r, n_layer, n_layer_all)
+    n_ff_exp = r.layer0("expert_feed_forward_length",       # n_ff_exp(), n_ff(), n_expert_used(): layer 0's
+                        r.per_layer("expert_feed_forward_length", n_layer_all, default=0)[:n_layer])
+    ff_exp = [int(e or (f // u if u else 0) or 0) for e, f, u in zip(n_ff_exp, ff0, [n_used[0]] * n_layer)]
     return n_ff, n_used, ff_exp
+
+
+def graph_heads(r, n_head: tuple, n_head_kv: tuple, linear: list) -> tuple[tuple, tuple]:
+    """head_count / head_count_kv per block as the member's graph reads them: n_head and n_head_kv of layer 0
+    for every softmax block (llm_graph_context's members, llama-graph.cpp:1470-1471; the tensors by
+    LLAMA_LOAD_LOCALS). The KV cache is sized by each layer's n_head_kv(il) (llama-kv-cache.cpp:1289): an array
+    whose softmax blocks differ from layer 0's is refused, llama.cpp's K/V and cache would disagree."""
+    L = len(n_head)
+    unused = frozenset(il for il in range(L) if linear[il])
+    kv = {int(n_head_kv[il]) for il in range(L) if il not in unused}
+    if kv and kv != {int(n_head_kv[0])}:
+        raise ConfigError(f"{r.gf.path}: {r._k('attention.head_count_kv')} = {list(n_head_kv)} is ambiguous: "
+                          f"llama.cpp builds every block's K and V with layer 0's {n_head_kv[0]} heads "
+                          f"(n_head_kv()) but sizes block il's cache by its own entry")
+    return r.layer0("attention.head_count", n_head, unused=unused), (n_head_kv[0],) * L
 
 
 def check_kv_dims(gf, arch: str, common: dict) -> None:
@@ -119,9 +135,13 @@ class Variant:
         n_ff_shexp = int(r.get("expert_shared_feed_forward_length", 0)) if self.shared_expert else 0
         E = common["n_expert"]
         check_experts(gf, self.arch, E, n_used, required=self.experts_required)
+        n_used = [r.expert_used(n_used, range(L) if E > 0 else ())] * L    # the graph's n_expert_used
         self.check_dims(gf, self.arch, common)
         gc = gdn.gdn_config(r, gf.path) if self.linear_layers else None
         linear = self.linear_layers(r, L, L_all) if self.linear_layers else [False] * L
+        n_head, n_head_kv = graph_heads(r, n_head, n_head_kv, linear)
+        if not self.shared_expert:           # the dense FFN: n_ff() (qwen3next's shared expert reads n_ff(il))
+            n_ff = list(r.layer0("feed_forward_length", n_ff))
         layers = []
         for il in range(L):
             if not linear[il]:
