@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from ..attention import kda, mla
 from ..config import COUNT, KeyReader, LayerSpec, check_experts, read_common, token_rows
 from ..errors import ConfigError, MissingTensorError
