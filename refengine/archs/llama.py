@@ -18,8 +18,8 @@ Experts (Mixtral files) are sized by feed_forward_length and may omit ffn_gate_e
 from __future__ import annotations
 
 from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NORM
-from ..moe.block import MoETensors, moe_matmul_inputs
-from .llama_family import Variant
+from ..moe.block import MoETensors
+from .llama_family import Variant, gqa_matmul_inputs
 
 ARCH = "llama"
 ROPE_TYPE = ROPE_NORM
@@ -29,12 +29,7 @@ LLAMA = Variant(arch=ARCH, rope_type=ROPE_TYPE, ignored_keys=LLAMA_IGNORED_MATH_
                 moe_tensors=MoETensors(optional_gate=True))   # ffn_gate_exps TENSOR_NOT_REQUIRED (models/llama.cpp)
 
 # llama.cpp graph tensor that is the input of a quantized matmul -> the GGUF weights it multiplies (refengine.flips)
-MATMUL_INPUTS = [
-    (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
-    (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
-    *moe_matmul_inputs(dense=True, shared=False),
-    (r"result_norm", ["output.weight", "token_embd.weight"]),
-]
+MATMUL_INPUTS = gqa_matmul_inputs(dense=True)
 
 PRESETS = {
     "tiny": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,

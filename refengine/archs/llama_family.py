@@ -30,13 +30,22 @@ from ..config import (KeyReader, LayerSpec, ModelConfig, check_experts, check_gq
 from ..errors import ConfigError
 from ..ffn import dense_ffn, dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head, rope_factors
-from ..moe.block import MoEConfig, MoETensors, moe_block, moe_table
+from ..moe.block import MoEConfig, MoETensors, moe_block, moe_matmul_inputs, moe_table
 from ..ops import rms_norm
 from ..ops.rope import context_rope
 from ..weights import load_tensors, norm_table
 
 
 # ---------------------------------------------------------------- the sizes of the feed-forward
+
+def gqa_matmul_inputs(*, dense: bool) -> list:
+    """`MATMUL_INPUTS` (refengine.flips) of a softmax-attention block with a SwiGLU MoE FFN (dense: some layers
+    run a dense FFN instead): llama.cpp graph tensor that is a quantized matmul's input -> the weights it feeds."""
+    return [(r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
+            (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
+            *moe_matmul_inputs(dense=dense, shared=False),
+            (r"result_norm", ["output.weight", "token_embd.weight"])]
+
 
 def llama_moe_sizes(r, n_layer: int, n_layer_all: int) -> tuple[list[int], list[int], list[int]]:
     """Per trunk block (n_ff, n_expert_used, n_ff_exp) as llama's loader reads them: the experts are sized by

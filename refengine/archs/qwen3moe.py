@@ -15,8 +15,7 @@ Experts are sized by expert_feed_forward_length, else feed_forward_length / expe
 from __future__ import annotations
 
 from ..config import LLAMA_IGNORED_MATH_KEYS, ROPE_NEOX
-from ..moe.block import moe_matmul_inputs
-from .llama_family import Variant
+from .llama_family import Variant, gqa_matmul_inputs
 
 ARCH = "qwen3moe"
 ROPE_TYPE = ROPE_NEOX
@@ -28,12 +27,8 @@ QWEN3MOE = Variant(arch=ARCH, rope_type=ROPE_TYPE, ignored_keys=LLAMA_IGNORED_MA
                    trace_attn_out=None,             # the graph names no attention output before ffn_inp
                    synth_rope_dims=False)
 
-MATMUL_INPUTS = [
-    (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight"]),
-    (r"kqv_out-(\d+)", ["blk.{il}.attn_output.weight"]),
-    *moe_matmul_inputs(dense=False, shared=False),
-    (r"result_norm", ["output.weight", "token_embd.weight"]),
-]
+# llama.cpp graph tensor that is the input of a quantized matmul -> the GGUF weights it multiplies (refengine.flips)
+MATMUL_INPUTS = gqa_matmul_inputs(dense=False)
 
 PRESETS = {
     "tiny": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=128, n_ff=768,
