@@ -11,6 +11,8 @@ import pytest
 
 from numerics import assert_close
 
+pytestmark = pytest.mark.oracle     # the Q4_K files are written by ggml's quantizer (llama-cpp-python's libggml)
+
 TOL = 1e-6
 TOKENS = [3, 17, 101, 5, 250, 42, 7]
 DSA_TOKENS = TOKENS + list(range(40, 53))     # 20 tokens: past the DSA indexer's top-k (8), so keys are dropped

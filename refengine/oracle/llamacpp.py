@@ -55,7 +55,9 @@ def quiet_logs(L):
                 _ERRORS.append(text.decode("utf-8", errors="replace").strip())
                 del _ERRORS[:-8]
         _LOG_CB = L.llama_log_callback(log)
-        L.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+    # set on every call: another module of the same process (refengine.fuzz's loader) may have put its own
+    # callback in place since, and a refusal's reason would then go there
+    L.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
 
 
 def llamacpp_reason() -> str:
