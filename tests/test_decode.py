@@ -71,3 +71,28 @@ def test_token_out_of_vocab(synth_model):
     m = Model(synth_model("llama"))
     with pytest.raises(ConfigError, match="token id 256 is outside the vocabulary"):
         m.forward([1, 256])
+
+
+# llama.cpp's own prefill-then-decode schedule (8 tokens, then 4 one-token calls): its carried state (KV / latent
+# cache, conv tails, delta-rule state) against ours, for the archs whose state is more than a KV cache
+LLAMACPP_DECODE_CASES = [
+    ("qwen3next", dict(overrides={"legacy_ssm_in": True})),
+    ("kimi-linear", dict(preset="tiny")),
+    ("kimi-linear", dict(preset="tiny-legacy")),
+    ("kimi-k3", dict()),                      # the residual bank is rebuilt per call, nothing to carry
+]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch,kw", LLAMACPP_DECODE_CASES,
+                         ids=["qwen3next-legacy-ssm_in", "kimi-linear-tiny", "kimi-linear-tiny-legacy", "kimi-k3-tiny"])
+def test_prefill_then_decode_matches_llamacpp(synth_model, arch, kw):
+    """Prefill 8 then 4 one-token decodes in both engines: logits NMSE <= 1e-8."""
+    from refengine.oracle import run_llamacpp
+    path = synth_model(arch, **kw)
+    ref = run_llamacpp(path, TOKENS, chunks=[8, 1, 1, 1, 1], trace=False).logits
+    m = Model(path)
+    state = m.new_state()
+    got = np.concatenate([m.forward(TOKENS[:8], state)] + [m.forward([t], state) for t in TOKENS[8:]])
+    nmse = metrics(ref, got)[0]
+    assert nmse <= 1e-8, f"{arch} {kw}: logits NMSE {nmse:.2e}"
