@@ -211,7 +211,7 @@ def _argsort_check(name, ref_order, got_order, ref_probs, got_probs) -> TensorSt
     return TensorStat(name, list(got_order.shape), float(bad), float(bad), 1.0, bad == 0, note)
 
 
-def _selection_sets(ref_sel, got_sel, ref_score, got_score):
+def selection_sets(ref_sel, got_sel, ref_score, got_score):
     """Per query: (agree, near_tie) for DSA selections. ref_sel [.., T, k] (llama.cpp, may name masked positions
     and padded cells), got_sel [T, n]; scores [.., T, n_kv] / [T, S] with -inf where causally masked."""
     T, S = got_score.shape[-2], got_score.shape[-1]
@@ -256,7 +256,7 @@ def _selection_rows(ref: dict, got: dict, il: str, cache: dict):
             m += 1
         if f"top_k-{m}" not in ref or f"top_k-{j}" not in got:
             return None
-        cache[j] = _selection_sets(ref[f"top_k-{m}"], got[f"top_k-{j}"], ref[f"indexer_score-{j}"],
+        cache[j] = selection_sets(ref[f"top_k-{m}"], got[f"top_k-{j}"], ref[f"indexer_score-{j}"],
                                    got[f"indexer_score-{j}"])
     return cache[j]
 

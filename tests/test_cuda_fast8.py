@@ -20,7 +20,7 @@ from numba import cuda  # noqa: E402
 from quant import GGMLType, ref  # noqa: E402
 from quant.cuda import moe as cmoe  # noqa: E402
 from quant.cuda import ops  # noqa: E402
-from quant.cuda.fast8 import CW, INV254, _digits  # noqa: E402
+from quant.cuda.fast8 import CW, INV254, digits  # noqa: E402
 from quant.cuda.testdata import random_qtensor  # noqa: E402
 from quant.formats import type_info  # noqa: E402
 from numerics import rel_rms  # noqa: E402
@@ -56,7 +56,7 @@ def _acts(kind, T, rng):
 def digits_kernel(v, out):
     i = cuda.grid(1)
     if i < v.size:
-        a, b, c = _digits(v[i])
+        a, b, c = digits(v[i])
         out[i, 0] = a
         out[i, 1] = b
         out[i, 2] = c

@@ -167,16 +167,16 @@ def test_indexer_key_length_must_fit_the_hadamard(tmp_path):
 def test_selection_compare_names_near_ties():
     """compare's rule for `top_k`: sets of visible positions; a differing set is a near-tie only when llama.cpp's
     k-th and (k+1)-th scores are within twice the measured score error of that query."""
-    from refengine.compare import _selection_sets
+    from refengine.compare import selection_sets
     causal = causal_mask(np.arange(4, 6), np.arange(6))                              # [2, 6]
     ref_score = np.array([[0.9, 0.5, 0.30001, 0.3, 0.1, 0.0], [0.9, 0.8, 0.7, 0.1, 0.2, 0.6]], np.float32) + causal
     got_score = ref_score + np.float32(2e-5) * np.isfinite(ref_score)              # measured error 2e-5 everywhere
     ref_sel = np.array([[0, 1, 2], [0, 1, 2]])
-    agree, tie = _selection_sets(ref_sel, np.array([[0, 1, 3], [0, 1, 2]]), ref_score, got_score)
+    agree, tie = selection_sets(ref_sel, np.array([[0, 1, 3], [0, 1, 2]]), ref_score, got_score)
     assert agree.tolist() == [False, True] and tie.tolist() == [True, False]       # 0.30001 vs 0.3: a near-tie
-    agree, tie = _selection_sets(ref_sel, np.array([[0, 1, 2], [0, 1, 5]]), ref_score, got_score)
+    agree, tie = selection_sets(ref_sel, np.array([[0, 1, 2], [0, 1, 5]]), ref_score, got_score)
     assert agree.tolist() == [True, False] and tie.tolist() == [False, False]      # 0.7 vs 0.6: a real difference
     # llama.cpp may name masked positions when fewer than k are visible: they do not count
-    agree, _ = _selection_sets(np.array([[0, 1, 5]]), np.array([[0, 1, 2]]), np.array([[1.0, 0.5, -np.inf]]),
+    agree, _ = selection_sets(np.array([[0, 1, 5]]), np.array([[0, 1, 2]]), np.array([[1.0, 0.5, -np.inf]]),
                                np.array([[1.0, 0.5, -np.inf]]))
     assert agree.tolist() == [True]

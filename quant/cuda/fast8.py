@@ -52,7 +52,7 @@ INV254 = 1.0 / 254.0
 
 
 @cuda.jit(device=True, inline=True)
-def _digits(v):
+def digits(v):
     """v (|v| <= 126.5) -> its three base-254 digits, each the low byte (two's complement) of a float's bits."""
     t0 = v + float32(RND)
     r1 = (v - (t0 - float32(RND))) * float32(254.0)
@@ -88,10 +88,10 @@ def x_helpers(t):
             inv = float32(126.0) / m
             xk[j] = cuda.fma(m, float32(1.0 / (126.0 * 254.0)), z)
             for i in range(NQ):
-                a0, a1, a2 = _digits(xv[0, j * RL + 4 * i] * inv)
-                b0, b1, b2 = _digits(xv[0, j * RL + 4 * i + 1] * inv)
-                c0, c1, c2 = _digits(xv[0, j * RL + 4 * i + 2] * inv)
-                d0, d1, d2 = _digits(xv[0, j * RL + 4 * i + 3] * inv)
+                a0, a1, a2 = digits(xv[0, j * RL + 4 * i] * inv)
+                b0, b1, b2 = digits(xv[0, j * RL + 4 * i + 1] * inv)
+                c0, c1, c2 = digits(xv[0, j * RL + 4 * i + 2] * inv)
+                d0, d1, d2 = digits(xv[0, j * RL + 4 * i + 3] * inv)
                 xl[0, j * NQ + i] = _pack(a0, b0, c0, d0)
                 xl[1, j * NQ + i] = _pack(a1, b1, c1, d1)
                 xl[2, j * NQ + i] = _pack(a2, b2, c2, d2)
