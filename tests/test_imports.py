@@ -145,3 +145,16 @@ if __name__ == "__main__":
     for m, t, name, line in private_imports(mods):
         allowed = "(allowed)" if (m, t, name) in ALLOWED_PRIVATE else ""
         print(f"private: {m}:{line} imports {name or '*'} from {t}", allowed)
+
+
+def test_tests_import_no_private_project_name():
+    """The tests use the project's public names too (a private helper a test needs is made public)."""
+    mods = project_modules()
+    found = []
+    for f in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        if f.endswith(".py"):
+            path = os.path.join(ROOT, "tests", f)
+            for target, name, line in imports(f"tests.{f[:-3]}", path, mods):
+                if name and name.startswith("_") and not name.startswith("__"):
+                    found.append(f"tests/{f}:{line} imports {name} from {target}")
+    assert not found, "\n".join(found)
