@@ -9,8 +9,9 @@ this table changes in the same commit.
                     over it, and the proof stops at TENSOR because WHY (a matmul input llama.cpp does not name,
                     so it cannot be forced); the test xfails only when the proof stops exactly there
 
-Cases: tests/test_llamacpp_mode.py (LLAMACPP_CASES, 16 tokens of seed 0) and tests/test_quantize_recipes.py
-("quantize-moe-q2k"). Measured figures for each: docs/quant.md.
+Cases: tests/test_llamacpp_mode.py (LLAMACPP_CASES, 16 tokens of seed 0), tests/test_quantize_recipes.py
+("quantize-moe-q2k") and tests/test_llamacpp_writer.py ("llamacpp-writer-*": files llama.cpp's writer quantized).
+Measured figures for each: docs/quant.md.
 """
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ OUTCOMES = {
     "kimi-k3-small-Q6_K": "proven-flip",   # logits 2.1e-10, kda_g2-3 1.1e-7: attn_norm-3 forced (1 Q8_K code)
     "kimi-k3-small-Q2_K": "pass",
     "quantize-moe-q2k": "pass",
+    # files written by llama.cpp's llama_model_quantize (MOSTLY_Q8_0) from the tiny synthetic F32 files
+    "llamacpp-writer-llama-Q8_0": "pass",            # logits 8.3e-14
+    "llamacpp-writer-qwen3moe-Q8_0": "pass",         # 8.5e-14
+    "llamacpp-writer-deepseek2-Q8_0": "pass",        # 8.5e-14
+    "llamacpp-writer-deepseek32-Q8_0": "pass",       # 8.6e-14
+    "llamacpp-writer-glm-dsa-Q8_0": "pass",          # 8.4e-14
+    "llamacpp-writer-qwen3next-Q8_0": "proven-flip",  # 7.1e-3: final_output-0, ffn_moe_swiglu-2 forced (1 code each)
+    "llamacpp-writer-kimi-linear-Q8_0": "pass",      # 8.6e-14
+    "llamacpp-writer-kimi-k3-Q8_0": "proven-flip",   # 7.2e-4: attn_norm-1 forced (1 block scale); 9.1e-14 after
 }
 
 

@@ -226,7 +226,8 @@ def test_logits_within_1e7(runs, case):
 
 def test_outcome_table_covers_every_case():
     from tests.llamacpp_mode_outcomes import OUTCOMES
-    assert set(OUTCOMES) == set(CASES_BY_ID) | {"quantize-moe-q2k"}
+    from tests.test_llamacpp_writer import CASE_IDS
+    assert set(OUTCOMES) == set(CASES_BY_ID) | {"quantize-moe-q2k"} | set(CASE_IDS)
 
 
 # ---------------------------------------------------------------- the proof fails on injected bugs

@@ -115,10 +115,11 @@ def kda_table(gf, il: int, kc: KDAConfig, *, fused_qkv: bool = True,
     # biases of q/k/v: create_tensor_qkv loads them (without a fused bias) whichever projection form is used
     t += [W(f"attn_{x}_bias", p + f"attn_{x}.bias", lambda c, s: (d_in,), required=False, dense=True)
           for x in STREAMS]
-    # the low-rank projections follow the file type (conversion/kimi_linear.py): any matmul type, not "small"
-    t += [W("ssm_f_a", p + "ssm_f_a.weight", lambda c, s: (dh, D(c, s))),
-          W("ssm_f_b", p + "ssm_f_b.weight", lambda c, s: (d_in, dh)),
-          W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (H, D(c, s))),
+    # the gate's low-rank pair and the beta projection (qwen3next's ssm_ba counterpart) are small matrices: llama.cpp
+    # multiplies them in any type (llama-quantize writes them Q8_0 at MOSTLY_Q8_0), lint flags a quantized one
+    t += [W("ssm_f_a", p + "ssm_f_a.weight", lambda c, s: (dh, D(c, s)), small=True),
+          W("ssm_f_b", p + "ssm_f_b.weight", lambda c, s: (d_in, dh), small=True),
+          W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (H, D(c, s)), small=True),
           W("ssm_a", p + "ssm_a", lambda c, s: ssm_a_shape(H), dense=True),
           W("ssm_dt_b", p + "ssm_dt.bias", lambda c, s: (d_in,), dense=True)]
     if kc.full_rank_gate:

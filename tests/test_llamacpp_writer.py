@@ -1,0 +1,106 @@
+"""Files written by llama.cpp's own quantizing writer load in refengine and match llama.cpp (issue 22, dialect 2).
+
+`llama_cpp.llama_model_quantize` is the library function behind `llama-quantize` (src/llama-quant.cpp,
+`llama_model_quantize_impl`): its own choice of which tensors to quantize, its own metadata rewrite. For every
+registered arch (WRITER_CASES, data): the tiny synthetic F32 file (`refengine.synth.write_synth`) quantized by it
+to MOSTLY_Q8_0, then
+  - the types llama.cpp chose for the notable small tensors are the pinned ones (e.g. kimi-k3: `ssm_f_a`,
+    `ssm_f_b`, `ssm_beta` Q8_0 beside F32 `ssm_a` / `ssm_dt.bias` / conv kernels: the Kimi K3 loader case);
+  - `refengine.lint` refuses nothing and flags exactly the quantized small matrices (for strict loaders);
+  - refengine loads it and, in llama.cpp mode, its logits are within 1e-7 of llama.cpp's or the difference is a
+    rounding flip proven by teacher forcing (`refengine.flips.prove_flips`); the outcome pinned in
+    tests/llamacpp_mode_outcomes.py as "llamacpp-writer-{arch}-Q8_0".
+"""
+import numpy as np
+import pytest
+
+from refengine.archs import ARCHS
+
+pytestmark = pytest.mark.oracle
+
+FTYPE = "Q8_0"
+_KDA_SMALL = ("ssm_f_a.weight", "ssm_f_b.weight", "ssm_beta.weight")
+
+# arch -> ({tensor name suffix: the type llama.cpp's writer gave every such tensor}, {suffixes lint flags})
+# (measured with llama-cpp-python 0.3.36; the router gate and 1-D tensors stay F32, every other matrix is Q8_0)
+WRITER_CASES = {
+    "llama": ({"token_embd.weight": "Q8_0", "output.weight": "Q8_0", "attn_norm.weight": "F32"}, set()),
+    "qwen3moe": ({"ffn_gate_inp.weight": "F32", "ffn_up_exps.weight": "Q8_0"}, set()),
+    "deepseek2": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "exp_probs_b.bias": "F32"}, set()),
+    "deepseek32": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "indexer.proj.weight": "Q8_0"}, set()),
+    "glm-dsa": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "indexer.proj.weight": "Q8_0"}, set()),
+    "qwen3next": ({"ffn_gate_inp.weight": "F32", "ssm_ba.weight": "Q8_0", "ssm_conv1d.weight": "F32",
+                   "ssm_a": "F32"}, {"ssm_ba.weight"}),
+    "kimi-linear": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "ssm_g_b.weight": "Q8_0",
+                     "ssm_conv1d_q.weight": "F32", "ssm_a": "F32", "ssm_dt.bias": "F32",
+                     **{n: "Q8_0" for n in _KDA_SMALL}}, set(_KDA_SMALL)),
+    "kimi-k3": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "ssm_g.weight": "Q8_0",
+                 "ssm_conv1d_q.weight": "F32", "ssm_a": "F32", "ssm_dt.bias": "F32",
+                 **{n: "Q8_0" for n in _KDA_SMALL}}, set(_KDA_SMALL)),
+}
+CASE_IDS = [f"llamacpp-writer-{a}-{FTYPE}" for a in WRITER_CASES]
+
+
+def test_every_arch_has_a_case():
+    assert set(WRITER_CASES) == set(ARCHS)
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """arch -> path of its tiny synthetic F32 file quantized by llama.cpp's `llama_model_quantize` (written once)."""
+    import llama_cpp
+    from refengine.synth import write_synth
+    root = tmp_path_factory.mktemp("llamacpp-writer")
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            src = write_synth(arch, root / f"{arch}-F32.gguf")
+            out = root / f"{arch}-{FTYPE}.gguf"
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{FTYPE}")
+            params.nthread = 2
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+            assert rc == 0, f"{arch}: llama_model_quantize returned {rc}"
+            cache[arch] = str(out)
+        return cache[arch]
+    return get
+
+
+def _types_by_suffix(path) -> dict[str, set[str]]:
+    from refengine.gguf import open_gguf
+    got: dict[str, set[str]] = {}
+    for name, ti in open_gguf(path).tensors.items():
+        suffix = name.split(".", 2)[2] if name.startswith("blk.") else name
+        got.setdefault(suffix, set()).add(ti.type.name)
+    return got
+
+
+@pytest.mark.parametrize("arch", WRITER_CASES)
+def test_writer_types(quantized, arch):
+    """The types llama.cpp's writer chose for the notable tensors (every layer's copy alike)."""
+    got = _types_by_suffix(quantized(arch))
+    want, _ = WRITER_CASES[arch]
+    assert {n: got.get(n) for n in want} == {n: {t} for n, t in want.items()}, arch
+
+
+@pytest.mark.parametrize("arch", WRITER_CASES)
+def test_lint_accepts(quantized, arch):
+    """lint refuses nothing on a file llama.cpp wrote; it flags exactly the quantized small matrices."""
+    from refengine.lint import lint
+    rep = lint(quantized(arch))
+    assert not rep.refused and not rep.refusals, rep.refusals
+    flagged = {t.name.split(".", 2)[2] for t in rep.tensors if any("strict loaders" in f for f in t.flags)}
+    assert flagged == WRITER_CASES[arch][1], (arch, flagged)
+
+
+@pytest.mark.parametrize("arch", WRITER_CASES)
+def test_logits_match_llamacpp(quantized, arch):
+    """Loaded by refengine, in llama.cpp mode: logits within 1e-7 of llama.cpp's on 16 tokens (seed 0), or a
+    proven rounding flip; held to tests/llamacpp_mode_outcomes.py."""
+    from refengine.flips import prove_flips
+    from refengine.model import Model
+    from tests.llamacpp_mode_outcomes import hold
+    model = Model(quantized(arch))
+    tokens = np.random.default_rng(0).integers(0, model.cfg.n_vocab, 16)
+    hold(f"llamacpp-writer-{arch}-{FTYPE}", prove_flips(model, tokens))
