@@ -127,6 +127,7 @@ def test_lint_and_info_on_small_tensor_types(synth_model, capsys):
     assert main(["lint", good]) == 0
     out = capsys.readouterr().out
     assert "blk.0.ssm_f_b.weight" in out and "Q8_0" in out
+    assert "'blk.0.ssm_f_b.weight' (small matrix) is Q8_0" in out and "strict loaders" in out   # the flag
     # ssm_a is the second operand of a ggml_mul (kimi-k3.cpp:428-438): ggml-cpu's binary ops abort on an F16 one
     # (binary-ops.cpp:135 "unsupported types: dst: f32, src0: f32, src1: f16", seen with llama-cpp-python 0.3.36)
     assert main(["lint", synth_model(ARCH, tensor_types={"ssm_a": "F16"})]) == 1
