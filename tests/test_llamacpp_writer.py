@@ -3,13 +3,13 @@
 `llama_cpp.llama_model_quantize` is the library function behind `llama-quantize` (src/llama-quant.cpp,
 `llama_model_quantize_impl`): its own choice of which tensors to quantize, its own metadata rewrite. For every
 registered arch (WRITER_CASES, data): the tiny synthetic F32 file (`refengine.synth.write_synth`) quantized by it
-to MOSTLY_Q8_0, then
+to MOSTLY_Q8_0 and MOSTLY_Q4_K_M (its own type mix, with fallbacks where rows do not fit 256), then
   - the types llama.cpp chose for the notable small tensors are the pinned ones (e.g. kimi-k3: `ssm_f_a`,
     `ssm_f_b`, `ssm_beta` Q8_0 beside F32 `ssm_a` / `ssm_dt.bias` / conv kernels: the Kimi K3 loader case);
   - `refengine.lint` refuses nothing and flags exactly the quantized small matrices (for strict loaders);
   - refengine loads it and, in llama.cpp mode, its logits are within 1e-7 of llama.cpp's or the difference is a
     rounding flip proven by teacher forcing (`refengine.flips.prove_flips`); the outcome pinned in
-    tests/llamacpp_mode_outcomes.py as "llamacpp-writer-{arch}-Q8_0".
+    tests/llamacpp_mode_outcomes.py as "llamacpp-writer-{arch}-{ftype}".
 """
 import numpy as np
 import pytest
@@ -18,52 +18,75 @@ from refengine.archs import ARCHS
 
 pytestmark = pytest.mark.oracle
 
-FTYPE = "Q8_0"
+FTYPES = ("Q8_0", "Q4_K_M")
 _KDA_SMALL = ("ssm_f_a.weight", "ssm_f_b.weight", "ssm_beta.weight")
+_K3_TYPES = {"ffn_gate_inp.weight": "F32", "ssm_conv1d_q.weight": "F32", "ssm_a": "F32", "ssm_dt.bias": "F32"}
 
-# arch -> ({tensor name suffix: the type llama.cpp's writer gave every such tensor}, {suffixes lint flags})
-# (measured with llama-cpp-python 0.3.36; the router gate and 1-D tensors stay F32, every other matrix is Q8_0)
+# ftype -> arch -> ({tensor name suffix: the type llama.cpp's writer gave every such tensor}, {suffixes lint flags})
+# (measured with llama-cpp-python 0.3.36). Q8_0: the router gate and 1-D tensors stay F32, every other matrix
+# Q8_0. Q4_K_M: llama.cpp's mix (Q6_K output, Q4_K/Q5_K/Q6_K by role), and where rows are not a multiple of 256
+# its fallback (Q5_0, Q5_1, Q8_0: "required fallback quantization"): kimi-k3's ssm_f_b (rows of kda.head_dim) Q5_0.
 WRITER_CASES = {
-    "llama": ({"token_embd.weight": "Q8_0", "output.weight": "Q8_0", "attn_norm.weight": "F32"}, set()),
-    "qwen3moe": ({"ffn_gate_inp.weight": "F32", "ffn_up_exps.weight": "Q8_0"}, set()),
-    "deepseek2": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "exp_probs_b.bias": "F32"}, set()),
-    "deepseek32": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "indexer.proj.weight": "Q8_0"}, set()),
-    "glm-dsa": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "indexer.proj.weight": "Q8_0"}, set()),
-    "qwen3next": ({"ffn_gate_inp.weight": "F32", "ssm_ba.weight": "Q8_0", "ssm_conv1d.weight": "F32",
-                   "ssm_a": "F32"}, {"ssm_ba.weight"}),
-    "kimi-linear": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "ssm_g_b.weight": "Q8_0",
-                     "ssm_conv1d_q.weight": "F32", "ssm_a": "F32", "ssm_dt.bias": "F32",
+    "Q8_0": {
+        "llama": ({"token_embd.weight": "Q8_0", "output.weight": "Q8_0", "attn_norm.weight": "F32"}, set()),
+        "qwen3moe": ({"ffn_gate_inp.weight": "F32", "ffn_up_exps.weight": "Q8_0"}, set()),
+        "deepseek2": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "exp_probs_b.bias": "F32"}, set()),
+        "deepseek32": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "indexer.proj.weight": "Q8_0"},
+                       set()),
+        "glm-dsa": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "indexer.proj.weight": "Q8_0"}, set()),
+        "qwen3next": ({"ffn_gate_inp.weight": "F32", "ssm_ba.weight": "Q8_0", "ssm_conv1d.weight": "F32",
+                       "ssm_a": "F32"}, {"ssm_ba.weight"}),
+        "kimi-linear": ({**_K3_TYPES, "attn_k_b.weight": "Q8_0", "ssm_g_b.weight": "Q8_0",
+                         **{n: "Q8_0" for n in _KDA_SMALL}}, set(_KDA_SMALL)),
+        "kimi-k3": ({**_K3_TYPES, "attn_k_b.weight": "Q8_0", "ssm_g.weight": "Q8_0",
                      **{n: "Q8_0" for n in _KDA_SMALL}}, set(_KDA_SMALL)),
-    "kimi-k3": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q8_0", "ssm_g.weight": "Q8_0",
-                 "ssm_conv1d_q.weight": "F32", "ssm_a": "F32", "ssm_dt.bias": "F32",
-                 **{n: "Q8_0" for n in _KDA_SMALL}}, set(_KDA_SMALL)),
+    },
+    "Q4_K_M": {
+        "llama": ({"token_embd.weight": "Q4_K", "output.weight": "Q6_K", "attn_norm.weight": "F32"}, set()),
+        "qwen3moe": ({"ffn_gate_inp.weight": "F32", "ffn_gate_exps.weight": "Q4_K", "output.weight": "Q6_K"}, set()),
+        "deepseek2": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q5_0", "attn_v_b.weight": "Q5_0"}, set()),
+        "deepseek32": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q5_0", "indexer.proj.weight": "Q4_K"},
+                       set()),
+        "glm-dsa": ({"ffn_gate_inp.weight": "F32", "attn_k_b.weight": "Q5_0", "indexer.proj.weight": "Q4_K"}, set()),
+        "qwen3next": ({"ffn_gate_inp.weight": "F32", "ssm_ba.weight": "Q4_K", "ssm_conv1d.weight": "F32"},
+                      {"ssm_ba.weight"}),
+        "kimi-linear": ({**_K3_TYPES, "ssm_f_a.weight": "Q4_K", "ssm_f_b.weight": "Q5_0", "ssm_beta.weight": "Q4_K",
+                         "ssm_g_b.weight": "Q5_0", "attn_k_b.weight": "Q5_0"}, set(_KDA_SMALL)),
+        "kimi-k3": ({**_K3_TYPES, "ssm_f_a.weight": "Q4_K", "ssm_f_b.weight": "Q5_0", "ssm_beta.weight": "Q4_K",
+                     "ssm_g.weight": "Q4_K", "ffn_gate_exps.weight": "Q5_0", "ffn_routed_up.weight": "Q5_0"},
+                    set(_KDA_SMALL)),
+    },
 }
-CASE_IDS = [f"llamacpp-writer-{a}-{FTYPE}" for a in WRITER_CASES]
+CASES = [(a, t) for t in FTYPES for a in WRITER_CASES[t]]
+CASE_IDS = [f"llamacpp-writer-{a}-{t}" for a, t in CASES]
 
 
 def test_every_arch_has_a_case():
-    assert set(WRITER_CASES) == set(ARCHS)
+    assert all(set(WRITER_CASES[t]) == set(ARCHS) for t in FTYPES)
 
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
-    """arch -> path of its tiny synthetic F32 file quantized by llama.cpp's `llama_model_quantize` (written once)."""
+    """(arch, ftype) -> path of its tiny synthetic F32 file quantized by llama.cpp's `llama_model_quantize` to
+    LLAMA_FTYPE_MOSTLY_{ftype} (each written once)."""
     import llama_cpp
     from refengine.synth import write_synth
     root = tmp_path_factory.mktemp("llamacpp-writer")
     cache = {}
 
-    def get(arch):
-        if arch not in cache:
-            src = write_synth(arch, root / f"{arch}-F32.gguf")
-            out = root / f"{arch}-{FTYPE}.gguf"
+    def get(arch, ftype):
+        if (arch, ftype) not in cache:
+            src = root / f"{arch}-F32.gguf"
+            if not src.exists():
+                write_synth(arch, src)
+            out = root / f"{arch}-{ftype}.gguf"
             params = llama_cpp.llama_model_quantize_default_params()
-            params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{FTYPE}")
+            params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
             params.nthread = 2
             rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
-            assert rc == 0, f"{arch}: llama_model_quantize returned {rc}"
-            cache[arch] = str(out)
-        return cache[arch]
+            assert rc == 0, f"{arch} {ftype}: llama_model_quantize returned {rc}"
+            cache[arch, ftype] = str(out)
+        return cache[arch, ftype]
     return get
 
 
@@ -76,31 +99,31 @@ def _types_by_suffix(path) -> dict[str, set[str]]:
     return got
 
 
-@pytest.mark.parametrize("arch", WRITER_CASES)
-def test_writer_types(quantized, arch):
+@pytest.mark.parametrize("arch,ftype", CASES, ids=CASE_IDS)
+def test_writer_types(quantized, arch, ftype):
     """The types llama.cpp's writer chose for the notable tensors (every layer's copy alike)."""
-    got = _types_by_suffix(quantized(arch))
-    want, _ = WRITER_CASES[arch]
-    assert {n: got.get(n) for n in want} == {n: {t} for n, t in want.items()}, arch
+    got = _types_by_suffix(quantized(arch, ftype))
+    want, _ = WRITER_CASES[ftype][arch]
+    assert {n: got.get(n) for n in want} == {n: {t} for n, t in want.items()}, (arch, ftype)
 
 
-@pytest.mark.parametrize("arch", WRITER_CASES)
-def test_lint_accepts(quantized, arch):
+@pytest.mark.parametrize("arch,ftype", CASES, ids=CASE_IDS)
+def test_lint_accepts(quantized, arch, ftype):
     """lint refuses nothing on a file llama.cpp wrote; it flags exactly the quantized small matrices."""
     from refengine.lint import lint
-    rep = lint(quantized(arch))
+    rep = lint(quantized(arch, ftype))
     assert not rep.refused and not rep.refusals, rep.refusals
     flagged = {t.name.split(".", 2)[2] for t in rep.tensors if any("strict loaders" in f for f in t.flags)}
-    assert flagged == WRITER_CASES[arch][1], (arch, flagged)
+    assert flagged == WRITER_CASES[ftype][arch][1], (arch, ftype, flagged)
 
 
-@pytest.mark.parametrize("arch", WRITER_CASES)
-def test_logits_match_llamacpp(quantized, arch):
+@pytest.mark.parametrize("arch,ftype", CASES, ids=CASE_IDS)
+def test_logits_match_llamacpp(quantized, arch, ftype):
     """Loaded by refengine, in llama.cpp mode: logits within 1e-7 of llama.cpp's on 16 tokens (seed 0), or a
     proven rounding flip; held to tests/llamacpp_mode_outcomes.py."""
     from refengine.flips import prove_flips
     from refengine.model import Model
     from tests.llamacpp_mode_outcomes import hold
-    model = Model(quantized(arch))
+    model = Model(quantized(arch, ftype))
     tokens = np.random.default_rng(0).integers(0, model.cfg.n_vocab, 16)
-    hold(f"llamacpp-writer-{arch}-{FTYPE}", prove_flips(model, tokens))
+    hold(f"llamacpp-writer-{arch}-{ftype}", prove_flips(model, tokens))
