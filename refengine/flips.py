@@ -27,7 +27,8 @@ place of ours (`Runtime.force_inputs`); a flip that appears further on is forced
 no more than the noise predicts, `plausible`): otherwise it is a divergence, not a flip. The flip is proven
 when the forced run has every tensor and the logits within compare's llama.cpp-mode tolerance; otherwise the
 proof names the tensor where teacher forcing stops agreeing. When no named input flips before the first
-divergence, the inputs llama.cpp's graph leaves unnamed are looked at: they are still in its trace
+divergence (or the first named one is no flip: it differs beyond float noise before rounding), the inputs
+llama.cpp's graph leaves unnamed before it are looked at (the routed experts' input too): they are still in its trace
 (auto-named `node_N`), found as the tensor of the input's size within float noise of ours (`_unnamed_flip`),
 and forced by the weight they feed.
 
@@ -302,6 +303,12 @@ def _run_llamacpp_mode(model, tokens, force: dict | None = None, log: list | Non
             log.append(("mm", w, np.array(self._forced_input(x) if self._forced else x, np.float32)))
             return super().matmul(x, w)
 
+        def moe_ffn(self, x, ids, weights, record=None, **kw):
+            w = kw.get("gate") if kw.get("gate") is not None else kw.get("up")
+            if w is not None:                               # the routed experts' input, under their weight
+                log.append(("mm", w, np.array(self._forced_input(x) if self._forced else x, np.float32)))
+            return super().moe_ffn(x, ids, weights, record=record, **kw)
+
         def record(self, name, il, value):
             super().record(name, il, value)
             log.append(("rec", name if il < 0 else f"{name}-{il}", np.asarray(value)))
@@ -315,8 +322,8 @@ def _run_llamacpp_mode(model, tokens, force: dict | None = None, log: list | Non
 def _unnamed_flip(model, tokens, ref, force: dict, order: list[str], stop: float) -> Forced | None:
     """The first flipped matmul input that refengine does not record under a llama.cpp name, before graph
     position `stop`: llama.cpp's value of it is the tensor of its trace (auto-named `node_N` where its graph
-    names none) within float noise of ours (NMSE <= NOISE_NMSE, the nearest). Experts and heads are not
-    looked at (their inputs are rows or heads of named tensors)."""
+    names none) within float noise of ours (NMSE <= NOISE_NMSE, the nearest). The routed experts' input is
+    looked at whole (kimi-k3's latent one is unnamed), single experts and heads not (rows or heads of it)."""
     log = []
     _run_llamacpp_mode(model, tokens, force, log)
     ref_all = [(f"{n}#{k}", np.asarray(a)) for n, vals in ref.earlier.items() for k, a in enumerate(vals)] + \
@@ -379,8 +386,11 @@ def prove_flips(model, tokens, ref=None, *, trace=None, logits=None, max_rounds:
         cand = next((f for f in flip_census(model, ref.tensors, trace.tensors, order, ref.earlier, trace.earlier)
                      if f.any and f.name not in done and graph_position(f.name, order) < stop), None)
         proof.stopped_at = first
-        if cand is None:
-            extra = _unnamed_flip(model, tokens, ref, _force_dict(proof.forced, ref, trace), order, stop)
+        nm = _input_nmse(cand.name, ref, trace) if cand is not None else None
+        if cand is None or not (nm <= NOISE_NMSE and plausible(cand)):
+            # no named flip to force, or the first one is no flip: an unnamed input before it may have flipped
+            limit = stop if cand is None else graph_position(cand.name, order)
+            extra = _unnamed_flip(model, tokens, ref, _force_dict(proof.forced, ref, trace), order, limit)
             if extra is not None and plausible(extra.flip):
                 proof.forced.append(extra)
                 trace, logits, hits = _run_llamacpp_mode(model, tokens, _force_dict(proof.forced, ref, trace))
@@ -388,10 +398,10 @@ def prove_flips(model, tokens, ref=None, *, trace=None, logits=None, max_rounds:
                     continue
                 proof.stopped_at, proof.reason = first, f"no matmul took the forced input of {extra.weight}"
                 return proof
+        if cand is None:
             proof.reason = (f"{first} diverges (NMSE {_tensor_nmse(rep, first):.2e}) with no rounding flip in a "
                             f"traced matmul input before it" + (" left to force" if proof.forced else ""))
             return proof
-        nm = _input_nmse(cand.name, ref, trace)
         if not (nm <= NOISE_NMSE and plausible(cand)):
             proof.stopped_at = cand.name
             proof.reason = (f"{cand.name} differs from llama.cpp's before rounding by more than float noise (NMSE "

@@ -113,6 +113,10 @@ class Runtime:
             from .moe import moe_ffn as fn
             if self._forced:
                 x = self._forced_input(x)
+            w_in = kw.get("gate") if kw.get("gate") is not None else kw.get("up")
+            if w_in is not None and w_in.name in self.force_inputs:     # the experts' input, by their weight's name
+                x = np.ascontiguousarray(np.reshape(self.force_inputs[w_in.name], x.shape), dtype=np.float32)
+                self.forced_hits[w_in.name] = self.forced_hits.get(w_in.name, 0) + 1
             return fn(x, ids, weights, matmul=self._expert_matmul(ids, kw), record=rec, **kw)
         if fn is None or (kw.get("act") is not None and not getattr(self._be, "MOE_GATED_ACTS", False)):
             # another activation than SwiGLU on a backend without it (cpu): the loop oracle, its matmuls

@@ -77,13 +77,9 @@ OUTCOMES = {
     "llamacpp-writer-glm-dsa-Q4_K_M": "proven-flip",     # 2.4e-5: ffn_moe_swiglu-1, qr-2 forced (1 scale each)
     "llamacpp-writer-qwen3next-Q4_K_M": "proven-flip",   # 2.2e-3: attn_norm-2 (1 Q8_0 code) forced
     "llamacpp-writer-kimi-linear-Q4_K_M": "pass",    # 9.6e-14
-    # 2.3e-6, nothing forced: ffn_moe_situ-4 (from the Q5_0 ffn_gate_exps / ffn_up_exps products) already differs
-    # before its own rounding (NMSE 1.5e-8). Their input, the per-expert rows of routed_in (ffn_routed_down of
-    # ffn_norm, rounded to Q8_0 for the Q5_0 experts), is unnamed in llama.cpp's graph (kimi-k3.cpp:575-577), the
-    # suspected unforced flip; not established: other token seeds prove flips (1, 2, 4), seed 3 stops at
-    # ffn_moe_gate-4 (1.1e-7), always the last block's latent MoE, whose types every routed block shares
-    "llamacpp-writer-kimi-k3-Q4_K_M": ("unproven", "ffn_moe_situ-4",
-                                       "the latent-MoE input routed_in is unnamed in llama.cpp's graph (suspected)"),
+    # 2.3e-6: 1 Q8_0 block scale of block 4's latent experts' input (ffn_routed_down's output, unnamed in llama.cpp's
+    # graph, kimi-k3.cpp:575-577; taken from its trace) and 1 Q8_K code of result_norm forced; 8.0e-14 after
+    "llamacpp-writer-kimi-k3-Q4_K_M": "proven-flip",
 }
 
 
