@@ -24,7 +24,7 @@ OUTCOMES = {
     "llama-Q2_K": "pass",
     "llama-IQ2_XXS": "pass",
     "llama-MXFP4": "pass",
-    "llama-F16": "proven-flip",        # logits 8.1e-8, a tensor over 1e-7: kqv_out-0 forced (18 f16 codes; noise predicts 14)
+    "llama-F16": "proven-flip",        # 8.1e-8, a tensor over 1e-7: kqv_out-0 forced (18 f16 codes; noise: 14)
     "llama-BF16": "proven-flip",
     "qwen3moe-Q8_0": "pass",
     "qwen3moe-Q4_K": "pass",
@@ -32,7 +32,7 @@ OUTCOMES = {
     "qwen3moe-Q2_K": "proven-flip",
     "qwen3moe-IQ2_XXS": "pass",
     "qwen3moe-MXFP4": "pass",
-    "qwen3moe-F16": "proven-flip",     # logits 8.5e-8, a tensor over 1e-7: kqv_out-0 forced (20 f16 codes; noise predicts 24)
+    "qwen3moe-F16": "proven-flip",     # 8.5e-8, a tensor over 1e-7: kqv_out-0 forced (20 f16 codes; noise: 24)
     "qwen3moe-BF16": "pass",
     "deepseek2-Q8_0": "pass",
     "deepseek2-Q4_K": "proven-flip",
