@@ -91,13 +91,20 @@ class Runtime:
                     return np.ascontiguousarray(r, dtype=np.float32)
         return x
 
+    def _forced_by_weight(self, x: np.ndarray, w: QTensor | None) -> np.ndarray:
+        """llama.cpp's value of the input of weight w (a matmul's, or the routed experts' whole input) when it is
+        forced by the weight's name (an input llama.cpp's graph names none), else x."""
+        if w is None or w.name not in self.force_inputs:
+            return x
+        self.forced_hits[w.name] = self.forced_hits.get(w.name, 0) + 1
+        return np.ascontiguousarray(np.reshape(self.force_inputs[w.name], x.shape), dtype=np.float32)
+
     def matmul(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""
         if self._forced:
             x = self._forced_input(x)
-        if self.force_inputs and w.name in self.force_inputs:      # an input llama.cpp names none: by its weight
-            x = np.ascontiguousarray(np.reshape(self.force_inputs[w.name], x.shape), dtype=np.float32)
-            self.forced_hits[w.name] = self.forced_hits.get(w.name, 0) + 1
+        if self.force_inputs:
+            x = self._forced_by_weight(x, w)
         y = self._be.matmul(x, w, mode=self.mode)
         if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             raise NonFiniteError(f"weight {w.name!r} ({w.type.name}) produced NaN/inf from a finite input: "
@@ -113,10 +120,7 @@ class Runtime:
             from .moe import moe_ffn as fn
             if self._forced:
                 x = self._forced_input(x)
-            w_in = kw.get("gate") if kw.get("gate") is not None else kw.get("up")
-            if w_in is not None and w_in.name in self.force_inputs:     # the experts' input, by their weight's name
-                x = np.ascontiguousarray(np.reshape(self.force_inputs[w_in.name], x.shape), dtype=np.float32)
-                self.forced_hits[w_in.name] = self.forced_hits.get(w_in.name, 0) + 1
+            x = self._forced_by_weight(x, kw.get("gate") if kw.get("gate") is not None else kw.get("up"))
             return fn(x, ids, weights, matmul=self._expert_matmul(ids, kw), record=rec, **kw)
         if fn is None or (kw.get("act") is not None and not getattr(self._be, "MOE_GATED_ACTS", False)):
             # another activation than SwiGLU on a backend without it (cpu): the loop oracle, its matmuls
