@@ -128,7 +128,8 @@ def model_identity(model, progress: bool = False) -> dict:
 
 def _digest(a: np.ndarray) -> str:
     """sha256 of an array's bytes (C order)."""
-    return hashlib.sha256(np.ascontiguousarray(a).reshape(-1).view(np.uint8)).hexdigest()
+    return hashlib.sha256(a.copy(order="C").reshape(-1).view(np.uint8) if not a.flags.c_contiguous
+                          else a.reshape(-1).view(np.uint8)).hexdigest()
 
 
 class _Encoder:
@@ -144,7 +145,7 @@ class _Encoder:
                                  f"(safetensors: {', '.join(sorted(d.name for d in DTYPES))})")
         if where in self.tensors:
             raise StateFileError(f"cannot save {where}: two attributes give the same tensor name")
-        self.tensors[where] = np.ascontiguousarray(a)
+        self.tensors[where] = a if a.flags.c_contiguous else a.copy(order="C")     # (0-d arrays stay 0-d)
         return where
 
     def once(self, v, where: str) -> None:
