@@ -172,7 +172,8 @@ class _Encoder:
             return {"dtype": v.name}
         if isinstance(v, np.generic):
             return {"scalar": self.tensor(np.asarray(v), where)}
-        self.once(v, where)
+        if t is not tuple:                                # (immutable: a shared tuple is harmless, e.g. `()`)
+            self.once(v, where)
         if t is np.ndarray:
             return {"array": self.tensor(v, where)}
         if t is Rows:
@@ -224,7 +225,8 @@ def save_state(path: str | os.PathLike, model, state: ModelState, *, logits=None
     if tokens is not None:
         tk = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tk.size != state.n_past:
-            raise StateFileError(f"cannot save {path}: {tk.size} token ids given for a state of n_past = {state.n_past}")
+            raise StateFileError(f"cannot save {path}: {tk.size} token ids given for a state of "
+                                 f"n_past = {state.n_past}")
         extras["tokens"] = enc.tensor(tk, "tokens")
     manifest = {"format": FORMAT, "version": VERSION, "arch": model.cfg.arch, "model": model_identity(model, progress),
                 "n_past": int(state.n_past), "n_ctx": int(model.n_ctx), "refengine": __version__,
@@ -357,7 +359,8 @@ def _manifest(path: str, f) -> dict:
     except ValueError as e:
         raise StateFileError(f"{path}: corrupt state file: its manifest is not JSON ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise StateFileError(f"{path}: not a refengine state file (manifest format {str(m.get('format') if isinstance(m, dict) else m)[:40]!r})")
+        fmt = str(m.get("format") if isinstance(m, dict) else m)[:40]
+        raise StateFileError(f"{path}: not a refengine state file (manifest format {fmt!r})")
     if not isinstance(m.get("version"), int) or m["version"] > VERSION:
         raise StateFileError(f"{path}: state file format version {m.get('version')!r}; this refengine reads "
                              f"version {VERSION} (written by a newer refengine?)")

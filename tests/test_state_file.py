@@ -75,7 +75,8 @@ def test_save_load_mid_decode_is_bit_identical(synth_model, tmp_path, arch, pres
     for i, (a, b) in enumerate(zip(want[1 + SAVE_AT:], cont)):
         assert np.array_equal(a, b), f"{arch} {preset} {form}: decode step {SAVE_AT + i} differs after loading"
     # saving the loaded state again gives the same tree and the same bytes
-    m3 = save_state(tmp_path / "again.safetensors", m2, load_state(f, m2), logits=last, tokens=TOKENS[:PREFILL + SAVE_AT])
+    m3 = save_state(tmp_path / "again.safetensors", m2, load_state(f, m2), logits=last,
+                    tokens=TOKENS[:PREFILL + SAVE_AT])
     assert m3["tree"] == man["tree"] and m3["sha256"] == man["sha256"]
 
 
@@ -175,7 +176,8 @@ def _every_kind(i):
     empty = Rows(np.int32)
     empty.append(np.zeros((0, 4), np.int32))
     return EveryKind(a={"none": None, "bool": True, "int": -(2**62) - i, "str": "absorbed", "nan": float("nan"),
-                        "neg0": -0.0, "f": 1 / 3 + i, "np": np.float16(2.5), "u8": np.uint8(200), "dt": np.dtype(np.int8),
+                        "neg0": -0.0, "f": 1 / 3 + i, "np": np.float16(2.5), "u8": np.uint8(200),
+                        "dt": np.dtype(np.int8),
                         "arr": np.arange(12, dtype=np.int64).reshape(3, 4) * i, "zero_d": np.array(True),
                         "rows": r, "never": Rows(), "empty": empty, "tuple": (1, [2.0, "x"]), "list": [],
                         "nested": Opaque(np.ones((2, 2), np.complex64) * i)})
@@ -249,7 +251,8 @@ def test_cli_save_then_load_state(synth_model, tmp_path):
     assert rc == 0, err
     assert first + rest == whole
     # a continuation given: appended to the saved sequence
-    rc, cont, err = _run(path, "--load-state", f, "--tokens", "5,7", "-n", 2, "--save-state", tmp_path / "t.safetensors")
+    rc, cont, err = _run(path, "--load-state", f, "--tokens", "5,7", "-n", 2,
+                         "--save-state", tmp_path / "t.safetensors")
     assert rc == 0, err
     assert read_manifest(tmp_path / "t.safetensors")["n_past"] == 9 + 2 + 2
     # another model: exit 2, one line naming the state file
@@ -260,3 +263,11 @@ def test_cli_save_then_load_state(synth_model, tmp_path):
 def test_cli_help_names_the_state_options():
     r = subprocess.run([sys.executable, "-m", "refengine.cli", "run", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--save-state F" in r.stdout and "--load-state F" in r.stdout
+
+
+def test_shared_tuple_is_fine(synth_model, tmp_path):
+    """Immutable tuples may be shared (the empty tuple always is)."""
+    m = Model(synth_model("llama"))
+    st = ModelState(layers=[EveryKind(()) for _ in range(m.cfg.n_layer)])
+    save_state(tmp_path / "x.safetensors", m, st)
+    assert [x.a for x in load_state(tmp_path / "x.safetensors", m).layers] == [()] * m.cfg.n_layer
