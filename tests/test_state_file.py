@@ -271,3 +271,26 @@ def test_shared_tuple_is_fine(synth_model, tmp_path):
     st = ModelState(layers=[EveryKind(()) for _ in range(m.cfg.n_layer)])
     save_state(tmp_path / "x.safetensors", m, st)
     assert [x.a for x in load_state(tmp_path / "x.safetensors", m).layers] == [()] * m.cfg.n_layer
+
+
+def test_model_sha256_cached_per_path_size_mtime(synth_model, tmp_path, monkeypatch):
+    """Hashed once per (path, size, mtime): in the process, and on disk for big files (here: every file)."""
+    import shutil
+
+    from refengine import state_file
+    from refengine.golden import write
+    calls = []
+    real = write.sha256_file
+    monkeypatch.setattr(write, "sha256_file", lambda paths, progress=False: calls.append(paths) or real(paths))
+    monkeypatch.setattr(state_file, "DISK_CACHE_MIN", 0)
+    monkeypatch.setattr(state_file, "_SHA256", {})
+    monkeypatch.setenv("REFENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    p = tmp_path / "m.gguf"
+    shutil.copy(synth_model("llama"), p)
+    h = state_file.model_sha256([str(p)])
+    assert state_file.model_sha256([str(p)]) == h and len(calls) == 1
+    monkeypatch.setattr(state_file, "_SHA256", {})                # a new process: read from the disk cache
+    assert state_file.model_sha256([str(p)]) == h and len(calls) == 1
+    assert os.path.exists(tmp_path / "cache" / "sha256.json")
+    os.utime(p, ns=(0, 12345))                                    # another mtime: hashed again
+    assert state_file.model_sha256([str(p)]) == h and len(calls) == 2
