@@ -250,7 +250,9 @@ class _Decoder:
     """NODE -> attribute, every tensor checked against the manifest's sha256."""
 
     def __init__(self, path: str, f, hashes: dict):
+        from safetensors import SafetensorError
         self.path, self.f, self.hashes, self.names = path, f, hashes, set(f.keys())
+        self.error = SafetensorError
 
     def bad(self, where: str, what: str) -> StateFileError:
         return StateFileError(f"{self.path}: corrupt state file: {where}: {what}")
@@ -260,7 +262,7 @@ class _Decoder:
             raise self.bad(where, f"the tensor {name!r} the manifest names is not in the file")
         try:
             a = np.array(self.f.get_tensor(name))        # a writable copy: the state goes on growing
-        except Exception as e:                            # safetensors' own error: bytes out of range
+        except (self.error, OSError, ValueError, TypeError, KeyError) as e:  # bytes out of range, a dtype numpy lacks
             raise self.bad(where, f"tensor {name!r} unreadable: {e}") from None
         if _digest(a) != self.hashes.get(name):
             raise self.bad(where, f"the bytes of tensor {name!r} do not match their sha256 in the manifest")
@@ -332,14 +334,14 @@ class _Decoder:
 
 def _open(path: str):
     try:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
     except ImportError as e:                              # a base dependency (pyproject.toml)
         raise StateFileError(f"{path}: reading a state file needs the safetensors package ({e})") from None
     if not os.path.isfile(path):
         raise StateFileError(f"{path}: no such state file")
     try:
         return safe_open(path, framework="np")
-    except Exception as e:                                # safetensors raises its own SafetensorError (+ OSError)
+    except (SafetensorError, OSError, ValueError) as e:
         raise StateFileError(f"{path}: not a readable safetensors state file (truncated or corrupt?): {e}") from None
 
 
