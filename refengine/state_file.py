@@ -20,7 +20,8 @@ used rows only), and the manifest is JSON in the header's metadata under the key
     {"bool": true} {"int": 3} {"str": "absorbed"} {"float": "0x1.8p+1"}    (float.hex: every bit)
     {"array": NAME}, {"scalar": NAME}    a numpy array / numpy scalar: tensor NAME (0-d for a scalar)
     {"dtype": "float32"}                 a numpy dtype
-    {"rows": NAME | null, "dtype": D}    a `Rows` buffer: its used rows [n, ...] (null: nothing appended yet)
+    {"rows": NAME | null, "dtype": D}    a `Rows` buffer: its used rows [n, ...] (null: nothing appended yet); a
+                                         registered Rows subclass adds "class": its name (no attributes of its own)
     {"list": [NODE]} {"tuple": [NODE]} {"dict": {KEY: NODE}}   (str keys)
     {"container": CLASS, "fields": {ATTRIBUTE: NODE}}          a container registered in `cache.CONTAINERS`
 
@@ -176,9 +177,15 @@ class _Encoder:
             self.once(v, where)
         if t is np.ndarray:
             return {"array": self.tensor(v, where)}
-        if t is Rows:
+        if isinstance(v, Rows):                           # Rows, or a registered subclass adding no attribute
+            extra = sorted(set(vars(v)) - set(vars(Rows())))
+            if t is not Rows and (CONTAINERS.get(t.__name__) is not t or extra):
+                raise StateFileError(f"cannot save {where}: a {t.__qualname__}, a Rows subclass " + (
+                    f"with attributes of its own ({', '.join(extra)})" if extra else "not registered with "
+                    "@state_container (refengine/cache.py)"))
             rows = v.view()
-            return {"rows": None if rows is None else self.tensor(rows, where), "dtype": v.dtype.name}
+            node = {"rows": None if rows is None else self.tensor(rows, where), "dtype": v.dtype.name}
+            return node if t is Rows else {**node, "class": t.__name__}
         if t in (list, tuple):
             return {t.__name__: [self.node(x, f"{where}.{i}") for i, x in enumerate(v)]}
         if t is dict:
@@ -298,7 +305,11 @@ class _Decoder:
             rows = None if val is None else self.tensor(val, where)
             if rows is not None and (rows.dtype != dtype or rows.ndim < 1):
                 raise self.bad(where, f"rows of dtype {rows.dtype}, shape {rows.shape} in a {dtype} buffer")
-            return Rows.holding(rows, dtype)
+            cls = CONTAINERS.get(n["class"]) if "class" in n else Rows
+            if not (isinstance(cls, type) and issubclass(cls, Rows)):
+                raise StateFileError(f"{self.path}: {where} is a {n.get('class')!r}, a Rows class this refengine "
+                                     f"does not know")
+            return cls.holding(rows, dtype)
         if kind in ("list", "tuple"):
             if not isinstance(val, list):
                 raise self.bad(where, f"{kind} node holding {str(val)[:60]}")

@@ -165,6 +165,21 @@ class EveryKind:
 
 
 @state_container
+class Pooled(Rows):
+    """A Rows subclass adding no attribute: saved as rows (used rows only), restored as its class."""
+
+
+class PooledUnregistered(Rows):
+    pass
+
+
+class PooledWithMore(Rows):
+    def __init__(self):
+        super().__init__()
+        self.start = 0
+
+
+@state_container
 class Opaque:
     def __init__(self, x):
         self.x = x
@@ -179,7 +194,9 @@ def _every_kind(i):
                         "neg0": -0.0, "f": 1 / 3 + i, "np": np.float16(2.5), "u8": np.uint8(200),
                         "dt": np.dtype(np.int8),
                         "arr": np.arange(12, dtype=np.int64).reshape(3, 4) * i, "zero_d": np.array(True),
-                        "rows": r, "never": Rows(), "empty": empty, "tuple": (1, [2.0, "x"]), "list": [],
+                        "rows": r, "never": Rows(), "empty": empty,
+                        "pooled": Pooled.holding(np.ones((2, 3)), np.float64),
+                        "tuple": (1, [2.0, "x"]), "list": [],
                         "nested": Opaque(np.ones((2, 2), np.complex64) * i)})
 
 
@@ -201,6 +218,7 @@ def test_every_attribute_kind_round_trips(synth_model, tmp_path):
         assert b["empty"].view().shape == (0, 4) and b["empty"].dtype == np.int32
         assert b["rows"].dtype == np.float16 and np.array_equal(b["rows"].view(), a["rows"].view())
         assert b["rows"].append(np.zeros((1, 2), np.float16)).shape == (4, 2)      # it goes on growing
+        assert type(b["pooled"]) is Pooled and np.array_equal(b["pooled"].view(), np.ones((2, 3)))
         assert type(b["nested"]) is Opaque and np.array_equal(b["nested"].x, a["nested"].x)
     assert "state.layers.0.a.rows" in man["sha256"] and "state.layers.0.a.never" not in man["sha256"]
 
@@ -211,6 +229,9 @@ def test_every_attribute_kind_round_trips(synth_model, tmp_path):
     ("an object array", np.array([None, 1]), r"state.layers.0.a: an array of dtype object"),
     ("an int subclass", type("Flag", (int,), {})(1), r"state.layers.0.a: a .*Flag, which"),
     ("a non-str dict key", {1: 2}, r"state.layers.0.a: a dict with the key 1"),
+    ("an unregistered Rows subclass", PooledUnregistered(),
+     r"state.layers.0.a: a PooledUnregistered, a Rows subclass not registered"),
+    ("a Rows subclass with more", PooledWithMore(), r"a Rows subclass with attributes of its own \(start\)"),
 ])
 def test_unknown_attribute_is_refused_at_save(synth_model, tmp_path, what, value, message):
     m = Model(synth_model("llama"))
