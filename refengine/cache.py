@@ -172,10 +172,10 @@ class RecurrentState:
     form: str = "recurrent"
 
 
-@state_container
 @dataclass
 class ModelState:
-    """Everything a sequence carries: positions seen and one container per layer."""
+    """Everything a sequence carries: positions seen and one container per layer (a state file's root: saved and
+    restored like a registered container, its `device` synced to the host first)."""
     layers: list = field(default_factory=list)
     n_past: int = 0
     device: object = None                 # the cuda whole-forward path's device-side cache, when it runs

@@ -194,7 +194,7 @@ class _Encoder:
                 raise StateFileError(f"cannot save {where}: a dict with the key {bad[0]!r}; a state file holds "
                                      f"str keys only")
             return {"dict": {k: self.node(x, f"{where}.{k}") for k, x in v.items()}}
-        if CONTAINERS.get(t.__name__) is t:
+        if t is ModelState or CONTAINERS.get(t.__name__) is t:
             return {"container": t.__name__, "fields": {k: self.node(x, f"{where}.{k}")
                                                         for k, x in self.fields(v, where).items()}}
         raise StateFileError(f"cannot save {where}: a {t.__module__}.{t.__qualname__}, which a state file cannot "
@@ -320,7 +320,7 @@ class _Decoder:
                 raise self.bad(where, f"dict node holding {str(val)[:60]}")
             return {k: self.node(x, f"{where}.{k}") for k, x in val.items()}
         if kind == "container":
-            cls = CONTAINERS.get(val) if isinstance(val, str) else None
+            cls = (ModelState if val == "ModelState" else CONTAINERS.get(val)) if isinstance(val, str) else None
             if cls is None:
                 raise StateFileError(f"{self.path}: {where} is a {val!r}, a state container this refengine does not "
                                      f"know (registered: {', '.join(sorted(CONTAINERS))})")
