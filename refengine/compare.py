@@ -344,9 +344,10 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         cut = _segments_unpadded(ref, got, name, il, r, g) if base in KV_SEGMENTS and il.isdigit() else None
         if cut is not None:
             r = cut                                            # [raw | pooled] cells, each segment padded
-        elif base in KV_PADDED and r.shape[-1] > g.shape[-1] and r.size // r.shape[-1] == g.size // g.shape[-1]:
+        elif base in KV_PADDED and r.shape[-1] > np.shape(g)[-1] and r.size // r.shape[-1] == int(np.prod(np.shape(g)[:-1])):
             r = r.reshape(-1, r.shape[-1])[:, :g.shape[-1]]    # llama.cpp's KV view is padded past S
-        if base in KV_ROWS_PADDED and np.ndim(g) == 3 and r.size > g.size and r.size % (r.size // np.shape(r)[-3]) == 0:
+        row = int(np.prod(np.shape(g)[1:])) if np.ndim(g) == 3 else 0
+        if base in KV_ROWS_PADDED and row and r.size > g.size and r.size % row == 0:
             r = np.asarray(r).reshape(-1, *np.shape(g)[1:])[:np.shape(g)[0]]   # the cache's first cells
         if base in SELECTION_ROWS and il.isdigit() and r.size == g.size:
             sel = _selection_rows(ref, got, il, selections)

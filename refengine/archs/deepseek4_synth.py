@@ -151,7 +151,7 @@ def ffn_plans(il: int, p: dict) -> list[TensorPlan]:
 def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=False, rope_scaling=None):
     """The tensors deepseek4.cpp:82-182 creates, in its order (MTP blocks not written; output required)."""
     no_option(ARCH, fused_qkv=fused_qkv, tied_output=tied_output)
-    if rope_scaling not in (None, "yarn"):
+    if rope_scaling not in (None, "none", "yarn"):
         raise ConfigError(f"{ARCH}: rope scaling {rope_scaling!r}: the compressed layers take YaRN or none")
     D, V, hc = p["n_embd"], p["n_vocab"], p["hc"]
     t = [TensorPlan("token_embd.weight", (V, D), "embed"),

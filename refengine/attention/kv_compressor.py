@@ -59,6 +59,21 @@ def pool_blocks(kv: np.ndarray, score: np.ndarray, start: int, blocks: list[int]
     return out
 
 
+def finish(pooled: np.ndarray, norm, eps: float, rope, blocks, ratio: int) -> np.ndarray:
+    """rms_norm * norm, then rope at the blocks' first positions: [n, K] -> [n, 1, K]."""
+    ck = rms_norm(pooled, norm, eps)
+    return rope(ck[:, None, :], np.asarray(blocks, dtype=np.int64) * ratio)
+
+
+def placeholder(kv_row: np.ndarray, score_row: np.ndarray, ratio: int) -> np.ndarray:
+    """llama.cpp's placeholder block: every pooled row is the one given (both halves of it for ratio 4). -> [1, K]"""
+    c = 2 if overlap(ratio) else 1
+    K = kv_row.shape[0] // c
+    v = np.concatenate([np.repeat(kv_row[None, :K], ratio, 0)] + ([np.repeat(kv_row[None, K:], ratio, 0)] if c == 2 else []))
+    s = np.concatenate([np.repeat(score_row[None, :K], ratio, 0)] + ([np.repeat(score_row[None, K:], ratio, 0)] if c == 2 else []))
+    return np.sum(v.T * softmax(s.T), axis=-1, dtype=np.float32)[None]        # [1, K]
+
+
 def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: PooledBlocks, ratio: int, eps: float,
              rope, rt, name: str, il: int, rotate=None):
     """Project this call's tokens, pool every block that finishes in it, append the pooled keys.
@@ -77,14 +92,20 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     end = start + rows_kv.shape[0]                                              # positions start .. end - 1 held
     done = list(range(int(pos[0]) // ratio, end // ratio))                     # blocks whose last position is new
     if done:
-        ck = pool_blocks(rows_kv, rows_score, start, done, ratio)               # [n, K]
-        ck = rms_norm(ck, norm, eps)
-        ck = rope(ck[:, None, :], np.asarray(done, dtype=np.int64) * ratio)     # [n, 1, K], at the block starts
-        rt.record(f"{name}_state_compress", il, ck)
-        if rotate is not None:
-            ck = rotate(ck)
-            rt.record(f"{name}_state_compress_rot", il, ck)
-        blocks.append(ck[:, 0])
+        ck = finish(pool_blocks(rows_kv, rows_score, start, done, ratio), norm, eps, rope, done, ratio)   # [n, 1, K]
+        blocks.append((ck if rotate is None else rotate(ck))[:, 0])
+    else:
+        ck = np.zeros((0, 1, norm.shape[0]), np.float32)
+    # llama.cpp's graph keeps its shape with a placeholder block, written to a masked cache cell, when a call
+    # finishes no block (kv-cache-dsv4.cpp:557-620; measured: a ratio-4 prefill of 5 or 7 tokens has 1 block, no
+    # placeholder, one of 1..3 tokens the placeholder alone). It is pooled from the call's first row alone, at
+    # position 0. Traced, never attended.
+    if not done:
+        dummy = finish(placeholder(kv[0], score[0], ratio), norm, eps, rope, [0], 0)
+        ck = np.concatenate([ck, dummy])
+    rt.record(f"{name}_state_compress", il, ck)
+    if rotate is not None:
+        rt.record(f"{name}_state_compress_rot", il, rotate(ck))
     nxt = end // ratio                                                          # the next block to finish
     fill.keep_from((nxt - 1) * ratio if overlap(ratio) else nxt * ratio)
     got = blocks.view()
