@@ -60,6 +60,8 @@ OUTCOMES = {
     "kimi-k3-small-Q4_K": "pass",
     "kimi-k3-small-Q6_K": "proven-flip",   # logits 2.1e-10, kda_g2-3 1.1e-7: attn_norm-3 forced (1 Q8_K code)
     "kimi-k3-small-Q2_K": "pass",
+    "deepseek4-experts-MXFP4": "pass",             # 1.1e-13 (16 tokens; 200 tokens: 1.7e-13)
+    "deepseek4-Q8_0-experts-MXFP4": "pass",        # 2.4e-14 (16 tokens; 200 tokens: tests/test_deepseek4.py)
     "quantize-moe-q2k": "pass",
     # files written by llama.cpp's llama_model_quantize (MOSTLY_Q8_0) from the tiny synthetic F32 files
     "llamacpp-writer-llama-Q8_0": "pass",            # logits 8.3e-14
