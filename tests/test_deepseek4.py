@@ -172,3 +172,26 @@ def test_prefill_then_decode_matches_llamacpp(synth_model):
     nmse = metrics(ref, got)[0]
     assert nmse <= 1e-8, f"logits NMSE {nmse:.2e}"
     assert np.array_equal(ref.argmax(-1), got.argmax(-1))
+
+
+# ---------------------------------------------------------------- the real-size preset
+
+def test_v4_flash_preset_is_the_published_size():
+    """deepseek-v4-flash plans 284B parameters, 13B active per token (the published 284B / 13B: the trunk without
+    its MTP block); `layers=3` keeps one block of each ratio, the first two hash-routed as they were."""
+    from refengine.synth import plan_tensors, resolve_preset
+    p = resolve_preset("deepseek4", "deepseek-v4-flash")
+    plan = plan_tensors("deepseek4", p)
+    size = {t.name: int(np.prod(t.shape, dtype=np.int64)) for t in plan}
+    total = sum(size.values())
+    experts = sum(n for name, n in size.items() if "_exps." in name)
+    active = total - experts * (1 - 6 / 256) - size["token_embd.weight"]
+    assert abs(total / 284e9 - 1) < 0.01 and abs(active / 13e9 - 1) < 0.03, (total, active)
+    cut = resolve_preset("deepseek4", "deepseek-v4-flash", layers=3)
+    assert cut["compress_ratios"] == [0, 4, 128] and cut["hash_layers"] == 2
+    shapes = {t.name: t.shape for t in plan_tensors("deepseek4", cut)}
+    assert shapes["blk.1.indexer.attn_q_b.weight"] == (64 * 128, 1024)
+    assert shapes["blk.2.attn_compressor_ape.weight"] == (128, 512) and shapes["blk.1.attn_compressor_kv.weight"] == (1024, 4096)
+    assert shapes["blk.0.attn_output_a.weight"] == (8 * 1024, 64 * 512 // 8)
+    assert shapes["blk.1.ffn_gate_tid2eid.weight"] == (129280, 6) and "blk.2.exp_probs_b.bias" in shapes
+    assert shapes["blk.2.ffn_gate_exps.weight"] == (256, 2048, 4096)

@@ -45,8 +45,10 @@ TINY = dict(n_vocab=256, n_embd=64, n_layer=3, n_head=4, head_dim=128, qk_rope=3
 
 PRESETS: dict[str, dict] = {
     "tiny": TINY,
-    # DeepSeek-V4-Flash (284B total, 13B active), from the defaults of transformers 5.23's DeepseekV4Config
-    # (transformers/models/deepseek_v4/configuration_deepseek_v4.py, checkpoint deepseek-ai/DeepSeek-V4-Flash-Base):
+    # DeepSeek-V4-Flash (284B total, 13B active): the published config.json of deepseek-ai/DeepSeek-V4-Flash(-Base),
+    # as mirrored in alibaba/rtp-llm's DeepSeek-V4 model tests (FLASH_BASE_CONFIG) and equal to the defaults of
+    # transformers 5.23's DeepseekV4Config (transformers/models/deepseek_v4/configuration_deepseek_v4.py, checkpoint
+    # deepseek-ai/DeepSeek-V4-Flash-Base); vllm-project/vllm-ascend's deepseek_v4 config test has the same rope_scaling:
     # vocab 129280, hidden 4096, 43 layers, 64 heads, 1 KV head, head_dim 512, qk_rope_head_dim 64
     # (partial_rotary_factor 64/512), q_lora_rank 1024, o_groups 8, o_lora_rank 1024, moe_intermediate 2048,
     # 256 routed / 6 per token / 1 shared, sqrtsoftplus, norm_topk_prob, routed_scaling_factor 1.5,
@@ -68,20 +70,21 @@ PRESETS: dict[str, dict] = {
 
 
 def synth_resolve(p: dict, layers: int | None) -> dict:
-    """`layers=N` keeps N blocks: the first N, except that a cut of 3 or more starting with two window-only
-    blocks (the published schedule) keeps block 0 and then the first blocks of ratio 4 and 128, so that
-    `--layers 3` holds one layer of each ratio (the hash layers stay the first ones)."""
+    """`layers=N` keeps N blocks: the first N, except that where those lack a ratio the preset has and N leaves room,
+    the first block of each ratio is kept instead of later ones (the published schedule starts 0, 0, 4, 128:
+    `layers=3` keeps blocks 0, 2, 3, one of each ratio). The hash-routed blocks stay those that were hash-routed
+    (`layers=3` of V4-Flash: blocks 0 and 2 of the cut, ratios 0 and 4; the ratio-128 one is top-k routed)."""
     if layers is None:
         return p
     ratios = list(p["compress_ratios"])
-    keep = ratios[:layers]
-    if layers >= 3 and not {0, 4, 128} <= set(keep):
-        first = {r: ratios.index(r) for r in (0, 4, 128) if r in ratios}
-        order = sorted(set(range(layers - len(first))) | set(first.values()))[:layers]
-        keep = [ratios[i] for i in sorted(order)]
-    clamp = list(p["swiglu_clamp"])
-    return dict(p, n_layer=layers, compress_ratios=keep, swiglu_clamp=clamp[:layers],
-                hash_layers=min(p["hash_layers"], layers))
+    keep = list(range(layers))
+    first = sorted({ratios.index(r) for r in set(ratios)})                    # each ratio's first block
+    if len(first) <= layers and not set(first) <= set(keep):
+        others = [i for i in range(len(ratios)) if i not in first][:layers - len(first)]
+        keep = sorted(first + others)
+    return dict(p, n_layer=layers, compress_ratios=[ratios[i] for i in keep],
+                swiglu_clamp=[p["swiglu_clamp"][i] for i in keep],
+                hash_layers=sum(1 for i in keep if i < p["hash_layers"]))
 
 
 # ---------------------------------------------------------------- tensors
