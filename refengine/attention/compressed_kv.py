@@ -35,7 +35,7 @@ from quant import QTensor
 
 from ..cache import BlockFill, CompressedKV, PooledBlocks
 from ..ops import rms_norm
-from ..weights import W
+from ..weights import W, dense_vector
 from . import csa_indexer, kv_compressor
 from .rope_tail import TailRope
 
@@ -62,7 +62,8 @@ class CompressedKVConfig:
 
 def table(il: int, ac: CompressedKVConfig) -> list[W]:
     """The attention's tensors (deepseek4.cpp:104-148). attn_output_a is stored 2-D ({I, G*Ro}); llama.cpp views
-    it as {I, Ro, G}: group g is rows g*Ro .. (g+1)*Ro of the NumPy [G*Ro, I]."""
+    it as {I, Ro, G}: group g is rows g*Ro .. (g+1)*Ro of the NumPy [G*Ro, I]. The compressors' `ape` [r, c*K] are
+    small matrices read by row (ggml_get_rows: any type; llama.cpp's writer quantizes them like any matrix)."""
     p, H, K, Dq = f"blk.{il}.", ac.n_head, ac.head_dim, ac.q_lora
     t = [W("attn_sinks", p + "attn_sinks.weight", lambda c, s: (H,), dense=True),
          W("attn_q_a", p + "attn_q_a.weight", lambda c, s: (Dq, c.n_embd)),
@@ -76,7 +77,7 @@ def table(il: int, ac: CompressedKVConfig) -> list[W]:
         cK = (2 if kv_compressor.overlap(ac.ratio) else 1) * K
         t += [W("attn_compressor_kv", p + "attn_compressor_kv.weight", lambda c, s: (cK, c.n_embd)),
               W("attn_compressor_gate", p + "attn_compressor_gate.weight", lambda c, s: (cK, c.n_embd)),
-              W("attn_compressor_ape", p + "attn_compressor_ape.weight", lambda c, s: (ac.ratio, cK), dense=True),
+              W("attn_compressor_ape", p + "attn_compressor_ape.weight", lambda c, s: (ac.ratio, cK), small=True),
               W("attn_compressor_norm", p + "attn_compressor_norm.weight", lambda c, s: (K,), dense=True)]
     if ac.ratio == 4:
         Hi, di = ac.idx_heads, ac.idx_dim
@@ -84,7 +85,7 @@ def table(il: int, ac: CompressedKVConfig) -> list[W]:
               W("indexer_attn_q_b", p + "indexer.attn_q_b.weight", lambda c, s: (Hi * di, Dq)),
               W("indexer_compressor_kv", p + "indexer_compressor_kv.weight", lambda c, s: (2 * di, c.n_embd)),
               W("indexer_compressor_gate", p + "indexer_compressor_gate.weight", lambda c, s: (2 * di, c.n_embd)),
-              W("indexer_compressor_ape", p + "indexer_compressor_ape.weight", lambda c, s: (4, 2 * di), dense=True),
+              W("indexer_compressor_ape", p + "indexer_compressor_ape.weight", lambda c, s: (4, 2 * di), small=True),
               W("indexer_compressor_norm", p + "indexer_compressor_norm.weight", lambda c, s: (di,), dense=True)]
     return t
 
@@ -126,6 +127,14 @@ def attention_with_sinks(q, k, visible, kq_scale: float, sinks, record, il: int)
     return out.transpose(1, 0, 2)                                               # [T, H, K]
 
 
+def rows_of(w, field: str) -> np.ndarray:
+    """A small matrix read by row (`ggml_get_rows`), decoded to float32 once per loaded layer."""
+    key = field + "_rows"
+    if getattr(w, key, None) is None:
+        setattr(w, key, dense_vector(getattr(w, field)))
+    return getattr(w, key)
+
+
 def output_groups(w, ac: CompressedKVConfig) -> list[QTensor]:
     """attn_output_a's groups [Ro, I] each (views of the packed rows, made once per loaded layer)."""
     groups = getattr(w, "attn_output_a_groups", None)
@@ -161,13 +170,13 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
     if ac.ratio:
         name = "csa" if ac.ratio == 4 else "hca"
         blocks = kv_compressor.compress(
-            h, w.attn_compressor_kv, w.attn_compressor_gate, w.attn_compressor_ape, w.attn_compressor_norm,
+            h, w.attn_compressor_kv, w.attn_compressor_gate, rows_of(w, "attn_compressor_ape"), w.attn_compressor_norm,
             pos=pos, fill=state.fill, blocks=state.blocks, ratio=ac.ratio, eps=eps, rope=rope.apply, rt=rt,
             name=name, il=il)                                                   # [N, K]
         chosen = csa_indexer.visible_blocks(pos, blocks.shape[0], ac.ratio)     # [T, N]
         if ac.ratio == 4:
             ikeys = kv_compressor.compress(
-                h, w.indexer_compressor_kv, w.indexer_compressor_gate, w.indexer_compressor_ape,
+                h, w.indexer_compressor_kv, w.indexer_compressor_gate, rows_of(w, "indexer_compressor_ape"),
                 w.indexer_compressor_norm, pos=pos, fill=state.index_fill, blocks=state.index_keys, ratio=4, eps=eps,
                 rope=rope.apply, rt=rt, name="lid", il=il, rotate=csa_indexer.rotate)   # [N, di]
             chosen, _ = csa_indexer.select_blocks(qr, h, w, ikeys, pos=pos, n_head=ac.idx_heads,
