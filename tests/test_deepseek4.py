@@ -191,7 +191,8 @@ def test_v4_flash_preset_is_the_published_size():
     assert cut["compress_ratios"] == [0, 4, 128] and cut["hash_layers"] == 2
     shapes = {t.name: t.shape for t in plan_tensors("deepseek4", cut)}
     assert shapes["blk.1.indexer.attn_q_b.weight"] == (64 * 128, 1024)
-    assert shapes["blk.2.attn_compressor_ape.weight"] == (128, 512) and shapes["blk.1.attn_compressor_kv.weight"] == (1024, 4096)
+    assert shapes["blk.2.attn_compressor_ape.weight"] == (128, 512)
+    assert shapes["blk.1.attn_compressor_kv.weight"] == (1024, 4096)
     assert shapes["blk.0.attn_output_a.weight"] == (8 * 1024, 64 * 512 // 8)
     assert shapes["blk.1.ffn_gate_tid2eid.weight"] == (129280, 6) and "blk.2.exp_probs_b.bias" in shapes
     assert shapes["blk.2.ffn_gate_exps.weight"] == (256, 2048, 4096)

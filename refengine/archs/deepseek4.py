@@ -63,7 +63,8 @@ MATMUL_INPUTS = [
     (r"qr_norm-(\d+)", ["blk.{il}.attn_q_b.weight", "blk.{il}.indexer.attn_q_b.weight"]),
     (r"attn_derope-(\d+)", ["blk.{il}.attn_output_a.weight"]),
     (r"attn_wo_a-(\d+)", ["blk.{il}.attn_output_b.weight"]),
-    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight", "blk.{il}.ffn_up_shexp.weight"]),
+    (r"ffn_norm-(\d+)", ["blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_inp.weight",
+                         "blk.{il}.ffn_up_shexp.weight"]),
     (r"ffn_swiglu_limited-(\d+)", ["blk.{il}.ffn_down_shexp.weight"]),
     (r"ffn_moe_swiglu_limited-(\d+)", ["blk.{il}.ffn_down_exps.weight"]),
     (r"result_norm", ["output.weight"]),
@@ -119,7 +120,8 @@ def config_from_gguf(gf) -> DSV4Config:
     idx = dict(idx_heads=int(r.get("attention.indexer.head_count", required=True)),
                idx_dim=int(r.get("attention.indexer.key_length", required=True)),
                idx_top_k=int(r.get("attention.indexer.top_k", required=True)))
-    if 4 in ratios and (idx["idx_dim"] & (idx["idx_dim"] - 1) or idx["idx_dim"] < 64 or idx["idx_dim"] < common["n_rot"]):
+    di = idx["idx_dim"]
+    if 4 in ratios and (di & (di - 1) or di < 64 or di < common["n_rot"]):
         raise ConfigError(f"{path}: attention.indexer.key_length = {idx['idx_dim']}: llama.cpp's indexer cache rotates "
                           f"by a Hadamard matrix, which it builds for powers of 2 >= 64 only")
     attn = dict(n_head=H, head_dim=head_dim, q_lora=int(r.get("attention.q_lora_rank", required=True)),

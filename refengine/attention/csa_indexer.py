@@ -3,7 +3,7 @@
 Legend: T tokens, Dq q-LoRA rank, Hi indexer heads, di indexer head dim, R rope dims, N pooled blocks so far.
 
     iq      = rope((qr @ W_iq_b.T).reshape(T, Hi, di), pos)   (last R dims, compressed-layer rope)   lid_q_rope
-    iw      = (h @ W_proj.T) / sqrt(di * Hi)                                                          lid_weights [T, Hi]
+    iw      = (h @ W_proj.T) / sqrt(di * Hi)                                                  lid_weights [T, Hi]
     ik_b    = the b-th pooled key of the indexer's own compressor (attention/kv_compressor.py, width di)   [N, di]
     score   = sum_h relu(iq[t, h] . ik_b) * iw[t, h]  +  (0 if b < (p_t + 1) // 4 else -inf)   lid_score_masked [T, N]
     keep    = the top_k blocks of score (fewer when fewer are visible)                          lid_top_k   [T, k]

@@ -69,8 +69,9 @@ def placeholder(kv_row: np.ndarray, score_row: np.ndarray, ratio: int) -> np.nda
     """llama.cpp's placeholder block: every pooled row is the one given (both halves of it for ratio 4). -> [1, K]"""
     c = 2 if overlap(ratio) else 1
     K = kv_row.shape[0] // c
-    v = np.concatenate([np.repeat(kv_row[None, :K], ratio, 0)] + ([np.repeat(kv_row[None, K:], ratio, 0)] if c == 2 else []))
-    s = np.concatenate([np.repeat(score_row[None, :K], ratio, 0)] + ([np.repeat(score_row[None, K:], ratio, 0)] if c == 2 else []))
+    halves = [slice(0, K), slice(K, 2 * K)][:c]
+    v = np.concatenate([np.repeat(kv_row[None, h], ratio, 0) for h in halves])             # [c*r, K]
+    s = np.concatenate([np.repeat(score_row[None, h], ratio, 0) for h in halves])
     return np.sum(v.T * softmax(s.T), axis=-1, dtype=np.float32)[None]        # [1, K]
 
 

@@ -55,6 +55,7 @@ def layer_rope(cfg, compress_base: float | None) -> TailRope:
         return TailRope(n_rot=cfg.n_rot, base=cfg.rope_freq_base)
     ext = cfg.yarn_ext_factor
     fs = cfg.rope_freq_scale
-    af = 1.0 if ext == 0.0 else float(np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.float32(math.log(1.0 / fs))))
+    f32 = np.float32
+    af = 1.0 if ext == 0.0 else float(f32(1.0) / (f32(1.0) + f32(0.1) * f32(math.log(1.0 / fs))))   # dsv4_rope_attn_factor
     return TailRope(n_rot=cfg.n_rot, base=compress_base, freq_scale=fs, ext_factor=ext, attn_factor=af,
                     n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)

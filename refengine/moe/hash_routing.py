@@ -5,7 +5,7 @@ Legend: T tokens, D model dim, V vocabulary, E experts, A active experts per tok
     logits = h @ W_gate_inp.T                                   ffn_moe_logits          [T, E]
     probs  = sqrt(softplus(logits))                             ffn_moe_probs           [T, E]
     ids    = tid2eid[token]          (hash layers: il < hash_layer_count; `ffn_gate_tid2eid` [V, A] I32)
-           | top-A of probs + exp_probs_b                       (the bias chooses, it does not weigh)   ffn_moe_topk [T, A]
+           | top-A of probs + exp_probs_b      (the bias chooses, it does not weigh)   ffn_moe_topk [T, A]
     w      = probs[ids], normalized (expert_weights_norm), * expert_weights_scale                   [T, A]
     y      = sum_a w[t, a] * down_e(swiglu_clamp(gate_e(h), up_e(h), L_exp))   ffn_moe_swiglu_limited, ffn_moe_out
            + down_s(swiglu_clamp(gate_s(h), up_s(h), L_shexp))                  ffn_swiglu_limited, ffn_shexp

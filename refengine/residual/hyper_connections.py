@@ -41,8 +41,8 @@ class HCConfig:
 
 
 def hc_table(prefix: str, field: str, n: int, *, head: bool = False) -> list[W]:
-    """`{prefix}_fn.weight` [M, n*D], `_base.weight` [M], `_scale.weight` [3] as fields `{field}_fn`, ... (a sub-layer's,
-    M = (2 + n) * n); the head's (`head`): M = n and one scale."""
+    """`{prefix}_fn.weight` [M, n*D], `_base.weight` [M], `_scale.weight` [3] as fields `{field}_fn`, ...
+    (a sub-layer's, M = (2 + n) * n); the head's (`head`): M = n and one scale."""
     n_mix, n_scale = (n, 1) if head else ((2 + n) * n, 3)
     return [W(f"{field}_fn", f"{prefix}_fn.weight", lambda c, s: (n_mix, n * c.n_embd)),
             W(f"{field}_base", f"{prefix}_base.weight", lambda c, s: (n_mix,), dense=True),
