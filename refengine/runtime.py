@@ -81,6 +81,8 @@ class Runtime:
             cands = []
             if ours.size == x.size:
                 cands.append((ours.reshape(x.shape), ref.reshape(x.shape)))
+                if ours.ndim == 3 and x.ndim == 2 and ours.shape[1] == x.shape[0]:   # [H, T, I] heads side by side
+                    cands.append((ours.transpose(1, 0, 2).reshape(x.shape), ref.transpose(1, 0, 2).reshape(x.shape)))
             elif ours.ndim == 3 and x.ndim == 2 and ours.shape[1:] == x.shape:        # one head [H, T, I] -> [T, I]
                 cands += [(ours[k], ref[k]) for k in range(ours.shape[0])]
             elif ours.ndim == 3 and x.ndim == 2 and (ours.shape[0], ours.shape[2]) == x.shape:   # [T, H, I], head k
