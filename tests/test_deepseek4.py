@@ -211,3 +211,10 @@ def test_published_mix_over_200_tokens_is_a_proven_flip(synth_model):
     m = Model(synth_model("deepseek4", wtype="Q8_0", tensor_types={**experts, **f32}))
     proof = prove_flips(m, _tokens(200))
     assert proof.outcome == "proven-flip", proof.summary()
+
+
+def test_compare_local_is_refused_clearly(synth_model):
+    from refengine.compare import run_compare
+    from refengine.errors import UnsupportedArchError
+    with pytest.raises(UnsupportedArchError, match="hyper-connection streams.*compare without --local"):
+        run_compare(synth_model("deepseek4"), [1, 2, 3], local=True)

@@ -38,6 +38,7 @@ from .deepseek_family import ROPE_TYPE
 from .deepseek4_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek4"
+LOCAL_INPUTS = False           # a block's input is the 4 streams (llama.cpp's l_last), not an l_out: no --local
 
 # Keys deepseek4.cpp reads that no other arch of this engine reads (typed here; llama.cpp demands these types).
 KEYS = {
