@@ -199,6 +199,7 @@ def test_v4_flash_preset_is_the_published_size():
 
 
 @pytest.mark.oracle
+@pytest.mark.exhaustive          # a 200-token proof, ~15 s on 2 cores; the 16-token cases run in CI (LLAMACPP_CASES)
 def test_published_mix_over_200_tokens_is_a_proven_flip(synth_model):
     """Q8_0 weights, MXFP4 routed experts (the published files' mix), llama.cpp mode, 200 tokens: llama.cpp
     rounds every matmul input to Q8_0, and over a long context a few values sit on a rounding boundary (measured:
