@@ -114,9 +114,9 @@ class Model:
         a, cfg = self.arch, self.cfg
         if not a.LOCAL_INPUTS:
             raise UnsupportedArchError(
-                f"{self.path}: {cfg.arch} blocks read more than the previous block's output (attention residuals "
-                f"mix a bank of earlier checkpoints), so a block cannot be fed llama.cpp's l_out alone: "
-                f"compare without --local")
+                f"{self.path}: {cfg.arch} blocks read more than llama.cpp's l_out of the previous block (Kimi-K3's "
+                f"attention residuals mix a bank of earlier checkpoints; DeepSeek-V4 carries 4 hyper-connection "
+                f"streams), so a block cannot be fed llama.cpp's l_out alone: compare without --local")
         tokens = self._check_tokens(tokens, 0)
         step = self._step(tokens, 0)
         x0 = a.embed(self.g, cfg, step, rt)
