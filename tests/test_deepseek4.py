@@ -247,3 +247,20 @@ def test_hash_routing_takes_the_table_and_weighs_by_the_router():
     p = gate_probs(logits, GATING_SQRT_SOFTPLUS)
     want = np.take_along_axis(p, ids, 1)
     np.testing.assert_allclose(w, 1.5 * want / want.sum(1, keepdims=True), rtol=1e-6)
+
+
+def test_hash_table_routing_outside_the_experts_is_refused_by_name(synth_model, tmp_path):
+    """A tid2eid entry >= n_expert would index past ffn_*_exps: a WeightError naming the tensor, not an IndexError."""
+    import shutil
+
+    import gguf
+
+    from refengine.errors import WeightError
+    path = str(tmp_path / "bad.gguf")
+    shutil.copy(synth_model("deepseek4"), path)
+    r = gguf.GGUFReader(path, "r+")
+    t = next(t for t in r.tensors if t.name.endswith("ffn_gate_tid2eid.weight"))
+    t.data[3, 1] = 10_000                         # a writable memmap of the file's bytes
+    del r
+    with pytest.raises(WeightError, match=r"blk\.\d+\.ffn_gate_tid2eid\.weight: token 3 routes to expert id 10000"):
+        Model(path).forward([3, 4])

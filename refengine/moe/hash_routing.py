@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import WeightError
 from ..ops.activations import silu, swiglu_clamp
 from ..weights import W
 from .router import GATING_SQRT_SOFTPLUS, expert_weights, gate_probs, route
@@ -111,5 +112,12 @@ def tid2eid_rows(w) -> np.ndarray:
     """ffn_gate_tid2eid as an int array [V, A] (read once per loaded layer)."""
     t = getattr(w, "tid2eid_ids", None)
     if t is None:
-        t = w.tid2eid_ids = np.asarray(w.ffn_gate_tid2eid.raw).view(np.int32).reshape(w.ffn_gate_tid2eid.shape)
+        t = np.asarray(w.ffn_gate_tid2eid.raw).view(np.int32).reshape(w.ffn_gate_tid2eid.shape)
+        n_expert = w.ffn_gate_exps.shape[0]
+        bad = (t < 0) | (t >= n_expert)
+        if bad.any():                             # an id outside the experts would index past ffn_*_exps
+            v, a = (int(i) for i in np.argwhere(bad)[0])
+            raise WeightError(f"{w.ffn_gate_tid2eid.name}: token {v} routes to expert id {int(t[v, a])}, outside "
+                              f"[0, {n_expert}) ({int(bad.sum())} such entries)")
+        w.tid2eid_ids = t
     return t
