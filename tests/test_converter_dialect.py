@@ -1,0 +1,123 @@
+"""Files written by llama.cpp's converter load in refengine and match llama.cpp and transformers (issue 22, dialect 3).
+
+tests/fixtures/converted/{case}.gguf: a tiny random transformers model of the class the converter maps to the
+arch (its register decorator in conversion/*.py), converted by llama.cpp's own `convert_hf_to_gguf.py
+--outtype f32` (vendored with the oracle); {case}.hf.npy: transformers' logits of the original model on
+make_converted.TOKENS. Regenerate both with `tests/tools/make_converted.py` (its docstring: versions, the one
+converter method it answers, the published config entries it restores).
+
+What the converter's dialect brings that `synth` does not: INT32 per-layer head_count_kv (kimi-linear), the
+recurrent-layer BOOL array beside a full_attention_interval it contradicts (qwen3next), vocab_size, token lists
+padded with [PAD{i}], expert_group counts of 1, key/value_length of the MQA-converted MLA, DSA indexer keys.
+
+Each case: `refengine lint` exits 0 without "would refuse"; every tensor llama.cpp names is traced and within
+NMSE 1e-8, the logits too (F32); refengine's logits against transformers' within NMSE 1e-8 (the authors' code
+as a second check). kimi-k3 has no transformers model (its converter reads KimiK3ForConditionalGeneration
+checkpoints only), so it has no case here.
+
+The DeepSeek-V2(-Lite) form (no q-LoRA: DeepseekV2ForCausalLM with q_lora_rank null) at 2 blocks is refused by
+llama.cpp itself: its deepseek2 loader reads q_lora_rank unless the block count is 26 or 27 (or 48 with a 128256
+vocab), the published Lite shapes (src/models/deepseek2.cpp:8-13). refengine refuses it with the same key.
+"""
+import numpy as np
+import pytest
+
+from reportcheck import check_report
+from traced_names import expected_names
+
+from tools.make_converted import OUT, TOKENS
+
+# case -> (llama.cpp arch, HF architecture the converter mapped to it)
+MATCH = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen3moe": ("qwen3moe", "Qwen3MoeForCausalLM"),
+    "deepseek2-v3": ("deepseek2", "DeepseekV3ForCausalLM"),
+    "deepseek32": ("deepseek32", "DeepseekV32ForCausalLM"),
+    "glm-dsa": ("glm-dsa", "GlmMoeDsaForCausalLM"),
+    "qwen3next": ("qwen3next", "Qwen3NextForCausalLM"),
+    "kimi-linear": ("kimi-linear", "KimiLinearForCausalLM"),
+}
+REFUSED = {"deepseek2": ("deepseek2", "DeepseekV2ForCausalLM", "deepseek2.attention.q_lora_rank")}
+
+
+def _path(case):
+    return str(OUT / f"{case}.gguf")
+
+
+def test_every_arch_with_a_transformers_model_has_a_case():
+    from refengine.archs import ARCHS
+    assert {a for a, _ in MATCH.values()} == set(ARCHS) - {"kimi-k3"}
+
+
+@pytest.mark.parametrize("case", list(MATCH) + list(REFUSED))
+def test_written_by_the_converter(case):
+    """The fixture is the converter's (its arch, the pre-tokenizer make_converted answers), all F32."""
+    from refengine.gguf import open_gguf
+    arch, hf_arch, *_ = (MATCH | REFUSED)[case]
+    g = open_gguf(_path(case))
+    assert g.kv["general.architecture"] == arch
+    assert g.kv["tokenizer.ggml.pre"] == "default"
+    assert {t.type.name for t in g.tensors.values()} == {"F32"}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", list(MATCH))
+def test_converted_file_lints_and_matches_llamacpp(case, capsys):
+    from refengine.cli import main
+    from refengine.compare import run_compare
+    from refengine.model import Model
+    path = _path(case)
+    assert main(["lint", path]) == 0
+    assert "would refuse" not in capsys.readouterr().out
+    kinds = [s.attn for s in Model(path).cfg.layers]
+    rep = run_compare(path, TOKENS)
+    check_report(rep, 1e-8, want=expected_names(MATCH[case][0], {}, kinds))
+
+
+@pytest.mark.parametrize("case", list(MATCH))
+def test_converted_file_matches_transformers(case):
+    """refengine on the converted file against transformers on the original model (logits stored by
+    make_converted.py): NMSE <= 1e-8, same top-1 everywhere."""
+    from refengine.model import Model
+    from numerics import nmse
+    ours = np.asarray(Model(_path(case)).forward(np.array(TOKENS)), dtype=np.float64)
+    theirs = np.load(OUT / f"{case}.hf.npy").astype(np.float64)
+    assert ours.shape == theirs.shape
+    assert nmse(theirs, ours) <= 1e-8, nmse(theirs, ours)
+    assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_files_llamacpp_refuses_are_refused_with_its_reason(case, capsys):
+    from refengine.cli import main
+    from refengine.errors import ConfigError
+    from refengine.model import Model
+    from refengine.oracle import run_llamacpp
+    key = REFUSED[case][2]
+    with pytest.raises(Exception, match=f"key not found in model: {key}"):
+        run_llamacpp(_path(case), TOKENS[:4], n_ctx=64)
+    with pytest.raises(ConfigError, match=f"required metadata key '{key}' is missing"):
+        Model(_path(case))
+    assert main(["lint", _path(case)]) == 1
+    out = capsys.readouterr().out
+    assert "would refuse" in out and key in out
+
+
+@pytest.mark.transformers
+@pytest.mark.slow
+def test_make_converted_reproduces_a_fixture(tmp_path, monkeypatch):
+    """tests/tools/make_converted.py still writes the committed fixture: the llama case regenerated in a tmp dir
+    has the same tensors and logits (the converter and transformers as installed)."""
+    from second_oracle import import_transformers
+    import_transformers()
+    import quant
+    from refengine.gguf import open_gguf
+    from tools import make_converted
+    monkeypatch.setattr(make_converted, "OUT", tmp_path)
+    assert make_converted.main(["llama"]) == 0
+    new, old = open_gguf(tmp_path / "llama.gguf"), open_gguf(_path("llama"))
+    assert set(new.tensors) == set(old.tensors)
+    for name in old.tensors:
+        assert np.array_equal(quant.dequantize(new.tensor(name)), quant.dequantize(old.tensor(name))), name
+    np.testing.assert_array_equal(np.load(tmp_path / "llama.hf.npy"), np.load(OUT / "llama.hf.npy"))
