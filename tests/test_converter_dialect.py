@@ -12,8 +12,10 @@ padded with [PAD{i}], expert_group counts of 1, key/value_length of the MQA-conv
 
 Each case: `refengine lint` exits 0 without "would refuse"; every tensor llama.cpp names is traced and within
 NMSE 1e-8, the logits too (F32); refengine's logits against transformers' within NMSE 1e-8 (the authors' code
-as a second check). kimi-k3 has no transformers model (its converter reads KimiK3ForConditionalGeneration
-checkpoints only), so it has no case here.
+as a second check). kimi-k3 has no transformers model: its checkpoint (KimiK3ForConditionalGeneration, the only
+form its converter reads) is written from a small synth file by undoing each conversion step (make_converted.py,
+build_k3), so there are no transformers logits; instead the converter's file is checked to hold the synth file's
+tensors, with the converter's 4-D conv kernels where synth writes 3-D ones.
 
 The DeepSeek-V2(-Lite) form (no q-LoRA: DeepseekV2ForCausalLM with q_lora_rank null) at 2 blocks is refused by
 llama.cpp itself: its deepseek2 loader reads q_lora_rank unless the block count is 26 or 27 (or 48 with a 128256
@@ -36,7 +38,9 @@ MATCH = {
     "glm-dsa": ("glm-dsa", "GlmMoeDsaForCausalLM"),
     "qwen3next": ("qwen3next", "Qwen3NextForCausalLM"),
     "kimi-linear": ("kimi-linear", "KimiLinearForCausalLM"),
+    "kimi-k3": ("kimi-k3", "KimiK3ForConditionalGeneration"),
 }
+HF_LOGITS = [c for c in MATCH if c != "kimi-k3"]
 REFUSED = {"deepseek2": ("deepseek2", "DeepseekV2ForCausalLM", "deepseek2.attention.q_lora_rank")}
 
 
@@ -44,9 +48,9 @@ def _path(case):
     return str(OUT / f"{case}.gguf")
 
 
-def test_every_arch_with_a_transformers_model_has_a_case():
+def test_every_arch_has_a_case():
     from refengine.archs import ARCHS
-    assert {a for a, _ in MATCH.values()} == set(ARCHS) - {"kimi-k3"}
+    assert {a for a, _ in MATCH.values()} == set(ARCHS)
 
 
 @pytest.mark.parametrize("case", list(MATCH) + list(REFUSED))
@@ -74,7 +78,7 @@ def test_converted_file_lints_and_matches_llamacpp(case, capsys):
     check_report(rep, 1e-8, want=expected_names(MATCH[case][0], {}, kinds))
 
 
-@pytest.mark.parametrize("case", list(MATCH))
+@pytest.mark.parametrize("case", HF_LOGITS)
 def test_converted_file_matches_transformers(case):
     """refengine on the converted file against transformers on the original model (logits stored by
     make_converted.py): NMSE <= 1e-8, same top-1 everywhere."""
@@ -85,6 +89,25 @@ def test_converted_file_matches_transformers(case):
     assert ours.shape == theirs.shape
     assert nmse(theirs, ours) <= 1e-8, nmse(theirs, ours)
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+
+
+def test_kimi_k3_converter_writes_the_synth_tensors(tmp_path):
+    """The K3 checkpoint was written from synth's file; the converter gives back every tensor with the same values,
+    the KDA conv kernels 4-D {Kc, 1, d_in, 1} (kimi_k3.py's reshape) where synth writes them 3-D {Kc, 1, d_in}."""
+    import quant
+    from refengine.gguf import open_gguf
+    from refengine.synth import write_synth
+    from tools.make_converted import K3_SYNTH
+    conv = open_gguf(_path("kimi-k3"))
+    synth = open_gguf(write_synth("kimi-k3", tmp_path / "k3.gguf", overrides=K3_SYNTH))
+    assert set(conv.tensors) == set(synth.tensors)
+    for name, ti in synth.tensors.items():
+        a, b = quant.dequantize(synth.tensor(name)), quant.dequantize(conv.tensor(name))
+        if "ssm_conv1d" in name:
+            assert (ti.shape, conv.tensors[name].shape) == ((a.shape[0], 1, a.shape[2]), (1, a.shape[0], 1, a.shape[2]))
+        else:
+            assert conv.tensors[name].shape == ti.shape, name
+        assert np.array_equal(a.ravel(), b.ravel()), name
 
 
 @pytest.mark.oracle

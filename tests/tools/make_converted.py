@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))        # this checkout's refengine (kimi-k3's checkpoint is written from its synth)
 OUT = ROOT / "tests" / "fixtures" / "converted"
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SRC", "/work/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
 TOKENS = [7, 90, 13, 55, 1, 69, 44, 3, 80, 31, 8, 77, 19, 64, 95, 2, 17, 33, 5, 61, 42, 9, 88, 70]   # past a 16-token chunk
@@ -203,16 +204,113 @@ def convert(model_dir: Path, out: Path, args=()) -> None:
                    check=True, cwd=LLAMA_CPP)
 
 
+# ---------------------------------------------------------------- kimi-k3: no transformers model
+# The converter reads KimiK3ForConditionalGeneration checkpoints (conversion/kimi_k3.py): KimiLinearForCausalLM
+# tensors under `language_model.`, plus K3's own (full-rank KDA gate and MLA output gate, both `g_proj`; latent
+# MoE `routed_expert_*`; attention residuals as `<x>_res_norm` * `<x>_res_proj`). transformers has no such model,
+# so the checkpoint is written from a small `refengine synth` kimi-k3 file by undoing each conversion step the
+# converter applies (the names through gguf-py's own TensorNameMap for KIMI_K3, which the converter uses); the
+# converter then writes the GGUF. There are no transformers logits for it.
+K3_SYNTH = dict(n_vocab=96, n_embd=32, n_layer=3, full_attn=(2,), dh=8, q_lora=16, kv_lora=32, qk_nope=16,
+                qk_rope=8, v_head=16, n_ff=32, n_expert=4, n_ff_exp=16, latent=16)
+_K3_NAMES = {   # GGUF name (after blk.{i}.) -> checkpoint name (after model.layers.{i}.)
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "ssm_conv1d_q.weight": "self_attn.q_conv1d.weight", "ssm_conv1d_k.weight": "self_attn.k_conv1d.weight",
+    "ssm_conv1d_v.weight": "self_attn.v_conv1d.weight", "ssm_f_a.weight": "self_attn.f_a_proj.weight",
+    "ssm_f_b.weight": "self_attn.f_b_proj.weight", "ssm_beta.weight": "self_attn.b_proj.weight",
+    "ssm_dt.bias": "self_attn.dt_bias", "ssm_g.weight": "self_attn.g_proj.weight",
+    "ssm_norm.weight": "self_attn.o_norm.weight", "attn_gate.weight": "self_attn.g_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight", "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight", "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "block_sparse_moe.gate.weight",
+    "exp_probs_b.bias": "block_sparse_moe.gate.e_score_correction_bias",
+    "ffn_routed_down.weight": "block_sparse_moe.routed_expert_down_proj.weight",
+    "ffn_routed_up.weight": "block_sparse_moe.routed_expert_up_proj.weight",
+    "ffn_routed_norm.weight": "block_sparse_moe.routed_expert_norm.weight",
+    "ffn_gate_shexp.weight": "block_sparse_moe.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "block_sparse_moe.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "block_sparse_moe.shared_experts.down_proj.weight",
+}
+
+
+def build_k3(model_dir: Path) -> None:
+    """A KimiK3ForConditionalGeneration checkpoint (model.safetensors, config.json) from a synth kimi-k3 file."""
+    import torch
+    import quant
+    from safetensors.torch import save_file
+    from refengine.archs.kimi_k3_synth import PRESETS
+    from refengine.gguf import open_gguf
+    from refengine.synth import write_synth
+    src = write_synth("kimi-k3", model_dir / "synth.gguf", overrides=K3_SYNTH)
+    g = open_gguf(src)
+    W = lambda n: torch.from_numpy(np.ascontiguousarray(quant.dequantize(g.tensor(n)), dtype=np.float32))
+    p = dict(PRESETS["tiny"], **K3_SYNTH)
+    L, H = p["n_layer"], p["n_head"]
+    sd = {"model.embed_tokens.weight": W("token_embd.weight"), "model.norm.weight": W("output_norm.weight"),
+          "lm_head.weight": W("output.weight"),
+          # the converter writes norm * proj: the score as the norm, a unit projection
+          "model.output_attn_res_norm.weight": W("output_res_score.weight"),
+          "model.output_attn_res_proj.weight": torch.ones(p["n_embd"])}
+    for i in range(L):
+        pre, blk = f"model.layers.{i}.", f"blk.{i}."
+        have = {n[len(blk):] for n in g.tensors if n.startswith(blk)}
+        for gname in have & set(_K3_NAMES):
+            sd[pre + _K3_NAMES[gname]] = W(blk + gname)
+        for kind, hf in (("attn", "self_attention_res"), ("ffn", "mlp_res")):
+            sd[pre + f"{hf}_norm.weight"] = W(blk + f"{kind}_res_score.weight")
+            sd[pre + f"{hf}_proj.weight"] = torch.ones(p["n_embd"])
+        if "ssm_a" in have:   # the converter writes -exp(A_log[:n_head]): 1-D (Kimi-Linear's [1, 1, H, 1] would
+            sd[pre + "self_attn.A_log"] = torch.log(-W(blk + "ssm_a"))     # stay 4-D, which llama.cpp's K3 refuses)
+        if "attn_k_b.weight" in have:                         # the converter splits kv_b and transposes k_b
+            k_b, v_b = W(blk + "attn_k_b.weight"), W(blk + "attn_v_b.weight")   # [H, C, dn], [H, dv, C]
+            sd[pre + "self_attn.kv_b_proj.weight"] = torch.cat([k_b.transpose(1, 2), v_b], 1).reshape(-1, p["kv_lora"])
+        if "ffn_gate_exps.weight" in have:                    # the converter stacks the per-expert matrices
+            for wid, gname in (("w1", "ffn_gate_exps"), ("w2", "ffn_down_exps"), ("w3", "ffn_up_exps")):
+                for e, m in enumerate(W(blk + gname + ".weight")):
+                    sd[pre + f"block_sparse_moe.experts.{e}.{wid}.weight"] = m.contiguous()
+    save_file({"language_model." + k: v.contiguous() for k, v in sd.items()}, model_dir / "model.safetensors",
+              metadata={"format": "pt"})
+    full = [i + 1 for i in p["full_attn"]]
+    cfg = dict(architectures=["KimiK3ForConditionalGeneration"], vocab_size=p["n_vocab"], hidden_size=p["n_embd"],
+               intermediate_size=p["n_ff"], num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=H,
+               rms_norm_eps=p["eps"], max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=False,
+               q_lora_rank=p["q_lora"], kv_lora_rank=p["kv_lora"], qk_nope_head_dim=p["qk_nope"],
+               qk_rope_head_dim=p["qk_rope"], v_head_dim=p["v_head"], mla_use_nope=True,
+               num_experts=p["n_expert"], num_experts_per_token=p["n_expert_used"],
+               moe_intermediate_size=p["n_ff_exp"], num_shared_experts=p["n_shared"],
+               first_k_dense_replace=p["n_dense_lead"], routed_scaling_factor=p["w_scale"],
+               moe_renormalize=p["norm_w"], moe_router_activation_func="sigmoid",
+               routed_expert_hidden_size=p["latent"], hidden_act="situ", activation_situ_beta=p["situ_beta"],
+               activation_situ_linear_beta=p["situ_linear_beta"], attn_res_block_size=p["res_bs"],
+               bos_token_id=48, eos_token_id=48,
+               linear_attn_config=dict(head_dim=p["dh"], num_heads=H, short_conv_kernel_size=p["d_conv"],
+                                       gate_lower_bound=p["gate_lb"], full_attn_layers=full,
+                                       kda_layers=[i + 1 for i in range(L) if i + 1 not in full]))
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    (model_dir / "synth.gguf").unlink()
+    tokenizer_files(model_dir, serialized=True)
+
+
 def main(argv: list[str]) -> int:
-    archs = argv or list(CASES)
+    archs = argv or list(CASES) + ["kimi-k3"]
     OUT.mkdir(parents=True, exist_ok=True)
     for arch in archs:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = Path(tmp) / arch
             model_dir.mkdir()
-            logits = build_hf(arch, model_dir)
+            if arch == "kimi-k3":
+                build_k3(model_dir)
+                logits = None
+            else:
+                logits = build_hf(arch, model_dir)
             convert(model_dir, OUT / f"{arch}.gguf", CONVERTER_ARGS.get(arch, ()))
-        np.save(OUT / f"{arch}.hf.npy", logits)
+        if logits is not None:
+            np.save(OUT / f"{arch}.hf.npy", logits)
         print(f"{arch}: {(OUT / f'{arch}.gguf').stat().st_size} bytes")
     return 0
 
