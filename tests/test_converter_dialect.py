@@ -19,7 +19,8 @@ tensors, with the converter's 4-D conv kernels where synth writes 3-D ones.
 
 The DeepSeek-V2(-Lite) form (no q-LoRA: DeepseekV2ForCausalLM with q_lora_rank null) at 2 blocks is refused by
 llama.cpp itself: its deepseek2 loader reads q_lora_rank unless the block count is 26 or 27 (or 48 with a 128256
-vocab), the published Lite shapes (src/models/deepseek2.cpp:8-13). refengine refuses it with the same key.
+vocab), the published Lite shapes (src/models/deepseek2.cpp:8-13). refengine refuses it with the same key. At 26
+blocks the same form loads and matches (exhaustive: converted at test time, no fixture).
 """
 import numpy as np
 import pytest
@@ -144,3 +145,28 @@ def test_make_converted_reproduces_a_fixture(tmp_path, monkeypatch):
     for name in old.tensors:
         assert np.array_equal(quant.dequantize(new.tensor(name)), quant.dequantize(old.tensor(name))), name
     np.testing.assert_array_equal(np.load(tmp_path / "llama.hf.npy"), np.load(OUT / "llama.hf.npy"))
+
+
+@pytest.mark.oracle
+@pytest.mark.transformers
+@pytest.mark.exhaustive
+def test_deepseek2_lite_form_at_its_published_block_count(tmp_path, monkeypatch, capsys):
+    """DeepSeek-V2-Lite's form (no q-LoRA) at 26 blocks, where llama.cpp does not read q_lora_rank: converted at
+    test time (about 0.5 MB, no fixture), it lints, matches llama.cpp at 1e-8 and transformers' logits at 1e-8."""
+    from second_oracle import import_transformers
+    import_transformers()
+    from refengine.cli import main
+    from refengine.compare import run_compare
+    from refengine.model import Model
+    from numerics import nmse
+    from tools import make_converted
+    monkeypatch.setattr(make_converted, "OUT", tmp_path)
+    assert make_converted.main(["deepseek2-lite"]) == 0
+    path = str(tmp_path / "deepseek2-lite.gguf")
+    assert main(["lint", path]) == 0
+    assert "would refuse" not in capsys.readouterr().out
+    model = Model(path)
+    assert model.cfg.n_layer == 26 and all(s.attn_cfg.q_lora_rank == 0 for s in model.cfg.layers)
+    check_report(run_compare(path, TOKENS), 1e-8)
+    ours = np.asarray(model.forward(np.array(TOKENS)), dtype=np.float64)
+    assert nmse(np.load(tmp_path / "deepseek2-lite.hf.npy").astype(np.float64), ours) <= 1e-8
