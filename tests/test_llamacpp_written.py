@@ -1,0 +1,88 @@
+"""Files written by llama.cpp's own tools load in refengine and match llama.cpp (issue 22, dialects 1 and 2).
+
+    writer/*.gguf   llama.cpp's random-model writer: `test-llama-archs -a ARCH -o DIR` (tests/test-llama-archs.cpp:
+                    every hparam key through llama_model_saver, per-layer head counts [H, 0] for the hybrid archs,
+                    every optional tensor the loader creates), written as {arch}-dense.gguf / {arch}-moe.gguf;
+    quant/*.gguf    those files through `llama-quantize` (Q4_K_M with `--tensor-type` overrides making small
+                    tensors such as ssm_f_a / ssm_f_b / attn_k_b / ffn_gate_inp / ssm_beta / ssm_alpha Q8_0, and
+                    MXFP4_MOE for the MoE files): the Kimi K3 case of a quantized small tensor beside F32 vectors.
+
+The files are megabytes each (n_embd 128-256), so they are not committed: the folder is $REFENGINE_LLAMACPP_WRITTEN
+(default tests/fixtures/llamacpp_written), holding writer/ and quant/ as above; without it every case skips.
+Exhaustive tier. To write them, build the two tools from the oracle's vendored llama.cpp (`cmake --build BUILD
+--target test-llama-archs llama-quantize`, with -DLLAMA_BUILD_TESTS=ON) and run
+`test-llama-archs -a ARCH -o DIR/writer` for each arch, then `llama-quantize --tensor-type NAME=q8_0 ... IN OUT
+Q4_K_M` (or MXFP4_MOE) into DIR/quant.
+
+Each file of a registered arch (deepseek4 / qwen4exp / glm5-next excepted: not registered here yet):
+`refengine lint` refuses nothing; an all-F32 file matches llama.cpp at NMSE 1e-8 for every tensor llama.cpp
+names (exact mode); a quantized one, in llama.cpp mode, is within 1e-7 or a rounding flip proven by teacher
+forcing (`refengine.flips.prove_flips`).
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reportcheck import check_report
+
+pytestmark = [pytest.mark.exhaustive, pytest.mark.oracle]
+ROOT = Path(__file__).resolve().parents[1]
+WRITTEN = Path(os.environ.get("REFENGINE_LLAMACPP_WRITTEN", ROOT / "tests" / "fixtures" / "llamacpp_written"))
+TOKENS = [7, 100, 13, 55, 1, 99, 44, 3, 120, 31, 8, 77, 19, 64, 127, 2, 17, 33, 5, 61, 42, 9, 88, 70]
+
+
+def _arch(path) -> str:
+    from refengine.gguf import open_gguf
+    return str(open_gguf(path).kv["general.architecture"])
+
+
+def _files(kind: str) -> list:
+    """(id, path) of the files under WRITTEN/kind of a registered arch, found at collection."""
+    from refengine.archs import ARCHS
+    d = WRITTEN / kind
+    if not d.is_dir():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"no {d} (module docstring: how to write it)"))]
+    out = []
+    for p in sorted(d.glob("*.gguf")):
+        arch = _arch(p)
+        marks = () if arch in ARCHS else pytest.mark.skip(reason=f"{arch} is not a registered arch")
+        out.append(pytest.param(str(p), id=f"{kind}-{p.stem}", marks=marks))
+    return out
+
+
+def _all_f32(path) -> bool:
+    from refengine.gguf import open_gguf
+    return {t.type.name for t in open_gguf(path).tensors.values()} <= {"F32"}
+
+
+@pytest.mark.parametrize("path", _files("writer") + _files("quant"))
+def test_lint_refuses_nothing(path, capsys):
+    from refengine.cli import main
+    assert main(["lint", path]) == 0
+    assert "would refuse" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", _files("writer") + _files("quant"))
+def test_matches_llamacpp(path):
+    from refengine.compare import run_compare
+    from refengine.flips import prove_flips
+    from refengine.model import Model
+    model = Model(path)
+    tokens = np.array([t % model.cfg.n_vocab for t in TOKENS])
+    if _all_f32(path):
+        check_report(run_compare(model, tokens), 1e-8)
+        return
+    proof = prove_flips(model, tokens)
+    assert proof.outcome in ("pass", "proven-flip"), proof.summary()
+
+
+def test_every_registered_arch_has_writer_files():
+    """With the folder present: each registered arch has the random-model writer's file(s)."""
+    from refengine.archs import ARCHS
+    d = WRITTEN / "writer"
+    if not d.is_dir():
+        pytest.skip(f"no {d}")
+    have = {_arch(p) for p in d.glob("*.gguf")}
+    assert set(ARCHS) <= have, sorted(set(ARCHS) - have)
