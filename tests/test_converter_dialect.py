@@ -2,7 +2,8 @@
 
 tests/fixtures/converted/{case}.gguf: a tiny random transformers model of the class the converter maps to the
 arch (its register decorator in conversion/*.py), converted by llama.cpp's own `convert_hf_to_gguf.py
---outtype f32` (vendored with the oracle); {case}.hf.npy: transformers' logits of the original model on
+--outtype f32` (vendored with the oracle); {case}.q8_0.gguf the same with `--outtype q8_0` (the converter's own
+Python quantizer and type choices); {case}.hf.npy: transformers' logits of the original model on
 make_converted.TOKENS. Regenerate both with `tests/tools/make_converted.py` (its docstring: versions, the one
 converter method it answers, the published config entries it restores).
 
@@ -11,7 +12,7 @@ recurrent-layer BOOL array beside a full_attention_interval it contradicts (qwen
 padded with [PAD{i}], expert_group counts of 1, key/value_length of the MQA-converted MLA, DSA indexer keys.
 
 Each case: `refengine lint` exits 0 without "would refuse"; every tensor llama.cpp names is traced and within
-NMSE 1e-8, the logits too (F32); refengine's logits against transformers' within NMSE 1e-8 (the authors' code
+NMSE 1e-8, the logits too (F32); the Q8_0 file within 1e-7 in llama.cpp mode or a proven rounding flip; refengine's logits against transformers' within NMSE 1e-8 (the authors' code
 as a second check). kimi-k3 has no transformers model: its checkpoint (KimiK3ForConditionalGeneration, the only
 form its converter reads) is written from a small synth file by undoing each conversion step (make_converted.py,
 build_k3), so there are no transformers logits; instead the converter's file is checked to hold the synth file's
@@ -96,6 +97,41 @@ def test_converted_file_matches_transformers(case):
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
 
 
+# the converter's own Q8_0 ({case}.q8_0.gguf): which small matrices it quantized (lint flags them for strict
+# loaders; where rows do not fit a Q8_0 block, F16: kimi ssm_f_b of kda.head_dim 8 rows, not flagged) and the
+# matrices it keeps F32 (conversion/base.py prepare_tensors: ffn_gate_inp, conv kernels, the DSA indexer's proj)
+Q8_FLAGGED = {"qwen3next": {"ssm_ba.weight"}, "kimi-linear": {"ssm_f_a.weight", "ssm_beta.weight"},
+              "kimi-k3": {"ssm_f_a.weight", "ssm_beta.weight"}}
+Q8_TYPES = {"deepseek32": {"indexer.proj.weight": "F32", "ffn_gate_inp.weight": "F32", "attn_k_b.weight": "F16"},
+            "glm-dsa": {"indexer.proj.weight": "F32", "ffn_gate_inp.weight": "F32"},
+            "qwen3next": {"ssm_conv1d.weight": "F32", "ffn_gate_inp_shexp.weight": "F32", "ssm_ba.weight": "Q8_0"},
+            "kimi-linear": {"ssm_conv1d_q.weight": "F32", "ssm_f_a.weight": "Q8_0", "ssm_f_b.weight": "F16"},
+            "kimi-k3": {"ssm_conv1d_q.weight": "F32", "ssm_f_a.weight": "Q8_0", "ssm_f_b.weight": "F16",
+                        "ssm_beta.weight": "Q8_0", "ssm_g.weight": "Q8_0", "ffn_gate_inp.weight": "F32"}}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", list(MATCH))
+def test_converter_q8_0_lints_and_matches_llamacpp_mode(case):
+    """--outtype q8_0: lint refuses nothing and flags exactly the quantized small matrices; in llama.cpp mode the
+    logits are within 1e-7 of llama.cpp's or a proven rounding flip (pinned: "converter-{case}-Q8_0")."""
+    from refengine.flips import prove_flips
+    from refengine.gguf import open_gguf
+    from refengine.lint import lint
+    from refengine.model import Model
+    from tests.llamacpp_mode_outcomes import hold
+    path = str(OUT / f"{case}.q8_0.gguf")
+    types = {}
+    for name, ti in open_gguf(path).tensors.items():
+        types.setdefault(name.split(".", 2)[2] if name.startswith("blk.") else name, set()).add(ti.type.name)
+    assert {n: types.get(n) for n in Q8_TYPES.get(case, {})} == {n: {t} for n, t in Q8_TYPES.get(case, {}).items()}
+    rep = lint(path)
+    assert not rep.refused and not rep.refusals, rep.refusals
+    flagged = {t.name.split(".", 2)[2] for t in rep.tensors if any("strict loaders" in f for f in t.flags)}
+    assert flagged == Q8_FLAGGED.get(case, set())
+    hold(f"converter-{case}-Q8_0", prove_flips(Model(path), np.array(TOKENS)))
+
+
 def test_kimi_k3_converter_writes_the_synth_tensors(tmp_path):
     """The K3 checkpoint was written from synth's file; the converter gives back every tensor with the same values,
     the KDA conv kernels 4-D {Kc, 1, d_in, 1} (kimi_k3.py's reshape) where synth writes them 3-D {Kc, 1, d_in}."""
@@ -135,7 +171,7 @@ def test_files_llamacpp_refuses_are_refused_with_its_reason(case, capsys, tmp_pa
 
 
 @pytest.mark.transformers
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_make_converted_reproduces_a_fixture(tmp_path, monkeypatch):
     """tests/tools/make_converted.py still writes the committed fixture: the llama case regenerated in a tmp dir
     has the same tensors and logits (the converter and transformers as installed)."""
@@ -146,10 +182,11 @@ def test_make_converted_reproduces_a_fixture(tmp_path, monkeypatch):
     from tools import make_converted
     monkeypatch.setattr(make_converted, "OUT", tmp_path)
     assert make_converted.main(["llama"]) == 0
-    new, old = open_gguf(tmp_path / "llama.gguf"), open_gguf(_path("llama"))
-    assert set(new.tensors) == set(old.tensors)
-    for name in old.tensors:
-        assert np.array_equal(quant.dequantize(new.tensor(name)), quant.dequantize(old.tensor(name))), name
+    for f in ("llama.gguf", "llama.q8_0.gguf"):
+        new, old = open_gguf(tmp_path / f), open_gguf(OUT / f)
+        assert set(new.tensors) == set(old.tensors)
+        for name in old.tensors:
+            assert np.array_equal(quant.dequantize(new.tensor(name)), quant.dequantize(old.tensor(name))), name
     np.testing.assert_array_equal(np.load(tmp_path / "llama.hf.npy"), np.load(OUT / "llama.hf.npy"))
 
 

@@ -7,8 +7,9 @@ For each llama.cpp arch (CASES): the transformers model class the converter maps
 in conversion/*.py), built from a tiny config with seeded random weights (every parameter moved off its
 initial value, so unit norms and zero biases are exercised too), saved with `save_pretrained`, then converted
 with `--outtype f32` by the vendored converter (the oracle's own llama.cpp tree; its gguf-py on PYTHONPATH).
-Written per arch: `{arch}.gguf` (what the converter wrote) and `{arch}.hf.npy` (transformers' logits of the
-original model on TOKENS: the authors' code as a second check, float32 [T, V]).
+Written per arch: `{arch}.gguf` (what the converter wrote), `{arch}.q8_0.gguf` (the same with `--outtype q8_0`)
+and `{arch}.hf.npy` (transformers' logits of the original model on TOKENS: the authors' code as a second check,
+float32 [T, V]).
 
 The tokenizer: a 52-token byte-level BPE written as GPT-2's vocab.json + merges.txt (no network here). The converter identifies
 a BPE tokenizer's pre-tokenizer by hashing its encoding of a fixed text against the published models'
@@ -115,6 +116,11 @@ PUBLISHED_CONFIG = {
 }
 
 NOT_FIXTURES = {"deepseek2-lite"}
+# f32: {arch}.gguf; q8_0: {arch}.q8_0.gguf, the converter's own quantizer (gguf-py, Python): its own choice of
+# which tensors stay F32 (1-D, norms, ffn_gate_inp, conv kernels, the DSA indexer's proj), F16 where rows do not
+# fit a Q8_0 block of 32
+OUTTYPES = ("f32", "q8_0")
+F32_ONLY = NOT_FIXTURES | {"deepseek2"}     # deepseek2 (2 blocks, no q-LoRA): refused by llama.cpp at any type
 
 
 def tokenizer_files(model_dir: Path, serialized: bool = False) -> None:
@@ -208,10 +214,10 @@ convert_hf_to_gguf.main()
 """
 
 
-def convert(model_dir: Path, out: Path, args=()) -> None:
-    """llama.cpp's convert_hf_to_gguf.py --outtype f32 on `model_dir` (its pre-tokenizer hash check answered)."""
+def convert(model_dir: Path, out: Path, args=(), outtype: str = "f32") -> None:
+    """llama.cpp's convert_hf_to_gguf.py --outtype OUTTYPE on `model_dir` (its pre-tokenizer hash check answered)."""
     code = _RUN_CONVERTER.format(src=str(LLAMA_CPP), gguf=str(LLAMA_CPP / "gguf-py"))
-    subprocess.run([sys.executable, "-c", code, str(model_dir), "--outtype", "f32", "--outfile", str(out), *args],
+    subprocess.run([sys.executable, "-c", code, str(model_dir), "--outtype", outtype, "--outfile", str(out), *args],
                    check=True, cwd=LLAMA_CPP)
 
 
@@ -319,7 +325,11 @@ def main(argv: list[str]) -> int:
                 logits = None
             else:
                 logits = build_hf(arch, model_dir)
-            convert(model_dir, OUT / f"{arch}.gguf", CONVERTER_ARGS.get(arch, ()))
+            for outtype in OUTTYPES:
+                if arch in F32_ONLY and outtype != "f32":
+                    continue
+                name = f"{arch}.gguf" if outtype == "f32" else f"{arch}.{outtype}.gguf"
+                convert(model_dir, OUT / name, CONVERTER_ARGS.get(arch, ()), outtype)
         if logits is not None:
             np.save(OUT / f"{arch}.hf.npy", logits)
         print(f"{arch}: {(OUT / f'{arch}.gguf').stat().st_size} bytes")
