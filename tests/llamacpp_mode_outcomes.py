@@ -11,7 +11,8 @@ this table changes in the same commit.
 
 Cases: tests/test_llamacpp_mode.py (LLAMACPP_CASES, 16 tokens of seed 0), tests/test_quantize_recipes.py
 ("quantize-moe-q2k"), tests/test_llamacpp_writer.py ("llamacpp-writer-*": files llama.cpp's writer quantized) and
-tests/test_converter_dialect.py ("converter-*": files llama.cpp's converter quantized).
+tests/test_converter_dialect.py ("converter-*": files llama.cpp's converter quantized) and tests/test_llamacpp_written.py
+("llama-quantize-*": llama.cpp's random-model writer's files through llama-quantize --tensor-type).
 Measured figures for each: docs/quant.md.
 """
 from __future__ import annotations
@@ -97,6 +98,11 @@ OUTCOMES = {
                                                      # attn_norm-2 (1 Q8_0 code) forced; 1.3e-14 after
     "converter-kimi-linear-Q8_0": "pass",            # 1.4e-14
     "converter-kimi-k3-Q8_0": "proven-flip",         # 3.2e-7: result_norm (1 Q8_0 code) forced; 1.4e-14 after
+    # llama.cpp's random-model writer's files through llama-quantize --tensor-type (Q8_0 ssm_f_a / ssm_f_b) Q4_K_M,
+    # committed (tests/test_llamacpp_written.py), 24 tokens
+    "llama-quantize-kimi-k3-moe.q4km-ovr": "pass",    # 4.1e-14
+    # 4.1e-14 logits, but 1 Q8_0 code of ssm_f_b's unnamed input (node_104, blk.1) over 1e-7: forced from the trace
+    "llama-quantize-kimi-linear-moe.q4km-ovr": "proven-flip",
 }
 
 

@@ -8,8 +8,9 @@
                     MXFP4_MOE for the MoE files): the Kimi K3 case of a quantized small tensor beside F32 vectors.
 
 The files are megabytes each (n_embd 128-256), so they are not committed: the folder is $REFENGINE_LLAMACPP_WRITTEN
-(default tests/fixtures/llamacpp_written), holding writer/ and quant/ as above; without it every case skips.
-Exhaustive tier. To write them, build the two tools from the oracle's vendored llama.cpp (`cmake --build BUILD
+(default build/llamacpp-written), holding writer/ and quant/ as above; without it every case skips. Exhaustive
+tier. Two quant/ files under 1 MB are committed (tests/fixtures/llamacpp_written/quant/, the Kimi K3 case, below)
+and run in the default tier. To write them, build the two tools from the oracle's vendored llama.cpp (`cmake --build BUILD
 --target test-llama-archs llama-quantize`, with -DLLAMA_BUILD_TESTS=ON) and run
 `test-llama-archs -a ARCH -o DIR/writer` for each arch, then `llama-quantize --tensor-type NAME=q8_0 ... IN OUT
 Q4_K_M` (or MXFP4_MOE) into DIR/quant.
@@ -27,9 +28,10 @@ import pytest
 
 from reportcheck import check_report
 
-pytestmark = [pytest.mark.exhaustive, pytest.mark.oracle]
+pytestmark = pytest.mark.oracle
+exhaustive = pytest.mark.exhaustive
 ROOT = Path(__file__).resolve().parents[1]
-WRITTEN = Path(os.environ.get("REFENGINE_LLAMACPP_WRITTEN", ROOT / "tests" / "fixtures" / "llamacpp_written"))
+WRITTEN = Path(os.environ.get("REFENGINE_LLAMACPP_WRITTEN", ROOT / "build" / "llamacpp-written"))
 TOKENS = [7, 100, 13, 55, 1, 99, 44, 3, 120, 31, 8, 77, 19, 64, 127, 2, 17, 33, 5, 61, 42, 9, 88, 70]
 
 
@@ -57,6 +59,7 @@ def _all_f32(path) -> bool:
     return {t.type.name for t in open_gguf(path).tensors.values()} <= {"F32"}
 
 
+@exhaustive
 @pytest.mark.parametrize("path", _files("writer") + _files("quant"))
 def test_lint_refuses_nothing(path, capsys):
     from refengine.cli import main
@@ -64,6 +67,7 @@ def test_lint_refuses_nothing(path, capsys):
     assert "would refuse" not in capsys.readouterr().out
 
 
+@exhaustive
 @pytest.mark.parametrize("path", _files("writer") + _files("quant"))
 def test_matches_llamacpp(path):
     from refengine.compare import run_compare
@@ -78,6 +82,7 @@ def test_matches_llamacpp(path):
     assert proof.outcome in ("pass", "proven-flip"), proof.summary()
 
 
+@exhaustive
 def test_every_registered_arch_has_writer_files():
     """With the folder present: each registered arch has the random-model writer's file(s)."""
     from refengine.archs import ARCHS
@@ -86,3 +91,41 @@ def test_every_registered_arch_has_writer_files():
         pytest.skip(f"no {d}")
     have = {_arch(p) for p in d.glob("*.gguf")}
     assert set(ARCHS) <= have, sorted(set(ARCHS) - have)
+
+
+# ---------------------------------------------------------------- committed: the Kimi K3 case (default tier)
+# Two of the quant/ files (each under 1 MB) are committed: kimi-k3 and kimi-linear random-model-writer files
+# through `llama-quantize --tensor-type ssm_f_a=q8_0 --tensor-type ssm_f_b=q8_0 ... Q4_K_M`: a Q8_0 `ssm_f_a` /
+# `ssm_f_b` beside F32 `ssm_a`, `ssm_dt.bias`, conv kernels and `ssm_beta` (its override ignored, [128, 1]), with
+# the writer's per-layer head counts [1, 0] and every other hparam key llama_model_saver writes.
+COMMITTED = ROOT / "tests" / "fixtures" / "llamacpp_written" / "quant"
+KIMI_TYPES = {"ssm_f_a.weight": "Q8_0", "ssm_f_b.weight": "Q8_0", "ssm_a": "F32", "ssm_dt.bias": "F32",
+              "ssm_beta.weight": "F32", "ssm_conv1d_q.weight": "F32", "ffn_gate_inp.weight": "F32",
+              "attn_k_b.weight": "Q8_0"}
+COMMITTED_CASES = {"kimi-k3-moe.q4km-ovr": "kimi-k3", "kimi-linear-moe.q4km-ovr": "kimi-linear"}
+
+
+@pytest.mark.parametrize("name", list(COMMITTED_CASES))
+def test_committed_kimi_quantized_small_tensors(name, capsys):
+    """lint: exit 0, the Q8_0 ssm_f_a / ssm_f_b flagged for strict loaders and nothing else; the types as the tool
+    wrote them; in llama.cpp mode within 1e-7 of llama.cpp or a proven flip (pinned: "llama-quantize-{name}")."""
+    from refengine.cli import main
+    from refengine.flips import prove_flips
+    from refengine.gguf import open_gguf
+    from refengine.lint import lint
+    from refengine.model import Model
+    from tests.llamacpp_mode_outcomes import hold
+    path = str(COMMITTED / f"{name}.gguf")
+    g = open_gguf(path)
+    assert g.kv["general.architecture"] == COMMITTED_CASES[name]
+    assert list(g.kv[f"{COMMITTED_CASES[name]}.attention.head_count"].value) == [1, 0]
+    types = {}
+    for n, ti in g.tensors.items():
+        types.setdefault(n.split(".", 2)[2] if n.startswith("blk.") else n, set()).add(ti.type.name)
+    assert {n: types.get(n) for n in KIMI_TYPES} == {n: {t} for n, t in KIMI_TYPES.items()}
+    assert main(["lint", path]) == 0
+    assert "llama.cpp accepts this file (2 flag(s) for strict loaders)" in capsys.readouterr().out
+    flagged = {t.name for t in lint(path).tensors if any("strict loaders" in f for f in t.flags)}
+    assert flagged == {"blk.1.ssm_f_a.weight", "blk.1.ssm_f_b.weight"}
+    model = Model(path)
+    hold(f"llama-quantize-{name}", prove_flips(model, np.array([t % model.cfg.n_vocab for t in TOKENS])))
