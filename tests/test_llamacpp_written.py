@@ -129,3 +129,16 @@ def test_committed_kimi_quantized_small_tensors(name, capsys):
     assert flagged == {"blk.1.ssm_f_a.weight", "blk.1.ssm_f_b.weight"}
     model = Model(path)
     hold(f"llama-quantize-{name}", prove_flips(model, np.array([t % model.cfg.n_vocab for t in TOKENS])))
+
+
+@pytest.mark.parametrize("arch,name", [("kimi-k3", "ssm_conv1d_q.weight"), ("qwen3next", "ssm_conv1d.weight")])
+def test_f16_conv_kernel_is_refused_by_lint(arch, name, synth_model, capsys):
+    """The other half of the Kimi K3 case: an F16 conv kernel. llama-quantize never writes one (measured:
+    `--tensor-type ssm_conv1d_q=f16` leaves it F32), nor does the converter (conversion/base.py keeps conv kernels
+    F32); from any other writer, ggml_ssm_conv reads F32 only: lint exits 1 naming the tensor."""
+    from refengine.cli import main
+    path = synth_model(arch, tensor_types={name: "F16"})
+    assert main(["lint", path]) == 1
+    out = capsys.readouterr().out
+    assert f"REFUSED: layer 0: {path}: tensor 'blk.0.{name}' is F16; llama.cpp's op here takes F32 only" in out
+    assert "verdict: llama.cpp would refuse this file" in out
