@@ -1,26 +1,28 @@
-"""Regenerate tests/fixtures/converted/: tiny random transformers models converted by llama.cpp's own
-`convert_hf_to_gguf.py` (issue 22, dialect 3: the converter's dialect as a test source).
+"""Regenerate tests/fixtures/converted/: tiny models converted by llama.cpp's own `convert_hf_to_gguf.py`
+(issue 22, dialect 3: the converter's dialect as a test source).
 
-    .venv/bin/python tests/tools/make_converted.py [ARCH ...]     # default: every arch in CASES
+    .venv/bin/python tests/tools/make_converted.py [CASE ...]     # default: every case but NOT_FIXTURES
 
-For each llama.cpp arch (CASES): the transformers model class the converter maps to it (its register decorator
-in conversion/*.py), built from a tiny config with seeded random weights (every parameter moved off its
-initial value, so unit norms and zero biases are exercised too), saved with `save_pretrained`, then converted
-with `--outtype f32` by the vendored converter (the oracle's own llama.cpp tree; its gguf-py on PYTHONPATH).
-Written per arch: `{arch}.gguf` (what the converter wrote), `{arch}.q8_0.gguf` (the same with `--outtype q8_0`)
-and `{arch}.hf.npy` (transformers' logits of the original model on TOKENS: the authors' code as a second check,
-float32 [T, V]).
+For each case (CASES): the transformers model class the converter maps to the llama.cpp arch (its register
+decorator in conversion/*.py), built from a tiny config with seeded random weights (every parameter moved off its
+initial value, so unit norms and zero biases are exercised too), saved with `save_pretrained`, then converted by
+the vendored converter (the oracle's own llama.cpp tree; its gguf-py on PYTHONPATH). Written per case:
+`{case}.gguf` (`--outtype f32`), `{case}.q8_0.gguf` (`--outtype q8_0`) and `{case}.hf.npy` (transformers' logits
+of the original model on TOKENS: the authors' code as a second check, float32 [T, V]). kimi-k3 has no
+transformers model: its checkpoint is written from a synth file (build_k3).
 
-The tokenizer: a 52-token byte-level BPE written as GPT-2's vocab.json + merges.txt (no network here). The converter identifies
-a BPE tokenizer's pre-tokenizer by hashing its encoding of a fixed text against the published models'
-(`get_vocab_base_pre`); no made-up tokenizer hashes to one of those, so this script replaces that one method
-by a function answering "default" (llama.cpp's default BPE pre-tokenizer). Nothing else of the converter is
-touched (but for one more: the converter imports `sentencepiece` before it looks for a tokenizer.model, and that
-package is not installed here; the runner raises the FileNotFoundError the converter expects first): every key and tensor in the files is the converter's. The converter pads the token list to the
-model's vocab_size with [PAD{i}] tokens, as it does for published models.
+The tokenizer: a 52-token byte-level BPE written as GPT-2's vocab.json + merges.txt (no network here). The
+converter identifies a BPE tokenizer's pre-tokenizer by hashing its encoding of a fixed text against the
+published models' (`get_vocab_base_pre`); no made-up tokenizer hashes to one of those, so the runner replaces
+that one method by a function answering "default" (llama.cpp's default BPE pre-tokenizer). One more: the
+converter imports `sentencepiece` before it looks for a tokenizer.model, and that package is not installed here;
+the runner raises the FileNotFoundError the converter expects first. Nothing else of the converter is touched:
+every key and tensor in the files is the converter's. It pads the token list to the model's vocab_size with
+[PAD{i}] tokens, as it does for published models.
 
 Versions the fixtures were made with: transformers 5.23.0, torch 2.13.0 (CPU), llama.cpp of llama-cpp-python
-0.3.36 (vendor/llama.cpp). Needs torch + transformers (the hf extra); takes about 10 s per arch.
+0.3.36 (vendor/llama.cpp; $LLAMA_CPP_SRC points elsewhere). Needs torch + transformers (the hf extra); about
+10-20 s per case. The files are deterministic: a rerun writes the same bytes.
 """
 from __future__ import annotations
 
@@ -37,11 +39,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))        # this checkout's refengine (kimi-k3's checkpoint is written from its synth)
 OUT = ROOT / "tests" / "fixtures" / "converted"
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SRC", "/work/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-TOKENS = [7, 90, 13, 55, 1, 69, 44, 3, 80, 31, 8, 77, 19, 64, 95, 2, 17, 33, 5, 61, 42, 9, 88, 70]   # past a 16-token chunk
+TOKENS = [7, 90, 13, 55, 1, 69, 44, 3, 80, 31, 8, 77, 19, 64, 95, 2, 17, 33, 5, 61, 42, 9, 88, 70]   # past 16: a KDA chunk
 SEED = 0
 
-# llama.cpp arch -> (transformers config class, model class, config entries). Every model: vocab 96,
-# hidden 32, 2-4 layers, a few experts; sized so each converted F32 file stays under ~200 KB.
+# case -> (transformers config class, model class, config entries). Every model: vocab 96, hidden 32, 2-3
+# blocks (26 for deepseek2-lite), 4 experts top-2; sized so each converted F32 file stays near 200 KB or under.
 _COMMON = dict(vocab_size=96, hidden_size=32, rms_norm_eps=1e-6, max_position_embeddings=256,
                tie_word_embeddings=False)
 _MLA = dict(kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
@@ -111,8 +113,7 @@ PUBLISHED_CONFIG = {
     "deepseek2-lite": {"scoring_func": "softmax", "topk_method": "greedy"},
     "deepseek2-v3": _SIGMOID, "deepseek32": _SIGMOID, "glm-dsa": _SIGMOID,
     "kimi-linear": {"moe_router_activation_func": "sigmoid", "num_shared_experts": 1, "first_k_dense_replace": 1,
-                    "linear_attn_config": {"head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4,
-                                           "full_attn_layers": [3], "kda_layers": [1, 2]}},
+                    "linear_attn_config": CASES["kimi-linear"][2]["linear_attn_config"]},
 }
 
 NOT_FIXTURES = {"deepseek2-lite"}
