@@ -10,7 +10,9 @@ this table changes in the same commit.
                     so it cannot be forced); the test xfails only when the proof stops exactly there
 
 Cases: tests/test_llamacpp_mode.py (LLAMACPP_CASES, 16 tokens of seed 0), tests/test_quantize_recipes.py
-("quantize-moe-q2k") and tests/test_llamacpp_writer.py ("llamacpp-writer-*": files llama.cpp's writer quantized).
+("quantize-moe-q2k"), tests/test_llamacpp_writer.py ("llamacpp-writer-*": files llama.cpp's writer quantized) and
+tests/test_converter_dialect.py ("converter-*": files llama.cpp's converter quantized) and tests/test_llamacpp_written.py
+("llama-quantize-*": llama.cpp's random-model writer's files through llama-quantize --tensor-type).
 Measured figures for each: docs/quant.md.
 """
 from __future__ import annotations
@@ -85,6 +87,22 @@ OUTCOMES = {
     # 2.3e-6: 1 Q8_0 block scale of block 4's latent experts' input (ffn_routed_down's output, unnamed in llama.cpp's
     # graph, kimi-k3.cpp:575-577; taken from its trace) and 1 Q8_K code of result_norm forced; 8.0e-14 after
     "llamacpp-writer-kimi-k3-Q4_K_M": "proven-flip",
+    # the converter's own Q8_0 (convert_hf_to_gguf --outtype q8_0: gguf-py's quantizer, F16 where rows do not fit
+    # 32), make_converted.TOKENS (24)
+    "converter-llama-Q8_0": "pass",                  # 1.3e-14
+    "converter-qwen3moe-Q8_0": "pass",               # 1.3e-14
+    "converter-deepseek2-v3-Q8_0": "pass",           # 1.4e-14
+    "converter-deepseek32-Q8_0": "pass",             # 1.3e-14
+    "converter-glm-dsa-Q8_0": "pass",                # 1.4e-14
+    "converter-qwen3next-Q8_0": "proven-flip",       # 4.0e-6: ffn_moe_swiglu-0, ffn_swiglu-1 (1 F16 code each),
+                                                     # attn_norm-2 (1 Q8_0 code) forced; 1.3e-14 after
+    "converter-kimi-linear-Q8_0": "pass",            # 1.4e-14
+    "converter-kimi-k3-Q8_0": "proven-flip",         # 3.2e-7: result_norm (1 Q8_0 code) forced; 1.4e-14 after
+    # llama.cpp's random-model writer's files through llama-quantize --tensor-type (Q8_0 ssm_f_a / ssm_f_b) Q4_K_M,
+    # committed (tests/test_llamacpp_written.py), 24 tokens
+    "llama-quantize-kimi-k3-moe.q4km-ovr": "pass",    # 4.1e-14
+    # 4.1e-14 logits, but 1 Q8_0 code of ssm_f_b's unnamed input (node_104, blk.1) over 1e-7: forced from the trace
+    "llama-quantize-kimi-linear-moe.q4km-ovr": "proven-flip",
 }
 
 

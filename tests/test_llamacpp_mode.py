@@ -235,8 +235,11 @@ def test_logits_within_1e7(runs, case):
 
 def test_outcome_table_covers_every_case():
     from tests.llamacpp_mode_outcomes import OUTCOMES
+    from tests.test_converter_dialect import MATCH
     from tests.test_llamacpp_writer import CASE_IDS
-    assert set(OUTCOMES) == set(CASES_BY_ID) | {"quantize-moe-q2k"} | set(CASE_IDS)
+    from tests.test_llamacpp_written import COMMITTED_CASES
+    assert set(OUTCOMES) == (set(CASES_BY_ID) | {"quantize-moe-q2k"} | set(CASE_IDS)
+                             | {f"converter-{c}-Q8_0" for c in MATCH} | {f"llama-quantize-{n}" for n in COMMITTED_CASES})
 
 
 # ---------------------------------------------------------------- the proof fails on injected bugs
