@@ -4,7 +4,7 @@
 #   STAGES="info layers matmul prefill gemv1 ncudecode tune tests" bash benchmarks/gpu_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" /tmp/rs
 LOG="$OUT/session.log"
 export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
@@ -42,6 +42,11 @@ for st in ${STAGES:-info layers matmul tests}; do
         F=$(python3 benchmarks/pick_fast1.py "$OUT/tune_$t.json" $t); echo "picked $t: $F" | tee -a "$LOG"
         [ -n "$F" ] && timeout ${LAYER_TIMEOUT:-200} python3 benchmarks/cuda_layers.py --type $t --dir /tmp --no-profile \
           --no-prefill --fast1 "$F" --json "$OUT/layers_tuned_$t.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done ;;
+    realsize) for spec in ${REALSIZE:-deepseek4:deepseek-v4-flash:3}; do IFS=: read -r A P L X <<< "$spec"
+        stage "realsize $A $P L=$L ${X:-}"
+        timeout ${RS_TIMEOUT:-300} python3 benchmarks/cuda_deepseek2.py --arch $A --preset $P --layers $L \
+          --type ${RS_TYPE:-Q4_K} --dir /tmp/rs --json "$OUT/realsize_$A.json" ${X:+--override $X} >> "$LOG" 2>&1
+        echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     tests) stage tests
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_layer.py tests/test_cuda_kernels.py} \
         -k "${TEST_K:-not ptx}" --durations=15 >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
