@@ -22,7 +22,9 @@ import numpy as np
 from second_oracle import import_transformers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+# E2M1 values of the 16 codes; code 8 is -0 in the OCP format, +0 in ggml's kvalues_mxfp4 (an int8 table), so
+# the model holds +0 there: numerically the same, and the round trip stays bit for bit
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 # ---- deepseek4: every ratio (0, 4, 128), hash routing on layer 0, top-k 4 of the ratio-4 blocks, YaRN ----
 DS4 = dict(vocab_size=96, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
@@ -61,15 +63,15 @@ def llamacpp_tree() -> str:
     return tree
 
 
-def convert(model_dir: str, out: str, outtype: str = "f32") -> str:
-    """Run llama.cpp's converter (through tests/tools/hf_to_gguf.py) on a checkpoint directory."""
+def convert(*pairs: tuple[str, str], outtype: str = "f32") -> None:
+    """Run llama.cpp's converter (through tests/tools/hf_to_gguf.py) on checkpoint directories, (dir, out.gguf)
+    each, in one process."""
     tree = llamacpp_tree()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(tree, "gguf-py"), tree]))
-    r = subprocess.run([sys.executable, os.path.join(HERE, "tools", "hf_to_gguf.py"), model_dir, "--outfile", out,
-                        "--outtype", outtype], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "tools", "hf_to_gguf.py"),
+                        *[x for p in pairs for x in p], "--outtype", outtype], env=env, capture_output=True, text=True)
     if r.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed on {model_dir}:\n{r.stderr[-3000:]}")
-    return out
+        raise RuntimeError(f"convert_hf_to_gguf.py failed on {pairs}:\n{r.stderr[-3000:]}")
 
 
 def _randomize(torch, model, scale: float, gen) -> None:
@@ -234,9 +236,19 @@ def _exact_alog(torch, t):
 BUILDERS = {"deepseek4": make_deepseek4, "qwen4exp": make_qwen4exp}
 
 
+def make_ggufs(archs, tmp_dir, seed: int = 0, outtype: str = "f32", **over) -> dict:
+    """-> {arch: (torch model, GGUF path)}: a tiny model of each arch (its preset, with `over`), converted by
+    llama.cpp's converter (one converter process for all)."""
+    out, pairs = {}, []
+    for arch in archs:
+        model_dir = os.path.join(os.fspath(tmp_dir), f"{arch}-hf")
+        model, _ = BUILDERS[arch](model_dir, seed, **over)
+        out[arch] = (model, os.path.join(os.fspath(tmp_dir), f"{arch}.gguf"))
+        pairs.append((model_dir, out[arch][1]))
+    convert(*pairs, outtype=outtype)
+    return out
+
+
 def make_gguf(arch: str, tmp_dir, seed: int = 0, outtype: str = "f32", **over):
-    """-> (torch model, GGUF path): a tiny model of `arch` (its preset, with `over`), converted by llama.cpp's
-    converter."""
-    model_dir = os.path.join(os.fspath(tmp_dir), f"{arch}-hf")
-    model, _ = BUILDERS[arch](model_dir, seed, **over)
-    return model, convert(model_dir, os.path.join(os.fspath(tmp_dir), f"{arch}.gguf"), outtype)
+    """-> (torch model, GGUF path): one arch, as make_ggufs."""
+    return make_ggufs([arch], tmp_dir, seed, outtype, **over)[arch]

@@ -78,6 +78,12 @@ class _File:
         return np.asarray(out, dtype=np.float32).reshape(shape)
 
 
+def _f32(v) -> float:
+    """A float key as the config had it: GGUF stores float32, so 1e-6 comes back as 9.99999997e-07; the shortest
+    decimal that rounds to the same float32 is the config's value (what the converter was given)."""
+    return float(str(np.float32(v)))
+
+
 def _tiled_to_grouped(a: np.ndarray, axis: int, n_k: int, per_k: int, dim: int) -> np.ndarray:
     """Undo the converter's `_reorder_v_heads` (qwen.py:466-491): V heads in tiled order [per_k, n_k, dim] back
     to grouped by K head [n_k, per_k, dim], along `axis`."""
@@ -150,10 +156,10 @@ def _deepseek4(f: _File) -> tuple[str, dict, dict]:
     V = int(f.key("vocab_size", 0)) or f.g.tensors["token_embd.weight"].ne[1]
     compress_rope = {"rope_type": "default"}
     if f.key("rope.scaling.type", "none") == "yarn":
-        compress_rope = {"rope_type": "yarn", "factor": float(f.key("rope.scaling.factor")),
+        compress_rope = {"rope_type": "yarn", "factor": _f32(f.key("rope.scaling.factor")),
                          "original_max_position_embeddings": int(f.key("rope.scaling.original_context_length")),
-                         "beta_fast": float(f.key("rope.scaling.yarn_beta_fast", 32.0)),
-                         "beta_slow": float(f.key("rope.scaling.yarn_beta_slow", 1.0)),
+                         "beta_fast": _f32(f.key("rope.scaling.yarn_beta_fast", 32.0)),
+                         "beta_slow": _f32(f.key("rope.scaling.yarn_beta_slow", 1.0)),
                          "attention_factor": 1.0}
     cfg = dict(
         vocab_size=V,
@@ -168,15 +174,15 @@ def _deepseek4(f: _File) -> tuple[str, dict, dict]:
         n_routed_experts=int(f.key("expert_count")),
         n_shared_experts=int(f.key("expert_shared_count")),
         norm_topk_prob=bool(f.key("expert_weights_norm")),
-        routed_scaling_factor=float(f.key("expert_weights_scale")),
-        rope_theta=float(f.key("rope.freq_base")),
-        compress_rope_theta=float(f.key("attention.compress_rope_freq_base")),
+        routed_scaling_factor=_f32(f.key("expert_weights_scale")),
+        rope_theta=_f32(f.key("rope.freq_base")),
+        compress_rope_theta=_f32(f.key("attention.compress_rope_freq_base")),
         partial_rotary_factor=rope_dim / head_dim,
         layer_types=[DS4_LAYER_TYPE[r] for r in ratios],
         mlp_layer_types=["hash_moe" if i < n_hash else "moe" for i in range(n_layer)],
         hc_mult=int(f.key("hyper_connection.count")),
         hc_sinkhorn_iters=int(f.key("hyper_connection.sinkhorn_iterations")),
-        hc_eps=float(f.key("hyper_connection.epsilon")),
+        hc_eps=_f32(f.key("hyper_connection.epsilon")),
         swiglu_limit=float(clamp),
         sliding_window=int(f.key("attention.sliding_window")),
         o_groups=int(f.key("attention.output_group_count")),
@@ -184,7 +190,7 @@ def _deepseek4(f: _File) -> tuple[str, dict, dict]:
         index_n_heads=int(f.key("attention.indexer.head_count")),
         index_head_dim=int(f.key("attention.indexer.key_length")),
         index_topk=int(f.key("attention.indexer.top_k")),
-        rms_norm_eps=float(f.key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=_f32(f.key("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(f.key("context_length")),
         num_nextn_predict_layers=0,
         tie_word_embeddings=False,
@@ -279,9 +285,9 @@ def _qwen4exp(f: _File) -> tuple[str, dict, dict]:
         num_attention_heads=int(f.key("attention.head_count")),
         num_key_value_heads=int(f.key("attention.head_count_kv")),
         head_dim=head_dim,
-        rms_norm_eps=float(f.key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=_f32(f.key("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(f.key("context_length")),
-        rope_parameters={"rope_type": "default", "rope_theta": float(f.key("rope.freq_base")),
+        rope_parameters={"rope_type": "default", "rope_theta": _f32(f.key("rope.freq_base")),
                          "partial_rotary_factor": int(f.key("rope.dimension_count")) / head_dim,
                          "mrope_section": sections, "mrope_interleaved": True},
         linear_conv_kernel_dim=int(f.key("ssm.conv_kernel")),
@@ -487,6 +493,9 @@ def hf_forward(path: str | os.PathLike, tokens, *, n_ctx: int | None = None, dty
     if n_ctx is not None and len(tokens) > n_ctx:
         raise OracleError(f"{len(tokens)} tokens do not fit n_ctx = {n_ctx}")
     model, config = hf_model(path, dtype=dtype)
+    bad = [t for t in tokens if not 0 <= t < config.vocab_size]
+    if bad:
+        raise OracleError(f"{os.fspath(path)}: token id {bad[0]} is outside the vocabulary (0..{config.vocab_size - 1})")
     if mode == "llamacpp":
         round_like_llamacpp(model, path)
     ids = torch.tensor([tokens], dtype=torch.long)
