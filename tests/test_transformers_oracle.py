@@ -60,7 +60,7 @@ def test_inverse_mapping_roundtrip(converted, arch):
     """GGUF -> state dict equals the model the GGUF was converted from, tensor by tensor, bit for bit (all F32
     and integer; deepseek4's experts are MXFP4 in the file and exactly representable); the config too."""
     torch, _ = import_transformers()
-    from refengine.oracle.transformers import _build, hf_checkpoint
+    from refengine.oracle.transformers import build_config, hf_checkpoint
     model, path = converted[arch]
     model_type, cfg, sd = hf_checkpoint(path)
     want = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -69,7 +69,7 @@ def test_inverse_mapping_roundtrip(converted, arch):
         got = sd[name]
         assert got.shape == w.shape and got.dtype == w.dtype, f"{name}: {got.shape} {got.dtype} != {w.shape} {w.dtype}"
         assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(w).view(np.uint8)), f"{name}: values differ"
-    config, _ = _build(model_type, cfg)
+    config, _ = build_config(model_type, cfg)
     got_cfg, want_cfg = config.to_dict(), model.config.to_dict()
     if arch == "deepseek4":                       # the converter keeps the `main`/`compress` rope, not the wrapper
         want_cfg["rope_parameters"]["compress"].pop("original_max_position_embeddings", None)

@@ -1,11 +1,17 @@
 """The second oracle: the model authors' PyTorch code in transformers, run on the weights of a GGUF file.
 
     res = hf_forward("model.gguf", tokens)              # deepseek4 -> deepseek_v4, qwen4exp -> qwen4_exp
-    res.logits                                          # [T, V] float64 (the model run in float64) 
+    res.logits                                          # [T, V] float64 (the model run in float64)
     res.hidden                                          # n_layer + 1 arrays, as transformers reports them
     res.config                                          # the transformers config built from the file's metadata
+    res = hf_forward("model.gguf", tokens, mode="llamacpp")   # experts' inputs rounded as llama.cpp rounds them
 
-    cfg, state = hf_checkpoint("model.gguf")            # no torch needed: config kwargs + state dict (NumPy)
+    model_type, cfg, state = hf_checkpoint("model.gguf")   # no torch: config kwargs + state dict (NumPy)
+    model, config = hf_model("model.gguf")              # the torch model (for hooks)
+
+`res.hidden` (`output_hidden_states=True`): [0] the embeddings, [i + 1] layer i's output, except that the last
+entry is the head's output (deepseek4: hc head + output norm, qwen4exp: the final mixer), [T, D]; the others are
+the residual streams, deepseek4 [T, hc, D] (llama.cpp's `l_last-i`), qwen4exp [T, hc * D].
 
 This is the inverse of llama.cpp's converter (`convert_hf_to_gguf.py`, `conversion/deepseek.py:527-927`,
 `conversion/qwen4exp.py`, `conversion/qwen.py:372-633`): every GGUF tensor is dequantized with gguf-py
@@ -32,7 +38,7 @@ from ..errors import MissingKeyError, MissingTensorError, OracleError, Unsupport
 @dataclass
 class HFResult:
     logits: np.ndarray                                   # [T, V]
-    hidden: list = field(default_factory=list)           # n_layer + 1 arrays: embeddings, then each layer's output
+    hidden: list = field(default_factory=list)           # n_layer + 1 arrays (module docstring)
     config: object = None                                # the transformers config
 
 
@@ -377,7 +383,9 @@ def hf_checkpoint(path: str | os.PathLike) -> tuple[str, dict, dict]:
     return model_type, cfg, sd
 
 
-def _build(model_type: str, cfg: dict):
+def build_config(model_type: str, cfg: dict):
+    """-> (transformers config, model class) for `hf_checkpoint`'s model type and config kwargs; eager attention and
+    the eager loop over experts (what runs in float64 on CPU)."""
     import transformers
     if model_type == "deepseek_v4":
         config = transformers.DeepseekV4Config(**cfg)
@@ -393,15 +401,21 @@ def _build(model_type: str, cfg: dict):
     return config, cls
 
 
-def hf_model(path: str | os.PathLike, *, dtype: str = "float64"):
-    """The authors' model (transformers, CPU torch) holding a GGUF file's weights, in eval mode."""
+def _torch():
+    """torch, with transformers importable; an OracleError naming the extra when either is missing."""
     try:
         import torch
         import transformers  # noqa: F401
     except ImportError as e:
         raise OracleError(f"the transformers oracle needs torch and transformers ({e}): pip install -e '.[hf]'") from None
+    return torch
+
+
+def hf_model(path: str | os.PathLike, *, dtype: str = "float64"):
+    """The authors' model (transformers, CPU torch) holding a GGUF file's weights, in eval mode."""
+    torch = _torch()
     model_type, cfg, sd = hf_checkpoint(path)
-    config, cls = _build(model_type, cfg)
+    config, cls = build_config(model_type, cfg)
     torch.manual_seed(0)
     model = cls(config)                   # built at the config's shapes, then every tensor replaced by the file's
     want = model.state_dict()
@@ -445,7 +459,7 @@ def round_like_llamacpp(model, path: str | os.PathLike) -> list[str]:
     Returns the GGUF tensors whose products are rounded. The authors' code multiplies in float; this is the
     one step it lacks to reproduce llama.cpp (measured: docs/oracles.md). Quantized weights outside the routed
     experts are refused (not emulated here)."""
-    import torch
+    torch = _torch()
     from quant.formats import GGMLType
     from quant.llamacpp import round_activations
     from ..gguf import open_gguf
@@ -486,7 +500,7 @@ def hf_forward(path: str | os.PathLike, tokens, *, n_ctx: int | None = None, dty
     model runs in (float64 by default: the oracle's own rounding out of the way; float32 as llama.cpp runs).
     `mode`: "exact" (the authors' code as published: quantized experts multiplied in float) or "llamacpp"
     (their inputs rounded as llama.cpp's CPU backend rounds them, `round_like_llamacpp`)."""
-    import torch
+    torch = _torch()
     if mode not in MODES:
         raise OracleError(f"hf_forward: mode {mode!r} is not one of {MODES}")
     tokens = [int(t) for t in tokens]
