@@ -65,13 +65,16 @@ def llamacpp_tree() -> str:
 
 def convert(*pairs: tuple[str, str], outtype: str = "f32") -> None:
     """Run llama.cpp's converter (through tests/tools/hf_to_gguf.py) on checkpoint directories, (dir, out.gguf)
-    each, in one process."""
+    each: one process per model (the converter keeps class-level state between models), all started at once."""
     tree = llamacpp_tree()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(tree, "gguf-py"), tree]))
-    r = subprocess.run([sys.executable, os.path.join(HERE, "tools", "hf_to_gguf.py"),
-                        *[x for p in pairs for x in p], "--outtype", outtype], env=env, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed on {pairs}:\n{r.stderr[-3000:]}")
+    procs = [(p, subprocess.Popen([sys.executable, os.path.join(HERE, "tools", "hf_to_gguf.py"), *p,
+                                   "--outtype", outtype], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True)) for p in pairs]
+    for p, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"convert_hf_to_gguf.py failed on {p[0]}:\n{err[-3000:]}")
 
 
 def _randomize(torch, model, scale: float, gen) -> None:
@@ -233,12 +236,59 @@ def _exact_alog(torch, t):
     return out
 
 
-BUILDERS = {"deepseek4": make_deepseek4, "qwen4exp": make_qwen4exp}
+# ---- glm5-next: KDA x2 then nope-MLA x2 (indexer full, then shared), k-pool 4, top-k 8, dense layer 0 ----
+GLM5N = dict(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
+             num_experts_per_tok=2, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=0, v_head_dim=16,
+             qk_nope_head_dim=16, index_topk=8, index_head_dim=64, index_n_heads=16, index_kpool=4,
+             linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+             layer_types=["linear_attention", "linear_attention", "full_attention", "full_attention"],
+             indexer_types=["full", "full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+             hc_sinkhorn_iters=5, pad_token_id=None, routed_scaling_factor=2.5)
+GLM5N_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
+                    projection_intermediate_size=32)
+
+
+def make_glm5_next(out_dir: str, seed: int = 0, **over):
+    """-> (torch model, checkpoint dir): Glm5NextForConditionalGeneration at GLM5N (a one-block vision tower),
+    saved by transformers, with the published config's own keys the converter reads (`linear_attn_config`,
+    `mla_use_nope`, `first_k_dense_replace`, `mhc`)."""
+    torch, tf = import_transformers()
+    from transformers.models.glm5_next import configuration_glm5_next as C, modeling_glm5_next as M
+    hp = {**GLM5N, **over}
+    cfg = C.Glm5NextConfig(text_config=hp, vision_config=GLM5N_VISION)
+    torch.manual_seed(seed)
+    model = M.Glm5NextForConditionalGeneration(cfg).eval()
+    gen = torch.Generator().manual_seed(seed)
+    _randomize(torch, model, 0.08, gen)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(_exact_alog(torch, torch.rand(p.shape, generator=gen) * 2 - 1.5))
+            elif name.endswith(("norm.weight", "layernorm.weight")):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("hc.scale"):
+                p.copy_(0.5 + 0.1 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "config.json")) as f:
+        conf = json.load(f)
+    conf["text_config"].update(
+        linear_attn_config={"num_heads": hp["linear_num_heads"], "head_dim": hp["linear_head_dim"],
+                            "short_conv_kernel_size": hp["linear_conv_kernel_dim"],
+                            "gate_lower_bound": hp["linear_lower_bound"]},
+        mla_use_nope=True, first_k_dense_replace=hp["mlp_layer_types"].count("dense"), mhc=True,
+        layer_types=hp["layer_types"])
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(conf, f, indent=1)
+    return model, out_dir
+
+
+BUILDERS = {"deepseek4": make_deepseek4, "qwen4exp": make_qwen4exp, "glm5-next": make_glm5_next}
 
 
 def make_ggufs(archs, tmp_dir, seed: int = 0, outtype: str = "f32", **over) -> dict:
     """-> {arch: (torch model, GGUF path)}: a tiny model of each arch (its preset, with `over`), converted by
-    llama.cpp's converter (one converter process for all)."""
+    llama.cpp's converter."""
     out, pairs = {}, []
     for arch in archs:
         model_dir = os.path.join(os.fspath(tmp_dir), f"{arch}-hf")

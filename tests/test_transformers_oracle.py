@@ -1,15 +1,19 @@
 """The second oracle (refengine.oracle.transformers) proved against oracles, not by eye.
 
 Tiny random transformers models (the authors' code: DeepseekV4ForCausalLM with all three compression ratios and
-a top-k that drops blocks; Qwen4ExpForCausalLM with n-gram embeddings, EOS resets and QSA dropping blocks) are
+a top-k that drops blocks; Qwen4ExpForCausalLM with n-gram embeddings, EOS resets and QSA dropping blocks;
+Glm5NextForConditionalGeneration with KDA and nope-MLA under a k-pool indexer that drops pools) are
 converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (tests/hf_fixtures.py), then
   (a) the inverse mapping of that file gives back the model's state dict bit for bit, and its config;
-  (b) the authors' code on the mapped weights is compared with llama.cpp on the same file over 192 tokens,
+  (b) the authors' code on the mapped weights is compared with llama.cpp on the same file (deepseek4 192 tokens,
+      qwen4exp 96, glm5-next 48: each long enough that the sparse selection drops blocks; docs/oracles.md has
+      the 192-token figures of all three),
       and every disagreement is accounted for by name (docs/oracles.md has the measured table):
       deepseek4: llama.cpp rounds the routed experts' activations to Q8_0 before its MXFP4 products; with that
                  rounding emulated (`mode="llamacpp"`) the two agree to float64/float32 noise;
       qwen4exp:  QSA's selection rule; with llama.cpp's selected cells put into the authors' model the two
-                 agree to noise at every position, and before the first dropped block they agree as they are.
+                 agree to noise at every position, and before the first dropped block they agree as they are;
+      glm5-next: none (agree to noise as they are).
 """
 from __future__ import annotations
 
@@ -21,7 +25,9 @@ from second_oracle import import_transformers
 
 pytestmark = [pytest.mark.transformers, pytest.mark.oracle]
 
-T = 192                       # ratio-128 block closed at 127, CSA top-4 of up to 48 blocks, QSA drops from 23 on
+T = 192                       # deepseek4: the ratio-128 block closed at 127, CSA top-4 of up to 48 blocks
+T_QWEN = 96                   # qwen4exp: QSA (ratio 8, budget 16) drops blocks from position 23 on; EOS at 32, 64
+T_GLM = 48                    # glm5-next: 12 k-pools of 4, top-8 tokens = 2 pools (+ the tail) kept per query
 AGREE = 1e-10                 # NMSE per position of the logits where the two oracles compute the same math
 
 
@@ -29,18 +35,19 @@ AGREE = 1e-10                 # NMSE per position of the logits where the two or
 def converted(tmp_path_factory):
     import_transformers()
     from hf_fixtures import make_ggufs
-    return make_ggufs(["deepseek4", "qwen4exp"], tmp_path_factory.mktemp("hf"))
+    return make_ggufs(["deepseek4", "qwen4exp", "glm5-next"], tmp_path_factory.mktemp("hf"))
 
 
-def tokens(arch: str, vocab: int) -> list[int]:
-    toks = np.random.default_rng(1).integers(4, vocab, size=T).tolist()
+def tokens(arch: str, vocab: int, n: int = T) -> list[int]:
+    toks = np.random.default_rng(1).integers(4, vocab, size=n).tolist()
     if arch == "qwen4exp":                                   # two EOS (id 3): the n-gram hash resets inside
-        toks[T // 3] = toks[2 * T // 3] = 3
+        toks[n // 3] = toks[2 * n // 3] = 3
     return toks
 
 
 def per_position_nmse(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
-    ref, got = np.asarray(ref, np.float64).reshape(T, -1), np.asarray(got, np.float64).reshape(T, -1)
+    n = np.asarray(got).shape[0]
+    ref, got = np.asarray(ref, np.float64).reshape(n, -1), np.asarray(got, np.float64).reshape(n, -1)
     return np.array([nmse(r, g) for r, g in zip(ref, got)])
 
 
@@ -55,7 +62,7 @@ NOT_IN_FILE = {"transformers_version", "architectures", "dtype", "output_attenti
                "split_ngram_parts", "_experts_implementation", "_attn_implementation", "eos_token_id"}
 
 
-@pytest.mark.parametrize("arch", ["deepseek4", "qwen4exp"])
+@pytest.mark.parametrize("arch", ["deepseek4", "qwen4exp", "glm5-next"])
 def test_inverse_mapping_roundtrip(converted, arch):
     """GGUF -> state dict equals the model the GGUF was converted from, tensor by tensor, bit for bit (all F32
     and integer; deepseek4's experts are MXFP4 in the file and exactly representable); the config too."""
@@ -63,14 +70,14 @@ def test_inverse_mapping_roundtrip(converted, arch):
     from refengine.oracle.transformers import build_config, hf_checkpoint
     model, path = converted[arch]
     model_type, cfg, sd = hf_checkpoint(path)
-    want = {k: v.numpy() for k, v in model.state_dict().items()}
+    want = {k: v.numpy() for k, v in model.state_dict().items() if not k.startswith("model.visual.")}
     assert sorted(sd) == sorted(want)
     for name, w in want.items():
         got = sd[name]
         assert got.shape == w.shape and got.dtype == w.dtype, f"{name}: {got.shape} {got.dtype} != {w.shape} {w.dtype}"
         assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(w).view(np.uint8)), f"{name}: values differ"
     config, _ = build_config(model_type, cfg)
-    got_cfg, want_cfg = config.to_dict(), model.config.to_dict()
+    got_cfg, want_cfg = config.get_text_config().to_dict(), model.config.get_text_config().to_dict()
     if arch == "deepseek4":                       # the converter keeps the `main`/`compress` rope, not the wrapper
         want_cfg["rope_parameters"]["compress"].pop("original_max_position_embeddings", None)
         got_cfg["rope_parameters"]["compress"].pop("original_max_position_embeddings", None)
@@ -115,13 +122,13 @@ def test_qwen4exp_against_llamacpp(converted):
     from refengine.oracle import run_llamacpp
     from refengine.oracle.transformers import hf_forward, hf_model
     _, path = converted["qwen4exp"]
-    toks = tokens("qwen4exp", 96)
+    toks = tokens("qwen4exp", 96, T_QWEN)
     hf = hf_forward(path, toks)
     lc = run_llamacpp(path, toks, trace=True)
     cfg = hf.config
     first_drop = cfg.indexer_budget + cfg.indexer_compress_ratio - 1
     e = per_position_nmse(hf.logits, lc.logits)
-    print(f"\nqwen4exp, {T} tokens: authors' rule NMSE max {e.max():.2e} (before position {first_drop}: "
+    print(f"\nqwen4exp, {T_QWEN} tokens: authors' rule NMSE max {e.max():.2e} (before position {first_drop}: "
           f"{e[:first_drop].max():.2e}), top-1 {np.mean(hf.logits.argmax(-1) == lc.logits.argmax(-1)):.3f}")
     assert e[:first_drop].max() <= AGREE
     assert e[first_drop:].max() > 1e-6             # the rules differ (docs/oracles.md)
@@ -132,7 +139,7 @@ def test_qwen4exp_against_llamacpp(converted):
     model, _ = hf_model(path)
     for il, kind in enumerate(cfg.layer_types):
         if kind == "indexed_attention":
-            cells = lc.tensors[f"indexer_top_k-{il}"].reshape(T, -1)
+            cells = lc.tensors[f"indexer_top_k-{il}"].reshape(T_QWEN, -1)
             model.model.layers[il].self_attn.indexer.forward = _fixed_selection(torch, cells)
     with torch.no_grad():
         out = model(input_ids=torch.tensor([toks]), use_cache=False)
@@ -153,6 +160,28 @@ def _fixed_selection(torch, cells: np.ndarray):
             mask[0, 0, t, keep] = True
         return mask
     return forward
+
+
+def test_glm5_next_against_llamacpp(converted):
+    """glm5-next (KDA, nope-MLA under the k-pool DSA indexer, mHC): the two oracles agree, the indexer dropping
+    pools (a shared-indexer layer reusing the selection), logits and every layer's streams."""
+    from refengine.oracle import run_llamacpp
+    from refengine.oracle.transformers import hf_forward
+    _, path = converted["glm5-next"]
+    toks = tokens("glm5-next", 96, T_GLM)
+    hf = hf_forward(path, toks)
+    lc = run_llamacpp(path, toks, trace=True)
+    e = per_position_nmse(hf.logits, lc.logits)
+    print(f"\nglm5-next, {T_GLM} tokens: NMSE max {e.max():.2e}, top-1 "
+          f"{np.mean(hf.logits.argmax(-1) == lc.logits.argmax(-1)):.3f}")
+    visible = np.isfinite(lc.tensors["kq_mask_dsa-2"].reshape(T_GLM, -1)[:, :T_GLM]).sum(-1)
+    assert visible[-1] < T_GLM // 4                # the selection drops pools
+    assert e.max() <= AGREE
+    assert np.array_equal(hf.logits.argmax(-1), lc.logits.argmax(-1))
+    n_layer = hf.config.get_text_config().num_hidden_layers
+    for il in range(n_layer - 1):
+        assert per_position_nmse(lc.tensors[f"l_out-{il}"], hf.hidden[il + 1]).max() <= AGREE, f"layer {il}"
+    assert per_position_nmse(lc.tensors["result_norm"], hf.hidden[n_layer]).max() <= AGREE
 
 
 # ------------------------------------------------------------------------------------------------- errors

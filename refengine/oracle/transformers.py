@@ -366,7 +366,118 @@ def _qwen4exp(f: _File) -> tuple[str, dict, dict]:
     return "qwen4_exp_text", cfg, sd
 
 
-MAPPERS = {"deepseek4": _deepseek4, "qwen4exp": _qwen4exp}
+# ------------------------------------------------------------------------------------------------ glm5-next
+
+GLM5N_LAYER = {                      # GGUF (after blk.{i}.) -> transformers (after model.language_model.layers.{i}.)
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "hc_attn_fn.weight": "attn_hc.fn", "hc_attn_base.weight": "attn_hc.base", "hc_attn_scale.weight": "attn_hc.scale",
+    "hc_ffn_fn.weight": "ffn_hc.fn", "hc_ffn_base.weight": "ffn_hc.base", "hc_ffn_scale.weight": "ffn_hc.scale",
+}
+GLM5N_KDA = {
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "ssm_beta.weight": "self_attn.b_proj.weight", "ssm_dt.bias": "self_attn.forget_gate.dt_bias",
+    "ssm_f_a.weight": "self_attn.forget_gate.f_a_proj.weight", "ssm_f_b.weight": "self_attn.forget_gate.f_b_proj.weight",
+    "ssm_g_a.weight": "self_attn.g_a_proj.weight", "ssm_g_b.weight": "self_attn.g_b_proj.weight",
+    "ssm_norm.weight": "self_attn.o_norm.weight",
+}
+GLM5N_MLA = {
+    "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight", "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_output.weight": "self_attn.o_proj.weight",
+}
+GLM5N_INDEXER = {                    # "full" indexer layers only ("shared" ones reuse the previous full layer's)
+    "indexer_compressor_ape.weight": "self_attn.indexer.index_kpool_compress_ape",
+    "indexer_compressor_gate.weight": "self_attn.indexer.index_kpool_compress_gate",
+    "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight", "indexer.k_norm.bias": "self_attn.indexer.k_norm.bias",
+    "indexer.proj.weight": "self_attn.indexer.weights_proj.weight", "indexer.attn_k.weight": "self_attn.indexer.wk.weight",
+    "indexer.attn_q_b.weight": "self_attn.indexer.wq_b.weight",
+}
+GLM5N_DENSE = {"ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+               "ffn_down.weight": "mlp.down_proj.weight"}
+GLM5N_MOE = {
+    "ffn_gate_inp.weight": "mlp.gate.weight", "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight", "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
+# the vision tower the text model is built with (its weights are not in a text GGUF and are not used on text)
+GLM5N_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, projection_intermediate_size=32)
+
+
+def _glm5_next(f: _File) -> tuple[str, dict, dict]:
+    """`conversion/glm.py:407-600` inverted: KDA layers (head_count_kv 0) and nope-MLA layers under the k-pool DSA
+    indexer, mHC streams, dense then MoE FFNs."""
+    n_layer = int(f.key("block_count"))
+    kv_heads = f.key("attention.head_count_kv")
+    linear = [int(h) == 0 for h in (kv_heads if isinstance(kv_heads, list) else [kv_heads] * n_layer)][:n_layer]
+    full = [bool(x) for x in f.key("attention.indexer.types", [True] * n_layer)][:n_layer]
+    H = int(f.key("attention.head_count"))
+    if int(f.key("rope.dimension_count", 0)) != 0:
+        raise OracleError(f"{f.path}: glm5_next's MLA is nope-only (rope.dimension_count 0)")
+    nope, vdim = int(f.key("attention.key_length_mla")), int(f.key("attention.value_length_mla"))
+    n_dense = int(f.key("leading_dense_block_count"))
+    clamp = f.key("swiglu_clamp_exp", None)
+    clamp = clamp[0] if isinstance(clamp, list) else clamp
+    V = int(f.key("vocab_size", 0)) or f.g.tensors["token_embd.weight"].ne[1]
+    text = dict(
+        vocab_size=V, hidden_size=int(f.key("embedding_length")), intermediate_size=int(f.key("feed_forward_length")),
+        moe_intermediate_size=int(f.key("expert_feed_forward_length")), num_hidden_layers=n_layer,
+        num_attention_heads=H, num_key_value_heads=H, n_shared_experts=int(f.key("expert_shared_count")),
+        n_routed_experts=int(f.key("expert_count")), num_experts_per_tok=int(f.key("expert_used_count")),
+        n_group=int(f.key("expert_group_count", 1)), topk_group=int(f.key("expert_group_used_count", 1)),
+        routed_scaling_factor=_f32(f.key("expert_weights_scale")), norm_topk_prob=bool(f.key("expert_weights_norm")),
+        kv_lora_rank=int(f.key("attention.kv_lora_rank")), q_lora_rank=int(f.key("attention.q_lora_rank")),
+        qk_rope_head_dim=0, qk_nope_head_dim=nope, v_head_dim=vdim,
+        rms_norm_eps=_f32(f.key("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(f.key("context_length")),
+        index_topk=int(f.key("attention.indexer.top_k")), index_head_dim=int(f.key("attention.indexer.key_length")),
+        index_n_heads=int(f.key("attention.indexer.head_count")), index_kpool=int(f.key("attention.indexer.kpool")),
+        index_kpool_always_select_tail=bool(f.key("attention.indexer.kpool_select_tail", True)),
+        layer_types=["linear_attention" if lin else "indexed_attention" for lin in linear],
+        indexer_types=["full" if x else "shared" for x in full],
+        mlp_layer_types=["dense" if i < n_dense else "sparse" for i in range(n_layer)],
+        linear_head_dim=int(f.key("kda.head_dim")), linear_num_heads=H,
+        linear_conv_kernel_dim=int(f.key("ssm.conv_kernel")),
+        linear_lower_bound=_f32(f.key("kda.gate_lower_bound")) if f"{f.arch}.kda.gate_lower_bound" in f.g.kv else None,
+        hc_mult=int(f.key("hyper_connection.count")), hc_eps=_f32(f.key("hyper_connection.epsilon")),
+        hc_sinkhorn_iters=int(f.key("hyper_connection.sinkhorn_iterations")),
+        pad_token_id=None, tie_word_embeddings=False,
+    )
+    if clamp is not None:
+        text["swiglu_limit"] = _f32(clamp)
+    cfg = dict(text_config=text, vision_config=dict(GLM5N_VISION, out_hidden_size=text["hidden_size"]),
+               tie_word_embeddings=False)
+    root = "model.language_model."
+    sd = {root + "embed_tokens.weight": f.tensor("token_embd.weight"), root + "norm.weight": f.tensor("output_norm.weight"),
+          "lm_head.weight": f.tensor("output.weight")}
+    for i in range(n_layer):
+        pre = f"{root}layers.{i}."
+        table = dict(GLM5N_LAYER)
+        table.update(GLM5N_KDA if linear[i] else GLM5N_MLA)
+        if not linear[i] and full[i]:
+            table.update(GLM5N_INDEXER)
+        table.update(GLM5N_DENSE if i < n_dense else GLM5N_MOE)
+        for g, hf in table.items():
+            sd[pre + hf] = f.tensor(f"blk.{i}.{g}")
+        if i >= n_dense:
+            gate, up = f.tensor(f"blk.{i}.ffn_gate_exps.weight"), f.tensor(f"blk.{i}.ffn_up_exps.weight")  # [E, I, D]
+            sd[pre + "mlp.experts.gate_up_proj"] = np.concatenate([gate, up], axis=1)                        # [E, 2I, D]
+            sd[pre + "mlp.experts.down_proj"] = f.tensor(f"blk.{i}.ffn_down_exps.weight")                    # [E, D, I]
+        if linear[i]:
+            a = f.tensor(f"blk.{i}.ssm_a").reshape(-1)                              # A = -exp(A_log)  [H]
+            sd[pre + "self_attn.forget_gate.A_log"] = np.log(-a.astype(np.float64)).astype(np.float32)
+            convs = [f.tensor(f"blk.{i}.ssm_conv1d_{x}.weight") for x in "qkv"]     # [1, C, 1, K] each
+            sd[pre + "self_attn.conv1d.weight"] = np.concatenate([c.reshape(c.shape[1], 1, c.shape[3]) for c in convs])
+        else:
+            k_b = f.tensor(f"blk.{i}.attn_k_b.weight")                              # [H, C, nope] (converter: k_b^T)
+            v_b = f.tensor(f"blk.{i}.attn_v_b.weight")                              # [H, v, C]
+            kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)             # [H, nope + v, C]
+            sd[pre + "self_attn.kv_b_proj.weight"] = kv_b.reshape(H * (nope + vdim), -1)
+    return "glm5_next", cfg, sd
+
+
+MAPPERS = {"deepseek4": _deepseek4, "qwen4exp": _qwen4exp, "glm5-next": _glm5_next}
 
 
 def hf_checkpoint(path: str | os.PathLike) -> tuple[str, dict, dict]:
@@ -390,6 +501,12 @@ def build_config(model_type: str, cfg: dict):
     if model_type == "deepseek_v4":
         config = transformers.DeepseekV4Config(**cfg)
         cls = transformers.DeepseekV4ForCausalLM
+    elif model_type == "glm5_next":
+        from transformers.models.glm5_next import configuration_glm5_next, modeling_glm5_next
+        config = configuration_glm5_next.Glm5NextConfig(**cfg)
+        config.text_config._attn_implementation = "eager"
+        config.text_config._experts_implementation = "eager"
+        cls = modeling_glm5_next.Glm5NextForConditionalGeneration
     elif model_type == "qwen4_exp_text":
         from transformers.models.qwen4_exp import configuration_qwen4_exp, modeling_qwen4_exp
         config = configuration_qwen4_exp.Qwen4ExpTextConfig(**cfg)
@@ -399,6 +516,9 @@ def build_config(model_type: str, cfg: dict):
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"            # the loop over experts (grouped_mm has no float64)
     return config, cls
+
+
+UNUSED_ON_TEXT = ("model.visual.",)      # a vision tower the text GGUF has no weights for (glm5_next), not run on text
 
 
 def _torch():
@@ -418,7 +538,7 @@ def hf_model(path: str | os.PathLike, *, dtype: str = "float64"):
     config, cls = build_config(model_type, cfg)
     torch.manual_seed(0)
     model = cls(config)                   # built at the config's shapes, then every tensor replaced by the file's
-    want = model.state_dict()
+    want = {k: v for k, v in model.state_dict().items() if not k.startswith(UNUSED_ON_TEXT)}
     missing = sorted(set(want) - set(sd))
     if missing:
         raise OracleError(f"{os.fspath(path)}: transformers' {cls.__name__} needs {missing[:6]}, not mapped from the file")
@@ -446,6 +566,12 @@ def _assign(model, name: str, t) -> None:
         mod._buffers[leaf] = t
     else:                                                              # pragma: no cover
         raise OracleError(f"transformers module {mod_name!r} has no parameter or buffer {leaf!r}")
+
+
+def decoder_layers(model):
+    """The decoder layers of a mapped model (glm5_next keeps them under its language model)."""
+    inner = model.model
+    return getattr(inner, "language_model", inner).layers
 
 
 MODES = ("exact", "llamacpp")
@@ -480,7 +606,7 @@ def round_like_llamacpp(model, path: str | os.PathLike) -> list[str]:
             return torch.from_numpy(np.asarray(y, dtype=np.float32)).to(t.dtype)
         return rnd
 
-    for il, layer in enumerate(model.model.layers):
+    for il, layer in enumerate(decoder_layers(model)):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
         up, down = f"blk.{il}.ffn_up_exps.weight", f"blk.{il}.ffn_down_exps.weight"
         if experts is None or up not in rounded:
@@ -507,9 +633,10 @@ def hf_forward(path: str | os.PathLike, tokens, *, n_ctx: int | None = None, dty
     if n_ctx is not None and len(tokens) > n_ctx:
         raise OracleError(f"{len(tokens)} tokens do not fit n_ctx = {n_ctx}")
     model, config = hf_model(path, dtype=dtype)
-    bad = [t for t in tokens if not 0 <= t < config.vocab_size]
+    vocab = config.get_text_config().vocab_size
+    bad = [t for t in tokens if not 0 <= t < vocab]
     if bad:
-        raise OracleError(f"{os.fspath(path)}: token id {bad[0]} is outside the vocabulary (0..{config.vocab_size - 1})")
+        raise OracleError(f"{os.fspath(path)}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
     if mode == "llamacpp":
         round_like_llamacpp(model, path)
     ids = torch.tensor([tokens], dtype=torch.long)

@@ -57,7 +57,7 @@ ModelBase.load_hparams = staticmethod(_load_hparams)
 
 def main(argv: list[str]) -> None:
     """`MODEL_DIR OUT.gguf [MODEL_DIR OUT.gguf ...] [converter options]`: one converter run per pair, in one
-    process (torch and the converter imported once)."""
+    process. (The converter keeps class-level state between models of different archs: run one arch a process.)"""
     pairs, opts = [], []
     args = list(argv)
     while args:
