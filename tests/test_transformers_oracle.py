@@ -99,13 +99,9 @@ def test_deepseek4_against_llamacpp(converted):
     assert e_exact.max() > 1e-6                   # the disagreement is real (docs/oracles.md)
     assert e_round.max() <= AGREE
     assert np.array_equal(rounded.logits.argmax(-1), lc.logits.argmax(-1))
-    # transformers reports the embeddings, each layer's hc streams [T, hc, D], the last one replaced by the
-    # head's output (hc head + norm) [T, D]: llama.cpp's l_last-L and result_norm
-    n_layer = rounded.config.num_hidden_layers
-    for il in range(n_layer - 1):
-        e = per_position_nmse(lc.tensors[f"l_last-{il}"], rounded.hidden[il + 1])
-        assert e.max() <= AGREE, f"layer {il}: streams NMSE {e.max():.2e}"
-    assert per_position_nmse(lc.tensors["result_norm"], rounded.hidden[n_layer]).max() <= AGREE
+    for name, h in zip(rounded.names, rounded.hidden):      # hc_init, each layer's streams, result_norm
+        e = per_position_nmse(lc.tensors[name], h)
+        assert e.max() <= AGREE, f"{name}: NMSE {e.max():.2e}"
 
 
 def test_qwen4exp_against_llamacpp(converted):
@@ -126,9 +122,8 @@ def test_qwen4exp_against_llamacpp(converted):
           f"{e[:first_drop].max():.2e}), top-1 {np.mean(hf.logits.argmax(-1) == lc.logits.argmax(-1)):.3f}")
     assert e[:first_drop].max() <= AGREE
     assert e[first_drop:].max() > 1e-6             # the rules differ (docs/oracles.md)
-    for il in range(cfg.num_hidden_layers - 1):    # the last one is the final mixer's output in transformers
-        assert per_position_nmse(lc.tensors[f"l_last-{il}"], hf.hidden[il + 1])[:first_drop].max() <= AGREE
-    assert per_position_nmse(lc.tensors["result_norm"], hf.hidden[-1])[:first_drop].max() <= AGREE
+    for name, h in zip(hf.names, hf.hidden):
+        assert per_position_nmse(lc.tensors[name], h)[:first_drop].max() <= AGREE, name
 
     model, _ = hf_model(path)
     for il, kind in enumerate(cfg.layer_types):
@@ -172,10 +167,8 @@ def test_glm5_next_against_llamacpp(converted):
     assert visible[-1] < T_GLM // 4                # the selection drops pools
     assert e.max() <= AGREE
     assert np.array_equal(hf.logits.argmax(-1), lc.logits.argmax(-1))
-    n_layer = hf.config.get_text_config().num_hidden_layers
-    for il in range(n_layer - 1):
-        assert per_position_nmse(lc.tensors[f"l_out-{il}"], hf.hidden[il + 1]).max() <= AGREE, f"layer {il}"
-    assert per_position_nmse(lc.tensors["result_norm"], hf.hidden[n_layer]).max() <= AGREE
+    for name, h in zip(hf.names, hf.hidden):
+        assert per_position_nmse(lc.tensors[name], h).max() <= AGREE, name
 
 
 # ------------------------------------------------------------------------------------------------- errors

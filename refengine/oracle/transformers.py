@@ -9,9 +9,10 @@
     model_type, cfg, state = hf_checkpoint("model.gguf")   # no torch: config kwargs + state dict (NumPy)
     model, config = hf_model("model.gguf")              # the torch model (for hooks)
 
-`res.hidden` (`output_hidden_states=True`): [0] the embeddings, [i + 1] layer i's output, except that the last
-entry is the head's output (deepseek4: hc head + output norm, qwen4exp: the final mixer), [T, D]; the others are
-the residual streams, deepseek4 [T, hc, D] (llama.cpp's `l_last-i`), qwen4exp [T, hc * D].
+`res.hidden` (`output_hidden_states=True`): [0] the streams as initialised, [i + 1] layer i's output streams,
+except that the last entry is the head's output (deepseek4: hc head + output norm, qwen4exp: the final mixer,
+glm5-next: mean head + norm), [T, D]; the streams are [T, hc, D] (qwen4exp: [T, hc * D]). `res.names` gives
+llama.cpp's trace name of each (`hc_init`, `l_last-i` / `l_out-i`, `result_norm`): the same values, in its order.
 
 This is the inverse of llama.cpp's converter (`convert_hf_to_gguf.py`, `conversion/deepseek.py:527-927`,
 `conversion/qwen4exp.py`, `conversion/qwen.py:372-633`): every GGUF tensor is dequantized with gguf-py
@@ -40,6 +41,18 @@ class HFResult:
     logits: np.ndarray                                   # [T, V]
     hidden: list = field(default_factory=list)           # n_layer + 1 arrays (module docstring)
     config: object = None                                # the transformers config
+    names: list = field(default_factory=list)            # llama.cpp's trace name of each `hidden` entry
+
+
+# llama.cpp's graph name of a layer's output streams, per arch (the `cb(cur, NAME, il)` of its last op)
+LAYER_OUT_NAME = {"deepseek4": "l_last", "qwen4exp": "l_last", "glm5-next": "l_out"}
+
+
+def hidden_names(arch: str, n_layer: int) -> list[str]:
+    """llama.cpp's names for transformers' hidden states of `arch`: the streams as initialised (`hc_init`), each
+    layer's output but the last, and the head's output in place of the last layer's (`result_norm`)."""
+    out = LAYER_OUT_NAME[arch]
+    return ["hc_init"] + [f"{out}-{il}" for il in range(n_layer - 1)] + ["result_norm"]
 
 
 # --------------------------------------------------------------------------------------------- reading the file
@@ -643,4 +656,5 @@ def hf_forward(path: str | os.PathLike, tokens, *, n_ctx: int | None = None, dty
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=False, output_hidden_states=True)
     hidden = [h[0].to(torch.float64).numpy() for h in (out.hidden_states or ())]
-    return HFResult(logits=out.logits[0].to(torch.float64).numpy(), hidden=hidden, config=config)
+    names = hidden_names(_File(path).arch, config.get_text_config().num_hidden_layers)
+    return HFResult(logits=out.logits[0].to(torch.float64).numpy(), hidden=hidden, config=config, names=names)
