@@ -70,11 +70,12 @@ def llamacpp_tree() -> str:
 
 def convert(*pairs: tuple[str, str], outtype: str = "f32") -> None:
     """Run llama.cpp's converter (through tests/tools/hf_to_gguf.py) on checkpoint directories, (dir, out.gguf)
-    each: one process per model (the converter keeps class-level state between models), all started at once."""
+    each: one process per model (converting a second model in the same process fails: the converter keeps state
+    between models), all started at once."""
     tree = llamacpp_tree()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(tree, "gguf-py"), tree]))
-    procs = [(p, subprocess.Popen([sys.executable, os.path.join(HERE, "tools", "hf_to_gguf.py"), *p,
-                                   "--outtype", outtype], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    procs = [(p, subprocess.Popen([sys.executable, os.path.join(HERE, "tools", "hf_to_gguf.py"), p[0],
+                                   "--outfile", p[1], "--outtype", outtype], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True)) for p in pairs]
     for p, proc in procs:
         _, err = proc.communicate()

@@ -216,7 +216,8 @@ def _deepseek4(f: _File) -> tuple[str, dict, dict]:
     )
     cfg["rope_parameters"] = {
         "main": {"rope_type": "default", "rope_theta": cfg["rope_theta"], "partial_rotary_factor": rope_dim / head_dim},
-        "compress": {**compress_rope, "rope_theta": cfg["compress_rope_theta"], "partial_rotary_factor": rope_dim / head_dim},
+        "compress": {**compress_rope, "rope_theta": cfg["compress_rope_theta"],
+                     "partial_rotary_factor": rope_dim / head_dim},
     }
     sd = {hf: f.tensor(g) for g, hf in DS4_GLOBAL.items()}
     for i in range(n_layer):
@@ -375,7 +376,8 @@ def _qwen4exp(f: _File) -> tuple[str, dict, dict]:
             sd[pe + "ple_embedding.ngram_embedding.weight"] = f.tensor("per_layer_token_embd.weight")
             for key, hf in (("ple.layer_multipliers", "layer_multipliers"), ("ple.head_offsets", "ngram_heads_offsets"),
                             ("ple.head_vocab_sizes", "ngram_heads_vocab_sizes")):
-                sd[pe + "ple_embedding." + hf] = np.array([int(x) for x in f.key(key)], dtype=np.uint64).astype(np.int64)
+                u64 = np.array([int(x) for x in f.key(key)], dtype=np.uint64)      # GGUF u64 -> the model's int64
+                sd[pe + "ple_embedding." + hf] = u64.astype(np.int64)
     return "qwen4_exp_text", cfg, sd
 
 
@@ -391,7 +393,8 @@ GLM5N_KDA = {
     "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
     "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
     "ssm_beta.weight": "self_attn.b_proj.weight", "ssm_dt.bias": "self_attn.forget_gate.dt_bias",
-    "ssm_f_a.weight": "self_attn.forget_gate.f_a_proj.weight", "ssm_f_b.weight": "self_attn.forget_gate.f_b_proj.weight",
+    "ssm_f_a.weight": "self_attn.forget_gate.f_a_proj.weight",
+    "ssm_f_b.weight": "self_attn.forget_gate.f_b_proj.weight",
     "ssm_g_a.weight": "self_attn.g_a_proj.weight", "ssm_g_b.weight": "self_attn.g_b_proj.weight",
     "ssm_norm.weight": "self_attn.o_norm.weight",
 }
@@ -404,14 +407,16 @@ GLM5N_INDEXER = {                    # "full" indexer layers only ("shared" ones
     "indexer_compressor_ape.weight": "self_attn.indexer.index_kpool_compress_ape",
     "indexer_compressor_gate.weight": "self_attn.indexer.index_kpool_compress_gate",
     "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight", "indexer.k_norm.bias": "self_attn.indexer.k_norm.bias",
-    "indexer.proj.weight": "self_attn.indexer.weights_proj.weight", "indexer.attn_k.weight": "self_attn.indexer.wk.weight",
+    "indexer.proj.weight": "self_attn.indexer.weights_proj.weight",
+    "indexer.attn_k.weight": "self_attn.indexer.wk.weight",
     "indexer.attn_q_b.weight": "self_attn.indexer.wq_b.weight",
 }
 GLM5N_DENSE = {"ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                "ffn_down.weight": "mlp.down_proj.weight"}
 GLM5N_MOE = {
     "ffn_gate_inp.weight": "mlp.gate.weight", "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
-    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight", "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
 }
 # the vision tower the text model is built with (its weights are not in a text GGUF and are not used on text)
@@ -462,8 +467,8 @@ def _glm5_next(f: _File) -> tuple[str, dict, dict]:
     cfg = dict(text_config=text, vision_config=dict(GLM5N_VISION, out_hidden_size=text["hidden_size"]),
                tie_word_embeddings=False)
     root = "model.language_model."
-    sd = {root + "embed_tokens.weight": f.tensor("token_embd.weight"), root + "norm.weight": f.tensor("output_norm.weight"),
-          "lm_head.weight": f.tensor("output.weight")}
+    sd = {root + "embed_tokens.weight": f.tensor("token_embd.weight"),
+          root + "norm.weight": f.tensor("output_norm.weight"), "lm_head.weight": f.tensor("output.weight")}
     for i in range(n_layer):
         pre = f"{root}layers.{i}."
         table = dict(GLM5N_LAYER)
@@ -475,8 +480,8 @@ def _glm5_next(f: _File) -> tuple[str, dict, dict]:
             sd[pre + hf] = f.tensor(f"blk.{i}.{g}")
         if i >= n_dense:
             gate, up = f.tensor(f"blk.{i}.ffn_gate_exps.weight"), f.tensor(f"blk.{i}.ffn_up_exps.weight")  # [E, I, D]
-            sd[pre + "mlp.experts.gate_up_proj"] = np.concatenate([gate, up], axis=1)                        # [E, 2I, D]
-            sd[pre + "mlp.experts.down_proj"] = f.tensor(f"blk.{i}.ffn_down_exps.weight")                    # [E, D, I]
+            sd[pre + "mlp.experts.gate_up_proj"] = np.concatenate([gate, up], axis=1)                  # [E, 2I, D]
+            sd[pre + "mlp.experts.down_proj"] = f.tensor(f"blk.{i}.ffn_down_exps.weight")              # [E, D, I]
         if linear[i]:
             a = f.tensor(f"blk.{i}.ssm_a").reshape(-1)                              # A = -exp(A_log)  [H]
             sd[pre + "self_attn.forget_gate.A_log"] = np.log(-a.astype(np.float64)).astype(np.float32)
@@ -540,7 +545,8 @@ def _torch():
         import torch
         import transformers  # noqa: F401
     except ImportError as e:
-        raise OracleError(f"the transformers oracle needs torch and transformers ({e}): pip install -e '.[hf]'") from None
+        raise OracleError(f"the transformers oracle needs torch and transformers ({e}): "
+                          f"pip install -e '.[hf]'") from None
     return torch
 
 
@@ -554,7 +560,8 @@ def hf_model(path: str | os.PathLike, *, dtype: str = "float64"):
     want = {k: v for k, v in model.state_dict().items() if not k.startswith(UNUSED_ON_TEXT)}
     missing = sorted(set(want) - set(sd))
     if missing:
-        raise OracleError(f"{os.fspath(path)}: transformers' {cls.__name__} needs {missing[:6]}, not mapped from the file")
+        raise OracleError(f"{os.fspath(path)}: transformers' {cls.__name__} needs {missing[:6]}, "
+                          f"not mapped from the file")
     extra = sorted(set(sd) - set(want))
     if extra:
         raise OracleError(f"{os.fspath(path)}: mapped tensors {extra[:6]} are not in transformers' {cls.__name__}")

@@ -1,6 +1,6 @@
 """llama.cpp's own converter (convert_hf_to_gguf.py) on a tokenizer-less checkpoint directory.
 
-    PYTHONPATH=$LLAMA/gguf-py:$LLAMA python tests/tools/hf_to_gguf.py MODEL_DIR OUT.gguf [MODEL_DIR OUT.gguf ...] --outtype f32
+    PYTHONPATH=$LLAMA/gguf-py:$LLAMA python tests/tools/hf_to_gguf.py MODEL_DIR --outfile OUT.gguf --outtype f32
 
 Everything is the vendored converter's, unchanged, except the vocabulary: a tiny random model has no
 tokenizer, so the model class chosen by the converter writes `tokenizer.ggml.model = "none"` and
@@ -55,23 +55,5 @@ cv.get_model_class = _get_model_class
 _load_hparams_orig = ModelBase.load_hparams
 ModelBase.load_hparams = staticmethod(_load_hparams)
 
-def main(argv: list[str]) -> None:
-    """`MODEL_DIR OUT.gguf [MODEL_DIR OUT.gguf ...] [converter options]`: one converter run per pair, in one
-    process. (The converter keeps class-level state between models of different archs: run one arch a process.)"""
-    pairs, opts = [], []
-    args = list(argv)
-    while args:
-        a = args.pop(0)
-        if a.startswith("--"):
-            opts.append(a)
-            if args and not args[0].startswith("--") and a not in ("--verbose", "--bigendian"):
-                opts.append(args.pop(0))
-        else:
-            pairs.append((a, args.pop(0)))
-    for model_dir, out in pairs:
-        sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out, *opts]
-        cv.main()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(cv.main())                                  # the converter's own command line
