@@ -30,7 +30,7 @@ E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6], n
 DS4 = dict(vocab_size=96, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
            head_dim=64, q_lora_rank=32, num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
            compress_ratios=[0, 4, 128], num_hash_layers=1, qk_rope_head_dim=16, o_groups=2, o_lora_rank=16,
-           index_n_heads=8, index_head_dim=64, index_topk=4, sliding_window=16, hc_sinkhorn_iters=5,
+           index_n_heads=32, index_head_dim=64, index_topk=4, sliding_window=16, hc_sinkhorn_iters=5,
            routed_scaling_factor=1.5, swiglu_limit=10.0, compress_rope_theta=160000.0, rope_theta=10000.0,
            rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                          "beta_fast": 32, "beta_slow": 1},
