@@ -13,6 +13,10 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `IndexerKeys`    | `attention/dsa_indexer.py`  | the lightning indexer's keys [S, di] (llama.cpp's "lid" cache) |
 | `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` |
 | `RecurrentState` | `attention/gated_deltanet.py`, `attention/kda.py` | conv tail [n_conv - 1, channels] and delta-rule matrix |
+| `WindowKV`       | `attention/compressed_kv.py` | the raw keys (K = V) of the last n_swa positions, with their positions |
+| `BlockFill`      | `attention/kv_compressor.py` | a compressor's projected rows (kv, gate score) of the block being filled (and the one before it: overlap) |
+| `PooledBlocks`   | `attention/kv_compressor.py` | one pooled key per finished block [n_blocks, K] (attention keys, or the indexer's) |
+| `CompressedKV`   | `attention/compressed_kv.py` | DeepSeek-V4's layer: the window, and by ratio the pooled blocks, the block being filled, the indexer's keys and block |
 
 A container of an attention with several forms carries the form its sequence runs (`form`: MLA's "absorbed" /
 "naive", a delta rule's "recurrent" / "chunked"); the attention module reads it, so an arch passes the state and
@@ -22,12 +26,30 @@ never asks what kind of container it holds.
 copies instead of one copy of the whole cache per token. Compressed caches (pooled blocks plus a
 half-filled block, window rings) are further containers of the same kind: they own their buffers and
 expose what attention reads.
+
+Every container class is registered with `@state_container` (one line; `CONTAINERS` maps its name to the class),
+which is how a state file (`refengine/state_file.py`) restores it: the file names the class and stores its instance
+attributes, walked structurally. What a container may hold is listed in `state_file`'s docstring and the README
+(Adding an architecture); anything else is refused when the state is saved, naming the attribute.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+CONTAINERS: dict[str, type] = {}          # class name -> class, for the state file (refengine/state_file.py)
+
+
+def state_container(cls: type) -> type:
+    """Register a state container class (a class decorator): a state file names it and restores it by this name,
+    setting its instance attributes without calling `__init__`."""
+    name = cls.__name__
+    if CONTAINERS.get(name, cls) is not cls:
+        raise TypeError(f"state container {name}: a different class of that name is registered "
+                        f"({CONTAINERS[name].__module__}); state files name containers by class name")
+    CONTAINERS[name] = cls
+    return cls
 
 
 class Rows:
@@ -55,7 +77,16 @@ class Rows:
     def view(self) -> np.ndarray | None:
         return None if self._buf is None else self._buf[:self.n]
 
+    @classmethod
+    def holding(cls, rows: np.ndarray | None, dtype) -> Rows:
+        """A buffer holding `rows` [n, ...] (None: nothing appended yet), as a state file restores one."""
+        r = cls(dtype)
+        if rows is not None:
+            r.append(rows)
+        return r
 
+
+@state_container
 class KVCache:
     """Keys and values of one softmax-attention layer in float32 (llama.cpp with type_k = type_v = F32).
 
@@ -76,6 +107,7 @@ class KVCache:
         return self.k.append(k), self.v.append(v)
 
 
+@state_container
 class LatentKV:
     """MLA's compressed cache: one latent row and one shared rope key per position (DeepSeek-V2 sec. 2.1).
 
@@ -96,6 +128,7 @@ class LatentKV:
         return self.c.append(c), self.k_pe.append(k_pe)
 
 
+@state_container
 class IndexerKeys:
     """The DSA lightning indexer's key cache: one key of width di per position (shared by the indexer heads).
 
@@ -115,6 +148,7 @@ class IndexerKeys:
         return self.k.append(k)
 
 
+@state_container
 @dataclass
 class DSAState:
     """A DSA layer: its MLA cache (`LatentKV` absorbed or `KVCache` naive) and its indexer keys; a layer
@@ -132,6 +166,7 @@ class DSAState:
         return self.kv.form
 
 
+@state_container
 @dataclass
 class RecurrentState:
     """Linear attention's state: the short conv's last inputs and the delta-rule matrix (fixed size), and the
@@ -141,9 +176,83 @@ class RecurrentState:
     form: str = "recurrent"
 
 
+@state_container
+class WindowKV:
+    """The raw keys of a sliding-window layer (DeepSeek-V4: K = V, one head): the last `n_keep` positions only.
+
+    `extend(k, pos)` returns every key a query of this call may see (the kept ones, then the new ones) and their
+    positions; `trim(n_keep)` then drops what no later query can see (llama.cpp's SWA cache keeps more cells and
+    masks them; the visible set is the same)."""
+
+    def __init__(self, dtype=np.float32):
+        self.k = np.zeros((0, 0), dtype=dtype)           # [S, K]
+        self.pos = np.zeros(0, dtype=np.int64)           # [S]
+
+    @property
+    def n(self) -> int:
+        return int(self.pos.size)
+
+    def extend(self, k: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """k [T, K], pos [T] -> keys [S + T, K], positions [S + T]."""
+        keys = k if self.k.size == 0 else np.concatenate([self.k, k])
+        kpos = np.concatenate([self.pos, np.asarray(pos, dtype=np.int64)])
+        self.k, self.pos = keys, kpos
+        return keys, kpos
+
+    def trim(self, n_keep: int) -> None:
+        self.k, self.pos = self.k[-n_keep:], self.pos[-n_keep:]
+
+
+@state_container
+class BlockFill:
+    """A KV compressor's input rows not yet pooled: the projected values kv [n, W] and gate scores [n, W] of
+    consecutive positions `start .. start + n - 1` (the block being filled, and for the overlapping compressor
+    the finished block before it). llama.cpp keeps them in an f32 state of 2*ratio (ratio 4) or ratio (128)
+    rows per layer (`llama_dsv4_comp_state`, src/llama-kv-cache-dsv4.cpp)."""
+
+    def __init__(self):
+        self.kv: np.ndarray | None = None                # [n, W]
+        self.score: np.ndarray | None = None             # [n, W]
+        self.start = 0                                   # position of row 0
+
+    def extend(self, kv: np.ndarray, score: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """Append the rows of the next positions; returns all rows held [n, W] x2 and the first one's position."""
+        if self.kv is not None:
+            kv, score = np.concatenate([self.kv, kv]), np.concatenate([self.score, score])
+        self.kv, self.score = kv, score
+        return kv, score, self.start
+
+    def keep_from(self, p: int) -> None:
+        """Drop the rows before position p."""
+        cut = max(0, p - self.start)
+        self.kv, self.score = self.kv[cut:], self.score[cut:]
+        self.start += cut
+
+
+@state_container
+class PooledBlocks(Rows):
+    """One pooled (compressed) key per finished block, in block order: [n_blocks, K] (`Rows`)."""
+
+
+@dataclass
+@state_container
+class CompressedKV:
+    """DeepSeek-V4's attention state for one layer of compression ratio 0, 4 or 128: the raw window, and for
+    ratio != 0 the pooled blocks and the block being filled; ratio 4 adds the lightning indexer's pooled keys
+    and its own block being filled."""
+    ratio: int
+    window: WindowKV = field(default_factory=WindowKV)
+    blocks: PooledBlocks | None = None
+    fill: BlockFill | None = None
+    index_keys: PooledBlocks | None = None
+    index_fill: BlockFill | None = None
+    n: int = 0                                           # positions seen
+
+
 @dataclass
 class ModelState:
-    """Everything a sequence carries: positions seen and one container per layer."""
+    """Everything a sequence carries: positions seen and one container per layer (a state file's root: saved and
+    restored like a registered container, its `device` synced to the host first)."""
     layers: list = field(default_factory=list)
     n_past: int = 0
     device: object = None                 # the cuda whole-forward path's device-side cache, when it runs
@@ -153,8 +262,8 @@ class ModelState:
         def size(st) -> int:
             total = 0
             for v in vars(st).values():
-                if isinstance(v, Rows) and v.view() is not None:
-                    total += v.view().nbytes
+                if isinstance(v, Rows):
+                    total += 0 if v.view() is None else v.view().nbytes
                 elif isinstance(v, np.ndarray):
                     total += v.nbytes
                 elif v is not None and hasattr(v, "__dict__"):      # a container inside a container (DSAState)

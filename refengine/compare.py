@@ -42,10 +42,19 @@ from quant import GGMLType
 
 TIE_EPS = 1e-5
 SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_up", "ffn_moe_gate",
-                "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_situ", "ffn_moe_down", "ffn_moe_weighted",
+                "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_situ", "ffn_moe_swiglu_limited", "ffn_moe_down", "ffn_moe_weighted",
                 "ffn_moe_up_scaled", "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
-KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score")   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
-SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0}   # DSA: name -> the query (T) axis
+KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score",   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
+             "lid_score_masked", "csa_top_k_mask")              # DeepSeek-V4: [T, n_blocks] padded to 256
+# DeepSeek-V4 (attention/compressed_kv.py): caches padded along the cell axis ([n_cells, 1, K], NumPy axis -3) ...
+KV_ROWS_PADDED = ("csa_raw_k", "csa_comp_k", "hca_raw_k", "hca_comp_k", "lid_k")
+# ... and tensors whose key axis is [raw cells | pooled cells], each segment padded: name -> the key axis. The
+# segments' lengths are read from the layer's `{csa,hca}_raw_k` / `_comp_k` on each side.
+KV_SEGMENTS = {"kq": -1, "kq_soft_max": -1, "v_cont": -1, "csa_lid_kq_mask": -1, "hca_kq_mask": -1,
+               "csa_k_all": -3, "hca_k_all": -3}
+SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0,   # DSA: name -> the query (T) axis
+                  "csa_top_k_mask": 0, "csa_lid_kq_mask": 0, "attn_csa_lid": 0, "attn_derope": 0,   # DeepSeek-V4
+                  "attn_wo_a": 1, "attn_out": 0}
 TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}
 TOLERANCE_LLAMACPP = {"F32": 1e-8, "F16": 1e-7, "BF16": 1e-7, "quantized": 1e-7}
 
@@ -240,12 +249,37 @@ def _selection_check(name, agree, tie, shape) -> TensorStat:
     return TensorStat(name, list(shape), float(bad), float(bad), 1.0, bad == 0, note)
 
 
+def _segments_unpadded(ref: dict, got: dict, name: str, il: str, r: np.ndarray, g: np.ndarray):
+    """llama.cpp's `r` of a KV_SEGMENTS tensor cut to refengine's cells: its raw segment's first S cells and its
+    pooled segment's first N (S, N: refengine's), or None when the layer has no such segments."""
+    for p in ("csa", "hca"):
+        names = (f"{p}_raw_k-{il}", f"{p}_comp_k-{il}")
+        if all(n in ref and n in got for n in names):
+            pr, pc = (int(np.shape(ref[n])[-3]) for n in names)                 # padded cells
+            sr, sc = (int(np.shape(got[n])[-3]) for n in names)                 # refengine's cells
+            axis = KV_SEGMENTS[name.rpartition("-")[0]]
+            if np.shape(g)[axis] != sr + sc:
+                return None
+            r = np.asarray(r)
+            if axis == -1:
+                r2 = r.reshape(-1, pr + pc)
+                return np.concatenate([r2[:, :sr], r2[:, pr:pr + sc]], axis=1)
+            r2 = r.reshape(pr + pc, -1)
+            return np.concatenate([r2[:sr], r2[pr:pr + sc]], axis=0)
+    return None
+
+
 def _selection_rows(ref: dict, got: dict, il: str, cache: dict):
     """The per-query agreement of the DSA selection that layer `il` attends with: that of the most recent layer
     j <= il that ran an indexer (`indexer_score-j`; a later layer sharing it has none), or None.
 
     llama.cpp names the selection `top_k-j`, but a shared layer names the same tensor again (glm-dsa.cpp:366), so
     it is traced under the last sharing layer's name: `top_k-m`, m the first m >= j with that name."""
+    lid = (f"lid_top_k-{il}", f"lid_score_masked-{il}")          # DeepSeek-V4's CSA layer: its own indexer
+    if all(n in ref and n in got for n in lid):
+        if ("lid", il) not in cache:
+            cache[("lid", il)] = selection_sets(ref[lid[0]], got[lid[0]], ref[lid[1]], got[lid[1]])
+        return cache[("lid", il)]
     js = [j for j in range(int(il), -1, -1) if f"indexer_score-{j}" in ref and f"indexer_score-{j}" in got]
     if not js:
         return None
@@ -271,7 +305,7 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         r, g = ref[name], got[name]
         base, _, il = name.rpartition("-")
         base = base if il.isdigit() else name
-        if base == "top_k" and il.isdigit() and _selection_rows(ref, got, il, selections) is not None:
+        if base in ("top_k", "lid_top_k") and il.isdigit() and _selection_rows(ref, got, il, selections) is not None:
             agree, tie = _selection_rows(ref, got, il, selections)
             stats.append(_selection_check(name, agree, tie, np.shape(g)))
             continue
@@ -307,8 +341,14 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
             if not same.all():
                 g, r = g.reshape(len(same), -1)[same], r.reshape(len(same), -1)[same]
                 note = f"{int((~same).sum())} token(s) with a different expert set left out"
-        if base in KV_PADDED and r.shape[-1] > g.shape[-1] and r.size // r.shape[-1] == g.size // g.shape[-1]:
+        cut = _segments_unpadded(ref, got, name, il, r, g) if base in KV_SEGMENTS and il.isdigit() else None
+        if cut is not None:
+            r = cut                                            # [raw | pooled] cells, each segment padded
+        elif base in KV_PADDED and r.shape[-1] > np.shape(g)[-1] and r.size // r.shape[-1] == int(np.prod(np.shape(g)[:-1])):
             r = r.reshape(-1, r.shape[-1])[:, :g.shape[-1]]    # llama.cpp's KV view is padded past S
+        row = int(np.prod(np.shape(g)[1:])) if np.ndim(g) == 3 else 0
+        if base in KV_ROWS_PADDED and row and r.size > g.size and r.size % row == 0:
+            r = np.asarray(r).reshape(-1, *np.shape(g)[1:])[:np.shape(g)[0]]   # the cache's first cells
         if base in SELECTION_ROWS and il.isdigit() and r.size == g.size:
             sel = _selection_rows(ref, got, il, selections)
             if sel is not None and not sel[0].all():
@@ -380,7 +420,8 @@ def matmul_weight_types(model) -> set:
     types = {model.g.output.type}
     for il in range(model.cfg.n_layer):
         types |= {v.type for v in vars(model.layer(il)).values() if isinstance(v, quant.QTensor)}
-    return types
+    # integer tables (DeepSeek-V4's ffn_gate_tid2eid, I32) are looked up, never multiplied
+    return {t for t in types if GGMLType(int(t)).name not in ("I8", "I16", "I32", "I64")}
 
 
 def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,

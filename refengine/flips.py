@@ -196,7 +196,13 @@ def flip_census(model, ref: dict, got: dict, order: list[str] | None = None, ref
             for p in parts:
                 if p == GGMLType.F32:
                     continue
-                s = count_flips(r.reshape(-1, r.shape[-1]), g.reshape(-1, g.shape[-1]), p)
+                # the rows the weights of partner p take: the named tensor's last axis, or where that is not a
+                # weight's row length, the weights' (DeepSeek-V4's attn_derope [T, H, K] feeds groups of H*K/G)
+                n = g.shape[-1]
+                rows = {model.gf.tensors[w].shape[-1] for w in wnames if partner(model.gf.tensors[w].type) == p}
+                if n not in rows and len(rows) == 1 and g.size % next(iter(rows)) == 0:
+                    n = next(iter(rows))
+                s = count_flips(r.reshape(-1, n), g.reshape(-1, n), p)
                 s.name = name
                 out.append(s)
     return sorted(out, key=lambda f: graph_position(f.name, order))

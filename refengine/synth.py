@@ -87,6 +87,9 @@ def tensor_slabs(tp: TensorPlan, seed: int, slab_rows: int = 4096):
         yield (-np.exp(rng.uniform(np.log(0.05), 0.0, tp.shape))).astype(np.float32)
     elif tp.kind == "res_score":                  # an attention-residual score vector: scores of O(1)
         yield (rng.standard_normal(tp.shape) / np.sqrt(tp.shape[-1])).astype(np.float32)
+    elif tp.kind == "expert_ids":                 # a token -> expert ids table [V, A] (I32): A distinct ids per
+        n_e = int(tp.std)                         # row out of tp.std experts (DeepSeek-V4's ffn_gate_tid2eid)
+        yield np.stack([rng.permutation(n_e)[:tp.shape[-1]] for _ in range(tp.shape[0])]).astype(np.int32)
     else:
         std = matrix_std(tp)
         n0 = tp.shape[0]
@@ -108,6 +111,8 @@ def forced_type(tp: TensorPlan, tensor_types: dict | None) -> GGMLType | None:
 def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
     """The stored type: 1-D tensors, ssm_a, attention-residual scores and short-conv weights (`ggml_ssm_conv`
     reads F32) F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
+    if tp.kind == "expert_ids":
+        return GGMLType.I32
     if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "conv", "ssm_a", "res_score"):
         return GGMLType.F32
     n = tp.shape[-1]
@@ -118,7 +123,9 @@ def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
 
 
 def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
-    """float32 [..., n] -> stored array (float32, float16 or packed uint8)."""
+    """float32 [..., n] -> stored array (float32, float16 or packed uint8); int32 for I32 (written as is)."""
+    if t == GGMLType.I32:
+        return x.astype(np.int32)
     if t == GGMLType.F32:
         return x.astype(np.float32)
     if t == GGMLType.F16:
@@ -190,7 +197,7 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     for key, val, vt in kv_rows:
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
-         "arr_u32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
+         "arr_u32": w.add_array, "arr_f32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
     forced = {tp.name: forced_type(tp, tensor_types) for tp in plan}
     types = {tp.name: choose_type(tp, wt) if forced[tp.name] is None else forced[tp.name] for tp in plan}
     for tp in plan:

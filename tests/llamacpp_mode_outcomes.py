@@ -60,6 +60,8 @@ OUTCOMES = {
     "kimi-k3-small-Q4_K": "pass",
     "kimi-k3-small-Q6_K": "proven-flip",   # logits 2.1e-10, kda_g2-3 1.1e-7: attn_norm-3 forced (1 Q8_K code)
     "kimi-k3-small-Q2_K": "pass",
+    "deepseek4-experts-MXFP4": "pass",             # 1.1e-13 (16 tokens; 200 tokens: 1.7e-13)
+    "deepseek4-Q8_0-experts-MXFP4": "pass",        # 2.4e-14 (16 tokens; 200 tokens: tests/test_deepseek4.py)
     "quantize-moe-q2k": "pass",
     # files written by llama.cpp's llama_model_quantize (MOSTLY_Q8_0) from the tiny synthetic F32 files
     "llamacpp-writer-llama-Q8_0": "pass",            # logits 8.3e-14
@@ -77,6 +79,9 @@ OUTCOMES = {
     "llamacpp-writer-glm-dsa-Q4_K_M": "proven-flip",     # 2.4e-5: ffn_moe_swiglu-1, qr-2 forced (1 scale each)
     "llamacpp-writer-qwen3next-Q4_K_M": "proven-flip",   # 2.2e-3: attn_norm-2 (1 Q8_0 code) forced
     "llamacpp-writer-kimi-linear-Q4_K_M": "pass",    # 9.6e-14
+    "llamacpp-writer-deepseek4-Q8_0": "pass",
+    # 6.3e-5: attn_derope-0 (1 Q8_K code of attn_output_a's input) and ffn_norm-0 (1 Q8_0 code) forced; 2.4e-14 after
+    "llamacpp-writer-deepseek4-Q4_K_M": "proven-flip",
     # 2.3e-6: 1 Q8_0 block scale of block 4's latent experts' input (ffn_routed_down's output, unnamed in llama.cpp's
     # graph, kimi-k3.cpp:575-577; taken from its trace) and 1 Q8_K code of result_norm forced; 8.0e-14 after
     "llamacpp-writer-kimi-k3-Q4_K_M": "proven-flip",

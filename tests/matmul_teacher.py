@@ -4,7 +4,7 @@
 
 refengine runs once in llama.cpp mode with every `Runtime.matmul` call and every recording logged in order.
 Each call's input x is located in the recording it was taken from (the tensor itself or reshaped, one head
-of it: [H, T, I] -> [T, I] or [T, H, I] -> [T, I], or some of its rows: a routed expert's tokens, from a
+of it: [H, T, I] -> [T, I] or [T, H, I] -> [T, I], a column block of [T, G*I] -> [T, I], or some of its rows: a routed expert's tokens, from a
 [T, D] tensor or a [T, A, I] slot tensor), and its output y in the first later recording that holds it the
 same way, or that is y plus an earlier recording (a residual add). The same part of llama.cpp's tensors of
 those names (slot tensors matched to ours by expert id) then gives llama.cpp's input and output. An output
@@ -72,6 +72,9 @@ def _parts(v: np.ndarray, a: np.ndarray):
         idx = [index.get(r.tobytes()) for r in a]
         if all(i is not None for i in idx):
             out.append(lambda t, idx=np.array(idx), n=v.shape[-1]: t.reshape(-1, n)[idx])
+    if a.ndim == 2 and v.ndim >= 2 and v.shape[0] == a.shape[0] and v.size % a.size == 0 and v.size > a.size:
+        T, n = a.shape                          # a column block: group k of a [T, G*I] (DeepSeek-V4's grouped output)
+        out += [lambda t, k=k, T=T, n=n: t.reshape(T, -1)[:, k * n:(k + 1) * n] for k in range(v.size // a.size)]
     return [s for s in out if np.array_equal(s(v), a)]
 
 

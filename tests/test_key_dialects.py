@@ -52,6 +52,9 @@ MATCH = {
                   "expert_feed_forward_length": [256, 256], "expert_used_count": [2, 2]}),
     "llama": ("llama", {}, {"attention.head_count": [4, 4], "attention.head_count_kv": [2, 2],
                             "feed_forward_length": [512, 512]}),
+    # deepseek4: get_key_or_arr keys as arrays (the converter already writes swiglu_clamp_exp as one)
+    "deepseek4": ("deepseek4", {}, {"attention.head_count": [4] * 3, "attention.head_count_kv": [1] * 3,
+                                    "expert_feed_forward_length": [32] * 3, "expert_used_count": [2] * 3}),
     "qwen3next": ("qwen3next", {}, {"attention.head_count": [4] * 4, "attention.head_count_kv": [2] * 4,
                                     "expert_feed_forward_length": [256] * 4, "expert_used_count": [2] * 4}),
 }

@@ -153,6 +153,14 @@ def _k3_small(t: str) -> dict:
     return {"tensor_types": {n: t for n, ne0 in K3_SMALL if ne0 % bs == 0}}
 
 
+# deepseek4: the routed experts in MXFP4 as published files store them (the converter repacks them, the rest F32);
+# and the published mix (conversion/deepseek.py:691-760): FP8 weights written Q8_0, experts MXFP4, the F32 sources
+# (hc_* mixes, the head's) kept F32
+_DS4_EXPERTS = {f"ffn_{x}_exps.weight": "MXFP4" for x in ("gate", "up", "down")}
+DS4_CASES = [("experts-MXFP4", {"tensor_types": _DS4_EXPERTS}),
+             ("Q8_0-experts-MXFP4", {"wtype": "Q8_0", "tensor_types": {
+                 **_DS4_EXPERTS, "hc_attn_fn.weight": "F32", "hc_ffn_fn.weight": "F32", "output_hc_fn.weight": "F32"}})]
+
 LLAMACPP_CASES = (
     [(f"{a}-{t}", a, {"wtype": t}) for a in ("llama", "qwen3moe") for t in MODEL_TYPES]
     + [(f"deepseek2-{t}", "deepseek2", {"wtype": t}) for t in ("Q8_0", "Q4_K", "IQ2_XXS")]
@@ -161,7 +169,8 @@ LLAMACPP_CASES = (
     + [(f"kimi-linear{v}-{t}", "kimi-linear", {"wtype": t, **kw}) for t in ("Q8_0", "Q4_K")
        for v, kw in (("", {}), ("-fused-qkv", {"fused_qkv": True}), ("-legacy", {"preset": "tiny-legacy"}))]
     + [(f"kimi-k3-{t}", "kimi-k3", {"wtype": t}) for t in ("Q8_0", "Q4_K")]
-    + [(f"kimi-k3-small-{t}", "kimi-k3", _k3_small(t)) for t in K3_SMALL_TYPES])
+    + [(f"kimi-k3-small-{t}", "kimi-k3", _k3_small(t)) for t in K3_SMALL_TYPES]
+    + [(f"deepseek4-{v}", "deepseek4", kw) for v, kw in DS4_CASES])
 CASES_BY_ID = {c[0]: c for c in LLAMACPP_CASES}
 
 
@@ -179,7 +188,7 @@ def runs(synth_model):
             _, arch, kw = CASES_BY_ID[case]
             model = Model(synth_model(arch, **kw))
             for name, t in kw.get("tensor_types", {}).items():        # the file holds the types asked for
-                assert {ti.type.name for n, ti in model.gf.tensors.items() if n.endswith("." + name)} == {t}, name
+                assert {ti.type.name for n, ti in model.gf.tensors.items() if n == name or n.endswith("." + name)} == {t}, name
             tokens = np.random.default_rng(0).integers(0, model.cfg.n_vocab, 16)
             trace = Trace()
             logits = model.forward(tokens, rt=Runtime(mode="llamacpp", trace=trace))

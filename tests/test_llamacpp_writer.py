@@ -20,6 +20,7 @@ pytestmark = pytest.mark.oracle
 
 FTYPES = ("Q8_0", "Q4_K_M")
 _KDA_SMALL = ("ssm_f_a.weight", "ssm_f_b.weight", "ssm_beta.weight")
+_DS4_APE = ("attn_compressor_ape.weight", "indexer_compressor_ape.weight")
 _K3_TYPES = {"ffn_gate_inp.weight": "F32", "ssm_conv1d_q.weight": "F32", "ssm_a": "F32", "ssm_dt.bias": "F32"}
 
 # ftype -> arch -> ({tensor name suffix: the type llama.cpp's writer gave every such tensor}, {suffixes lint flags})
@@ -40,6 +41,10 @@ WRITER_CASES = {
                          **{n: "Q8_0" for n in _KDA_SMALL}}, set(_KDA_SMALL)),
         "kimi-k3": ({**_K3_TYPES, "attn_k_b.weight": "Q8_0", "ssm_g.weight": "Q8_0",
                      **{n: "Q8_0" for n in _KDA_SMALL}}, set(_KDA_SMALL)),
+        # deepseek4: the I32 tid2eid kept; the compressors' ape tables quantized like any matrix (get_rows takes them)
+        "deepseek4": ({"ffn_gate_inp.weight": "F32", "ffn_gate_tid2eid.weight": "I32", "hc_attn_fn.weight": "Q8_0",
+                       "attn_output_a.weight": "Q8_0", "attn_compressor_ape.weight": "Q8_0",
+                       "indexer_compressor_ape.weight": "Q8_0", "attn_sinks.weight": "F32"}, set(_DS4_APE)),
     },
     "Q4_K_M": {
         "llama": ({"token_embd.weight": "Q4_K", "output.weight": "Q6_K", "attn_norm.weight": "F32"}, set()),
@@ -55,6 +60,10 @@ WRITER_CASES = {
         "kimi-k3": ({**_K3_TYPES, "ssm_f_a.weight": "Q4_K", "ssm_f_b.weight": "Q5_0", "ssm_beta.weight": "Q4_K",
                      "ssm_g.weight": "Q4_K", "ffn_gate_exps.weight": "Q5_0", "ffn_routed_up.weight": "Q5_0"},
                     set(_KDA_SMALL)),
+        # deepseek4's rows of 32 (expert down, D = 64) fall back to Q8_0 / Q5_0; ape of block 2 (ratio 128) Q4_K
+        "deepseek4": ({"ffn_gate_inp.weight": "F32", "ffn_gate_tid2eid.weight": "I32", "hc_attn_fn.weight": "Q4_K",
+                       "attn_output_a.weight": "Q4_K", "ffn_gate_exps.weight": "Q5_0", "token_embd.weight": "Q5_0",
+                       "indexer_compressor_ape.weight": "Q5_0"}, set(_DS4_APE)),
     },
 }
 CASES = [(a, t) for t in FTYPES for a in WRITER_CASES[t]]

@@ -26,6 +26,7 @@ GDN3 = ["gdn", "gdn", "gdn", "mha"]                  # qwen3next tiny: full atte
 GDN_RL = ["mha", "gdn", "gdn", "gdn"]                # all_optional: attention.recurrent_layers wins
 KDA3 = ["kda", "kda", "kda", "mla"]                  # kimi-linear tiny
 K3 = ["kda", "kda", "mla", "kda", "mla"]             # kimi-k3 tiny: full_attn = (2, 4)
+DS4 = ["swa", "csa", "hca"]                          # deepseek4 tiny: compress_ratios 0, 4, 128
 F32_CASES = [
     ("llama", dict(), None),
     ("llama", dict(all_optional=True), None),
@@ -57,10 +58,18 @@ F32_CASES = [
     # all optional: 4-D conv, q/k/v biases, every generic .scale / .input_scale: none of them in kimi-k3's graph
     ("kimi-k3", dict(), K3),
     ("kimi-k3", dict(all_optional=True), K3),
+    # ratios 0 / 4 / 128 over 200 tokens: the ratio-128 block closes at 127, the indexer (top-k 8) drops ratio-4
+    # blocks from position 35 on; all optional: swiglu_clamp_shexp and embedding_length_out written; no YaRN:
+    # compressed and window-only layers rope alike but for their bases
+    ("deepseek4", dict(), DS4),
+    ("deepseek4", dict(all_optional=True), DS4),
+    ("deepseek4", dict(rope_scaling="none"), DS4),
 ]
-# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24)
+# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24); deepseek4 200,
+# past its ratio-128 block (the tokens after the 30 listed are seeded)
 F32_TOKENS = TOKENS + [17, 33, 5, 201, 160, 42, 9, 118, 77, 230, 4]
-N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24}
+F32_TOKENS += [int(t) for t in np.random.default_rng(27).integers(0, 256, 200 - len(F32_TOKENS))]
+N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "deepseek4": 200}
 
 
 def _case_id(kw):

@@ -51,6 +51,29 @@ KIMI_K3_MLA = ["attn_norm-{}", "kq_soft_max-{}", "kqv_mla-{}", "kqv_out-{}", "ml
                "ffn_norm-{}", "l_out-{}"]
 KIMI_K3_MOE = ["ffn_moe_logits-{}", "ffn_moe_topk-{}", "ffn_moe_situ-{}", "ffn_moe_out-{}", "ffn_shexp-{}"]
 
+# ---------------------------------------------------------------- deepseek4 (mHC streams, compressed KV, hash MoE)
+DS4_BLOCK = ["hc_attn_pre-{}", "attn_norm-{}", "qr-{}", "qr_norm-{}", "q_norm-{}", "q-{}", "kv_norm-{}", "kv-{}",
+             "v_cont-{}", "kq-{}", "kq_soft_max-{}", "kqv-{}", "attn_derope-{}", "attn_wo_a-{}", "attn_out-{}",
+             "hc_attn_post-{}", "hc_mixes-{}", "hc_pre-{}", "hc_post-{}", "hc_comb-{}", "hc_ffn_pre-{}",
+             "ffn_norm-{}", "ffn_moe_logits-{}", "ffn_moe_probs-{}", "ffn_moe_topk-{}", "ffn_moe_weights_norm-{}",
+             "ffn_moe_gate-{}", "ffn_moe_up-{}", "ffn_moe_swiglu_limited-{}", "ffn_moe_down-{}", "ffn_moe_out-{}",
+             "ffn_gate-{}", "ffn_up-{}", "ffn_swiglu_limited-{}", "ffn_shexp-{}", "ffn_out-{}", "l_last-{}"]
+DS4_KIND = {
+    "swa": ["attn_raw-{}"],
+    "hca": ["hca_state_kv-{}", "hca_state_score_ape-{}", "hca_state_compress-{}", "hca_raw_k-{}", "hca_comp_k-{}",
+            "hca_k_all-{}", "hca_kq_mask-{}", "attn_hca-{}", "ffn_moe_probs_biased-{}"],
+    "csa": ["csa_state_kv-{}", "csa_state_score_ape-{}", "csa_state_compress-{}", "lid_state_kv-{}",
+            "lid_state_score_ape-{}", "lid_state_compress-{}", "lid_state_compress_rot-{}", "lid_q_rope-{}",
+            "lid_q_rot-{}", "lid_k-{}", "lid_weights-{}", "lid_score_masked-{}", "lid_top_k-{}", "csa_raw_k-{}",
+            "csa_comp_k-{}", "csa_k_all-{}", "csa_top_k_mask-{}", "csa_lid_kq_mask-{}", "attn_csa_lid-{}"],
+}
+DS4_GLOBAL = ["embd", "hc_init", "hc_head_mixes", "hc_head_pre", "hc_head", "result_norm", "result_output"]
+
+
+def _deepseek4(arch, kw, kinds):
+    """Every block's names and its ratio's (the tiny preset: block 0 hash-routed, so no probs_biased there)."""
+    return set(DS4_GLOBAL) | {n.format(il) for il, kind in enumerate(kinds) for n in DS4_BLOCK + DS4_KIND[kind]}
+
 
 def _llama(arch, kw, kinds):
     moe = arch == "qwen3moe" or kw.get("preset") == "tiny-moe"
@@ -90,7 +113,7 @@ def _kimi_k3(arch, kw, kinds):
 
 
 EXPECTED = {"llama": _llama, "qwen3moe": _llama, "qwen3next": _qwen3next, "kimi-linear": _kimi_linear,
-            "kimi-k3": _kimi_k3}
+            "kimi-k3": _kimi_k3, "deepseek4": _deepseek4}
 
 
 def expected_names(arch: str, kw: dict, kinds: list[str]) -> set[str]:

@@ -41,7 +41,8 @@ def write_random_model(path: str, wtype: str, layers: int | None = None, seed: i
     rng = np.random.default_rng(seed)
     for tp in plan:
         t = types[tp.name]
-        if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) or tp.kind in ("norm", "bias", "scale", "rope_freqs"):
+        if (t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32)
+                or tp.kind in ("norm", "bias", "scale", "rope_freqs", "expert_ids")):     # synth's own values
             slabs = (synth.encode(x, t) for x in synth.tensor_slabs(tp, seed))
         else:
             s = synth.matrix_std(tp) / kappa(t, rng)

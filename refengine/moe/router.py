@@ -112,6 +112,14 @@ def route(logits: np.ndarray, k: int, *, gating: int = GATING_SOFTMAX, bias: np.
     rec("ffn_moe_argsort", il, order)
     ids = order[:, :k]                                                     # [T, A]
     rec("ffn_moe_topk", il, ids)
+    return ids, expert_weights(probs, ids, gating=gating, norm_w=norm_w, w_scale=w_scale, record=rec, il=il)
+
+
+def expert_weights(probs: np.ndarray, ids: np.ndarray, *, gating: int, norm_w: bool, w_scale: float,
+                   record=None, il: int = -1) -> np.ndarray:
+    """The selected experts' weights: probs [T, E] (unbiased), ids [T, A] -> [T, A] float32 (the tail of
+    `build_moe_ffn`'s routing, whichever way the ids were chosen)."""
+    rec = record or (lambda *a: None)
     weights = np.take_along_axis(probs, ids, axis=-1)                      # [T, A], unbiased
     rec("ffn_moe_weights", il, weights)
     if gating == GATING_SOFTMAX_WEIGHT:
@@ -127,7 +135,7 @@ def route(logits: np.ndarray, k: int, *, gating: int = GATING_SOFTMAX, bias: np.
     if w_scale not in (0.0, 1.0):
         weights = weights * np.float32(w_scale)
         rec("ffn_moe_weights_scaled", il, weights)
-    return ids, weights.astype(np.float32)
+    return weights.astype(np.float32)
 
 
 def softmax_topk(logits: np.ndarray, k: int, *, norm_w: bool, w_scale: float = 0.0, n_groups: int = 0,

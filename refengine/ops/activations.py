@@ -42,3 +42,13 @@ def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> n
     if linear_beta > 0.0:
         up = np.tanh(up * f32(f32(1.0) / f32(linear_beta))) * f32(linear_beta)
     return (a * up).astype(np.float32, copy=False)
+
+
+def swiglu_clamp(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
+    """silu(min(gate, L)) * clip(up, -L, L), L = limit (`ggml_swiglu_clamp`, ggml-cpu ops.cpp:3571-3628: the gate is
+    clamped BEFORE the silu, unlike the clamp-after-silu of the other archs' limited SwiGLU). float32."""
+    L = np.float32(limit)
+    g = np.minimum(gate, L)
+    u = np.clip(up, -L, L)
+    with np.errstate(over="ignore"):
+        return (g / (np.float32(1.0) + np.exp(-g)) * u).astype(np.float32, copy=False)

@@ -1,0 +1,114 @@
+"""DeepSeek-V4's KV compressor: every `ratio` tokens are pooled into one key, by a learned per-dimension gate.
+
+Legend: T tokens, D model dim, K pooled key dim (dh for attention, di for the indexer), r ratio, R rope dims,
+c = 2 for the overlapping compressor (ratio 4), 1 otherwise (ratio 128). Per token j (position p_j):
+
+    kv_j    = h_j @ W_kv.T                                  csa_state_kv / hca_state_kv / lid_state_kv     [T, c*K]
+    score_j = h_j @ W_gate.T + ape[p_j % r]                 *_state_score, *_state_score_ape               [T, c*K]
+
+Block b (positions r*b .. r*b + r - 1) is pooled once its last token is seen; per dimension d, a softmax over
+the pooled rows' gate scores weighs their values:
+
+    ratio 128 (HCA, c = 1):  rows = the block's r tokens
+    ratio 4   (CSA, c = 2):  rows = the previous block's r tokens, columns [:K]   (b = 0: one zero row, score -inf)
+                                  + this block's r tokens, columns [K:]
+    ck_b[d] = sum_rows softmax(score[:, d]) * kv[:, d]                                                    [K]
+    ck_b    = rms_norm(ck_b) * norm;  rope(ck_b, position r*b) on its last R dims   *_state_compress      [K]
+
+llama.cpp: `build_hca_compressed_kv_from_state` / `build_overlap_compressed_kv_from_state`
+(src/models/deepseek4.cpp:470-588), the block plan in `dsv4_build_comp_plan` (src/llama-kv-cache-dsv4.cpp:427-641:
+a block is written when its last position is in the ubatch, at rope position `source_start` = r*b). The rows
+not yet pooled are carried between calls in a `BlockFill` (cache.py), the pooled keys in `PooledBlocks`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..cache import BlockFill, PooledBlocks
+from ..ops import rms_norm
+from ..ops.softmax import softmax
+
+
+def overlap(ratio: int) -> bool:
+    """Whether the compressor of this ratio pools overlapping windows (ratio 4: CSA and its indexer)."""
+    return ratio == 4
+
+
+def pool_blocks(kv: np.ndarray, score: np.ndarray, start: int, blocks: list[int], ratio: int) -> np.ndarray:
+    """The softmax-pooled values of finished blocks, before the norm.
+
+    kv, score: [n, c*K], the rows of positions start .. start + n - 1 (for the overlapping compressor they include
+    the block before the first one pooled, when it exists); blocks: the block indices to pool -> [len(blocks), K]."""
+    c = 2 if overlap(ratio) else 1
+    K = kv.shape[1] // c
+    out = np.empty((len(blocks), K), dtype=np.float32)
+    for i, b in enumerate(blocks):
+        cur = slice(b * ratio - start, (b + 1) * ratio - start)
+        if c == 1:
+            v, s = kv[cur], score[cur]                                          # [r, K]
+        else:
+            if b == 0:                                   # no block before: one zero value with score -inf
+                pv, ps = np.zeros((1, K), np.float32), np.full((1, K), -np.inf, np.float32)
+            else:
+                prev = slice((b - 1) * ratio - start, b * ratio - start)
+                pv, ps = kv[prev, :K], score[prev, :K]                          # [r, K]
+            v = np.concatenate([pv, kv[cur, K:]])                               # [r (+ r), K]
+            s = np.concatenate([ps, score[cur, K:]])
+        w = softmax(s.T)                                                        # [K, rows]: over the rows, per dim
+        out[i] = np.sum(v.T * w, axis=-1, dtype=np.float32)                     # [K]
+    return out
+
+
+def finish(pooled: np.ndarray, norm, eps: float, rope, blocks, ratio: int) -> np.ndarray:
+    """rms_norm * norm, then rope at the blocks' first positions: [n, K] -> [n, 1, K]."""
+    ck = rms_norm(pooled, norm, eps)
+    return rope(ck[:, None, :], np.asarray(blocks, dtype=np.int64) * ratio)
+
+
+def placeholder(kv_row: np.ndarray, score_row: np.ndarray, ratio: int) -> np.ndarray:
+    """llama.cpp's placeholder block: every pooled row is the one given (both halves of it for ratio 4). -> [1, K]"""
+    c = 2 if overlap(ratio) else 1
+    K = kv_row.shape[0] // c
+    halves = [slice(0, K), slice(K, 2 * K)][:c]
+    v = np.concatenate([np.repeat(kv_row[None, h], ratio, 0) for h in halves])             # [c*r, K]
+    s = np.concatenate([np.repeat(score_row[None, h], ratio, 0) for h in halves])
+    return np.sum(v.T * softmax(s.T), axis=-1, dtype=np.float32)[None]        # [1, K]
+
+
+def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: PooledBlocks, ratio: int, eps: float,
+             rope, rt, name: str, il: int, rotate=None):
+    """Project this call's tokens, pool every block that finishes in it, append the pooled keys.
+
+    h [T, D]; pos [T] (consecutive); ape [r, c*K]; norm [K]; rope(x [n, 1, K], positions [n]) -> roped;
+    rotate: applied to the roped keys before they are kept (the indexer's Hadamard rotation), or None.
+    Returns every pooled key so far [n_blocks, K]. Traces `{name}_state_kv`, `_score`, `_score_ape`, `_compress`
+    (and `_compress_rot`)."""
+    kv = rt.matmul(h, w_kv)                                                     # [T, c*K]
+    rt.record(f"{name}_state_kv", il, kv)
+    score = rt.matmul(h, w_gate)                                                # [T, c*K]
+    rt.record(f"{name}_state_score", il, score)
+    score = score + ape[np.asarray(pos) % ratio]                                # [T, c*K]
+    rt.record(f"{name}_state_score_ape", il, score)
+    rows_kv, rows_score, start = fill.extend(kv, score)
+    end = start + rows_kv.shape[0]                                              # positions start .. end - 1 held
+    done = list(range(int(pos[0]) // ratio, end // ratio))                     # blocks whose last position is new
+    if done:
+        ck = finish(pool_blocks(rows_kv, rows_score, start, done, ratio), norm, eps, rope, done, ratio)   # [n, 1, K]
+        blocks.append((ck if rotate is None else rotate(ck))[:, 0])
+    else:
+        ck = np.zeros((0, 1, norm.shape[0]), np.float32)
+    # llama.cpp's graph keeps its shape with a placeholder block, written to a masked cache cell, when a call
+    # finishes no block (kv-cache-dsv4.cpp:557-620; measured: a ratio-4 prefill of 5 or 7 tokens has 1 block, no
+    # placeholder, one of 1..3 tokens the placeholder alone). It is pooled from the call's first row alone, at
+    # position 0. Traced, never attended.
+    if not done:
+        dummy = finish(placeholder(kv[0], score[0], ratio), norm, eps, rope, [0], 0)
+        ck = np.concatenate([ck, dummy])
+    rt.record(f"{name}_state_compress", il, ck)
+    if rotate is not None:
+        rt.record(f"{name}_state_compress_rot", il, rotate(ck))
+    nxt = end // ratio                                                          # the next block to finish
+    fill.keep_from((nxt - 1) * ratio if overlap(ratio) else nxt * ratio)
+    got = blocks.view()
+    return np.zeros((0, norm.shape[0]), np.float32) if got is None else got
+
