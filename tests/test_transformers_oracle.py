@@ -13,7 +13,8 @@ converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (tests/hf_fixtures.py
                  rounding emulated (`mode="llamacpp"`) the two agree to float64/float32 noise;
       qwen4exp:  QSA's selection rule; with llama.cpp's selected cells put into the authors' model the two
                  agree to noise at every position, and before the first dropped block they agree as they are;
-      glm5-next: none (agree to noise as they are).
+      glm5-next: none (agree to noise as they are);
+  (c) refengine's own archs against the authors' code on the same files (deepseek4 as merged).
 """
 from __future__ import annotations
 
@@ -102,6 +103,28 @@ def test_deepseek4_against_llamacpp(converted):
     for name, h in zip(rounded.names, rounded.hidden):      # hc_init, each layer's streams, result_norm
         e = per_position_nmse(lc.tensors[name], h)
         assert e.max() <= AGREE, f"{name}: NMSE {e.max():.2e}"
+
+
+def test_refengine_deepseek4_against_authors(converted):
+    """refengine's deepseek4 on the converter-written file (MXFP4 experts, 192 tokens, every ratio, the indexer
+    dropping blocks): exact mode equals the authors' code (issue 27: NMSE <= 1e-8), and llama.cpp mode equals the
+    authors' code with llama.cpp's rounding put in; hidden states compared name by name."""
+    from refengine import Model
+    from refengine.runtime import Runtime
+    from refengine.trace import Trace
+    from refengine.oracle.transformers import hf_forward
+    _, path = converted["deepseek4"]
+    toks = tokens("deepseek4", 96)
+    for mode in ("exact", "llamacpp"):
+        hf = hf_forward(path, toks, mode=mode)
+        trace = Trace(names=set(hf.names))
+        got = Model(path).forward(toks, rt=Runtime(mode=mode, trace=trace))
+        e = per_position_nmse(hf.logits, got)
+        print(f"\nrefengine deepseek4 {mode} vs the authors' code ({mode}): NMSE max {e.max():.2e}")
+        assert e.max() <= 1e-8, f"{mode}: NMSE {e.max():.2e} at token {int(e.argmax())}"
+        assert np.array_equal(hf.logits.argmax(-1), got.argmax(-1))
+        for name, h in zip(hf.names, hf.hidden):            # hc_init, l_last-0, l_last-1, result_norm
+            assert per_position_nmse(h, trace[name]).max() <= 1e-8, f"{mode}: {name}"
 
 
 def test_qwen4exp_against_llamacpp(converted):
