@@ -41,6 +41,14 @@ def _count_oracle_calls() -> None:
         return check(*a, **kw)
     golden_check.check_golden = golden.check_golden = counted_check
 
+    from refengine.oracle import transformers as hf_oracle
+    build = hf_oracle.hf_model
+
+    def counted_model(*a, **kw):                        # every run of the authors' code builds its model here
+        COUNTS["transformers"] += 1
+        return build(*a, **kw)
+    hf_oracle.hf_model = counted_model
+
 
 _count_oracle_calls()
 
