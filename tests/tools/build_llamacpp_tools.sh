@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build/llamacpp-tools}
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-SRC_CACHE=build/llamacpp-src
+SRC_CACHE=build/llamacpp-src          # tests/tools/llamacpp_src.sh unpacks the same tree
 VERSION=0.3.36
 mkdir -p "$SRC_CACHE"
 if [ ! -d "$SRC_CACHE/llama_cpp_python-$VERSION/vendor/llama.cpp" ]; then

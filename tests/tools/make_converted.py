@@ -38,7 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))        # this checkout's refengine (kimi-k3's checkpoint is written from its synth)
 OUT = ROOT / "tests" / "fixtures" / "converted"
-LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SRC", "/work/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SRC",       # tests/tools/llamacpp_src.sh unpacks it there
+                                 ROOT / "build/llamacpp-src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
 TOKENS = [7, 90, 13, 55, 1, 69, 44, 3, 80, 31, 8, 77, 19, 64, 95, 2, 17, 33, 5, 61, 42, 9, 88, 70]   # past 16: a KDA chunk
 SEED = 0
 
