@@ -67,6 +67,8 @@ def cmd_compare(args) -> int:
     try:
         model = Model(path)
         tokens = _input_tokens(args, model)
+        if args.against == "transformers":                       # the second oracle: the authors' code
+            return _compare_authors(args, model, tokens, None if tmp is not None else path)
         explain = None
         if args.mode == "llamacpp" and not args.local:          # the flip census and, over tolerance, its proof
             from .flips import explain
@@ -82,6 +84,21 @@ def cmd_compare(args) -> int:
         print(json.dumps(d, default=float))
     else:
         print(format_report(rep, all_rows=not args.failures_only))
+    return 0 if rep.ok else 1
+
+
+def _compare_authors(args, model, tokens, path) -> int:
+    from .compare_authors import TOL, compare_authors, format_authors
+    if args.local:
+        raise RefengineError("compare --against transformers: --local feeds llama.cpp's own layer inputs; "
+                             "the authors' code has none to give: compare without --local")
+    rep = compare_authors(model, tokens, mode=args.mode, tol=args.tol or TOL)
+    if args.json:
+        d = rep.to_dict()
+        d["file"], d["tokens"] = path, [int(t) for t in tokens]
+        print(json.dumps(d, default=float))
+    else:
+        print(format_authors(rep))
     return 0 if rep.ok else 1
 
 
@@ -307,7 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: a synthetic tiny qwen3moe generated on the spot")
     add_input(c)
     add_exec(c)
-    c.add_argument("--tol", type=float, default=None, help="NMSE tolerance per tensor (default: by weight types)")
+    c.add_argument("--against", choices=("llamacpp", "transformers"), default="llamacpp",
+                   help="the oracle: llama.cpp (every named tensor, the default) or the model authors' PyTorch code "
+                   "in transformers (deepseek4, qwen4exp, glm5-next: hidden states and logits; the hf extra: "
+                   "pip install 'refengine[hf]')")
+    c.add_argument("--tol", type=float, default=None, help="NMSE tolerance per tensor (default: by weight types; "
+                   "1e-8 against transformers)")
     c.add_argument("--local", action="store_true", help="feed every layer llama.cpp's own input to it: each "
                    "layer's figure is then its own error, not the sum of the earlier layers'")
     c.add_argument("--json", action="store_true", help="print one JSON object")

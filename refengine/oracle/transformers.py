@@ -159,6 +159,24 @@ DS4_GLOBAL = {
 DS4_LAYER_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 
 
+def _one_limit(f: _File, n_layer: int) -> float:
+    """The SwiGLU clamp: the file's per-layer `swiglu_clamp_exp` (and `swiglu_clamp_shexp`, llama.cpp's separate
+    clamp of the shared expert) as the one `swiglu_limit` the authors' config has for every layer and both kinds
+    of expert. A file whose clamps differ has no transformers equivalent: refused, not mapped to layer 0's."""
+    vals = []
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):
+        v = f.key(key, None)
+        if v is not None:
+            vals += [float(x) for x in (v[:n_layer] if isinstance(v, list) else [v])]
+    if not vals:
+        raise MissingKeyError(f"{f.path}: swiglu_clamp_exp is missing (the authors' swiglu_limit)")
+    if any(x != vals[0] for x in vals):
+        raise OracleError(f"{f.path}: the SwiGLU clamps differ between layers or between routed and shared experts "
+                          f"(swiglu_clamp_exp / swiglu_clamp_shexp: {sorted(set(vals))}); the authors' config has "
+                          f"one swiglu_limit, so this file has no transformers equivalent")
+    return vals[0]
+
+
 def _deepseek4(f: _File) -> tuple[str, dict, dict]:
     n_layer = int(f.key("block_count"))
     ratios = [int(r) for r in f.key("attention.compress_ratios")][:n_layer]
@@ -170,8 +188,7 @@ def _deepseek4(f: _File) -> tuple[str, dict, dict]:
     n_hash = int(f.key("hash_layer_count", 0))
     head_dim = int(f.key("attention.key_length"))
     rope_dim = int(f.key("rope.dimension_count"))
-    clamp = f.key("swiglu_clamp_exp")
-    clamp = clamp[0] if isinstance(clamp, list) else clamp
+    clamp = _one_limit(f, n_layer)
     V = int(f.key("vocab_size", 0)) or f.g.tensors["token_embd.weight"].ne[1]
     compress_rope = {"rope_type": "default"}
     if f.key("rope.scaling.type", "none") == "yarn":
