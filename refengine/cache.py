@@ -13,6 +13,9 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `IndexerKeys`    | `attention/dsa_indexer.py`  | the lightning indexer's keys [S, di] (llama.cpp's "lid" cache) |
 | `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` |
 | `RecurrentState` | `attention/gated_deltanet.py`, `attention/kda.py` | conv tail [n_conv - 1, channels] and delta-rule matrix |
+| `QSAState`       | `attention/qsa.py`          | a `KVCache` and the QSA indexer's raw (unpooled) keys `IndexerKeys` [S, di] |
+| `NGramState`     | `embed/ngram.py`            | the last N-1 token ids and the n-gram conv's history [(Kc-1)*N, P*D] (fixed size) |
+| `WithNGram`      | `embed/ngram.py`            | a layer's attention container plus its `NGramState` (the PLE layer)  |
 
 A container of an attention with several forms carries the form its sequence runs (`form`: MLA's "absorbed" /
 "naive", a delta rule's "recurrent" / "chunked"); the attention module reads it, so an arch passes the state and
@@ -139,6 +142,40 @@ class RecurrentState:
     conv: np.ndarray | None = None        # [n_conv - 1, channels]
     ssm: np.ndarray | None = None         # [H, K, V]
     form: str = "recurrent"
+
+
+@dataclass
+class QSAState:
+    """A QSA layer (Qwen3.8-Flash-Next's full attention): its KV cache and the indexer's raw per-token keys, pooled
+    into blocks again at every call (llama.cpp's "idx" cache, src/llama-memory-hybrid-idx.cpp)."""
+    kv: KVCache
+    index: IndexerKeys
+
+    @property
+    def n(self) -> int:
+        return self.kv.n
+
+    form = None                            # one form
+
+
+@dataclass
+class NGramState:
+    """The n-gram embeddings' carried state: the token ids the next call's hash reads back (at most N-1, oldest
+    first; none at the sequence start) and the dilated conv's last (Kc-1)*N inputs [(Kc-1)*N, P*D] (None: zeros)."""
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    conv: np.ndarray | None = None
+
+
+@dataclass
+class WithNGram:
+    """A layer that also carries the n-gram embeddings' state (the PLE layer): `attn` is its attention's
+    container (its form is the layer's), `ngram` the NGramState."""
+    attn: object
+    ngram: NGramState
+
+    @property
+    def form(self):
+        return self.attn.form
 
 
 @dataclass

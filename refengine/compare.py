@@ -44,7 +44,13 @@ TIE_EPS = 1e-5
 SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_up", "ffn_moe_gate",
                 "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_situ", "ffn_moe_down", "ffn_moe_weighted",
                 "ffn_moe_up_scaled", "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
-KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score")   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
+KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score",    # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
+             "indexer_score_tokens")
+# QSA's pooled block keys [n_blocks, di]: llama.cpp pools ceil(n_kv / r) blocks of its padded cache, the complete
+# ones first, then the "dead" block (and copies of it); refengine the complete ones and the dead one
+BLOCK_PADDED = ("indexer_k_pooled", "indexer_k")
+# a sparse selection (positions per query) -> the scores it was taken from: DSA's top_k, QSA's indexer_top_k
+SELECTIONS = {"top_k": "indexer_score", "indexer_top_k": "indexer_score_tokens"}
 SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0}   # DSA: name -> the query (T) axis
 TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}
 TOLERANCE_LLAMACPP = {"F32": 1e-8, "F16": 1e-7, "BF16": 1e-7, "quantized": 1e-7}
@@ -245,7 +251,14 @@ def _selection_rows(ref: dict, got: dict, il: str, cache: dict):
     j <= il that ran an indexer (`indexer_score-j`; a later layer sharing it has none), or None.
 
     llama.cpp names the selection `top_k-j`, but a shared layer names the same tensor again (glm-dsa.cpp:366), so
-    it is traced under the last sharing layer's name: `top_k-m`, m the first m >= j with that name."""
+    it is traced under the last sharing layer's name: `top_k-m`, m the first m >= j with that name.
+    A QSA layer (`indexer_top_k-il`) selects for itself, from its cell scores `indexer_score_tokens-il`."""
+    if f"indexer_top_k-{il}" in ref and f"indexer_top_k-{il}" in got:
+        key = f"qsa-{il}"
+        if key not in cache:
+            cache[key] = selection_sets(ref[f"indexer_top_k-{il}"], got[f"indexer_top_k-{il}"],
+                                        ref[f"indexer_score_tokens-{il}"], got[f"indexer_score_tokens-{il}"])
+        return cache[key]
     js = [j for j in range(int(il), -1, -1) if f"indexer_score-{j}" in ref and f"indexer_score-{j}" in got]
     if not js:
         return None
@@ -271,7 +284,7 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         r, g = ref[name], got[name]
         base, _, il = name.rpartition("-")
         base = base if il.isdigit() else name
-        if base == "top_k" and il.isdigit() and _selection_rows(ref, got, il, selections) is not None:
+        if base in SELECTIONS and il.isdigit() and _selection_rows(ref, got, il, selections) is not None:
             agree, tie = _selection_rows(ref, got, il, selections)
             stats.append(_selection_check(name, agree, tie, np.shape(g)))
             continue
@@ -309,6 +322,8 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
                 note = f"{int((~same).sum())} token(s) with a different expert set left out"
         if base in KV_PADDED and r.shape[-1] > g.shape[-1] and r.size // r.shape[-1] == g.size // g.shape[-1]:
             r = r.reshape(-1, r.shape[-1])[:, :g.shape[-1]]    # llama.cpp's KV view is padded past S
+        if base in BLOCK_PADDED and r.size > g.size and r.size % g.shape[-1] == 0:
+            r = r.reshape(-1)[:g.size]                         # the padded blocks after ours
         if base in SELECTION_ROWS and il.isdigit() and r.size == g.size:
             sel = _selection_rows(ref, got, il, selections)
             if sel is not None and not sel[0].all():
@@ -406,7 +421,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     if local and not model.arch.LOCAL_INPUTS:
         model.forward_local(tokens, [], None)                 # raises the clear error before llama.cpp runs
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
-    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form)
+    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form, qsa_rule="llamacpp")   # its rule
     if local:
         L = model.cfg.n_layer
         inputs = [ref.tensors["embd"]] + [ref.tensors[f"l_out-{il}"] for il in range(L - 1)]

@@ -314,7 +314,8 @@ def _run_llamacpp_mode(model, tokens, force: dict | None = None, log: list | Non
             log.append(("rec", name if il < 0 else f"{name}-{il}", np.asarray(value)))
 
     trace = Trace()
-    rt = (Logged if log is not None else Runtime)(mode="llamacpp", trace=trace, force_inputs=force or None)
+    rt = (Logged if log is not None else Runtime)(mode="llamacpp", trace=trace, force_inputs=force or None,
+                                                  qsa_rule="llamacpp")          # against llama.cpp: its rule
     logits = model.forward(np.asarray(tokens), rt=rt)
     return trace, logits, rt.forced_hits
 

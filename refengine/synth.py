@@ -20,7 +20,7 @@ import zlib
 import numpy as np
 from gguf import GGUFWriter
 from gguf import quants as gguf_quants
-from gguf.constants import GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType, GGUFValueType
 from gguf.gguf_writer import WriterState
 from tqdm import tqdm
 
@@ -189,6 +189,9 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     per_shard = -(-len(plan) // shards) if shards > 1 else 0
     w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     for key, val, vt in kv_rows:
+        if vt == "arr_u64":                       # exact 64-bit integers (qwen4exp's n-gram hash constants)
+            w.add_key_value(key, [int(v) for v in val], GGUFValueType.ARRAY, GGUFValueType.UINT64)
+            continue
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
          "arr_u32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
     forced = {tp.name: forced_type(tp, tensor_types) for tp in plan}
