@@ -26,6 +26,7 @@ GDN3 = ["gdn", "gdn", "gdn", "mha"]                  # qwen3next tiny: full atte
 GDN_RL = ["mha", "gdn", "gdn", "gdn"]                # all_optional: attention.recurrent_layers wins
 KDA3 = ["kda", "kda", "kda", "mla"]                  # kimi-linear tiny
 K3 = ["kda", "kda", "mla", "kda", "mla"]             # kimi-k3 tiny: full_attn = (2, 4)
+Q4X = ["gdn", "qsa", "gdn", "qsa"]                   # qwen4exp tiny: QSA every 2nd block, the n-gram layer 2
 F32_CASES = [
     ("llama", dict(), None),
     ("llama", dict(all_optional=True), None),
@@ -57,10 +58,16 @@ F32_CASES = [
     # all optional: 4-D conv, q/k/v biases, every generic .scale / .input_scale: none of them in kimi-k3's graph
     ("kimi-k3", dict(), K3),
     ("kimi-k3", dict(all_optional=True), K3),
+    # QSA (r = 4, budget 8: 30 tokens drop blocks, spare slots spill into a partly kept block, llama.cpp's rule),
+    # the n-gram layer with EOS (id 3) at position 7 resetting the hash, gated residual streams
+    ("qwen4exp", dict(), Q4X),
+    ("qwen4exp", dict(all_optional=True), ["gdn", "qsa", "gdn", "gdn"]),     # recurrent_layers array, YaRN
+    ("qwen4exp", dict(overrides={"rope_sections": (2, 2, 2, 2)}), Q4X),     # IMROPE pairs of the 4th section at 0
 ]
-# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24)
+# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24); qwen4exp 30 (QSA
+# drops blocks past 12 tokens)
 F32_TOKENS = TOKENS + [17, 33, 5, 201, 160, 42, 9, 118, 77, 230, 4]
-N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24}
+N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "qwen4exp": 30}
 
 
 def _case_id(kw):

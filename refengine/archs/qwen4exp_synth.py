@@ -17,6 +17,7 @@ token * multiplier stays below 2^63 (the int64 and uint64 hashes then agree).
 Presets:
 - `tiny`  4 blocks: GDN, QSA, GDN + n-gram (PLE), QSA (full_attention_interval 2); r = 4, budget 8 tokens, so a
           query past 12 tokens drops blocks; EOS id 3 (in the test token lists: the hash resets inside them).
+          all_optional: `attention.recurrent_layers` = GDN, QSA, GDN, GDN (and YaRN).
 """
 from __future__ import annotations
 
@@ -78,13 +79,18 @@ def ngram_heads(p: dict) -> tuple[list[int], list[int], int]:
 
 # ---------------------------------------------------------------- the plan
 
-def is_recurrent(p: dict) -> list[bool]:
+def is_recurrent(p: dict, *, all_optional: bool = False) -> list[bool]:
+    """True = gated DeltaNet: every full_attn_interval-th block is full attention; with all_optional the
+    written `attention.recurrent_layers` array, the last block made linear (the loader must follow the array)."""
     k = p["full_attn_interval"]
-    return [(i + 1) % k != 0 for i in range(p["n_layer"])]
+    kinds = [(i + 1) % k != 0 for i in range(p["n_layer"])]
+    if all_optional and p["n_layer"] > 2:
+        kinds[-1] = True
+    return kinds
 
 
-def compress_ratios(p: dict) -> list[int]:
-    return [0 if recr else p["compress_ratio"] for recr in is_recurrent(p)]
+def compress_ratios(p: dict, *, all_optional: bool = False) -> list[int]:
+    return [0 if recr else p["compress_ratio"] for recr in is_recurrent(p, all_optional=all_optional)]
 
 
 def _streams(prefix: str, p: dict, inject: bool = True) -> list[TensorPlan]:
@@ -152,14 +158,14 @@ def ple_head_dim(p: dict) -> int:
 
 def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=False, rope_scaling=None):
     """The tensors llama.cpp's qwen4exp loader creates (qwen4exp.cpp:153-262), in its order."""
-    sp.no_option(ARCH, all_optional=all_optional, fused_qkv=fused_qkv, rope_scaling=rope_scaling)
+    sp.no_option(ARCH, fused_qkv=fused_qkv, longrope=rope_scaling == "longrope")
     D, V = p["n_embd"], p["n_vocab"]
     t = [TensorPlan("token_embd.weight", (V, D), "embed")] + _streams("output_hc", p, inject=False)
     if not tied_output:
         t.append(TensorPlan("output.weight", (V, D), "output", D))
     if p["ple_layer"] >= 0:
         t.append(TensorPlan("per_layer_token_embd.weight", (ngram_heads(p)[2], ple_head_dim(p)), "embed"))
-    for il, recr in enumerate(is_recurrent(p)):
+    for il, recr in enumerate(is_recurrent(p, all_optional=all_optional)):
         t += _streams(f"blk.{il}.hc_attn", p) + _streams(f"blk.{il}.hc_ffn", p)
         t += _gdn(il, p) if recr else _attn(il, p)
         if il == p["ple_layer"]:
@@ -169,7 +175,8 @@ def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=Fals
 
 
 def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
-    """Every key qwen4exp reads (spec 4.1), as the converter writes them."""
+    """Every key qwen4exp reads (spec 4.1), as the converter writes them; all_optional adds the
+    `attention.recurrent_layers` array (and write_synth YaRN, honored by ggml_rope_multi)."""
     a = ARCH
     kv = sp.common_metadata(a, p, name=name)
     kv += [(f"{a}.attention.key_length", p["head_dim"], "u32"), (f"{a}.attention.value_length", p["head_dim"], "u32"),
@@ -186,7 +193,9 @@ def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
            (f"{a}.attention.indexer.head_count", p["idx_heads"], "u32"),
            (f"{a}.attention.indexer.key_length", p["idx_dim"], "u32"),
            (f"{a}.attention.indexer.top_k", p["idx_top_k"], "u32"),
-           (f"{a}.attention.compress_ratios", compress_ratios(p), "arr_u32")]
+           (f"{a}.attention.compress_ratios", compress_ratios(p, all_optional=all_optional), "arr_u32")]
+    if all_optional:
+        kv.append((f"{a}.attention.recurrent_layers", is_recurrent(p, all_optional=True), "arr_bool"))
     if p["ple_layer"] >= 0:
         sizes, offsets, _ = ngram_heads(p)
         kv += [(f"{a}.ple.layers", [p["ple_layer"]], "arr_u32"), (f"{a}.ple.ngram_size", p["ngram"], "u32"),
@@ -196,4 +205,4 @@ def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
                (f"{a}.ple.layer_multipliers", ngram_multipliers(p["n_vocab"], p["ngram"], 0, p["ple_seed"]),
                 "arr_u64"),
                (f"{a}.ple.head_offsets", offsets, "arr_u64"), (f"{a}.ple.head_vocab_sizes", sizes, "arr_u64")]
-    return kv
+    return kv + sp.rope_scaling_metadata(a, p, rope_scaling)

@@ -101,12 +101,12 @@ def mrope_text_pairs(sections: tuple, n_rot: int) -> np.ndarray:
     return e
 
 
-def mrope_text(cos: np.ndarray, sin: np.ndarray, e_pairs: np.ndarray, attn_factor: float = 1.0):
-    """cos, sin [T, n_rot/2] at the tokens' positions -> the same with the e pairs at position 0 (cos = the
-    magnitude factor, sin = 0): text positions [p, p, p, 0]."""
+def mrope_text(cos: np.ndarray, sin: np.ndarray, e_pairs: np.ndarray, cos0: np.ndarray, sin0: np.ndarray):
+    """cos, sin [T, n_rot/2] at the tokens' positions -> the same with the e pairs taken from cos0, sin0
+    [n_rot/2] (the angles at position 0, magnitude-scaled): text positions [p, p, p, 0]."""
     if not e_pairs.any():
         return cos, sin
     cos, sin = cos.copy(), sin.copy()
-    cos[:, e_pairs] = np.float32(attn_factor)
-    sin[:, e_pairs] = np.float32(0.0)
+    cos[:, e_pairs] = cos0[e_pairs]
+    sin[:, e_pairs] = sin0[e_pairs]
     return cos, sin
