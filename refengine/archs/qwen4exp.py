@@ -47,16 +47,18 @@ ARCH = "qwen4exp"
 ATTN_FORMS = gdn.FORMS      # the delta rule token by token (llama.cpp's fused kernel, the default) or chunked
 LOCAL_INPUTS = False        # llama.cpp names the block output l_last (no l_out) and the n-gram layer reads its state
 
+# llama.cpp names both mixers of a block hc_norm-IL / hc_mixed-IL: the attention side's is the earlier recording
+# (`#0`), the FFN side's the last; the mixers' low-rank silu (hc_*_up's input) is unnamed
 MATMUL_INPUTS = [
     (r"hc_norm-(\d+)", ["blk.{il}.hc_attn_down.weight", "blk.{il}.hc_attn_inject.weight"], 0),
-    (r"hc_norm-(\d+)", ["blk.{il}.hc_ffn_down.weight", "blk.{il}.hc_ffn_inject.weight"], 1),
+    (r"hc_norm-(\d+)", ["blk.{il}.hc_ffn_down.weight", "blk.{il}.hc_ffn_inject.weight"]),
     (r"hc_mixed-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_k.weight", "blk.{il}.attn_v.weight",
                          "blk.{il}.indexer.q_proj.weight", "blk.{il}.indexer.k_proj.weight",
                          "blk.{il}.attn_qkv.weight", "blk.{il}.attn_gate.weight", "blk.{il}.ssm_beta.weight",
                          "blk.{il}.ssm_alpha.weight"], 0),
     (r"hc_mixed-(\d+)", ["blk.{il}.ffn_up_exps.weight", "blk.{il}.ffn_gate_up_exps.weight",
                          "blk.{il}.ffn_gate_inp.weight", "blk.{il}.ffn_up_shexp.weight",
-                         "blk.{il}.ffn_gate_inp_shexp.weight"], 1),
+                         "blk.{il}.ffn_gate_inp_shexp.weight"]),
     (r"attn_gated-(\d+)", ["blk.{il}.attn_output.weight"]),
     (r"final_output-(\d+)", ["blk.{il}.ssm_out.weight"]),
     (r"ffn_swiglu-(\d+)", ["blk.{il}.ffn_down_shexp.weight"]),
