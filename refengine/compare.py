@@ -399,7 +399,7 @@ def matmul_weight_types(model) -> set:
 
 
 def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,
-                local: bool = False, attn_form: str | None = None, explain=None) -> Report:
+                local: bool = False, attn_form: str | None = None, explain=None, qsa_rule: str = "llamacpp") -> Report:
     """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor.
     `path` is a GGUF path or an already opened Model.
 
@@ -407,6 +407,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     last `l_out`, so each layer's figure is its own error, not what earlier layers accumulated.
     attn_form: where an attention has two forms, the one refengine runs (MLA: "absorbed" or "naive"; default
     the one llama.cpp runs). Tensors whose shape belongs to one form are traced only by llama.cpp's form.
+    qsa_rule: QSA's selection rule (attention/qsa.py); llama.cpp's by default, the one the oracle runs.
     explain(model, tokens, ref, trace, logits, rep): called last, to add to the report (the command line
     passes refengine.flips.explain in llama.cpp mode: the flip census and, over tolerance, the flip rule).
     """
@@ -421,7 +422,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     if local and not model.arch.LOCAL_INPUTS:
         model.forward_local(tokens, [], None)                 # raises the clear error before llama.cpp runs
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
-    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form, qsa_rule="llamacpp")   # its rule
+    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form, qsa_rule=qsa_rule)
     if local:
         L = model.cfg.n_layer
         inputs = [ref.tensors["embd"]] + [ref.tensors[f"l_out-{il}"] for il in range(L - 1)]

@@ -156,3 +156,52 @@ def test_hash_is_uint64_wrapping():
             for g in range(2):
                 h = (n - 2) * 2 + g
                 assert rows[i, h] == mixed % nc.vocab_sizes[h] + nc.offsets[h]
+
+
+# ---------------------------------------------------------------- the authors' indexer (transformers 5.23)
+
+@pytest.mark.transformers
+def test_authors_rule_matches_the_authors_indexer(synth_model):
+    """transformers' own `Qwen4ExpTextQSAIndexer`, given each QSA layer's input and the file's indexer weights
+    (norms zero-centred: GGUF 1 + w), selects per query the same tokens as `select_authors` (30 tokens, blocks
+    dropped from query 11 on), except where two blocks' scores tie exactly (relu'd to 0 in every head: both rules
+    then choose by their own order; counted, and none in this file)."""
+    from second_oracle import import_transformers
+    torch, _ = import_transformers()
+    from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextQSAIndexer
+    import quant
+    from refengine.ops.rope import context_rope
+    m = Model(synth_model("qwen4exp"))
+    tr = Trace()
+    m.forward(TOKENS, rt=Runtime(trace=tr))                              # the authors' rule (default)
+    T = len(TOKENS)
+    cos, sin = context_rope(m.cfg, np.arange(T))                        # [T, R/2]: NEOX = rotate_half layout
+    pe = tuple(torch.from_numpy(np.concatenate([a, a], -1)[None].astype(np.float32)) for a in (cos, sin))
+    mask = torch.from_numpy(np.tril(np.ones((T, T), bool))[None, None])
+    checked = 0
+    for il, spec in enumerate(m.cfg.layers):
+        if spec.attn != "qsa":
+            continue
+        qc, w = spec.attn_cfg, m.layer(il)
+        cfg = Qwen4ExpTextConfig(hidden_size=m.cfg.n_embd, num_hidden_layers=m.cfg.n_layer, head_dim=m.cfg.head_dim_k,
+                                 rms_norm_eps=m.cfg.rms_eps, indexer_n_heads=qc.n_head, indexer_kv_heads=1,
+                                 indexer_head_dim=qc.head_dim, indexer_budget=qc.top_k,
+                                 indexer_compress_ratio=qc.ratio,
+                                 rope_parameters={"rope_type": "default", "rope_theta": m.cfg.rope_freq_base,
+                                                  "partial_rotary_factor": m.cfg.n_rot / m.cfg.head_dim_k})
+        idx = Qwen4ExpTextQSAIndexer(cfg, il)
+        with torch.no_grad():
+            idx.index_qk_proj.weight.copy_(torch.from_numpy(np.concatenate(
+                [quant.dequantize(w.indexer_q_proj), quant.dequantize(w.indexer_k_proj)])))
+            idx.q_layernorm.weight.copy_(torch.from_numpy(w.indexer_q_norm - 1))
+            idx.k_layernorm.weight.copy_(torch.from_numpy(w.indexer_k_norm - 1))
+            h = torch.from_numpy(tr.earlier["hc_mixed-" + str(il)][0][None])    # the attention side's mixer output
+            theirs = idx(h, pe, mask, None)[0, 0].numpy()                         # [T, S] bool
+        ours = np.zeros((T, T), bool)
+        for t, row in enumerate(tr[f"indexer_top_k-{il}"]):
+            ours[t, row[row >= 0]] = True
+        assert ours.sum(1)[11:].max() < T and theirs.sum() == ours.sum()        # sparse, the same sizes
+        assert np.array_equal(ours, theirs), [t for t in range(T) if not np.array_equal(ours[t], theirs[t])]
+        checked += 1
+    assert checked == 2
