@@ -197,6 +197,8 @@ def load_globals(gf, cfg: Q4Config):
     nc = cfg.ngram
     if nc is not None:
         tab = g.per_layer_token_embd
+        if hasattr(gf, "advise_random"):
+            gf.advise_random("per_layer_token_embd.weight")      # rows read a few at a time, scattered
         if len(tab.shape) != 2 or tab.shape[1] != nc.head_dim or tab.shape[0] < nc.rows:
             raise ShapeError(f"{gf.path}: per_layer_token_embd.weight has shape {list(tab.shape)}; the PLE head "
                              f"ranges need at least [{nc.rows}, {nc.head_dim}] (qwen4exp.cpp:174-193)")

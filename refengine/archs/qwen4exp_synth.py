@@ -14,10 +14,12 @@ The n-gram hash constants are derived as the authors' config derives them (trans
 padded to a multiple of `ngram_divisor` rows; multipliers odd, from splitmix64 of the seed, bounded so that
 token * multiplier stays below 2^63 (the int64 and uint64 hashes then agree).
 
-Presets:
+Presets (a preset's `ple_hole` writes the n-gram table as a hole of a sparse file: zeros that cost no disk):
 - `tiny`  4 blocks: GDN, QSA, GDN + n-gram (PLE), QSA (full_attention_interval 2); r = 4, budget 8 tokens, so a
           query past 12 tokens drops blocks; EOS id 3 (in the test token lists: the hash resets inside them).
           all_optional: `attention.recurrent_layers` = GDN, QSA, GDN, GDN (and YaRN).
+- `qwen3.8-flash-next`  the published shapes (cited beside it), 48 blocks; `layers=N` keeps the first N (block 0
+          is the n-gram layer, block 3 the first QSA one).
 """
 from __future__ import annotations
 
@@ -34,9 +36,37 @@ _TINY = dict(n_vocab=256, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim
              ssm_k_heads=2, ssm_v_heads=4, ssm_state=32, ssm_conv=4, full_attn_interval=2,
              hc=4, hc_lr=16, idx_heads=2, idx_dim=16, idx_top_k=8, compress_ratio=4,
              ple_layer=2, ngram=3, heads_per_ngram=2, ple_conv=4, ple_eos=3, ngram_vocab_base=100,
-             ngram_divisor=128, ple_seed=1234)
+             ngram_divisor=128, ple_seed=1234, ple_hole=False)
 
-PRESETS: dict[str, dict] = {"tiny": _TINY}
+PRESETS: dict[str, dict] = {
+    "tiny": _TINY,
+    # Qwen3.8-Flash-Next (Qwen/Qwen3.8-Flash-Next): the qwen4exp keys of a converted GGUF's metadata as listed on
+    # ollama.com (aiconjured/qwen3.8-flash-next-gsq-rco-gguf-mtp, blob 8087dbb39fc7): block_count 49 with
+    # nextn_predict_layers 1 (48 trunk blocks, the MTP block not written here), embedding_length 2560,
+    # attention.head_count 24 / head_count_kv 2, key_length = value_length 256, rope.dimension_count 64,
+    # rope.dimension_sections [11, 11, 10, 0], rope.freq_base 1e7, context_length 262144, rms eps 1e-6,
+    # expert_count 512, expert_used_count 10, expert_feed_forward_length 640, expert_shared_feed_forward_length
+    # 640, full_attention_interval 4, hyper_connection.count 4, low_rank 320, attention.indexer.head_count 4,
+    # key_length 128, top_k 2048, compress_ratios [0, 0, 0, 4, ...], ssm.conv_kernel 4, ssm.group_count 16,
+    # ssm.inner_size 6144. Public descriptions agree (ms-swift's best-practice page: 3 GDN of every 4 layers,
+    # QSA budget 2048 tokens, 4 residual branches, a 51B n-gram table). Not in that excerpt, taken from
+    # transformers 5.23's Qwen4ExpTextConfig defaults: vocab_size 248320, ngram_size 3, heads_per_ngram 8,
+    # ngram_vocab_size_base 20_000_000, make_ngram_vocab_size_divisible_by 128, ple_conv_kernel_size 4, seed
+    # 1234, ple_embed_dim = hidden_size (so 16 heads of 160); ssm.state_size 128 (Qwen3-Next's linear head
+    # dim: 6144 / 128 = 48 value heads); the PLE layer (one; which one is not in the excerpt): block 0 here;
+    # ple.eos_token_id 248046 (assumed: <|im_end|>, ten below image_token_id 248056 as in the Qwen3-VL vocabulary;
+    # NVIDIA NeMo AutoModel's Qwen3_8_FlashNextConfig lists image_token_id 248056).
+    # The 16 hash heads' primes after 2e7 sum to 320M rows x 160 = 51.2B parameters (the published 51B): the
+    # table is written as a hole of a sparse file (zeros, no disk blocks). Too big to write whole: use layers=N.
+    "qwen3.8-flash-next": dict(
+        n_vocab=248320, n_embd=2560, n_layer=48, n_head=24, n_head_kv=2, head_dim=256, n_rot=64,
+        rope_sections=(11, 11, 10, 0), n_ff=640, n_ctx=262144, rope_base=1e7, eps=1e-6,
+        n_expert=512, n_expert_used=10, n_ff_exp=640, n_ff_shexp=640,
+        ssm_k_heads=16, ssm_v_heads=48, ssm_state=128, ssm_conv=4, full_attn_interval=4,
+        hc=4, hc_lr=320, idx_heads=4, idx_dim=128, idx_top_k=2048, compress_ratio=4,
+        ple_layer=0, ngram=3, heads_per_ngram=8, ple_conv=4, ple_eos=248046, ngram_vocab_base=20_000_000,
+        ngram_divisor=128, ple_seed=1234, ple_hole=True),
+}
 
 
 # ---------------------------------------------------------------- the n-gram hash constants
@@ -164,7 +194,8 @@ def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=Fals
     if not tied_output:
         t.append(TensorPlan("output.weight", (V, D), "output", D))
     if p["ple_layer"] >= 0:
-        t.append(TensorPlan("per_layer_token_embd.weight", (ngram_heads(p)[2], ple_head_dim(p)), "embed"))
+        t.append(TensorPlan("per_layer_token_embd.weight", (ngram_heads(p)[2], ple_head_dim(p)),
+                            "hole" if p["ple_hole"] else "embed"))
     for il, recr in enumerate(is_recurrent(p, all_optional=all_optional)):
         t += _streams(f"blk.{il}.hc_attn", p) + _streams(f"blk.{il}.hc_ffn", p)
         t += _gdn(il, p) if recr else _attn(il, p)
