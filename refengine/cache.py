@@ -17,6 +17,9 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `BlockFill`      | `attention/kv_compressor.py` | a compressor's projected rows (kv, gate score) of the block being filled (and the one before it: overlap) |
 | `PooledBlocks`   | `attention/kv_compressor.py` | one pooled key per finished block [n_blocks, K] (attention keys, or the indexer's) |
 | `CompressedKV`   | `attention/compressed_kv.py` | DeepSeek-V4's layer: the window, and by ratio the pooled blocks, the block being filled, the indexer's keys and block |
+| `QSAState`       | `attention/qsa.py`          | a `KVCache` and the QSA indexer's raw (unpooled) keys `IndexerKeys` [S, di] |
+| `NGramState`     | `embed/ngram.py`            | the last N-1 token ids and the n-gram conv's history [(Kc-1)*N, P*D] (fixed size) |
+| `WithNGram`      | `embed/ngram.py`            | a layer's attention container plus its `NGramState` (the PLE layer)  |
 
 A container of an attention with several forms carries the form its sequence runs (`form`: MLA's "absorbed" /
 "naive", a delta rule's "recurrent" / "chunked"); the attention module reads it, so an arch passes the state and
@@ -247,6 +250,43 @@ class CompressedKV:
     index_keys: PooledBlocks | None = None
     index_fill: BlockFill | None = None
     n: int = 0                                           # positions seen
+
+
+@state_container
+@dataclass
+class QSAState:
+    """A QSA layer (Qwen3.8-Flash-Next's full attention): its KV cache and the indexer's raw per-token keys, pooled
+    into blocks again at every call (llama.cpp's "idx" cache, src/llama-memory-hybrid-idx.cpp)."""
+    kv: KVCache
+    index: IndexerKeys
+
+    @property
+    def n(self) -> int:
+        return self.kv.n
+
+    form = None                            # one form
+
+
+@state_container
+@dataclass
+class NGramState:
+    """The n-gram embeddings' carried state: the token ids the next call's hash reads back (at most N-1, oldest
+    first; none at the sequence start) and the dilated conv's last (Kc-1)*N inputs [(Kc-1)*N, P*D] (None: zeros)."""
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    conv: np.ndarray | None = None
+
+
+@state_container
+@dataclass
+class WithNGram:
+    """A layer that also carries the n-gram embeddings' state (the PLE layer): `attn` is its attention's
+    container (its form is the layer's), `ngram` the NGramState."""
+    attn: object
+    ngram: NGramState
+
+    @property
+    def form(self):
+        return self.attn.form
 
 
 @dataclass

@@ -20,6 +20,7 @@ from quant import QuantError, UnknownTypeError
 from .errors import RefengineError
 
 DEFAULT_ARCH = "qwen3moe"
+QSA_RULES = ("authors", "llamacpp")    # refengine.attention.qsa.RULES (not imported here: the CLI loads lazily)
 
 
 def _tokens(s: str) -> list[int]:
@@ -73,7 +74,7 @@ def cmd_compare(args) -> int:
         if args.mode == "llamacpp" and not args.local:          # the flip census and, over tolerance, its proof
             from .flips import explain
         rep = run_compare(model, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local,
-                          explain=explain)
+                          explain=explain, qsa_rule=args.qsa_rule or "llamacpp")
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -125,7 +126,7 @@ def cmd_run(args) -> int:
             tok = Tokenizer(model.path, model.gf)
         except RefengineError:
             tok = None
-    rt = Runtime(mode=args.mode, backend=args.backend)
+    rt = Runtime(mode=args.mode, backend=args.backend, qsa_rule=args.qsa_rule or "authors")
     stamps = []                                   # time at each new token (the first comes after the prefill)
 
     def show(t):
@@ -244,7 +245,8 @@ def cmd_golden(args) -> int:
         raise RefengineError("golden: give the input with --tokens or --prompt")
     tokens = _input_tokens(args, model)
     m = make_golden(args.file, tokens, args.output, mode=args.mode, backend=args.backend, tensors=args.tensors,
-                    progress=not args.quiet, model=model, path_model=args.path_model)
+                    progress=not args.quiet, model=model, path_model=args.path_model,
+                    qsa_rule=args.qsa_rule or "authors")
     n = len(m["order"])
     print(f"{args.output}: {n - 1} intermediates + logits [{len(tokens)}, {m['model']['n_vocab']}] "
           f"({m['bytes']['tensors'] / 2**20:.2f} MiB safetensors), manifest.json, results.gguf"
@@ -318,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--mode", default="exact", help="exact (f32 math on dequantized weights) or llamacpp "
                        "(activations rounded to the weight's partner type Q8_0/Q8_1/Q8_K/f16/bf16 first, as ggml-cpu)")
         q.add_argument("--backend", default="numpy", help="numpy (the reference), cpu (Numba kernels on the packed weights), cuda (numba-cuda kernels on an NVIDIA GPU)")
+        q.add_argument("--qsa-rule", default=None, choices=QSA_RULES,
+                       help="QSA's selection (qwen4exp): authors (whole top blocks plus the query's unfinished "
+                       "block; the default of run and golden) or llamacpp (the top budget + r - 1 tokens; the "
+                       "default of compare, which runs against llama.cpp)")
 
     c = sub.add_parser("compare", help="run refengine and llama.cpp, compare every named tensor")
     c.add_argument("file", nargs="?", default=None, help="GGUF (any shard of a split set); "

@@ -45,13 +45,20 @@ SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scal
                 "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_situ", "ffn_moe_swiglu_limited", "ffn_moe_down", "ffn_moe_weighted",
                 "ffn_moe_up_scaled", "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
 KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score",   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
-             "lid_score_masked", "csa_top_k_mask")              # DeepSeek-V4: [T, n_blocks] padded to 256
+             "lid_score_masked", "csa_top_k_mask",              # DeepSeek-V4: [T, n_blocks] padded to 256
+             "indexer_score_tokens")                            # QSA's cell scores
 # DeepSeek-V4 (attention/compressed_kv.py): caches padded along the cell axis ([n_cells, 1, K], NumPy axis -3) ...
 KV_ROWS_PADDED = ("csa_raw_k", "csa_comp_k", "hca_raw_k", "hca_comp_k", "lid_k")
 # ... and tensors whose key axis is [raw cells | pooled cells], each segment padded: name -> the key axis. The
 # segments' lengths are read from the layer's `{csa,hca}_raw_k` / `_comp_k` on each side.
 KV_SEGMENTS = {"kq": -1, "kq_soft_max": -1, "v_cont": -1, "csa_lid_kq_mask": -1, "hca_kq_mask": -1,
                "csa_k_all": -3, "hca_k_all": -3}
+# QSA's pooled block keys [n_blocks, di]: llama.cpp pools ceil(n_kv / r) blocks of its padded cache, the complete
+# ones first, then the "dead" block (and copies of it); refengine the complete ones and the dead one
+BLOCK_PADDED = ("indexer_k_pooled", "indexer_k")
+# a sparse selection (positions per query) -> the scores it was taken from: DSA's top_k, DeepSeek-V4's lid_top_k,
+# QSA's indexer_top_k
+SELECTIONS = {"top_k": "indexer_score", "lid_top_k": "lid_score_masked", "indexer_top_k": "indexer_score_tokens"}
 SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0,   # DSA: name -> the query (T) axis
                   "csa_top_k_mask": 0, "csa_lid_kq_mask": 0, "attn_csa_lid": 0, "attn_derope": 0,   # DeepSeek-V4
                   "attn_wo_a": 1, "attn_out": 0}
@@ -274,12 +281,15 @@ def _selection_rows(ref: dict, got: dict, il: str, cache: dict):
     j <= il that ran an indexer (`indexer_score-j`; a later layer sharing it has none), or None.
 
     llama.cpp names the selection `top_k-j`, but a shared layer names the same tensor again (glm-dsa.cpp:366), so
-    it is traced under the last sharing layer's name: `top_k-m`, m the first m >= j with that name."""
-    lid = (f"lid_top_k-{il}", f"lid_score_masked-{il}")          # DeepSeek-V4's CSA layer: its own indexer
-    if all(n in ref and n in got for n in lid):
-        if ("lid", il) not in cache:
-            cache[("lid", il)] = selection_sets(ref[lid[0]], got[lid[0]], ref[lid[1]], got[lid[1]])
-        return cache[("lid", il)]
+    it is traced under the last sharing layer's name: `top_k-m`, m the first m >= j with that name.
+    A DeepSeek-V4 CSA layer (`lid_top_k-il`) and a QSA layer (`indexer_top_k-il`) select for themselves, from their
+    own scores (`lid_score_masked-il`, `indexer_score_tokens-il`)."""
+    for sel in ("lid_top_k", "indexer_top_k"):
+        names = (f"{sel}-{il}", f"{SELECTIONS[sel]}-{il}")
+        if all(n in ref and n in got for n in names):
+            if (sel, il) not in cache:
+                cache[(sel, il)] = selection_sets(ref[names[0]], got[names[0]], ref[names[1]], got[names[1]])
+            return cache[(sel, il)]
     js = [j for j in range(int(il), -1, -1) if f"indexer_score-{j}" in ref and f"indexer_score-{j}" in got]
     if not js:
         return None
@@ -305,7 +315,7 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         r, g = ref[name], got[name]
         base, _, il = name.rpartition("-")
         base = base if il.isdigit() else name
-        if base in ("top_k", "lid_top_k") and il.isdigit() and _selection_rows(ref, got, il, selections) is not None:
+        if base in SELECTIONS and il.isdigit() and _selection_rows(ref, got, il, selections) is not None:
             agree, tie = _selection_rows(ref, got, il, selections)
             stats.append(_selection_check(name, agree, tie, np.shape(g)))
             continue
@@ -349,6 +359,8 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
         row = int(np.prod(np.shape(g)[1:])) if np.ndim(g) == 3 else 0
         if base in KV_ROWS_PADDED and row and r.size > g.size and r.size % row == 0:
             r = np.asarray(r).reshape(-1, *np.shape(g)[1:])[:np.shape(g)[0]]   # the cache's first cells
+        if base in BLOCK_PADDED and r.size > g.size and r.size % g.shape[-1] == 0:
+            r = r.reshape(-1)[:g.size]                         # the padded blocks after ours
         if base in SELECTION_ROWS and il.isdigit() and r.size == g.size:
             sel = _selection_rows(ref, got, il, selections)
             if sel is not None and not sel[0].all():
@@ -425,7 +437,7 @@ def matmul_weight_types(model) -> set:
 
 
 def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,
-                local: bool = False, attn_form: str | None = None, explain=None) -> Report:
+                local: bool = False, attn_form: str | None = None, explain=None, qsa_rule: str = "llamacpp") -> Report:
     """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor.
     `path` is a GGUF path or an already opened Model.
 
@@ -433,6 +445,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     last `l_out`, so each layer's figure is its own error, not what earlier layers accumulated.
     attn_form: where an attention has two forms, the one refengine runs (MLA: "absorbed" or "naive"; default
     the one llama.cpp runs). Tensors whose shape belongs to one form are traced only by llama.cpp's form.
+    qsa_rule: QSA's selection rule (attention/qsa.py); llama.cpp's by default, the one the oracle runs.
     explain(model, tokens, ref, trace, logits, rep): called last, to add to the report (the command line
     passes refengine.flips.explain in llama.cpp mode: the flip census and, over tolerance, the flip rule).
     """
@@ -447,7 +460,7 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     if local and not model.arch.LOCAL_INPUTS:
         model.forward_local(tokens, [], None)                 # raises the clear error before llama.cpp runs
     ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
-    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form)
+    rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form, qsa_rule=qsa_rule)
     if local:
         L = model.cfg.n_layer
         inputs = [ref.tensors["embd"]] + [ref.tensors[f"l_out-{il}"] for il in range(L - 1)]

@@ -30,7 +30,8 @@ class LayerSpec:
     attn: str                 # "mha" (softmax attention over a KV cache) | "mla" (latent attention)
                               # | "dsa" (latent attention under a lightning-indexer top-k mask)
                               # | "gdn" (gated delta net) | "kda" (Kimi delta attention): linear attention
-                              # over a recurrent state
+                              # over a recurrent state | "qsa" (softmax attention under a QSA block indexer's
+                              # selection, attention/qsa.py)
     ffn: str                  # "dense" | "moe"
     n_head: int               # attention.head_count (scalar or per-layer array)
     n_head_kv: int            # attention.head_count_kv (default: n_head)

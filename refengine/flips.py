@@ -155,9 +155,29 @@ def _earlier_inputs(model, ref_earlier: dict, got_earlier: dict) -> list[tuple[s
     return out
 
 
+def graph_order(ref) -> list[str]:
+    """llama.cpp's evaluation order with every recording of a reused name in its place: the earlier ones as
+    `NAME#k` (k from 0), the last as `NAME` (qwen4exp's two stream mixers of a block are both `hc_norm-IL`). From the
+    oracle's `sequence`; its `order` (each name at its last recording) where there is none."""
+    seq = getattr(ref, "sequence", None)
+    if not seq:
+        return list(ref.order)
+    total, seen, out = {}, {}, []
+    for n in seq:
+        total[n] = total.get(n, 0) + 1
+    for n in seq:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        out.append(n if k == total[n] - 1 else f"{n}#{k}")
+    return out
+
+
 def graph_position(label: str, order: list[str]) -> float:
-    """Where a census label sits in llama.cpp's evaluation order: its index; an earlier recording of a reused
-    name (`q-1#1`) just before the name's last one; inf when llama.cpp has no such tensor."""
+    """Where a census label sits in llama.cpp's evaluation order: its index (an order from `graph_order` holds
+    `NAME#k` labels in place); else an earlier recording of a reused name (`q-1#1`) just before the name's last
+    one; inf when llama.cpp has no such tensor."""
+    if label in order:
+        return float(order.index(label))
     name, _, occ = label.partition("#")
     if name not in order:
         return float("inf")
@@ -320,7 +340,8 @@ def _run_llamacpp_mode(model, tokens, force: dict | None = None, log: list | Non
             log.append(("rec", name if il < 0 else f"{name}-{il}", np.asarray(value)))
 
     trace = Trace()
-    rt = (Logged if log is not None else Runtime)(mode="llamacpp", trace=trace, force_inputs=force or None)
+    rt = (Logged if log is not None else Runtime)(mode="llamacpp", trace=trace, force_inputs=force or None,
+                                                  qsa_rule="llamacpp")          # against llama.cpp: its rule
     logits = model.forward(np.asarray(tokens), rt=rt)
     return trace, logits, rt.forced_hits
 
@@ -335,6 +356,15 @@ def _unnamed_flip(model, tokens, ref, force: dict, order: list[str], stop: float
     ref_all = [(f"{n}#{k}", np.asarray(a)) for n, vals in ref.earlier.items() for k, a in enumerate(vals)] + \
         [(n, np.asarray(a)) for n, a in ref.tensors.items()]
     ref_all = [(n, a) for n, a in ref_all if a.dtype.kind == "f"]
+    total, seen, label = {}, {}, {}                 # each recording as graph_order labels it (NAME#k, NAME last)
+    for i, q in enumerate(log):
+        if q[0] == "rec":
+            total[q[1]] = total.get(q[1], 0) + 1
+    for i, q in enumerate(log):
+        if q[0] == "rec":
+            k = seen.get(q[1], 0)
+            seen[q[1]] = k + 1
+            label[i] = q[1] if k == total[q[1]] - 1 or q[1] + "#0" not in order else f"{q[1]}#{k}"
     for i, e in enumerate(log):
         if e[0] != "mm" or "[" in e[1].name or e[1].name in force:
             continue
@@ -342,7 +372,7 @@ def _unnamed_flip(model, tokens, ref, force: dict, order: list[str], stop: float
         p = partner(w.type)
         if p == GGMLType.F32:
             continue
-        nxt = next((q[1] for q in log[i + 1:] if q[0] == "rec" and q[1] in order), None)
+        nxt = next((label[j] for j in range(i + 1, len(log)) if log[j][0] == "rec" and label[j] in order), None)
         pos = graph_position(nxt, order) - 0.5 if nxt else float("inf")
         if pos >= stop:
             break
@@ -374,7 +404,7 @@ def prove_flips(model, tokens, ref=None, *, trace=None, logits=None, max_rounds:
     tol = tolerance(matmul_weight_types(model), "llamacpp")
     plain = metrics(ref.logits, logits)[0]
     proof = Proof("pass", plain, tol)
-    order = list(ref.order)
+    order, gorder = list(ref.order), graph_order(ref)     # report rows; graph positions of every recording
     if plain <= tol and build_report(model.cfg.arch, ref.logits, logits, ref.tensors, order, trace.tensors,
                                      tol).ok:
         return proof                                        # every tensor and the logits within the tolerance
@@ -388,15 +418,15 @@ def prove_flips(model, tokens, ref=None, *, trace=None, logits=None, max_rounds:
                 return proof
         first = rep.first_divergence or "result_output"
         done = {x.flip.name for x in proof.forced}
-        stop = graph_position(first, order)
-        cand = next((f for f in flip_census(model, ref.tensors, trace.tensors, order, ref.earlier, trace.earlier)
-                     if f.any and f.name not in done and graph_position(f.name, order) < stop), None)
+        stop = graph_position(first, gorder)
+        cand = next((f for f in flip_census(model, ref.tensors, trace.tensors, gorder, ref.earlier, trace.earlier)
+                     if f.any and f.name not in done and graph_position(f.name, gorder) < stop), None)
         proof.stopped_at = first
         nm = _input_nmse(cand.name, ref, trace) if cand is not None else None
         if cand is None or not (nm <= NOISE_NMSE and plausible(cand)):
             # no named flip to force, or the first one is no flip: an unnamed input before it may have flipped
-            limit = stop if cand is None else graph_position(cand.name, order)
-            extra = _unnamed_flip(model, tokens, ref, _force_dict(proof.forced, ref, trace), order, limit)
+            limit = stop if cand is None else graph_position(cand.name, gorder)
+            extra = _unnamed_flip(model, tokens, ref, _force_dict(proof.forced, ref, trace), gorder, limit)
             if extra is not None and plausible(extra.flip):
                 proof.forced.append(extra)
                 trace, logits, hits = _run_llamacpp_mode(model, tokens, _force_dict(proof.forced, ref, trace))
@@ -435,7 +465,7 @@ def _tensor_nmse(rep, name: str) -> float:
 def explain(model, tokens, ref, trace, logits, rep) -> None:
     """compare's hook in llama.cpp mode (`run_compare(explain=...)`, NumPy backend): the census in `rep.flips`
     and the flip rule's verdict in `rep.proof` (teacher forcing runs only when the logits miss the tolerance)."""
-    rep.flips = flip_census(model, ref.tensors, trace.tensors, ref.order, ref.earlier, trace.earlier)
+    rep.flips = flip_census(model, ref.tensors, trace.tensors, graph_order(ref), ref.earlier, trace.earlier)
     rep.proof = prove_flips(model, tokens, ref, trace=trace, logits=logits)
 
 

@@ -65,10 +65,15 @@ class Runtime:
     attn_form: str | None = None   # the form of a fresh state's attention where an arch has two (MLA:
                                    # "absorbed", llama.cpp's and the default, or "naive"; see Model.new_state)
     force_inputs: dict | None = None   # teacher forcing: llama.cpp name -> llama.cpp's value (module docstring)
+    qsa_rule: str = "authors"  # QSA's selection (attention/qsa.py RULES): "authors" (whole top blocks plus the
+                               # query's unfinished block, the default) or "llamacpp" (the top budget + r - 1 cells)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r} is not available; choose one of {', '.join(MODES)}")
+        from .attention.qsa import RULES
+        if self.qsa_rule not in RULES:
+            raise ConfigError(f"QSA rule {self.qsa_rule!r} is not available; choose one of {', '.join(RULES)}")
         self._be = load_backend(self.backend)
         self._device_models = {}
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)

@@ -20,7 +20,7 @@ import zlib
 import numpy as np
 from gguf import GGUFWriter
 from gguf import quants as gguf_quants
-from gguf.constants import GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType, GGUFValueType
 from gguf.gguf_writer import WriterState
 from tqdm import tqdm
 
@@ -113,7 +113,7 @@ def choose_type(tp: TensorPlan, wtype: GGMLType) -> GGMLType:
     reads F32) F32; matrices wtype, else Q8_0 / F16 when their rows do not fit its block."""
     if tp.kind == "expert_ids":
         return GGMLType.I32
-    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "conv", "ssm_a", "res_score"):
+    if len(tp.shape) == 1 or tp.kind in ("norm", "bias", "scale", "rope_freqs", "conv", "ssm_a", "res_score", "hole"):
         return GGMLType.F32
     n = tp.shape[-1]
     for t in (wtype, GGMLType.Q8_0, GGMLType.F16):
@@ -184,7 +184,10 @@ def write_synth(arch: str, path: str | os.PathLike, *, preset: str = "tiny", wty
                           tensor_types=tensor_types)
     bar = tqdm(plan, desc=f"writing {os.path.basename(path)}", unit="tensor", disable=not progress)
     for tp in bar:
-        _write_streamed(w, (encode(x, types[tp.name]) for x in tensor_slabs(tp, seed)))
+        if tp.kind == "hole":                     # a table too big to write: zeros, as a hole in a sparse file
+            _write_hole(w)
+        else:
+            _write_streamed(w, (encode(x, types[tp.name]) for x in tensor_slabs(tp, seed)))
     w.close()
     return str(w.format_shard_names(Path(path))[0]) if shards > 1 else path
 
@@ -196,6 +199,9 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     per_shard = -(-len(plan) // shards) if shards > 1 else 0
     w = GGUFWriter(path, arch, split_max_tensors=per_shard)
     for key, val, vt in kv_rows:
+        if vt == "arr_u64":                       # exact 64-bit integers (qwen4exp's n-gram hash constants)
+            w.add_key_value(key, [int(v) for v in val], GGUFValueType.ARRAY, GGUFValueType.UINT64)
+            continue
         {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool,
          "arr_u32": w.add_array, "arr_f32": w.add_array, "arr_bool": w.add_array}[vt](key, [bool(v) for v in val] if vt == "arr_bool" else val)
     forced = {tp.name: forced_type(tp, tensor_types) for tp in plan}
@@ -209,6 +215,19 @@ def open_writer(path: str, arch: str, plan: list[TensorPlan], kv_rows, wt: GGMLT
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     return w, types
+
+
+def _write_hole(w: GGUFWriter) -> None:
+    """The next tensor's bytes left unwritten: the file position moves past them, so the filesystem stores a hole
+    (reads give zeros, no disk blocks). A 51B-parameter n-gram table costs nothing to write or to keep."""
+    file_id = next(i for i, ts in enumerate(w.tensors) if len(ts) > 0)
+    fout = w.fout[file_id]
+    ti = w.tensors[file_id].pop(next(iter(w.tensors[file_id])))
+    w.write_padding(fout, fout.tell())
+    fout.seek(ti.nbytes, os.SEEK_CUR)
+    fout.truncate()                               # the file reaches past the hole even if nothing follows it
+    w.write_padding(fout, ti.nbytes)
+    w.state = WriterState.WEIGHTS
 
 
 def _write_streamed(w: GGUFWriter, slabs) -> None:

@@ -18,6 +18,7 @@ class TensorPlan:
     kind: str                  # matrix | embed | output | router | norm | bias | scale | rope_freqs | probs_bias
                                # | conv (a short-conv kernel: F32, std 1/sqrt(fan_in)) | ssm_a (-exp(A_log) < 0, F32)
                                # | expert_ids (I32 rows of distinct expert ids, `std` = the expert count)
+                               # | hole (F32 zeros left as a hole of a sparse file: a table too big to write)
     fan_in: int = 1
     std: float = 0.0           # probs_bias: the spread of the values (the arch's choice); a matrix: overrides
                                # 1/sqrt(fan_in) when > 0

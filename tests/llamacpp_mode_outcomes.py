@@ -59,6 +59,9 @@ OUTCOMES = {
     "kimi-k3-small-Q4_0": "pass",
     "kimi-k3-small-Q5_1": "pass",
     "kimi-k3-small-IQ4_NL": "pass",
+    "qwen4exp-Q8_0": "proven-flip",    # 1.6e-5: 1 Q8_0 code of hc_norm-2#0 (the PLE layer's attention-side stream
+                                       # mixer input; noise predicts 0.13); forced: 9.1e-14
+    "qwen4exp-Q4_K": "pass",           # 1.3e-13
     "kimi-k3-small-Q4_K": "pass",
     "kimi-k3-small-Q6_K": "proven-flip",   # logits 2.1e-10, kda_g2-3 1.1e-7: attn_norm-3 forced (1 Q8_K code)
     "kimi-k3-small-Q2_K": "pass",

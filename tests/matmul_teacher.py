@@ -48,7 +48,7 @@ def _log_forward(model, tokens):
             seen[key] = seen.get(key, 0) + 1
             events.append(("rec", (key, seen[key] - 1), np.array(value)))
 
-    model.forward(np.asarray(tokens), rt=Logged(mode="llamacpp"))
+    model.forward(np.asarray(tokens), rt=Logged(mode="llamacpp", qsa_rule="llamacpp"))   # llama.cpp's QSA rule
     return events, seen
 
 

@@ -12,7 +12,7 @@ from refengine.synth import resolve_preset
 from refengine.synthplan import TensorPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GGUF_TYPES = {"str", "u32", "f32", "bool", "arr_u32", "arr_f32", "arr_bool"}      # what refengine.synth writes
+GGUF_TYPES = {"str", "u32", "f32", "bool", "arr_u32", "arr_f32", "arr_bool", "arr_u64"}      # what refengine.synth writes
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -57,6 +57,8 @@ MATCH = {
                                     "expert_feed_forward_length": [32] * 3, "expert_used_count": [2] * 3}),
     "qwen3next": ("qwen3next", {}, {"attention.head_count": [4] * 4, "attention.head_count_kv": [2] * 4,
                                     "expert_feed_forward_length": [256] * 4, "expert_used_count": [2] * 4}),
+    "qwen4exp": ("qwen4exp", {}, {"attention.head_count": [4] * 4, "attention.head_count_kv": [2] * 4,
+                                  "expert_feed_forward_length": [128] * 4, "expert_used_count": [2] * 4}),
 }
 
 # id: (arch, overrides, keys, refengine's refusal (regex), llama.cpp's refusal (regex) or None: it aborts)

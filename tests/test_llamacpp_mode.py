@@ -170,7 +170,8 @@ LLAMACPP_CASES = (
        for v, kw in (("", {}), ("-fused-qkv", {"fused_qkv": True}), ("-legacy", {"preset": "tiny-legacy"}))]
     + [(f"kimi-k3-{t}", "kimi-k3", {"wtype": t}) for t in ("Q8_0", "Q4_K")]
     + [(f"kimi-k3-small-{t}", "kimi-k3", _k3_small(t)) for t in K3_SMALL_TYPES]
-    + [(f"deepseek4-{v}", "deepseek4", kw) for v, kw in DS4_CASES])
+    + [(f"deepseek4-{v}", "deepseek4", kw) for v, kw in DS4_CASES]
+    + [(f"qwen4exp-{t}", "qwen4exp", {"wtype": t}) for t in ("Q8_0", "Q4_K")])
 CASES_BY_ID = {c[0]: c for c in LLAMACPP_CASES}
 
 
@@ -191,7 +192,8 @@ def runs(synth_model):
                 assert {ti.type.name for n, ti in model.gf.tensors.items() if n == name or n.endswith("." + name)} == {t}, name
             tokens = np.random.default_rng(0).integers(0, model.cfg.n_vocab, 16)
             trace = Trace()
-            logits = model.forward(tokens, rt=Runtime(mode="llamacpp", trace=trace))
+            # against llama.cpp: its QSA selection rule (qwen4exp), as refengine.compare runs it
+            logits = model.forward(tokens, rt=Runtime(mode="llamacpp", trace=trace, qsa_rule="llamacpp"))
             cache[case] = (model, tokens, run_llamacpp(model.path, tokens, n_ctx=model.n_ctx), trace, logits)
         return cache[case]
     return get

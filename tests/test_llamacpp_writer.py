@@ -66,12 +66,26 @@ WRITER_CASES = {
                        "indexer_compressor_ape.weight": "Q5_0"}, set(_DS4_APE)),
     },
 }
+# archs whose file llama.cpp's writer makes unrunnable by llama.cpp itself: ftype -> arch -> ({suffix: type},
+# {suffixes lint refuses}). qwen4exp: llama_model_quantize quantizes the PLE layer's 2-D [P, D] norm gammas
+# ple_norm_key / ple_norm_query / ple_norm_conv (their names do not end in "_norm.weight", unlike hc_*_norm), and
+# the graph's ggml_mul on them aborts the process ("binary_op: unsupported types: dst: f32, src0: f32, src1: q8_0",
+# ggml-cpu/binary-ops.cpp:135; measured with llama-cpp-python 0.3.36): lint refuses the file, naming them.
+_PLE_NORMS = {"ple_norm_key.weight", "ple_norm_query.weight", "ple_norm_conv.weight"}
+WRITER_REFUSED = {
+    "Q8_0": {"qwen4exp": ({**{n: "Q8_0" for n in _PLE_NORMS}, "hc_attn_norm.weight": "F32", "ple_conv1d.weight": "F16",
+                           "hc_attn_up.weight": "F16", "indexer.q_proj.weight": "F32"}, _PLE_NORMS)},
+    "Q4_K_M": {"qwen4exp": ({**{n: "Q4_K" for n in _PLE_NORMS}, "hc_attn_norm.weight": "F32",
+                             "ple_conv1d.weight": "F16", "hc_attn_up.weight": "F16", "indexer.q_proj.weight": "F32"},
+                            _PLE_NORMS)},
+}
 CASES = [(a, t) for t in FTYPES for a in WRITER_CASES[t]]
+REFUSED_CASES = [(a, t) for t in FTYPES for a in WRITER_REFUSED[t]]
 CASE_IDS = [f"llamacpp-writer-{a}-{t}" for a, t in CASES]
 
 
 def test_every_arch_has_a_case():
-    assert all(set(WRITER_CASES[t]) == set(ARCHS) for t in FTYPES)
+    assert all(set(WRITER_CASES[t]) | set(WRITER_REFUSED[t]) == set(ARCHS) for t in FTYPES)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +128,22 @@ def test_writer_types(quantized, arch, ftype):
     got = _types_by_suffix(quantized(arch, ftype))
     want, _ = WRITER_CASES[ftype][arch]
     assert {n: got.get(n) for n in want} == {n: {t} for n, t in want.items()}, (arch, ftype)
+
+
+@pytest.mark.parametrize("arch,ftype", REFUSED_CASES, ids=[f"llamacpp-writer-{a}-{t}" for a, t in REFUSED_CASES])
+def test_lint_refuses_what_llamacpp_cannot_run(quantized, arch, ftype):
+    """A file llama.cpp's writer makes that llama.cpp's graph aborts on: the types it wrote, and lint refuses
+    exactly the tensors the graph cannot take (llama.cpp is not run: it would end the test process)."""
+    from refengine.lint import lint
+    path = quantized(arch, ftype)
+    got = _types_by_suffix(path)
+    want, refused = WRITER_REFUSED[ftype][arch]
+    assert {n: got.get(n) for n in want} == {n: {t} for n, t in want.items()}, (arch, ftype)
+    rep = lint(path)
+    assert rep.refused
+    named = {n for n in (t.name.split(".", 2)[2] for t in rep.tensors if t.name.startswith("blk."))
+             if any(f".{n}'" in r for r in rep.refusals)}
+    assert named == refused and len(rep.refusals) == len(refused), rep.refusals
 
 
 @pytest.mark.parametrize("arch,ftype", CASES, ids=CASE_IDS)

@@ -27,6 +27,7 @@ GDN_RL = ["mha", "gdn", "gdn", "gdn"]                # all_optional: attention.r
 KDA3 = ["kda", "kda", "kda", "mla"]                  # kimi-linear tiny
 K3 = ["kda", "kda", "mla", "kda", "mla"]             # kimi-k3 tiny: full_attn = (2, 4)
 DS4 = ["swa", "csa", "hca"]                          # deepseek4 tiny: compress_ratios 0, 4, 128
+Q4X = ["gdn", "qsa", "gdn", "qsa"]                   # qwen4exp tiny: QSA every 2nd block, the n-gram layer 2
 F32_CASES = [
     ("llama", dict(), None),
     ("llama", dict(all_optional=True), None),
@@ -64,12 +65,17 @@ F32_CASES = [
     ("deepseek4", dict(), DS4),
     ("deepseek4", dict(all_optional=True), DS4),
     ("deepseek4", dict(rope_scaling="none"), DS4),
+    # QSA (r = 4, budget 8: 30 tokens drop blocks, spare slots spill into a partly kept block, llama.cpp's rule),
+    # the n-gram layer with EOS (id 3) at position 7 resetting the hash, gated residual streams
+    ("qwen4exp", dict(), Q4X),
+    ("qwen4exp", dict(all_optional=True), ["gdn", "qsa", "gdn", "gdn"]),     # recurrent_layers array, YaRN
+    ("qwen4exp", dict(overrides={"rope_sections": (2, 2, 2, 2)}), Q4X),     # IMROPE pairs of the 4th section at 0
 ]
-# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24); deepseek4 200,
-# past its ratio-128 block (the tokens after the 30 listed are seeded)
+# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24); qwen4exp 30 (QSA
+# drops blocks past 12 tokens); deepseek4 200, past its ratio-128 block (the tokens after the 30 listed are seeded)
 F32_TOKENS = TOKENS + [17, 33, 5, 201, 160, 42, 9, 118, 77, 230, 4]
 F32_TOKENS += [int(t) for t in np.random.default_rng(27).integers(0, 256, 200 - len(F32_TOKENS))]
-N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "deepseek4": 200}
+N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "deepseek4": 200, "qwen4exp": 30}
 
 
 def _case_id(kw):

@@ -75,6 +75,29 @@ def _deepseek4(arch, kw, kinds):
     return set(DS4_GLOBAL) | {n.format(il) for il, kind in enumerate(kinds) for n in DS4_BLOCK + DS4_KIND[kind]}
 
 
+# ---------------------------------------------------------------- qwen4exp (GDN + QSA over gated streams, n-gram layer)
+QWEN4EXP_GLOBAL = ["model.input_embed", "ple_embd", "hc_init", "hc_norm", "hc_gate", "result_norm", "result_output"]
+QWEN4EXP_GDN = ["conv_state_at", "linear_attn_qkv_mixed", "z", "alpha", "a_softplus", "gate", "beta", "beta_sigmoid",
+                "state_predelta", "conv_output_raw", "conv_output_silu", "q_conv", "k_conv", "q_conv_predelta",
+                "k_conv_predelta", "v_conv_predelta", "attn_output", "new_state", "final_output", "linear_attn_out"]
+QWEN4EXP_QSA = ["indexer_k_raw", "indexer_k_pooled", "indexer_k", "indexer_q", "indexer_score", "indexer_score_tokens",
+                "indexer_top_k", "Qcur_full", "Qcur_reshaped", "gate_reshaped", "Qcur_normed", "Kcur_normed", "Qcur",
+                "Kcur", "Vcur", "kq", "kq_soft_max", "kqv", "attn_pregate", "gate_sigmoid", "attn_gated",
+                "attn_output"]
+QWEN4EXP_BLOCK = ["hc_norm", "hc_gate", "hc_mixed", "hc_inject", "hc_combine", "ffn_moe_logits", "ffn_moe_probs",
+                  "ffn_moe_topk", "ffn_moe_weights_norm", "ffn_moe_swiglu", "ffn_moe_out", "ffn_shexp",
+                  "shared_expert_gate", "shared_expert_gate_sigmoid", "ffn_shexp_gated", "ffn_out", "l_last"]
+QWEN4EXP_PLE = ["ple_gate", "ple_gated_value", "ple_conv_out"]
+
+
+def _qwen4exp(arch, kw, kinds, ple_layer=2):
+    want = set(QWEN4EXP_GLOBAL)
+    for il, kind in enumerate(kinds):
+        names = QWEN4EXP_BLOCK + (QWEN4EXP_GDN if kind == "gdn" else QWEN4EXP_QSA)
+        want |= {f"{n}-{il}" for n in names + (QWEN4EXP_PLE if il == ple_layer else [])}
+    return want
+
+
 def _llama(arch, kw, kinds):
     moe = arch == "qwen3moe" or kw.get("preset") == "tiny-moe"
     per = QWEN_NAMES if arch == "qwen3moe" else LLAMA_NAMES + (MOE_NAMES if moe else DENSE_NAMES)
@@ -113,7 +136,7 @@ def _kimi_k3(arch, kw, kinds):
 
 
 EXPECTED = {"llama": _llama, "qwen3moe": _llama, "qwen3next": _qwen3next, "kimi-linear": _kimi_linear,
-            "kimi-k3": _kimi_k3, "deepseek4": _deepseek4}
+            "kimi-k3": _kimi_k3, "deepseek4": _deepseek4, "qwen4exp": _qwen4exp}
 
 
 def expected_names(arch: str, kw: dict, kinds: list[str]) -> set[str]:

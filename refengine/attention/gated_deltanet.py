@@ -11,7 +11,12 @@ The two forms, side by side (refengine.attention.delta_rule has the derivation):
 `chunked` is the form of the paper and of llama.cpp's non-fused fallback, with its chunk of 64
 (src/models/delta-net-base.cpp:61). q and k are L2-normalized first with the rms eps inside the sqrt
 (`delta_rule.l2_norm`). Value head h reads key head h // r in qwen3next (an explicit interleaved repeat,
-src/models/qwen3next.cpp:518-537): `expand_heads`.
+src/models/qwen3next.cpp:518-537): `expand_heads`; in qwen4exp it reads key head h % Hk (the converter reorders the
+value heads to the tiled order the fused kernel broadcasts, ggml-cpu ops.cpp:11200): `tile_heads`.
+
+Options of the layer as data (`GDNConfig`): `head_map` interleaved | tiled, `out_gate` silu (qwen3next) |
+sigmoid (qwen4exp: o = rms_norm(o) * ssm_norm * sigmoid(z), src/models/qwen4exp.cpp:479-489), and `ba` fused
+(one `ssm_ba` split per key-head group) | split (`ssm_beta` and `ssm_alpha`, one row per value head).
 
 Below them, the whole qwen3next linear-attention sublayer (`gated_deltanet`: projections, conv, gates,
 delta rule, gated norm, output), its tensor table `gdn_table`, its `GDNConfig` and `new_state`.
@@ -36,6 +41,15 @@ CHUNK = 64
 def expand_heads(x: np.ndarray, r: int) -> np.ndarray:
     """[T, Hk, K] -> [T, Hk*r, K]: value head h uses key head h // r (qwen3next's interleaved mapping)."""
     return np.repeat(x, r, axis=1)
+
+
+def tile_heads(x: np.ndarray, r: int) -> np.ndarray:
+    """[T, Hk, K] -> [T, Hk*r, K]: value head h uses key head h % Hk (qwen4exp's tiled mapping)."""
+    return np.tile(x, (1, r, 1))
+
+
+HEAD_MAPS = {"interleaved": expand_heads, "tiled": tile_heads}
+OUT_GATES = {"silu": silu, "sigmoid": sigmoid}
 
 
 def recurrent(q, k, v, g, beta, S=None):
@@ -72,6 +86,11 @@ class GDNConfig:
     head_k_dim: int     # ssm.state_size (K; llama.cpp sizes the state V x V, so K == V)
     head_v_dim: int     # ssm.inner_size / ssm.time_step_rank (V)
     conv_kernel: int    # ssm.conv_kernel (Kc)
+    head_map: str = "interleaved"   # value head h reads key head h // r ("interleaved") or h % Hk ("tiled")
+    out_gate: str = "silu"          # the output gate's activation of z: silu | sigmoid
+    ba: str = "fused"               # beta/alpha projections: one ssm_ba ("fused") or ssm_beta + ssm_alpha ("split")
+    conv_trace: str = "build_conv_state"    # the graph function whose names the conv state is traced under:
+                                            # build_conv_state (delta-net-base.cpp) | build_conv_state_at (qwen4exp)
 
     @property
     def key_dim(self) -> int:
@@ -133,7 +152,10 @@ def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
            accepts=("F32",), refuse_others=True),
          W("ssm_dt_bias", p + "ssm_dt.bias", lambda c, s: (gc.n_v_heads,), dense=True),
          W("ssm_a", p + "ssm_a", lambda c, s: (gc.n_v_heads,), dense=True),
-         W("ssm_ba", p + "ssm_ba.weight", lambda c, s: (2 * gc.n_v_heads, D(c, s)), small=True),
+         *([W("ssm_ba", p + "ssm_ba.weight", lambda c, s: (2 * gc.n_v_heads, D(c, s)), small=True)]
+           if gc.ba == "fused" else
+           [W("ssm_beta", p + "ssm_beta.weight", lambda c, s: (gc.n_v_heads, D(c, s)), small=True),
+            W("ssm_alpha", p + "ssm_alpha.weight", lambda c, s: (gc.n_v_heads, D(c, s)), small=True)]),
          W("ssm_norm", p + "ssm_norm.weight", lambda c, s: (gc.head_v_dim,), dense=True),
          W("ssm_out", p + "ssm_out.weight", lambda c, s: (D(c, s), gc.value_dim))]
     for x in ("attn_qkv", "attn_gate", "ssm_in", "ssm_out"):
@@ -178,13 +200,21 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     r, C, Kc = Hv // Hk, gc.conv_dim, gc.conv_kernel
     qkv, z = project_qkvz(h, w, gc, il, rt)                              # [T, C], [T, Hv*V]
 
-    ba = rt.matmul(h, w.ssm_ba)                                          # [T, 2*Hv]
-    rt.record("linear_attn_mixed_ba", il, ba)
-    ba = ba.reshape(T, Hk, 2 * r)                                        # [T, Hk, 2r]: r betas, r alphas per group
-    b, a = ba[..., :r], ba[..., r:]                                      # [T, Hk, r]
-    rt.record("b", il, b)
-    rt.record("a", il, a)
+    if gc.ba == "fused":
+        ba = rt.matmul(h, w.ssm_ba)                                      # [T, 2*Hv]
+        rt.record("linear_attn_mixed_ba", il, ba)
+        ba = ba.reshape(T, Hk, 2 * r)                                    # [T, Hk, 2r]: r betas, r alphas per group
+        b, a = ba[..., :r], ba[..., r:]                                  # [T, Hk, r]
+        rt.record("b", il, b)
+        rt.record("a", il, a)
+    else:
+        b = rt.matmul(h, w.ssm_beta)                                     # [T, Hv]
+        rt.record("beta", il, b)
+        a = rt.matmul(h, w.ssm_alpha)                                    # [T, Hv]
     beta = sigmoid(b.reshape(T, Hv))                                     # [T, Hv]
+    if gc.ba != "fused":
+        rt.record("beta_sigmoid", il, beta)
+        rt.record("alpha", il, a)
     sp = softplus(a.reshape(T, Hv) + w.ssm_dt_bias)                      # [T, Hv]
     rt.record("a_softplus", il, sp)
     g = sp * w.ssm_a                                                     # [T, Hv]  log decay, <= 0
@@ -192,15 +222,19 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
 
     tail = state.conv if state.conv is not None else np.zeros((Kc - 1, C), np.float32)   # [Kc-1, C]
     S0 = state.ssm if state.ssm is not None else np.zeros((Hv, K, V), np.float32)        # [Hv, K, V]
-    rt.record("conv_states", il, tail.T.reshape(1, -1))                  # llama.cpp's row: channel-major
-    rt.record("conv_states_reshaped", il, tail.T[None])                  # [1, C, Kc-1]
-    rt.record("qkv_mixed_transposed", il, qkv.T[None])                   # [1, C, T]
+    if gc.conv_trace == "build_conv_state":
+        rt.record("conv_states", il, tail.T.reshape(1, -1))              # llama.cpp's row: channel-major
+        rt.record("conv_states_reshaped", il, tail.T[None])              # [1, C, Kc-1]
+        rt.record("qkv_mixed_transposed", il, qkv.T[None])               # [1, C, T]
+    else:                                                                # qwen4exp's build_conv_state_at
+        rt.record("conv_state_at", il, tail.T[None])                     # [1, C, Kc-1]
     rt.record("state_predelta", il, S0.transpose(0, 2, 1)[None])         # [1, Hv, V, K]: S^T per head
     y, new_tail = causal_conv(qkv, w.ssm_conv1d, tail)                   # [T, C], [Kc-1, C]
-    rt.record("conv_input", il, np.concatenate([tail, qkv]).T[None])     # [1, C, Kc-1+T]
-    rt.record("conv_state_last", il, new_tail.T[None])
-    # the cache row the new tail is copied into, as llama.cpp's callback reads it: before the copy (the old tail)
-    rt.record("conv_state_update", il, tail.T.reshape(1, -1))
+    if gc.conv_trace == "build_conv_state":
+        rt.record("conv_input", il, np.concatenate([tail, qkv]).T[None])     # [1, C, Kc-1+T]
+        rt.record("conv_state_last", il, new_tail.T[None])
+        # the cache row the new tail is copied into, as llama.cpp's callback reads it: before the copy (the old tail)
+        rt.record("conv_state_update", il, tail.T.reshape(1, -1))
     rt.record("conv_output_raw", il, y)
     y = silu(y)
     rt.record("conv_output_silu", il, y)
@@ -210,17 +244,22 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     v = y[:, 2 * Hk * K:].reshape(T, Hv, V)                              # [T, Hv, V]
     rt.record("q_conv", il, q)
     rt.record("k_conv", il, k)
-    q = expand_heads(l2_norm(q, eps), r)                                 # [T, Hv, K]
-    k = expand_heads(l2_norm(k, eps), r)                                 # [T, Hv, K]
-    rt.record("q_conv_predelta", il, q)
-    rt.record("k_conv_predelta", il, k)
+    q, k = l2_norm(q, eps), l2_norm(k, eps)                              # [T, Hk, K]
+    if gc.head_map == "tiled":                                           # the fused kernel broadcasts h % Hk
+        rt.record("q_conv_predelta", il, q)
+        rt.record("k_conv_predelta", il, k)
+    q = HEAD_MAPS[gc.head_map](q, r)                                     # [T, Hv, K]
+    k = HEAD_MAPS[gc.head_map](k, r)                                     # [T, Hv, K]
+    if gc.head_map != "tiled":
+        rt.record("q_conv_predelta", il, q)
+        rt.record("k_conv_predelta", il, k)
     rt.record("v_conv_predelta", il, v)
     o, S = RULES[state.form](q, k, v, g, beta, S0)                       # the sequence's form of the rule                                    # [T, Hv, V], [Hv, K, V]
     rt.record("attn_output", il, o)
     rt.record("new_state", il, S.transpose(0, 2, 1)[None])
     state.conv, state.ssm = new_tail, S
 
-    o = rms_norm(o, w.ssm_norm, eps) * silu(z.reshape(T, Hv, V))         # [T, Hv, V]  build_norm_gated
+    o = rms_norm(o, w.ssm_norm, eps) * OUT_GATES[gc.out_gate](z.reshape(T, Hv, V))   # [T, Hv, V]  build_norm_gated
     o = o.reshape(T, Hv * V)
     rt.record("final_output", il, o)
     out = rt.matmul(o, w.ssm_out)                                        # [T, D]

@@ -100,9 +100,12 @@ def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False):
     return q.reshape(T, H, Kq), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
 
 
-def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, out_gate: bool = False):
+def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, out_gate: bool = False,
+                   sel_mask: np.ndarray | None = None, view_names: tuple[str, str] = ("Qcur_view", "gate")):
     """h [T, D] -> [T, D]. q/k norms run when the table loaded them (`w.attn_q_norm`).
-    out_gate: attn_q gives [q | gate] per head and the output is o * sigmoid(gate) (table with q_gate=True)."""
+    out_gate: attn_q gives [q | gate] per head and the output is o * sigmoid(gate) (table with q_gate=True);
+    view_names: the names of its q and gate halves (qwen4exp: Qcur_reshaped, gate_reshaped).
+    sel_mask: [T, S] 0 / -inf added to the causal mask (a sparse indexer's selection, attention/qsa.py)."""
     T = h.shape[0]
     q, k, v = project_qkv(h, w, cfg, spec, rt, il, q_gate=out_gate)
     if out_gate:
@@ -111,8 +114,8 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
         rt.record("Kcur", il, k)
         rt.record("Vcur", il, v)
         q, gate = q[..., :K], q[..., K:]                                 # [T, H, K] each
-        rt.record("Qcur_view", il, q)
-        rt.record("gate", il, gate)
+        rt.record(view_names[0], il, q)
+        rt.record(view_names[1], il, gate)
     if getattr(w, "attn_q_norm", None) is not None:
         q = rms_norm(q, w.attn_q_norm, cfg.rms_eps)                      # [T, H, K]
         rt.record("Qcur_normed", il, q)
@@ -126,6 +129,8 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
     k_all, v_all = state.append(k, v)                                    # [S, Hkv, K], [S, Hkv, V]
     S = k_all.shape[0]
     mask = causal_mask(step.pos, np.arange(S)) if cfg.causal_attn else np.zeros((T, S), np.float32)   # [T, S]
+    if sel_mask is not None:
+        mask = mask + sel_mask                                           # [T, S]
     o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k), rt.record, il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]
     rt.record("kqv_out", il, o)

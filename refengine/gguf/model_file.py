@@ -102,6 +102,10 @@ class GGUFModel:
             raise MissingTensorError(f"{self.path}: tensor {name!r} is not in the file")
         return self._owner[name].tensor(name)
 
+    def advise_random(self, name: str) -> None:
+        """Tensor `name` is read at scattered rows: no read-ahead around each (GGUFFile.advise_random)."""
+        self._owner[name].advise_random(name)
+
     @property
     def nbytes(self) -> int:
         return sum(sh.size for sh in self.shards)

@@ -98,11 +98,12 @@ def select(names, spec: str) -> list[str]:
 
 
 def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "numpy", tensors: str = "all",
-                progress: bool = False, model=None, path_model: str | None = None) -> dict:
+                progress: bool = False, model=None, path_model: str | None = None, qsa_rule: str = "authors") -> dict:
     """Run the reference on `tokens` (one prefill) and write the golden directory; returns the manifest.
 
     path_model: the string stored as `path_model` in results.gguf, which `llama-results --check` compares with
-    its `-m` argument byte for byte (default: `path` as given)."""
+    its `-m` argument byte for byte (default: `path` as given). qsa_rule: QSA's selection rule (qwen4exp;
+    attention/qsa.py), recorded in the manifest."""
     from ..compare import matmul_weight_types, tolerance, weight_class
     from ..model import Model
     from ..runtime import Runtime
@@ -114,7 +115,7 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
     bar = tqdm(total=cfg.n_layer + 1, unit="layer", desc=f"golden {os.path.basename(model.path)}",
                disable=not progress)
     trace = _ProgressTrace(None, bar)
-    rt = Runtime(mode=mode, backend=backend, trace=trace)
+    rt = Runtime(mode=mode, backend=backend, trace=trace, qsa_rule=qsa_rule)
     logits = model.forward(tokens, rt=rt)                                        # [T, V]
     bar.close()
     t_run = time.perf_counter() - t0
@@ -141,7 +142,7 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
                   "n_layer": cfg.n_layer, "n_vocab": cfg.n_vocab, "n_embd": cfg.n_embd,
                   "weight_types": sorted(t.name for t in types), "weight_class": weight_class(types)},
         "tokens": [int(t) for t in tokens],
-        "mode": mode, "backend": backend, "tensors": tensors,
+        "mode": mode, "backend": backend, "tensors": tensors, "qsa_rule": qsa_rule,
         "versions": versions(),
         "tolerance": {"nmse": tol, "table": "refengine.compare: F32 1e-8, F16 1e-5, BF16 1e-3, quantized 1e-2 "
                       "(exact mode); 1e-7 for every class in llamacpp mode (F32 1e-8)"},

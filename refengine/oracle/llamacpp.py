@@ -32,6 +32,7 @@ class OracleResult:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     earlier: dict[str, list] = field(default_factory=dict)  # name -> earlier tensors of the same name, in order
+    sequence: list[str] = field(default_factory=list)      # every recording's name in evaluation order, repeats kept
 
 
 def _import():
@@ -94,6 +95,7 @@ class LlamaCpp:
         self.tensors: dict[str, np.ndarray] = {}
         self.order: list[str] = []
         self.earlier: dict[str, list] = {}       # a name given again (deepseek2's four `q`): the ones before
+        self.sequence: list[str] = []            # every recording's name, repeats kept (flips.graph_order)
         self.recording = trace
         self.n_past = 0
         L.llama_backend_init()
@@ -126,6 +128,7 @@ class LlamaCpp:
                 if name in self.order:
                     self.order.remove(name)
                 self.order.append(name)
+                self.sequence.append(name)
             return True
 
         self._cb = L.ggml_backend_sched_eval_callback(cb)      # kept alive as long as the context
@@ -206,7 +209,8 @@ def run_llamacpp(path: str | os.PathLike, tokens, *, chunks: list[int] | None = 
             lc.recording = trace and ci == 0
             out.append(lc.decode(tokens[pos:pos + n]))
             pos += n
-        return OracleResult(logits=np.concatenate(out), tensors=lc.tensors, order=lc.order, earlier=lc.earlier)
+        return OracleResult(logits=np.concatenate(out), tensors=lc.tensors, order=lc.order, earlier=lc.earlier,
+                            sequence=lc.sequence)
 
 
 def generate_llamacpp(path: str | os.PathLike, tokens, n: int, *, n_ctx: int | None = None) -> tuple[list[int], np.ndarray]:

@@ -1,0 +1,219 @@
+"""QSA (Qwen3.8-Flash-Next's sparse attention): a block indexer picks which cached tokens a query attends to.
+
+Legend: T new tokens, S cached positions (the new ones included), r the block size (`attention.compress_ratios`
+of the layer), nb blocks, Hi indexer heads (`attention.indexer.head_count`), di indexer head dim
+(`attention.indexer.key_length`), B the token budget (`attention.indexer.top_k`), D model dim.
+
+    kraw[s]  = h_s @ indexer.k_proj.T                         raw key per token, cached    indexer_k_raw  [T, 1, di]
+    pk[b]    = rope(rms_norm(mean(kraw[b*r:(b+1)*r])) * indexer.k_norm, at b*r)          indexer_k      [nb, di]
+    qi[t]    = rope(rms_norm(h_t @ indexer.q_proj.T per head) * indexer.q_norm, at p_t)  indexer_q      [T, Hi, di]
+    score    = sum_h relu(qi[t, h] . pk[b])                   no scale, no head weights    indexer_score  [T, nb]
+
+A block is complete for query t when all its r positions are <= p_t; the query's unfinished block (the tail,
+positions >= (p_t+1)//r*r) is always visible. Then the two selection rules (`RULES`):
+
+- `authors` (transformers 5.23 `Qwen4ExpTextQSAIndexer`, the default): the top B/r complete blocks by score,
+  whole, plus the tail. (The authors divide the score by sqrt(di): the ranking is the same.)
+- `llamacpp` (src/models/qwen4exp.cpp:548-697, host inputs src/llama-memory-hybrid-idx.cpp:334-650): every
+  cell gets its block's score, +1e9 on the tail, -inf where masked, and `ggml_top_k` keeps the top
+  B + r - 1 *cells*. The tail takes its (at most r-1) slots first; the rest go by block score, so a query whose
+  tail is shorter than r-1 spills the spare slots into the next block, of which it then sees only some tokens.
+  Which ones is decided by `std::partial_sort` among equal scores: `ggml_top_k` below replays libstdc++'s
+  heap-select exactly, so the same cells are kept.
+
+The selection, as a 0 / -inf mask [T, S], is added to the causal mask of the layer's gated attention
+(attention/gqa.py). The layer's state is a `QSAState`: its KV cache and the raw indexer keys (blocks are pooled
+again at each call, as llama.cpp pools its "idx" cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache import IndexerKeys, KVCache, QSAState
+from ..errors import ConfigError
+from ..ops import rms_norm
+from ..weights import W
+
+RULES = ("authors", "llamacpp")      # the default first
+TAIL_BIAS = np.float32(1e9)          # llama.cpp's bias that keeps the tail (finite: it never meets -inf as a nan)
+
+
+@dataclass(frozen=True)
+class QSAConfig:
+    n_head: int         # attention.indexer.head_count (Hi)
+    head_dim: int       # attention.indexer.key_length (di)
+    top_k: int          # attention.indexer.top_k: the budget B in tokens
+    ratio: int          # attention.compress_ratios[il]: the block size r (0: dense attention, no indexer)
+
+
+def new_state() -> QSAState:
+    return QSAState(kv=KVCache(), index=IndexerKeys())
+
+
+def qsa_table(il: int, qc: QSAConfig) -> list[W]:
+    """The indexer's tensors (qwen4exp.cpp:212-216): q_proj ne {D, Hi*di}, k_proj ne {D, di}, two [di] norms."""
+    p = f"blk.{il}.indexer."
+    di = qc.head_dim
+    return [W("indexer_q_proj", p + "q_proj.weight", lambda c, s: (qc.n_head * di, c.n_embd)),
+            W("indexer_k_proj", p + "k_proj.weight", lambda c, s: (di, c.n_embd)),
+            W("indexer_q_norm", p + "q_norm.weight", lambda c, s: (di,), dense=True),
+            W("indexer_k_norm", p + "k_norm.weight", lambda c, s: (di,), dense=True)]
+
+
+# ---------------------------------------------------------------- scores
+
+def pool(kraw: np.ndarray, r: int) -> np.ndarray:
+    """kraw [S, di] -> the complete blocks' mean keys [S//r, di] and, last, the "dead" block llama.cpp pools for
+    the cells of no complete block (r copies of cell 0's key, at position 0): [S//r + 1, di].
+    The mean as ggml: the r slices summed in order, then times 1/r (float32)."""
+    S, di = kraw.shape
+    nf = S // r
+    members = np.concatenate([kraw[:nf * r].reshape(nf, r, di),
+                              np.repeat(kraw[:1][None], r, axis=1)])           # [nf+1, r, di]
+    acc = members[:, 0]
+    for i in range(1, r):
+        acc = acc + members[:, i]
+    return acc * np.float32(1.0 / r)                                             # [nf+1, di]
+
+
+def block_scores(qi: np.ndarray, pk: np.ndarray) -> np.ndarray:
+    """qi [T, Hi, di], pk [nb, di] -> [T, nb] = sum_h relu(qi[:, h] . pk) (heads added in order, float32)."""
+    dots = np.maximum(np.einsum("thd,bd->thb", qi, pk, dtype=np.float32), np.float32(0))    # [T, Hi, nb]
+    acc = dots[:, 0]
+    for h in range(1, dots.shape[1]):
+        acc = acc + dots[:, h]
+    return acc
+
+
+# ---------------------------------------------------------------- selection
+
+def select_authors(scores: np.ndarray, pos: np.ndarray, S: int, qc: QSAConfig) -> list[np.ndarray]:
+    """Per query: the positions of its top B/r complete blocks (whole; ties to the earlier block) and its tail.
+    scores [T, nb] (complete blocks first); pos [T] -> T arrays of selected positions."""
+    r, nblk = qc.ratio, qc.top_k // qc.ratio
+    out = []
+    for t, p in enumerate(pos):
+        nc = (int(p) + 1) // r                                            # complete blocks seen by this query
+        top = np.argsort(-scores[t, :nc], kind="stable")[:min(nblk, nc)]
+        blocks = (np.sort(top)[:, None] * r + np.arange(r)[None, :]).reshape(-1)
+        out.append(np.concatenate([blocks, np.arange(nc * r, int(p) + 1)]))
+    return out
+
+
+def cell_values(scores: np.ndarray, pos: np.ndarray, S: int, r: int) -> np.ndarray:
+    """llama.cpp's `indexer_score_tokens` [T, S]: cell j gets its block's score (complete blocks: j // r; cells of
+    no complete block: the dead block, index S // r) + 1e9 on the query's tail, + the causal mask (0 / -inf)."""
+    nf = S // r
+    j = np.arange(S)
+    blk = np.where(j // r < nf, j // r, nf)                               # [S]
+    tail_start = (pos + 1) // r * r                                       # [T]
+    bias = np.where((blk * r)[None, :] >= tail_start[:, None], TAIL_BIAS, np.float32(0))   # [T, S]
+    bias[:, blk == nf] = TAIL_BIAS
+    v = (scores[:, blk] + bias).astype(np.float32)
+    return (v + np.where(j[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf))).astype(np.float32)
+
+
+def _push_heap(a: list, v: list, hole: int, top: int, value: int) -> None:
+    parent = (hole - 1) // 2
+    while hole > top and v[a[parent]] > v[value]:
+        a[hole] = a[parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    a[hole] = value
+
+
+def _adjust_heap(a: list, v: list, hole: int, length: int, value: int) -> None:
+    top, child = hole, hole
+    while child < (length - 1) // 2:
+        child = 2 * (child + 1)
+        if v[a[child]] > v[a[child - 1]]:
+            child -= 1
+        a[hole] = a[child]
+        hole = child
+    if length % 2 == 0 and child == (length - 2) // 2:
+        child = 2 * (child + 1)
+        a[hole] = a[child - 1]
+        hole = child - 1
+    _push_heap(a, v, hole, top, value)
+
+
+def ggml_top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """The k indices `ggml_top_k` returns for one row (ggml-cpu ops.cpp:8779-8822: `std::partial_sort` of the
+    indices by value, greater first), as a set in ascending order. libstdc++'s partial_sort is a heap-select:
+    make_heap over the first k, then each later index replaces the heap's least when it is greater
+    (`__heap_select`, `__adjust_heap`, `__push_heap`); replayed here step by step, so ties between equal values
+    (the cells of one block) resolve as in llama.cpp."""
+    v = [float(x) for x in values]
+    n = len(v)
+    k = min(k, n)
+    a = list(range(n))
+    if k >= 2:
+        parent = (k - 2) // 2
+        while True:
+            _adjust_heap(a, v, parent, k, a[parent])
+            if parent == 0:
+                break
+            parent -= 1
+    for i in range(k, n):
+        if v[a[i]] > v[a[0]]:
+            value = a[i]
+            a[i] = a[0]
+            _adjust_heap(a, v, 0, k, value)
+    return np.sort(np.asarray(a[:k], np.int64))
+
+
+def select_llamacpp(cells: np.ndarray, qc: QSAConfig) -> list[np.ndarray]:
+    """Per query: the cells `ggml_top_k` keeps of `cells` [T, S] (width min(S, B + r - 1)), the masked ones
+    dropped (their -inf stays in the mask either way)."""
+    T, S = cells.shape
+    width = min(S, qc.top_k + qc.ratio - 1)
+    return [np.array([j for j in ggml_top_k(cells[t], width) if np.isfinite(cells[t, j])], np.int64)
+            for t in range(T)]
+
+
+def selection_mask(sel: list[np.ndarray], S: int) -> np.ndarray:
+    """T arrays of positions -> [T, S] 0 where selected, -inf elsewhere."""
+    m = np.full((len(sel), S), -np.inf, np.float32)
+    for t, s in enumerate(sel):
+        m[t, s] = 0.0
+    return m
+
+
+# ---------------------------------------------------------------- the indexer of one layer
+
+def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray, rope_q, rope_blocks,
+            eps: float, rule: str, rt, il: int) -> np.ndarray:
+    """h [T, D] -> the selection mask [T, S] (0 / -inf) the layer's attention adds to its causal mask.
+
+    rope_q(x [T, Hi, di]) and rope_blocks(x [nb, 1, di], positions [nb]) rotate like the layer's attention
+    (IMROPE on its n_rot dims). rule: one of RULES. The raw keys of this call are appended to `state.index`."""
+    if rule not in RULES:
+        raise ConfigError(f"QSA selection rule {rule!r} is not one of {', '.join(RULES)}")
+    T = h.shape[0]
+    r, di = qc.ratio, qc.head_dim
+    kraw = rt.matmul(h, w.indexer_k_proj)                                # [T, di]
+    rt.record("indexer_k_raw", il, kraw[:, None, :])
+    k_all = state.index.append(kraw)                                     # [S, di]
+    S = k_all.shape[0]
+    pooled = pool(k_all, r)                                              # [nb, di]  complete blocks + dead
+    rt.record("indexer_k_pooled", il, pooled)
+    nf = S // r
+    bpos = np.concatenate([np.arange(nf) * r, [0]])                      # block start; the dead block at 0
+    pk = rope_blocks(rms_norm(pooled, w.indexer_k_norm, eps)[:, None, :], bpos)[:, 0]   # [nb, di]
+    rt.record("indexer_k", il, pk)
+    q = rt.matmul(h, w.indexer_q_proj).reshape(T, qc.n_head, di)         # [T, Hi, di]
+    qi = rope_q(rms_norm(q, w.indexer_q_norm, eps))                      # [T, Hi, di]
+    rt.record("indexer_q", il, qi)
+    scores = block_scores(qi, pk)                                        # [T, nb]
+    rt.record("indexer_score", il, scores)
+    cells = cell_values(scores, pos, S, r)                               # [T, S]
+    rt.record("indexer_score_tokens", il, cells)
+    sel = select_authors(scores, pos, S, qc) if rule == "authors" else select_llamacpp(cells, qc)
+    width = max([qc.top_k + r - 1] + [len(s) for s in sel])
+    picked = np.full((T, width), -1, np.int64)
+    for t, s in enumerate(sel):
+        picked[t, :len(s)] = s
+    rt.record("indexer_top_k", il, picked)
+    return selection_mask(sel, S)
