@@ -306,7 +306,11 @@ def _qwen4exp(f: _File) -> tuple[str, dict, dict]:
     n_layer = int(f.key("block_count"))
     D = int(f.key("embedding_length"))
     head_dim = int(f.key("attention.key_length"))
-    recurrent = [bool(x) for x in f.key("attention.recurrent_layers")][:n_layer]
+    recurrent = f.key("attention.recurrent_layers", None)
+    if recurrent is None:                              # llama.cpp's default (qwen4exp.cpp:128-136): every k-th full
+        k = int(f.key("full_attention_interval", 4))
+        recurrent = [(i + 1) % k != 0 for i in range(n_layer)]
+    recurrent = [bool(x) for x in recurrent][:n_layer]
     ratios = [int(r) for r in f.key("attention.compress_ratios", [0] * n_layer)][:n_layer]
     attn_ratios = {r for r, rec in zip(ratios, recurrent) if not rec}
     if len(attn_ratios) != 1 or 0 in attn_ratios:
