@@ -26,12 +26,30 @@ never asks what kind of container it holds.
 copies instead of one copy of the whole cache per token. Compressed caches (pooled blocks plus a
 half-filled block, window rings) are further containers of the same kind: they own their buffers and
 expose what attention reads.
+
+Every container class is registered with `@state_container` (one line; `CONTAINERS` maps its name to the class),
+which is how a state file (`refengine/state_file.py`) restores it: the file names the class and stores its instance
+attributes, walked structurally. What a container may hold is listed in `state_file`'s docstring and the README
+(Adding an architecture); anything else is refused when the state is saved, naming the attribute.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+CONTAINERS: dict[str, type] = {}          # class name -> class, for the state file (refengine/state_file.py)
+
+
+def state_container(cls: type) -> type:
+    """Register a state container class (a class decorator): a state file names it and restores it by this name,
+    setting its instance attributes without calling `__init__`."""
+    name = cls.__name__
+    if CONTAINERS.get(name, cls) is not cls:
+        raise TypeError(f"state container {name}: a different class of that name is registered "
+                        f"({CONTAINERS[name].__module__}); state files name containers by class name")
+    CONTAINERS[name] = cls
+    return cls
 
 
 class Rows:
@@ -59,7 +77,16 @@ class Rows:
     def view(self) -> np.ndarray | None:
         return None if self._buf is None else self._buf[:self.n]
 
+    @classmethod
+    def holding(cls, rows: np.ndarray | None, dtype) -> Rows:
+        """A buffer holding `rows` [n, ...] (None: nothing appended yet), as a state file restores one."""
+        r = cls(dtype)
+        if rows is not None:
+            r.append(rows)
+        return r
 
+
+@state_container
 class KVCache:
     """Keys and values of one softmax-attention layer in float32 (llama.cpp with type_k = type_v = F32).
 
@@ -80,6 +107,7 @@ class KVCache:
         return self.k.append(k), self.v.append(v)
 
 
+@state_container
 class LatentKV:
     """MLA's compressed cache: one latent row and one shared rope key per position (DeepSeek-V2 sec. 2.1).
 
@@ -100,6 +128,7 @@ class LatentKV:
         return self.c.append(c), self.k_pe.append(k_pe)
 
 
+@state_container
 class IndexerKeys:
     """The DSA lightning indexer's key cache: one key of width di per position (shared by the indexer heads).
 
@@ -119,6 +148,7 @@ class IndexerKeys:
         return self.k.append(k)
 
 
+@state_container
 @dataclass
 class DSAState:
     """A DSA layer: its MLA cache (`LatentKV` absorbed or `KVCache` naive) and its indexer keys; a layer
@@ -136,6 +166,7 @@ class DSAState:
         return self.kv.form
 
 
+@state_container
 @dataclass
 class RecurrentState:
     """Linear attention's state: the short conv's last inputs and the delta-rule matrix (fixed size), and the
@@ -216,7 +247,8 @@ class CompressedKV:
 
 @dataclass
 class ModelState:
-    """Everything a sequence carries: positions seen and one container per layer."""
+    """Everything a sequence carries: positions seen and one container per layer (a state file's root: saved and
+    restored like a registered container, its `device` synced to the host first)."""
     layers: list = field(default_factory=list)
     n_past: int = 0
     device: object = None                 # the cuda whole-forward path's device-side cache, when it runs

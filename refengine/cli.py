@@ -89,7 +89,18 @@ def cmd_run(args) -> int:
     from .model import Model
     from .runtime import Runtime
     model = Model(args.file)
-    tokens = _input_tokens(args, model)
+    state, last, history = model.new_state(), None, []
+    if args.load_state is not None:                   # continue a saved sequence: the input is the continuation
+        from .state_file import read_state
+        saved = read_state(args.load_state, model, progress=not args.quiet)
+        state, last = saved.state, saved.logits
+        history = [] if saved.tokens is None else saved.tokens.tolist()
+        tokens = _input_tokens(args, model) if args.tokens is not None or args.prompt is not None else []
+        if not tokens and last is None:
+            raise RefengineError(f"{args.load_state}: the state holds no next-token logits: give the continuation "
+                                 f"with --tokens or --prompt")
+    else:
+        tokens = _input_tokens(args, model)
     tok = None
     if model.gf.get("tokenizer.ggml.model") not in (None, "none", "no_vocab"):
         try:
@@ -109,13 +120,23 @@ def cmd_run(args) -> int:
     if tok is not None:
         print(tok.decode(tokens), end="", flush=True)
     t0 = time.perf_counter()
-    out = model.generate(tokens, args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show)
+    if tokens:
+        last = model.forward(tokens, state, rt)[-1]   # the prefill (of the continuation, after --load-state)
+    out = model.generate([], args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show, state=state, logits=last)
     print()
-    prefill = stamps[0] - t0
+    prefill = (stamps[0] if stamps else time.perf_counter()) - t0
     decode = f"{(len(stamps) - 1) / (stamps[-1] - stamps[0]):.2f} tokens/s" if len(stamps) > 1 else "-"
-    print(f"[prefill {len(tokens)} tokens: {prefill:.2f} s ({len(tokens) / prefill:.1f} tokens/s); "
-          f"decode {len(out) - 1} tokens: {decode}; backend {args.backend}, mode {args.mode}] ids: {out}",
+    print(f"[prefill {len(tokens)} tokens: {prefill:.2f} s ({len(tokens) / max(prefill, 1e-9):.1f} tokens/s); "
+          f"decode {max(len(out) - 1, 0)} tokens: {decode}; backend {args.backend}, mode {args.mode}] ids: {out}",
           file=sys.stderr)
+    if args.save_state is not None:               # the last new token is fed too: the state holds every token
+        from .state_file import save_state
+        history += list(tokens) + out
+        if out:
+            last = model.forward(out[-1:], state, rt)[-1]
+        m = save_state(args.save_state, model, state, logits=last, tokens=history, progress=not args.quiet)
+        print(f"[state: {m['n_past']} positions, {os.path.getsize(args.save_state) / 2**20:.2f} MiB -> "
+              f"{args.save_state}]", file=sys.stderr)
     return 0
 
 
@@ -298,6 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_input(r)
     add_exec(r)
     r.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
+    r.add_argument("--save-state", metavar="F", default=None, help="after the generation, save the sequence (the "
+                   "prompt and every generated token, the last one fed too) to F: one safetensors file with the "
+                   "per-layer state, the next-token logits, the token ids and a manifest naming the model file's "
+                   "sha256 (refengine/state_file.py)")
+    r.add_argument("--load-state", metavar="F", default=None, help="continue the sequence saved in F (refused for "
+                   "another model file): --tokens / --prompt are then the continuation, appended to it; without "
+                   "them generation goes on from the saved next-token logits. The run is the uninterrupted one, "
+                   "bit for bit")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar (hashing a big model file)")
     r.set_defaults(fn=cmd_run)
 
     qz = sub.add_parser("quantize", help="rewrite a GGUF with a per-tensor type recipe",

@@ -69,3 +69,12 @@ class NonFiniteError(RefengineError):
 
 class OracleError(RefengineError):
     """The llama.cpp oracle could not be run (not installed, refused the file)."""
+
+
+class StateFileError(RefengineError):
+    """A saved sequence state (`refengine.state_file`) that cannot be written or read back: truncated or corrupt,
+    another format version, a container or attribute the format cannot hold."""
+
+
+class StateMismatchError(StateFileError):
+    """A state file saved for another model (another architecture or model file sha256): names both."""

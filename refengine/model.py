@@ -126,10 +126,19 @@ class Model:
             a.block(x, self.layer(il), cfg=cfg, il=il, state=fresh.layers[il], step=step, rt=rt)
         return a.head(np.asarray(head_input, dtype=np.float32).reshape(x0.shape), self.g, cfg, rt)
 
-    def generate(self, tokens, n: int, *, rt: Runtime | None = None, eos: int | None = None, on_token=None) -> list[int]:
-        """Greedy continuation: prefill `tokens`, then decode one token at a time (KV cache). Returns the new ids."""
-        state = self.new_state()
-        logits = self.forward(tokens, state, rt)
+    def generate(self, tokens, n: int, *, rt: Runtime | None = None, eos: int | None = None, on_token=None,
+                 state: ModelState | None = None, logits: np.ndarray | None = None) -> list[int]:
+        """Greedy continuation: prefill `tokens`, then decode one token at a time (KV cache). Returns the new ids.
+
+        state, logits: continue that sequence (e.g. one loaded from a state file, `refengine.state_file`) instead
+        of a fresh one; `tokens` may then be empty, the first new id coming from `logits` (the last position's,
+        [V] or [T, V]). The last new id is not fed: `state` ends holding every token but that one."""
+        state = state if state is not None else self.new_state()
+        if len(tokens):
+            logits = self.forward(tokens, state, rt)
+        elif logits is None:
+            raise ConfigError("generate: no tokens given and no logits to continue from")
+        logits = np.asarray(logits).reshape(-1, self.cfg.n_vocab)
         out: list[int] = []
         for _ in range(n):
             nxt = int(np.argmax(logits[-1]))

@@ -342,3 +342,28 @@ def test_ptx_sm90_device_kernels_one_per_family():
 @exhaustive
 def test_ptx_sm90_device_kernels():
     ptx_sm90("refengine.cuda.ptx", timeout=600)
+
+
+@(exhaustive if not GPU else (lambda f: f))                # the simulator: a minute (six device forwards)
+def test_device_state_saved_and_loaded(tmp_path_factory, tmp_path):
+    """The device cache is copied to the host when saved (refengine/state_file.py) and uploaded when a loaded state
+    first runs on the device: the continuation equals the uninterrupted device run bit for bit."""
+    from refengine.cuda import DeviceModel
+    from refengine.state_file import load_state, save_state
+    m = _model(tmp_path_factory, "llama", "tiny" if GPU else "micro", "Q8_0")
+    prompt, toks = ([3, 17, 42, 5, 9], [7, 11, 13, 2]) if GPU else ([3, 17], [7, 11])
+    dm = DeviceModel(m)
+    st = m.new_state()
+    want = [dm.forward(prompt, st)] + [dm.forward([t], st) for t in toks]
+    st = m.new_state()
+    dm.forward(prompt, st)
+    dm.forward(toks[:1], st)
+    save_state(tmp_path / "s.safetensors", m, st)
+    assert st.device is not None and all(kv.n == 0 for kv in st.layers)     # the caller's state is left as it was
+    m2 = Model(m.path)
+    loaded = load_state(tmp_path / "s.safetensors", m2)
+    assert all(kv.n == len(prompt) + 1 for kv in loaded.layers)
+    dm2 = DeviceModel(m2)
+    got = [dm2.forward([t], loaded) for t in toks[1:]]
+    for i, (w, g) in enumerate(zip(want[2:], got)):
+        assert np.array_equal(w, g), f"step {i}: relative RMS {rel_rms(g, w):.2e}"

@@ -150,6 +150,32 @@ class DeviceState:
             self.vt.append(cuda.to_device(np.zeros((Hkv, cfg.head_dim_v, s_pad), np.float32), stream=stream))
         self.pos = cuda.device_array(1, np.int32, stream=stream)
 
+    def host_state(self, model, state):
+        """A host ModelState holding this device cache's first state.n_past rows per layer (a KVCache each, as the
+        NumPy path fills them): what a state file saves. `state` itself is left as it is."""
+        n = state.n_past
+        host = model.new_state()
+        for il, kv in enumerate(host.layers):
+            if n:
+                kv.append(self.kc[il][:n].copy_to_host(), self.vc[il][:n].copy_to_host())
+        host.n_past = n
+        return host
+
+    def upload(self, state, stream) -> None:
+        """Fill this (fresh) device cache with a host state's rows: one loaded from a state file, or run so far
+        on another backend. Every layer must be a KVCache holding state.n_past rows."""
+        n = state.n_past
+        for il, kv in enumerate(state.layers):
+            if getattr(kv, "n", None) != n or kv.k.view() is None:
+                raise ConfigError(f"the cuda device path continues a host state only where every layer is a KV "
+                                  f"cache of n_past = {n} rows (layer {il}: {type(kv).__name__})")
+            k, v = kv.k.view(), kv.v.view()                       # [n, Hkv, K], [n, Hkv, V]
+            self.kc[il][:n].copy_to_device(np.ascontiguousarray(k, dtype=np.float32), stream=stream)
+            self.vc[il][:n].copy_to_device(np.ascontiguousarray(v, dtype=np.float32), stream=stream)
+            vt = np.zeros(self.vt[il].shape, np.float32)          # [Hkv, V, S_pad], zeros past the rows
+            vt[:, :, :n] = v.transpose(1, 2, 0)                   # [n, Hkv, V] -> [Hkv, V, n]
+            self.vt[il].copy_to_device(vt, stream=stream)
+
 
 class DeviceModel:
     def __init__(self, model, *, graphs: bool | None = None, n_layer: int | None = None,
@@ -339,9 +365,10 @@ class DeviceModel:
             raise ConfigError(f"{m.path}: {state.n_past + T} positions exceed the context size n_ctx = {m.n_ctx}")
         st = getattr(state, "device", None)
         if st is None:
-            if state.n_past:
-                raise ConfigError("the cuda device path continues only a state it started (its KV cache is on the GPU)")
-            st = state.device = DeviceState(cfg, m.n_ctx, self.stream)
+            st = DeviceState(cfg, m.n_ctx, self.stream)
+            if state.n_past:                             # a host state (a state file, another backend): uploaded
+                st.upload(state, self.stream)
+            state.device = st
         for il in range(self.n_layer):
             self.layer(il)
         pos = np.arange(state.n_past, state.n_past + T)
