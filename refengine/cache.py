@@ -11,12 +11,13 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `LatentKV`       | `attention/mla.py` absorbed | latent c [S, C] and the shared rope key k_pe [S, R]        |
 | `KVCache`        | `attention/mla.py` naive    | decompressed keys [S, H, K] and values [S, H, V]           |
 | `IndexerKeys`    | `attention/dsa_indexer.py`  | the lightning indexer's keys [S, di] (llama.cpp's "lid" cache) |
-| `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` |
+| `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` (or `KPoolKeys`) |
 | `RecurrentState` | `attention/gated_deltanet.py`, `attention/kda.py` | conv tail [n_conv - 1, channels] and delta-rule matrix |
 | `WindowKV`       | `attention/compressed_kv.py` | the raw keys (K = V) of the last n_swa positions, with their positions |
 | `BlockFill`      | `attention/kv_compressor.py` | a compressor's projected rows (kv, gate score) of the block being filled (and the one before it: overlap) |
 | `PooledBlocks`   | `attention/kv_compressor.py` | one pooled key per finished block [n_blocks, K] (attention keys, or the indexer's) |
 | `CompressedKV`   | `attention/compressed_kv.py` | DeepSeek-V4's layer: the window, and by ratio the pooled blocks, the block being filled, the indexer's keys and block |
+| `KPoolKeys`      | `attention/kpool_indexer.py` | the k-pool indexer's pooled keys [n_pools, di] and the key / gate rows of the pool being filled |
 
 A container of an attention with several forms carries the form its sequence runs (`form`: MLA's "absorbed" /
 "naive", a delta rule's "recurrent" / "chunked"); the attention module reads it, so an arch passes the state and
@@ -151,10 +152,11 @@ class IndexerKeys:
 @state_container
 @dataclass
 class DSAState:
-    """A DSA layer: its MLA cache (`LatentKV` absorbed or `KVCache` naive) and its indexer keys; a layer
-    that reuses an earlier layer's selection (glm-dsa's shared indexer layers) has `index = None`."""
+    """A DSA layer: its MLA cache (`LatentKV` absorbed or `KVCache` naive) and its indexer's state (`IndexerKeys`, or
+    the k-pool indexer's `KPoolKeys`); a layer that reuses an earlier layer's selection (glm-dsa's and glm5-next's
+    shared indexer layers) has `index = None`."""
     kv: object
-    index: IndexerKeys | None = None
+    index: object = None
 
     @property
     def n(self) -> int:
@@ -243,6 +245,20 @@ class CompressedKV:
     index_keys: PooledBlocks | None = None
     index_fill: BlockFill | None = None
     n: int = 0                                           # positions seen
+
+
+@state_container
+class KPoolKeys:
+    """The k-pool indexer's state (GLM-5.3-Flash): one pooled key per finished pool of `kpool` positions, and the
+    projected key and gate rows of the pool being filled (fewer than kpool). llama.cpp keeps key | gate | pooled in
+    one f32 row per position of its indexer cache (src/llama-memory-hybrid-idx.cpp:57, the pooled key in the row
+    of the pool's last member); the pooled keys and the rows not yet pooled are what it reads again."""
+
+    def __init__(self, dtype=np.float32):
+        self.pooled = Rows(dtype)                        # [n_pools, di]
+        self.fill_k: np.ndarray | None = None            # [m, di], m < kpool
+        self.fill_g: np.ndarray | None = None            # [m, di]
+        self.n = 0                                       # positions seen
 
 
 @dataclass

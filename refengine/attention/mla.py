@@ -240,6 +240,7 @@ NAMES = {
     "Q": "Qcur",                          # the attention's query: naive [T, H, dk], absorbed [T, H, C+R]
     "K": "Kcur",                          # its new keys: naive [T, H, dk], absorbed [T, 1, C+R]
     "V": ("Vcur_view", "Vcur_cont"),      # the per-head values [T, H, dv] split out of attn_kv_b (legacy files)
+    "q_abs": "q_nope_absorbed_perm",      # the absorbed query [T, H, C] (glm5-next.cpp:958-961 names it q_absorbed)
 }
 K_PARTS = ("nope", "rope")                # the naive form's per-head key: K = [k_nope | k_pe], as Q = [q_nope | q_pe]
 
@@ -331,7 +332,8 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, 
     q_abs = _mm_heads(q_nope_perm, k_b, rt, dtype)                                 # [H, T, C]
     rt.record("q_nope_absorbed", il, q_abs)
     q_abs = q_abs.transpose(1, 0, 2)                                               # [H, T, C] -> [T, H, C]
-    rt.record("q_nope_absorbed_perm", il, q_abs)
+    for n in (names["q_abs"],) if isinstance(names["q_abs"], str) else names["q_abs"]:
+        rt.record(n, il, q_abs)
     Q = np.concatenate([q_abs, q_pe.astype(dtype)], axis=-1)                       # [T, H, C+R]
     rec_form(names["Q"], il, Q)
     rec_form("Vcur", il, c[:, None, :])                                            # [T, 1, C]
