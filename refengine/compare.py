@@ -46,7 +46,8 @@ SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scal
                 "ffn_moe_swiglu", "ffn_moe_silu", "ffn_moe_situ", "ffn_moe_swiglu_limited", "ffn_moe_down", "ffn_moe_weighted",
                 "ffn_moe_up_scaled", "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
 KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score",   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
-             "lid_score_masked", "csa_top_k_mask")              # DeepSeek-V4: [T, n_blocks] padded to 256
+             "lid_score_masked", "csa_top_k_mask",              # DeepSeek-V4: [T, n_blocks] padded to 256
+             "indexer_sel", "kq_mask_dsa")                      # glm5-next: [T, n_kv] selection masks
 # DeepSeek-V4 (attention/compressed_kv.py): caches padded along the cell axis ([n_cells, 1, K], NumPy axis -3) ...
 KV_ROWS_PADDED = ("csa_raw_k", "csa_comp_k", "hca_raw_k", "hca_comp_k", "lid_k",
                   "indexer_pool_k")                             # glm5-next: [n_pool, 1, di], pools padded to 64
@@ -56,7 +57,7 @@ KV_SEGMENTS = {"kq": -1, "kq_soft_max": -1, "v_cont": -1, "csa_lid_kq_mask": -1,
                "csa_k_all": -3, "hca_k_all": -3}
 SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0,   # DSA: name -> the query (T) axis
                   "csa_top_k_mask": 0, "csa_lid_kq_mask": 0, "attn_csa_lid": 0, "attn_derope": 0,   # DeepSeek-V4
-                  "attn_wo_a": 1, "attn_out": 0}
+                  "attn_wo_a": 1, "attn_out": 0, "indexer_sel": 0, "kq_mask_dsa": 0}   # glm5-next
 TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}
 TOLERANCE_LLAMACPP = {"F32": 1e-8, "F16": 1e-7, "BF16": 1e-7, "quantized": 1e-7}
 

@@ -27,6 +27,7 @@ GDN_RL = ["mha", "gdn", "gdn", "gdn"]                # all_optional: attention.r
 KDA3 = ["kda", "kda", "kda", "mla"]                  # kimi-linear tiny
 K3 = ["kda", "kda", "mla", "kda", "mla"]             # kimi-k3 tiny: full_attn = (2, 4)
 DS4 = ["swa", "csa", "hca"]                          # deepseek4 tiny: compress_ratios 0, 4, 128
+G5 = ["kda", "dsa", "kda", "dsa", "dsa"]             # glm5-next tiny: MLA blocks 1, 3 (shares 1's selection), 4
 F32_CASES = [
     ("llama", dict(), None),
     ("llama", dict(all_optional=True), None),
@@ -64,12 +65,17 @@ F32_CASES = [
     ("deepseek4", dict(), DS4),
     ("deepseek4", dict(all_optional=True), DS4),
     ("deepseek4", dict(rope_scaling="none"), DS4),
+    # 64 tokens, kpool 4 and top-k 8 (2 pools): from position 11 on every query drops pools; selections equal per
+    # query (llama.cpp's top_k tie order reproduced, exact zero scores are common). All optional: the gate lower
+    # bound, the indexer LayerNorm eps (absent: 0), sigmoid gating written, shexp clamps apart, 4-D convs
+    ("glm5-next", dict(), G5),
+    ("glm5-next", dict(all_optional=True), G5),
 ]
-# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24); deepseek4 200,
-# past its ratio-128 block (the tokens after the 30 listed are seeded)
+# tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24); glm5-next 64;
+# deepseek4 200, past its ratio-128 block (the tokens after the 30 listed are seeded)
 F32_TOKENS = TOKENS + [17, 33, 5, 201, 160, 42, 9, 118, 77, 230, 4]
 F32_TOKENS += [int(t) for t in np.random.default_rng(27).integers(0, 256, 200 - len(F32_TOKENS))]
-N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "deepseek4": 200}
+N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "deepseek4": 200, "glm5-next": 64}
 
 
 def _case_id(kw):

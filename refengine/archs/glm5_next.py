@@ -37,7 +37,7 @@ import numpy as np
 
 from ..attention import kda, kpool_indexer, mla
 from ..cache import DSAState
-from ..config import BOOL, COUNT, COUNT0, EPS, FLOAT, Key, KeyReader, LayerSpec, ModelConfig, read_common, token_rows
+from ..config import BOOL, COUNT, EPS, FLOAT, Key, KeyReader, LayerSpec, ModelConfig, read_common, token_rows
 from ..errors import ConfigError
 from ..ffn import dense_ffn_table
 from ..globals import embed_tokens
@@ -128,14 +128,15 @@ def config_from_gguf(gf) -> Glm5NextConfig:
     common, n_head, n_head_kv = read_common(r, rope_type=ROPE_TYPE, n_vocab=token_rows(gf))
     L, L_all = common["n_layer"], common["n_layer"] + common["n_layer_nextn"]
     if not r.has("rope.dimension_count") or common["n_rot"] != 0:     # GGML_ASSERT(n_rot() == 0), :935
+        got = common["n_rot"] if r.has("rope.dimension_count") else "absent"
         raise ConfigError(f"{path}: {r._k('rope.dimension_count')} must be 0 (glm5-next's MLA is nope-only; llama.cpp "
-                          f"asserts \"GLM5-Next MLA is nope-only\"), is {common['n_rot'] if r.has('rope.dimension_count') else 'absent'}")
+                          f"asserts \"GLM5-Next MLA is nope-only\"), is {got}")
     kda_blocks = [il for il in range(L) if int(n_head_kv[il]) == 0]
     wide = [il for il in range(L) if il not in kda_blocks and int(n_head_kv[il]) != 1]
     if wide:        # the MLA cache holds head_count_kv[il] latent rows per token
         raise ConfigError(f"{path}: {r._k('attention.head_count_kv')} = {list(n_head_kv)}: MLA block {wide[0]} has "
                           f"{n_head_kv[wide[0]]} KV heads, not the one latent row llama.cpp's MLA cache holds")
-    H = int(n_head[0])                                      # n_head(): KDA and MLA blocks alike (:564, LLAMA_LOAD_LOCALS)
+    H = int(n_head[0])                    # n_head(): KDA and MLA blocks alike (:564, LLAMA_LOAD_LOCALS)
     eps = common["rms_eps"]
 
     # KDA (:15-16)
@@ -269,7 +270,9 @@ def new_state(cfg, attn_form: str | None = None) -> list:
 
 def embed(g, cfg, step, rt):
     """The n residual streams, each the token embedding: [T, n, D]."""
-    X = mhc.expand(embed_tokens(g, step.tokens, rt), cfg.hc.n)
+    x = embed_tokens(g, step.tokens, rt)                                  # [T, D]
+    rt.record("inp_embd", -1, x)                                          # glm5-next.cpp:559
+    X = mhc.expand(x, cfg.hc.n)
     rt.record("hc_init", -1, X)
     return X
 

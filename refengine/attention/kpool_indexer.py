@@ -19,7 +19,11 @@ its inputs :1086-1283):
                   + (0 if pool p ends at or before t's position else -inf)             [T, P]      indexer_score
     top[t]      = the min(P_visible, k / kp) visible pools of largest score            [T, k/kp]   indexer_top_k
     attended[t] = the members of top[t], plus (kpool_select_tail) the positions of t's own unfinished
-                  pool up to t: p - j for j < (p - pos0 + 1) % kp                      (then the causal mask)
+                  pool up to t: p - j for j < (p - pos0 + 1) % kp; as an additive mask with the causal
+                  one                                                                  [T, S]      indexer_sel
+
+A query whose own pool is finished (p + 1 a multiple of kp) has no tail: it sees itself only when its pool is
+among the top ones (llama.cpp's rule, measured: position 63 of a 64-token prompt, kp 4, attends 28-31, 56-59).
 
 A pool's key is computed once, when its last member arrives, and kept: the state carries the pooled keys and
 the key / gate rows of the pool being filled (`KPoolKeys`). A layer of `attention.indexer.types` 0 (shared)
@@ -35,7 +39,7 @@ import numpy as np
 from ..cache import KPoolKeys
 from ..ops import layer_norm
 from ..ops.softmax import softmax
-from ..ops.top_k import heap_select
+from ..ops.top_k import ggml_top_k
 from ..weights import W
 from .dsa_indexer import index_scores, index_weights
 
@@ -69,7 +73,7 @@ def table(il: int, kc: KPoolConfig, *, q_lora_rank: int) -> list[W]:
             W("indexer_proj", p + "indexer.proj.weight", lambda c, s: (Hi, c.n_embd), required=req),       # ne {D, Hi}
             W("indexer_attn_k", p + "indexer.attn_k.weight", lambda c, s: (di, c.n_embd), required=req),   # ne {D, di}
             W("indexer_attn_q_b", p + "indexer.attn_q_b.weight",
-              lambda c, s: (Hi * di, q_lora_rank), required=req),                                          # ne {Dq, Hi*di}
+              lambda c, s: (Hi * di, q_lora_rank), required=req),                                 # ne {Dq, Hi*di}
             W("indexer_kpool_gate", p + "indexer_compressor_gate.weight",
               lambda c, s: (di, c.n_embd), required=req),                                                  # ne {D, di}
             # ne {di, kp}: added to the gate scores (ggml_add), a small table read whole: kept in float
@@ -115,6 +119,9 @@ class PoolSelection:
     top: np.ndarray      # [T, n] int   pools by descending score, the visible ones first (n = min(k/kp, P))
     mask: np.ndarray     # [T, S] float32   0 at the attended positions (causal), -inf elsewhere
     score: np.ndarray    # [T, P] float32   pool scores, -inf for pools not finished by the query
+    slots: np.ndarray    # [T, n_sel] int   llama.cpp's selection slots as positions: kp per chosen pool in its
+                         #                  order, then kp - 1 tail slots (dead slots: the call's first position)
+    live: np.ndarray     # [T, n_sel] bool  the slots attended (visible pools, real tail positions)
 
 
 def n_pool_padded(P: int) -> int:
@@ -123,33 +130,46 @@ def n_pool_padded(P: int) -> int:
     return max(64, -(-(P + 1) // 64) * 64)
 
 
-def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig) -> tuple[np.ndarray, np.ndarray]:
-    """score [T, P] (masked), q_pos [T] -> (top pools [T, n], attention mask [T, S]), n = min(k/kp, P).
+def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
+    """score [T, P] (masked), q_pos [T] -> (top pools [T, n], attention mask [T, S], slots [T, n_sel],
+    live [T, n_sel]), n = min(k/kp, P).
 
     The set is llama.cpp's: `ggml_top_k` over its padded pool axis picks min(n_pool_padded, k/kp) pools, tied
     scores resolved as its CPU op does (ops/top_k.py: exact ties are common, a pool every head scores below zero
-    scores 0); the pools among them that the query may see (finite score) are attended. `top` lists them by
-    descending score (ties: the earlier pool first), then the rest of the chosen slots' pools."""
+    scores 0), then `ggml_argsort` orders them by descending score (std::sort: stable for up to 16 pools); the
+    pools among them the query may see (finite score) are attended. `top` lists those first, then the other
+    pools by descending score. `slots` / `live`: the cells llama.cpp's gather form reads (glm5-next.cpp:877-895,
+    llama-memory-hybrid-idx.cpp:1180-1283: a padded pool and a missing tail cell read the call's first cell)."""
     T, P = score.shape
     kp = kc.kpool
     n_pad = n_pool_padded(P)
-    n = min(kc.n_top, P)
+    n, n_top = min(kc.n_top, P), min(kc.n_top, n_pad)
+    n_tail_slots = kp - 1 if kc.select_tail else 0
+    dummy = int(q_pos[0])
     row = np.full(n_pad, -np.inf, dtype=np.float32)
     top = np.zeros((T, n), dtype=np.int64)
     mask = np.full((T, S), -np.inf, dtype=np.float32)                             # [T, S]
+    slots = np.full((T, n_top * kp + n_tail_slots), dummy, dtype=np.int64)      # [T, n_sel]
+    live = np.zeros(slots.shape, dtype=bool)
     for t in range(T):
         row[:P] = score[t]
-        chosen = [i for i in heap_select(row, min(n_pad, kc.n_top)) if i < P and np.isfinite(row[i])]
-        chosen.sort(key=lambda i: (-row[i], i))
+        order = sorted(ggml_top_k(row, n_top), key=lambda i: -row[i])             # stable: argsort after top_k
+        chosen = [i for i in order if i < P and np.isfinite(row[i])]              # visible: first in the order
         rest = [i for i in np.argsort(-score[t], kind="stable") if i not in chosen]
         top[t] = (chosen + rest)[:n]
+        for j, pi in enumerate(order):
+            if pi < P:
+                slots[t, j * kp:(j + 1) * kp] = np.arange(pi * kp, (pi + 1) * kp)
+        live[t, :len(chosen) * kp] = True
         for pi in chosen:                                                         # finished pools the query keeps
             mask[t, pi * kp:(pi + 1) * kp] = 0.0
         if kc.select_tail:
             p = int(q_pos[t])
             n_tail = (p + 1) % kp                                                 # positions from pos0 = 0
             mask[t, p - n_tail + 1:p + 1] = 0.0
-    return top, mask
+            for j in range(n_tail):
+                slots[t, n_top * kp + j], live[t, n_top * kp + j] = p - j, True
+    return top, mask, slots, live
 
 
 def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il) -> PoolSelection:
@@ -172,10 +192,12 @@ def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il) -> Poo
     score = index_scores(iq, pooled, iw, visible.astype(np.float32))              # [T, P]
     rt.record("indexer_score", il, score)
     S = state.n
-    top, mask = select(score, q_pos, S, kc)
+    top, mask, slots, live = select(score, q_pos, S, kc)
     rt.record("indexer_top_k", il, top.astype(np.int32))
     causal = np.where(np.arange(S)[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf))
-    return PoolSelection(top=top, mask=(mask + causal).astype(np.float32), score=score)
+    mask = (mask + causal).astype(np.float32)                                     # [T, S]
+    rt.record("indexer_sel", il, mask)
+    return PoolSelection(top=top, mask=mask, score=score, slots=slots, live=live)
 
 
 # ---------------------------------------------------------------- the layer: MLA under the pooled selection
@@ -201,5 +223,37 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
         sel = step.memo(selection_key(kc.source), missing)
     S = state.n + T
     assert sel.mask.shape == (T, S), f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"
-    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=lambda q, k: sel.mask,
-                   qr=qr, names=names)
+    rt.record("kq_mask_dsa", il, sel.mask)                                        # [T, S]
+    y = mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=lambda q, k: sel.mask,
+                qr=qr, names=names)
+    if getattr(rt, "trace", None) is not None and state.kv.form == "absorbed" and gathers(T, S, sel.slots.shape[1]):
+        trace_gathered(h, qr, w, mc=mc, kc=kc, sel=sel, c_all=state.kv.c.view(), rt=rt, il=il)
+    return y
+
+
+GATHER_MAX_UB = 16      # glm5-next.cpp build_inp_kpool: calls of up to 16 tokens may attend gathered latents
+
+
+def gathers(T: int, S: int, n_sel: int) -> bool:
+    """Whether llama.cpp attends through its gather form for this call: T <= 16 and its n_kv (the cache's cells,
+    padded to 256: llama_kv_cache::get_n_kv, assuming a context of at least that) above the slots n_sel."""
+    return T <= GATHER_MAX_UB and max(256, -(-S // 256) * 256) > n_sel
+
+
+def trace_gathered(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, c_all, rt, il) -> None:
+    """Trace llama.cpp's gather form of the same attention (glm5-next.cpp:988-1004; it names these tensors instead
+    of the scatter form's): the selected latents in slot order, the softmax over the slots (dead ones masked) and
+    the heads' output. The numbers the model goes on with are `mla`'s (the same up to float order)."""
+    from . import mla
+    if kc.full:
+        rt.record("indexer_sel_idx", il, sel.slots.astype(np.int32))             # [T, n_sel]
+    kv = c_all[sel.slots]                                                         # [T, n_sel, C]
+    rt.record("kv_gathered", il, kv)
+    q = mla.project_q(h, w, mc=mc, rt=rt, il=il, qr=qr)                          # [T, H, dn]
+    q_abs = mla.absorb_query(q.transpose(1, 0, 2), w, mc=mc, rt=rt)              # [H, T, C]
+    kq = np.einsum("htc,tsc->ths", q_abs, kv, dtype=np.float32)                  # [T, H, n_sel]
+    dead = np.where(sel.live, np.float32(0.0), np.float32(-np.inf))[:, None, :]  # [T, 1, n_sel]
+    p = softmax(kq * np.float32(mc.kq_scale) + dead, axis=-1)                    # [T, H, n_sel]
+    rt.record("kq_soft_max_gathered", il, p)
+    o = np.einsum("ths,tsc->htc", p, kv, dtype=np.float32)                       # [H, T, C]
+    rt.record("kqv_gathered", il, mla.expand_values(o, w, mc=mc, rt=rt).transpose(1, 0, 2))   # [T, H, dv]

@@ -16,6 +16,19 @@ import numpy as np
 
 def heap_select(scores: np.ndarray, k: int) -> list[int]:
     """scores [n] -> the k indices std::partial_sort(.., greater) leaves in front (as a set; heap order)."""
+    return _partial_sort(scores, k, sort=False)
+
+
+def ggml_top_k(scores: np.ndarray, k: int) -> list[int]:
+    """scores [n] -> the k indices in the order llama.cpp's CPU `ggml_top_k` writes them: partial_sort's (heap
+    select, then sort_heap: descending, ties as the heap leaves them), entries 0 and 1 swapped (ops.cpp:8818-8821)."""
+    out = _partial_sort(scores, k, sort=True)
+    if len(out) > 1:
+        out[0], out[1] = out[1], out[0]
+    return out
+
+
+def _partial_sort(scores: np.ndarray, k: int, *, sort: bool) -> list[int]:
     s = [float(x) for x in scores]
     n = len(s)
     k = min(k, n)
@@ -58,4 +71,9 @@ def heap_select(scores: np.ndarray, k: int) -> list[int]:
             value = first[i]
             first[i] = first[0]
             adjust_heap(0, k, value)
+    if sort:                                  # sort_heap(first, first + k): pop the top to the back, k - 1 times
+        for last in range(k - 1, 0, -1):
+            value = first[last]
+            first[last] = first[0]
+            adjust_heap(0, last, value)
     return first[:k]
