@@ -210,7 +210,12 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     """Nope-only MLA attending the positions the k-pool indexer keeps (glm5-next.cpp:923-1013, build_dsa_layer):
     h [T, D] (attn_norm output) -> attn_output's input projected [T, D]. state: a `DSAState` (the MLA cache of
     its form; `KPoolKeys` where the layer runs its indexer). step: the forward call's Step, which carries the
-    selection from a full layer to the shared layers after it. names: MLA's trace names the graph changes."""
+    selection from a full layer to the shared layers after it. names: MLA's trace names the graph changes.
+
+    llama.cpp runs one of two forms of the same attention (glm5-next.cpp:988-1009): calls of up to 16 tokens whose
+    cache is longer than the selection gather the selected latents (`gathered_mla`); others attend the whole cache
+    under the selection mask (`mla.mla` with `mask_fn`). The absorbed form runs llama.cpp's choice; the naive
+    form (per-head keys, no latent to gather) always the masked one."""
     from ..errors import ConfigError
     from . import mla
     T = h.shape[0]
@@ -223,12 +228,11 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
         sel = step.memo(selection_key(kc.source), missing)
     S = state.n + T
     assert sel.mask.shape == (T, S), f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"
+    if state.kv.form == "absorbed" and gathers(T, S, sel.slots.shape[1]):
+        return gathered_mla(h, qr, w, mc=mc, kc=kc, sel=sel, state=state.kv, rt=rt, il=il, names=names)
     rt.record("kq_mask_dsa", il, sel.mask)                                        # [T, S]
-    y = mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=lambda q, k: sel.mask,
-                qr=qr, names=names)
-    if getattr(rt, "trace", None) is not None and state.kv.form == "absorbed" and gathers(T, S, sel.slots.shape[1]):
-        trace_gathered(h, qr, w, mc=mc, kc=kc, sel=sel, c_all=state.kv.c.view(), rt=rt, il=il)
-    return y
+    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=lambda q, k: sel.mask,
+                   qr=qr, names=names)
 
 
 GATHER_MAX_UB = 16      # glm5-next.cpp build_inp_kpool: calls of up to 16 tokens may attend gathered latents
@@ -240,20 +244,28 @@ def gathers(T: int, S: int, n_sel: int) -> bool:
     return T <= GATHER_MAX_UB and max(256, -(-S // 256) * 256) > n_sel
 
 
-def trace_gathered(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, c_all, rt, il) -> None:
-    """Trace llama.cpp's gather form of the same attention (glm5-next.cpp:988-1004; it names these tensors instead
-    of the scatter form's): the selected latents in slot order, the softmax over the slots (dead ones masked) and
-    the heads' output. The numbers the model goes on with are `mla`'s (the same up to float order)."""
+def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt, il, names=None) -> np.ndarray:
+    """The gather form (glm5-next.cpp:988-1004): per query the latents of its selection slots (`sel.slots`, dead
+    slots masked), softmax over them, the heads' values and the output projection. h [T, D], qr [T, Dq] -> [T, D].
+    state: the layer's LatentKV (the new latents appended)."""
     from . import mla
+    T, H = h.shape[0], mc.n_head
+    q = mla.project_q(h, w, mc=mc, rt=rt, il=il, qr=qr)                          # [T, H, dn]
+    c, _ = mla.project_kv_a(h, w, mc=mc, cos=None, sin=None, rt=rt, il=il)        # [T, C]
+    q_abs = mla.absorb_query(q.transpose(1, 0, 2), w, mc=mc, rt=rt)              # [H, T, C]
+    rt.record("q_absorbed", il, q_abs.transpose(1, 0, 2))                         # [T, H, C]
+    c_all, _ = state.append(c, np.zeros((T, 0), np.float32))                      # [S, C]
     if kc.full:
         rt.record("indexer_sel_idx", il, sel.slots.astype(np.int32))             # [T, n_sel]
     kv = c_all[sel.slots]                                                         # [T, n_sel, C]
     rt.record("kv_gathered", il, kv)
-    q = mla.project_q(h, w, mc=mc, rt=rt, il=il, qr=qr)                          # [T, H, dn]
-    q_abs = mla.absorb_query(q.transpose(1, 0, 2), w, mc=mc, rt=rt)              # [H, T, C]
     kq = np.einsum("htc,tsc->ths", q_abs, kv, dtype=np.float32)                  # [T, H, n_sel]
     dead = np.where(sel.live, np.float32(0.0), np.float32(-np.inf))[:, None, :]  # [T, 1, n_sel]
     p = softmax(kq * np.float32(mc.kq_scale) + dead, axis=-1)                    # [T, H, n_sel]
     rt.record("kq_soft_max_gathered", il, p)
     o = np.einsum("ths,tsc->htc", p, kv, dtype=np.float32)                       # [H, T, C]
-    rt.record("kqv_gathered", il, mla.expand_values(o, w, mc=mc, rt=rt).transpose(1, 0, 2))   # [T, H, dv]
+    o = mla.expand_values(o, w, mc=mc, rt=rt).transpose(1, 0, 2)                  # [T, H, dv]
+    rt.record("kqv_gathered", il, o)
+    o = np.ascontiguousarray(o.reshape(T, H * mc.v_head))                        # [T, H*dv]
+    rt.record("kqv_out", il, o)
+    return rt.matmul(o, w.attn_output)                                            # [T, D]
