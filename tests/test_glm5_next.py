@@ -131,3 +131,59 @@ def test_prefill_then_decode_matches_llamacpp(synth_model, kw):
     got = np.concatenate(parts)
     assert metrics(ref, got)[0] <= 1e-8
     assert np.array_equal(ref.argmax(-1), got.argmax(-1))
+
+
+# ---------------------------------------------------------------- llama.cpp's own random-model writer's file
+
+WRITER_SEED = 7
+# the quantizations the lead's writer_files were made with (llama-quantize; the overrides as written there)
+WRITER_QUANT = {"F32": None,
+                "Q4_K_M": ["--tensor-type", "ssm_f_b=q8_0", "--tensor-type", "ssm_f_a=q8_0", "--tensor-type",
+                           "attn_k_b=q8_0", "--tensor-type", "ffn_gate_inp=q8_0", "--tensor-type", "ssm_beta=q8_0"],
+                "MXFP4_MOE": []}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("ftype", list(WRITER_QUANT))
+def test_llamacpp_random_writer_file(tmp_path, ftype, capsys):
+    """The file llama.cpp's tests/test-llama-archs writes for glm5-next (seed 7: 2 blocks, MLA dense then KDA MoE,
+    head_count uniform, top-k 131072: every pool kept) loads, lints clean and matches llama.cpp over 64 tokens: F32
+    at 1e-8, its llama-quantize Q4_K_M / MXFP4_MOE files in llama.cpp mode at 1e-7. Needs the tools built from the
+    vendored tree (tests/tools/build_llamacpp_tools.sh; $REFENGINE_LLAMACPP_BIN or build/llamacpp-tools/bin)."""
+    import os
+    import subprocess
+
+    from refengine.cli import main
+    from refengine.compare import run_compare
+    from reportcheck import check_report
+    root = os.path.join(os.path.dirname(__file__), "..")
+    bin_dir = os.environ.get("REFENGINE_LLAMACPP_BIN", os.path.join(root, "build", "llamacpp-tools", "bin"))
+    tools = {t: os.path.join(bin_dir, t) for t in ("test-llama-archs", "llama-quantize")}
+    if not all(os.access(p, os.X_OK) for p in tools.values()):
+        pytest.skip(f"llama.cpp's test-llama-archs / llama-quantize are not built in {bin_dir}")
+    subprocess.run([tools["test-llama-archs"], "-a", "^glm5-next$", "-s", str(WRITER_SEED), "-o", str(tmp_path)],
+                   check=True, capture_output=True)
+    path = str(tmp_path / "glm5-next-moe.gguf")
+    if WRITER_QUANT[ftype] is not None:
+        out = str(tmp_path / f"glm5-next-moe.{ftype}.gguf")
+        subprocess.run([tools["llama-quantize"], *WRITER_QUANT[ftype], path, out, ftype], check=True,
+                       capture_output=True)
+        path = out
+    assert main(["lint", path]) == 0
+    assert "would refuse" not in capsys.readouterr().out
+    m = Model(path)
+    assert [s.attn for s in m.cfg.layers] == ["dsa", "kda"]
+    tokens = [int(t) for t in np.random.default_rng(0).integers(0, m.cfg.n_vocab, 64)]
+    if ftype == "F32":
+        check_report(run_compare(path, tokens), 1e-8)
+        return
+    from refengine.flips import prove_flips
+    proof = prove_flips(m, tokens)
+    assert proof.outcome == WRITER_OUTCOME[ftype], proof.summary()
+    if proof.outcome == "pass":
+        check_report(run_compare(path, tokens, mode="llamacpp"), 1e-7)
+
+
+# measured (64 tokens): Q4_K_M logits 4e-14; MXFP4_MOE 8.9e-8 with ffn_moe_down-1 at 3.9e-7 before forcing: a proven
+# rounding flip of the experts' down input
+WRITER_OUTCOME = {"Q4_K_M": "pass", "MXFP4_MOE": "proven-flip"}

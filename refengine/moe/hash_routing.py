@@ -59,6 +59,12 @@ def table(il: int, mc: HashMoEConfig) -> list[W]:
           W("ffn_down_exps", p + "ffn_down_exps.weight", lambda c, s: (E, c.n_embd, F))]
     t += [W(f"ffn_{x}_shexp", p + f"ffn_{x}_shexp.weight", shape) for x, shape in (
         ("gate", lambda c, s: (S, c.n_embd)), ("up", lambda c, s: (S, c.n_embd)), ("down", lambda c, s: (c.n_embd, S)))]
+    # the generic pass's .scale / .input_scale (llama-model.cpp:1634-1773): per expert for the routed experts, one
+    # for the shared ones; loaded, never applied (build_moe_ffn and build_ffn are given none)
+    for x, n in ([(f"{g}_exps", (E,)) for g in ("gate", "down", "up")]
+                 + [(f"{g}_shexp", (1,)) for g in ("gate", "up", "down")]):
+        t += [W(f"ffn_{x}_{k}_unapplied", p + f"ffn_{x}.{k}", lambda c, s, n=n: n, required=False, dense=True)
+              for k in ("scale", "input_scale")]
     return t
 
 
