@@ -187,3 +187,29 @@ def test_llamacpp_random_writer_file(tmp_path, ftype, capsys):
 # measured (64 tokens): Q4_K_M logits 4e-14; MXFP4_MOE logits 8.9e-8 but ffn_moe_down-1 3.9e-7: ffn_swiglu-0 forced
 # (1 Q8_0 block scale of the dense block's down input), 4.2e-14 after
 WRITER_OUTCOME = {"Q4_K_M": "pass", "MXFP4_MOE": "proven-flip"}
+
+
+# ---------------------------------------------------------------- the real-size preset
+
+def test_flash_preset_is_the_published_size():
+    """glm-5.3-flash plans 313B parameters, 16.7B active per token: with its one MTP block (an MLA MoE block, not
+    written: llama.cpp does not run it) the published 320B, and about the published 18B active (the MTP block's and
+    the vision tower's active parts are not in the trunk). `layers=3` keeps one block of each kind."""
+    from refengine.synth import plan_tensors, resolve_preset
+    p = resolve_preset("glm5-next", "glm-5.3-flash")
+    plan = plan_tensors("glm5-next", p)
+    size = {t.name: int(np.prod(t.shape, dtype=np.int64)) for t in plan}
+    total = sum(size.values())
+    experts = sum(n for name, n in size.items() if "_exps." in name)
+    active = total - experts * (1 - 8 / 288) - size["token_embd.weight"]
+    mtp = sum(n for name, n in size.items() if name.startswith("blk.3."))           # an MLA MoE block
+    assert abs((total + mtp) / 320e9 - 1) < 0.01 and abs(active / 18e9 - 1) < 0.08, (total, mtp, active)
+    cut = resolve_preset("glm5-next", "glm-5.3-flash", layers=3)
+    assert cut["mla_layers"] == (1,) and cut["n_dense_lead"] == 1
+    shapes = {t.name: t.shape for t in plan_tensors("glm5-next", cut)}
+    assert shapes["blk.0.ffn_gate.weight"] == (12288, 4096) and shapes["blk.0.attn_q.weight"] == (64 * 128, 4096)
+    assert shapes["blk.1.attn_q_b.weight"] == (64 * 256, 1536) and shapes["blk.1.attn_k_b.weight"] == (64, 512, 256)
+    assert shapes["blk.1.indexer_compressor_ape.weight"] == (16, 128)
+    assert shapes["blk.1.indexer.attn_q_b.weight"] == (32 * 128, 1536)
+    assert shapes["blk.2.ffn_gate_exps.weight"] == (288, 2048, 4096) and "blk.2.ssm_g_b.weight" in shapes
+    assert shapes["blk.2.hc_attn_fn.weight"] == (24, 4 * 4096)

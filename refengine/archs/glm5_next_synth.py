@@ -19,6 +19,8 @@ Presets (`PRESETS[name]`):
              (lower bound -5, eps 1e-6, sigmoid), kpool_select_tail, swiglu_clamp_shexp (other values than the
              experts'), the 4-D conv layout, the shared layer's indexer tensors (unused) and the generic pass's
              .scale / .input_scale where the loader creates them (none applied).
+- `glm-5.3-flash`  published shapes (cited beside it). Too big to write whole; `layers=N` keeps N blocks, N = 3 one
+             of each kind: KDA dense, MLA MoE, KDA MoE (see synth_resolve).
 """
 from __future__ import annotations
 
@@ -34,20 +36,57 @@ TINY = dict(n_vocab=256, n_embd=64, n_layer=5, n_head=4, n_ctx=512, eps=1e-6,
             idx_heads=4, idx_dim=16, idx_top_k=8, kpool=4,
             hc=4, hc_iters=20, hc_eps=1e-6,
             n_ff=96, n_dense_lead=1, n_expert=8, n_expert_used=2, n_ff_exp=32, n_shared=1, norm_w=True, w_scale=2.5,
-            swiglu_clamp=(1.0, 1.5, 2.0, 0.0, 1.0))
+            swiglu_clamp=(1.0, 1.5, 2.0, 0.0, 1.0), swiglu_clamp_shexp=None, gate_lb=None, ln_eps=None)
+
+_FLASH_LAYERS = 45
 
 PRESETS: dict[str, dict] = {
     "tiny": TINY,
+    # GLM-5.3-Flash (320B total, ~18B active; llama.cpp: 45 blocks = LLM_TYPE_320B_A18B, glm5-next.cpp:55-58). The
+    # shapes are the defaults of transformers 5.23's Glm5NextTextConfig (transformers/models/glm5_next/
+    # configuration_glm5_next.py, checkpoint zai-org/GLM-5.3-Flash): vocab 154880, hidden 4096, 45 layers, 64 heads
+    # (KDA and MLA alike: linear_num_heads == num_attention_heads, asserted by conversion/glm.py:463), KDA head_dim
+    # 128, conv kernel 4, gate lower bound -5; MLA q_lora 1536, kv_lora 512, qk_nope 256, qk_rope 0, v 256; layer
+    # types KDA except every 4th (layers 3, 7, ..., 43 MLA); dense FFN 12288 in the first 3 layers, then 288
+    # routed experts of 2048, 8 per token, 1 shared, routed scale 2.5, norm_topk_prob; indexer 32 heads x 128,
+    # top-k 2048, kpool 16, the tail selected; indexer types: every layer full (index_topk_freq 1); hc 4 streams,
+    # 20 Sinkhorn iterations, eps 1e-6; swiglu_limit 10; rms eps 1e-5; max positions 1048576. The converter
+    # (conversion/glm.py:453-504) writes layer_norm_epsilon 1e-6, the clamps for experts and shared experts alike,
+    # and no expert_gating_func (sigmoid).
+    "glm-5.3-flash": dict(
+        n_vocab=154880, n_embd=4096, n_layer=_FLASH_LAYERS, n_head=64, n_ctx=1048576, eps=1e-5,
+        mla_layers=tuple(range(3, _FLASH_LAYERS, 4)), idx_types=(1,) * _FLASH_LAYERS, dh=128, d_conv=4,
+        q_lora=1536, kv_lora=512, k_mla=256, v_mla=256,
+        idx_heads=32, idx_dim=128, idx_top_k=2048, kpool=16,
+        hc=4, hc_iters=20, hc_eps=1e-6,
+        n_ff=12288, n_dense_lead=3, n_expert=288, n_expert_used=8, n_ff_exp=2048, n_shared=1, norm_w=True,
+        w_scale=2.5, swiglu_clamp=(10.0,) * _FLASH_LAYERS, swiglu_clamp_shexp=(10.0,) * _FLASH_LAYERS,
+        gate_lb=-5.0, ln_eps=1e-6),
 }
 
 
+def _kind(p: dict, il: int) -> tuple[bool, bool]:
+    return (il in p["mla_layers"], il < p["n_dense_lead"])
+
+
 def synth_resolve(p: dict, layers: int | None) -> dict:
-    """`layers=N` keeps the first N blocks (their MLA marks, indexer types and clamps); n_dense_lead <= N - 1."""
+    """`layers=N` keeps N blocks: the first N, except that where those lack a kind of block the preset has (KDA or
+    MLA, dense or MoE) and N leaves room, the first block of each kind is kept instead of later ones (GLM-5.3-Flash
+    starts KDA dense x 3, MLA MoE, KDA MoE: `layers=3` keeps blocks 0, 3, 4, one of each kind). The kept blocks keep
+    their kinds, indexer types and clamps; the dense ones stay leading."""
     if layers is None:
         return p
-    return dict(p, n_layer=layers, n_dense_lead=min(p["n_dense_lead"], layers - 1),
-                mla_layers=tuple(i for i in p["mla_layers"] if i < layers), idx_types=tuple(p["idx_types"][:layers]),
-                swiglu_clamp=tuple(p["swiglu_clamp"][:layers]))
+    L = p["n_layer"]
+    keep = list(range(layers))
+    first = sorted({min(i for i in range(L) if _kind(p, i) == k) for k in {_kind(p, i) for i in range(L)}})
+    if len(first) <= layers and not set(first) <= set(keep):
+        others = [i for i in range(L) if i not in first][:layers - len(first)]
+        keep = sorted(first + others)
+    pick = lambda v: None if v is None else tuple(v[i] for i in keep)       # noqa: E731
+    return dict(p, n_layer=layers, n_dense_lead=sum(1 for i in keep if i < p["n_dense_lead"]),
+                mla_layers=tuple(j for j, i in enumerate(keep) if i in p["mla_layers"]),
+                idx_types=pick(p["idx_types"]), swiglu_clamp=pick(p["swiglu_clamp"]),
+                swiglu_clamp_shexp=pick(p["swiglu_clamp_shexp"]))
 
 
 def is_kda(p: dict, il: int) -> bool:
@@ -173,10 +212,17 @@ def synth_metadata(p: dict, *, all_optional=False, rope_scaling=None, name=""):
           (f"{a}.hyper_connection.sinkhorn_iterations", p["hc_iters"], "u32"),
           (f"{a}.hyper_connection.epsilon", p["hc_eps"], "f32"),
           ("tokenizer.ggml.model", "none", "str")]
+    lb, ln_eps, shexp = p["gate_lb"], p["ln_eps"], p["swiglu_clamp_shexp"]
     if all_optional:
-        kv += [(f"{a}.kda.gate_lower_bound", -5.0, "f32"),
-               (f"{a}.attention.layer_norm_epsilon", 1e-6, "f32"),
-               (f"{a}.expert_gating_func", GATING_SIGMOID, "u32"),
-               (f"{a}.attention.indexer.kpool_select_tail", True, "bool"),
-               (f"{a}.swiglu_clamp_shexp", [float(c) * 0.75 for c in p["swiglu_clamp"][:L]], "arr_f32")]
+        lb = -5.0 if lb is None else lb
+        ln_eps = 1e-6 if ln_eps is None else ln_eps
+        shexp = [float(c) * 0.75 for c in p["swiglu_clamp"]] if shexp is None else shexp
+        kv += [(f"{a}.expert_gating_func", GATING_SIGMOID, "u32"),
+               (f"{a}.attention.indexer.kpool_select_tail", True, "bool")]
+    if lb is not None:
+        kv.append((f"{a}.kda.gate_lower_bound", lb, "f32"))
+    if ln_eps is not None:
+        kv.append((f"{a}.attention.layer_norm_epsilon", ln_eps, "f32"))
+    if shexp is not None:
+        kv.append((f"{a}.swiglu_clamp_shexp", [float(c) for c in shexp[:L]], "arr_f32"))
     return kv
