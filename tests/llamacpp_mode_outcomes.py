@@ -89,6 +89,8 @@ OUTCOMES = {
     # 2.3e-6: 1 Q8_0 block scale of block 4's latent experts' input (ffn_routed_down's output, unnamed in llama.cpp's
     # graph, kimi-k3.cpp:575-577; taken from its trace) and 1 Q8_K code of result_norm forced; 8.0e-14 after
     "llamacpp-writer-kimi-k3-Q4_K_M": "proven-flip",
+    "llamacpp-writer-glm5-next-Q8_0": "proven-flip",   # 4.4e-2: ffn_swiglu_limited-0 forced (1 Q8_0 code); 2.4e-14 after
+    "llamacpp-writer-glm5-next-Q4_K_M": "pass",        # 2.4e-14
 }
 
 
