@@ -37,10 +37,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache import KPoolKeys
+from ..errors import ConfigError
 from ..ops import layer_norm
 from ..ops.softmax import softmax
 from ..ops.top_k import ggml_top_k
 from ..weights import W
+from . import mla
 from .dsa_indexer import index_scores, index_weights
 
 
@@ -136,7 +138,8 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
 
     The set is llama.cpp's: `ggml_top_k` over its padded pool axis picks min(n_pool_padded, k/kp) pools, tied
     scores resolved as its CPU op does (ops/top_k.py: exact ties are common, a pool every head scores below zero
-    scores 0), then `ggml_argsort` orders them by descending score (std::sort: stable for up to 16 pools); the
+    scores 0), then `ggml_argsort` orders them by descending score (std::sort: an insertion sort, stable, for up to
+    16 pools; beyond, equal scores may come in another order: the gather form's slot order only, not the set); the
     pools among them the query may see (finite score) are attended. `top` lists those first, then the other
     pools by descending score. `slots` / `live`: the cells llama.cpp's gather form reads (glm5-next.cpp:877-895,
     llama-memory-hybrid-idx.cpp:1180-1283: a padded pool and a missing tail cell read the call's first cell)."""
@@ -216,8 +219,6 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     cache is longer than the selection gather the selected latents (`gathered_mla`); others attend the whole cache
     under the selection mask (`mla.mla` with `mask_fn`). The absorbed form runs llama.cpp's choice; the naive
     form (per-head keys, no latent to gather) always the masked one."""
-    from ..errors import ConfigError
-    from . import mla
     T = h.shape[0]
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="q_resid")                  # [T, Dq]
     if kc.full:
@@ -248,7 +249,6 @@ def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt
     """The gather form (glm5-next.cpp:988-1004): per query the latents of its selection slots (`sel.slots`, dead
     slots masked), softmax over them, the heads' values and the output projection. h [T, D], qr [T, Dq] -> [T, D].
     state: the layer's LatentKV (the new latents appended)."""
-    from . import mla
     T, H = h.shape[0], mc.n_head
     q = mla.project_q(h, w, mc=mc, rt=rt, il=il, qr=qr)                          # [T, H, dn]
     c, _ = mla.project_kv_a(h, w, mc=mc, cos=None, sin=None, rt=rt, il=il)        # [T, C]
