@@ -199,6 +199,7 @@ def test_v4_flash_preset_is_the_published_size():
 
 
 @pytest.mark.oracle
+@pytest.mark.exhaustive          # a 200-token proof, ~15 s on 2 cores; the 16-token cases run in CI (LLAMACPP_CASES)
 def test_published_mix_over_200_tokens_is_a_proven_flip(synth_model):
     """Q8_0 weights, MXFP4 routed experts (the published files' mix), llama.cpp mode, 200 tokens: llama.cpp
     rounds every matmul input to Q8_0, and over a long context a few values sit on a rounding boundary (measured:
@@ -218,3 +219,31 @@ def test_compare_local_is_refused_clearly(synth_model):
     from refengine.errors import UnsupportedArchError
     with pytest.raises(UnsupportedArchError, match="hyper-connection streams.*compare without --local"):
         run_compare(synth_model("deepseek4"), [1, 2, 3], local=True)
+
+
+def test_rope_tail_rotates_only_the_tail_and_inverts():
+    """The last R dims rotated (NORM pairs), the rest untouched; rope_back (inverse) undoes it."""
+    from refengine.attention.rope_tail import TailRope
+    rope = TailRope(n_rot=8, base=160000.0, freq_scale=0.25, ext_factor=1.0, attn_factor=1 / (1 + 0.1 * np.log(4.0)),
+                    n_ctx_orig=128, beta_fast=32.0, beta_slow=1.0)
+    x = np.random.default_rng(5).standard_normal((6, 2, 16)).astype(np.float32)
+    pos = np.arange(100, 106)
+    y = rope.apply(x, pos)
+    np.testing.assert_array_equal(y[..., :8], x[..., :8])
+    assert not np.allclose(y[..., 8:], x[..., 8:])
+    back = rope.apply(y, pos, inverse=True)
+    # YaRN's magnitude cancelled by attn_factor (|c + i s| ~ 1): the inverse restores x
+    np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-5)
+
+
+def test_hash_routing_takes_the_table_and_weighs_by_the_router():
+    from refengine.moe.hash_routing import hash_route
+    from refengine.moe.router import GATING_SQRT_SOFTPLUS, gate_probs
+    rng = np.random.default_rng(6)
+    logits = rng.standard_normal((3, 8)).astype(np.float32)
+    table = np.array([[1, 5], [0, 7], [2, 3], [6, 4]], np.int32)              # [V, A]
+    ids, w = hash_route(logits, table, np.array([3, 0, 3]), norm_w=True, w_scale=1.5)
+    assert ids.tolist() == [[6, 4], [1, 5], [6, 4]]
+    p = gate_probs(logits, GATING_SQRT_SOFTPLUS)
+    want = np.take_along_axis(p, ids, 1)
+    np.testing.assert_allclose(w, 1.5 * want / want.sum(1, keepdims=True), rtol=1e-6)
