@@ -1,6 +1,6 @@
 """`glm5-next`: GLM-5.3-Flash — KDA and nope-only MLA blocks under the k-pool indexer, in mHC streams.
 
-llama.cpp: `src/models/glm5-next.cpp` (keys :7-59, tensors :61-187, graph :556-683, KDA :686-762, the k-pool
+llama.cpp: `src/models/glm5-next.cpp` (keys :7-59, tensors :61-187, graph :549-683, KDA :686-762, the k-pool
 indexer :766-919, MLA :923-1013), its cache `src/llama-memory-hybrid-idx.cpp`. One block (Legend: T tokens,
 D model dim, n = 4 residual streams):
 
@@ -70,15 +70,15 @@ IGNORED_MATH_KEYS = ("attention.scale", "attention.clamp_kqv", "logit_scale", "e
                      "expert_shared_feed_forward_length", "attention.temperature_scale", "hash_layer_count",
                      "attention.compress_ratios")
 
-# The names glm5-next.cpp:700-761 gives KDA's tensors (kda.POINTS); the delta rule's by build_recurrent_attn's names
+# The names glm5-next.cpp:703-761 gives KDA's tensors (kda.POINTS); the delta rule's by build_recurrent_attn's names
 # (delta-net-base.cpp). f_a(h), g_a(h) and the gated output are matmul inputs llama.cpp leaves unnamed: refengine
 # names them (flip census).
 KDA_NAMES = {"q_conv": "kda_q_conv", "k_conv": "kda_k_conv", "v_conv": "kda_v_conv", "f_a": "kda_f_a",
              "g": "kda_g1", "beta": "kda_beta", "scan_out": ("attn_output", "kda_scan_out"), "state": "new_state",
              "g_a": "kda_g_a", "gate_heads": "kda_g2", "normed": "kda_normed", "gated": "kda_gated", "out": "kda_out"}
-KDA_TENSORS = dict(fused_qkv=False,             # the graph reads attn_q/k/v (glm5-next.cpp:690-692)
-                   ssm_a_shape=lambda H: (H,))  # ssm_a exactly {H} (:118)
-MLA_NAMES = {"q_abs": ("q_nope_absorbed_perm", "q_absorbed")}   # glm5-next.cpp:958-961
+KDA_TENSORS = dict(fused_qkv=False,             # the graph reads attn_q/k/v (glm5-next.cpp:700-702)
+                   ssm_a_shape=lambda H: (H,))  # ssm_a exactly {H} (:115)
+MLA_NAMES = {"q_abs": ("q_nope_absorbed_perm", "q_absorbed")}   # glm5-next.cpp:950-953
 
 # refengine.flips: which weights each llama.cpp-named tensor feeds (llama.cpp mode rounds it per weight type)
 MATMUL_INPUTS = [
@@ -136,7 +136,7 @@ def config_from_gguf(gf) -> Glm5NextConfig:
     if wide:        # the MLA cache holds head_count_kv[il] latent rows per token
         raise ConfigError(f"{path}: {r._k('attention.head_count_kv')} = {list(n_head_kv)}: MLA block {wide[0]} has "
                           f"{n_head_kv[wide[0]]} KV heads, not the one latent row llama.cpp's MLA cache holds")
-    H = int(n_head[0])                    # n_head(): KDA and MLA blocks alike (:564, LLAMA_LOAD_LOCALS)
+    H = int(n_head[0])                    # n_head(): KDA and MLA blocks alike (:567, LLAMA_LOAD_LOCALS)
     eps = common["rms_eps"]
 
     # KDA (:15-16)
@@ -180,7 +180,7 @@ def config_from_gguf(gf) -> Glm5NextConfig:
             continue
         if full[il]:
             last = il
-        elif last < 0:     # GGML_ASSERT(prev_sel != nullptr), :984
+        elif last < 0:     # GGML_ASSERT(prev_sel != nullptr), :962
             raise ConfigError(f"{path}: {r._k('attention.indexer.types')}: MLA block {il} shares the indexer but no "
                               f"earlier MLA block runs one (llama.cpp asserts \"shared indexer layer must follow a "
                               f"full indexer layer\")")
@@ -232,7 +232,7 @@ def config_from_gguf(gf) -> Glm5NextConfig:
 # ---------------------------------------------------------------- tensors
 
 def load_globals(gf, cfg):
-    """token_embd, output_norm, output (required: glm5-next.cpp:72-75)."""
+    """token_embd, output_norm, output (required: glm5-next.cpp:74-77)."""
     return fam.load_globals(gf, cfg, ARCH)
 
 
@@ -245,7 +245,7 @@ def load_layer(gf, cfg, il: int):
         table += kda.kda_table(gf, il, spec.attn_cfg, **KDA_TENSORS)
     else:
         dc = spec.attn_cfg
-        # attn_output.scale: loaded by the generic pass, never applied (glm5-next.cpp:1011 multiplies by wo alone)
+        # attn_output.scale: loaded by the generic pass, never applied (glm5-next.cpp:1009 multiplies by wo alone)
         table += (mla.mla_table(il, dc.mla, apply_output_scale=False)
                   + kpool_indexer.table(il, dc.indexer, q_lora_rank=dc.mla.q_lora_rank))
     if spec.ffn == "dense":
@@ -271,7 +271,7 @@ def new_state(cfg, attn_form: str | None = None) -> list:
 def embed(g, cfg, step, rt):
     """The n residual streams, each the token embedding: [T, n, D]."""
     x = embed_tokens(g, step.tokens, rt)                                  # [T, D]
-    rt.record("inp_embd", -1, x)                                          # glm5-next.cpp:559
+    rt.record("inp_embd", -1, x)                                          # glm5-next.cpp:555
     X = mhc.expand(x, cfg.hc.n)
     rt.record("hc_init", -1, X)
     return X

@@ -96,7 +96,7 @@ def is_kda(p: dict, il: int) -> bool:
 # ---------------------------------------------------------------- tensors
 
 def hc_plans(prefix: str, p: dict) -> list[TensorPlan]:
-    """One sub-layer's hyper-connection: fn [M, hc*D], base [M], scale [3] (glm5-next.cpp:86-91)."""
+    """One sub-layer's hyper-connection: fn [M, hc*D], base [M], scale [3] (glm5-next.cpp:87-94)."""
     hcD, M = p["hc"] * p["n_embd"], (2 + p["hc"]) * p["hc"]
     return [TensorPlan(prefix + "_fn.weight", (M, hcD), "matrix", hcD),
             TensorPlan(prefix + "_base.weight", (M,), "bias"),
@@ -104,7 +104,7 @@ def hc_plans(prefix: str, p: dict) -> list[TensorPlan]:
 
 
 def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
-    """The nope MLA block's tensors (glm5-next.cpp:120-159): norms, q-LoRA, the latent, k_b / v_b, output; the
+    """The nope MLA block's tensors (glm5-next.cpp:122-155): norms, q-LoRA, the latent, k_b / v_b, output; the
     k-pool indexer's where the layer runs it (all of them with all_optional)."""
     b, D, H = f"blk.{il}.", p["n_embd"], p["n_head"]
     Dq, C, dn, dv = p["q_lora"], p["kv_lora"], p["k_mla"], p["v_mla"]
@@ -130,7 +130,7 @@ def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
 
 
 def ffn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
-    """Dense SwiGLU (il < n_dense_lead) or router, exp_probs_b, routed and shared experts (glm5-next.cpp:161-178)."""
+    """Dense SwiGLU (il < n_dense_lead) or router, exp_probs_b, routed and shared experts (glm5-next.cpp:158-178)."""
     b, D = f"blk.{il}.", p["n_embd"]
     mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
     if il < p["n_dense_lead"]:

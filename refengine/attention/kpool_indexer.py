@@ -27,7 +27,7 @@ among the top ones (llama.cpp's rule, measured: position 63 of a 64-token prompt
 
 A pool's key is computed once, when its last member arrives, and kept: the state carries the pooled keys and
 the key / gate rows of the pool being filled (`KPoolKeys`). A layer of `attention.indexer.types` 0 (shared)
-runs no indexer and attends with the selection of the most recent full layer (glm5-next.cpp:980-986).
+runs no indexer and attends with the selection of the most recent full layer (glm5-next.cpp:956-964).
 The score op is llama.cpp's fused `ggml_lightning_indexer` (or its unfused twin): float32, as `index_scores`.
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ class KPoolConfig:
 # ---------------------------------------------------------------- tensors
 
 def table(il: int, kc: KPoolConfig, *, q_lora_rank: int) -> list[W]:
-    """The indexer's tensors (glm5-next.cpp:145-159): required where the layer runs its indexer, optional
+    """The indexer's tensors (glm5-next.cpp:140-155): required where the layer runs its indexer, optional
     (TENSOR_NOT_REQUIRED, and never read) in a shared layer. NumPy order shapes."""
     p, req = f"blk.{il}.", kc.full
     Hi, di, kp = kc.n_head, kc.head_dim, kc.kpool
@@ -92,7 +92,7 @@ def new_state(kc: KPoolConfig) -> KPoolKeys | None:
 
 def pool(ik: np.ndarray, ig: np.ndarray, ape: np.ndarray) -> np.ndarray:
     """Finished pools' rows -> their keys: ik, ig [P, kp, di], ape [kp, di] -> [P, di]
-    (softmax over the pool's members, per dimension; glm5-next.cpp:800-812)."""
+    (softmax over the pool's members, per dimension; glm5-next.cpp:806-814)."""
     probs = softmax((ig + ape[None]).transpose(0, 2, 1), axis=-1)                 # [P, di, kp]
     return np.sum(probs * ik.transpose(0, 2, 1), axis=-1, dtype=np.float32)       # [P, di]
 
@@ -141,7 +141,7 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     scores 0), then `ggml_argsort` orders them by descending score (std::sort: an insertion sort, stable, for up to
     16 pools; beyond, equal scores may come in another order: the gather form's slot order only, not the set); the
     pools among them the query may see (finite score) are attended. `top` lists those first, then the other
-    pools by descending score. `slots` / `live`: the cells llama.cpp's gather form reads (glm5-next.cpp:877-895,
+    pools by descending score. `slots` / `live`: the cells llama.cpp's gather form reads (glm5-next.cpp:871-878,
     llama-memory-hybrid-idx.cpp:1180-1283: a padded pool and a missing tail cell read the call's first cell)."""
     T, P = score.shape
     kp = kc.kpool
@@ -215,7 +215,7 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     its form; `KPoolKeys` where the layer runs its indexer). step: the forward call's Step, which carries the
     selection from a full layer to the shared layers after it. names: MLA's trace names the graph changes.
 
-    llama.cpp runs one of two forms of the same attention (glm5-next.cpp:988-1009): calls of up to 16 tokens whose
+    llama.cpp runs one of two forms of the same attention (glm5-next.cpp:970-1007): calls of up to 16 tokens whose
     cache is longer than the selection gather the selected latents (`gathered_mla`); others attend the whole cache
     under the selection mask (`mla.mla` with `mask_fn`). The absorbed form runs llama.cpp's choice; the naive
     form (per-head keys, no latent to gather) always the masked one."""
@@ -246,7 +246,7 @@ def gathers(T: int, S: int, n_sel: int) -> bool:
 
 
 def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt, il, names=None) -> np.ndarray:
-    """The gather form (glm5-next.cpp:988-1004): per query the latents of its selection slots (`sel.slots`, dead
+    """The gather form (glm5-next.cpp:971-996): per query the latents of its selection slots (`sel.slots`, dead
     slots masked), softmax over them, the heads' values and the output projection. h [T, D], qr [T, Dq] -> [T, D].
     state: the layer's LatentKV (the new latents appended)."""
     T, H = h.shape[0], mc.n_head

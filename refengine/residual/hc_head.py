@@ -10,7 +10,7 @@ then the usual rms_norm * output_norm and output matmul. llama.cpp: `build_hc_he
 (src/models/deepseek4.cpp:448-468). The streams themselves are residual/hyper_connections.py's.
 
 GLM-5.3-Flash (`glm5-next`) has no learned head: `hc_mean`, the plain mean of the streams, added in order and
-scaled by 1/n (`build_hc_mean`, src/models/glm5-next.cpp:344-352), then the same norm and output.
+scaled by 1/n (`build_hc_mean`, src/models/glm5-next.cpp:370-378), then the same norm and output.
 """
 from __future__ import annotations
 
