@@ -105,6 +105,19 @@ def test_decode_across_pool_boundaries(synth_model, form):
     assert idx.pooled.n == 10 and idx.fill_k.shape[0] == 0 and st.layers[3].index is None
 
 
+def test_no_tail_is_warned(synth_model, tmp_path):
+    """kpool_select_tail = false: positions 0 .. kpool-2 attend nothing; llama.cpp's softmax gives NaN (measured:
+    every logit NaN over 64 tokens, as here), so the file is read with a warning naming the key."""
+    from gguf_edit import GGUFValueType, rewrite
+    from refengine.config import ConfigWarning
+    path = rewrite(synth_model("glm5-next"), tmp_path / "no-tail.gguf",
+                   set_keys={"glm5-next.attention.indexer.kpool_select_tail": (False, GGUFValueType.BOOL)})
+    with pytest.warns(ConfigWarning, match="kpool_select_tail = false: the first 3 positions attend no key"):
+        m = Model(path)
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        assert np.isnan(m.forward(TOKENS[:8])).all()
+
+
 def test_pools_are_dropped(synth_model):
     """The tiny preset's indexer keeps 2 pools: over 40 tokens most queries drop some finished pools."""
     m = Model(synth_model("glm5-next"))

@@ -31,13 +31,15 @@ is required; the MTP blocks (`nextn_predict_layers`) are not run.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..attention import kda, kpool_indexer, mla
 from ..cache import DSAState
-from ..config import BOOL, COUNT, EPS, FLOAT, Key, KeyReader, LayerSpec, ModelConfig, read_common, token_rows
+from ..config import (BOOL, COUNT, EPS, FLOAT, ConfigWarning, Key, KeyReader, LayerSpec, ModelConfig, read_common,
+                      token_rows)
 from ..errors import ConfigError
 from ..ffn import dense_ffn_table
 from ..globals import embed_tokens
@@ -171,6 +173,11 @@ def config_from_gguf(gf) -> Glm5NextConfig:
                           f"attention.indexer.top_k = {top_k} (llama.cpp asserts indexer_kpool > 1 && "
                           f"indexer_top_k % indexer_kpool == 0)")
     tail = bool(_key(r, "attention.indexer.kpool_select_tail", True))
+    if not tail:        # positions 0 .. kpool-2 finish no pool and see no tail: their softmax is over -inf only
+        warnings.warn(f"{path}: {r._k('attention.indexer.kpool_select_tail')} = false: the first {kp - 1} positions "
+                      f"attend no key, and llama.cpp's softmax over -inf alone gives NaN, which every later position "
+                      f"then reads (measured: every logit NaN; refengine computes the same)", ConfigWarning,
+                      stacklevel=2)
     k_eps = float(_key(r, "attention.layer_norm_epsilon", 0.0))           # absent: hparams' 0
     types = r.per_layer("attention.indexer.types", L)
     full = [True] * L if types[0] is None else [bool(x) for x in types]
@@ -312,4 +319,6 @@ def head(X, g, cfg, rt):
     rt.record("result_norm", -1, h)
     logits = rt.matmul(h, g.output)                                         # [T, V]
     rt.record("result_output", -1, logits)
+    if rt.check_finite and not np.all(np.isfinite(logits)):
+        warnings.warn(f"{cfg.name or ARCH}: logits contain NaN/inf", RuntimeWarning, stacklevel=3)
     return logits
