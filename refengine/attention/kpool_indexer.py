@@ -45,6 +45,8 @@ from ..weights import W
 from . import mla
 from .dsa_indexer import index_scores, index_weights
 
+GATHER_MAX_UB = 16      # glm5-next.cpp:326 (build_inp_kpool): calls of up to 16 tokens may attend gathered latents
+
 
 @dataclass(frozen=True)
 class KPoolConfig:
@@ -141,7 +143,8 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     scores 0), then `ggml_argsort` orders them by descending score (std::sort: an insertion sort, stable, for up to
     16 pools; beyond, equal scores may come in another order: the gather form's slot order only, not the set); the
     pools among them the query may see (finite score) are attended. `top` lists those first, then the other
-    pools by descending score. `slots` / `live`: the cells llama.cpp's gather form reads (glm5-next.cpp:871-878,
+    pools by descending score. Without a tie at the k-th score the set is the k largest whichever way it is found
+    (a stable sort, faster than the heap's steps). `slots` / `live`: the cells llama.cpp's gather form reads (glm5-next.cpp:871-878,
     llama-memory-hybrid-idx.cpp:1180-1283: a padded pool and a missing tail cell read the call's first cell)."""
     T, P = score.shape
     kp = kc.kpool
@@ -154,9 +157,15 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     mask = np.full((T, S), -np.inf, dtype=np.float32)                             # [T, S]
     slots = np.full((T, n_top * kp + n_tail_slots), dummy, dtype=np.int64)      # [T, n_sel]
     live = np.zeros(slots.shape, dtype=bool)
+    exact_order = T <= GATHER_MAX_UB          # the slots' order matters only where the gather form reads them
     for t in range(T):
         row[:P] = score[t]
-        order = sorted(ggml_top_k(row, n_top), key=lambda i: -row[i])             # stable: argsort after top_k
+        srt = None if exact_order else np.argsort(-row, kind="stable")
+        if srt is not None and (n_top >= n_pad or not np.isfinite(row[srt[n_top - 1]])
+                                or row[srt[n_top - 1]] > row[srt[n_top]]):
+            order = [int(i) for i in srt[:n_top]]                                  # no tie at the k-th score: one set
+        else:
+            order = sorted(ggml_top_k(row, n_top), key=lambda i: -row[i])         # stable: argsort after top_k
         chosen = [i for i in order if i < P and np.isfinite(row[i])]              # visible: first in the order
         rest = [i for i in np.argsort(-score[t], kind="stable") if i not in chosen]
         top[t] = (chosen + rest)[:n]
@@ -235,8 +244,6 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=lambda q, k: sel.mask,
                    qr=qr, names=names)
 
-
-GATHER_MAX_UB = 16      # glm5-next.cpp build_inp_kpool: calls of up to 16 tokens may attend gathered latents
 
 
 def gathers(T: int, S: int, n_sel: int) -> bool:
