@@ -11,7 +11,7 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `LatentKV`       | `attention/mla.py` absorbed | latent c [S, C] and the shared rope key k_pe [S, R]        |
 | `KVCache`        | `attention/mla.py` naive    | decompressed keys [S, H, K] and values [S, H, V]           |
 | `IndexerKeys`    | `attention/dsa_indexer.py`  | the lightning indexer's keys [S, di] (llama.cpp's "lid" cache) |
-| `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` |
+| `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` (or `KPoolKeys`) |
 | `RecurrentState` | `attention/gated_deltanet.py`, `attention/kda.py` | conv tail [n_conv - 1, channels] and delta-rule matrix |
 | `WindowKV`       | `attention/compressed_kv.py` | the raw keys (K = V) of the last n_swa positions, with their positions |
 | `BlockFill`      | `attention/kv_compressor.py` | a compressor's projected rows (kv, gate score) of the block being filled (and the one before it: overlap) |
@@ -20,6 +20,7 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `QSAState`       | `attention/qsa.py`          | a `KVCache` and the QSA indexer's raw (unpooled) keys `IndexerKeys` [S, di] |
 | `NGramState`     | `embed/ngram.py`            | the last N-1 token ids and the n-gram conv's history [(Kc-1)*N, P*D] (fixed size) |
 | `WithNGram`      | `embed/ngram.py`            | a layer's attention container plus its `NGramState` (the PLE layer)  |
+| `KPoolKeys`      | `attention/kpool_indexer.py` | the k-pool indexer's pooled keys [n_pools, di] and the key / gate rows of the pool being filled |
 
 A container of an attention with several forms carries the form its sequence runs (`form`: MLA's "absorbed" /
 "naive", a delta rule's "recurrent" / "chunked"); the attention module reads it, so an arch passes the state and
@@ -154,10 +155,11 @@ class IndexerKeys:
 @state_container
 @dataclass
 class DSAState:
-    """A DSA layer: its MLA cache (`LatentKV` absorbed or `KVCache` naive) and its indexer keys; a layer
-    that reuses an earlier layer's selection (glm-dsa's shared indexer layers) has `index = None`."""
+    """A DSA layer: its MLA cache (`LatentKV` absorbed or `KVCache` naive) and its indexer's state (`IndexerKeys`, or
+    the k-pool indexer's `KPoolKeys`); a layer that reuses an earlier layer's selection (glm-dsa's and glm5-next's
+    shared indexer layers) has `index = None`."""
     kv: object
-    index: IndexerKeys | None = None
+    index: object = None
 
     @property
     def n(self) -> int:
@@ -287,6 +289,20 @@ class WithNGram:
     @property
     def form(self):
         return self.attn.form
+
+
+@state_container
+class KPoolKeys:
+    """The k-pool indexer's state (GLM-5.3-Flash): one pooled key per finished pool of `kpool` positions, and the
+    projected key and gate rows of the pool being filled (fewer than kpool). llama.cpp keeps key | gate | pooled in
+    one f32 row per position of its indexer cache (src/llama-memory-hybrid-idx.cpp:57, the pooled key in the row
+    of the pool's last member); the pooled keys and the rows not yet pooled are what it reads again."""
+
+    def __init__(self, dtype=np.float32):
+        self.pooled = Rows(dtype)                        # [n_pools, di]
+        self.fill_k: np.ndarray | None = None            # [m, di], m < kpool
+        self.fill_g: np.ndarray | None = None            # [m, di]
+        self.n = 0                                       # positions seen
 
 
 @dataclass

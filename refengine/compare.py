@@ -12,7 +12,8 @@ position is a near-tie: reported, not failed (the same rule as for expert ids).
 Expert ids (`ffn_moe_topk`) are compared as sets per token; a disagreement at the top-k boundary
 where llama.cpp's own probabilities tie (within `TIE_EPS`) is reported as a tie, not a failure.
 Tensors indexed by routing slot (`ffn_moe_up`, `ffn_moe_weights`, ...) are aligned by expert id first.
-DSA key selections (`top_k`, positions per query) are compared as sets of the causally visible positions; a
+DSA key selections (`top_k`, positions per query; glm5-next's `indexer_top_k`, pools per query) are compared as
+sets of the causally visible positions (pools); a
 difference where llama.cpp's gap between the k-th and (k+1)-th indexer score (`indexer_score`) is within the
 measured score error of that query is a near-tie, reported and not failed (the same rule). The attention
 tensors that depend on the selection (`kq_soft_max`, `kqv`, `kqv_mla`, `kqv_out`) are then compared only on
@@ -46,9 +47,11 @@ SLOT_TENSORS = ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_scal
                 "ffn_moe_up_scaled", "ffn_moe_gate_scaled", "ffn_moe_down_scaled")
 KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score",   # [H, T, n_kv] / [C, n_kv] in llama.cpp, n_kv >= S
              "lid_score_masked", "csa_top_k_mask",              # DeepSeek-V4: [T, n_blocks] padded to 256
-             "indexer_score_tokens")                            # QSA's cell scores
+             "indexer_score_tokens",                             # QSA's cell scores
+             "indexer_sel", "kq_mask_dsa")                      # glm5-next: [T, n_kv] selection masks
 # DeepSeek-V4 (attention/compressed_kv.py): caches padded along the cell axis ([n_cells, 1, K], NumPy axis -3) ...
-KV_ROWS_PADDED = ("csa_raw_k", "csa_comp_k", "hca_raw_k", "hca_comp_k", "lid_k")
+KV_ROWS_PADDED = ("csa_raw_k", "csa_comp_k", "hca_raw_k", "hca_comp_k", "lid_k",
+                  "indexer_pool_k")                             # glm5-next: [n_pool, 1, di], pools padded to 64
 # ... and tensors whose key axis is [raw cells | pooled cells], each segment padded: name -> the key axis. The
 # segments' lengths are read from the layer's `{csa,hca}_raw_k` / `_comp_k` on each side.
 KV_SEGMENTS = {"kq": -1, "kq_soft_max": -1, "v_cont": -1, "csa_lid_kq_mask": -1, "hca_kq_mask": -1,
@@ -61,7 +64,7 @@ BLOCK_PADDED = ("indexer_k_pooled", "indexer_k")
 SELECTIONS = {"top_k": "indexer_score", "lid_top_k": "lid_score_masked", "indexer_top_k": "indexer_score_tokens"}
 SELECTION_ROWS = {"kq_soft_max": 1, "kqv": 1, "kqv_mla": 1, "kqv_out": 0,   # DSA: name -> the query (T) axis
                   "csa_top_k_mask": 0, "csa_lid_kq_mask": 0, "attn_csa_lid": 0, "attn_derope": 0,   # DeepSeek-V4
-                  "attn_wo_a": 1, "attn_out": 0}
+                  "attn_wo_a": 1, "attn_out": 0, "indexer_sel": 0, "kq_mask_dsa": 0}   # glm5-next
 TOLERANCE_EXACT = {"F32": 1e-8, "F16": 1e-5, "BF16": 1e-3, "quantized": 1e-2}
 TOLERANCE_LLAMACPP = {"F32": 1e-8, "F16": 1e-7, "BF16": 1e-7, "quantized": 1e-7}
 
@@ -294,6 +297,9 @@ def _selection_rows(ref: dict, got: dict, il: str, cache: dict):
     if not js:
         return None
     j = js[0]
+    pools = f"indexer_top_k-{j}"                                  # glm5-next's k-pool indexer: sets of pools
+    if j not in cache and pools in ref and pools in got:
+        cache[j] = selection_sets(ref[pools], got[pools], ref[f"indexer_score-{j}"], got[f"indexer_score-{j}"])
     if j not in cache:
         m = j
         while f"top_k-{m}" not in ref and f"indexer_score-{m + 1}" not in ref and m < j + 1024:

@@ -24,6 +24,8 @@ CASES = {
     "kimi-linear": dict(tol=2 * TOL),                                            # measured 9.8e-7
     "qwen3next": dict(tol=1e-5),          # measured 1.5e-6 (its bound before this file: logits NMSE 1e-10)
     "kimi-k3": dict(tol=1e-5),            # measured 3.5e-6 (5 blocks, the residual bank sums every checkpoint)
+    # 20 tokens, pools dropped from position 11 on; 5 blocks in 4 streams: measured 8.8e-7 prefill, 1.3e-6 decode
+    "glm5-next": dict(tokens=DSA_TOKENS, tol=2 * TOL),
 }
 
 

@@ -176,6 +176,7 @@ REQUIRED = [
     ("deepseek4", "output-hc-fn", dict(drop_tensors=("output_hc_fn.weight",)), "MissingTensorError",
      r"output_hc_fn\.weight"),
     ("deepseek4", "output", dict(drop_tensors=("output.weight",)), "MissingTensorError", r"output\.weight"),
+<<<<<<< HEAD
     ("qwen4exp", "hc-count", dict(drop_keys=("qwen4exp.hyper_connection.count",)), "MissingKeyError",
      r"qwen4exp\.hyper_connection\.count"),
     ("qwen4exp", "hc-count-1", dict(drop_keys=("qwen4exp.hyper_connection.count",),
@@ -195,6 +196,40 @@ REQUIRED = [
      r"blk\.0\.ssm_alpha\.weight"),
     ("qwen4exp", "indexer-k-norm", dict(drop_tensors=("blk.1.indexer.k_norm.weight",)), "MissingTensorError",
      r"blk\.1\.indexer\.k_norm\.weight"),
+=======
+    ("glm5-next", "kpool", dict(drop_keys=("glm5-next.attention.indexer.kpool",)), "MissingKeyError",
+     r"glm5-next\.attention\.indexer\.kpool"),
+    ("glm5-next", "kpool-1", dict(set_keys={"glm5-next.attention.indexer.kpool": (1, UINT32)}), "ConfigError",
+     r"kpool = 1 must be > 1"),                     # glm5-next.cpp:45 asserts kpool > 1 && top_k % kpool == 0
+    ("glm5-next", "kpool-3", dict(set_keys={"glm5-next.attention.indexer.kpool": (3, UINT32)}), "ConfigError",
+     r"kpool = 3 must be > 1 and divide attention\.indexer\.top_k = 8"),
+    ("glm5-next", "rope-dims", dict(set_keys={"glm5-next.rope.dimension_count": (16, UINT32)}), "ConfigError",
+     r"rope\.dimension_count must be 0.*nope-only"),  # :935 asserts n_rot() == 0
+    ("glm5-next", "rope-dims-absent", dict(drop_keys=("glm5-next.rope.dimension_count",)), "ConfigError",
+     r"rope\.dimension_count must be 0.*absent"),    # absent: n_rot = key_length
+    ("glm5-next", "hc-count-2", dict(set_keys={"glm5-next.hyper_connection.count": (2, UINT32)}), "ConfigError",
+     r"hyper_connection\.count = 2"),
+    ("glm5-next", "hc-epsilon", dict(drop_keys=("glm5-next.hyper_connection.epsilon",)), "MissingKeyError",
+     r"glm5-next\.hyper_connection\.epsilon"),
+    ("glm5-next", "kda-head-dim", dict(drop_keys=("glm5-next.kda.head_dim",)), "MissingKeyError",
+     r"glm5-next\.kda\.head_dim"),
+    ("glm5-next", "key-length-mla", dict(drop_keys=("glm5-next.attention.key_length_mla",)), "MissingKeyError",
+     r"glm5-next\.attention\.key_length_mla"),
+    ("glm5-next", "shared-first", dict(set_keys={"glm5-next.attention.indexer.types": (
+        [True, False, True, False, True], GGUFValueType.ARRAY, GGUFValueType.BOOL)}), "ConfigError",
+     r"MLA block 1 shares the indexer but no earlier MLA block runs one"),
+    ("glm5-next", "kpool-ape", dict(drop_tensors=("blk.1.indexer_compressor_ape.weight",)), "MissingTensorError",
+     r"blk\.1\.indexer_compressor_ape\.weight"),
+    ("glm5-next", "kpool-gate", dict(drop_tensors=("blk.4.indexer_compressor_gate.weight",)), "MissingTensorError",
+     r"blk\.4\.indexer_compressor_gate\.weight"),
+    ("glm5-next", "exp-probs-b", dict(drop_tensors=("blk.1.exp_probs_b.bias",)), "MissingTensorError",
+     r"blk\.1\.exp_probs_b\.bias"),
+    ("glm5-next", "ssm-g-a", dict(drop_tensors=("blk.0.ssm_g_a.weight",)), "MissingTensorError",
+     r"blk\.0\.ssm_g_a\.weight"),
+    ("glm5-next", "hc-attn-fn", dict(drop_tensors=("blk.2.hc_attn_fn.weight",)), "MissingTensorError",
+     r"blk\.2\.hc_attn_fn\.weight"),
+    ("glm5-next", "output", dict(drop_tensors=("output.weight",)), "MissingTensorError", r"output\.weight"),
+>>>>>>> glm5
 ]
 
 

@@ -55,6 +55,9 @@ MATCH = {
     # deepseek4: get_key_or_arr keys as arrays (the converter already writes swiglu_clamp_exp as one)
     "deepseek4": ("deepseek4", {}, {"attention.head_count": [4] * 3, "attention.head_count_kv": [1] * 3,
                                     "expert_feed_forward_length": [32] * 3, "expert_used_count": [2] * 3}),
+    # glm5-next: head_count uniform (the writer's form, test-llama-archs.cpp:213-216), the rest as arrays
+    "glm5-next": ("glm5-next", {}, {"attention.head_count": [4] * 5, "expert_feed_forward_length": [32] * 5,
+                                    "expert_used_count": [2] * 5, "feed_forward_length": [96] * 5}),
     "qwen3next": ("qwen3next", {}, {"attention.head_count": [4] * 4, "attention.head_count_kv": [2] * 4,
                                     "expert_feed_forward_length": [256] * 4, "expert_used_count": [2] * 4}),
     "qwen4exp": ("qwen4exp", {}, {"attention.head_count": [4] * 4, "attention.head_count_kv": [2] * 4,

@@ -161,6 +161,17 @@ DS4_CASES = [("experts-MXFP4", {"tensor_types": _DS4_EXPERTS}),
              ("Q8_0-experts-MXFP4", {"wtype": "Q8_0", "tensor_types": {
                  **_DS4_EXPERTS, "hc_attn_fn.weight": "F32", "hc_ffn_fn.weight": "F32", "output_hc_fn.weight": "F32"}})]
 
+# glm5-next as llama.cpp's quantizer writes it (llama-quant.cpp:331-346, :472-485): the hc_* mixes, the indexer's
+# matrices, KDA's small ones (ssm_f_a/f_b/g_a/g_b/beta) and the MLA's latent ones (attn_kv_a_mqa, attn_k_b, attn_v_b)
+# never quantized (kept F32); attn_q_a / attn_q_b, never below Q8_0 there, are Q8_0 here (rows of 64 / 32, or too
+# short for Q4_K's 256). Q4_K: D = 256 (the tiny preset's 64 is too short a row for it)
+_G5_KEPT = {f"{n}.weight": "F32" for n in (
+    "hc_attn_fn", "hc_ffn_fn", "indexer.attn_q_b", "indexer.attn_k", "indexer.proj", "indexer_compressor_gate",
+    "indexer_compressor_ape", "ssm_f_a", "ssm_f_b", "ssm_g_a", "ssm_g_b", "ssm_beta", "attn_kv_a_mqa", "attn_k_b",
+    "attn_v_b")}
+G5_CASES = [("Q8_0", {"wtype": "Q8_0", "tensor_types": _G5_KEPT}),
+            ("Q4_K", {"wtype": "Q4_K", "tensor_types": _G5_KEPT, "overrides": {"n_embd": 256}})]
+
 LLAMACPP_CASES = (
     [(f"{a}-{t}", a, {"wtype": t}) for a in ("llama", "qwen3moe") for t in MODEL_TYPES]
     + [(f"deepseek2-{t}", "deepseek2", {"wtype": t}) for t in ("Q8_0", "Q4_K", "IQ2_XXS")]
@@ -171,7 +182,8 @@ LLAMACPP_CASES = (
     + [(f"kimi-k3-{t}", "kimi-k3", {"wtype": t}) for t in ("Q8_0", "Q4_K")]
     + [(f"kimi-k3-small-{t}", "kimi-k3", _k3_small(t)) for t in K3_SMALL_TYPES]
     + [(f"deepseek4-{v}", "deepseek4", kw) for v, kw in DS4_CASES]
-    + [(f"qwen4exp-{t}", "qwen4exp", {"wtype": t}) for t in ("Q8_0", "Q4_K")])
+    + [(f"qwen4exp-{t}", "qwen4exp", {"wtype": t}) for t in ("Q8_0", "Q4_K")]
+    + [(f"glm5-next-{v}", "glm5-next", kw) for v, kw in G5_CASES])
 CASES_BY_ID = {c[0]: c for c in LLAMACPP_CASES}
 
 
@@ -207,7 +219,12 @@ _K3_LATENT = ("per-expert rows of routed_in = ffn_routed_down(ffn_norm), which l
               "575-577): rows are located only in named tensors")
 _K3 = {**{f"blk.{il}.attn_k_b.weight": _K3_Q_NOPE for il in (2, 4)},
        **{f"blk.{il}.ffn_{x}_exps.weight": _K3_LATENT for il in (1, 2, 3, 4) for x in ("gate", "up")}}
-UNNAMED_MATMULS: dict[str, dict[str, str]] = {"kimi-k3-Q8_0": _K3, "kimi-k3-Q4_K": _K3}
+_G5_Q = ("its output q is unnamed in glm5-next.cpp:944-945 (a node_N of the trace), located by nearness to ours; after "
+         "the case's proven rounding flip (tests/llamacpp_mode_outcomes.py) a pool selection changes and ours drifts past "
+         "LOCATE_NMSE in the later MLA blocks")
+UNNAMED_MATMULS: dict[str, dict[str, str]] = {"kimi-k3-Q8_0": _K3, "kimi-k3-Q4_K": _K3,
+                                              "glm5-next-Q8_0": {"blk.4.attn_q_b.weight": _G5_Q},
+                                              "glm5-next-Q4_K": {f"blk.{il}.attn_q_b.weight": _G5_Q for il in (3, 4)}}
 
 
 @pytest.mark.parametrize("case", [c[0] for c in LLAMACPP_CASES])

@@ -45,6 +45,11 @@ WRITER_CASES = {
         "deepseek4": ({"ffn_gate_inp.weight": "F32", "ffn_gate_tid2eid.weight": "I32", "hc_attn_fn.weight": "Q8_0",
                        "attn_output_a.weight": "Q8_0", "attn_compressor_ape.weight": "Q8_0",
                        "indexer_compressor_ape.weight": "Q8_0", "attn_sinks.weight": "F32"}, set(_DS4_APE)),
+        # glm5-next: llama-quant.cpp:331-346 keeps hc_*, the indexer's matrices, KDA's small ones and the MLA latent's
+        # (attn_kv_a_mqa, attn_k_b, attn_v_b) unquantized
+        "glm5-next": ({"ffn_gate_inp.weight": "F32", "hc_attn_fn.weight": "F32", "attn_k_b.weight": "F32",
+                       "indexer_compressor_gate.weight": "F32", "ssm_f_b.weight": "F32", "attn_q_b.weight": "Q8_0",
+                       "ffn_up_exps.weight": "Q8_0"}, set()),
     },
     "Q4_K_M": {
         "llama": ({"token_embd.weight": "Q4_K", "output.weight": "Q6_K", "attn_norm.weight": "F32"}, set()),
@@ -64,6 +69,11 @@ WRITER_CASES = {
         "deepseek4": ({"ffn_gate_inp.weight": "F32", "ffn_gate_tid2eid.weight": "I32", "hc_attn_fn.weight": "Q4_K",
                        "attn_output_a.weight": "Q4_K", "ffn_gate_exps.weight": "Q5_0", "token_embd.weight": "Q5_0",
                        "indexer_compressor_ape.weight": "Q5_0"}, set(_DS4_APE)),
+        # glm5-next: the same kept F32; attn_q_a / attn_q_b never below Q8_0 (llama-quant.cpp:472-485); D = 64 rows
+        # fall back to Q5_0
+        "glm5-next": ({"hc_attn_fn.weight": "F32", "attn_v_b.weight": "F32", "indexer.proj.weight": "F32",
+                       "ssm_g_a.weight": "F32", "attn_q_a.weight": "Q8_0", "attn_q_b.weight": "Q8_0",
+                       "ffn_gate_exps.weight": "Q5_0", "output.weight": "Q8_0"}, set()),
     },
 }
 # archs whose file llama.cpp's writer makes unrunnable by llama.cpp itself: ftype -> arch -> ({suffix: type},

@@ -28,6 +28,7 @@ KDA3 = ["kda", "kda", "kda", "mla"]                  # kimi-linear tiny
 K3 = ["kda", "kda", "mla", "kda", "mla"]             # kimi-k3 tiny: full_attn = (2, 4)
 DS4 = ["swa", "csa", "hca"]                          # deepseek4 tiny: compress_ratios 0, 4, 128
 Q4X = ["gdn", "qsa", "gdn", "qsa"]                   # qwen4exp tiny: QSA every 2nd block, the n-gram layer 2
+G5 = ["kda", "dsa", "kda", "dsa", "dsa"]             # glm5-next tiny: MLA blocks 1, 3 (shares 1's selection), 4
 F32_CASES = [
     ("llama", dict(), None),
     ("llama", dict(all_optional=True), None),
@@ -70,12 +71,18 @@ F32_CASES = [
     ("qwen4exp", dict(), Q4X),
     ("qwen4exp", dict(all_optional=True), ["gdn", "qsa", "gdn", "gdn"]),     # recurrent_layers array, YaRN
     ("qwen4exp", dict(overrides={"rope_sections": (2, 2, 2, 2)}), Q4X),     # IMROPE pairs of the 4th section at 0
+    # 64 tokens, kpool 4 and top-k 8 (2 pools): from position 11 on every query drops pools; selections equal per
+    # query (llama.cpp's top_k tie order reproduced, exact zero scores are common). All optional: the gate lower
+    # bound, the indexer LayerNorm eps (absent: 0), sigmoid gating written, shexp clamps apart, 4-D convs
+    ("glm5-next", dict(), G5),
+    ("glm5-next", dict(all_optional=True), G5),
 ]
 # tokens per arch: 19; the Kimi archs more, past their chunk of 16 (kimi-linear 30, kimi-k3 24); qwen4exp 30 (QSA
-# drops blocks past 12 tokens); deepseek4 200, past its ratio-128 block (the tokens after the 30 listed are seeded)
+# drops blocks past 12 tokens); glm5-next 64; deepseek4 200, past its ratio-128 block (the tokens after the 30 listed
+# are seeded)
 F32_TOKENS = TOKENS + [17, 33, 5, 201, 160, 42, 9, 118, 77, 230, 4]
 F32_TOKENS += [int(t) for t in np.random.default_rng(27).integers(0, 256, 200 - len(F32_TOKENS))]
-N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "deepseek4": 200, "qwen4exp": 30}
+N_TOKENS = {"kimi-linear": 30, "kimi-k3": 24, "deepseek4": 200, "qwen4exp": 30, "glm5-next": 64}
 
 
 def _case_id(kw):

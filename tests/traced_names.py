@@ -74,6 +74,35 @@ def _deepseek4(arch, kw, kinds):
     """Every block's names and its ratio's (the tiny preset: block 0 hash-routed, so no probs_biased there)."""
     return set(DS4_GLOBAL) | {n.format(il) for il, kind in enumerate(kinds) for n in DS4_BLOCK + DS4_KIND[kind]}
 
+# ---------------------------------------------------------------- glm5-next (KDA + nope MLA under the k-pool indexer)
+G5_BLOCK = ["hc_attn_pre-{}", "attn_norm-{}", "hc_attn_post-{}", "hc_mixes-{}", "hc_pre-{}", "hc_post-{}",
+            "hc_comb-{}", "hc_ffn_pre-{}", "ffn_norm-{}", "ffn_gate-{}", "ffn_up-{}", "ffn_out-{}", "l_out-{}"]
+G5_KDA = ["kda_q_conv-{}", "kda_k_conv-{}", "kda_v_conv-{}", "kda_g1-{}", "kda_beta-{}", "new_state-{}",
+          "attn_output-{}", "kda_scan_out-{}", "kda_normed-{}", "kda_g2-{}", "kda_out-{}"]
+G5_MLA = ["q_resid-{}", "q_absorbed-{}", "kv_cmpr-{}", "v_cont-{}", "kq-{}", "kq_mask_dsa-{}", "kq_soft_max-{}",
+          "kqv-{}", "kqv_mla-{}", "kqv_out-{}", "attn_out-{}"]
+G5_INDEXER = ["indexer_q-{}", "indexer_k-{}", "indexer_gate-{}", "indexer_pool_k_new-{}", "indexer_pool_k-{}",
+              "indexer_weights-{}", "indexer_score-{}", "indexer_top_k-{}", "indexer_sel-{}"]
+G5_MOE = ["ffn_moe_logits-{}", "ffn_moe_probs-{}", "ffn_moe_probs_biased-{}", "ffn_moe_topk-{}",
+          "ffn_moe_weights_norm-{}", "ffn_moe_gate-{}", "ffn_moe_up-{}", "ffn_moe_down-{}", "ffn_moe_out-{}",
+          "ffn_shexp-{}"]
+G5_GLOBAL = ["inp_embd", "hc_init", "hc_head", "result_norm", "result_output"]
+
+
+def _glm5_next(arch, kw, kinds):
+    """The tiny preset's blocks: KDA or MLA (with its indexer's names where it runs one), dense block 0, clamped
+    SwiGLU where the block's clamp is > 0 (`_limited` names)."""
+    from refengine.archs.glm5_next_synth import TINY
+    names = set(G5_GLOBAL)
+    for il, kind in enumerate(kinds):
+        clamp = TINY["swiglu_clamp"][il] > 0
+        own = G5_BLOCK + (G5_KDA if kind == "kda" else G5_MLA + (G5_INDEXER if TINY["idx_types"][il] else []))
+        own += [f"ffn_swiglu{'_limited' if clamp else ''}-{{}}"]
+        if il >= TINY["n_dense_lead"]:
+            own += G5_MOE + [f"ffn_moe_swiglu{'_limited' if clamp else ''}-{{}}"]
+        names |= {n.format(il) for n in own}
+    return names
+
 
 # ---------------------------------------------------------------- qwen4exp (GDN + QSA over gated streams, n-gram layer)
 QWEN4EXP_GLOBAL = ["model.input_embed", "ple_embd", "hc_init", "hc_norm", "hc_gate", "result_norm", "result_output"]
@@ -136,7 +165,7 @@ def _kimi_k3(arch, kw, kinds):
 
 
 EXPECTED = {"llama": _llama, "qwen3moe": _llama, "qwen3next": _qwen3next, "kimi-linear": _kimi_linear,
-            "kimi-k3": _kimi_k3, "deepseek4": _deepseek4, "qwen4exp": _qwen4exp}
+            "kimi-k3": _kimi_k3, "deepseek4": _deepseek4, "qwen4exp": _qwen4exp, "glm5-next": _glm5_next}
 
 
 def expected_names(arch: str, kw: dict, kinds: list[str]) -> set[str]:

@@ -21,11 +21,11 @@ Adding one: a module here and one line in ARCHS.
 from __future__ import annotations
 
 from ..errors import UnsupportedArchError
-from . import deepseek2, deepseek4, deepseek32, glm_dsa, kimi_k3, kimi_linear, llama, qwen3moe, qwen3next, qwen4exp
+from . import deepseek2, deepseek4, deepseek32, glm5_next, glm_dsa, kimi_k3, kimi_linear, llama, qwen3moe, qwen3next, qwen4exp
 from .spec import ArchSpec, ArchSpecError, spec_of  # noqa: F401  (the contract)
 
 ARCHS: dict[str, ArchSpec] = {s.ARCH: s for s in map(spec_of, (
-    llama, qwen3moe, deepseek2, deepseek32, glm_dsa, qwen3next, kimi_linear, kimi_k3, deepseek4, qwen4exp))}
+    llama, qwen3moe, deepseek2, deepseek32, glm_dsa, qwen3next, kimi_linear, kimi_k3, deepseek4, qwen4exp, glm5_next))}
 
 
 def get_arch(name, path: str = "<gguf>") -> ArchSpec:

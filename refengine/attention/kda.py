@@ -65,7 +65,7 @@ def chunked(q, k, v, g, beta, S=None, *, chunk=CHUNK):
 #     g       = softplus(z) * ssm_a[h]                           (ssm_a = -exp(A_log))
 #             | lb * sigmoid(-ssm_a[h] * z)                      (gate_lower_bound lb)
 #     beta    = sigmoid(h @ ssm_beta.T)                          [T, H]
-#     o, S    = recurrent(l2(q), l2(k), v, g, beta, S)           [T, H, dh]
+#     o, S    = recurrent(l2(q), l2(k), v, g, beta, S)           [T, H, dh]   (l2 eps: l2_eps, or rms_eps)
 #     gate    = (h @ ssm_g_a.T) @ ssm_g_b.T | h @ ssm_g.T        (low rank | full_rank_gate)
 #     y       = (rms_norm(o) * ssm_norm * sigmoid(gate)).reshape(T, d_in) @ attn_output.T
 
@@ -80,6 +80,8 @@ class KDAConfig:
     rms_eps: float                       # attention.layer_norm_rms_epsilon (l2 norms and output norm)
     gate_lower_bound: float | None = None    # kda.gate_lower_bound lb: g = lb * sigmoid(-ssm_a * z) (None: softplus)
     full_rank_gate: bool = False         # output gate h @ ssm_g.T {D, d_in} instead of (h @ ssm_g_a.T) @ ssm_g_b.T
+    l2_eps: float | None = None          # eps of q's and k's l2 norms: None = rms_eps (kimi-linear, kimi-k3); glm5-next
+                                         # fixes it at 1e-6 (glm5-next.cpp:737-740)
 
     @property
     def d_in(self) -> int:
@@ -210,7 +212,8 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     beta = sigmoid(b)
     record("beta", beta)
 
-    q, k = l2_norm(q, kc.rms_eps), l2_norm(k, kc.rms_eps)
+    l2_eps = kc.rms_eps if kc.l2_eps is None else kc.l2_eps
+    q, k = l2_norm(q, l2_eps), l2_norm(k, l2_eps)
     rule = chunked if state.form == "chunked" else recurrent                      # the state's form
     o, S = rule(q, k, v, g, beta, state.ssm)                                      # [T, H, dh], [H, dh, dh]
     state.ssm = S

@@ -240,6 +240,7 @@ NAMES = {
     "Q": "Qcur",                          # the attention's query: naive [T, H, dk], absorbed [T, H, C+R]
     "K": "Kcur",                          # its new keys: naive [T, H, dk], absorbed [T, 1, C+R]
     "V": ("Vcur_view", "Vcur_cont"),      # the per-head values [T, H, dv] split out of attn_kv_b (legacy files)
+    "q_abs": "q_nope_absorbed_perm",      # the absorbed query [T, H, C] (glm5-next.cpp:958-961 names it q_absorbed)
 }
 K_PARTS = ("nope", "rope")                # the naive form's per-head key: K = [k_nope | k_pe], as Q = [q_nope | q_pe]
 
@@ -321,6 +322,16 @@ def attn_temperature(pos, mc: MLAConfig) -> np.ndarray:
     return (np.log(np.floor(p / mc.attn_temp_length) + 1.0) * mc.attn_temp_scale + 1.0).astype(np.float32)
 
 
+def absorb_query(q_nope_perm, w, *, mc, rt, dtype=np.float32):
+    """q_nope [H, T, dn] -> q_abs = q_nope @ Wk_b[h].T  [H, T, C] (the absorbed form's query)."""
+    return _mm_heads(q_nope_perm, kv_b_heads(w, mc)[0], rt, dtype)
+
+
+def expand_values(o_lat, w, *, mc, rt, dtype=np.float32):
+    """The attention's latent output [H, T, C] -> o_lat @ Wv_b[h].T  [H, T, dv] (the absorbed form's values)."""
+    return _mm_heads(o_lat, kv_b_heads(w, mc)[1], rt, dtype)
+
+
 def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, il, rec_form, dtype=np.float32,
                     q_temp=None, names=NAMES, k_parts=K_PARTS):
     """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv].
@@ -328,10 +339,11 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, 
     k_b, v_b = kv_b_heads(w, mc)
     q_nope_perm = q_nope.transpose(1, 0, 2)                                        # [T, H, dn] -> [H, T, dn]
     rt.record("q_nope_perm", il, q_nope_perm)
-    q_abs = _mm_heads(q_nope_perm, k_b, rt, dtype)                                 # [H, T, C]
+    q_abs = absorb_query(q_nope_perm, w, mc=mc, rt=rt, dtype=dtype)                # [H, T, C]
     rt.record("q_nope_absorbed", il, q_abs)
     q_abs = q_abs.transpose(1, 0, 2)                                               # [H, T, C] -> [T, H, C]
-    rt.record("q_nope_absorbed_perm", il, q_abs)
+    for n in (names["q_abs"],) if isinstance(names["q_abs"], str) else names["q_abs"]:
+        rt.record(n, il, q_abs)
     Q = np.concatenate([q_abs, q_pe.astype(dtype)], axis=-1)                       # [T, H, C+R]
     rec_form(names["Q"], il, Q)
     rec_form("Vcur", il, c[:, None, :])                                            # [T, 1, C]
@@ -343,7 +355,7 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, 
     K = np.concatenate([c_all, k_pe_all], axis=-1)[:, None, :]                     # [S, 1, C+R]: one shared head
     rec_form("v_cont", il, c_all.T)                                                # [C, S]: V as build_attn reads it
     o = attention(Q, K, c_all[:, None, :], mask, mc.kq_scale, _att_record(rt, rec_form), il, dtype)   # [T, H, C]
-    o = _mm_heads(o.transpose(1, 0, 2), v_b, rt, dtype)                            # [H, T, C] -> [H, T, dv]
+    o = expand_values(o.transpose(1, 0, 2), w, mc=mc, rt=rt, dtype=dtype)          # [H, T, C] -> [H, T, dv]
     rt.record("kqv_mla", il, o)
     return o.transpose(1, 0, 2)                                                    # [H, T, dv] -> [T, H, dv]
 

@@ -41,6 +41,8 @@ class HashMoEConfig:
     hash_ids: bool              # il < hash_layer_count: routed by ffn_gate_tid2eid
     clamp_exp: float            # swiglu_clamp_exp[il]
     clamp_shexp: float          # swiglu_clamp_shexp[il] (default: clamp_exp)
+    gating: int = GATING_SQRT_SOFTPLUS   # expert_gating_func: deepseek4 accepts sqrt-softplus only; glm5-next any
+                                         # (sigmoid when absent), with the same clamped experts
 
 
 def table(il: int, mc: HashMoEConfig) -> list[W]:
@@ -58,6 +60,12 @@ def table(il: int, mc: HashMoEConfig) -> list[W]:
           W("ffn_down_exps", p + "ffn_down_exps.weight", lambda c, s: (E, c.n_embd, F))]
     t += [W(f"ffn_{x}_shexp", p + f"ffn_{x}_shexp.weight", shape) for x, shape in (
         ("gate", lambda c, s: (S, c.n_embd)), ("up", lambda c, s: (S, c.n_embd)), ("down", lambda c, s: (c.n_embd, S)))]
+    # the generic pass's .scale / .input_scale (llama-model.cpp:1634-1773): per expert for the routed experts, one
+    # for the shared ones; loaded, never applied (build_moe_ffn and build_ffn are given none)
+    for x, n in ([(f"{g}_exps", (E,)) for g in ("gate", "down", "up")]
+                 + [(f"{g}_shexp", (1,)) for g in ("gate", "up", "down")]):
+        t += [W(f"ffn_{x}_{k}_unapplied", p + f"ffn_{x}.{k}", lambda c, s, n=n: n, required=False, dense=True)
+              for k in ("scale", "input_scale")]
     return t
 
 
@@ -81,6 +89,19 @@ def clamped_act(limit: float, name: str):
     return (lambda g, u: silu(g) * u), name
 
 
+def clamped_ffn(h: np.ndarray, up, gate, down, limit: float, *, rt, il: int) -> np.ndarray:
+    """A dense SwiGLU FFN with the clamp: h [T, D] -> down(swiglu_clamp(gate(h), up(h), limit)) [T, D] (`build_ffn`
+    with LLM_FFN_SILU / LLM_FFN_PAR, llama-graph.cpp:1841-1862: the shared experts, and glm5-next's dense blocks)."""
+    u = rt.matmul(h, up)                                                       # [T, I]
+    rt.record("ffn_up", il, u)
+    g = rt.matmul(h, gate)                                                     # [T, I]
+    rt.record("ffn_gate", il, g)
+    fn, name = clamped_act(limit, "ffn_swiglu")
+    a = fn(g, u)
+    rt.record(name, il, a)
+    return rt.matmul(a, down)                                                  # [T, D]
+
+
 def hash_moe(h: np.ndarray, w, *, mc: HashMoEConfig, tokens, il: int, rt) -> np.ndarray:
     """h [T, D] (ffn_norm's output) -> routed + shared experts [T, D] (ffn_out)."""
     logits = rt.matmul(h, w.ffn_gate_inp)                                       # [T, E]
@@ -89,19 +110,12 @@ def hash_moe(h: np.ndarray, w, *, mc: HashMoEConfig, tokens, il: int, rt) -> np.
         ids, weights = hash_route(logits, tid2eid_rows(w), tokens, norm_w=mc.norm_w, w_scale=mc.w_scale,
                                   record=rt.record, il=il)
     else:
-        ids, weights = route(logits, mc.n_expert_used, gating=GATING_SQRT_SOFTPLUS, bias=w.exp_probs_b,
+        ids, weights = route(logits, mc.n_expert_used, gating=mc.gating, bias=w.exp_probs_b,
                              norm_w=mc.norm_w, w_scale=mc.w_scale, record=rt.record, il=il)
     y = rt.moe_ffn(h, ids, weights, up=w.ffn_up_exps, gate=w.ffn_gate_exps, down=w.ffn_down_exps, il=il,
                    act=clamped_act(mc.clamp_exp, "ffn_moe_swiglu"))            # [T, D]
     rt.record("ffn_moe_out", il, y)
-    up = rt.matmul(h, w.ffn_up_shexp)                                          # [T, I_s]
-    rt.record("ffn_up", il, up)
-    gate = rt.matmul(h, w.ffn_gate_shexp)
-    rt.record("ffn_gate", il, gate)
-    fn, name = clamped_act(mc.clamp_shexp, "ffn_swiglu")
-    a = fn(gate, up)
-    rt.record(name, il, a)
-    s = rt.matmul(a, w.ffn_down_shexp)                                         # [T, D]
+    s = clamped_ffn(h, w.ffn_up_shexp, w.ffn_gate_shexp, w.ffn_down_shexp, mc.clamp_shexp, rt=rt, il=il)   # [T, D]
     rt.record("ffn_shexp", il, s)
     out = y + s
     rt.record("ffn_out", il, out)
