@@ -176,7 +176,6 @@ REQUIRED = [
     ("deepseek4", "output-hc-fn", dict(drop_tensors=("output_hc_fn.weight",)), "MissingTensorError",
      r"output_hc_fn\.weight"),
     ("deepseek4", "output", dict(drop_tensors=("output.weight",)), "MissingTensorError", r"output\.weight"),
-<<<<<<< HEAD
     ("qwen4exp", "hc-count", dict(drop_keys=("qwen4exp.hyper_connection.count",)), "MissingKeyError",
      r"qwen4exp\.hyper_connection\.count"),
     ("qwen4exp", "hc-count-1", dict(drop_keys=("qwen4exp.hyper_connection.count",),
@@ -196,7 +195,6 @@ REQUIRED = [
      r"blk\.0\.ssm_alpha\.weight"),
     ("qwen4exp", "indexer-k-norm", dict(drop_tensors=("blk.1.indexer.k_norm.weight",)), "MissingTensorError",
      r"blk\.1\.indexer\.k_norm\.weight"),
-=======
     ("glm5-next", "kpool", dict(drop_keys=("glm5-next.attention.indexer.kpool",)), "MissingKeyError",
      r"glm5-next\.attention\.indexer\.kpool"),
     ("glm5-next", "kpool-1", dict(set_keys={"glm5-next.attention.indexer.kpool": (1, UINT32)}), "ConfigError",
@@ -229,7 +227,6 @@ REQUIRED = [
     ("glm5-next", "hc-attn-fn", dict(drop_tensors=("blk.2.hc_attn_fn.weight",)), "MissingTensorError",
      r"blk\.2\.hc_attn_fn\.weight"),
     ("glm5-next", "output", dict(drop_tensors=("output.weight",)), "MissingTensorError", r"output\.weight"),
->>>>>>> glm5
 ]
 
 
