@@ -68,16 +68,23 @@ def _row(name: str, ref, got, tol: float) -> AuthorsRow:
     return AuthorsRow(name, float(e.max()), int(e.argmax()), int(bad[0]) if bad.size else None)
 
 
-def compare_authors(model, tokens, *, mode: str = "exact", tol: float = TOL) -> AuthorsReport:
+def compare_authors(model, tokens, *, mode: str = "exact", tol: float = TOL,
+                    qsa_rule: str = "authors") -> AuthorsReport:
     """refengine's forward on `tokens` against the authors' code on the same file: every hidden state the
-    authors report (by llama.cpp's name) and the logits."""
+    authors report (by llama.cpp's name) and the logits. `qsa_rule` (qwen4exp): the authors' code runs the
+    authors' QSA selection only, so any other rule is refused (it would compare two different selections)."""
+    from .errors import OracleError
     from .oracle.transformers import hf_forward
     from .runtime import Runtime
     from .trace import Trace
+    if qsa_rule != "authors":
+        raise OracleError(f"compare against transformers: the authors' code selects QSA blocks by the authors' rule "
+                          f"only; --qsa-rule {qsa_rule} would compare two different selections (compare against "
+                          f"llama.cpp for its rule, or leave --qsa-rule out)")
     tokens = [int(t) for t in tokens]
     hf = hf_forward(model.path, tokens, n_ctx=model.n_ctx, mode=mode)
     trace = Trace(names=set(hf.names))
-    logits = model.forward(tokens, rt=Runtime(mode=mode, trace=trace))
+    logits = model.forward(tokens, rt=Runtime(mode=mode, trace=trace, qsa_rule=qsa_rule))
     rep = AuthorsReport(arch=model.cfg.arch, mode=mode, n_tokens=len(tokens), tol=tol)
     for name, h in zip(hf.names, hf.hidden):
         rep.rows.append(_row(name, h, trace[name], tol))

@@ -240,7 +240,8 @@ def test_per_layer_clamps_have_no_transformers_equivalent(synth_model):
 
 
 def test_cli_compare_against_transformers(synth_model, capsys):
-    """The command line: --json report of the same comparison; --local refused (the authors have no layer inputs)."""
+    """The command line: --json report of the same comparison; --local refused (the authors have no layer inputs),
+    and --qsa-rule llamacpp (the authors' code selects by the authors' rule)."""
     import json
 
     import_transformers()
@@ -251,6 +252,9 @@ def test_cli_compare_against_transformers(synth_model, capsys):
     assert d["ok"] and d["rows"][-1]["name"] == "logits" and d["rows"][-1]["nmse_max"] <= 1e-8
     assert main(["compare", path, "--against", "transformers", "--tokens", "5,9", "--local"]) != 0
     assert "--local" in capsys.readouterr().err
+    # the authors' code has the authors' QSA rule only: llama.cpp's rule against it is refused before either runs
+    assert main(["compare", path, "--against", "transformers", "--tokens", "5,9", "--qsa-rule", "llamacpp"]) != 0
+    assert "--qsa-rule llamacpp" in capsys.readouterr().err
 
 
 # synth's tiny qwen4exp with 16 indexer heads: no block's ReLU'd score is exactly 0, so no tie in the authors'
