@@ -280,6 +280,30 @@ def test_compare_against_authors_on_synth_qwen4exp(synth_model):
     assert rep.ok, format_authors(rep)
 
 
+def test_refengine_qwen4exp_against_authors_on_converted(converted):
+    """refengine (the authors' rule) on the converter-written file (its gammas flat [hc * D], which refengine reads
+    at [hc, D] as llama.cpp does), 96 tokens: every hidden state and the logits within 1e-8 up to position 31 (QSA
+    dropping blocks from 23, EOS at 32 and 64 come after); at 31 layer 3 has one slot beside block 3 and blocks
+    0, 1, 2 tied at score exactly 0 (ReLU): torch.topk keeps block 2, refengine the earlier block 0, and from there
+    the two differ (ties are reported, never failed on: docs/oracles.md)."""
+    from refengine import Model
+    from refengine.compare_authors import compare_authors, format_authors
+    from refengine.runtime import Runtime
+    from refengine.trace import Trace
+    _, path = converted["qwen4exp"]
+    m = Model(path)
+    toks = tokens("qwen4exp", 96, T_QWEN)
+    rep = compare_authors(m, toks)
+    print("\n" + format_authors(rep))
+    tie = 31
+    assert all(r.first_bad is None or r.first_bad >= tie for r in rep.rows), format_authors(rep)
+    assert rep.rows[-1].first_bad == tie
+    trace = Trace(names={"indexer_score-3"})
+    m.forward(toks[:tie + 1], rt=Runtime(trace=trace))
+    scores = np.sort(trace["indexer_score-3"][tie, :(tie + 1) // 8])[::-1]     # 4 complete blocks, top 2 kept
+    assert scores[0] > 0 and scores[1] == scores[2] == scores[3] == 0
+
+
 def test_synth_qwen4exp_preset_maps_as_llamacpp_reads_it(synth_model, tmp_path):
     """The stock tiny preset's file maps (gammas [hc, D] -> [hc * D], shared-expert gate [D] -> [1, D]); a gamma
     of another element count than llama.cpp reads is refused naming the tensor."""
