@@ -277,7 +277,7 @@ def test_compare_against_authors_on_synth_qwen4exp(synth_model):
     rep = compare_authors(m, toks)
     print("\n" + format_authors(rep))
     assert [r.name for r in rep.rows] == ["hc_init", "l_last-0", "l_last-1", "l_last-2", "result_norm", "logits"]
-    assert rep.ok, format_authors(rep)
+    assert rep.ok and not rep.ties, format_authors(rep)
 
 
 def test_refengine_qwen4exp_against_authors_on_converted(converted):
@@ -298,6 +298,7 @@ def test_refengine_qwen4exp_against_authors_on_converted(converted):
     tie = 31
     assert all(r.first_bad is None or r.first_bad >= tie for r in rep.rows), format_authors(rep)
     assert rep.rows[-1].first_bad == tie
+    assert (3, tie, 0.0) in rep.ties                     # the report names the tie
     trace = Trace(names={"indexer_score-3"})
     m.forward(toks[:tie + 1], rt=Runtime(trace=trace))
     scores = np.sort(trace["indexer_score-3"][tie, :(tie + 1) // 8])[::-1]     # 4 complete blocks, top 2 kept
