@@ -12,6 +12,10 @@ trace records too. Per row: the worst NMSE over positions (a late position's err
 early ones) and the first position over tolerance. Tolerance: 1e-8 for every file (the authors' code multiplies
 dequantized weights in float, as refengine's exact mode does, whatever the weight types).
 
+qwen4exp: refengine runs the authors' QSA rule (the only one the authors' code has; llama.cpp's is refused), and
+the report lists the queries whose top-k boundary is a tie of block scores (`qsa_ties`), where `torch.topk` and
+refengine (earlier block first) may keep different blocks.
+
 mode "llamacpp" compares with the authors' code given llama.cpp's activation rounding where the oracle knows
 how to put it in (the routed experts' inputs before an MXFP4 product, `round_like_llamacpp`); other weight types'
 rounding is not modelled there, so that mode is for files whose other matrices are F32 / F16.
