@@ -93,7 +93,7 @@ def _compare_authors(args, model, tokens, path) -> int:
     if args.local:
         raise RefengineError("compare --against transformers: --local feeds llama.cpp's own layer inputs; "
                              "the authors' code has none to give: compare without --local")
-    rep = compare_authors(model, tokens, mode=args.mode, tol=args.tol or TOL)
+    rep = compare_authors(model, tokens, mode=args.mode, tol=args.tol or TOL, qsa_rule=args.qsa_rule or "authors")
     if args.json:
         d = rep.to_dict()
         d["file"], d["tokens"] = path, [int(t) for t in tokens]
@@ -322,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--backend", default="numpy", help="numpy (the reference), cpu (Numba kernels on the packed weights), cuda (numba-cuda kernels on an NVIDIA GPU)")
         q.add_argument("--qsa-rule", default=None, choices=QSA_RULES,
                        help="QSA's selection (qwen4exp): authors (whole top blocks plus the query's unfinished "
-                       "block; the default of run and golden) or llamacpp (the top budget + r - 1 tokens; the "
-                       "default of compare, which runs against llama.cpp)")
+                       "block; the default of run and golden, and the only rule of compare --against transformers) "
+                       "or llamacpp (the top budget + r - 1 tokens; the default of compare against llama.cpp)")
 
     c = sub.add_parser("compare", help="run refengine and llama.cpp, compare every named tensor")
     c.add_argument("file", nargs="?", default=None, help="GGUF (any shard of a split set); "

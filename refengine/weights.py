@@ -38,6 +38,9 @@ class W:
     accepts: tuple[str, ...] | None = None   # ggml types llama.cpp's op takes here (None: see accepted_types)
     refuse_others: bool = False # another type than `accepts` is refused at load (llama.cpp aborts on it:
                                 # `ggml_ssm_conv` reads its kernel as float), not only reported by lint
+    reshape: bool = False       # any shape of the same element count is read at `shape` (llama.cpp's
+                                # TENSOR_ALLOW_RESHAPE, llama-model-loader.cpp:1348: qwen4exp's per-stream gammas,
+                                # [hc * D] as its converter writes them, [hc, D] as llama.cpp declares them)
 
     def accepted_types(self) -> tuple[str, ...] | None:
         """The ggml type names llama.cpp's CPU graph takes for this tensor; None means every type."""
@@ -66,10 +69,13 @@ def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleName
             want = tuple(int(s) for s in w.shape(cfg, spec))
             got = t.shape
             if got != want:
-                if not same_ne(got, want):
+                if w.reshape and int(np.prod(got)) == int(np.prod(want)):
+                    pass
+                elif not same_ne(got, want):
                     raise ShapeError(f"{gf.path}: tensor {name!r} has shape {list(got)} (NumPy order), "
                                      f"expected {list(want)}")
                 t = QTensor.from_raw(t.name, t.type, want, t.raw)      # [256, 1] in the file, [256] wanted
+                                                                       # (or [1024] for [4, 256] with reshape)
 
         out[w.field] = dense_vector(t) if w.dense else t
         names.append(name)

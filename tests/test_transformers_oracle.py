@@ -240,7 +240,8 @@ def test_per_layer_clamps_have_no_transformers_equivalent(synth_model):
 
 
 def test_cli_compare_against_transformers(synth_model, capsys):
-    """The command line: --json report of the same comparison; --local refused (the authors have no layer inputs)."""
+    """The command line: --json report of the same comparison; --local refused (the authors have no layer inputs),
+    and --qsa-rule llamacpp (the authors' code selects by the authors' rule)."""
     import json
 
     import_transformers()
@@ -251,3 +252,74 @@ def test_cli_compare_against_transformers(synth_model, capsys):
     assert d["ok"] and d["rows"][-1]["name"] == "logits" and d["rows"][-1]["nmse_max"] <= 1e-8
     assert main(["compare", path, "--against", "transformers", "--tokens", "5,9", "--local"]) != 0
     assert "--local" in capsys.readouterr().err
+    # the authors' code has the authors' QSA rule only: llama.cpp's rule against it is refused before either runs
+    assert main(["compare", path, "--against", "transformers", "--tokens", "5,9", "--qsa-rule", "llamacpp"]) != 0
+    assert "--qsa-rule llamacpp" in capsys.readouterr().err
+
+
+# synth's tiny qwen4exp with 16 indexer heads: no block's ReLU'd score is exactly 0, so no tie in the authors'
+# top-k (with the preset's 2 heads, 4 of 192 selections have blocks tied at 0.0 on the boundary of the top B/r,
+# where the authors' code takes whichever torch.topk's CPU partial sort leaves first: docs/oracles.md)
+QW4_NO_TIES = {"idx_heads": 16}
+
+
+def test_compare_against_authors_on_synth_qwen4exp(synth_model):
+    """refengine (the authors' QSA rule, the default) against the authors' code on synth's tiny qwen4exp, F32,
+    64 tokens: n-gram layer on, EOS (id 3) at 21 and 42 resetting the hash, QSA (r 4, budget 8) dropping blocks
+    from position 11 on: every hidden state and the logits within NMSE 1e-8 at every position, top-1 100% (issue 28).
+    synth writes the per-stream gammas [hc, D] and the shared-expert gate [D] (llama.cpp reads both by element
+    count); the mapping reshapes them to the authors' [hc * D] and [1, D]."""
+    import_transformers()
+    from refengine import Model
+    from refengine.compare_authors import compare_authors, format_authors
+    m = Model(synth_model("qwen4exp", overrides=QW4_NO_TIES))
+    toks = tokens("qwen4exp", m.cfg.n_vocab, 64)
+    rep = compare_authors(m, toks)
+    print("\n" + format_authors(rep))
+    assert [r.name for r in rep.rows] == ["hc_init", "l_last-0", "l_last-1", "l_last-2", "result_norm", "logits"]
+    assert rep.ok and not rep.ties, format_authors(rep)
+
+
+def test_refengine_qwen4exp_against_authors_on_converted(converted):
+    """refengine (the authors' rule) on the converter-written file (its gammas flat [hc * D], which refengine reads
+    at [hc, D] as llama.cpp does), 96 tokens: every hidden state and the logits within 1e-8 up to position 31 (QSA
+    dropping blocks from 23, EOS at 32 and 64 come after); at 31 layer 3 has one slot beside block 3 and blocks
+    0, 1, 2 tied at score exactly 0 (ReLU): torch.topk keeps block 2, refengine the earlier block 0, and from there
+    the two differ (ties are reported, never failed on: docs/oracles.md)."""
+    from refengine import Model
+    from refengine.compare_authors import compare_authors, format_authors
+    from refengine.runtime import Runtime
+    from refengine.trace import Trace
+    _, path = converted["qwen4exp"]
+    m = Model(path)
+    toks = tokens("qwen4exp", 96, T_QWEN)
+    rep = compare_authors(m, toks)
+    print("\n" + format_authors(rep))
+    tie = 31
+    assert all(r.first_bad is None or r.first_bad >= tie for r in rep.rows), format_authors(rep)
+    assert rep.rows[-1].first_bad == tie
+    assert (3, tie, 0.0) in rep.ties                     # the report names the tie
+    trace = Trace(names={"indexer_score-3"})
+    m.forward(toks[:tie + 1], rt=Runtime(trace=trace))
+    scores = np.sort(trace["indexer_score-3"][tie, :(tie + 1) // 8])[::-1]     # 4 complete blocks, top 2 kept
+    assert scores[0] > 0 and scores[1] == scores[2] == scores[3] == 0
+
+
+def test_synth_qwen4exp_preset_maps_as_llamacpp_reads_it(synth_model, tmp_path):
+    """The stock tiny preset's file maps (gammas [hc, D] -> [hc * D], shared-expert gate [D] -> [1, D]); a gamma
+    of another element count than llama.cpp reads is refused naming the tensor."""
+    from gguf_edit import rewrite
+    from refengine.errors import OracleError
+    from refengine.oracle.transformers import hf_checkpoint
+    path = synth_model("qwen4exp")
+    _, cfg, sd = hf_checkpoint(path)
+    D, hc = cfg["hidden_size"], cfg["hc_count"]
+    assert sd["model.layers.0.attn_hyper_connection.hc_norm.weight"].shape == (hc * D,)
+    assert sd["model.hyper_connection_mixer.hc_norm.weight"].shape == (hc * D,)
+    assert sd["model.layers.2.ple.norm_key.weight"].shape == (hc * D,)
+    assert sd["model.layers.0.mlp.shared_expert_gate.weight"].shape == (1, D)
+    bad = tmp_path / "short_gamma.gguf"
+    rewrite(path, bad, drop_tensors=("blk.0.hc_attn_norm.weight",),
+            add_tensors={"blk.0.hc_attn_norm.weight": np.zeros(2 * D, np.float32)})
+    with pytest.raises(OracleError, match=r"blk\.0\.hc_attn_norm\.weight has shape \[512\]"):
+        hf_checkpoint(bad)

@@ -89,9 +89,9 @@ def ple_table(il: int, P: int, nc: NGramConfig) -> list[W]:
     PD = lambda c, s: (P, c.n_embd)                                  # noqa: E731  ne {D, P}
     return [W("ple_key", p + "ple_key.weight", lambda c, s: (P * c.n_embd, c.n_embd)),
             W("ple_value", p + "ple_value.weight", lambda c, s: (c.n_embd, c.n_embd)),
-            W("ple_norm_key", p + "ple_norm_key.weight", PD, dense=True),
-            W("ple_norm_query", p + "ple_norm_query.weight", PD, dense=True),
-            W("ple_norm_conv", p + "ple_norm_conv.weight", PD, dense=True),
+            W("ple_norm_key", p + "ple_norm_key.weight", PD, dense=True, reshape=True),
+            W("ple_norm_query", p + "ple_norm_query.weight", PD, dense=True, reshape=True),
+            W("ple_norm_conv", p + "ple_norm_conv.weight", PD, dense=True, reshape=True),
             W("ple_conv1d", p + "ple_conv1d.weight", lambda c, s: (P * c.n_embd, nc.conv_kernel), dense=True,
               accepts=("F32", "F16", "BF16"))]
 

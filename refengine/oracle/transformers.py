@@ -302,9 +302,36 @@ def _minus_one(a: np.ndarray) -> np.ndarray:
     return (a.astype(np.float32) - np.float32(1)).astype(np.float32)
 
 
+# The tensors llama.cpp reads by element count, not by the file's shape (qwen4exp.cpp:164, 210, 214, 247-249:
+# `{ n_embd, hc }, TENSOR_ALLOW_RESHAPE`; :256 `ffn_gate_inp_shexp` `{ n_embd }`, a trailing 1 allowed): the
+# converter writes the per-stream gammas flat [hc * D] and the shared-expert gate [1, D], a file may equally hold
+# [hc, D] and [D] (synth's tiny preset does), and llama.cpp runs both the same. -> (shape transformers' module has).
+QW4_READ_AS = {
+    "hc_attn_norm.weight": lambda hc, D: (hc * D,), "hc_ffn_norm.weight": lambda hc, D: (hc * D,),
+    "output_hc_norm.weight": lambda hc, D: (hc * D,), "ple_norm_key.weight": lambda hc, D: (hc * D,),
+    "ple_norm_query.weight": lambda hc, D: (hc * D,), "ple_norm_conv.weight": lambda hc, D: (hc * D,),
+    "ffn_gate_inp_shexp.weight": lambda hc, D: (1, D),
+}
+
+
+def _qw4_tensor(f: _File, name: str, hc: int, D: int) -> np.ndarray:
+    """A qwen4exp tensor in the shape the authors' module holds: the QW4_READ_AS ones reshaped as llama.cpp
+    reshapes them (same element order); any element count other than the one llama.cpp reads is refused."""
+    a = f.tensor(name)
+    short = name.split(".", 2)[-1] if name.startswith("blk.") else name
+    if short not in QW4_READ_AS:
+        return a
+    want = QW4_READ_AS[short](hc, D)
+    if a.size != int(np.prod(want)):
+        raise OracleError(f"{f.path}: {name} has shape {list(a.shape)} ({a.size} values); llama.cpp and "
+                          f"transformers read {int(np.prod(want))} ({list(want)})")
+    return a.reshape(want)
+
+
 def _qwen4exp(f: _File) -> tuple[str, dict, dict]:
     n_layer = int(f.key("block_count"))
     D = int(f.key("embedding_length"))
+    hc = int(f.key("hyper_connection.count"))
     head_dim = int(f.key("attention.key_length"))
     recurrent = f.key("attention.recurrent_layers", None)
     if recurrent is None:                              # llama.cpp's default (qwen4exp.cpp:128-136): every k-th full
@@ -337,14 +364,15 @@ def _qwen4exp(f: _File) -> tuple[str, dict, dict]:
         shared_expert_intermediate_size=int(f.key("expert_shared_feed_forward_length")),
         num_experts=int(f.key("expert_count")), num_experts_per_tok=int(f.key("expert_used_count")),
         layer_types=["linear_attention" if r else "indexed_attention" for r in recurrent],
-        hc_count=int(f.key("hyper_connection.count")), hc_lowrank=int(f.key("hyper_connection.low_rank")),
+        hc_count=hc, hc_lowrank=int(f.key("hyper_connection.low_rank")),
         indexer_n_heads=int(f.key("attention.indexer.head_count")), indexer_kv_heads=1,
         indexer_head_dim=int(f.key("attention.indexer.key_length")),
         indexer_budget=int(f.key("attention.indexer.top_k")), indexer_compress_ratio=attn_ratios.pop(),
         output_gate_type="sigmoid",                  # qwen4exp.cpp L479-489: o = rmsnorm(o) * w * sigmoid(z)
         hidden_act="silu", norm_topk_prob=True, tie_word_embeddings=False,
     )
-    sd = {hf: (_minus_one(f.tensor(g)) if one else f.tensor(g)) for g, (hf, one) in QW4_GLOBAL.items()}
+    sd = {hf: (_minus_one(_qw4_tensor(f, g, hc, D)) if one else _qw4_tensor(f, g, hc, D))
+          for g, (hf, one) in QW4_GLOBAL.items()}
     sd["lm_head.weight"] = f.tensor("output.weight" if f.has("output.weight") else "token_embd.weight")
 
     ple_layers = [int(x) for x in f.key("ple.layers", [])]
@@ -367,7 +395,7 @@ def _qwen4exp(f: _File) -> tuple[str, dict, dict]:
         if i in ple_layers:
             table.update(QW4_PLE)
         for g, (hf, one) in table.items():
-            a = f.tensor(f"blk.{i}.{g}")
+            a = _qw4_tensor(f, f"blk.{i}.{g}", hc, D)
             sd[pre + hf] = _minus_one(a) if one else a
         gate, up = f.tensor(f"blk.{i}.ffn_gate_exps.weight"), f.tensor(f"blk.{i}.ffn_up_exps.weight")  # [E, I, D]
         sd[pre + "mlp.experts.gate_up_proj"] = np.concatenate([gate, up], axis=1)                        # [E, 2I, D]

@@ -40,7 +40,7 @@ def streams_table(prefix: str, P: int, Lr: int, *, inject: bool = True) -> list[
     `{x}_inject` after the GGUF tensors `{prefix}_norm.weight`, ... (prefix "blk.{il}.hc_attn", "output_hc").
     norm is ne {D, P} (a [P, D] gamma; llama.cpp allows the reshape of a flat [P*D])."""
     x = prefix.rsplit(".", 1)[-1]
-    t = [W(f"{x}_norm", f"{prefix}_norm.weight", lambda c, s: (P, c.n_embd), dense=True),
+    t = [W(f"{x}_norm", f"{prefix}_norm.weight", lambda c, s: (P, c.n_embd), dense=True, reshape=True),
          W(f"{x}_down", f"{prefix}_down.weight", lambda c, s: (Lr, P * c.n_embd)),
          W(f"{x}_up", f"{prefix}_up.weight", lambda c, s: (P * c.n_embd, Lr))]
     if inject:
