@@ -147,7 +147,7 @@ def config_from_gguf(gf) -> Q4Config:
     n_ff = int(r.layer0("feed_forward_length", r.per_layer("feed_forward_length", L_all, default=0)[:L])[0] or 0)
     n_ff_shexp = int(r.get("expert_shared_feed_forward_length", 0)) or n_ff
     gc = replace(gdn.gdn_config(r, gf.path), head_map="tiled", out_gate="sigmoid", ba="split",
-                 conv_trace="build_conv_state_at")
+                 conv_trace="build_conv_state_at", apply_scales=True)
     P = int(r.get("hyper_connection.count", required=True, kind=COUNT))
     if P <= 1:
         raise ConfigError(f"{gf.path}: {r._k('hyper_connection.count')} must be greater than one, got {P}")
