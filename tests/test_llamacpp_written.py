@@ -170,3 +170,26 @@ def test_f16_conv_kernel_is_refused_by_lint(arch, name, synth_model, capsys):
     out = capsys.readouterr().out
     assert f"REFUSED: layer 0: {path}: tensor 'blk.0.{name}' is F16; llama.cpp's op here takes F32 only" in out
     assert "verdict: llama.cpp would refuse this file" in out
+
+
+# ---------------------------------------------------------------- the writer's 3-D attn_output_a (default tier)
+def test_deepseek4_attn_output_a_in_the_writers_3d_form(synth_model, capsys):
+    """llama_model_saver (test-llama-archs -o) writes deepseek4's attn_output_a 3-D, {I, Ro, G}; the converter 2-D,
+    {I, Ro*G}; llama.cpp creates it with TENSOR_ALLOW_RESHAPE (deepseek4.cpp:120-122: any shape of as many
+    elements). The synth file in the writer's form (`wo_a_3d`, the same values as the 2-D file): lint exit 0,
+    every block output within 1e-8 of llama.cpp, logits bitwise those of the 2-D file."""
+    from refengine.cli import main
+    from refengine.compare import run_compare
+    from refengine.gguf import open_gguf
+    from refengine.model import Model
+    path = synth_model("deepseek4", overrides={"wo_a_3d": True})
+    assert open_gguf(path).tensors["blk.0.attn_output_a.weight"].shape == (2, 32, 256)      # [G, Ro, I]
+    assert main(["lint", path]) == 0
+    assert "verdict: llama.cpp accepts this file" in capsys.readouterr().out
+    model = Model(path)
+    tokens = np.array(TOKENS)
+    want = {"result_norm", "result_output"} | {f"l_last-{il}" for il in range(model.cfg.n_layer)}
+    check_report(run_compare(model, tokens), 1e-8, want=want)
+    flat = Model(synth_model("deepseek4"))
+    assert flat.gf.tensors["blk.0.attn_output_a.weight"].shape == (64, 256)               # [G*Ro, I]
+    assert np.array_equal(model.forward(tokens), flat.forward(tokens))
