@@ -15,10 +15,10 @@ and run in the default tier. To write them, build the two tools from the oracle'
 `test-llama-archs -a ARCH -o DIR/writer` for each arch, then `llama-quantize --tensor-type NAME=q8_0 ... IN OUT
 Q4_K_M` (or MXFP4_MOE) into DIR/quant.
 
-Each file of a registered arch (deepseek4 / qwen4exp / glm5-next excepted: NOT_YET, their own helpers' work):
-`refengine lint` refuses nothing; an all-F32 file matches llama.cpp at NMSE 1e-8 for every tensor llama.cpp
-names (exact mode); a quantized one, in llama.cpp mode, is within 1e-7 or a rounding flip proven by teacher
-forcing (`refengine.flips.prove_flips`).
+Each file of a registered arch (glm5-next excepted: NOT_YET, its own helper's work): `refengine lint` refuses
+nothing (or, on a file llama.cpp's own graph aborts on, LLAMACPP_ABORTS, exactly the tensors it aborts on); an
+all-F32 file matches llama.cpp at NMSE 1e-8 for every tensor llama.cpp names (exact mode); a quantized one, in
+llama.cpp mode, is within 1e-7 or a rounding flip proven by teacher forcing (`refengine.flips.prove_flips`).
 """
 import os
 from pathlib import Path
