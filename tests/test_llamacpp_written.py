@@ -193,3 +193,19 @@ def test_deepseek4_attn_output_a_in_the_writers_3d_form(synth_model, capsys):
     flat = Model(synth_model("deepseek4"))
     assert flat.gf.tensors["blk.0.attn_output_a.weight"].shape == (64, 256)               # [G*Ro, I]
     assert np.array_equal(model.forward(tokens), flat.forward(tokens))
+
+
+def test_deepseek4_attn_output_a_of_another_element_count_is_refused(synth_model, tmp_path):
+    """TENSOR_ALLOW_RESHAPE checks the element count only (llama-model-loader.cpp:896-905): [G, Ro, I] written with
+    one column short is refused, naming the tensor, the shapes and the rule."""
+    from refengine.errors import ShapeError
+    from refengine.gguf import open_gguf
+    from refengine.model import Model
+    from tests.gguf_edit import rewrite
+    src = synth_model("deepseek4")
+    name = "blk.0.attn_output_a.weight"
+    good = np.asarray(open_gguf(src).tensor(name).raw).view(np.float32).reshape(2, 32, 256)
+    bad = rewrite(src, tmp_path / "bad.gguf", drop_tensors=(name,), add_tensors={name: good[..., :255]})
+    with pytest.raises(ShapeError, match=r"'blk\.0\.attn_output_a\.weight' has shape \[2, 32, 255\] \(NumPy order\), "
+                                         r"expected \[64, 256\] or any shape of as many elements"):
+        Model(bad).layer(0)

@@ -63,8 +63,9 @@ class CompressedKVConfig:
 def table(il: int, ac: CompressedKVConfig) -> list[W]:
     """The attention's tensors (deepseek4.cpp:104-148). attn_output_a is stored 2-D ({I, G*Ro}, the converter) or
     3-D ({I, Ro, G}, llama_model_saver); llama.cpp creates it {I, Ro, G} with TENSOR_ALLOW_RESHAPE (deepseek4.cpp:
-    120-122: any shape of I*Ro*G elements), read here as the NumPy [G*Ro, I]: group g is rows g*Ro .. (g+1)*Ro. The compressors' `ape` [r, c*K] are
-    small matrices read by row (ggml_get_rows: any type; llama.cpp's writer quantizes them like any matrix)."""
+    120-122: any shape of I*Ro*G elements), read here as the NumPy [G*Ro, I]: group g is rows g*Ro .. (g+1)*Ro.
+    The compressors' `ape` [r, c*K] are small matrices read by row (ggml_get_rows: any type; llama.cpp's writer
+    quantizes them like any matrix)."""
     p, H, K, Dq = f"blk.{il}.", ac.n_head, ac.head_dim, ac.q_lora
     t = [W("attn_sinks", p + "attn_sinks.weight", lambda c, s: (H,), dense=True),
          W("attn_q_a", p + "attn_q_a.weight", lambda c, s: (Dq, c.n_embd)),

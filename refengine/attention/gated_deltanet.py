@@ -171,7 +171,7 @@ def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
 
 
 def _scale(w, name: str, gc: GDNConfig):
-    """The `.scale` build_lora_mm multiplies `name`'s result by: the file's (None when absent), if the arch applies it."""
+    """The `.scale` build_lora_mm multiplies `name`'s result by, if the arch applies it (None when absent)."""
     return getattr(w, f"{name}_scale", None) if gc.apply_scales else None
 
 
