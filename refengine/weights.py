@@ -69,13 +69,15 @@ def load_tensors(gf, table: list[W], cfg, spec=None, il: int = -1) -> SimpleName
             want = tuple(int(s) for s in w.shape(cfg, spec))
             got = t.shape
             if got != want:
-                if w.reshape and int(np.prod(got)) == int(np.prod(want)):
-                    pass
-                elif not same_ne(got, want):
+                if not (same_ne(got, want) or w.reshape and same_count(got, want)):
                     raise ShapeError(f"{gf.path}: tensor {name!r} has shape {list(got)} (NumPy order), "
-                                     f"expected {list(want)}")
-                t = QTensor.from_raw(t.name, t.type, want, t.raw)      # [256, 1] in the file, [256] wanted
-                                                                       # (or [1024] for [4, 256] with reshape)
+                                     f"expected {list(want)}" + (" or any shape of as many elements "
+                                                                 "(TENSOR_ALLOW_RESHAPE)" if w.reshape else ""))
+                try:              # [256, 1] in the file, [256] wanted (or [1024] for [4, 256] with reshape)
+                    t = QTensor.from_raw(t.name, t.type, want, t.raw)
+                except quant.QuantError as e:                          # a block type whose rows do not re-cut
+                    raise ShapeError(f"{gf.path}: tensor {name!r} {list(got)} cannot be read as {list(want)}: "
+                                     f"{e} (llama.cpp asserts the two byte sizes equal)") from None
 
         out[w.field] = dense_vector(t) if w.dense else t
         names.append(name)
@@ -90,6 +92,12 @@ def same_ne(got: tuple, want: tuple) -> bool:
     """llama.cpp's `check_tensor_dims`: the ggml ne (reversed shape) equal once both are padded with 1s to 4 dims."""
     pad = lambda s: tuple(reversed(s)) + (1,) * (4 - len(s))                  # noqa: E731
     return len(got) <= 4 and len(want) <= 4 and pad(got) == pad(want)
+
+
+def same_count(got: tuple, want: tuple) -> bool:
+    """TENSOR_ALLOW_RESHAPE's check (`check_tensor_dims` with allow_reshape, llama-model-loader.cpp:896-905): the
+    element counts are equal."""
+    return int(np.prod(got, dtype=np.int64)) == int(np.prod(want, dtype=np.int64))
 
 
 def dense_vector(t: QTensor) -> np.ndarray:

@@ -25,6 +25,10 @@ Tensor values: matrices std 1/sqrt(fan_in); the hc / output_hc `fn` matrices lik
 vectors and `attn_sinks` small (kind "bias"); `scale` vectors near 1; the compressors' `ape` [ratio, c*dh]
 small (F32, like a bias: it is added to the gate scores); `ffn_gate_tid2eid` [V, A] I32, A distinct experts
 per token.
+
+`wo_a_3d` (a preset entry, `overrides={"wo_a_3d": True}`): attn_output_a written {I, Ro, G} (NumPy [G, Ro, I]), as
+llama_model_saver writes it (`test-llama-archs -o`), instead of the converter's 2-D {I, Ro*G}: the same values in
+the same order; llama.cpp takes either (TENSOR_ALLOW_RESHAPE, deepseek4.cpp:120-122).
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ TINY = dict(n_vocab=256, n_embd=64, n_layer=3, n_head=4, head_dim=128, qk_rope=3
             idx_heads=16, idx_dim=64, idx_top_k=8,
             n_expert=8, n_expert_used=2, n_ff_exp=32, n_shared=1, norm_w=True, w_scale=1.5,
             swiglu_clamp=[1.0, 1.5, 2.0],
-            yarn=dict(factor=4.0, orig_ctx=128))
+            yarn=dict(factor=4.0, orig_ctx=128), wo_a_3d=False)
 
 PRESETS: dict[str, dict] = {
     "tiny": TINY,
@@ -65,7 +69,7 @@ PRESETS: dict[str, dict] = {
         idx_heads=64, idx_dim=128, idx_top_k=512,
         n_expert=256, n_expert_used=6, n_ff_exp=2048, n_shared=1, norm_w=True, w_scale=1.5,
         swiglu_clamp=[10.0] * 43,
-        yarn=dict(factor=16.0, orig_ctx=65536)),
+        yarn=dict(factor=16.0, orig_ctx=65536), wo_a_3d=False),
 }
 
 
@@ -103,8 +107,10 @@ def attention_plans(il: int, p: dict, ratio: int) -> list[TensorPlan]:
          TensorPlan(b + "attn_q_b.weight", (H * dh, Dq), "matrix", Dq),             # ne {Dq, H*dh}
          TensorPlan(b + "attn_kv.weight", (dh, D), "matrix", D),                    # ne {D, dh}
          TensorPlan(b + "attn_kv_a_norm.weight", (dh,), "norm"),
-         # stored 2-D, ne {H*dh/G, Ro*G}; the loader views it as {H*dh/G, Ro, G} (TENSOR_ALLOW_RESHAPE)
-         TensorPlan(b + "attn_output_a.weight", (G * Ro, H * dh // G), "matrix", H * dh // G),
+         # stored 2-D, ne {H*dh/G, Ro*G} (or 3-D {H*dh/G, Ro, G}: wo_a_3d); the loader views it as {H*dh/G, Ro, G}
+         # (TENSOR_ALLOW_RESHAPE)
+         TensorPlan(b + "attn_output_a.weight", (G, Ro, H * dh // G) if p.get("wo_a_3d") else (G * Ro, H * dh // G),
+                    "matrix", H * dh // G),
          TensorPlan(b + "attn_output_b.weight", (D, G * Ro), "matrix", G * Ro)]     # ne {G*Ro, D}
     if ratio:
         c = 2 if ratio == 4 else 1

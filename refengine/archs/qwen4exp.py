@@ -147,7 +147,7 @@ def config_from_gguf(gf) -> Q4Config:
     n_ff = int(r.layer0("feed_forward_length", r.per_layer("feed_forward_length", L_all, default=0)[:L])[0] or 0)
     n_ff_shexp = int(r.get("expert_shared_feed_forward_length", 0)) or n_ff
     gc = replace(gdn.gdn_config(r, gf.path), head_map="tiled", out_gate="sigmoid", ba="split",
-                 conv_trace="build_conv_state_at")
+                 conv_trace="build_conv_state_at", apply_scales=True)
     P = int(r.get("hyper_connection.count", required=True, kind=COUNT))
     if P <= 1:
         raise ConfigError(f"{gf.path}: {r._k('hyper_connection.count')} must be greater than one, got {P}")
@@ -260,7 +260,8 @@ def _attention(h, w, *, cfg, spec, il, state, step, rt):
                           eps=cfg.rms_eps, rule=rt.qsa_rule, rt=rt, il=il)
         kv = state.kv
     a = gqa.self_attention(h, w, cfg=cfg, spec=spec, il=il, state=kv, step=step, cos=cos, sin=sin, rt=rt,
-                           out_gate=True, sel_mask=sel, view_names=("Qcur_reshaped", "gate_reshaped"))
+                           out_gate=True, sel_mask=sel, view_names=("Qcur_reshaped", "gate_reshaped"),
+                           qkv_bias=False)   # create_tensor_qkv loads attn_q/k/v.bias; the graph never adds them
     rt.record("attn_output", il, a)
     return a
 

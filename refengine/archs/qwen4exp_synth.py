@@ -17,7 +17,12 @@ token * multiplier stays below 2^63 (the int64 and uint64 hashes then agree).
 Presets (a preset's `ple_hole` writes the n-gram table as a hole of a sparse file: zeros that cost no disk):
 - `tiny`  4 blocks: GDN, QSA, GDN + n-gram (PLE), QSA (full_attention_interval 2); r = 4, budget 8 tokens, so a
           query past 12 tokens drops blocks; EOS id 3 (in the test token lists: the hash resets inside them).
-          all_optional: `attention.recurrent_layers` = GDN, QSA, GDN, GDN (and YaRN).
+          all_optional: `attention.recurrent_layers` = GDN, QSA, GDN, GDN (and YaRN), and every optional tensor
+          the loader accepts: the generic pass's `.scale` / `.input_scale` of the GDN projections (attn_qkv,
+          attn_gate, ssm_beta, ssm_alpha, ssm_out), of attn_q/k/v/output, of the experts (per expert) and the
+          shared experts, and attn_q/k/v.bias (create_tensor_qkv). The graph multiplies by every `.scale`
+          (build_lora_mm(w, x, w_s), qwen4exp.cpp:469-986; build_moe_ffn / build_ffn :997-1022) and reads no
+          `.input_scale` nor the q/k/v biases (qwen4exp.cpp:797-811).
 - `qwen3.8-flash-next`  the published shapes (cited beside it), 48 blocks; `layers=N` keeps the first N (block 0
           is the n-gram layer, block 3 the first QSA one).
 """
@@ -133,10 +138,18 @@ def _streams(prefix: str, p: dict, inject: bool = True) -> list[TensorPlan]:
     return t
 
 
-def _gdn(il: int, p: dict) -> list[TensorPlan]:
+def _gdn(il: int, p: dict, all_optional: bool = False) -> list[TensorPlan]:
     b, D = f"blk.{il}.", p["n_embd"]
     dk, hk, hv, kc = p["ssm_state"], p["ssm_k_heads"], p["ssm_v_heads"], p["ssm_conv"]
     conv = 2 * hk * dk + hv * dk
+    t = _gdn_weights(b, D, dk, hv, kc, conv)
+    if all_optional:
+        for x in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out"):
+            t += sp.extras(b + x, 0, bias=False)
+    return t
+
+
+def _gdn_weights(b: str, D: int, dk: int, hv: int, kc: int, conv: int) -> list[TensorPlan]:
     return [TensorPlan(b + "attn_qkv.weight", (conv, D), "matrix", D),
             TensorPlan(b + "attn_gate.weight", (hv * dk, D), "matrix", D),
             TensorPlan(b + "ssm_conv1d.weight", (conv, kc), "conv", kc),
@@ -148,8 +161,17 @@ def _gdn(il: int, p: dict) -> list[TensorPlan]:
             TensorPlan(b + "ssm_out.weight", (D, hv * dk), "matrix", hv * dk)]
 
 
-def _attn(il: int, p: dict) -> list[TensorPlan]:
+def _attn(il: int, p: dict, all_optional: bool = False) -> list[TensorPlan]:
     b, D, K, H, Hkv = f"blk.{il}.", p["n_embd"], p["head_dim"], p["n_head"], p["n_head_kv"]
+    t = _attn_weights(b, p, D, K, H, Hkv)
+    if all_optional:
+        for x, n in (("q", 2 * H * K), ("k", Hkv * K), ("v", Hkv * K)):
+            t += sp.extras(b + f"attn_{x}", n)
+        t += sp.extras(b + "attn_output", D, bias=False)
+    return t
+
+
+def _attn_weights(b: str, p: dict, D: int, K: int, H: int, Hkv: int) -> list[TensorPlan]:
     di, Hi = p["idx_dim"], p["idx_heads"]
     return [TensorPlan(b + "attn_q.weight", (2 * H * K, D), "matrix", D),
             TensorPlan(b + "attn_k.weight", (Hkv * K, D), "matrix", D),
@@ -173,12 +195,13 @@ def _ple(il: int, p: dict) -> list[TensorPlan]:
             TensorPlan(b + "ple_conv1d.weight", (P * D, p["ple_conv"]), "conv", p["ple_conv"])]
 
 
-def _moe(il: int, p: dict) -> list[TensorPlan]:
+def _moe(il: int, p: dict, all_optional: bool = False) -> list[TensorPlan]:
     b, D, Fs = f"blk.{il}.", p["n_embd"], p["n_ff_shexp"]
-    t = sp.moe_plans(il, D, p["n_expert"], p["n_ff_exp"], all_optional=False)
+    t = sp.moe_plans(il, D, p["n_expert"], p["n_ff_exp"], all_optional=all_optional)
     t.append(TensorPlan(b + "ffn_gate_inp_shexp.weight", (D,), "matrix", D))
     for x, shape, fan in (("gate", (Fs, D), D), ("up", (Fs, D), D), ("down", (D, Fs), Fs)):
         t.append(TensorPlan(b + f"ffn_{x}_shexp.weight", shape, "matrix", fan))
+        t += sp.extras(b + f"ffn_{x}_shexp", 0, bias=False) if all_optional else []
     return t
 
 
@@ -198,10 +221,10 @@ def synth_plan(p: dict, *, all_optional=False, fused_qkv=False, tied_output=Fals
                             "hole" if p["ple_hole"] else "embed"))
     for il, recr in enumerate(is_recurrent(p, all_optional=all_optional)):
         t += _streams(f"blk.{il}.hc_attn", p) + _streams(f"blk.{il}.hc_ffn", p)
-        t += _gdn(il, p) if recr else _attn(il, p)
+        t += _gdn(il, p, all_optional) if recr else _attn(il, p, all_optional)
         if il == p["ple_layer"]:
             t += _ple(il, p)
-        t += _moe(il, p)
+        t += _moe(il, p, all_optional)
     return t
 
 

@@ -61,9 +61,11 @@ class CompressedKVConfig:
 
 
 def table(il: int, ac: CompressedKVConfig) -> list[W]:
-    """The attention's tensors (deepseek4.cpp:104-148). attn_output_a is stored 2-D ({I, G*Ro}); llama.cpp views
-    it as {I, Ro, G}: group g is rows g*Ro .. (g+1)*Ro of the NumPy [G*Ro, I]. The compressors' `ape` [r, c*K] are
-    small matrices read by row (ggml_get_rows: any type; llama.cpp's writer quantizes them like any matrix)."""
+    """The attention's tensors (deepseek4.cpp:104-148). attn_output_a is stored 2-D ({I, G*Ro}, the converter) or
+    3-D ({I, Ro, G}, llama_model_saver); llama.cpp creates it {I, Ro, G} with TENSOR_ALLOW_RESHAPE (deepseek4.cpp:
+    120-122: any shape of I*Ro*G elements), read here as the NumPy [G*Ro, I]: group g is rows g*Ro .. (g+1)*Ro.
+    The compressors' `ape` [r, c*K] are small matrices read by row (ggml_get_rows: any type; llama.cpp's writer
+    quantizes them like any matrix)."""
     p, H, K, Dq = f"blk.{il}.", ac.n_head, ac.head_dim, ac.q_lora
     t = [W("attn_sinks", p + "attn_sinks.weight", lambda c, s: (H,), dense=True),
          W("attn_q_a", p + "attn_q_a.weight", lambda c, s: (Dq, c.n_embd)),
@@ -71,7 +73,8 @@ def table(il: int, ac: CompressedKVConfig) -> list[W]:
          W("attn_q_b", p + "attn_q_b.weight", lambda c, s: (H * K, Dq)),
          W("attn_kv", p + "attn_kv.weight", lambda c, s: (K, c.n_embd)),
          W("attn_kv_a_norm", p + "attn_kv_a_norm.weight", lambda c, s: (K,), dense=True),
-         W("attn_output_a", p + "attn_output_a.weight", lambda c, s: (ac.o_groups * ac.o_lora, H * K // ac.o_groups)),
+         W("attn_output_a", p + "attn_output_a.weight", lambda c, s: (ac.o_groups * ac.o_lora, H * K // ac.o_groups),
+           reshape=True),
          W("attn_output_b", p + "attn_output_b.weight", lambda c, s: (c.n_embd, ac.o_groups * ac.o_lora))]
     if ac.ratio:
         cK = (2 if kv_compressor.overlap(ac.ratio) else 1) * K

@@ -30,6 +30,7 @@ import numpy as np
 from ..cache import RecurrentState
 from ..errors import ConfigError, MissingTensorError
 from ..ops import rms_norm, sigmoid, silu, softplus
+from ..ops.linear import linear
 from ..weights import W
 from . import delta_rule
 from .delta_rule import l2_norm  # noqa: F401  (the norm the layers apply to q and k)
@@ -91,6 +92,8 @@ class GDNConfig:
     ba: str = "fused"               # beta/alpha projections: one ssm_ba ("fused") or ssm_beta + ssm_alpha ("split")
     conv_trace: str = "build_conv_state"    # the graph function whose names the conv state is traced under:
                                             # build_conv_state (delta-net-base.cpp) | build_conv_state_at (qwen4exp)
+    apply_scales: bool = False      # the projections' `.scale` (generic pass) reach build_lora_mm (qwen4exp.cpp:469,
+                                    # 473, 890, 897, 986); False: loaded, never applied (qwen3next.cpp:327-556)
 
     @property
     def key_dim(self) -> int:
@@ -134,8 +137,11 @@ def new_state(form: str = "recurrent") -> GDNState:
 
 
 def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
-    """The linear-attention tensors of block il (qwen3next.cpp:83-94) and the generic pass's optional
-    `.scale` / `.input_scale` of its projections, which the GDN graph loads but never applies."""
+    """The linear-attention tensors of block il (qwen3next.cpp:83-94, qwen4exp.cpp:219-232) and the generic pass's
+    optional `.scale` / `.input_scale` of its projections (llama-model.cpp:1634-1773; ssm_beta / ssm_alpha's only
+    with the split form: the fused ssm_ba has none). The `.scale` multiply the projection's result when
+    `gc.apply_scales` (qwen4exp's build_lora_mm(w, x, w_s)), else they are loaded and ignored (qwen3next); no graph
+    reads an `.input_scale`."""
     p = f"blk.{il}."
     D = lambda c, s: c.n_embd                                        # noqa: E731
     ONE = lambda c, s: (1,)                                          # noqa: E731
@@ -158,10 +164,15 @@ def gdn_table(gf, il: int, gc: GDNConfig) -> list[W]:
             W("ssm_alpha", p + "ssm_alpha.weight", lambda c, s: (gc.n_v_heads, D(c, s)), small=True)]),
          W("ssm_norm", p + "ssm_norm.weight", lambda c, s: (gc.head_v_dim,), dense=True),
          W("ssm_out", p + "ssm_out.weight", lambda c, s: (D(c, s), gc.value_dim))]
-    for x in ("attn_qkv", "attn_gate", "ssm_in", "ssm_out"):
+    for x in ("attn_qkv", "attn_gate", "ssm_in", "ssm_out") + (() if gc.ba == "fused" else ("ssm_beta", "ssm_alpha")):
         t += [W(f"{x}_scale", p + f"{x}.scale", ONE, required=False, dense=True),
               W(f"{x}_input_scale", p + f"{x}.input_scale", ONE, required=False, dense=True)]
     return t
+
+
+def _scale(w, name: str, gc: GDNConfig):
+    """The `.scale` build_lora_mm multiplies `name`'s result by, if the arch applies it (None when absent)."""
+    return getattr(w, f"{name}_scale", None) if gc.apply_scales else None
 
 
 def project_qkvz(h, w, gc: GDNConfig, il: int, rt):
@@ -171,9 +182,9 @@ def project_qkvz(h, w, gc: GDNConfig, il: int, rt):
     (the HF `in_proj_qkvz` layout); regrouped here as llama.cpp does (qwen3next.cpp:336-391)."""
     T = h.shape[0]
     if w.attn_qkv is not None:
-        qkv = rt.matmul(h, w.attn_qkv)                                   # [T, C]
+        qkv = linear(h, w.attn_qkv, _scale(w, "attn_qkv", gc), None, rt)    # [T, C]
         rt.record("linear_attn_qkv_mixed", il, qkv)
-        z = rt.matmul(h, w.attn_gate)                                    # [T, Hv*V]
+        z = linear(h, w.attn_gate, _scale(w, "attn_gate", gc), None, rt)   # [T, Hv*V]
         rt.record("z", il, z)
         return qkv, z
     Hk, K, rV = gc.n_k_heads, gc.head_k_dim, gc.value_dim // gc.n_k_heads
@@ -208,9 +219,9 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
         rt.record("b", il, b)
         rt.record("a", il, a)
     else:
-        b = rt.matmul(h, w.ssm_beta)                                     # [T, Hv]
+        b = linear(h, w.ssm_beta, _scale(w, "ssm_beta", gc), None, rt)    # [T, Hv]
         rt.record("beta", il, b)
-        a = rt.matmul(h, w.ssm_alpha)                                    # [T, Hv]
+        a = linear(h, w.ssm_alpha, _scale(w, "ssm_alpha", gc), None, rt)  # [T, Hv]
     beta = sigmoid(b.reshape(T, Hv))                                     # [T, Hv]
     if gc.ba != "fused":
         rt.record("beta_sigmoid", il, beta)
@@ -262,6 +273,6 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     o = rms_norm(o, w.ssm_norm, eps) * OUT_GATES[gc.out_gate](z.reshape(T, Hv, V))   # [T, Hv, V]  build_norm_gated
     o = o.reshape(T, Hv * V)
     rt.record("final_output", il, o)
-    out = rt.matmul(o, w.ssm_out)                                        # [T, D]
+    out = linear(o, w.ssm_out, _scale(w, "ssm_out", gc), None, rt)       # [T, D]
     rt.record("linear_attn_out", il, out)
     return out

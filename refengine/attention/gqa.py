@@ -75,8 +75,10 @@ def gqa_table(gf, il: int, *, out_bias: bool = True, qk_norm: bool = False, q_ga
     return t
 
 
-def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False):
-    """`build_qkv`: h [T, D] -> q [T, H, K] ([T, H, 2K]: q | gate with q_gate), k [T, Hkv, K], v [T, Hkv, V]."""
+def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False, add_bias: bool = True):
+    """`build_qkv`: h [T, D] -> q [T, H, K] ([T, H, 2K]: q | gate with q_gate), k [T, Hkv, K], v [T, Hkv, V].
+    add_bias False: the loaded q/k/v biases are not added (a graph that calls build_lora_mm alone though
+    create_tensor_qkv loads them: qwen4exp.cpp:797-811)."""
     T = h.shape[0]
     H, Hkv, K, V = spec.n_head, spec.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     Kq = 2 * K if q_gate else K
@@ -94,20 +96,23 @@ def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False):
         k = qkv[:, H * Kq:H * Kq + Hkv * K]
         v = qkv[:, H * Kq + Hkv * K:]
     else:
-        q = linear(h, w.attn_q, w.attn_q_scale, w.attn_q_bias, rt)       # [T, H*K]
-        k = linear(h, w.attn_k, w.attn_k_scale, w.attn_k_bias, rt)       # [T, Hkv*K]
-        v = linear(h, w.attn_v, w.attn_v_scale, w.attn_v_bias, rt)       # [T, Hkv*V]
+        b = (lambda x: getattr(w, f"attn_{x}_bias")) if add_bias else (lambda x: None)  # noqa: E731
+        q = linear(h, w.attn_q, w.attn_q_scale, b("q"), rt)              # [T, H*K]
+        k = linear(h, w.attn_k, w.attn_k_scale, b("k"), rt)              # [T, Hkv*K]
+        v = linear(h, w.attn_v, w.attn_v_scale, b("v"), rt)              # [T, Hkv*V]
     return q.reshape(T, H, Kq), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
 
 
 def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, out_gate: bool = False,
-                   sel_mask: np.ndarray | None = None, view_names: tuple[str, str] = ("Qcur_view", "gate")):
+                   sel_mask: np.ndarray | None = None, view_names: tuple[str, str] = ("Qcur_view", "gate"),
+                   qkv_bias: bool = True):
     """h [T, D] -> [T, D]. q/k norms run when the table loaded them (`w.attn_q_norm`).
     out_gate: attn_q gives [q | gate] per head and the output is o * sigmoid(gate) (table with q_gate=True);
     view_names: the names of its q and gate halves (qwen4exp: Qcur_reshaped, gate_reshaped).
-    sel_mask: [T, S] 0 / -inf added to the causal mask (a sparse indexer's selection, attention/qsa.py)."""
+    sel_mask: [T, S] 0 / -inf added to the causal mask (a sparse indexer's selection, attention/qsa.py).
+    qkv_bias: whether the loaded attn_q/k/v biases are added (project_qkv)."""
     T = h.shape[0]
-    q, k, v = project_qkv(h, w, cfg, spec, rt, il, q_gate=out_gate)
+    q, k, v = project_qkv(h, w, cfg, spec, rt, il, q_gate=out_gate, add_bias=qkv_bias)
     if out_gate:
         K = cfg.head_dim_k
         rt.record("Qcur_full", il, q.reshape(T, -1))                    # [T, H*2K]

@@ -66,6 +66,9 @@ def table(il: int, mc: HashMoEConfig) -> list[W]:
                  + [(f"{g}_shexp", (1,)) for g in ("gate", "up", "down")]):
         t += [W(f"ffn_{x}_{k}_unapplied", p + f"ffn_{x}.{k}", lambda c, s, n=n: n, required=False, dense=True)
               for k in ("scale", "input_scale")]
+    # deepseek4.cpp:163: the routing bias of image tokens (vision variant), TENSOR_NOT_REQUIRED; the graph takes it
+    # for media input only (:1284-1288): loaded, never applied to text tokens
+    t.append(W("exp_probs_b_vl_unapplied", p + "exp_probs_b_vl.bias", lambda c, s: (E,), required=False, dense=True))
     return t
 
 
