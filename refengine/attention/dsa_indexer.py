@@ -169,12 +169,19 @@ def index_weights(h, w, *, ic: IndexerConfig, rt, il) -> np.ndarray:
     return iw
 
 
-def index_scores(iq, ik, iw, mask) -> np.ndarray:
-    """iq [T, Hi, di], ik [S, di], iw [T, Hi], mask [T, S] -> score [T, S] = sum_h relu(iq.ik) * iw + mask."""
+def index_scores(iq, ik, iw, mask, k_block: int = 2048) -> np.ndarray:
+    """iq [T, Hi, di], ik [S, di], iw [T, Hi], mask [T, S] -> score [T, S] = sum_h relu(iq.ik) * iw + mask.
+
+    Computed k_block keys at a time, so the per-head products [T, Hi, k_block] stay bounded whatever S."""
     T, Hi, di = iq.shape
-    assert ik.shape[1] == di and iw.shape == (T, Hi) and mask.shape == (T, ik.shape[0]), (iq.shape, ik.shape, iw.shape)
-    qk = np.einsum("thd,sd->ths", iq, ik, dtype=np.float32)                        # [T, Hi, S]
-    score = np.einsum("ths,th->ts", np.maximum(qk, np.float32(0.0)), iw, dtype=np.float32)   # [T, S]
+    S = ik.shape[0]
+    assert ik.shape[1] == di and iw.shape == (T, Hi) and mask.shape == (T, S), (iq.shape, ik.shape, iw.shape)
+    score = np.empty((T, S), dtype=np.float32)
+    q2 = iq.reshape(T * Hi, di)                                                    # [T, Hi, di] -> [T*Hi, di]
+    for s0 in range(0, S, k_block):
+        s1 = min(s0 + k_block, S)
+        qk = (q2 @ ik[s0:s1].T).reshape(T, Hi, s1 - s0)                            # [T, Hi, Sb]
+        score[:, s0:s1] = np.einsum("ths,th->ts", np.maximum(qk, np.float32(0.0)), iw, dtype=np.float32)   # [T, Sb]
     return score + mask
 
 
