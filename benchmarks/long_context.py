@@ -22,7 +22,7 @@ import time
 ARCHS = ("qwen3moe", "deepseek32", "kimi-linear", "qwen3next")
 
 
-def child(path: str, T: int, ubatch: int | None, limit_gb: float) -> dict:
+def child(path: str, T: int, ubatch: int | None, limit_gb: float, engine: str = "refengine") -> dict:
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (int(limit_gb * 2**30),) * 2)
     import warnings
@@ -36,7 +36,11 @@ def child(path: str, T: int, ubatch: int | None, limit_gb: float) -> dict:
     tokens = np.random.default_rng(0).integers(0, m.cfg.n_vocab, size=T)
     t0 = time.perf_counter()
     try:
-        logits = m.forward(tokens)
+        if engine == "llamacpp":          # the oracle: CPU, f32 KV cache, no flash attention, n_batch = n_ubatch = T
+            from refengine.oracle import run_llamacpp
+            logits = run_llamacpp(path, tokens, trace=False, n_ctx=T, n_threads=1).logits
+        else:
+            logits = m.forward(tokens)
         ok = bool(np.all(np.isfinite(logits)))
         err = None
     except MemoryError:
@@ -53,15 +57,17 @@ def main() -> int:
     p.add_argument("--ubatch", type=int, default=None, help="Model(n_ubatch=...) (default: the Model's default)")
     p.add_argument("--limit-gb", type=float, default=8.0)
     p.add_argument("--blas-threads", type=int, default=1)
+    p.add_argument("--llamacpp", action="store_true", help="time llama.cpp (one thread, one batch) instead")
     p.add_argument("--dir", default="/tmp/refengine-long")
     p.add_argument("--child", nargs=2, metavar=("PATH", "T"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        print(json.dumps(child(a.child[0], int(a.child[1]), a.ubatch, a.limit_gb)))
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.ubatch, a.limit_gb,
+                               "llamacpp" if a.llamacpp else "refengine")))
         return 0
     from refengine.synth import write_synth
     os.makedirs(a.dir, exist_ok=True)
-    print("| tiny preset | T | time | peak RSS |")
+    print(f"| tiny preset | T | time{' (llama.cpp)' if a.llamacpp else ''} | peak RSS |")
     print("|---|---|---|---|")
     for arch in a.archs.split(","):
         path = os.path.join(a.dir, f"{arch}-tiny.gguf")
@@ -71,6 +77,8 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--child", path, str(T), "--limit-gb", str(a.limit_gb)]
             if a.ubatch is not None:
                 cmd += ["--ubatch", str(a.ubatch)]
+            if a.llamacpp:
+                cmd += ["--llamacpp"]
             env = {**os.environ, "OPENBLAS_NUM_THREADS": str(a.blas_threads), "OMP_NUM_THREADS": str(a.blas_threads)}
             r = subprocess.run(cmd, capture_output=True, text=True, env=env)
             try:

@@ -116,7 +116,7 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
     cfg = model.cfg
     bar = tqdm(total=cfg.n_layer + 1, unit="layer", desc=f"golden {os.path.basename(model.path)}",
                disable=not progress)
-    trace = _ProgressTrace(None, bar)
+    trace = _ProgressTrace(set() if tensors == "logits" else None, bar)   # logits only: nothing kept (blocked attention)
     rt = Runtime(mode=mode, backend=backend, trace=trace)
     ub = min(int(n_ubatch or tokens.size), tokens.size)
     logits = model.forward(tokens, rt=rt, n_ubatch=ub)                           # [T, V]
