@@ -105,18 +105,23 @@ class Model:
                 n_ubatch: int | None = None) -> np.ndarray:
         """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None).
 
-        The tokens run as successive ubatches of `n_ubatch` (default `self.n_ubatch`) through the per-layer state,
-        as llama.cpp splits a batch into ubatches: decode equals prefill, so the logits are one prefill's (up to
-        float32 summation order). A trace (`rt.trace`) records the first ubatch only, as the oracle records the
-        first of several decode calls (`run_llamacpp(chunks=...)`); pass n_ubatch=T to trace the whole batch.
-        Teacher forcing (`rt.force_inputs`, llama.cpp's whole-batch tensors) always runs one batch."""
+        The tokens run as successive ubatches of `n_ubatch` through the per-layer state, as llama.cpp splits a batch
+        into ubatches: decode equals prefill, so the logits are one prefill's (up to float32 summation order).
+        n_ubatch None: `self.n_ubatch`, except with a trace (`rt.trace`): then one batch, so every traced tensor is
+        the whole batch's, as the oracle runs llama.cpp (n_batch = n_ubatch = T). With a trace and an n_ubatch given,
+        the trace records the first ubatch only, as the oracle records the first of several decode calls
+        (`run_llamacpp(chunks=...)`). Teacher forcing (`rt.force_inputs`, llama.cpp's whole-batch tensors) always
+        runs one batch."""
         rt = rt or Runtime()
         state = state if state is not None else self.new_state(rt.attn_form)
         tokens = self._check_tokens(tokens, state.n_past)
         device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
         if device_forward is not None:
             return device_forward(tokens, state)
-        ub = tokens.size if rt.force_inputs else int(n_ubatch or self.n_ubatch)
+        if rt.force_inputs or (n_ubatch is None and rt.trace is not None):
+            ub = tokens.size
+        else:
+            ub = int(n_ubatch or self.n_ubatch)
         if tokens.size <= ub:
             return self._forward_ubatch(tokens, state, rt)
         quiet = rt.untraced()                                      # the later ubatches: nothing recorded

@@ -96,17 +96,18 @@ def test_ubatched_prefill_equals_one_batch(synth_model, arch, kw, form):
 
 
 def test_ubatch_default_and_trace(synth_model):
-    """Model's n_ubatch splits a long call; a trace records the first ubatch (the oracle records the first call)."""
+    """Model's n_ubatch splits a long call; a traced call runs one batch unless told, then records the first ubatch
+    (as the oracle records the first of several decode calls)."""
     from refengine.runtime import Runtime
     from refengine.trace import Trace
     m = Model(synth_model("llama"), n_ubatch=5)
     assert m.n_ubatch == 5 and Model(synth_model("llama")).n_ubatch == 512
-    trace = Trace()
-    logits = m.forward(TOKENS, rt=Runtime(trace=trace))                       # 5 + 5 + 2
-    assert logits.shape[0] == len(TOKENS) and trace["l_out-0"].shape[0] == 5
-    assert "l_out-0" not in trace.earlier                                    # later ubatches record nothing
-    one = m.forward(TOKENS, n_ubatch=len(TOKENS))
-    assert metrics(one, logits)[0] <= 1e-10
+    whole, first = Trace(), Trace()
+    one = m.forward(TOKENS, rt=Runtime(trace=whole))                          # one batch of 12
+    logits = m.forward(TOKENS, rt=Runtime(trace=first), n_ubatch=5)           # 5 + 5 + 2
+    assert whole["l_out-0"].shape[0] == len(TOKENS) and first["l_out-0"].shape[0] == 5
+    assert "l_out-0" not in first.earlier                                    # later ubatches record nothing
+    assert metrics(one, logits)[0] <= 1e-10 and metrics(one, m.forward(TOKENS))[0] <= 1e-10
 
 
 def test_n_ctx_above_training_warns(synth_model):
