@@ -185,6 +185,27 @@ def index_scores(iq, ik, iw, mask, k_block: int = 2048) -> np.ndarray:
     return score + mask
 
 
+def top_k_positions(score: np.ndarray, n: int) -> np.ndarray:
+    """score [T, S] -> [T, n]: np.argsort(-score, kind="stable")[:, :n] (the n largest, ties: earlier position
+    first), without sorting whole rows: a row's candidates are the scores >= its n-th largest (np.partition);
+    where that is exactly n of them (no tie at the boundary, some finite) only those n are sorted, other rows
+    (ties at the boundary, fewer than n finite scores) take the full stable sort."""
+    T, S = score.shape
+    if n >= S:
+        return np.argsort(-score, axis=-1, kind="stable")                            # [T, S]
+    thr = np.partition(score, S - n, axis=-1)[:, S - n:S - n + 1]                    # [T, 1] the n-th largest
+    cand = score >= thr                                                              # [T, S]
+    exact = (cand.sum(axis=-1) == n) & np.isfinite(thr[:, 0])                        # [T]
+    order = np.empty((T, n), dtype=np.int64)
+    rows = np.flatnonzero(exact)
+    pos = np.nonzero(cand[rows])[1].reshape(rows.size, n)                           # [r, n] ascending positions
+    sub = np.argsort(-np.take_along_axis(score[rows], pos, axis=-1), axis=-1, kind="stable")   # [r, n]
+    order[rows] = np.take_along_axis(pos, sub, axis=-1)
+    rest = np.flatnonzero(~exact)
+    order[rest] = np.argsort(-score[rest], axis=-1, kind="stable")[:, :n]
+    return order
+
+
 def select_top_k(score: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """score [T, S] (masked) -> (top_k [T, n] int, mask [T, S]) with n = min(k, S).
 
@@ -193,7 +214,7 @@ def select_top_k(score: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """
     T, S = score.shape
     n = min(k, S)
-    order = np.argsort(-score, axis=-1, kind="stable")[:, :n]                       # [T, n]
+    order = top_k_positions(score, n)                                                # [T, n]
     mask = np.full((T, S), -np.inf, dtype=np.float32)                               # [T, S]
     np.put_along_axis(mask, order, np.float32(0.0), axis=-1)
     return order, mask
