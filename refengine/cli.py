@@ -42,6 +42,12 @@ def _input_tokens(args, model) -> list[int]:
     return rng.integers(0, model.cfg.n_vocab, size=16).tolist()
 
 
+def _ubatch_kw(args) -> dict:
+    if args.ubatch is not None and args.ubatch < 1:
+        raise RefengineError(f"--ubatch {args.ubatch}: at least 1 token per ubatch")
+    return {} if args.ubatch is None else {"n_ubatch": args.ubatch}
+
+
 # ---------------------------------------------------------------- commands
 
 def cmd_synth(args) -> int:
@@ -66,7 +72,7 @@ def cmd_compare(args) -> int:
         if not args.json:
             print(f"no FILE given: comparing a synthetic {DEFAULT_ARCH} (tiny preset, F32, seed 0) written to {path}\n")
     try:
-        model = Model(path)
+        model = Model(path, n_ctx=args.ctx)
         tokens = _input_tokens(args, model)
         if args.against == "transformers":                       # the second oracle: the authors' code
             return _compare_authors(args, model, tokens, None if tmp is not None else path)
@@ -74,7 +80,7 @@ def cmd_compare(args) -> int:
         if args.mode == "llamacpp" and not args.local:          # the flip census and, over tolerance, its proof
             from .flips import explain
         rep = run_compare(model, tokens, mode=args.mode, backend=args.backend, tol=args.tol, local=args.local,
-                          explain=explain, qsa_rule=args.qsa_rule or "llamacpp")
+                          explain=explain, qsa_rule=args.qsa_rule or "llamacpp", n_ubatch=args.ubatch)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -106,7 +112,7 @@ def _compare_authors(args, model, tokens, path) -> int:
 def cmd_run(args) -> int:
     from .model import Model
     from .runtime import Runtime
-    model = Model(args.file)
+    model = Model(args.file, n_ctx=args.ctx, **_ubatch_kw(args))
     state, last, history = model.new_state(), None, []
     if args.load_state is not None:                   # continue a saved sequence: the input is the continuation
         from .state_file import read_state
@@ -240,13 +246,13 @@ def cmd_info(args) -> int:
 def cmd_golden(args) -> int:
     from .golden import make_golden
     from .model import Model
-    model = Model(args.file)
+    model = Model(args.file, n_ctx=args.ctx, **_ubatch_kw(args))
     if args.tokens is None and args.prompt is None:
         raise RefengineError("golden: give the input with --tokens or --prompt")
     tokens = _input_tokens(args, model)
     m = make_golden(args.file, tokens, args.output, mode=args.mode, backend=args.backend, tensors=args.tensors,
                     progress=not args.quiet, model=model, path_model=args.path_model,
-                    qsa_rule=args.qsa_rule or "authors")
+                    qsa_rule=args.qsa_rule or "authors", n_ubatch=args.ubatch)
     n = len(m["order"])
     print(f"{args.output}: {n - 1} intermediates + logits [{len(tokens)}, {m['model']['n_vocab']}] "
           f"({m['bytes']['tensors'] / 2**20:.2f} MiB safetensors), manifest.json, results.gguf"
@@ -316,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--tokens", type=_tokens, default=None, help="comma-separated token ids")
         g.add_argument("--prompt", default=None, help="text, tokenized with the file's own vocabulary")
 
+    def add_ctx(q, ubatch_default: str):
+        q.add_argument("--ctx", type=int, default=None, metavar="N", help="context size n_ctx (default: "
+                       "min(n_ctx_train, 4096)); above the trained context it warns and runs, as llama.cpp does")
+        q.add_argument("--ubatch", type=int, default=None, metavar="N", help="run the prompt as successive "
+                       f"ubatches of N tokens, as llama.cpp's n_ubatch (default: {ubatch_default})")
+
     def add_exec(q):
         q.add_argument("--mode", default="exact", help="exact (f32 math on dequantized weights) or llamacpp "
                        "(activations rounded to the weight's partner type Q8_0/Q8_1/Q8_K/f16/bf16 first, as ggml-cpu)")
@@ -334,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the oracle: llama.cpp (every named tensor, the default) or the model authors' PyTorch code "
                    "in transformers (deepseek4, qwen4exp, glm5-next: hidden states and logits; the hf extra: "
                    "pip install 'refengine[hf]')")
+    add_ctx(c, "all the tokens in one batch; with N, both engines run ubatches of N, the tensors compared are the "
+            "first ubatch's and the logits every position's")
     c.add_argument("--tol", type=float, default=None, help="NMSE tolerance per tensor (default: by weight types; "
                    "1e-8 against transformers)")
     c.add_argument("--local", action="store_true", help="feed every layer llama.cpp's own input to it: each "
@@ -346,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("file")
     add_input(r)
     add_exec(r)
+    add_ctx(r, "512")
     r.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
     r.add_argument("--save-state", metavar="F", default=None, help="after the generation, save the sequence (the "
                    "prompt and every generated token, the last one fed too) to F: one safetensors file with the "
@@ -385,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     gd.add_argument("file", help="GGUF (any shard of a split set)")
     add_input(gd)
     add_exec(gd)
+    add_ctx(gd, "all the tokens in one batch; with N, the intermediates are the first ubatch's, the logits every "
+            "position's")
     gd.add_argument("--tensors", default="all", help="all (default), logits (no intermediates), or comma-separated "
                     "glob patterns of names, e.g. 'l_out-*,ffn_moe_topk-*'")
     gd.add_argument("--path-model", default=None, help="the model path stored in results.gguf, which "

@@ -443,7 +443,8 @@ def matmul_weight_types(model) -> set:
 
 
 def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", tol: float | None = None,
-                local: bool = False, attn_form: str | None = None, explain=None, qsa_rule: str = "llamacpp") -> Report:
+                local: bool = False, attn_form: str | None = None, explain=None, qsa_rule: str = "llamacpp",
+                n_ubatch: int | None = None) -> Report:
     """Run refengine and llama.cpp on the same tokens (one prefill) and compare every named tensor.
     `path` is a GGUF path or an already opened Model.
 
@@ -454,7 +455,11 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     qsa_rule: QSA's selection rule (attention/qsa.py); llama.cpp's by default, the one the oracle runs.
     explain(model, tokens, ref, trace, logits, rep): called last, to add to the report (the command line
     passes refengine.flips.explain in llama.cpp mode: the flip census and, over tolerance, the flip rule).
+    n_ubatch: both engines run the tokens as successive ubatches of this many (llama.cpp: one decode call each);
+        the tensors compared are the first ubatch's (what both record), the logits every position's. None: one
+        batch of all the tokens, every tensor the whole batch's.
     """
+    from .errors import ConfigError
     from .model import Model
     from .oracle import run_llamacpp
     from .runtime import Runtime
@@ -465,14 +470,18 @@ def run_compare(path, tokens, *, mode: str = "exact", backend: str = "numpy", to
     trace = Trace()
     if local and not model.arch.LOCAL_INPUTS:
         model.forward_local(tokens, [], None)                 # raises the clear error before llama.cpp runs
-    ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx)
+    ub = min(int(n_ubatch or tokens.size), tokens.size)
+    if local and ub < tokens.size:
+        raise ConfigError("compare --local feeds every layer llama.cpp's whole-batch input: one batch (no --ubatch)")
+    chunks = [min(ub, tokens.size - i) for i in range(0, tokens.size, ub)]
+    ref = run_llamacpp(model.path, tokens, n_ctx=model.n_ctx, chunks=chunks)
     rt = Runtime(mode=mode, backend=backend, trace=trace, attn_form=attn_form, qsa_rule=qsa_rule)
     if local:
         L = model.cfg.n_layer
         inputs = [ref.tensors["embd"]] + [ref.tensors[f"l_out-{il}"] for il in range(L - 1)]
         got_logits = model.forward_local(tokens, inputs, ref.tensors[f"l_out-{L - 1}"], rt)
     else:
-        got_logits = model.forward(tokens, rt=rt)
+        got_logits = model.forward(tokens, rt=rt, n_ubatch=ub)
     if tol is None:
         tol = tolerance(matmul_weight_types(model), mode)
     rep = build_report(model.cfg.arch, ref.logits, got_logits, ref.tensors, ref.order, trace.tensors, tol)

@@ -28,15 +28,29 @@ from .runtime import Runtime
 from .step import Step
 
 
+N_CTX_DEFAULT = 4096     # n_ctx when none is asked for: min(n_ctx_train, this)
+N_UBATCH_DEFAULT = 512   # llama.cpp's default n_ubatch (common/common.h, `n_ubatch = 512`)
+
+
 class Model:
-    def __init__(self, source: str | os.PathLike | GGUFModel, *, n_ctx: int | None = None):
+    def __init__(self, source: str | os.PathLike | GGUFModel, *, n_ctx: int | None = None,
+                 n_ubatch: int = N_UBATCH_DEFAULT):
         self.gf = source if isinstance(source, GGUFModel) else open_gguf(source)
         self.arch = get_arch(self.gf.get("general.architecture"), self.gf.path)
         self.cfg: ModelConfig = self.arch.config_from_gguf(self.gf)
         for note in self.gf.llamacpp_refusals():          # read here; llama.cpp refuses: say so (refengine info)
             warnings.warn(f"{self.gf.path}: llama.cpp refuses this file: {note}", LlamaCppWouldRefuse, stacklevel=2)
-        # context size: picks long/short rope factors like llama.cpp's n_ctx_seq
-        self.n_ctx = int(n_ctx or min(self.cfg.n_ctx_train, 4096))
+        # context size: picks long/short rope factors like llama.cpp's n_ctx_seq. Above the trained context it is
+        # allowed with a warning, as llama.cpp allows it (llama_context: "possible training context overflow")
+        self.n_ctx = int(n_ctx or min(self.cfg.n_ctx_train, N_CTX_DEFAULT))
+        if self.n_ctx > self.cfg.n_ctx_train > 0:
+            warnings.warn(f"{self.gf.path}: n_ctx = {self.n_ctx} > n_ctx_train = {self.cfg.n_ctx_train}: possible "
+                          f"training context overflow", stacklevel=2)
+        # the physical batch: a longer forward call runs as successive ubatches of this many tokens (llama.cpp's
+        # n_ubatch), so activations and attention scores are bounded by n_ubatch rows whatever the prompt's length
+        if int(n_ubatch) < 1:
+            raise ConfigError(f"n_ubatch = {n_ubatch}: at least 1 token per ubatch")
+        self.n_ubatch = int(n_ubatch)
         self.g = self.arch.load_globals(self.gf, self.cfg)
         self._layers: dict[int, object] = {}
 
@@ -87,14 +101,35 @@ class Model:
     def _step(self, tokens: np.ndarray, n_past: int) -> Step:
         return Step(tokens=tokens, pos=np.arange(n_past, n_past + tokens.size), n_ctx=self.n_ctx, g=self.g)
 
-    def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None) -> np.ndarray:
-        """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None)."""
+    def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None, *,
+                n_ubatch: int | None = None) -> np.ndarray:
+        """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None).
+
+        The tokens run as successive ubatches of `n_ubatch` through the per-layer state, as llama.cpp splits a batch
+        into ubatches: decode equals prefill, so the logits are one prefill's (up to float32 summation order).
+        n_ubatch None: `self.n_ubatch`, except with a trace (`rt.trace`): then one batch, so every traced tensor is
+        the whole batch's, as the oracle runs llama.cpp (n_batch = n_ubatch = T). With a trace and an n_ubatch given,
+        the trace records the first ubatch only, as the oracle records the first of several decode calls
+        (`run_llamacpp(chunks=...)`). Teacher forcing (`rt.force_inputs`, llama.cpp's whole-batch tensors) always
+        runs one batch."""
         rt = rt or Runtime()
         state = state if state is not None else self.new_state(rt.attn_form)
         tokens = self._check_tokens(tokens, state.n_past)
         device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
         if device_forward is not None:
             return device_forward(tokens, state)
+        if rt.force_inputs or (n_ubatch is None and rt.trace is not None):
+            ub = tokens.size
+        else:
+            ub = int(n_ubatch or self.n_ubatch)
+        if tokens.size <= ub:
+            return self._forward_ubatch(tokens, state, rt)
+        quiet = rt.untraced()                                      # the later ubatches: nothing recorded
+        return np.concatenate([self._forward_ubatch(tokens[i:i + ub], state, rt if i == 0 else quiet)
+                               for i in range(0, tokens.size, ub)])                  # [T, V]
+
+    def _forward_ubatch(self, tokens: np.ndarray, state: ModelState, rt: Runtime) -> np.ndarray:
+        """One ubatch: tokens [T] (checked) -> logits [T, V], appended to `state`."""
         step = self._step(tokens, state.n_past)
         a, cfg = self.arch, self.cfg
         x = a.embed(self.g, cfg, step, rt)                                     # the residual, e.g. [T, D]

@@ -25,6 +25,7 @@ unnamed, found in its trace by refengine.flips). `forced_hits` counts, per key, 
 from __future__ import annotations
 
 
+import copy
 import importlib
 from dataclasses import dataclass
 
@@ -174,6 +175,19 @@ class Runtime:
             self.forced_hits[label] = self.forced_hits.get(label, 0) + 1
             return self.matmul(x, w)
         return mm
+
+    def untraced(self) -> Runtime:
+        """This runtime without its trace and teacher forcing (same mode, backend and device models): the later
+        ubatches of a traced forward call (Model.forward)."""
+        rt = copy.copy(self)
+        rt.trace, rt.force_inputs = None, None
+        rt._seen, rt._forced, rt.forced_hits = {}, [], {}
+        return rt
+
+    def keeps(self, name: str, il: int) -> bool:
+        """Whether a tensor recorded under `name` (layer il) is kept by the trace: an op with a cheaper form that
+        never builds the tensor (blocked attention's [H, T, S] scores) runs it when nothing keeps them."""
+        return self.trace is not None and self.trace.wants(name, il)
 
     def device_forward(self, model):
         """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None

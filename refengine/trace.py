@@ -23,6 +23,10 @@ class Trace:
         self.tensors: dict[str, np.ndarray] = {}
         self.earlier: dict[str, list] = {}       # a name recorded again: the earlier values, in order
 
+    def wants(self, name: str, il: int) -> bool:
+        """Whether a tensor recorded under this name would be kept."""
+        return self.names is None or tensor_name(name, il) in self.names
+
     def __call__(self, name: str, il: int, value: np.ndarray) -> None:
         key = tensor_name(name, il)
         if self.names is None or key in self.names:

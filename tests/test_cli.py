@@ -70,3 +70,29 @@ def test_prompt_on_file_without_tokenizer(tmp_path, capsys):
     main(["synth", "llama", "-q", "-o", str(f)])
     assert main(["run", str(f), "--prompt", "hello"]) == 2
     assert "no tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.oracle
+def test_ctx_and_ubatch_flags(tmp_path, capsys):
+    """--ctx above the trained context warns and runs; --ubatch splits the prompt in run, golden and compare
+    (compare: both engines in ubatches, the tensors of the first ubatch, logits of every position)."""
+    f = tmp_path / "m.gguf"
+    main(["synth", "llama", "-q", "-o", str(f)])
+    toks = ",".join(str(t) for t in range(1, 21))
+    capsys.readouterr()
+    assert main(["run", str(f), "--tokens", toks, "-n", "3", "--ctx", "1024", "--ubatch", "7"]) == 0
+    cap = capsys.readouterr()
+    assert "n_ctx = 1024 > n_ctx_train = 512: possible training context overflow" in cap.err
+    ids_ub = cap.err.split("ids: ")[1].splitlines()[0]
+    assert main(["run", str(f), "--tokens", toks, "-n", "3"]) == 0
+    assert capsys.readouterr().err.split("ids: ")[1].splitlines()[0] == ids_ub
+    assert main(["run", str(f), "--tokens", toks, "--ubatch", "0"]) == 2
+    assert "--ubatch 0" in capsys.readouterr().err
+    assert main(["compare", str(f), "--tokens", toks, "--ubatch", "8", "--ctx", "256", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] and d["logits"]["nmse"] <= 1e-8
+    assert [t["shape"] for t in d["tensors"] if t["name"] == "l_out-0"][0][0] == 8     # the first ubatch's rows
+    out = tmp_path / "g"
+    assert main(["golden", str(f), "--tokens", toks, "--ubatch", "8", "--ctx", "64", "-q", "-o", str(out)]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert (man["n_ctx"], man["n_ubatch"], man["intermediates_rows"]) == (64, 8, [0, 8])

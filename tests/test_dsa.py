@@ -180,3 +180,18 @@ def test_selection_compare_names_near_ties():
     agree, _ = selection_sets(np.array([[0, 1, 5]]), np.array([[0, 1, 2]]), np.array([[1.0, 0.5, -np.inf]]),
                                np.array([[1.0, 0.5, -np.inf]]))
     assert agree.tolist() == [True]
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 40])
+def test_top_k_positions_is_the_stable_argsort(n):
+    """The partial selection == the full stable sort: distinct scores, ties at the boundary, -inf (causal) rows."""
+    from refengine.attention.dsa_indexer import top_k_positions
+    rng = np.random.default_rng(n)
+    T, S = 50, 40
+    score = rng.standard_normal((T, S)).astype(np.float32)
+    score[5:15] = np.round(score[5:15])                                  # many ties
+    score[20:30] = np.round(score[20:30] * 4) / 4
+    q_pos = np.arange(T) - 10                                            # rows 0..9 see nothing, then 1, 2, ...
+    score = score + causal_mask(q_pos, np.arange(S))
+    want = np.argsort(-score, axis=-1, kind="stable")[:, :min(n, S)]
+    assert np.array_equal(top_k_positions(score, min(n, S)), want)

@@ -170,3 +170,15 @@ def test_conformance_kit(tmp_path, capsys):
             make_golden(d / "model.gguf", m["tokens"], tmp_path / "fresh", mode=mode)
             res = check_golden(d / g, tmp_path / "fresh")
             assert res.report.ok and not res.missing, (m["dir"], g, res.report.first_divergence)
+
+
+def test_logits_only_golden_keeps_no_scores(synth_model, tmp_path):
+    """--tensors logits: nothing is traced, so attention runs blocked; the logits are the full golden's."""
+    from safetensors.numpy import load_file
+    path = synth_model("qwen3moe")
+    toks = list(range(1, 30))
+    make_golden(path, toks, tmp_path / "all", tensors="all")
+    make_golden(path, toks, tmp_path / "lg", tensors="logits", n_ubatch=8)
+    a, b = load_file(tmp_path / "all" / "tensors.safetensors"), load_file(tmp_path / "lg" / "tensors.safetensors")
+    assert list(b) == ["logits"] and np.abs(a["logits"] - b["logits"]).max() <= 1e-4
+    assert json.loads((tmp_path / "lg" / "manifest.json").read_text())["n_ubatch"] == 8

@@ -379,3 +379,17 @@ def test_mla_vs_llamacpp(tmp_path, kind):
                 want = want[..., :tr[n].shape[-1]]
             assert want.size == tr[n].size, f"{kind} {form} {n}: llama.cpp {want.shape}, ours {tr[n].shape}"
             assert metrics(want, tr[n])[0] <= 1e-8, f"{kind} {form} {n}"
+
+
+@pytest.mark.parametrize("form", ["absorbed", "naive"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_blocked_equals_one_shot_float64(case, form):
+    """600 positions (two key blocks, three query blocks of mha.attention_blocked): the blocked attention
+    (no trace keeps the scores) == the one-shot one (a trace keeps them), in float64."""
+    mc = make_mc(**CASES[case])
+    w = make_weights(mc)
+    h = np.random.default_rng(3).standard_normal((600, D))
+    blocked = run(mc, w, h, form, dtype=np.float64)
+    one_shot = run(mc, w, h, form, dtype=np.float64, trace=Trace())
+    assert blocked.dtype == one_shot.dtype == np.float64
+    assert np.max(np.abs(blocked - one_shot)) <= 1e-12 * np.max(np.abs(one_shot))

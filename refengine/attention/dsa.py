@@ -70,7 +70,7 @@ def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, s
     S = state.n + T
     assert sel.mask.shape == (T, S), f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"
 
-    def mask_fn(q_pos, k_pos):
-        assert q_pos.shape == (T,) and k_pos.shape == (S,)
-        return sel.mask                                                            # [T, S]
+    def mask_fn(q_pos, k_pos):                                                     # a tile [Tb, Sb] of sel.mask
+        assert q_pos.min() >= S - T and k_pos.max() < S, (q_pos, k_pos, S, T)
+        return sel.mask[np.ix_(q_pos - (S - T), k_pos)]
     return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt, mask_fn=mask_fn, qr=qr)

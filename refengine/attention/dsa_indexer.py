@@ -169,13 +169,41 @@ def index_weights(h, w, *, ic: IndexerConfig, rt, il) -> np.ndarray:
     return iw
 
 
-def index_scores(iq, ik, iw, mask) -> np.ndarray:
-    """iq [T, Hi, di], ik [S, di], iw [T, Hi], mask [T, S] -> score [T, S] = sum_h relu(iq.ik) * iw + mask."""
+def index_scores(iq, ik, iw, mask, k_block: int = 2048) -> np.ndarray:
+    """iq [T, Hi, di], ik [S, di], iw [T, Hi], mask [T, S] -> score [T, S] = sum_h relu(iq.ik) * iw + mask.
+
+    Computed k_block keys at a time, so the per-head products [T, Hi, k_block] stay bounded whatever S."""
     T, Hi, di = iq.shape
-    assert ik.shape[1] == di and iw.shape == (T, Hi) and mask.shape == (T, ik.shape[0]), (iq.shape, ik.shape, iw.shape)
-    qk = np.einsum("thd,sd->ths", iq, ik, dtype=np.float32)                        # [T, Hi, S]
-    score = np.einsum("ths,th->ts", np.maximum(qk, np.float32(0.0)), iw, dtype=np.float32)   # [T, S]
+    S = ik.shape[0]
+    assert ik.shape[1] == di and iw.shape == (T, Hi) and mask.shape == (T, S), (iq.shape, ik.shape, iw.shape)
+    score = np.empty((T, S), dtype=np.float32)
+    q2 = iq.reshape(T * Hi, di)                                                    # [T, Hi, di] -> [T*Hi, di]
+    for s0 in range(0, S, k_block):
+        s1 = min(s0 + k_block, S)
+        qk = (q2 @ ik[s0:s1].T).reshape(T, Hi, s1 - s0)                            # [T, Hi, Sb]
+        score[:, s0:s1] = np.einsum("ths,th->ts", np.maximum(qk, np.float32(0.0)), iw, dtype=np.float32)   # [T, Sb]
     return score + mask
+
+
+def top_k_positions(score: np.ndarray, n: int) -> np.ndarray:
+    """score [T, S] -> [T, n]: np.argsort(-score, kind="stable")[:, :n] (the n largest, ties: earlier position
+    first), without sorting whole rows: a row's candidates are the scores >= its n-th largest (np.partition);
+    where that is exactly n of them (no tie at the boundary, some finite) only those n are sorted, other rows
+    (ties at the boundary, fewer than n finite scores) take the full stable sort."""
+    T, S = score.shape
+    if n >= S:
+        return np.argsort(-score, axis=-1, kind="stable")                            # [T, S]
+    thr = np.partition(score, S - n, axis=-1)[:, S - n:S - n + 1]                    # [T, 1] the n-th largest
+    cand = score >= thr                                                              # [T, S]
+    exact = (cand.sum(axis=-1) == n) & np.isfinite(thr[:, 0])                        # [T]
+    order = np.empty((T, n), dtype=np.int64)
+    rows = np.flatnonzero(exact)
+    pos = np.nonzero(cand[rows])[1].reshape(rows.size, n)                           # [r, n] ascending positions
+    sub = np.argsort(-np.take_along_axis(score[rows], pos, axis=-1), axis=-1, kind="stable")   # [r, n]
+    order[rows] = np.take_along_axis(pos, sub, axis=-1)
+    rest = np.flatnonzero(~exact)
+    order[rest] = np.argsort(-score[rest], axis=-1, kind="stable")[:, :n]
+    return order
 
 
 def select_top_k(score: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +214,7 @@ def select_top_k(score: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """
     T, S = score.shape
     n = min(k, S)
-    order = np.argsort(-score, axis=-1, kind="stable")[:, :n]                       # [T, n]
+    order = top_k_positions(score, n)                                                # [T, n]
     mask = np.full((T, S), -np.inf, dtype=np.float32)                               # [T, S]
     np.put_along_axis(mask, order, np.float32(0.0), axis=-1)
     return order, mask

@@ -25,7 +25,7 @@ from ..cache import KVCache
 from ..ops import apply_rope, rms_norm, sigmoid
 from ..ops.linear import linear
 from ..weights import W
-from .mha import attention, causal_mask
+from .mha import attend, causal_mask, keeps_scores, no_mask
 
 D = lambda cfg, s: cfg.n_embd                                        # noqa: E731
 QD = lambda cfg, s: s.n_head * cfg.head_dim_k                        # noqa: E731
@@ -132,11 +132,16 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)
     k_all, v_all = state.append(k, v)                                    # [S, Hkv, K], [S, Hkv, V]
-    S = k_all.shape[0]
-    mask = causal_mask(step.pos, np.arange(S)) if cfg.causal_attn else np.zeros((T, S), np.float32)   # [T, S]
-    if sel_mask is not None:
-        mask = mask + sel_mask                                           # [T, S]
-    o = attention(q, k_all, v_all, mask, 1.0 / np.sqrt(cfg.head_dim_k), rt.record, il)  # [T, H, V]
+    base = causal_mask if cfg.causal_attn else no_mask
+    if sel_mask is None:
+        mask_fn = base
+    else:                                                                # QSA: its token selection added, by tile
+        p0 = int(step.pos[0])
+
+        def mask_fn(q_pos, k_pos):                                       # [Tb, Sb]
+            return base(q_pos, k_pos) + sel_mask[np.ix_(q_pos - p0, k_pos)]
+    o = attend(q, k_all, v_all, step.pos, 1.0 / np.sqrt(cfg.head_dim_k), mask_fn=mask_fn,
+               one_shot=keeps_scores(rt, il), record=rt.record, il=il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]
     rt.record("kqv_out", il, o)
     if out_gate:

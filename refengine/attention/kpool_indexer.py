@@ -241,8 +241,9 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     if state.kv.form == "absorbed" and gathers(T, S, sel.slots.shape[1]):
         return gathered_mla(h, qr, w, mc=mc, kc=kc, sel=sel, state=state.kv, rt=rt, il=il, names=names)
     rt.record("kq_mask_dsa", il, sel.mask)                                        # [T, S]
-    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=lambda q, k: sel.mask,
-                   qr=qr, names=names)
+    def mask_fn(q_pos, k_pos):                                                     # a tile [Tb, Sb] of sel.mask
+        return sel.mask[np.ix_(q_pos - (S - T), k_pos)]
+    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=mask_fn, qr=qr, names=names)
 
 
 

@@ -58,7 +58,7 @@ from ..config import ROPE_NORM, KeyReader
 from ..errors import ConfigError
 from ..ops import apply_rope, rms_norm
 from ..weights import W
-from .mha import attention, causal_mask
+from .mha import attend, causal_mask, keeps_scores
 
 FORMS = ("absorbed", "naive")
 
@@ -332,9 +332,10 @@ def expand_values(o_lat, w, *, mc, rt, dtype=np.float32):
     return _mm_heads(o_lat, kv_b_heads(w, mc)[1], rt, dtype)
 
 
-def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, il, rec_form, dtype=np.float32,
-                    q_temp=None, names=NAMES, k_parts=K_PARTS):
+def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask_fn, q_pos, rt, il, rec_form,
+                    dtype=np.float32, q_temp=None, names=NAMES, k_parts=K_PARTS):
     """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv].
+    mask_fn(q_pos, k_pos) -> additive mask (mha.attend: blocked, or one shot where a trace keeps the scores).
     k_parts is not used: the one shared key is [c | k_pe]."""
     k_b, v_b = kv_b_heads(w, mc)
     q_nope_perm = q_nope.transpose(1, 0, 2)                                        # [T, H, dn] -> [H, T, dn]
@@ -354,14 +355,15 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask, rt, 
     c_all, k_pe_all = state.append(c, k_pe)                                        # [S, C], [S, R]
     K = np.concatenate([c_all, k_pe_all], axis=-1)[:, None, :]                     # [S, 1, C+R]: one shared head
     rec_form("v_cont", il, c_all.T)                                                # [C, S]: V as build_attn reads it
-    o = attention(Q, K, c_all[:, None, :], mask, mc.kq_scale, _att_record(rt, rec_form), il, dtype)   # [T, H, C]
+    o = attend(Q, K, c_all[:, None, :], q_pos, mc.kq_scale, mask_fn=mask_fn, one_shot=keeps_scores(rt, il),
+               record=_att_record(rt, rec_form), il=il, dtype=dtype)                                  # [T, H, C]
     o = expand_values(o.transpose(1, 0, 2), w, mc=mc, rt=rt, dtype=dtype)          # [H, T, C] -> [H, T, dv]
     rt.record("kqv_mla", il, o)
     return o.transpose(1, 0, 2)                                                    # [H, T, dv] -> [T, H, dv]
 
 
-def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask, rt, il, rec_form, dtype=np.float32,
-                 q_temp=None, names=NAMES, k_parts=K_PARTS):
+def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask_fn, q_pos, rt, il, rec_form,
+                 dtype=np.float32, q_temp=None, names=NAMES, k_parts=K_PARTS):
     """MHA over decompressed per-head keys and values: same inputs as attend_absorbed -> [T, H, dv].
     k_parts: the order of K's parts per head (Q is always [q_nope | q_pe])."""
     T, H, dn, dv = c.shape[0], mc.n_head, mc.qk_nope, mc.v_head
@@ -387,7 +389,8 @@ def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask, rt, il, 
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
     K_all, V_all = state.append(K, np.ascontiguousarray(v))                        # [S, H, dk], [S, H, dv]
-    return attention(Q, K_all, V_all, mask, mc.kq_scale, _att_record(rt, rec_form), il, dtype)   # [T, H, dv]
+    return attend(Q, K_all, V_all, q_pos, mc.kq_scale, mask_fn=mask_fn, one_shot=keeps_scores(rt, il),
+                  record=_att_record(rt, rec_form), il=il, dtype=dtype)                       # [T, H, dv]
 
 
 def _att_record(rt, rec_form):
@@ -403,8 +406,9 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
         before the call is the first new position.
     cos, sin: [T, R/2] from `rope_cos_sin(positions, n_rot=R, attn_factor=mc.rope_attn_factor, ...)`;
         None with `mc.rope` False (no rotation: kimi's rope type NONE).
-    mask_fn(q_pos [T], k_pos [S]) -> [T, S] additive mask (default: causal). q_pos are this call's positions
-        (state.n .. state.n + T - 1), k_pos every cached position 0 .. S - 1 after the append.
+    mask_fn(q_pos, k_pos) -> [len(q_pos), len(k_pos)] additive mask (default: causal), asked for tiles of it (the
+        blocked attention) or all of it: q_pos some of this call's positions (state.n .. state.n + T - 1), k_pos
+        some cached positions 0 .. S - 1 after the append.
     qr: the normed q-LoRA latent [T, Dq] if the caller computed it (DSA: the indexer shares it).
     out_gate: [T, H*dv] multiplied into the heads' output before attn_output (Kimi-K3's sigmoid gate,
         src/models/kimi-k3.cpp:552-557, traced `mla_gated`), or None.
@@ -438,13 +442,11 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
     rt.record("q_nope", il, q_nope)
     q_pe = apply_rope(q[..., mc.qk_nope:], cos, sin, R, ROPE_NORM) if mc.rope else q[..., mc.qk_nope:]   # [T, H, R]
     rt.record("q_pe", il, q_pe)
-    S = state.n + T
-    mask = (mask_fn or causal_mask)(pos, np.arange(S))                             # [T, S]
     q_temp = attn_temperature(pos, mc) if mc.attn_temp_scale != 0.0 else None      # [T]
-    attend = attend_absorbed if form == "absorbed" else attend_naive
-    o = attend(q_nope, q_pe, c, k_pe, w, mc=mc, state=state, mask=mask, rt=rt, il=il, rec_form=rec_form,
-               dtype=dtype, q_temp=q_temp, names=NAMES if names is None else {**NAMES, **names},
-               k_parts=k_parts)                                                    # [T, H, dv]
+    attend_form = attend_absorbed if form == "absorbed" else attend_naive
+    o = attend_form(q_nope, q_pe, c, k_pe, w, mc=mc, state=state, mask_fn=mask_fn or causal_mask, q_pos=pos, rt=rt,
+                    il=il, rec_form=rec_form, dtype=dtype, q_temp=q_temp,
+                    names=NAMES if names is None else {**NAMES, **names}, k_parts=k_parts)   # [T, H, dv]
     o = o.reshape(T, mc.n_head * mc.v_head)                                        # [T, H, dv] -> [T, H*dv]
     rt.record("kqv_out", il, o)
     if out_gate is not None:

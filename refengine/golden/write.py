@@ -98,8 +98,12 @@ def select(names, spec: str) -> list[str]:
 
 
 def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "numpy", tensors: str = "all",
-                progress: bool = False, model=None, path_model: str | None = None, qsa_rule: str = "authors") -> dict:
+                progress: bool = False, model=None, path_model: str | None = None, qsa_rule: str = "authors",
+                n_ubatch: int | None = None) -> dict:
     """Run the reference on `tokens` (one prefill) and write the golden directory; returns the manifest.
+
+    n_ubatch: the prefill runs as successive ubatches of this many tokens (Model.forward); the intermediates are
+    then the first ubatch's, the logits every position's. None: one batch, every intermediate the whole batch's.
 
     path_model: the string stored as `path_model` in results.gguf, which `llama-results --check` compares with
     its `-m` argument byte for byte (default: `path` as given). qsa_rule: QSA's selection rule (qwen4exp;
@@ -114,9 +118,10 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
     cfg = model.cfg
     bar = tqdm(total=cfg.n_layer + 1, unit="layer", desc=f"golden {os.path.basename(model.path)}",
                disable=not progress)
-    trace = _ProgressTrace(None, bar)
+    trace = _ProgressTrace(set() if tensors == "logits" else None, bar)   # logits only: nothing kept (blocked attention)
     rt = Runtime(mode=mode, backend=backend, trace=trace, qsa_rule=qsa_rule)
-    logits = model.forward(tokens, rt=rt)                                        # [T, V]
+    ub = min(int(n_ubatch or tokens.size), tokens.size)
+    logits = model.forward(tokens, rt=rt, n_ubatch=ub)                           # [T, V]
     bar.close()
     t_run = time.perf_counter() - t0
 
@@ -143,6 +148,8 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
                   "weight_types": sorted(t.name for t in types), "weight_class": weight_class(types)},
         "tokens": [int(t) for t in tokens],
         "mode": mode, "backend": backend, "tensors": tensors, "qsa_rule": qsa_rule,
+        "n_ctx": model.n_ctx, "n_ubatch": ub,
+        "intermediates_rows": [0, ub],        # the token rows the intermediates cover (the first ubatch)
         "versions": versions(),
         "tolerance": {"nmse": tol, "table": "refengine.compare: F32 1e-8, F16 1e-5, BF16 1e-3, quantized 1e-2 "
                       "(exact mode); 1e-7 for every class in llamacpp mode (F32 1e-8)"},
