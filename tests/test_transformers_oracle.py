@@ -323,3 +323,31 @@ def test_synth_qwen4exp_preset_maps_as_llamacpp_reads_it(synth_model, tmp_path):
             add_tensors={"blk.0.hc_attn_norm.weight": np.zeros(2 * D, np.float32)})
     with pytest.raises(OracleError, match=r"blk\.0\.hc_attn_norm\.weight has shape \[512\]"):
         hf_checkpoint(bad)
+
+
+# glm5-next's tiny preset as the authors' config can state it: the shared MLA block right after the full one (the
+# authors pass a selection to the next block only), one SwiGLU clamp, 16 indexer heads (with the preset's 4, pools
+# tie at an exact 0 score, e.g. layer 1 query 47: torch.topk and llama.cpp's order keep different pools)
+G5_AUTHORS = {"mla_layers": (1, 2, 4), "idx_types": (1, 1, 0, 1, 1), "swiglu_clamp": (1.5,) * 5, "idx_heads": 16}
+
+
+def test_compare_against_authors_on_synth_glm5_next(synth_model):
+    """refengine against the authors' glm5_next on synth's tiny file (KDA and MLA blocks, a shared indexer block,
+    pools dropped from position 11 on), F32, 64 tokens: every hidden state and the logits within 1e-8 at every
+    position, top-1 100% (issue 29; measured 8.3e-12)."""
+    import_transformers()
+    from refengine import Model
+    from refengine.compare_authors import compare_authors, format_authors
+    m = Model(synth_model("glm5-next", overrides=G5_AUTHORS))
+    rep = compare_authors(m, [(i * 37) % 200 + 4 for i in range(64)])
+    print("\n" + format_authors(rep))
+    assert rep.ok, format_authors(rep)
+
+
+def test_glm5_next_sharing_across_kda_has_no_transformers_equivalent(synth_model):
+    """The stock tiny preset shares block 1's selection with block 3 across a KDA block, as llama.cpp allows; the
+    authors' code passes a selection to the next block only: refused by name."""
+    from refengine.errors import OracleError
+    from refengine.oracle.transformers import hf_checkpoint
+    with pytest.raises(OracleError, match=r"MLA block 3 shares the indexer"):
+        hf_checkpoint(synth_model("glm5-next"))

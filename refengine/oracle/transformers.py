@@ -479,6 +479,11 @@ def _glm5_next(f: _File) -> tuple[str, dict, dict]:
     kv_heads = f.key("attention.head_count_kv")
     linear = [int(h) == 0 for h in (kv_heads if isinstance(kv_heads, list) else [kv_heads] * n_layer)][:n_layer]
     full = [bool(x) for x in f.key("attention.indexer.types", [True] * n_layer)][:n_layer]
+    for i in range(n_layer):            # the authors pass a selection to the next layer only (modeling_glm5_next.py:
+        if not linear[i] and not full[i] and (i == 0 or linear[i - 1] or not full[i - 1]):   # next_skip_topk)
+            raise OracleError(f"{f.path}: MLA block {i} shares the indexer of an earlier block that is not the block "
+                              f"right before it; llama.cpp shares across KDA blocks, the authors' glm5_next only from "
+                              f"the previous block (attention.indexer.types): no transformers equivalent")
     H = int(f.key("attention.head_count"))
     if int(f.key("rope.dimension_count", 0)) != 0:
         raise OracleError(f"{f.path}: glm5_next's MLA is nope-only (rope.dimension_count 0)")
@@ -534,8 +539,10 @@ def _glm5_next(f: _File) -> tuple[str, dict, dict]:
         if linear[i]:
             a = f.tensor(f"blk.{i}.ssm_a").reshape(-1)                              # A = -exp(A_log)  [H]
             sd[pre + "self_attn.forget_gate.A_log"] = np.log(-a.astype(np.float64)).astype(np.float32)
-            convs = [f.tensor(f"blk.{i}.ssm_conv1d_{x}.weight") for x in "qkv"]     # [1, C, 1, K] each
-            sd[pre + "self_attn.conv1d.weight"] = np.concatenate([c.reshape(c.shape[1], 1, c.shape[3]) for c in convs])
+            # [1, C, 1, K] each as the converter writes them, [C, K] / [C, 1, K] from other writers: llama.cpp reads
+            # any of them as [C, K] (one kernel row per channel)
+            convs = [f.tensor(f"blk.{i}.ssm_conv1d_{x}.weight") for x in "qkv"]
+            sd[pre + "self_attn.conv1d.weight"] = np.concatenate([c.reshape(-1, 1, c.shape[-1]) for c in convs])
         else:
             k_b = f.tensor(f"blk.{i}.attn_k_b.weight")                              # [H, C, nope] (converter: k_b^T)
             v_b = f.tensor(f"blk.{i}.attn_v_b.weight")                              # [H, v, C]
