@@ -3,8 +3,10 @@
     python benchmarks/long_context.py [--archs qwen3moe,deepseek32,...] [--T 1024,4096,16384] [--ubatch 512]
                                       [--limit-gb 8] [--blas-threads 1] [--dir /tmp/refengine-long]
 
-Each (arch, T) runs in a fresh child process, so its peak RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss` in the
-child, after the forward) is that prefill's alone, including the interpreter and NumPy (about 100 MB). The
+Each (arch, T) runs in a fresh child process, so its peak RSS (VmHWM of /proc/self/status in the child, after the
+forward) is that prefill's alone, including the interpreter and NumPy (about 100 MB). (Until 2026-12-03 this read
+`getrusage(RUSAGE_SELF).ru_maxrss`, which Linux carries over exec from the forking parent's RSS: the parent here is
+this small driver, so the table's figures are upper bounds by at most its size.) The
 child's address space is capped at --limit-gb (a run over it reports MemoryError instead of swapping a shared
 machine). --blas-threads sets OPENBLAS_NUM_THREADS / OMP_NUM_THREADS in the child (default 1: on a shared,
 oversubscribed machine OpenBLAS's spinning worker threads made one 512 x 128 x 512 product 80x slower).
@@ -46,7 +48,8 @@ def child(path: str, T: int, ubatch: int | None, limit_gb: float, engine: str = 
     except MemoryError:
         ok, err = False, "MemoryError"
     dt = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10       # KiB -> MiB
+    with open("/proc/self/status") as f:                                   # this address space's own peak
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**10     # KiB -> MiB
     return {"seconds": dt, "peak_mib": rss, "ok": ok, "error": err}
 
 

@@ -210,7 +210,7 @@ def test_authors_rule_matches_the_authors_indexer(synth_model):
 # ---------------------------------------------------------------- the real-size n-gram table
 
 _TABLE_RUN = r"""
-import os, resource, sys, numpy as np
+import os, sys, numpy as np
 from refengine import Model, Runtime
 from refengine.cache import NGramState
 from refengine.embed import ngram
@@ -229,8 +229,10 @@ w = m.layer(nc.layer)
 R = rng.standard_normal((64, m.cfg.hc, m.cfg.n_embd)).astype(np.float32)
 out = ngram.ple_block(R, embs[0], w, nc, NGramState(), eps=m.cfg.rms_eps, rt=rt, il=nc.layer)
 assert np.isfinite(out).all()
-print(tab.shape[0], tab.shape[1], int(rows.min()), int(rows.max()), lookups,
-      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+# peak RSS of this process's own memory: VmHWM (ru_maxrss would also count the forked parent's pages: Linux keeps
+# the pre-exec high-water mark, i.e. the test worker's RSS at fork time)
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) // 1024
+print(tab.shape[0], tab.shape[1], int(rows.min()), int(rows.max()), lookups, hwm)
 """
 
 
