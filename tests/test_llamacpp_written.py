@@ -10,10 +10,9 @@
 The files are megabytes each (n_embd 128-256), so they are not committed: the folder is $REFENGINE_LLAMACPP_WRITTEN
 (default build/llamacpp-written), holding writer/ and quant/ as above; without it every case skips. Exhaustive
 tier. Two quant/ files under 1 MB are committed (tests/fixtures/llamacpp_written/quant/, the Kimi K3 case, below)
-and run in the default tier. To write them, build the two tools from the oracle's vendored llama.cpp (`cmake --build BUILD
---target test-llama-archs llama-quantize`, with -DLLAMA_BUILD_TESTS=ON) and run
-`test-llama-archs -a ARCH -o DIR/writer` for each arch, then `llama-quantize --tensor-type NAME=q8_0 ... IN OUT
-Q4_K_M` (or MXFP4_MOE) into DIR/quant.
+and run in the default tier. To write them: `tests/tools/llamacpp_writers.sh prepare`, `... build` (the two tools
+from the oracle's vendored llama.cpp, static: ~45 s on the GPU machine's 16 cores, whose binaries run here), then
+`... write` (every arch's writer files, then `llama-quantize --tensor-type NAME=q8_0 ... Q4_K_M` and MXFP4_MOE).
 
 Each file of a registered arch (glm5-next excepted: NOT_YET, its own helper's work): `refengine lint` refuses
 nothing (or, on a file llama.cpp's own graph aborts on, LLAMACPP_ABORTS, exactly the tensors it aborts on); an
