@@ -14,7 +14,7 @@ and run in the default tier. To write them: `tests/tools/llamacpp_writers.sh pre
 from the oracle's vendored llama.cpp, static: ~45 s on the GPU machine's 16 cores, whose binaries run here), then
 `... write` (every arch's writer files, then `llama-quantize --tensor-type NAME=q8_0 ... Q4_K_M` and MXFP4_MOE).
 
-Each file of a registered arch (glm5-next excepted: NOT_YET, its own helper's work): `refengine lint` refuses
+Each file of a registered arch: `refengine lint` refuses
 nothing (or, on a file llama.cpp's own graph aborts on, LLAMACPP_ABORTS, exactly the tensors it aborts on); an
 all-F32 file matches llama.cpp at NMSE 1e-8 for every tensor llama.cpp names (exact mode); a quantized one, in
 llama.cpp mode, is within 1e-7 or a rounding flip proven by teacher forcing (`refengine.flips.prove_flips`).
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WRITTEN = Path(os.environ.get("REFENGINE_LLAMACPP_WRITTEN", ROOT / "build" / "llamacpp-written"))
 TOKENS = [7, 100, 13, 55, 1, 99, 44, 3, 120, 31, 8, 77, 19, 64, 127, 2, 17, 33, 5, 61, 42, 9, 88, 70]
 # archs landing while this file was written (their own helpers add their writer cases)
-NOT_YET = {"glm5-next"}
+NOT_YET: set = set()
 # the block output's name where it is not l_out: the residual-stream archs name it l_last (deepseek4.cpp:1321,
 # qwen4exp.cpp: the second hc_combine of a block renamed)
 BLOCK_OUT = {"deepseek4": "l_last", "qwen4exp": "l_last"}
