@@ -34,6 +34,7 @@ import numpy as np
 from ..cache import IndexerKeys, KVCache, QSAState
 from ..errors import ConfigError
 from ..ops import rms_norm
+from ..ops.top_k import heap_select
 from ..weights import W
 
 RULES = ("authors", "llamacpp")      # the default first
@@ -115,53 +116,11 @@ def cell_values(scores: np.ndarray, pos: np.ndarray, S: int, r: int) -> np.ndarr
     return (v + np.where(j[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf))).astype(np.float32)
 
 
-def _push_heap(a: list, v: list, hole: int, top: int, value: int) -> None:
-    parent = (hole - 1) // 2
-    while hole > top and v[a[parent]] > v[value]:
-        a[hole] = a[parent]
-        hole = parent
-        parent = (hole - 1) // 2
-    a[hole] = value
-
-
-def _adjust_heap(a: list, v: list, hole: int, length: int, value: int) -> None:
-    top, child = hole, hole
-    while child < (length - 1) // 2:
-        child = 2 * (child + 1)
-        if v[a[child]] > v[a[child - 1]]:
-            child -= 1
-        a[hole] = a[child]
-        hole = child
-    if length % 2 == 0 and child == (length - 2) // 2:
-        child = 2 * (child + 1)
-        a[hole] = a[child - 1]
-        hole = child - 1
-    _push_heap(a, v, hole, top, value)
-
-
 def ggml_top_k(values: np.ndarray, k: int) -> np.ndarray:
-    """The k indices `ggml_top_k` returns for one row (ggml-cpu ops.cpp:8779-8822: `std::partial_sort` of the
-    indices by value, greater first), as a set in ascending order. libstdc++'s partial_sort is a heap-select:
-    make_heap over the first k, then each later index replaces the heap's least when it is greater
-    (`__heap_select`, `__adjust_heap`, `__push_heap`); replayed here step by step, so ties between equal values
-    (the cells of one block) resolve as in llama.cpp."""
-    v = [float(x) for x in values]
-    n = len(v)
-    k = min(k, n)
-    a = list(range(n))
-    if k >= 2:
-        parent = (k - 2) // 2
-        while True:
-            _adjust_heap(a, v, parent, k, a[parent])
-            if parent == 0:
-                break
-            parent -= 1
-    for i in range(k, n):
-        if v[a[i]] > v[a[0]]:
-            value = a[i]
-            a[i] = a[0]
-            _adjust_heap(a, v, 0, k, value)
-    return np.sort(np.asarray(a[:k], np.int64))
+    """The k indices `ggml_top_k` returns for one row, as a set in ascending order: libstdc++'s partial_sort heap
+    select replayed step by step (`ops.top_k.heap_select`), so ties between equal values (the cells of one block)
+    resolve as in llama.cpp."""
+    return np.sort(np.asarray(heap_select(values, k), np.int64))
 
 
 def select_llamacpp(cells: np.ndarray, qc: QSAConfig) -> list[np.ndarray]:
