@@ -193,21 +193,13 @@ def embed(g, cfg, step, rt):
 def block(X, w, *, cfg, il, state, step, rt):
     """X [T, n, D] -> [T, n, D]."""
     spec = cfg.layers[il]
-    h, post, comb = mhc.hc_pre(X, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base, cfg.hc, rt=rt, il=il)
-    rt.record("hc_attn_pre", il, h)
-    h = rms_norm(h, w.attn_norm, cfg.rms_eps)
-    rt.record("attn_norm", il, h)
-    a = ckv.compressed_kv_attention(h, w, ac=spec.attn_cfg, il=il, state=state, pos=step.pos, rt=rt)
-    X = mhc.hc_post(a, X, post, comb)
-    rt.record("hc_attn_post", il, X)
-    h, post, comb = mhc.hc_pre(X, w.hc_ffn_fn, w.hc_ffn_scale, w.hc_ffn_base, cfg.hc, rt=rt, il=il)
-    rt.record("hc_ffn_pre", il, h)
-    h = rms_norm(h, w.ffn_norm, cfg.rms_eps)
-    rt.record("ffn_norm", il, h)
-    f = hash_routing.hash_moe(h, w, mc=spec.moe, tokens=step.tokens, il=il, rt=rt)
-    X = mhc.hc_post(f, X, post, comb)
-    rt.record("l_last", il, X)
-    return X
+    sub = dict(hc=cfg.hc, eps=cfg.rms_eps, rt=rt, il=il)
+    X = mhc.sublayer(X, w, "attn", lambda h: ckv.compressed_kv_attention(h, w, ac=spec.attn_cfg, il=il, state=state,
+                                                                         pos=step.pos, rt=rt),
+                     out_name="hc_attn_post", **sub)
+    return mhc.sublayer(X, w, "ffn", lambda h: hash_routing.hash_moe(h, w, mc=spec.moe, tokens=step.tokens, il=il,
+                                                                     rt=rt),
+                        out_name="l_last", **sub)
 
 
 def head(X, g, cfg, rt):

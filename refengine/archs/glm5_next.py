@@ -287,30 +287,25 @@ def embed(g, cfg, step, rt):
 def block(X, w, *, cfg, il, state, step, rt):
     """X [T, n, D] -> [T, n, D]."""
     spec = cfg.layers[il]
-    h, post, comb = mhc.hc_pre(X, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base, cfg.hc, rt=rt, il=il)
-    rt.record("hc_attn_pre", il, h)
-    h = rms_norm(h, w.attn_norm, cfg.rms_eps)
-    rt.record("attn_norm", il, h)
-    if spec.attn == "kda":
-        a = kda.kda_layer(h, w, kc=spec.attn_cfg, il=il, state=state, rt=rt, names=KDA_NAMES)
-    else:
+
+    def attention(h):
+        if spec.attn == "kda":
+            return kda.kda_layer(h, w, kc=spec.attn_cfg, il=il, state=state, rt=rt, names=KDA_NAMES)
         a = kpool_indexer.sparse_mla(h, w, mc=spec.attn_cfg.mla, kc=spec.attn_cfg.indexer, il=il, state=state,
                                      rt=rt, step=step, names=MLA_NAMES)
         rt.record("attn_out", il, a)
-    X = mhc.hc_post(a, X, post, comb)
-    rt.record("hc_attn_post", il, X)
-    h, post, comb = mhc.hc_pre(X, w.hc_ffn_fn, w.hc_ffn_scale, w.hc_ffn_base, cfg.hc, rt=rt, il=il)
-    rt.record("hc_ffn_pre", il, h)
-    h = rms_norm(h, w.ffn_norm, cfg.rms_eps)
-    rt.record("ffn_norm", il, h)
-    if spec.ffn == "dense":
-        f = hash_routing.clamped_ffn(h, w.ffn_up, w.ffn_gate, w.ffn_down, cfg.clamp_dense[il], rt=rt, il=il)
-        rt.record("ffn_out", il, f)
-    else:
-        f = hash_routing.hash_moe(h, w, mc=spec.moe, tokens=step.tokens, il=il, rt=rt)
-    X = mhc.hc_post(f, X, post, comb)
-    rt.record("l_out", il, X)
-    return X
+        return a
+
+    def ffn(h):
+        if spec.ffn == "dense":
+            f = hash_routing.clamped_ffn(h, w.ffn_up, w.ffn_gate, w.ffn_down, cfg.clamp_dense[il], rt=rt, il=il)
+            rt.record("ffn_out", il, f)
+            return f
+        return hash_routing.hash_moe(h, w, mc=spec.moe, tokens=step.tokens, il=il, rt=rt)
+
+    sub = dict(hc=cfg.hc, eps=cfg.rms_eps, rt=rt, il=il)
+    X = mhc.sublayer(X, w, "attn", attention, out_name="hc_attn_post", **sub)
+    return mhc.sublayer(X, w, "ffn", ffn, out_name="l_out", **sub)
 
 
 def head(X, g, cfg, rt):

@@ -103,3 +103,17 @@ def hc_post(y: np.ndarray, X: np.ndarray, post: np.ndarray, comb: np.ndarray) ->
             acc = acc + X[:, src] * comb[:, src, dst:dst + 1]
         out[:, dst] = acc
     return out
+
+
+def sublayer(X: np.ndarray, w, kind: str, fn, *, hc: HCConfig, eps: float, rt, il: int, out_name: str) -> np.ndarray:
+    """One sub-layer between the streams, X [T, n, D] -> X' [T, n, D]: `hc_pre` with the layer's
+    `hc_{kind}_fn / _scale / _base`, the sub-layer's RMSNorm (`{kind}_norm`), y = fn(h) [T, D], `hc_post`.
+    Traced as llama.cpp names it: `hc_{kind}_pre`, `{kind}_norm`, and `out_name` for X'."""
+    h, post, comb = hc_pre(X, getattr(w, f"hc_{kind}_fn"), getattr(w, f"hc_{kind}_scale"),
+                           getattr(w, f"hc_{kind}_base"), hc, rt=rt, il=il)
+    rt.record(f"hc_{kind}_pre", il, h)
+    h = rms_norm(h, getattr(w, f"{kind}_norm"), eps)
+    rt.record(f"{kind}_norm", il, h)
+    X = hc_post(fn(h), X, post, comb)
+    rt.record(out_name, il, X)
+    return X
