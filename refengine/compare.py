@@ -49,16 +49,16 @@ KV_PADDED = ("kq", "kq_soft_max", "v_cont", "indexer_score",   # [H, T, n_kv] / 
              "lid_score_masked", "csa_top_k_mask",              # DeepSeek-V4: [T, n_blocks] padded to 256
              "indexer_score_tokens",                             # QSA's cell scores
              "indexer_sel", "kq_mask_dsa")                      # glm5-next: [T, n_kv] selection masks
-# DeepSeek-V4 (attention/compressed_kv.py): caches padded along the cell axis ([n_cells, 1, K], NumPy axis -3) ...
-KV_ROWS_PADDED = ("csa_raw_k", "csa_comp_k", "hca_raw_k", "hca_comp_k", "lid_k",
-                  "indexer_pool_k")                             # glm5-next: [n_pool, 1, di], pools padded to 64
+# tensors padded along their first axis (cells, blocks, pools): llama.cpp's rows after refengine's are padding.
+# DeepSeek-V4 (attention/compressed_kv.py): caches [n_cells, 1, K]; glm5-next: pools [n_pool, 1, di], padded to 64;
+# QSA's pooled block keys [n_blocks, di]: llama.cpp pools ceil(n_kv / r) blocks of its padded cache, the complete
+# ones first, then the "dead" block (and copies of it); refengine the complete ones and the dead one
+ROWS_PADDED = ("csa_raw_k", "csa_comp_k", "hca_raw_k", "hca_comp_k", "lid_k", "indexer_pool_k",
+               "indexer_k_pooled", "indexer_k")
 # ... and tensors whose key axis is [raw cells | pooled cells], each segment padded: name -> the key axis. The
 # segments' lengths are read from the layer's `{csa,hca}_raw_k` / `_comp_k` on each side.
 KV_SEGMENTS = {"kq": -1, "kq_soft_max": -1, "v_cont": -1, "csa_lid_kq_mask": -1, "hca_kq_mask": -1,
                "csa_k_all": -3, "hca_k_all": -3}
-# QSA's pooled block keys [n_blocks, di]: llama.cpp pools ceil(n_kv / r) blocks of its padded cache, the complete
-# ones first, then the "dead" block (and copies of it); refengine the complete ones and the dead one
-BLOCK_PADDED = ("indexer_k_pooled", "indexer_k")
 # a sparse selection (positions per query) -> the scores it was taken from: DSA's top_k, DeepSeek-V4's lid_top_k,
 # QSA's indexer_top_k
 SELECTIONS = {"top_k": "indexer_score", "lid_top_k": "lid_score_masked", "indexer_top_k": "indexer_score_tokens"}
@@ -362,11 +362,9 @@ def compare_traces(ref: dict, order: list[str], got: dict, tol: float) -> tuple[
             r = cut                                            # [raw | pooled] cells, each segment padded
         elif base in KV_PADDED and r.shape[-1] > np.shape(g)[-1] and r.size // r.shape[-1] == int(np.prod(np.shape(g)[:-1])):
             r = r.reshape(-1, r.shape[-1])[:, :g.shape[-1]]    # llama.cpp's KV view is padded past S
-        row = int(np.prod(np.shape(g)[1:])) if np.ndim(g) == 3 else 0
-        if base in KV_ROWS_PADDED and row and r.size > g.size and r.size % row == 0:
-            r = np.asarray(r).reshape(-1, *np.shape(g)[1:])[:np.shape(g)[0]]   # the cache's first cells
-        if base in BLOCK_PADDED and r.size > g.size and r.size % g.shape[-1] == 0:
-            r = r.reshape(-1)[:g.size]                         # the padded blocks after ours
+        row = int(np.prod(np.shape(g)[1:]))
+        if base in ROWS_PADDED and r.size > g.size and r.size % row == 0:
+            r = np.asarray(r).reshape(-1, *np.shape(g)[1:])[:np.shape(g)[0]]   # the first rows: ours; then padding
         if base in SELECTION_ROWS and il.isdigit() and r.size == g.size:
             sel = _selection_rows(ref, got, il, selections)
             if sel is not None and not sel[0].all():
