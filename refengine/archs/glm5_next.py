@@ -41,7 +41,7 @@ from ..cache import DSAState
 from ..config import (BOOL, COUNT, EPS, FLOAT, ConfigWarning, Key, KeyReader, LayerSpec, ModelConfig, read_common,
                       token_rows)
 from ..errors import ConfigError
-from ..ffn import dense_ffn_table
+from ..ffn import dense_ffn, dense_ffn_table
 from ..globals import embed_tokens
 from ..moe import hash_routing
 from ..moe.block import GATING_IDS
@@ -298,7 +298,8 @@ def block(X, w, *, cfg, il, state, step, rt):
 
     def ffn(h):
         if spec.ffn == "dense":
-            f = hash_routing.clamped_ffn(h, w.ffn_up, w.ffn_gate, w.ffn_down, cfg.clamp_dense[il], rt=rt, il=il)
+            f = dense_ffn(h, w, il=il, rt=rt, scales=False, glu=hash_routing.clamped_act(cfg.clamp_dense[il],
+                                                                                        "ffn_swiglu"))
             rt.record("ffn_out", il, f)
             return f
         return hash_routing.hash_moe(h, w, mc=spec.moe, tokens=step.tokens, il=il, rt=rt)

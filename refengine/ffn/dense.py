@@ -39,11 +39,15 @@ def dense_ffn_table(il: int, n_ff, *, suffix: str = "", extras: bool = True) -> 
     return t
 
 
-def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool = True):
+def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool = True, glu=None):
     """h [T, D] -> [T, D]. Weights `w.ffn_{gate,up,down}{suffix}` (+ optional _bias / _scale).
 
-    scales=False: `.scale` tensors are loaded but not applied (deepseek2's graph passes none to build_ffn)."""
+    scales=False: `.scale` tensors are loaded but not applied (deepseek2's graph passes none to build_ffn).
+    glu: (fn(gate, up), trace name) in place of act(gate) * up (DeepSeek-V4's clamped SwiGLU, moe/hash_routing.py)."""
     fn, act_name = ACTIVATIONS[act]
+    if glu is not None:
+        glu_fn, act_name = glu
+        fn = None
 
     def proj(x, part):
         name = f"ffn_{part}{suffix}"
@@ -60,7 +64,7 @@ def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool
 
     up = proj(h, "up")                                                   # [T, F]
     gate = proj(h, "gate")                                               # [T, F]
-    a = fn(gate) * up                                                    # [T, F]
+    a = fn(gate) * up if fn is not None else glu_fn(gate, up)           # [T, F]
     rt.record(act_name, il, a)
     return proj(a, "down")                                               # [T, D]
 

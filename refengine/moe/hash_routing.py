@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WeightError
+from ..ffn import dense_ffn
 from ..ops.activations import silu, swiglu_clamp
 from ..weights import W
 from .router import GATING_SQRT_SOFTPLUS, expert_weights, gate_probs, route
@@ -92,19 +93,6 @@ def clamped_act(limit: float, name: str):
     return (lambda g, u: silu(g) * u), name
 
 
-def clamped_ffn(h: np.ndarray, up, gate, down, limit: float, *, rt, il: int) -> np.ndarray:
-    """A dense SwiGLU FFN with the clamp: h [T, D] -> down(swiglu_clamp(gate(h), up(h), limit)) [T, D] (`build_ffn`
-    with LLM_FFN_SILU / LLM_FFN_PAR, llama-graph.cpp:1841-1862: the shared experts, and glm5-next's dense blocks)."""
-    u = rt.matmul(h, up)                                                       # [T, I]
-    rt.record("ffn_up", il, u)
-    g = rt.matmul(h, gate)                                                     # [T, I]
-    rt.record("ffn_gate", il, g)
-    fn, name = clamped_act(limit, "ffn_swiglu")
-    a = fn(g, u)
-    rt.record(name, il, a)
-    return rt.matmul(a, down)                                                  # [T, D]
-
-
 def hash_moe(h: np.ndarray, w, *, mc: HashMoEConfig, tokens, il: int, rt) -> np.ndarray:
     """h [T, D] (ffn_norm's output) -> routed + shared experts [T, D] (ffn_out)."""
     logits = rt.matmul(h, w.ffn_gate_inp)                                       # [T, E]
@@ -118,7 +106,8 @@ def hash_moe(h: np.ndarray, w, *, mc: HashMoEConfig, tokens, il: int, rt) -> np.
     y = rt.moe_ffn(h, ids, weights, up=w.ffn_up_exps, gate=w.ffn_gate_exps, down=w.ffn_down_exps, il=il,
                    act=clamped_act(mc.clamp_exp, "ffn_moe_swiglu"))            # [T, D]
     rt.record("ffn_moe_out", il, y)
-    s = clamped_ffn(h, w.ffn_up_shexp, w.ffn_gate_shexp, w.ffn_down_shexp, mc.clamp_shexp, rt=rt, il=il)   # [T, D]
+    s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=False,
+                  glu=clamped_act(mc.clamp_shexp, "ffn_swiglu"))                # [T, D] (deepseek4.cpp:1311-1317)
     rt.record("ffn_shexp", il, s)
     out = y + s
     rt.record("ffn_out", il, out)
