@@ -42,9 +42,20 @@ def _input_tokens(args, model) -> list[int]:
     return rng.integers(0, model.cfg.n_vocab, size=16).tolist()
 
 
+def _positive(flag: str):
+    """argparse type: an integer >= 1 (`--ubatch`, `--ctx`), refused by argparse with the flag named."""
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {s}: wants an integer >= 1")
+        return v
+    return parse
+
+
 def _ubatch_kw(args) -> dict:
-    if args.ubatch is not None and args.ubatch < 1:
-        raise RefengineError(f"--ubatch {args.ubatch}: at least 1 token per ubatch")
     return {} if args.ubatch is None else {"n_ubatch": args.ubatch}
 
 
@@ -323,9 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--prompt", default=None, help="text, tokenized with the file's own vocabulary")
 
     def add_ctx(q, ubatch_default: str):
-        q.add_argument("--ctx", type=int, default=None, metavar="N", help="context size n_ctx (default: "
+        q.add_argument("--ctx", type=_positive("--ctx"), default=None, metavar="N", help="context size n_ctx (default: "
                        "min(n_ctx_train, 4096)); above the trained context it warns and runs, as llama.cpp does")
-        q.add_argument("--ubatch", type=int, default=None, metavar="N", help="run the prompt as successive "
+        q.add_argument("--ubatch", type=_positive("--ubatch"), default=None, metavar="N", help="run the prompt as successive "
                        f"ubatches of N tokens, as llama.cpp's n_ubatch (default: {ubatch_default})")
 
     def add_exec(q):

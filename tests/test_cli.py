@@ -86,8 +86,10 @@ def test_ctx_and_ubatch_flags(tmp_path, capsys):
     ids_ub = cap.err.split("ids: ")[1].splitlines()[0]
     assert main(["run", str(f), "--tokens", toks, "-n", "3"]) == 0
     assert capsys.readouterr().err.split("ids: ")[1].splitlines()[0] == ids_ub
-    assert main(["run", str(f), "--tokens", toks, "--ubatch", "0"]) == 2
-    assert "--ubatch 0" in capsys.readouterr().err
+    for args in (["run", "--ubatch", "0"], ["compare", "--ubatch", "-1"], ["golden", "--ctx", "0", "-o", str(tmp_path)]):
+        with pytest.raises(SystemExit) as e:           # every command with the flags: argparse refuses by name
+            main([args[0], str(f), "--tokens", toks, *args[1:]])
+        assert e.value.code == 2 and f"{args[1]} {args[2]}: wants an integer >= 1" in capsys.readouterr().err
     assert main(["compare", str(f), "--tokens", toks, "--ubatch", "8", "--ctx", "256", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["ok"] and d["logits"]["nmse"] <= 1e-8
