@@ -28,8 +28,9 @@ case "${1:-}" in
     cmake -S build/lcsrc -B "$B" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
         -DLLAMA_OPENSSL=OFF -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DCMAKE_EXE_LINKER_FLAGS=-static > /dev/null
-    cmake --build "$B" -j "$(nproc)" --target test-llama-archs llama-quantize
-    mkdir -p "$BIN" && cp "$B/bin/test-llama-archs" "$B/bin/llama-quantize" "$BIN/" && strip "$BIN"/* || true
+    cmake --build "$B" -j "$(nproc)" --target test-llama-archs llama-quantize llama-results llama-perplexity
+    mkdir -p "$BIN" && cp "$B/bin/test-llama-archs" "$B/bin/llama-quantize" "$B/bin/llama-results" \
+        "$B/bin/llama-perplexity" "$BIN/" && strip "$BIN"/* || true
     ls -l "$BIN" ;;
   write)
     D=${2:-build/llamacpp-written}
