@@ -132,10 +132,10 @@ class Model:
         """One ubatch: tokens [T] (checked) -> logits [T, V], appended to `state`."""
         step = self._step(tokens, state.n_past)
         a, cfg = self.arch, self.cfg
-        x = a.embed(self.g, cfg, step, rt)                                     # the residual, e.g. [T, D]
+        x = rt.to_device(a.embed(self.g, cfg, step, rt))        # the residual, e.g. [T, D] (on the device if resident)
         for il in range(cfg.n_layer):
             x = a.block(x, self.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
-        logits = a.head(x, self.g, cfg, rt)                                    # [T, V]
+        logits = rt.to_host(a.head(x, self.g, cfg, rt))                        # [T, V]
         state.n_past += tokens.size
         return logits
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..cache import RecurrentState
 from ..errors import ConfigError, MissingTensorError
-from ..ops import rms_norm, sigmoid, silu, softplus
+from ..ops import contiguous, rms_norm, sigmoid, silu, softplus
 from ..ops.linear import linear
 from ..weights import W
 from . import delta_rule
@@ -200,7 +200,7 @@ def project_qkvz(h, w, gc: GDNConfig, il: int, rt):
         rt.record(name, il, x)
     qkv = np.concatenate(flat, axis=1)                                   # [T, C]
     rt.record("qkv_mixed", il, qkv)
-    return qkv, np.ascontiguousarray(z.reshape(T, -1))
+    return qkv, contiguous(z.reshape(T, -1))
 
 
 def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: RecurrentState, rt):
