@@ -155,6 +155,8 @@ class Device:
     def wrap(self, v):
         if isinstance(v, self.raw_type):
             return DeviceArray(v, self)
+        if self.kind == "sim" and isinstance(v, np.generic):        # a reduction's scalar: CuPy's is a 0-d array
+            return DeviceArray(np.asarray(v), self)
         if isinstance(v, (tuple, list)):
             return type(v)(self.wrap(e) for e in v)
         return v
@@ -203,6 +205,15 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     # NumPy protocols
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        if out is not None and any(isinstance(o, np.ndarray) for o in out):
+            # in place into a host array (`host *= device`): computed on the device, written back (a download)
+            kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+            r = self.dev.call(getattr(ufunc, method), inputs, kwargs)
+            rs = r if isinstance(r, tuple) else (r,)
+            for o, v in zip(out, rs):
+                o[...] = self.dev.get(v) if isinstance(v, DeviceArray) else v
+            return out if isinstance(r, tuple) else out[0]
         return self.dev.call(getattr(ufunc, method), inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):

@@ -182,9 +182,20 @@ class Runtime:
         return y
 
     def matmul_heads(self, x, w: QTensor):
-        """Per-head products, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] -> [H, T, O]."""
+        """Per-head products, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] -> [H, T, O] (on a GPU one
+        grouped launch with the heads as experts, else one product per head)."""
         from .devarray import DeviceArray
         if isinstance(x, DeviceArray):
+            fn = getattr(self._be, "matmul_heads_resident", None)
+            if x.dev.kind == "cupy" and fn is not None and not self._forced:
+                y = fn(x.raw, w, mode=self.mode)
+                if y is not None:
+                    y = x.dev.wrap(y)
+                    if self.check_finite:
+                        xp = x.dev.xp
+                        self._finite.append((f"weight {w.name!r} ({w.type.name})", xp.isfinite(y.raw).all(),
+                                             xp.isfinite(x.raw).all()))
+                    return y
             return np.stack([self.matmul(x[h], w[h]) for h in range(x.shape[0])])
         return np.stack([self.matmul(np.ascontiguousarray(x[h]), w[h]) for h in range(x.shape[0])])
 
@@ -217,9 +228,14 @@ class Runtime:
     def _moe_ffn_resident(self, x, ids, weights, rec, kw):
         dev = self.device
         fn = getattr(self._be, "moe_ffn_resident", None)
-        if dev.kind == "cupy" and fn is not None and self.trace is None and kw.get("act") is None:
+        y = None
+        if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)
-            y = dev.wrap(fn(x.raw, dev.put(ids).raw, dev.put(weights).raw, mode=self.mode, **kw))
+            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, **kw)      # ids read back: the grouping
+            if y is None:
+                dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
+        if y is not None:
+            y = dev.wrap(y)
             if self.check_finite:
                 xp = dev.xp
                 names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)

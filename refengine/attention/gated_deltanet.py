@@ -231,8 +231,8 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     g = sp * w.ssm_a                                                     # [T, Hv]  log decay, <= 0
     rt.record("gate", il, g)
 
-    tail = state.conv if state.conv is not None else np.zeros((Kc - 1, C), np.float32)   # [Kc-1, C]
-    S0 = state.ssm if state.ssm is not None else np.zeros((Hv, K, V), np.float32)        # [Hv, K, V]
+    tail = state.conv if state.conv is not None else np.zeros_like(g, shape=(Kc - 1, C), dtype=np.float32)  # [Kc-1, C]
+    S0 = state.ssm if state.ssm is not None else np.zeros_like(g, shape=(Hv, K, V), dtype=np.float32)       # [Hv, K, V]
     if gc.conv_trace == "build_conv_state":
         rt.record("conv_states", il, tail.T.reshape(1, -1))              # llama.cpp's row: channel-major
         rt.record("conv_states_reshaped", il, tail.T[None])              # [1, C, Kc-1]

@@ -20,3 +20,11 @@ def contiguous(x, dtype=None):
     if not hasattr(x, "astype"):
         return np.ascontiguousarray(x, dtype=dtype)
     return x.astype(x.dtype if dtype is None else dtype, order="C", copy=False)
+
+
+def copy_like(a, like, dtype=None):
+    """A copy of `a` (in `dtype`, None: a's own) on the device `like` lives on (the host when it is a host array):
+    a carried state joining a forward that runs on a device."""
+    out = np.empty_like(like, shape=np.shape(a), dtype=dtype or a.dtype)
+    out[...] = a
+    return out
