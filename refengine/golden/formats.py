@@ -198,7 +198,8 @@ class KldBaseWriter:
         if self.f.closed:
             return
         self.f.close()
-        if self.written != self.n_chunk:
+        if self.written != self.n_chunk:                   # a header promising chunks the file lacks: no file
+            os.remove(self.path)
             raise GoldenFormatError(f"{self.path}: {self.written} chunks written, the header says {self.n_chunk}")
 
     def __enter__(self):
