@@ -167,6 +167,9 @@ def test_cli(synth_model, tmp_path, capsys, monkeypatch):
     for args, msg in refusals:
         assert main(["golden", path, *args, "-q", "-o", str(tmp_path / "r")]) == 2
         assert msg in capsys.readouterr().err, args
+    assert main(["golden", path, "--file", str(f), "--ctx", "1024", "-q", "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err                    # above the trained context: warned (as llama.cpp), then too short
+    assert "n_ctx = 1024 > n_ctx_train = 512" in err and f"{n} tokens, fewer than one chunk of n_ctx = 1024" in err
     with pytest.raises(ConfigError, match="do not fit the model's context n_ctx = 8"):
         make_golden_corpus(path, list(range(64)), tmp_path / "r", n_ctx=16, model=Model(path, n_ctx=8))
     with pytest.warns(UserWarning, match="llama-perplexity -f` refuses such a text"):        # < 2 n_ctx tokens

@@ -6,7 +6,9 @@
         manifest.json         the model file (name, size, sha256), arch, tokens, mode, backend, versions,
                               per tensor: shape, dtype and the tolerance it is held to
         results.gguf          llama.cpp's `llama-results` file (`llama-results --check` reads it)
-        logits.kld            llama.cpp's `llama-perplexity --kl-divergence-base` file
+        logits.kld            llama.cpp's `llama-perplexity --kl-divergence-base` file (one chunk: the tokens)
+
+Over a corpus (`golden --file TEXT --ctx N --chunks K`): `make_golden_corpus` in corpus.py, a K-chunk logits.kld.
 
 A name llama.cpp gives to several tensors of one layer (deepseek2's `q-0`) holds the last one; the earlier
 ones are kept as `NAME#0`, `NAME#1`, ... in the order computed (`Trace.earlier`).
