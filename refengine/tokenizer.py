@@ -51,6 +51,10 @@ class Tokenizer:
         """Whether the vocabulary adds BOS in front of a text (`llama_vocab_get_add_bos`)."""
         return bool(self.L.llama_vocab_get_add_bos(self.vocab))
 
+    def add_eos(self) -> bool:
+        """Whether the vocabulary adds EOS after a text (`llama_vocab_get_add_eos`)."""
+        return bool(self.L.llama_vocab_get_add_eos(self.vocab))
+
     def bos(self) -> int | None:
         t = self.L.llama_vocab_bos(self.vocab)
         return None if t < 0 else int(t)

@@ -33,8 +33,14 @@ class ByteTokenizer:
     def encode(self, text, add_special=True):
         return [BOS] * add_special + list(text.encode("utf-8"))
 
+    def __init__(self, add_eos=False):
+        self.eos = add_eos
+
     def add_bos(self):
         return True
+
+    def add_eos(self):
+        return self.eos
 
     def bos(self):
         return BOS
@@ -111,6 +117,8 @@ def test_text_read_as_llama_perplexity(tmp_path, synth_model):
     model = Model(synth_model("qwen3moe"), n_ctx=N_CTX)
     tokens, bos, rec = tokenize_text(f, model, ByteTokenizer())
     assert tokens == [BOS, *"héllo\n".encode()] and bos == BOS and rec["n_tokens"] == 8 and rec["add_bos"]
+    with pytest.raises(CorpusError, match="adds EOS"):                  # perplexity.cpp asserts it does not
+        tokenize_text(f, model, ByteTokenizer(add_eos=True))
     for bad, msg in ((b"", "empty"), (b"\xff\xfe", "not UTF-8")):
         f.write_bytes(bad)
         with pytest.raises(CorpusError, match=msg):

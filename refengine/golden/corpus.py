@@ -67,13 +67,16 @@ def read_text(path: str | os.PathLike) -> tuple[str, dict]:
 def tokenize_text(path: str | os.PathLike, model, tokenizer=None) -> tuple[list[int], int | None, dict]:
     """(tokens, bos, record): the text file tokenized with the model's own vocabulary, BOS in front when the
     vocabulary adds one, as llama-perplexity tokenizes it; bos = the id each chunk starts with (None: the
-    vocabulary adds none). tokenizer: one with `encode(text, add_special)`, `add_bos()`, `bos()` (default: the
-    model file's own, through llama.cpp: `refengine.tokenizer.Tokenizer`)."""
+    vocabulary adds none). tokenizer: one with `encode(text, add_special)`, `add_bos()`, `add_eos()`, `bos()`
+    (default: the model file's own, through llama.cpp: `refengine.tokenizer.Tokenizer`)."""
     text, record = read_text(path)
     if tokenizer is None:
         from ..tokenizer import Tokenizer
         tokenizer = Tokenizer(model.path, model.gf)
     tok = tokenizer
+    if tok.add_eos():                              # perplexity.cpp: GGML_ASSERT(!llama_vocab_get_add_eos(vocab))
+        raise CorpusError(f"{model.path}: the vocabulary adds EOS after a text; llama-perplexity refuses such a "
+                          f"vocabulary (it would score the EOS the text does not hold)")
     tokens = tok.encode(text, add_special=True)
     bos = tok.bos() if tok.add_bos() else None
     record.update(n_tokens=len(tokens), add_bos=bos is not None, bos=bos)
