@@ -18,6 +18,8 @@ What the module code does that a device cannot do silently is done anyway, corre
     uploads        a host array meeting a device array: a mask, a rope table, a freshly made index
     weight_uploads a read-only host array (a norm vector, a dense weight) uploaded on its first use, then reused
     downloads      a device array read on the host: `np.asarray(x)`, `float(x)`, a trace
+    calls          NumPy calls dispatched to the device (each one kernel launch or more: what a decode step costs
+                   in launches before any fusion)
     fallbacks      a NumPy function the device library lacks (CuPy): run on the host, the result put back
 
 A host array is cached on the device only when no array in its `.base` chain is writeable (the weights: refengine
@@ -43,12 +45,13 @@ class DeviceStats:
     weight_bytes: int = 0
     downloads: int = 0
     download_bytes: int = 0
+    calls: int = 0                                      # NumPy calls dispatched to the device (ufuncs, functions)
     fallbacks: dict = field(default_factory=dict)       # NumPy function name -> times run on the host
 
     def as_dict(self) -> dict:
         return dict(uploads=self.uploads, upload_bytes=self.upload_bytes, weight_uploads=self.weight_uploads,
                     weight_bytes=self.weight_bytes, downloads=self.downloads, download_bytes=self.download_bytes,
-                    fallbacks=dict(self.fallbacks))
+                    calls=self.calls, fallbacks=dict(self.fallbacks))
 
     def since(self, before: dict) -> dict:
         now = self.as_dict()
@@ -182,6 +185,7 @@ class Device:
 
     def call(self, func, args, kwargs):
         """func(*args, **kwargs) on the device; a function the device library lacks runs on the host (counted)."""
+        self.stats.calls += 1
         try:
             return self.wrap(func(*self.unwrap(args), **self.unwrap(kwargs)))
         except TypeError as e:
