@@ -54,7 +54,7 @@ def timed_forward(model: Model, tokens, state, rt: Runtime, per_layer: bool = Tr
     """Model.forward with each block's wall time: (logits, [seconds per layer], seconds in all). A resident run is
     synchronised after each block when timed per layer (per_layer False: only at the end, as Model.forward runs)."""
     tokens = model._check_tokens(tokens, state.n_past)
-    step = model._step(tokens, state.n_past)
+    step = model._step(tokens, state.n_past, rt.device)
     a, cfg = model.arch, model.cfg
     sync(rt)
     t0 = time.perf_counter()
