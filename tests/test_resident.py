@@ -97,3 +97,17 @@ def test_devicearray_uploads_and_reads():
     z = np.concatenate([x, w])                        # a list of arrays: dispatched, the host one uploaded
     assert isinstance(z, DeviceArray) and z.shape == (8,)
     assert isinstance(np.empty_like(x, shape=(3, 4)), DeviceArray)
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next"])
+def test_resident_trace_equals_host_trace(synth_model, arch):
+    """`compare --backend cuda` traces a resident run: every recorded tensor is read back and equals the host's."""
+    from refengine.trace import Trace
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    t_host, t_dev = Trace(), Trace()
+    a = m.forward(TOKENS[:9], rt=Runtime(trace=t_host))
+    b = m.forward(TOKENS[:9], rt=Runtime(trace=t_dev, resident=True))
+    assert np.array_equal(a, b)
+    assert list(t_host) == list(t_dev) and len(t_host.tensors) > 20
+    for k in t_host:
+        assert type(t_dev[k]) is np.ndarray and np.array_equal(t_host[k], t_dev[k]), k
