@@ -238,7 +238,11 @@ class Runtime:
         y = None
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)
-            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, **kw)      # ids read back: the grouping
+            act = kw.get("act")
+            act_device = None if act is None else (
+                lambda g, u: dev.put(act[0](dev.wrap(g), dev.wrap(u))).raw)   # the readable activation, on the device
+            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, act_device=act_device,
+                   **kw)                                                                   # ids read back: the grouping
             if y is None:
                 dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
         if y is not None:
