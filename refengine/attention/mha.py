@@ -163,8 +163,8 @@ def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndar
         t1 = min(t0 + qb_n, T)
         ib = idx[t0:t1]                                                              # [Tb, n]
         qb = q[t0:t1].astype(dtype, copy=False).reshape(t1 - t0, Hkv, g, K)          # [Tb, Hkv, g, K]
-        kg = k[ib].astype(dtype, copy=False).transpose(0, 2, 3, 1)                   # [Tb, n, Hkv, K] -> [Tb, Hkv, K, n]
-        vg = v[ib].astype(dtype, copy=False).transpose(0, 2, 1, 3)                   # [Tb, n, Hkv, V] -> [Tb, Hkv, n, V]
+        kg = k[ib].astype(dtype, copy=False).transpose(0, 2, 3, 1)                  # [Tb, n, Hkv, K] -> [Tb, Hkv, K, n]
+        vg = v[ib].astype(dtype, copy=False).transpose(0, 2, 1, 3)                  # [Tb, n, Hkv, V] -> [Tb, Hkv, n, V]
         dead = np.where(live[t0:t1], dtype(0), dtype(-np.inf))[:, None, None, :]     # [Tb, 1, 1, n]
         x = (qb @ kg) * dtype(kq_scale) + dead                                       # [Tb, Hkv, g, n]
         if sink is None:

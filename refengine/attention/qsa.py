@@ -23,8 +23,9 @@ positions >= (p_t+1)//r*r) is always visible. Then the two selection rules (`RUL
 
 The selection is the mask of the layer's gated attention (attention/gqa.py) in both forms (`sparse_mask`): per
 query its selected positions, gathered (O(T x B)), or as a 0 / -inf mask [T, S] with the causal one added (the
-masked-dense oracle, and the form that runs when a trace keeps the scores `kq`, `kq_soft_max`). The layer's state is a `QSAState`: its KV cache and the raw indexer keys (blocks are pooled
-again at each call, as llama.cpp pools its "idx" cache).
+masked-dense oracle, and the form that runs when a trace keeps the scores `kq`, `kq_soft_max`). The layer's
+state is a `QSAState`: its KV cache and the raw indexer keys (blocks are pooled again at each call, as llama.cpp
+pools its "idx" cache).
 """
 from __future__ import annotations
 
