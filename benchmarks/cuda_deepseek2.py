@@ -45,32 +45,44 @@ def rel_rms(a, b):
     return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
-def timed_forward(model: Model, tokens, state, rt: Runtime):
-    """Model.forward with each block's wall time: (logits, [seconds per layer], seconds in all)."""
+def sync(rt: Runtime):
+    if rt.device is not None and rt.device.kind == "cupy":
+        rt.device.xp.cuda.Device().synchronize()
+
+
+def timed_forward(model: Model, tokens, state, rt: Runtime, per_layer: bool = True):
+    """Model.forward with each block's wall time: (logits, [seconds per layer], seconds in all). A resident run is
+    synchronised after each block when timed per layer (per_layer False: only at the end, as Model.forward runs)."""
     tokens = model._check_tokens(tokens, state.n_past)
-    step = model._step(tokens, state.n_past)
+    step = model._step(tokens, state.n_past, rt.device)
     a, cfg = model.arch, model.cfg
+    sync(rt)
     t0 = time.perf_counter()
-    x = a.embed(model.g, cfg, step, rt)
+    x = rt.to_device(a.embed(model.g, cfg, step, rt))
     per = []
     for il in range(cfg.n_layer):
         t1 = time.perf_counter()
         x = a.block(x, model.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
+        if per_layer:
+            sync(rt)
         per.append(time.perf_counter() - t1)
-    logits = a.head(x, model.g, cfg, rt)
+    logits = rt.to_host(a.head(x, model.g, cfg, rt))
     state.n_past += tokens.size
     return logits, per, time.perf_counter() - t0
 
 
-def run(model, rt, prompt, n_dec):
+def run(model, rt, prompt, n_dec, per_layer=True):
     st = model.new_state()
-    lg, per, total = timed_forward(model, prompt, st, rt)
-    out = dict(logits=[lg], prefill_layer_s=per, prefill_s=total, decode_layer_s=[], decode_s=[])
+    lg, per, total = timed_forward(model, prompt, st, rt, per_layer)
+    out = dict(logits=[lg], prefill_layer_s=per, prefill_s=total, decode_layer_s=[], decode_s=[], stats=[])
     for _ in range(n_dec):
-        lg, per, total = timed_forward(model, [int(np.argmax(out["logits"][-1][-1]))], st, rt)
+        before = rt.device.stats.as_dict() if rt.device is not None else None
+        lg, per, total = timed_forward(model, [int(np.argmax(out["logits"][-1][-1]))], st, rt, per_layer)
         out["logits"].append(lg)
         out["decode_layer_s"].append(per)
         out["decode_s"].append(total)
+        if before is not None:
+            out["stats"].append(rt.device.stats.since(before))
     return out
 
 
@@ -85,6 +97,11 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--backend", default="cuda", help="the backend under test (cpu: a dry run without a GPU)")
+    ap.add_argument("--paths", default="resident,opbyop",
+                    help="the GPU paths timed: resident (activations and state on the device, Runtime(resident=True)), "
+                         "opbyop (host activations, each product on the GPU: resident=False)")
+    ap.add_argument("--prefill-time", type=int, default=0, metavar="T",
+                    help="also time a prefill of T tokens on the resident path (no CPU check)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="replace a preset entry, e.g. idx_top_k=8 so a short prompt drops keys (DSA)")
     a = ap.parse_args(argv)
@@ -105,26 +122,36 @@ def main(argv=None) -> int:
     model = Model(path)
     print("layers:", [(s.attn, s.ffn) for s in model.cfg.layers], flush=True)
     prompt = list(np.random.default_rng(0).integers(0, model.cfg.n_vocab, a.prompt))
-    gpu_rt = Runtime(backend=a.backend)
-    warm = run(model, gpu_rt, prompt, 1)                               # uploads, compiles every kernel
-    gpu = run(model, gpu_rt, prompt, a.decode)
-    print(f"gpu: prefill {gpu['prefill_s']:.3f} s, decode {gpu['decode_s']} s (warm-up {warm['prefill_s']:.1f} s)",
-          flush=True)
     cpu = run(model, Runtime(), prompt, a.decode)
     print(f"cpu (numpy): prefill {cpu['prefill_s']:.1f} s", flush=True)
     res = dict(type=a.type, layers=[f"{s.attn}/{s.ffn}" for s in model.cfg.layers], prompt=a.prompt,
-               rel_rms=[rel_rms(g, c) for g, c in zip(gpu["logits"], cpu["logits"])],
-               argmax_equal=[bool(np.array_equal(np.argmax(g, -1), np.argmax(c, -1)))
-                             for g, c in zip(gpu["logits"], cpu["logits"])],
-               gpu_prefill_layer_ms=[x * 1e3 for x in gpu["prefill_layer_s"]],
-               gpu_decode_layer_ms=[statistics.median(col) * 1e3 for col in zip(*gpu["decode_layer_s"])],
-               gpu_prefill_s=gpu["prefill_s"], gpu_decode_token_s=statistics.median(gpu["decode_s"]),
                cpu_prefill_layer_s=cpu["prefill_layer_s"], cpu_prefill_s=cpu["prefill_s"])
+    for path in a.paths.split(","):
+        gpu_rt = Runtime(backend=a.backend, resident=path == "resident")
+        warm = run(model, gpu_rt, prompt, 1)                               # uploads, compiles every kernel
+        gpu = run(model, gpu_rt, prompt, a.decode)
+        whole = run(model, gpu_rt, prompt, a.decode, per_layer=False)      # no sync between blocks
+        print(f"gpu {path}: prefill {gpu['prefill_s']:.3f} s, decode {gpu['decode_s']} s, unsynced decode "
+              f"{whole['decode_s']} s (warm-up {warm['prefill_s']:.1f} s)", flush=True)
+        res[path] = dict(
+            rel_rms=[rel_rms(g, c) for g, c in zip(gpu["logits"], cpu["logits"])],
+            argmax_equal=[bool(np.array_equal(np.argmax(g, -1), np.argmax(c, -1)))
+                          for g, c in zip(gpu["logits"], cpu["logits"])],
+            prefill_layer_ms=[x * 1e3 for x in gpu["prefill_layer_s"]],
+            decode_layer_ms=[statistics.median(col) * 1e3 for col in zip(*gpu["decode_layer_s"])],
+            prefill_s=gpu["prefill_s"], decode_token_s=statistics.median(gpu["decode_s"]),
+            decode_token_unsynced_s=statistics.median(whole["decode_s"]), decode_device_stats=gpu["stats"][-1:])
+        if path == "resident" and a.prefill_time:
+            long = list(np.random.default_rng(1).integers(0, model.cfg.n_vocab, a.prefill_time))
+            run(model, gpu_rt, long, 0, per_layer=False)
+            res[path][f"prefill{a.prefill_time}_s"] = statistics.median(
+                run(model, gpu_rt, long, 0, per_layer=False)["prefill_s"] for _ in range(3))
     print(json.dumps(res, indent=1), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
-    ok = all(r <= 1e-5 for r in res["rel_rms"]) and all(res["argmax_equal"])
+    ok = all(r <= 1e-5 for p in a.paths.split(",") for r in res[p]["rel_rms"]) and \
+        all(e for p in a.paths.split(",") for e in res[p]["argmax_equal"])
     print("GPU == CPU (rel-RMS <= 1e-5, same argmax):", ok)
     return 0 if ok else 1
 

@@ -70,7 +70,7 @@ class Rows:
             if self._buf is not None and self._buf.shape[1:] != x.shape[1:]:
                 raise ValueError(f"appending rows of shape {x.shape[1:]} to a buffer of {self._buf.shape[1:]}")
             cap = max(2 * (self.n + T), 16)               # amortized O(1) per position
-            grown = np.empty((cap, *x.shape[1:]), dtype=self.dtype)
+            grown = np.empty_like(x, shape=(cap, *x.shape[1:]), dtype=self.dtype)   # where x lives (a device)
             if self._buf is not None:
                 grown[:self.n] = self._buf[:self.n]
             self._buf = grown

@@ -20,6 +20,7 @@ from quant import QuantError, UnknownTypeError
 from .errors import RefengineError
 
 DEFAULT_ARCH = "qwen3moe"
+CORPUS_CTX_DEFAULT = 512              # golden --file without --ctx: llama-perplexity's default -c
 QSA_RULES = ("authors", "llamacpp")    # refengine.attention.qsa.RULES (not imported here: the CLI loads lazily)
 
 
@@ -257,11 +258,15 @@ def cmd_info(args) -> int:
 def cmd_golden(args) -> int:
     from .golden import make_golden
     from .model import Model
+    if args.text is not None:
+        return _golden_corpus(args)
+    if args.chunks is not None:
+        raise RefengineError("golden: --chunks counts chunks of a text: give the text with --file")
     model = Model(args.file, n_ctx=args.ctx, **_ubatch_kw(args))
     if args.tokens is None and args.prompt is None:
-        raise RefengineError("golden: give the input with --tokens or --prompt")
+        raise RefengineError("golden: give the input with --tokens or --prompt (or a text with --file)")
     tokens = _input_tokens(args, model)
-    m = make_golden(args.file, tokens, args.output, mode=args.mode, backend=args.backend, tensors=args.tensors,
+    m = make_golden(args.file, tokens, args.output, mode=args.mode, backend=args.backend, tensors=args.tensors or "all",
                     progress=not args.quiet, model=model, path_model=args.path_model,
                     qsa_rule=args.qsa_rule or "authors", n_ubatch=args.ubatch)
     n = len(m["order"])
@@ -270,6 +275,31 @@ def cmd_golden(args) -> int:
           + (", logits.kld" if m["files"]["kld_base"] else "")
           + f"; forward {m['timing_s']['forward']:.2f} s; tolerance NMSE {m['tolerance']['nmse']:.0e} "
           f"({m['model']['weight_class']} weights, {args.mode} mode)")
+    return 0
+
+
+def _golden_corpus(args) -> int:
+    """golden --file TEXT: a KL-divergence base over the text's chunks (refengine/golden/corpus.py)."""
+    from .golden.corpus import make_golden_corpus, tokenize_text
+    from .model import Model
+    given = [f for f, v in (("--tokens", args.tokens), ("--prompt", args.prompt), ("--tensors", args.tensors),
+                            ("--path-model", args.path_model)) if v is not None]
+    if given:
+        raise RefengineError(f"golden --file: the input is the text, the output logits.kld and manifest.json only; "
+                             f"{', '.join(given)} belong to the single-prompt golden")
+    n_ctx = args.ctx or CORPUS_CTX_DEFAULT
+    model = Model(args.file, n_ctx=n_ctx, **_ubatch_kw(args))
+    tokens, bos, text = tokenize_text(args.text, model)
+    m = make_golden_corpus(args.file, tokens, args.output, n_ctx=n_ctx, n_chunks=args.chunks, bos=bos,
+                           mode=args.mode, backend=args.backend, progress=not args.quiet, model=model,
+                           qsa_rule=args.qsa_rule or "authors", n_ubatch=args.ubatch, text=text)
+    p = m["perplexity"]
+    print(f"{args.output}: logits.kld ({m['n_chunk']} chunks of {n_ctx} tokens, {m['n_tokens_scored']} scored, "
+          f"of {text['n_tokens']} tokens in {text['file']}), manifest.json; forward {m['timing_s']['forward']:.2f} s "
+          f"(ubatch {m['n_ubatch']}, backend {args.backend}, {args.mode} mode)")
+    print(f"Final estimate: PPL = {p['ppl']:.4f} +/- {p['ppl_unc']:.5f}")
+    kld = os.path.join(args.output, m["files"]["kld_base"])
+    print(f"read it with: {m['kld_base']['check'].replace('MODEL', args.file).replace(m['files']['kld_base'], kld)}")
     return 0
 
 
@@ -404,16 +434,29 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(fn=cmd_info)
 
     gd = sub.add_parser("golden", help="write golden per-layer outputs and logits other engines check against",
-                        description="Writes DIR/tensors.safetensors (every named intermediate under llama.cpp's names, "
-                        "and logits), DIR/manifest.json (model sha256, tokens, versions, per-tensor shape and "
-                        "tolerance), DIR/results.gguf (llama-results --check) and DIR/logits.kld "
-                        "(llama-perplexity --kl-divergence-base).")
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="One prompt (--tokens / --prompt): writes DIR/tensors.safetensors (every named "
+                        "intermediate under llama.cpp's names,\nand logits), DIR/manifest.json (model sha256, tokens, "
+                        "versions, per-tensor shape and tolerance),\nDIR/results.gguf (llama-results --check) and "
+                        "DIR/logits.kld (llama-perplexity --kl-divergence-base).\n\n"
+                        "A corpus (--file TEXT): the text tokenized as llama-perplexity does (BOS per chunk when the "
+                        "vocabulary\nadds one), K chunks of --ctx tokens, each a fresh sequence; writes DIR/logits.kld "
+                        "(positions ctx/2 .. ctx-2\nof every chunk) and DIR/manifest.json (ctx, ubatch, chunks, the "
+                        "text's sha256, the perplexity), e.g.\n"
+                        "  refengine golden model.gguf --file wiki.test.raw --ctx 512 --chunks 20 -o gold\n"
+                        "  llama-perplexity -m model.gguf --kl-divergence-base gold/logits.kld --kl-divergence "
+                        "-c 512 -b 512 \\\n      -ctk f32 -ctv f32 -fa off")
     gd.add_argument("file", help="GGUF (any shard of a split set)")
     add_input(gd)
+    gd.add_argument("-f", "--file", dest="text", metavar="TEXT", default=None, help="a text file: write a "
+                    "KL-divergence base over its chunks instead of one prompt's golden (as llama-perplexity -f; "
+                    "--ctx then defaults to 512, llama-perplexity's -c)")
+    gd.add_argument("--chunks", type=_positive("--chunks"), default=None, metavar="K", help="with --file: the first "
+                    "K chunks of --ctx tokens (default: every whole chunk of the text, as llama-perplexity)")
     add_exec(gd)
     add_ctx(gd, "all the tokens in one batch; with N, the intermediates are the first ubatch's, the logits every "
-            "position's")
-    gd.add_argument("--tensors", default="all", help="all (default), logits (no intermediates), or comma-separated "
+            "position's. With --file: each chunk in ubatches of N, default 512")
+    gd.add_argument("--tensors", default=None, help="all (default), logits (no intermediates), or comma-separated "
                     "glob patterns of names, e.g. 'l_out-*,ffn_moe_topk-*'")
     gd.add_argument("--path-model", default=None, help="the model path stored in results.gguf, which "
                     "`llama-results --check -m PATH` must repeat exactly (default: FILE as given)")

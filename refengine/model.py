@@ -98,8 +98,9 @@ class Model:
             raise ConfigError(f"{self.path}: {n_past + tokens.size} positions exceed the context size n_ctx = {self.n_ctx}")
         return tokens
 
-    def _step(self, tokens: np.ndarray, n_past: int) -> Step:
-        return Step(tokens=tokens, pos=np.arange(n_past, n_past + tokens.size), n_ctx=self.n_ctx, g=self.g)
+    def _step(self, tokens: np.ndarray, n_past: int, device=None) -> Step:
+        return Step(tokens=tokens, pos=np.arange(n_past, n_past + tokens.size), n_ctx=self.n_ctx, g=self.g,
+                    device=device)
 
     def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None, *,
                 n_ubatch: int | None = None) -> np.ndarray:
@@ -130,12 +131,12 @@ class Model:
 
     def _forward_ubatch(self, tokens: np.ndarray, state: ModelState, rt: Runtime) -> np.ndarray:
         """One ubatch: tokens [T] (checked) -> logits [T, V], appended to `state`."""
-        step = self._step(tokens, state.n_past)
+        step = self._step(tokens, state.n_past, rt.device)
         a, cfg = self.arch, self.cfg
-        x = a.embed(self.g, cfg, step, rt)                                     # the residual, e.g. [T, D]
+        x = rt.to_device(a.embed(self.g, cfg, step, rt))        # the residual, e.g. [T, D] (on the device if resident)
         for il in range(cfg.n_layer):
             x = a.block(x, self.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
-        logits = a.head(x, self.g, cfg, rt)                                    # [T, V]
+        logits = rt.to_host(a.head(x, self.g, cfg, rt))                        # [T, V]
         state.n_past += tokens.size
         return logits
 

@@ -37,6 +37,8 @@ from .errors import ConfigError, NonFiniteError
 from .trace import Trace
 
 MODES = ("exact", "llamacpp")
+NONFINITE_WHY = {"weight": "the tensor holds non-finite values",
+                 "routed": "an expert that tokens were routed to holds non-finite values"}
 BACKENDS = {"numpy": "quant.ref", "cpu": "quant.cpu", "cuda": "quant.cuda"}
 
 
@@ -68,6 +70,12 @@ class Runtime:
     force_inputs: dict | None = None   # teacher forcing: llama.cpp name -> llama.cpp's value (module docstring)
     qsa_rule: str = "authors"  # QSA's selection (attention/qsa.py RULES): "authors" (whole top blocks plus the
                                # query's unfinished block, the default) or "llamacpp" (the top budget + r - 1 cells)
+    resident: bool | None = None   # activations and per-layer state kept on a device (refengine.devarray): the same
+                               # block code on DeviceArrays. None: on for the cuda backend on a GPU with CuPy (without
+                               # CuPy, or in numba's simulator: op by op, warned), off otherwise; True on a host
+                               # backend: the "sim" device (NumPy standing in, tests)
+    kernel_policy: object = None   # cuda: a quant.cuda.policy.KernelPolicy every product of this runtime runs under
+                               # (which kernel, which launch shape); None: the measured defaults
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -76,6 +84,23 @@ class Runtime:
         if self.qsa_rule not in RULES:
             raise ConfigError(f"QSA rule {self.qsa_rule!r} is not available; choose one of {', '.join(RULES)}")
         self._be = load_backend(self.backend)
+        if self.kernel_policy is not None:
+            if self.backend != "cuda":
+                raise ConfigError(f"a kernel policy chooses among the cuda kernels; backend {self.backend!r} has none")
+            self._be = _UnderPolicy(self._be, self.kernel_policy)
+        if self.resident is None:
+            self.resident = self.backend == "cuda" and _cupy_gpu()
+        if self.resident and self.force_inputs:
+            raise ConfigError("teacher forcing (force_inputs) runs on the host: use resident=False")
+        self.device = None
+        if self.resident:
+            from .devarray import Device
+            try:
+                self.device = Device("cupy" if self.backend == "cuda" else "sim")
+            except ImportError as e:
+                raise ConfigError(f"backend {self.backend!r}: the device-resident forward needs CuPy ({e}); "
+                                  f"pip install refengine[cuda], or pass resident=False") from None
+        self._finite: list = []                         # resident: (weight label, y finite, x finite) device flags
         self._device_models = {}
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
         self._forced: list[tuple[str, np.ndarray, np.ndarray]] = []   # (label, ours, llama.cpp's as ours' shape)
@@ -111,8 +136,82 @@ class Runtime:
         self.forced_hits[w.name] = self.forced_hits.get(w.name, 0) + 1
         return np.ascontiguousarray(np.reshape(self.force_inputs[w.name], x.shape), dtype=np.float32)
 
+    # ------------------------------------------------------------ device residency
+    def to_device(self, x):
+        """x on this runtime's device (a DeviceArray) when resident, else x."""
+        return self.device.put_tree(x) if self.device is not None else x
+
+    def to_host(self, x):
+        """A DeviceArray read back (checking the deferred NaN/inf flags first), else x."""
+        from .devarray import DeviceArray
+        self.check_deferred()
+        return self.device.get(x) if isinstance(x, DeviceArray) else x
+
+    def check_deferred(self) -> None:
+        """Resident runs check a product's output for NaN/inf on the device and read the flags back here, once per
+        forward: the first weight that produced NaN/inf from a finite input is named, as the host check does."""
+        if not self._finite:
+            return
+        checks, self._finite = self._finite, []
+        xp = self.device.xp
+        flags = self.device.get(self.device.wrap(xp.stack([xp.stack([y, x]) for _, y, x in checks])))   # [n, 2]
+        for (label, _, _), (y_ok, x_ok) in zip(checks, flags):
+            if not y_ok and x_ok:
+                raise NonFiniteError(f"{label} produced NaN/inf from a finite input: {NONFINITE_WHY[label[:6]]}")
+
+    def _host_args(self, *a):
+        """Host views of (possibly device) arrays: the sim device's own buffers, a GPU's read back."""
+        from .devarray import DeviceArray
+        return [(v.raw if v.dev.kind == "sim" else v.dev.get(v)) if isinstance(v, DeviceArray) else v for v in a]
+
+    def _from_host(self, y):
+        """A host result of a resident call, as a DeviceArray (the sim device's: the array itself, not counted)."""
+        from .devarray import DeviceArray
+        return DeviceArray(y, self.device) if self.device.kind == "sim" else self.device.put(y)
+
+    def _matmul_resident(self, x, w: QTensor):
+        dev = self.device
+        y = None
+        if dev.kind == "cupy":
+            y = self._be.matmul_resident(x.raw, w, mode=self.mode)          # None: no device kernel for this type
+            if y is not None:
+                y = dev.wrap(y)
+            else:
+                key = f"matmul {w.type.name}"
+                dev.stats.fallbacks[key] = dev.stats.fallbacks.get(key, 0) + 1
+        if y is None:
+            (xh,) = self._host_args(x)
+            y = self._from_host(self._be.matmul(xh, w, mode=self.mode))
+        if self.check_finite:
+            xp = dev.xp
+            self._finite.append((f"weight {w.name!r} ({w.type.name})", xp.isfinite(y.raw).all(),
+                                 xp.isfinite(x.raw).all()))
+        return y
+
+    def matmul_heads(self, x, w: QTensor):
+        """Per-head products, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] -> [H, T, O] (on a GPU one
+        grouped launch with the heads as experts, else one product per head)."""
+        from .devarray import DeviceArray
+        if isinstance(x, DeviceArray):
+            fn = getattr(self._be, "matmul_heads_resident", None)
+            if x.dev.kind == "cupy" and fn is not None and not self._forced:
+                y = fn(x.raw, w, mode=self.mode)
+                if y is not None:
+                    y = x.dev.wrap(y)
+                    if self.check_finite:
+                        xp = x.dev.xp
+                        self._finite.append((f"weight {w.name!r} ({w.type.name})", xp.isfinite(y.raw).all(),
+                                             xp.isfinite(x.raw).all()))
+                    return y
+            return np.stack([self.matmul(x[h], w[h]) for h in range(x.shape[0])])
+        return np.stack([self.matmul(np.ascontiguousarray(x[h]), w[h]) for h in range(x.shape[0])])
+
     def matmul(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""
+        if self.device is not None:
+            from .devarray import DeviceArray
+            if isinstance(x, DeviceArray):
+                return self._matmul_resident(x, w)
         if self._forced:
             x = self._forced_input(x)
         if self.force_inputs:
@@ -120,13 +219,39 @@ class Runtime:
         y = self._be.matmul(x, w, mode=self.mode)
         if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             raise NonFiniteError(f"weight {w.name!r} ({w.type.name}) produced NaN/inf from a finite input: "
-                                 f"the tensor holds non-finite values")
+                                 f"{NONFINITE_WHY['weight']}")
         return y
 
     def moe_ffn(self, x, ids, weights, record=None, **kw) -> np.ndarray:
         """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts).
         `record`: a caller's recorder in place of `self.record` (it must pass the tensors on to it)."""
         rec = record or self.record
+        if self.device is not None:
+            from .devarray import DeviceArray
+            if any(isinstance(v, DeviceArray) for v in (x, ids, weights)):
+                return self._moe_ffn_resident(x, ids, weights, rec, kw)
+        return self._moe_ffn_host(x, ids, weights, rec, kw)
+
+    def _moe_ffn_resident(self, x, ids, weights, rec, kw):
+        dev = self.device
+        fn = getattr(self._be, "moe_ffn_resident", None)
+        y = None
+        if dev.kind == "cupy" and fn is not None and self.trace is None:
+            x = self.to_device(x)
+            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, **kw)      # ids read back: the grouping
+            if y is None:
+                dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
+        if y is not None:
+            y = dev.wrap(y)
+            if self.check_finite:
+                xp = dev.xp
+                names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
+                self._finite.append((f"routed experts ({names})", xp.isfinite(y.raw).all(), xp.isfinite(x.raw).all()))
+            return y
+        xh, idh, wh = self._host_args(x, ids, weights)
+        return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
+
+    def _moe_ffn_host(self, x, ids, weights, rec, kw):
         fn = getattr(self._be, "moe_ffn", None)
         if self.force_inputs:
             from .moe import moe_ffn as fn
@@ -143,7 +268,7 @@ class Runtime:
         if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
             raise NonFiniteError(f"routed experts ({names}) produced NaN/inf from a finite input: "
-                                 f"an expert that tokens were routed to holds non-finite values")
+                                 f"{NONFINITE_WHY['routed']}")
         return y
 
     def _expert_matmul(self, ids: np.ndarray, kw: dict):
@@ -199,7 +324,11 @@ class Runtime:
         if id(model) not in self._device_models:
             self._device_models[id(model)] = None if unsupported(model) else DeviceModel(model)
         dm = self._device_models[id(model)]
-        return None if dm is None else dm.forward
+        if dm is None:
+            return None
+        if self.kernel_policy is not None:
+            return _UnderPolicy(dm, self.kernel_policy).forward
+        return dm.forward
 
     def record(self, name: str, il: int, value: np.ndarray) -> None:
         if self.trace is not None:
@@ -219,3 +348,41 @@ class Runtime:
                     raise ValueError(f"forced {label}: llama.cpp's value has {np.size(ref)} values, ours {value.size}")
                 self._forced.append((label, np.array(value, dtype=np.float32, copy=True),
                                      np.asarray(ref, np.float32).reshape(value.shape)))
+
+
+class _UnderPolicy:
+    """A backend module (or device model) whose callables run under a kernel policy (`KernelPolicy.applied`)."""
+
+    def __init__(self, inner, policy):
+        self._inner, self._policy = inner, policy
+
+    def __getattr__(self, name):
+        a = getattr(self._inner, name)
+        if not callable(a):
+            return a
+
+        def under(*args, **kw):
+            with self._policy.applied():
+                return a(*args, **kw)
+        return under
+
+
+_CUPY_WARNED = []
+
+
+def _cupy_gpu() -> bool:
+    """The cuda backend's default residency: a real GPU (not numba's simulator) and CuPy importable."""
+    import quant.cuda
+    if quant.cuda.SIM:
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        if not _CUPY_WARNED:
+            import warnings
+            warnings.warn("CuPy is not installed: the cuda backend runs op by op (each product's input copied to the "
+                          "GPU and back), far slower than the device-resident forward; pip install 'refengine[cuda]'",
+                          stacklevel=3)
+            _CUPY_WARNED.append(True)
+        return False
+    return True

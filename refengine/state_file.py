@@ -53,6 +53,7 @@ import numpy as np
 
 from .cache import CONTAINERS, ModelState, Rows
 from .errors import StateFileError, StateMismatchError
+from .devarray import DeviceArray, to_host
 
 FORMAT = "refengine.state"
 VERSION = 1
@@ -141,6 +142,7 @@ class _Encoder:
         self.seen: dict[int, str] = {}                    # id of a mutable object -> where it was first met
 
     def tensor(self, a: np.ndarray, where: str) -> str:
+        a = to_host(a)                                    # a resident run's arrays are read back from the device
         if a.dtype not in DTYPES:
             raise StateFileError(f"cannot save {where}: an array of dtype {a.dtype}, which a state file cannot hold "
                                  f"(safetensors: {', '.join(sorted(d.name for d in DTYPES))})")
@@ -175,7 +177,7 @@ class _Encoder:
             return {"scalar": self.tensor(np.asarray(v), where)}
         if t is not tuple:                                # (immutable: a shared tuple is harmless, e.g. `()`)
             self.once(v, where)
-        if t is np.ndarray:
+        if t is np.ndarray or t is DeviceArray:
             return {"array": self.tensor(v, where)}
         if isinstance(v, Rows):                           # Rows, or a registered subclass adding no attribute
             extra = sorted(set(vars(v)) - set(vars(Rows())))

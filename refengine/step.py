@@ -6,6 +6,8 @@
     step.g        namespace     the model's global tensors (rope factors live there)
     step.memo(key, fn)          fn() computed once per step and shared by the layers that ask for `key`:
                                 a block asks for its own rope parameters, so layers may differ
+    step.device                 the Device a resident forward runs on (refengine.devarray), or None: a memoized
+                                tuple of arrays (the rope tables) is put there once, not uploaded by every layer
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ class Step:
     pos: np.ndarray
     n_ctx: int
     g: Any = None
+    device: Any = None
     _memo: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -33,5 +36,8 @@ class Step:
 
     def memo(self, key, fn: Callable[[], Any]):
         if key not in self._memo:
-            self._memo[key] = fn()
+            v = fn()
+            if self.device is not None and isinstance(v, tuple) and all(isinstance(a, np.ndarray) for a in v):
+                v = tuple(self.device.put(a) for a in v)
+            self._memo[key] = v
         return self._memo[key]

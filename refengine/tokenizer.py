@@ -47,6 +47,18 @@ class Tokenizer:
     def decode(self, tokens) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
+    def add_bos(self) -> bool:
+        """Whether the vocabulary adds BOS in front of a text (`llama_vocab_get_add_bos`)."""
+        return bool(self.L.llama_vocab_get_add_bos(self.vocab))
+
+    def add_eos(self) -> bool:
+        """Whether the vocabulary adds EOS after a text (`llama_vocab_get_add_eos`)."""
+        return bool(self.L.llama_vocab_get_add_eos(self.vocab))
+
+    def bos(self) -> int | None:
+        t = self.L.llama_vocab_bos(self.vocab)
+        return None if t < 0 else int(t)
+
     def eos(self) -> int | None:
         t = self.L.llama_vocab_eos(self.vocab)
         return None if t < 0 else int(t)

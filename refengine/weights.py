@@ -106,6 +106,7 @@ def dense_vector(t: QTensor) -> np.ndarray:
     if not np.all(np.isfinite(a)):
         bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
         raise NonFiniteError(f"tensor {t.name!r} holds {bad.size} non-finite values (first at flat index {bad[0]})")
+    a.flags.writeable = False            # weights are constants (a device keeps one copy of a read-only array)
     return a
 
 

@@ -69,6 +69,21 @@ def test_non_finite_weight_is_named(base, tmp_path, tensor, index, value):
         Model(f).forward([1, 2])
 
 
+def test_non_finite_weight_is_named_resident(base, tmp_path):
+    """The device-resident forward checks products on the device and reads the flags back once per forward: the
+    poisoned matrix is named all the same."""
+    from refengine.runtime import Runtime
+
+    def fn(name, raw):
+        if name == "blk.1.ffn_down.weight":
+            a = raw.reshape(-1).view(np.float32).copy()
+            a[1000] = np.inf
+            return a.view(np.uint8)
+    f = rewrite(base, tmp_path / "n.gguf", tensor_fn=fn)
+    with pytest.raises(NonFiniteError, match=r"blk\.1\.ffn_down\.weight"):
+        Model(f).forward([1, 2], rt=Runtime(resident=True))
+
+
 def test_unsupported_arch(base, tmp_path):
     f = rewrite(base, tmp_path / "a.gguf", set_keys={"general.architecture": ("gpt2", GGUFValueType.STRING)})
     with pytest.raises(UnsupportedArchError, match="gpt2"):

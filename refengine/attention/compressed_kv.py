@@ -38,7 +38,7 @@ import numpy as np
 from quant import QTensor
 
 from ..cache import BlockFill, CompressedKV, PooledBlocks
-from ..ops import rms_norm
+from ..ops import contiguous, rms_norm
 from ..weights import W, dense_vector
 from . import csa_indexer, kv_compressor
 from .mha import attention_gathered, keeps_scores
@@ -239,7 +239,7 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
     o = rope.apply(o, pos, inverse=True)                                        # [T, H, K]
     rt.record("attn_derope", il, o)
     og = o.reshape(T, ac.o_groups, H * K // ac.o_groups)                        # [T, G, I]
-    oa = np.stack([rt.matmul(np.ascontiguousarray(og[:, g]), wg)
+    oa = np.stack([rt.matmul(contiguous(og[:, g]), wg)
                    for g, wg in enumerate(output_groups(w, ac))])               # [G, T, Ro]
     rt.record("attn_wo_a", il, oa)
     out = rt.matmul(oa.transpose(1, 0, 2).reshape(T, -1), w.attn_output_b)     # [T, G*Ro] -> [T, D]

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops.arrays import copy_like
+
 
 def _decay(g: np.ndarray, H: int, K: int) -> np.ndarray:
     """g: [T, H] (per head) or [T, H, K] (per key channel) -> [T, H, K]."""
@@ -45,9 +47,9 @@ def recurrent(q, k, v, g, beta, S=None, *, scale=None):
     assert k.shape == (T, H, K) and v.shape[:2] == (T, H) and beta.shape == (T, H), (q.shape, k.shape, v.shape, beta.shape)
     dt = q.dtype
     scale = dt.type(1.0 / np.sqrt(V) if scale is None else scale)
-    S = np.zeros((H, K, V), dtype=dt) if S is None else np.array(S, dtype=dt)       # [H, K, V], a copy
+    S = np.zeros_like(q, shape=(H, K, V), dtype=dt) if S is None else copy_like(S, q, dt)   # [H, K, V], a copy
     g = _decay(g, H, K)
-    o = np.empty((T, H, V), dtype=dt)
+    o = np.empty_like(q, shape=(T, H, V), dtype=dt)
     for t in range(T):
         S *= np.exp(g[t]).astype(dt)[:, :, None]                                    # [H, K, V] decayed along K
         kv = np.einsum("hk,hkv->hv", k[t], S)                                       # [H, V]  S^T k
@@ -63,9 +65,9 @@ def chunked(q, k, v, g, beta, S=None, *, chunk=64, scale=None):
     V = v.shape[2]
     dt = q.dtype
     scale = dt.type(1.0 / np.sqrt(V) if scale is None else scale)
-    S = np.zeros((H, K, V), dtype=dt) if S is None else np.array(S, dtype=dt)
+    S = np.zeros_like(q, shape=(H, K, V), dtype=dt) if S is None else copy_like(S, q, dt)
     g = _decay(g, H, K)
-    o = np.empty((T, H, V), dtype=dt)
+    o = np.empty_like(q, shape=(T, H, V), dtype=dt)
     for t0 in range(0, T, chunk):
         sl = slice(t0, min(T, t0 + chunk))
         qc, kc, vc, bc = q[sl], k[sl], v[sl], beta[sl]                              # [Ch, H, *]

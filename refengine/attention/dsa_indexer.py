@@ -176,7 +176,7 @@ def index_scores(iq, ik, iw, mask, k_block: int = 2048) -> np.ndarray:
     T, Hi, di = iq.shape
     S = ik.shape[0]
     assert ik.shape[1] == di and iw.shape == (T, Hi) and mask.shape == (T, S), (iq.shape, ik.shape, iw.shape)
-    score = np.empty((T, S), dtype=np.float32)
+    score = np.empty_like(iq, shape=(T, S), dtype=np.float32)
     q2 = iq.reshape(T * Hi, di)                                                    # [T, Hi, di] -> [T*Hi, di]
     for s0 in range(0, S, k_block):
         s1 = min(s0 + k_block, S)

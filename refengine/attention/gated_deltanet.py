@@ -29,7 +29,7 @@ import numpy as np
 
 from ..cache import RecurrentState
 from ..errors import ConfigError, MissingTensorError
-from ..ops import rms_norm, sigmoid, silu, softplus
+from ..ops import contiguous, rms_norm, sigmoid, silu, softplus
 from ..ops.linear import linear
 from ..weights import W
 from . import delta_rule
@@ -200,7 +200,7 @@ def project_qkvz(h, w, gc: GDNConfig, il: int, rt):
         rt.record(name, il, x)
     qkv = np.concatenate(flat, axis=1)                                   # [T, C]
     rt.record("qkv_mixed", il, qkv)
-    return qkv, np.ascontiguousarray(z.reshape(T, -1))
+    return qkv, contiguous(z.reshape(T, -1))
 
 
 def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: RecurrentState, rt):
@@ -231,8 +231,8 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     g = sp * w.ssm_a                                                     # [T, Hv]  log decay, <= 0
     rt.record("gate", il, g)
 
-    tail = state.conv if state.conv is not None else np.zeros((Kc - 1, C), np.float32)   # [Kc-1, C]
-    S0 = state.ssm if state.ssm is not None else np.zeros((Hv, K, V), np.float32)        # [Hv, K, V]
+    tail = state.conv if state.conv is not None else np.zeros_like(g, shape=(Kc - 1, C), dtype=np.float32)  # [Kc-1, C]
+    S0 = state.ssm if state.ssm is not None else np.zeros_like(g, shape=(Hv, K, V), dtype=np.float32)       # [Hv, K, V]
     if gc.conv_trace == "build_conv_state":
         rt.record("conv_states", il, tail.T.reshape(1, -1))              # llama.cpp's row: channel-major
         rt.record("conv_states_reshaped", il, tail.T[None])              # [1, C, Kc-1]

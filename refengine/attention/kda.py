@@ -30,7 +30,7 @@ import numpy as np
 
 from ..cache import RecurrentState
 from ..errors import ConfigError
-from ..ops import rms_norm
+from ..ops import contiguous, rms_norm
 from ..ops.activations import sigmoid, silu, softplus
 from ..weights import W
 from . import delta_rule
@@ -188,7 +188,7 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     T, H, dh, d_in = h.shape[0], kc.n_head, kc.head_dim, kc.d_in
     if getattr(w, "attn_qkv", None) is not None:
         qkv = rt.matmul(h, w.attn_qkv)                                            # [T, 3*d_in]
-        proj = [np.ascontiguousarray(qkv[:, i * d_in:(i + 1) * d_in]) for i in range(3)]
+        proj = [contiguous(qkv[:, i * d_in:(i + 1) * d_in]) for i in range(3)]
     else:
         proj = [rt.matmul(h, getattr(w, f"attn_{x}")) for x in STREAMS]           # 3 x [T, d_in]
     tails = [None] * 3 if state.conv is None else np.split(state.conv, 3, axis=1)  # 3 x [Kc-1, d_in]
@@ -232,6 +232,6 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     record("normed", o)
     o = (o * sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
     record("gated", o)
-    y = rt.matmul(np.ascontiguousarray(o), w.attn_output)                         # [T, D]
+    y = rt.matmul(contiguous(o), w.attn_output)                         # [T, D]
     record("out", y)
     return y

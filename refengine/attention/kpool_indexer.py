@@ -38,7 +38,7 @@ import numpy as np
 
 from ..cache import KPoolKeys
 from ..errors import ConfigError
-from ..ops import layer_norm
+from ..ops import contiguous, layer_norm
 from ..ops.softmax import softmax
 from ..ops.top_k import ggml_top_k
 from ..weights import W
@@ -282,6 +282,6 @@ def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt
     o = np.einsum("ths,tsc->htc", p, kv, dtype=np.float32)                       # [H, T, C]
     o = mla.expand_values(o, w, mc=mc, rt=rt).transpose(1, 0, 2)                  # [T, H, dv]
     rt.record("kqv_gathered", il, o)
-    o = np.ascontiguousarray(o.reshape(T, H * mc.v_head))                        # [T, H*dv]
+    o = contiguous(o.reshape(T, H * mc.v_head))                        # [T, H*dv]
     rt.record("kqv_out", il, o)
     return rt.matmul(o, w.attn_output)                                            # [T, D]

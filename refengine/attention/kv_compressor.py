@@ -41,7 +41,7 @@ def pool_blocks(kv: np.ndarray, score: np.ndarray, start: int, blocks: list[int]
     the block before the first one pooled, when it exists); blocks: the block indices to pool -> [len(blocks), K]."""
     c = 2 if overlap(ratio) else 1
     K = kv.shape[1] // c
-    out = np.empty((len(blocks), K), dtype=np.float32)
+    out = np.empty_like(kv, shape=(len(blocks), K), dtype=np.float32)            # where kv lives (a device)
     for i, b in enumerate(blocks):
         cur = slice(b * ratio - start, (b + 1) * ratio - start)
         if c == 1:

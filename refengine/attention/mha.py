@@ -79,13 +79,13 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
     k_pos = np.arange(S)
     kt = k.astype(dtype, copy=False).transpose(1, 2, 0)[:, None]                 # [S, Hkv, K] -> [Hkv, 1, K, S]
     vt = v.astype(dtype, copy=False).transpose(1, 0, 2)[:, None]                 # [S, Hkv, V] -> [Hkv, 1, S, V]
-    out = np.empty((Hkv, g, T, V), dtype=dtype)
+    out = np.empty_like(q, shape=(Hkv, g, T, V), dtype=dtype)                   # (like q: where q lives)
     for t0 in range(0, T, q_block):
         t1 = min(t0 + q_block, T)
         qb = q[t0:t1].astype(dtype, copy=False).reshape(t1 - t0, Hkv, g, K).transpose(1, 2, 0, 3)   # [Hkv, g, Tb, K]
-        m = np.full((Hkv, g, t1 - t0, 1), -np.inf, dtype=dtype)                  # running row max
-        l = np.zeros((Hkv, g, t1 - t0, 1), dtype=np.float64)                     # running row sum (f64, as softmax)
-        acc = np.zeros((Hkv, g, t1 - t0, V), dtype=dtype)                        # running p @ v
+        m = np.full_like(q, -np.inf, shape=(Hkv, g, t1 - t0, 1), dtype=dtype)    # running row max
+        l = np.zeros_like(q, shape=(Hkv, g, t1 - t0, 1), dtype=np.float64)       # running row sum (f64, as softmax)
+        acc = np.zeros_like(q, shape=(Hkv, g, t1 - t0, V), dtype=dtype)          # running p @ v
         for s0 in range(0, S, k_block):
             s1 = min(s0 + k_block, S)
             mask = mask_fn(q_pos[t0:t1], k_pos[s0:s1])                           # [Tb, Sb]

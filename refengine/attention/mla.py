@@ -56,7 +56,7 @@ from quant import QTensor
 from ..cache import KVCache, LatentKV
 from ..config import ROPE_NORM, KeyReader
 from ..errors import ConfigError
-from ..ops import apply_rope, rms_norm
+from ..ops import contiguous, apply_rope, rms_norm
 from ..weights import W
 from .mha import attend, causal_mask, keeps_scores
 
@@ -258,7 +258,7 @@ def _mm(x, w: QTensor, rt, dtype):
 def _mm_heads(x, w, rt, dtype):
     """Per-head product, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] (QTensor or array) -> [H, T, O]."""
     if isinstance(w, QTensor) and dtype == np.float32:
-        return np.stack([rt.matmul(np.ascontiguousarray(x[h]), w[h]) for h in range(x.shape[0])])
+        return rt.matmul_heads(x, w)
     wd = quant.dequantize(w) if isinstance(w, QTensor) else w
     return np.einsum("hti,hoi->hto", x.astype(dtype), wd.astype(dtype))          # [H, T, O]
 
@@ -309,7 +309,7 @@ def project_kv_a(h, w, *, mc, cos, sin, rt, il, dtype=np.float32):
         k_pe = apply_rope(ckv[:, None, C:], cos, sin, R, ROPE_NORM)                # [T, 1, R]
         rt.record("k_pe", il, k_pe)
     else:
-        k_pe = np.ascontiguousarray(ckv[:, None, C:])                              # [T, 1, R] unrotated
+        k_pe = contiguous(ckv[:, None, C:])                              # [T, 1, R] unrotated
     c = rms_norm(ckv[:, :C], w.attn_kv_a_norm, mc.rms_eps)                         # [T, C]
     rt.record("kv_cmpr", il, c)
     return c, k_pe[:, 0, :]
@@ -388,7 +388,7 @@ def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask_fn, q_pos
     if q_temp is not None:
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
-    K_all, V_all = state.append(K, np.ascontiguousarray(v))                        # [S, H, dk], [S, H, dv]
+    K_all, V_all = state.append(K, contiguous(v))                        # [S, H, dk], [S, H, dv]
     return attend(Q, K_all, V_all, q_pos, mc.kq_scale, mask_fn=mask_fn, one_shot=keeps_scores(rt, il),
                   record=_att_record(rt, rec_form), il=il, dtype=dtype)                       # [T, H, dv]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ROPE_NORM
+from ..ops.arrays import as_array
 from ..ops.rope import apply_rope, rope_cos_sin
 
 
@@ -43,7 +44,7 @@ class TailRope:
         """x [T, H, K], pos [T] -> x with its last R dims rotated by +theta (or -theta: `inverse`)."""
         cos, sin = self.cos_sin(pos)
         off = x.shape[-1] - self.n_rot
-        out = np.array(x, dtype=np.float32, copy=True)
+        out = as_array(x, np.float32).copy()
         out[..., off:] = apply_rope(x[..., off:], cos, -sin if inverse else sin, self.n_rot, ROPE_NORM)
         return out
 

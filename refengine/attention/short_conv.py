@@ -23,10 +23,10 @@ def causal_conv(x: np.ndarray, w: np.ndarray, tail: np.ndarray | None) -> tuple[
     assert w.ndim == 2 and w.shape[0] == C, (x.shape, w.shape)
     Kc = w.shape[1]
     if tail is None:
-        tail = np.zeros((Kc - 1, C), dtype=x.dtype)
+        tail = np.zeros_like(x, shape=(Kc - 1, C))
     assert tail.shape == (Kc - 1, C), (tail.shape, Kc, C)
     xin = np.concatenate([tail.astype(x.dtype), x], axis=0)           # [Kc-1+T, C]
-    y = np.zeros((T, C), dtype=x.dtype)
+    y = np.zeros_like(x, shape=(T, C))                                 # (like x: where x lives)
     for k in range(Kc):                                                # llama.cpp's order of the sum
         y += xin[k:k + T] * w[:, k].astype(x.dtype)                    # [T, C]
     return y, xin[xin.shape[0] - (Kc - 1):].copy()

@@ -60,6 +60,9 @@ def load_golden(golden_dir) -> tuple[dict, dict[str, np.ndarray]]:
             manifest = json.load(f)
     except ValueError as e:
         raise GoldenFormatError(f"{mpath}: not valid JSON: {e}") from None
+    if not manifest.get("files", {}).get("tensors", TENSORS_FILE):        # a corpus golden (golden/corpus.py)
+        raise GoldenFormatError(f"{golden_dir}: a corpus golden holds no tensors, only its KL-divergence base: "
+                                f"{manifest.get('kld_base', {}).get('check', 'llama-perplexity --kl-divergence')}")
     tensors, _ = read_safetensors(os.path.join(golden_dir, manifest.get("files", {}).get("tensors", TENSORS_FILE)))
     if "logits" not in tensors:
         raise GoldenFormatError(f"{golden_dir}: {TENSORS_FILE} holds no 'logits'")

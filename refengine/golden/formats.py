@@ -21,7 +21,9 @@ reading): `"_logits_"`, int32 n_ctx, int32 n_vocab, int32 n_chunk, n_chunk*n_ctx
 chunk n_ctx - 1 - n_ctx/2 rows (positions n_ctx/2 .. n_ctx-2) of nv = 2*((n_vocab+1)/2) + 4 uint16:
 float32 scale, float32 min_log_prob, then each logit as round((l - min_logit) / scale), with
 min_logit = max(min(l), max(l) - 16) and scale = (max(l) - min_logit) / 65535 (`log_softmax`, :79-107).
-The golden writes one chunk: n_ctx = the number of tokens.
+The tokens are the text's, as tokenized: a chunk's first one is replaced by BOS only while it is evaluated.
+The single-prompt golden writes one chunk (n_ctx = the number of tokens); the corpus golden
+(`refengine/golden/corpus.py`) K chunks of n_ctx, streamed chunk by chunk through `KldBaseWriter`.
 """
 from __future__ import annotations
 
@@ -150,29 +152,91 @@ def kld_rows(logits: np.ndarray) -> np.ndarray:
     return out
 
 
+def kld_scored(n_ctx: int) -> tuple[int, int]:
+    """(first, n_rows): the positions a chunk of n_ctx scores, first .. first + n_rows - 1, each predicting the
+    token after it: perplexity.cpp's `first = n_ctx/2` and `n_ctx - 1 - first` rows (the model always has at least
+    half a window of context)."""
+    first = n_ctx // 2
+    return first, n_ctx - 1 - first
+
+
+class KldBaseWriter:
+    """Streams a KL-divergence base: the header and every chunk's tokens at once (they precede the rows in the
+    file), then each chunk's rows as its logits are computed, so a corpus never holds more than one chunk's logits.
+
+        with KldBaseWriter(path, tokens, n_vocab) as w:      # tokens [n_chunk, n_ctx]
+            for c in range(n_chunk):
+                w.add_chunk(logits_c)                          # [n_ctx, V]: every position of chunk c
+    """
+
+    def __init__(self, path: str | os.PathLike, tokens, n_vocab: int):
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if tokens.ndim != 2 or tokens.shape[1] < 3:
+            raise GoldenFormatError(f"{path}: a KLD base needs tokens [n_chunk, n_ctx] with n_ctx >= 3 (one scored "
+                                    f"position), got shape {list(tokens.shape)}")
+        self.path, self.n_vocab = os.fspath(path), int(n_vocab)
+        self.n_chunk, self.n_ctx = tokens.shape
+        self.written = 0
+        self.f = open(self.path, "wb")
+        self.f.write(b"_logits_")
+        np.array([self.n_ctx, self.n_vocab, self.n_chunk], dtype="<i4").tofile(self.f)
+        tokens.astype("<i4").tofile(self.f)                                   # [n_chunk * n_ctx]
+
+    def add_chunk(self, logits: np.ndarray) -> None:
+        """logits [n_ctx, V] of the next chunk (every position; the scored ones are taken here)."""
+        logits = np.asarray(logits, dtype=np.float32)
+        if logits.shape != (self.n_ctx, self.n_vocab):
+            raise GoldenFormatError(f"{self.path}: chunk {self.written}: logits {list(logits.shape)}, "
+                                    f"expected [{self.n_ctx}, {self.n_vocab}]")
+        if self.written >= self.n_chunk:
+            raise GoldenFormatError(f"{self.path}: more than the {self.n_chunk} chunks of the header")
+        first, n = kld_scored(self.n_ctx)
+        kld_rows(logits[first:first + n]).astype("<u2").tofile(self.f)       # [n, nv]
+        self.written += 1
+
+    def close(self) -> None:
+        if self.f.closed:
+            return
+        self.f.close()
+        if self.written != self.n_chunk:                   # a header promising chunks the file lacks: no file
+            os.remove(self.path)
+            raise GoldenFormatError(f"{self.path}: {self.written} chunks written, the header says {self.n_chunk}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:                                              # an interrupted corpus: no half file left behind
+            self.f.close()
+            os.remove(self.path)
+        return False
+
+
 def write_kld_base(path: str | os.PathLike, tokens, logits: np.ndarray) -> None:
     """One chunk of n_ctx = len(tokens): the file `llama-perplexity --kl-divergence-base FILE --kl-divergence
     -c n_ctx -b n_ctx` reads (it scores positions n_ctx/2 .. n_ctx-2)."""
-    tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
-    logits = np.asarray(logits, dtype=np.float32)
-    n_ctx, V = logits.shape
-    first = n_ctx // 2
-    with open(path, "wb") as f:
-        f.write(b"_logits_")
-        np.array([n_ctx, V, 1], dtype="<i4").tofile(f)
-        tokens.astype("<i4").tofile(f)
-        kld_rows(logits[first:n_ctx - 1]).astype("<u2").tofile(f)
+    tokens = np.asarray(tokens, dtype=np.int32).reshape(1, -1)                # [1, n_ctx]
+    logits = np.asarray(logits, dtype=np.float32)                             # [n_ctx, V]
+    with KldBaseWriter(path, tokens, logits.shape[1]) as w:
+        w.add_chunk(logits)
 
 
 def read_kld_base(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """(tokens [n_chunk * n_ctx], log-probabilities [n_chunk, n_ctx - 1 - n_ctx/2, V]) of a KLD base file."""
     raw = np.fromfile(path, dtype=np.uint8)
-    if raw[:8].tobytes() != b"_logits_":
-        raise GoldenFormatError(f"{path}: does not start with '_logits_'")
-    n_ctx, V, n_chunk = raw[8:20].view("<i4")
-    tokens = raw[20:20 + 4 * n_ctx * n_chunk].view("<i4")
+    if raw[:8].tobytes() != b"_logits_" or raw.size < 20:
+        raise GoldenFormatError(f"{path}: does not start with '_logits_' and its three int32 sizes")
+    n_ctx, V, n_chunk = (int(v) for v in raw[8:20].view("<i4"))
     nv = 2 * ((V + 1) // 2) + 4
-    rows = raw[20 + 4 * n_ctx * n_chunk:].view("<u2").reshape(n_chunk, n_ctx - 1 - n_ctx // 2, nv)
+    _, n_rows = kld_scored(n_ctx)
+    size = 20 + 4 * n_ctx * n_chunk + 2 * n_chunk * n_rows * nv
+    if min(n_ctx, V, n_chunk) < 1 or raw.size != size:
+        raise GoldenFormatError(f"{path}: {raw.size} bytes, but n_ctx {n_ctx}, n_vocab {V}, n_chunk {n_chunk} "
+                                f"make {size}")
+    tokens = raw[20:20 + 4 * n_ctx * n_chunk].view("<i4")
+    rows = raw[20 + 4 * n_ctx * n_chunk:].view("<u2").reshape(n_chunk, n_rows, nv)
     scale = rows[..., :4].copy().view(np.float32)[..., 0:1]
     min_lp = rows[..., :4].copy().view(np.float32)[..., 1:2]
     return tokens, min_lp + scale * rows[..., 4:4 + V].astype(np.float32)

@@ -6,7 +6,9 @@
         manifest.json         the model file (name, size, sha256), arch, tokens, mode, backend, versions,
                               per tensor: shape, dtype and the tolerance it is held to
         results.gguf          llama.cpp's `llama-results` file (`llama-results --check` reads it)
-        logits.kld            llama.cpp's `llama-perplexity --kl-divergence-base` file
+        logits.kld            llama.cpp's `llama-perplexity --kl-divergence-base` file (one chunk: the tokens)
+
+Over a corpus (`golden --file TEXT --ctx N --chunks K`): `make_golden_corpus` in corpus.py, a K-chunk logits.kld.
 
 A name llama.cpp gives to several tensors of one layer (deepseek2's `q-0`) holds the last one; the earlier
 ones are kept as `NAME#0`, `NAME#1`, ... in the order computed (`Trace.earlier`).
@@ -97,6 +99,18 @@ def select(names, spec: str) -> list[str]:
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(base_name(n), p) for p in pats)]
 
 
+def model_record(model, progress: bool = False) -> dict:
+    """The manifest's `model`: file name, shards, size, sha256, arch and the sizes a reader checks first."""
+    from ..compare import matmul_weight_types, weight_class
+    cfg, types = model.cfg, matmul_weight_types(model)
+    shards = [s.path for s in model.gf.shards]
+    return {"file": os.path.basename(model.path), "shards": [os.path.basename(p) for p in shards],
+            "size": int(sum(os.path.getsize(p) for p in shards)),
+            "sha256": sha256_file(shards, progress), "arch": cfg.arch, "name": cfg.name,
+            "n_layer": cfg.n_layer, "n_vocab": cfg.n_vocab, "n_embd": cfg.n_embd,
+            "weight_types": sorted(t.name for t in types), "weight_class": weight_class(types)}
+
+
 def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "numpy", tensors: str = "all",
                 progress: bool = False, model=None, path_model: str | None = None, qsa_rule: str = "authors",
                 n_ubatch: int | None = None) -> dict:
@@ -108,7 +122,7 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
     path_model: the string stored as `path_model` in results.gguf, which `llama-results --check` compares with
     its `-m` argument byte for byte (default: `path` as given). qsa_rule: QSA's selection rule (qwen4exp;
     attention/qsa.py), recorded in the manifest."""
-    from ..compare import matmul_weight_types, tolerance, weight_class
+    from ..compare import matmul_weight_types, tolerance
     from ..model import Model
     from ..runtime import Runtime
     t0 = time.perf_counter()
@@ -138,14 +152,9 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
     if not np.all(np.isfinite(out["logits"])):
         raise ConfigError(f"{model.path}: the logits hold NaN/inf; no golden written")
 
-    shards = [s.path for s in model.gf.shards]
     manifest = {
         "format": f"refengine-golden {FORMAT_VERSION}",
-        "model": {"file": os.path.basename(model.path), "shards": [os.path.basename(p) for p in shards],
-                  "size": int(sum(os.path.getsize(p) for p in shards)),
-                  "sha256": sha256_file(shards, progress), "arch": cfg.arch, "name": cfg.name,
-                  "n_layer": cfg.n_layer, "n_vocab": cfg.n_vocab, "n_embd": cfg.n_embd,
-                  "weight_types": sorted(t.name for t in types), "weight_class": weight_class(types)},
+        "model": model_record(model, progress),
         "tokens": [int(t) for t in tokens],
         "mode": mode, "backend": backend, "tensors": tensors, "qsa_rule": qsa_rule,
         "n_ctx": model.n_ctx, "n_ubatch": ub,

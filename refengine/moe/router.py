@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.softmax import softmax
+from ..ops.arrays import as_array
 
 # `expert_gating_func` values (LLAMA_EXPERT_GATING_FUNC_TYPE_*, src/llama-hparams.h:16-22; 0 = "not set",
 # which each arch's loader replaces by its own default).
@@ -48,7 +49,7 @@ def topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
 
 def gate_probs(logits: np.ndarray, gating: int) -> np.ndarray:
     """The gate function of `build_moe_ffn` (llama-graph.cpp:2052-2072), float32.   [T, E] -> [T, E]"""
-    x = np.asarray(logits, dtype=np.float32)
+    x = as_array(logits, np.float32)
     one = np.float32(1.0)
     if gating == GATING_SOFTMAX:
         return softmax(x)                                                    # ggml_soft_max

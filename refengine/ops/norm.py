@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import as_array
+
 
 def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     """y = x / sqrt(mean(x^2) + eps) * w   over the last axis.   x: [..., D], w: [D] -> [..., D]
@@ -10,7 +12,8 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     llama.cpp: `build_norm(..., LLM_NORM_RMS)` = `ggml_rms_norm` then `ggml_mul` by the weight.
     float32 (float64 inputs stay float64: the precision switch of the equivalence tests).
     """
-    x = np.asarray(x, dtype=np.float64 if np.asarray(x).dtype == np.float64 else np.float32)
+    x = as_array(x)
+    x = as_array(x, np.float64 if x.dtype == np.float64 else np.float32)
     mean = (np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float64) / x.shape[-1]).astype(x.dtype)  # [..., 1]
     scale = x.dtype.type(1.0) / np.sqrt(mean + x.dtype.type(eps))
     y = x * scale
@@ -24,7 +27,8 @@ def layer_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: f
     (ops.cpp `ggml_compute_forward_norm_f32`: mean, then the mean of squared deviations). eps = 0 is allowed
     (ggml asserts eps >= 0); a constant row then divides by zero, as in ggml.
     """
-    x = np.asarray(x, dtype=np.float64 if np.asarray(x).dtype == np.float64 else np.float32)
+    x = as_array(x)
+    x = as_array(x, np.float64 if x.dtype == np.float64 else np.float32)
     mean = np.mean(x, axis=-1, keepdims=True, dtype=np.float64)                                   # [..., 1]
     d = x - mean.astype(x.dtype)                                                                  # [..., D]
     var = np.mean(np.square(d, dtype=np.float64), axis=-1, keepdims=True).astype(x.dtype)        # [..., 1]

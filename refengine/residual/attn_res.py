@@ -63,7 +63,7 @@ def res_mix(cur: np.ndarray, bank: list, w: np.ndarray, eps: float, *, rt=None, 
     p = softmax(scores)                                                                        # [T, N+1]
     if rt is not None:
         rt.record("res_probs", il, p)
-    out = np.zeros((T, D), dtype=np.float32)
+    out = np.zeros_like(cur, shape=(T, D), dtype=np.float32)
     for i, c in enumerate(bank):                                   # ggml_dsv4_hc_pre: float32, bank order
         out += c * p[:, i:i + 1]
     return out + cur * p[:, -1:]                                   # [T, D]

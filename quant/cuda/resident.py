@@ -1,0 +1,101 @@
+"""Device arrays in, device arrays out: the cuda backend's entry points for a device-resident forward
+(refengine.devarray, `Runtime(resident=True)`), on the same kernels as the host API.
+
+    matmul_resident(x, w)              x [T, I] (a CuPy array) -> CuPy [T, O]
+    matmul_heads_resident(x, w)        x [H, T, I], w [H, O, I] -> [H, T, O]: one grouped launch, heads as experts
+    moe_ffn_resident(x, ids, weights, *, up, gate, down, ...)   x [T, D] CuPy, ids [T, A] host -> CuPy [T, D]
+
+Each returns None when its kernels do not serve the weight (a type without a decoder, another mode): the runtime
+then runs the host API on the array read back, and counts the fallback. CuPy's arrays are handed to the kernels
+through `__cuda_array_interface__` without a synchronisation (`sync=False`): CuPy's null stream and numba's
+default stream are the same legacy stream, so order is kept.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from ..ref import QTensor
+from .moe import _scales, groups_from_ids, moe_ffn_device, one_token_ok
+from .ops import _aligned16, dense, grouped, supported
+from .weights import device_weight
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+def _nb(a):
+    """A numba view of a CuPy array (no copy, no stream synchronisation)."""
+    return cuda.as_cuda_array(a, sync=False)
+
+
+def _input(x):
+    """x as a C-contiguous float32 CuPy array starting 16-byte aligned (the fast kernels' vector loads)."""
+    cp = _cp()
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    return x if _aligned16(x) else x.copy()
+
+
+def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto"):
+    """y = x @ dequantize(w).T on the device; None when the kernels do not serve w (or the mode)."""
+    if mode != "exact" or w.ndim != 2 or not supported(w):
+        return None
+    cp = _cp()
+    x = _input(x)
+    y = cp.empty((x.shape[0], w.shape[0]), dtype=cp.float32)
+    dense(device_weight(w).ensure(), _nb(x), _nb(y), kernel=kernel)
+    return y
+
+
+@functools.lru_cache(maxsize=64)
+def _head_groups(H: int, T: int):
+    """Row h*T + t goes to "expert" h (the head): the grouped dispatch tables of a per-head product."""
+    ids = np.repeat(np.arange(H, dtype=np.int32), T)[:, None]                 # [H*T, 1]
+    tab_x, _, mpg = groups_from_ids(ids, H)
+    return cuda.to_device(tab_x), mpg
+
+
+def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto"):
+    """Per-head products in one launch: x [H, T, I], w [H, O, I] -> [H, T, O]; None as matmul_resident."""
+    if mode != "exact" or w.ndim != 3 or not supported(w) or x.shape[0] != w.shape[0]:
+        return None
+    cp = _cp()
+    H, T, I = x.shape
+    O = w.shape[1]
+    xs = _input(x.reshape(H * T, I))
+    y = cp.empty((H * T, O), dtype=cp.float32)
+    tab, mpg = _head_groups(H, T)
+    grouped(device_weight(w).ensure(), _nb(xs), _nb(y), tab, H, H * T, mpg, kernel=kernel)
+    return y.reshape(H, T, O)
+
+
+def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=None, gate_scale=None,
+                     down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, **_):
+    """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] on the host (the grouping
+    tables are built there) -> CuPy [T, D]. Every expert is resident (uploaded on first use). None: SwiGLU only,
+    exact mode only, types with a decoder only."""
+    if mode != "exact" or act is not None or any(m is not None and not supported(m) for m in (up, gate, down)):
+        return None
+    cp = _cp()
+    ids = np.asarray(ids, dtype=np.int32)
+    T, A = ids.shape
+    E = up.shape[0]
+    dup = device_weight(up).ensure()
+    dgate = device_weight(gate).ensure() if gate is not None else None
+    ddown = device_weight(down).ensure()
+    tab_x, tab_p, mpg = groups_from_ids(ids, E)
+    xs = _input(x)
+    xd = _nb(xs)
+    wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
+    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, E), _scales(up_scale, E)]))
+    sc_d = cuda.to_device(_scales(down_scale, E))
+    out = cp.empty((T, xs.shape[1]), dtype=cp.float32)
+    idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
+        one_token_ok(dup, dgate, ddown, xd) else None
+    moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A, _nb(wts),
+                   up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
+    return out

@@ -1,0 +1,295 @@
+"""Device-resident activations for the readable NumPy forward: the same module code, arrays kept on a device.
+
+    dev = Device("cupy")                 # a GPU through CuPy; Device("sim"): NumPy standing in for it (tests, CI)
+    x = dev.put(host)                    # a DeviceArray: the residual, the caches, every intermediate
+    y = np.exp(x) * w_norm + x           # NumPy calls dispatch to the device (NEP 13/18); `w_norm`, a host weight
+                                         # vector, is uploaded once and kept (read-only host arrays are cached)
+    dev.get(y)                           # back to the host
+
+The concept modules (`attention/`, `moe/`, `ffn/`, `residual/`, the arch files) are the only statement of the
+forward pass. Run on DeviceArrays they compute on the device: every ufunc and array function (`np.einsum`,
+`np.concatenate`, `np.argpartition`, ...) reaches CuPy's implementation through `__array_ufunc__` /
+`__array_function__`, weight products go through `Runtime.matmul` / `moe_ffn` to the numba-cuda kernels on the
+device buffers, and the per-layer state (`cache.Rows`) grows on the device. Nothing else is written per arch.
+
+What the module code does that a device cannot do silently is done anyway, correctly, and counted
+(`dev.stats`, the numbers a device path is tuned from):
+
+    uploads        a host array meeting a device array: a mask, a rope table, a freshly made index
+    weight_uploads a read-only host array (a norm vector, a dense weight) uploaded on its first use, then reused
+    downloads      a device array read on the host: `np.asarray(x)`, `float(x)`, a trace
+    calls          NumPy calls dispatched to the device (each one kernel launch or more: what a decode step costs
+                   in launches before any fusion)
+    fallbacks      a NumPy function the device library lacks (CuPy): run on the host, the result put back
+
+A host array is cached on the device only when no array in its `.base` chain is writeable (the weights: refengine
+loads them read-only), so a cached copy can never go stale. On the "sim" device the arrays are NumPy's own: the
+results are bit-identical to the plain host run, and the counters are the same as on the GPU, which is what CI
+checks without a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+KINDS = ("cupy", "sim")
+
+
+@dataclass
+class DeviceStats:
+    uploads: int = 0
+    upload_bytes: int = 0
+    weight_uploads: int = 0
+    weight_bytes: int = 0
+    downloads: int = 0
+    download_bytes: int = 0
+    calls: int = 0                                      # NumPy calls dispatched to the device (ufuncs, functions)
+    fallbacks: dict = field(default_factory=dict)       # NumPy function name -> times run on the host
+
+    def as_dict(self) -> dict:
+        return dict(uploads=self.uploads, upload_bytes=self.upload_bytes, weight_uploads=self.weight_uploads,
+                    weight_bytes=self.weight_bytes, downloads=self.downloads, download_bytes=self.download_bytes,
+                    calls=self.calls, fallbacks=dict(self.fallbacks))
+
+    def since(self, before: dict) -> dict:
+        now = self.as_dict()
+        out = {k: now[k] - before[k] for k in now if k != "fallbacks"}
+        out["fallbacks"] = {k: v - before["fallbacks"].get(k, 0) for k, v in now["fallbacks"].items()
+                            if v != before["fallbacks"].get(k, 0)}
+        return out
+
+
+def _immutable(a: np.ndarray) -> bool:
+    """No array in a's base chain is writeable: its bytes cannot change while it lives."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return True
+
+
+class Device:
+    """Where a resident forward keeps its arrays: "cupy" (the GPU) or "sim" (NumPy, the same code path)."""
+
+    def __init__(self, kind: str = "cupy"):
+        if kind not in KINDS:
+            raise ValueError(f"device kind {kind!r} is not one of {KINDS}")
+        self.kind = kind
+        if kind == "cupy":
+            import cupy
+            self.xp = cupy
+            self.raw_type = cupy.ndarray
+        else:
+            self.xp = np
+            self.raw_type = np.ndarray
+        self.stats = DeviceStats()
+        self._cache: dict[tuple, tuple[np.ndarray, object]] = {}   # key -> (the host array, kept alive; its copy)
+
+    # ------------------------------------------------------------ moving arrays
+    def put(self, host) -> "DeviceArray":
+        """A host array (or anything np.asarray takes) as a DeviceArray (counted as an upload)."""
+        if isinstance(host, DeviceArray):
+            return host
+        return DeviceArray(self._upload(np.asarray(host)), self)
+
+    def put_tree(self, v):
+        """put() applied through lists, tuples and dataclass instances (a residual that is not one array: Kimi-K3's
+        running sum and bank); other values as they are."""
+        import dataclasses
+        if isinstance(v, (np.ndarray, DeviceArray)):
+            return self.put(v)
+        if isinstance(v, (tuple, list)):
+            return type(v)(self.put_tree(e) for e in v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return dataclasses.replace(v, **{f.name: self.put_tree(getattr(v, f.name)) for f in dataclasses.fields(v)
+                                              if f.init})
+        return v
+
+    def get(self, a) -> np.ndarray:
+        """A DeviceArray's values on the host (counted as a download); a host array as it is."""
+        if not isinstance(a, DeviceArray):
+            return np.asarray(a)
+        return self._download(a.raw)
+
+    def _upload(self, h: np.ndarray):
+        if _immutable(h):
+            key = (h.__array_interface__["data"][0], h.shape, h.strides, h.dtype.str)
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit[1]
+            raw = self._copy_in(h)
+            self._cache[key] = (h, raw)
+            self.stats.weight_uploads += 1
+            self.stats.weight_bytes += h.nbytes
+            return raw
+        self.stats.uploads += 1
+        self.stats.upload_bytes += h.nbytes
+        return self._copy_in(h)
+
+    def _copy_in(self, h: np.ndarray):
+        if self.kind == "cupy":
+            return self.xp.asarray(h)
+        return h if not h.flags.writeable else h.copy()
+
+    def _download(self, raw) -> np.ndarray:
+        self.stats.downloads += 1
+        self.stats.download_bytes += raw.nbytes
+        return raw.get() if self.kind == "cupy" else raw.copy()
+
+    def cached_bytes(self) -> int:
+        return sum(h.nbytes for h, _ in self._cache.values())
+
+    # ------------------------------------------------------------ wrapping
+    def unwrap(self, v):
+        """Arguments for the device library: DeviceArrays -> their buffers, host arrays -> uploaded, containers
+        walked (index tuples, lists of arrays); scalars, slices, dtypes as they are."""
+        if isinstance(v, DeviceArray):
+            return v.raw
+        if isinstance(v, np.ndarray):
+            return self._upload(v)
+        if isinstance(v, (tuple, list)):
+            return type(v)(self.unwrap(e) for e in v)
+        if isinstance(v, dict):
+            return {k: self.unwrap(e) for k, e in v.items()}
+        return v
+
+    def wrap(self, v):
+        if isinstance(v, self.raw_type):
+            return DeviceArray(v, self)
+        if self.kind == "sim" and isinstance(v, np.generic):        # a reduction's scalar: CuPy's is a 0-d array
+            return DeviceArray(np.asarray(v), self)
+        if isinstance(v, (tuple, list)):
+            return type(v)(self.wrap(e) for e in v)
+        return v
+
+    def _host(self, v):
+        """Arguments for a host fallback: DeviceArrays downloaded, containers walked."""
+        if isinstance(v, DeviceArray):
+            return self._download(v.raw)
+        if isinstance(v, (tuple, list)):
+            return type(v)(self._host(e) for e in v)
+        if isinstance(v, dict):
+            return {k: self._host(e) for k, e in v.items()}
+        return v
+
+    def _put_tree(self, v):
+        if isinstance(v, np.ndarray):
+            self.stats.uploads += 1
+            self.stats.upload_bytes += v.nbytes
+            return DeviceArray(self._copy_in(v), self)
+        if isinstance(v, (tuple, list)):
+            return type(v)(self._put_tree(e) for e in v)
+        return v
+
+    def call(self, func, args, kwargs):
+        """func(*args, **kwargs) on the device; a function the device library lacks runs on the host (counted)."""
+        self.stats.calls += 1
+        try:
+            return self.wrap(func(*self.unwrap(args), **self.unwrap(kwargs)))
+        except TypeError as e:
+            if self.kind != "cupy" or "no implementation found" not in str(e) and "Unsupported type" not in str(e):
+                raise
+        name = getattr(func, "__name__", repr(func))
+        self.stats.fallbacks[name] = self.stats.fallbacks.get(name, 0) + 1
+        return self._put_tree(func(*self._host(args), **self._host(kwargs)))
+
+
+class DeviceArray(NDArrayOperatorsMixin):
+    """An array on a Device, used as a NumPy array: operators, ufuncs, NumPy functions, indexing and the array's
+    methods run on the device; `np.asarray` / `float()` / iteration read it back (counted)."""
+
+    __slots__ = ("raw", "dev")
+    __array_priority__ = 100
+
+    def __init__(self, raw, dev: Device):
+        self.raw = raw
+        self.dev = dev
+
+    # NumPy protocols
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        if out is not None and any(isinstance(o, np.ndarray) for o in out):
+            # in place into a host array (`host *= device`): computed on the device, written back (a download)
+            kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+            r = self.dev.call(getattr(ufunc, method), inputs, kwargs)
+            rs = r if isinstance(r, tuple) else (r,)
+            for o, v in zip(out, rs):
+                o[...] = self.dev.get(v) if isinstance(v, DeviceArray) else v
+            return out if isinstance(r, tuple) else out[0]
+        return self.dev.call(getattr(ufunc, method), inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return self.dev.call(func, args, kwargs)
+
+    def __array__(self, dtype=None, copy=None):
+        h = self.dev._download(self.raw)
+        return h if dtype is None else h.astype(dtype, copy=False)
+
+    # the ndarray surface
+    shape = property(lambda self: self.raw.shape)
+    dtype = property(lambda self: self.raw.dtype)
+    ndim = property(lambda self: self.raw.ndim)
+    size = property(lambda self: self.raw.size)
+    nbytes = property(lambda self: self.raw.nbytes)
+    itemsize = property(lambda self: self.raw.itemsize)
+    T = property(lambda self: DeviceArray(self.raw.T, self.dev))
+    flags = property(lambda self: self.raw.flags)
+
+    def __len__(self):
+        return len(self.raw)
+
+    def __getitem__(self, idx):
+        return self.dev.wrap(self.raw[self.dev.unwrap(idx)])
+
+    def __setitem__(self, idx, value):
+        self.raw[self.dev.unwrap(idx)] = self.dev.unwrap(value)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def _scalar(self):
+        return self.dev._download(self.raw).reshape(-1)[0] if self.raw.size == 1 else self.__array__()
+
+    def __float__(self):
+        return float(self._scalar())
+
+    def __int__(self):
+        return int(self._scalar())
+
+    def __index__(self):
+        return int(self._scalar())
+
+    def __bool__(self):
+        return bool(self._scalar())
+
+    def __getattr__(self, name):
+        if name in ("raw", "dev") or name.startswith("__"):   # not set yet (copy / pickle); protocols such as
+            raise AttributeError(name)                 # __array_interface__ are not the buffer's (sim: NumPy's)
+        attr = getattr(self.raw, name)
+        if callable(attr):
+            dev = self.dev
+            return lambda *a, **k: dev.wrap(attr(*dev.unwrap(a), **dev.unwrap(k)))
+        return self.dev.wrap(attr)
+
+    def __repr__(self):
+        return f"DeviceArray({self.dev.kind}, shape={self.shape}, dtype={self.dtype})"
+
+    def __copy__(self):
+        return DeviceArray(self.raw.copy(), self.dev)
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
+
+
+def to_host(v):
+    """v with every DeviceArray read back (dicts, lists, tuples walked); other values as they are."""
+    if isinstance(v, DeviceArray):
+        return v.dev.get(v)
+    if isinstance(v, (tuple, list)):
+        return type(v)(to_host(e) for e in v)
+    if isinstance(v, dict):
+        return {k: to_host(e) for k, e in v.items()}
+    return v

@@ -1,0 +1,30 @@
+"""Array conversions that keep an array where it lives (the host, or a device: refengine.devarray).
+
+`np.asarray` / `np.ascontiguousarray` always return a host array: on a device array they read it back. The
+forward's code converts its own activations with these instead; positions, token ids and other host-side
+values still use NumPy's."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_array(x, dtype=None):
+    """x as an array of `dtype` (None: its own), not copied when it already is one, on the device it lives on."""
+    if not hasattr(x, "astype"):
+        return np.asarray(x, dtype=dtype)
+    return x if dtype is None or x.dtype == dtype else x.astype(dtype)
+
+
+def contiguous(x, dtype=None):
+    """np.ascontiguousarray(x, dtype) that keeps a device array on its device."""
+    if not hasattr(x, "astype"):
+        return np.ascontiguousarray(x, dtype=dtype)
+    return x.astype(x.dtype if dtype is None else dtype, order="C", copy=False)
+
+
+def copy_like(a, like, dtype=None):
+    """A copy of `a` (in `dtype`, None: a's own) on the device `like` lives on (the host when it is a host array):
+    a carried state joining a forward that runs on a device."""
+    out = np.empty_like(like, shape=np.shape(a), dtype=dtype or a.dtype)
+    out[...] = a
+    return out

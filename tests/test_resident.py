@@ -1,0 +1,99 @@
+"""The device-resident forward (refengine.devarray, `Runtime(resident=True)`) on the "sim" device: NumPy standing
+in for the GPU, the same code path as on CuPy (every NumPy call dispatched through DeviceArray, products through
+`Runtime.matmul` / `moe_ffn` / `matmul_heads` on the device buffers, the caches grown where the activations live).
+
+- every registered arch's tiny preset: resident == host, bit for bit, at prefill and at decode steps (the sim
+  device runs NumPy's own functions on the same arrays, so nothing but the wrapping differs);
+- a state saved from a resident run loads and decodes bit-identically on the host;
+- NaN weights are found and named by the deferred check, as by the host check (tests/test_config_errors.py);
+- DeviceArray: a read-only host array is uploaded once, a writeable one every time, reads are counted.
+The GPU form of the first check (CuPy, rel-RMS <= 1e-5) is tests/test_cuda_resident.py.
+"""
+import numpy as np
+import pytest
+
+from refengine.devarray import Device, DeviceArray
+from refengine.model import Model
+from refengine.runtime import Runtime
+
+TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))     # 20: past the DSA / pool top-k of the tiny presets
+
+
+def arch_ids():
+    from refengine.archs import ARCHS
+    return list(ARCHS)
+
+
+@pytest.mark.parametrize("arch", arch_ids())
+def test_resident_sim_equals_host(synth_model, arch):
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    host, dev = Runtime(), Runtime(resident=True)
+    st_h, st_d = m.new_state(), m.new_state()
+    a, b = m.forward(TOKENS, st_h, rt=host), m.forward(TOKENS, st_d, rt=dev)
+    assert type(b) is np.ndarray and np.array_equal(a, b), f"{arch}: prefill differs"
+    for tok in (5, 9):
+        before = dev.device.stats.as_dict()
+        a, b = m.forward([tok], st_h, rt=host), m.forward([tok], st_d, rt=dev)
+        assert np.array_equal(a, b), f"{arch}: decode differs"
+        moved = dev.device.stats.since(before)
+        assert moved["downloads"] >= 1 and not moved["fallbacks"], moved          # the logits, at least
+    # the caches grew on the device: every float buffer the layers' containers hold is a DeviceArray
+    host = [name for name, v in state_arrays(st_d) if v.dtype.kind == "f" and not isinstance(v, DeviceArray)]
+    assert not host, f"{arch}: state arrays left on the host: {host}"
+
+
+def state_arrays(state):
+    """(path, array) of every array a ModelState's containers hold (Rows buffers included), walked recursively."""
+    from refengine.cache import Rows
+    out = []
+
+    def walk(v, path):
+        if isinstance(v, (np.ndarray, DeviceArray)):
+            out.append((path, v))
+        elif isinstance(v, Rows):
+            if v.view() is not None:
+                out.append((path, v.view()))
+        elif isinstance(v, (list, tuple)):
+            for i, e in enumerate(v):
+                walk(e, f"{path}.{i}")
+        elif isinstance(v, dict):
+            for k, e in v.items():
+                walk(e, f"{path}.{k}")
+        elif hasattr(v, "__dict__") and not isinstance(v, type):
+            for k, e in vars(v).items():
+                walk(e, f"{path}.{k}")
+    walk(state.layers, "layers")
+    return out
+
+
+def test_resident_state_file_round_trip(synth_model, tmp_path):
+    from refengine.state_file import load_state, save_state
+    m = Model(synth_model("deepseek2", wtype="Q4_K"))
+    dev, host = Runtime(resident=True), Runtime()
+    st = m.new_state()
+    m.forward(TOKENS[:9], st, rt=dev)
+    save_state(tmp_path / "s.safetensors", m, st)
+    ref = m.new_state()
+    m.forward(TOKENS[:9], ref, rt=host)
+    loaded = load_state(tmp_path / "s.safetensors", m)
+    assert np.array_equal(m.forward([7], loaded, rt=host), m.forward([7], ref, rt=host))
+
+
+def test_devicearray_uploads_and_reads():
+    d = Device("sim")
+    w = np.arange(4, dtype=np.float32)
+    w.flags.writeable = False
+    x = d.put(np.ones(4, np.float32))
+    y = x * w + w
+    assert isinstance(y, DeviceArray) and d.stats.weight_uploads == 1 and d.stats.uploads == 1
+    m = np.ones(4, np.float32)                        # writeable: may change between uses, so never cached
+    x + m, x + m
+    assert d.stats.uploads == 3
+    assert np.array_equal(np.asarray(y), np.arange(4) * 2) and d.stats.downloads == 1
+    assert float(y.sum()) == 12.0 and d.stats.downloads == 2
+    h = np.ones(4, np.float32)                        # in place into a host array: computed there, written back
+    h *= x + 1
+    assert np.array_equal(h, np.full(4, 2, np.float32)) and d.stats.downloads == 3
+    z = np.concatenate([x, w])                        # a list of arrays: dispatched, the host one uploaded
+    assert isinstance(z, DeviceArray) and z.shape == (8,)
+    assert isinstance(np.empty_like(x, shape=(3, 4)), DeviceArray)
