@@ -144,7 +144,7 @@ def attention_with_sinks(q, k, visible, kq_scale: float, sinks, record, il: int,
     record("v_cont", il, np.ascontiguousarray(k.T))
     record("kq", il, kq)
     x = kq * dtype(kq_scale) + np.where(visible, dtype(0), dtype(-np.inf))[None]   # [H, T, S]
-    sinks = np.asarray(sinks, dtype)
+    sinks = sinks.astype(dtype, copy=False)
     m = np.maximum(np.max(x, axis=-1, keepdims=True), sinks[:, None, None])     # the sink joins the max
     e = np.exp(x - m)                                                            # [H, T, S]
     den = np.sum(e, axis=-1, keepdims=True, dtype=np.float64) + np.exp(sinks[:, None, None] - m)   # + exp(sink - max)

@@ -157,8 +157,8 @@ def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndar
     assert idx.size == 0 or (idx.min() >= 0 and idx.max() < S), f"gather positions outside 0 .. {S - 1}"
     g = H // Hkv
     qb_n = q_block or max(1, GATHER_ELEMS // max(1, n * Hkv * (K + V)))
-    sink = None if sinks is None else np.asarray(sinks, dtype).reshape(Hkv, g, 1)          # [Hkv, g, 1]
-    out = np.empty((T, Hkv, g, V), dtype=dtype)
+    sink = None if sinks is None else sinks.astype(dtype, copy=False).reshape(Hkv, g, 1)    # [Hkv, g, 1]
+    out = np.empty_like(q, shape=(T, Hkv, g, V), dtype=dtype)                   # (like q: where q lives)
     for t0 in range(0, T, qb_n):
         t1 = min(t0 + qb_n, T)
         ib = idx[t0:t1]                                                              # [Tb, n]
