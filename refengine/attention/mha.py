@@ -9,7 +9,7 @@ K key head dim, V value head dim.
 llama.cpp: `build_attn_mha` without flash attention (src/llama-graph.cpp:2616-2755): `kq = mul_mat(k, q)`,
 `soft_max_ext(kq, mask, kq_scale)`, `kqv = mul_mat(v, kq)`, all in f32 with an f32 KV cache.
 
-Two forms of the same numbers, side by side:
+Three forms of the same numbers, side by side:
 - `attention`, one shot: the whole [H, T, S] score tensor at once, the form llama.cpp's graph traces (`kq`,
   `kq_soft_max`); the oracle of the other, and what runs when a trace keeps those tensors (`keeps_scores`).
 - `attention_blocked`: query blocks against key blocks with an online softmax (the flash-attention recurrence),
@@ -18,7 +18,7 @@ Two forms of the same numbers, side by side:
 - `attention_gathered`: a sparse selection's attention (DSA, CSA, QSA, k-pool) over each query's selected keys only,
   gathered: O(T x n) for n keys kept per query, whatever S. Under the mask that is 0 exactly at the selection it is
   the same numbers as the two dense forms, which stay its oracle (`SparseMask` carries both: float64 <= 1e-12).
-`attend` picks one. Neither rounds anything to f16: llama.cpp's non-flash path keeps kq, the softmax and kqv in
+`attend` picks one. None rounds anything to f16: llama.cpp's non-flash path keeps kq, the softmax and kqv in
 f32 with an f32 cache, in llama.cpp mode too (that mode rounds only the inputs of weight matmuls, `Runtime`).
 """
 from __future__ import annotations
