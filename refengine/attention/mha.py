@@ -11,7 +11,7 @@ llama.cpp: `build_attn_mha` without flash attention (src/llama-graph.cpp:2616-27
 
 Three forms of the same numbers, side by side:
 - `attention`, one shot: the whole [H, T, S] score tensor at once, the form llama.cpp's graph traces (`kq`,
-  `kq_soft_max`); the oracle of the other, and what runs when a trace keeps those tensors (`keeps_scores`).
+  `kq_soft_max`); the oracle of the others, and what runs when a trace keeps those tensors (`keeps_scores`).
 - `attention_blocked`: query blocks against key blocks with an online softmax (the flash-attention recurrence),
   memory O(q_block x k_block x H) whatever S; key blocks the mask hides entirely are skipped (half the causal
   work). It differs from the one-shot form only in float summation order (float64: <= 1e-12).
