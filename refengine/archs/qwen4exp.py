@@ -260,7 +260,7 @@ def _attention(h, w, *, cfg, spec, il, state, step, rt):
                           eps=cfg.rms_eps, rule=rt.qsa_rule, rt=rt, il=il)
         kv = state.kv
     a = gqa.self_attention(h, w, cfg=cfg, spec=spec, il=il, state=kv, step=step, cos=cos, sin=sin, rt=rt,
-                           out_gate=True, sel_mask=sel, view_names=("Qcur_reshaped", "gate_reshaped"),
+                           out_gate=True, sparse=sel, view_names=("Qcur_reshaped", "gate_reshaped"),
                            qkv_bias=False)   # create_tensor_qkv loads attn_q/k/v.bias; the graph never adds them
     rt.record("attn_output", il, a)
     return a

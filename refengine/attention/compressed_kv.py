@@ -22,6 +22,10 @@ with sinks, ggml-cpu ops.cpp:5896-5912). llama.cpp: `build_attention_impl` (src/
 and the pooled cache, each padded to 256 cells (`csa_k_all`, `kq` [H, T, 256 + 256]); refengine traces the
 same tensors unpadded, and refengine.compare aligns the two segments (`KV_SEGMENTS`).
 
+Unless a trace keeps the scores (`kq`, `kq_soft_max`), each query attends only the keys it may see, gathered
+(`gather_slots`, mha.attention_gathered): its n_swa window slots and its blocks (CSA: the indexer's top-k; HCA: every
+finished one), O(T x (n_swa + k)); the dense form over [window | blocks] under the visibility mask is its oracle.
+
 The state (`CompressedKV`, cache.py): the window's raw keys, and per compressor the pooled keys and the rows of
 the block being filled.
 """
@@ -37,6 +41,7 @@ from ..cache import BlockFill, CompressedKV, PooledBlocks
 from ..ops import contiguous, rms_norm
 from ..weights import W, dense_vector
 from . import csa_indexer, kv_compressor
+from .mha import attention_gathered, keeps_scores
 from .rope_tail import TailRope
 
 RATIOS = (0, 4, 128)
@@ -110,22 +115,42 @@ def window_mask(pos: np.ndarray, kpos: np.ndarray, n_swa: int) -> np.ndarray:
     return (s <= p) & (s > p - n_swa)
 
 
-def attention_with_sinks(q, k, visible, kq_scale: float, sinks, record, il: int) -> np.ndarray:
-    """q [T, H, K], k [S, K] (K = V), visible [T, S] bool, sinks [H] -> [T, H, K].
+def gather_slots(pos: np.ndarray, kpos: np.ndarray, n_swa: int, blocks: np.ndarray | None):
+    """Which rows of keys = [window (S) | blocks] each query sees, as gather slots: pos [T] (this call's positions,
+    the window's last T keys), kpos [S] the window's consecutive positions, blocks [T, nb] the query's block ids
+    (-1: none) or None -> idx [T, n_swa + nb], live [T, n_swa + nb]: the n_swa window rows ending at the query's
+    own (live where `window_mask`), then S + each block id (live where >= 0; a dead slot reads row 0). The live
+    rows are exactly the query's row of [window_mask | chosen blocks], each once."""
+    S, T = kpos.size, pos.size
+    assert np.array_equal(kpos[S - T:], pos) and np.all(np.diff(kpos) == 1), "the window holds consecutive positions"
+    own = S - T + np.arange(T)                                                  # [T] the query's own window row
+    win = own[:, None] + np.arange(1 - n_swa, 1)[None, :]                       # [T, n_swa]
+    idx = np.maximum(win, 0)
+    live = (win >= 0) & window_mask(pos, kpos, n_swa)[np.arange(T)[:, None], idx]
+    if blocks is not None:
+        idx = np.concatenate([idx, np.where(blocks >= 0, S + blocks, 0)], axis=1)   # [T, n_swa + nb]
+        live = np.concatenate([live, blocks >= 0], axis=1)
+    return idx, live
+
+
+def attention_with_sinks(q, k, visible, kq_scale: float, sinks, record, il: int, dtype=np.float32) -> np.ndarray:
+    """q [T, H, K], k [S, K] (K = V), visible [T, S] bool, sinks [H] -> [T, H, K]. dtype: float32 as llama.cpp,
+    float64 for the tests.
 
     Traces `kq` [H, T, S] (unscaled), `v_cont` [K, S], `kq_soft_max` [H, T, S], `kqv` [H, T, K]."""
     T, H, K = q.shape
     assert k.shape[1] == K and visible.shape == (T, k.shape[0])
-    kq = np.einsum("thk,sk->hts", q, k, dtype=np.float32)                       # [H, T, S]
+    kq = np.einsum("thk,sk->hts", q, k, dtype=dtype)                            # [H, T, S]
     record("v_cont", il, np.ascontiguousarray(k.T))
     record("kq", il, kq)
-    x = kq * np.float32(kq_scale) + np.where(visible, np.float32(0), np.float32(-np.inf))[None]   # [H, T, S]
+    x = kq * dtype(kq_scale) + np.where(visible, dtype(0), dtype(-np.inf))[None]   # [H, T, S]
+    sinks = sinks.astype(dtype, copy=False)
     m = np.maximum(np.max(x, axis=-1, keepdims=True), sinks[:, None, None])     # the sink joins the max
     e = np.exp(x - m)                                                            # [H, T, S]
     den = np.sum(e, axis=-1, keepdims=True, dtype=np.float64) + np.exp(sinks[:, None, None] - m)   # + exp(sink - max)
-    probs = (e * (1.0 / den)).astype(np.float32)                                # [H, T, S]
+    probs = (e * (1.0 / den)).astype(dtype)                                     # [H, T, S]
     record("kq_soft_max", il, probs)
-    out = np.einsum("hts,sk->htk", probs, k, dtype=np.float32)                  # [H, T, K]
+    out = np.einsum("hts,sk->htk", probs, k, dtype=dtype)                       # [H, T, K]
     record("kqv", il, out)
     return out.transpose(1, 0, 2)                                               # [T, H, K]
 
@@ -150,8 +175,11 @@ def output_groups(w, ac: CompressedKVConfig) -> list[QTensor]:
     return groups
 
 
-def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: CompressedKV, pos, rt) -> np.ndarray:
-    """h [T, D] (attn_norm's output) -> [T, D]; appends this call's keys and blocks to `state`."""
+def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: CompressedKV, pos, rt,
+                            gather: bool = True) -> np.ndarray:
+    """h [T, D] (attn_norm's output) -> [T, D]; appends this call's keys and blocks to `state`.
+    gather: each query attends its visible keys gathered (False, or a trace that keeps kq / kq_soft_max: the dense
+    form under the visibility mask, its oracle)."""
     T = h.shape[0]
     H, K, eps, rope = ac.n_head, ac.head_dim, ac.eps, ac.rope
     pos = np.asarray(pos)
@@ -170,6 +198,7 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
 
     keys, kpos = state.window.extend(kv[:, 0], pos)                             # [S, K], [S]
     visible = window_mask(pos, kpos, ac.n_swa)                                  # [T, S]
+    block_ids = None                                                            # [T, nb] the blocks each query sees
     if ac.ratio:
         name = "csa" if ac.ratio == 4 else "hca"
         blocks = kv_compressor.compress(
@@ -177,14 +206,15 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
             pos=pos, fill=state.fill, blocks=state.blocks, ratio=ac.ratio, eps=eps, rope=rope.apply, rt=rt,
             name=name, il=il)                                                   # [N, K]
         chosen = csa_indexer.visible_blocks(pos, blocks.shape[0], ac.ratio)     # [T, N]
+        block_ids = np.where(chosen, np.arange(blocks.shape[0])[None, :], -1)   # HCA: every finished block
         if ac.ratio == 4:
             ikeys = kv_compressor.compress(
                 h, w.indexer_compressor_kv, w.indexer_compressor_gate, rows_of(w, "indexer_compressor_ape"),
                 w.indexer_compressor_norm, pos=pos, fill=state.index_fill, blocks=state.index_keys, ratio=4, eps=eps,
                 rope=rope.apply, rt=rt, name="lid", il=il, rotate=csa_indexer.rotate)   # [N, di]
-            chosen, _ = csa_indexer.select_blocks(qr, h, w, ikeys, pos=pos, n_head=ac.idx_heads,
-                                                  head_dim=ac.idx_dim, top_k=ac.idx_top_k, rope=rope.apply,
-                                                  rt=rt, il=il)
+            chosen, block_ids = csa_indexer.select_blocks(qr, h, w, ikeys, pos=pos, n_head=ac.idx_heads,
+                                                          head_dim=ac.idx_dim, top_k=ac.idx_top_k, rope=rope.apply,
+                                                          rt=rt, il=il)         # [T, N], [T, top_k]
         rt.record(f"{name}_raw_k", il, keys[:, None, :])
         rt.record(f"{name}_comp_k", il, blocks[:, None, :])
         keys = np.concatenate([keys, blocks])                                   # [S + N, K]
@@ -194,7 +224,14 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
             rt.record("csa_top_k_mask", il, neg(chosen))
         visible = np.concatenate([visible, chosen], axis=1)                     # [T, S + N]
         rt.record("csa_lid_kq_mask" if ac.ratio == 4 else "hca_kq_mask", il, neg(visible))
-    o = attention_with_sinks(q, keys, visible, 1.0 / np.sqrt(K), w.attn_sinks, rt.record, il)   # [T, H, K]
+    if gather and not keeps_scores(rt, il):
+        idx, live = gather_slots(pos, kpos, ac.n_swa, block_ids)                # [T, n_swa + nb]
+        rt.record("v_cont", il, np.ascontiguousarray(keys.T))
+        o = attention_gathered(q, keys[:, None, :], keys[:, None, :], idx, live, 1.0 / np.sqrt(K),
+                               sinks=w.attn_sinks)                              # [T, H, K]
+        rt.record("kqv", il, o.transpose(1, 0, 2))                              # [H, T, K]
+    else:
+        o = attention_with_sinks(q, keys, visible, 1.0 / np.sqrt(K), w.attn_sinks, rt.record, il)   # [T, H, K]
     rt.record(ATTN_NAME[ac.ratio], il, o.reshape(T, H * K))
     state.window.trim(ac.n_swa)
     state.n += T

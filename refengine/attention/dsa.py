@@ -7,6 +7,9 @@ Legend: T new tokens, S cached positions, D model dim, Dq q-LoRA rank.
             (or, in a layer without its own indexer, the selection of layer `indexer.source` in this same step)
     attn  = mla(h, mask = sel.mask)                         attention/mla.py, absorbed (llama.cpp's) or naive
 
+MLA attends each query's selected keys only (`sparse_mask`: the top-k positions, gathered, O(T x k)) unless a trace
+keeps the scores (`kq`, `kq_soft_max` [H, T, S], as llama.cpp's graph computes them): then the whole [T, S] mask.
+
 llama.cpp: `src/models/deepseek32.cpp:217-402` and `src/models/glm-dsa.cpp:243-365` (shared layers),
 `build_attn` for DSA (src/llama-graph.cpp:3039-3110). The selection travels between layers through the step
 (`Step.memo`), so a shared layer needs no state of its own beyond its MLA cache.
@@ -21,7 +24,8 @@ from ..cache import DSAState
 from ..errors import ConfigError
 from ..weights import W
 from . import dsa_indexer, mla
-from .dsa_indexer import IndexerConfig
+from .dsa_indexer import IndexerConfig, Selection
+from .mha import SparseMask
 from .mla import MLAConfig
 
 FORMS = mla.FORMS
@@ -49,13 +53,22 @@ def selection_key(il: int) -> tuple[str, int]:
     return ("dsa_selection", il)
 
 
+def sparse_mask(sel: Selection, q0: int, gather: bool = True) -> SparseMask:
+    """The indexer's selection as MLA's mask, both forms: query row t (position q0 + t) attends top_k[t] where
+    causal (sel.mask = the top-k mask + the causal one; top_k holds each position once, and names masked
+    positions only where fewer than k are visible, `dsa_indexer.select_top_k`)."""
+    q_pos = q0 + np.arange(sel.top_k.shape[0])                                     # [T]
+    return SparseMask(mask=sel.mask, idx=sel.top_k, live=sel.top_k <= q_pos[:, None], q0=q0, gather=gather)
+
+
 def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, step,
-               rotate: bool = True) -> np.ndarray:
+               rotate: bool = True, gather: bool = True) -> np.ndarray:
     """One DSA attention sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
 
     state: this layer's `new_state(dc, form)` (MLA runs in its form); step: the forward call's Step (carries
     the selection from a full layer to the shared layers after it). cos, sin [T, R/2]: the rope part's (MLA
-    and indexer share them).
+    and indexer share them). gather: MLA attends the selected keys gathered (False: masked-dense, the oracle;
+    a trace that keeps the scores runs the one-shot masked form either way).
     """
     T, mc, ic = h.shape[0], dc.mla, dc.indexer
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="qr")                     # [T, Dq]
@@ -69,8 +82,5 @@ def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, s
         rt.record("top_k", il, sel.top_k.astype(np.int32))      # llama.cpp names the shared tensor again (glm-dsa.cpp:366)
     S = state.n + T
     assert sel.mask.shape == (T, S), f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"
-
-    def mask_fn(q_pos, k_pos):                                                     # a tile [Tb, Sb] of sel.mask
-        assert q_pos.min() >= S - T and k_pos.max() < S, (q_pos, k_pos, S, T)
-        return sel.mask[np.ix_(q_pos - (S - T), k_pos)]
-    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt, mask_fn=mask_fn, qr=qr)
+    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt,
+                   mask_fn=sparse_mask(sel, S - T, gather), qr=qr)

@@ -25,7 +25,7 @@ from ..cache import KVCache
 from ..ops import apply_rope, rms_norm, sigmoid
 from ..ops.linear import linear
 from ..weights import W
-from .mha import attend, causal_mask, keeps_scores, no_mask
+from .mha import SparseMask, attend, causal_mask, keeps_scores, no_mask
 
 D = lambda cfg, s: cfg.n_embd                                        # noqa: E731
 QD = lambda cfg, s: s.n_head * cfg.head_dim_k                        # noqa: E731
@@ -104,12 +104,13 @@ def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False, add_bias: bool = 
 
 
 def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, out_gate: bool = False,
-                   sel_mask: np.ndarray | None = None, view_names: tuple[str, str] = ("Qcur_view", "gate"),
+                   sparse: SparseMask | None = None, view_names: tuple[str, str] = ("Qcur_view", "gate"),
                    qkv_bias: bool = True):
     """h [T, D] -> [T, D]. q/k norms run when the table loaded them (`w.attn_q_norm`).
     out_gate: attn_q gives [q | gate] per head and the output is o * sigmoid(gate) (table with q_gate=True);
     view_names: the names of its q and gate halves (qwen4exp: Qcur_reshaped, gate_reshaped).
-    sel_mask: [T, S] 0 / -inf added to the causal mask (a sparse indexer's selection, attention/qsa.py).
+    sparse: a sparse indexer's selection (attention/qsa.py), the whole mask (causal included) in place of the causal
+        one: attended gathered, or masked-dense (`SparseMask.gather`, and always where a trace keeps the scores).
     qkv_bias: whether the loaded attn_q/k/v biases are added (project_qkv)."""
     T = h.shape[0]
     q, k, v = project_qkv(h, w, cfg, spec, rt, il, q_gate=out_gate, add_bias=qkv_bias)
@@ -132,14 +133,7 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)
     k_all, v_all = state.append(k, v)                                    # [S, Hkv, K], [S, Hkv, V]
-    base = causal_mask if cfg.causal_attn else no_mask
-    if sel_mask is None:
-        mask_fn = base
-    else:                                                                # QSA: its token selection added, by tile
-        p0 = int(step.pos[0])
-
-        def mask_fn(q_pos, k_pos):                                       # [Tb, Sb]
-            return base(q_pos, k_pos) + sel_mask[np.ix_(q_pos - p0, k_pos)]
+    mask_fn = sparse if sparse is not None else causal_mask if cfg.causal_attn else no_mask
     o = attend(q, k_all, v_all, step.pos, 1.0 / np.sqrt(cfg.head_dim_k), mask_fn=mask_fn,
                one_shot=keeps_scores(rt, il), record=rt.record, il=il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]

@@ -44,6 +44,7 @@ from ..ops.top_k import ggml_top_k
 from ..weights import W
 from . import mla
 from .dsa_indexer import index_scores, index_weights
+from .mha import SparseMask
 
 GATHER_MAX_UB = 16      # glm5-next.cpp:326 (build_inp_kpool): calls of up to 16 tokens may attend gathered latents
 
@@ -218,7 +219,14 @@ def selection_key(il: int) -> tuple[str, int]:
     return ("kpool_selection", il)
 
 
-def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=None) -> np.ndarray:
+def sparse_mask(sel: PoolSelection, q0: int, gather: bool = True) -> SparseMask:
+    """The selection as MLA's mask, both forms: query row t (position q0 + t) attends its live slots (the chosen
+    pools' members and its tail, each position once, all causal: `select`), which are where sel.mask is 0."""
+    return SparseMask(mask=sel.mask, idx=sel.slots, live=sel.live, q0=q0, gather=gather)
+
+
+def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=None,
+               gather: bool = True) -> np.ndarray:
     """Nope-only MLA attending the positions the k-pool indexer keeps (glm5-next.cpp:923-1013, build_dsa_layer):
     h [T, D] (attn_norm output) -> attn_output's input projected [T, D]. state: a `DSAState` (the MLA cache of
     its form; `KPoolKeys` where the layer runs its indexer). step: the forward call's Step, which carries the
@@ -227,7 +235,9 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     llama.cpp runs one of two forms of the same attention (glm5-next.cpp:970-1007): calls of up to 16 tokens whose
     cache is longer than the selection gather the selected latents (`gathered_mla`); others attend the whole cache
     under the selection mask (`mla.mla` with `mask_fn`). The absorbed form runs llama.cpp's choice; the naive
-    form (per-head keys, no latent to gather) always the masked one."""
+    form (per-head keys, no latent to gather) always the masked one. The masked one attends, unless a trace keeps
+    its scores (`kq`, `kq_soft_max` [H, T, S]), each query's slots gathered (`sparse_mask`; gather=False: the
+    masked-dense oracle): the same numbers, O(T x k)."""
     T = h.shape[0]
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="q_resid")                  # [T, Dq]
     if kc.full:
@@ -241,10 +251,8 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     if state.kv.form == "absorbed" and gathers(T, S, sel.slots.shape[1]):
         return gathered_mla(h, qr, w, mc=mc, kc=kc, sel=sel, state=state.kv, rt=rt, il=il, names=names)
     rt.record("kq_mask_dsa", il, sel.mask)                                        # [T, S]
-    def mask_fn(q_pos, k_pos):                                                     # a tile [Tb, Sb] of sel.mask
-        return sel.mask[np.ix_(q_pos - (S - T), k_pos)]
-    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt, mask_fn=mask_fn, qr=qr, names=names)
-
+    return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt,
+                   mask_fn=sparse_mask(sel, S - T, gather), qr=qr, names=names)
 
 
 def gathers(T: int, S: int, n_sel: int) -> bool:

@@ -9,16 +9,21 @@ K key head dim, V value head dim.
 llama.cpp: `build_attn_mha` without flash attention (src/llama-graph.cpp:2616-2755): `kq = mul_mat(k, q)`,
 `soft_max_ext(kq, mask, kq_scale)`, `kqv = mul_mat(v, kq)`, all in f32 with an f32 KV cache.
 
-Two forms of the same numbers, side by side:
+Three forms of the same numbers, side by side:
 - `attention`, one shot: the whole [H, T, S] score tensor at once, the form llama.cpp's graph traces (`kq`,
-  `kq_soft_max`); the oracle of the other, and what runs when a trace keeps those tensors (`keeps_scores`).
+  `kq_soft_max`); the oracle of the others, and what runs when a trace keeps those tensors (`keeps_scores`).
 - `attention_blocked`: query blocks against key blocks with an online softmax (the flash-attention recurrence),
   memory O(q_block x k_block x H) whatever S; key blocks the mask hides entirely are skipped (half the causal
   work). It differs from the one-shot form only in float summation order (float64: <= 1e-12).
-`attend` picks one. Neither rounds anything to f16: llama.cpp's non-flash path keeps kq, the softmax and kqv in
+- `attention_gathered`: a sparse selection's attention (DSA, CSA, QSA, k-pool) over each query's selected keys only,
+  gathered: O(T x n) for n keys kept per query, whatever S. Under the mask that is 0 exactly at the selection it is
+  the same numbers as the two dense forms, which stay its oracle (`SparseMask` carries both: float64 <= 1e-12).
+`attend` picks one. None rounds anything to f16: llama.cpp's non-flash path keeps kq, the softmax and kqv in
 f32 with an f32 cache, in llama.cpp mode too (that mode rounds only the inputs of weight matmuls, `Runtime`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -99,6 +104,80 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
     return out.reshape(H, T, V).transpose(1, 0, 2)                               # [Hkv, g, T, V] -> [T, H, V]
 
 
+GATHER_ELEMS = 1 << 22      # numbers a gather holds at most (keys and values of one query block): 16 MiB in float32
+
+
+@dataclass(frozen=True)
+class SparseMask:
+    """A sparse attention's selection in both forms: the additive mask (the masked-dense oracle, read by tile as a
+    `mask_fn`) and, per query, the key positions it keeps (the gathered form, `attention_gathered`).
+
+    mask: [T, S] float32   0 where query row t attends key s (causal included), -inf elsewhere
+    idx:  [T, n] int       per query its candidate key positions, each in 0 .. S - 1 (a dead slot: any of them)
+    live: [T, n] bool      the slots the query attends: (t, idx[t, j]) over the live j is exactly the set where
+                           mask[t] is 0, each position once (the selecting module makes it so; tests check it)
+    q0:   the position of row 0 (the call's first query)
+    gather: attend through idx (`attend`, when no trace keeps the scores); False: masked-dense, the oracle
+    """
+    mask: np.ndarray
+    idx: np.ndarray
+    live: np.ndarray
+    q0: int
+    gather: bool = True
+
+    def __call__(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+        """[Tb], [Sb] -> the tile [Tb, Sb] of `mask`."""
+        assert q_pos.min() >= self.q0 and k_pos.max() < self.mask.shape[1], (q_pos, k_pos, self.mask.shape)
+        return self.mask[np.ix_(q_pos - self.q0, k_pos)]
+
+    def rows(self, q_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[T'] query positions -> their (idx, live) rows [T', n]."""
+        r = np.asarray(q_pos) - self.q0
+        return self.idx[r], self.live[r]
+
+
+def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndarray, live: np.ndarray,
+                       kq_scale: float, *, sinks: np.ndarray | None = None, q_block: int | None = None,
+                       dtype=np.float32) -> np.ndarray:
+    """q: [T, H, K], k: [S, Hkv, K], v: [S, Hkv, V], idx / live: [T, n] (`SparseMask`) -> [T, H, V]: each query
+    attends its n gathered keys only, O(T x n) whatever S:
+
+        x[t, h, j] = (q[t, h] . k[idx[t, j], h // g]) * kq_scale + (0 if live[t, j] else -inf)      g = H / Hkv
+        out[t, h]  = softmax_j(x[t, h]) @ v[idx[t, j], h // g]
+
+    `attention` under the mask that is 0 exactly at the live (t, idx[t, j]) (each once) up to float summation order.
+    sinks [H]: learned per-head softmax sinks (DeepSeek-V4): the max runs over x and the sink, and exp(sink_h - max)
+    joins the denominator only (ggml_soft_max_ext with sinks, as attention/compressed_kv.py's dense form).
+    q_block: queries gathered at once (default: about GATHER_ELEMS gathered numbers; an argument for the tests)."""
+    T, H, K = q.shape
+    S, Hkv, _ = k.shape
+    V, n = v.shape[-1], idx.shape[1]
+    assert H % Hkv == 0, f"{H} query heads do not group evenly over {Hkv} KV heads"
+    assert idx.shape == live.shape == (T, n) and v.shape[0] == S, (idx.shape, live.shape, k.shape, v.shape)
+    assert idx.size == 0 or (idx.min() >= 0 and idx.max() < S), f"gather positions outside 0 .. {S - 1}"
+    g = H // Hkv
+    qb_n = q_block or max(1, GATHER_ELEMS // max(1, n * Hkv * (K + V)))
+    sink = None if sinks is None else sinks.astype(dtype, copy=False).reshape(Hkv, g, 1)    # [Hkv, g, 1]
+    out = np.empty_like(q, shape=(T, Hkv, g, V), dtype=dtype)                   # (like q: where q lives)
+    for t0 in range(0, T, qb_n):
+        t1 = min(t0 + qb_n, T)
+        ib = idx[t0:t1]                                                              # [Tb, n]
+        qb = q[t0:t1].astype(dtype, copy=False).reshape(t1 - t0, Hkv, g, K)          # [Tb, Hkv, g, K]
+        kg = k[ib].astype(dtype, copy=False).transpose(0, 2, 3, 1)                  # [Tb, n, Hkv, K] -> [Tb, Hkv, K, n]
+        vg = v[ib].astype(dtype, copy=False).transpose(0, 2, 1, 3)                  # [Tb, n, Hkv, V] -> [Tb, Hkv, n, V]
+        dead = np.where(live[t0:t1], dtype(0), dtype(-np.inf))[:, None, None, :]     # [Tb, 1, 1, n]
+        x = (qb @ kg) * dtype(kq_scale) + dead                                       # [Tb, Hkv, g, n]
+        if sink is None:
+            p = softmax(x)                                                           # [Tb, Hkv, g, n]
+        else:
+            m = np.maximum(np.max(x, axis=-1, keepdims=True), sink)                  # the sink joins the max
+            e = np.exp(x - m)                                                        # [Tb, Hkv, g, n]
+            den = np.sum(e, axis=-1, keepdims=True, dtype=np.float64) + np.exp(sink - m)   # + exp(sink - max)
+            p = (e * (1.0 / den)).astype(dtype)
+        out[t0:t1] = p @ vg                                                          # [Tb, Hkv, g, V]
+    return out.reshape(T, H, V)                                                      # [T, Hkv, g, V] -> [T, H, V]
+
+
 def keeps_scores(rt, il: int) -> bool:
     """Whether the runtime's trace keeps layer il's [H, T, S] scores (`kq`, `kq_soft_max`): then the one-shot form
     runs (a compare or a golden of every tensor), else the blocked one."""
@@ -110,11 +189,15 @@ def attend(q, k, v, q_pos, kq_scale: float, *, mask_fn=causal_mask, one_shot: bo
     """Softmax attention as the caller needs it: q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], q_pos [T] -> [T, H, V].
 
     one_shot: `attention` over the whole mask_fn(q_pos, arange(S)) [T, S], tracing kq, kq_soft_max and kqv (pass
-    `keeps_scores(rt, il)`); else `attention_blocked`, tracing kqv [H, T, V] only."""
+    `keeps_scores(rt, il)`); else, for a `SparseMask` that gathers, `attention_gathered` over its selection, and
+    `attention_blocked` for any other mask_fn, both tracing kqv [H, T, V] only."""
     if one_shot:
         mask = mask_fn(q_pos, np.arange(k.shape[0]))                             # [T, S]
         return attention(q, k, v, mask, kq_scale, record, il, dtype)
-    o = attention_blocked(q, k, v, q_pos, kq_scale, mask_fn=mask_fn, dtype=dtype)   # [T, H, V]
+    if isinstance(mask_fn, SparseMask) and mask_fn.gather:
+        o = attention_gathered(q, k, v, *mask_fn.rows(q_pos), kq_scale, dtype=dtype)   # [T, H, V]
+    else:
+        o = attention_blocked(q, k, v, q_pos, kq_scale, mask_fn=mask_fn, dtype=dtype)  # [T, H, V]
     if record is not None:
         record("kqv", il, o.transpose(1, 0, 2))                                  # [H, T, V]
     return o

@@ -21,9 +21,11 @@ positions >= (p_t+1)//r*r) is always visible. Then the two selection rules (`RUL
   Which ones is decided by `std::partial_sort` among equal scores: `ggml_top_k` below replays libstdc++'s
   heap-select exactly, so the same cells are kept.
 
-The selection, as a 0 / -inf mask [T, S], is added to the causal mask of the layer's gated attention
-(attention/gqa.py). The layer's state is a `QSAState`: its KV cache and the raw indexer keys (blocks are pooled
-again at each call, as llama.cpp pools its "idx" cache).
+The selection is the mask of the layer's gated attention (attention/gqa.py) in both forms (`sparse_mask`): per
+query its selected positions, gathered (O(T x B)), or as a 0 / -inf mask [T, S] with the causal one added (the
+masked-dense oracle, and the form that runs when a trace keeps the scores `kq`, `kq_soft_max`). The layer's
+state is a `QSAState`: its KV cache and the raw indexer keys (blocks are pooled again at each call, as llama.cpp
+pools its "idx" cache).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from ..errors import ConfigError
 from ..ops import rms_norm
 from ..ops.top_k import heap_select
 from ..weights import W
+from .mha import SparseMask, causal_mask
 
 RULES = ("authors", "llamacpp")      # the default first
 TAIL_BIAS = np.float32(1e9)          # llama.cpp's bias that keeps the tail (finite: it never meets -inf as a nan)
@@ -140,11 +143,25 @@ def selection_mask(sel: list[np.ndarray], S: int) -> np.ndarray:
     return m
 
 
+def sparse_mask(sel: list[np.ndarray], pos: np.ndarray, S: int, gather: bool = True) -> SparseMask:
+    """T arrays of selected positions (each position once, all causal: both rules) -> the attention's mask, both
+    forms: idx [T, n] (n the longest selection; short rows padded with dead slots at position 0) and the [T, S]
+    selection mask with the causal one added."""
+    T, n = len(sel), max([1] + [len(s) for s in sel])
+    idx = np.zeros((T, n), np.int64)
+    live = np.zeros((T, n), bool)
+    for t, s in enumerate(sel):
+        idx[t, :len(s)], live[t, :len(s)] = s, True
+    mask = selection_mask(sel, S) + causal_mask(pos, np.arange(S))                # [T, S]
+    return SparseMask(mask=mask, idx=idx, live=live, q0=int(pos[0]), gather=gather)
+
+
 # ---------------------------------------------------------------- the indexer of one layer
 
 def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray, rope_q, rope_blocks,
-            eps: float, rule: str, rt, il: int) -> np.ndarray:
-    """h [T, D] -> the selection mask [T, S] (0 / -inf) the layer's attention adds to its causal mask.
+            eps: float, rule: str, rt, il: int, gather: bool = True) -> SparseMask:
+    """h [T, D] -> the layer attention's mask, causal and selection (`sparse_mask`; gather False: attended
+    masked-dense, the oracle).
 
     rope_q(x [T, Hi, di]) and rope_blocks(x [nb, 1, di], positions [nb]) rotate like the layer's attention
     (IMROPE on its n_rot dims). rule: one of RULES. The raw keys of this call are appended to `state.index`."""
@@ -175,4 +192,4 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     for t, s in enumerate(sel):
         picked[t, :len(s)] = s
     rt.record("indexer_top_k", il, picked)
-    return selection_mask(sel, S)
+    return sparse_mask(sel, pos, S, gather)
