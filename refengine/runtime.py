@@ -270,7 +270,8 @@ class Runtime:
         """The expert cache of a resident run with an expert budget (made at the first MoE layer), else None."""
         if self.expert_budget is not None and self.expert_cache is None:
             from .expert_cache import ExpertCache
-            self.expert_cache = ExpertCache.for_tensors(self.expert_budget, {r: kw.get(r) for r in ("gate", "up", "down")})
+            tensors = {r: kw.get(r) for r in ("gate", "up", "down")}
+            self.expert_cache = ExpertCache.for_tensors(self.expert_budget, tensors)
         return self.expert_cache
 
     def _moe_ffn_host(self, x, ids, weights, rec, kw):

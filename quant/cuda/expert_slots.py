@@ -3,10 +3,10 @@ so the grouped kernels run on it unchanged with the batch's expert ids remapped 
 
 Legend: T tokens, A active experts per token, E experts of a layer, N slots, O rows, I columns (packed: rowb bytes).
 
-    pool = SlotPool(N, strides)            three byte buffers, role r: N * strides[r] bytes (+ PAD), slot s at s * stride
-    pool.load(s, {"gate": g, "up": u, "down": d}, e)     expert e's packed rows of each tensor -> slot s (host->device)
-    pool.kernel_weight("up", u)            a DeviceWeight-shaped view: E = N, estride = the role's stride, u's type/O/I
-    pool.qtensor("up", u)                  the host pool's bytes as a QTensor [N, O, I] ("sim": NumPy stands in)
+    pool = SlotPool(N, strides)              three byte buffers; role r: N * strides[r] bytes (+ PAD)
+    pool.load(s, {"gate": g, ...}, e)        expert e's packed rows of each tensor -> slot s (host->device)
+    pool.kernel_weight("up", u)              a DeviceWeight-shaped view: E = N, estride = the role's stride
+    pool.qtensor("up", u)                    the host pool's bytes as a QTensor [N, O, I] ("sim": NumPy stands in)
 
 The kernels address expert e of a weight at e * estride (quant/cuda/gemv.py, fast.py, tc.py): with ids remapped to
 slots they read slot s at s * stride, the same bytes the fully resident tensor holds at e * estride, so the products
