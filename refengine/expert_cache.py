@@ -193,9 +193,10 @@ class ExpertCache:
         self.last = np.full(N, -1, dtype=np.int64)    # global use tick of the slot's expert (-1: free)
         self.score = np.zeros(N, dtype=np.float64)    # lfu: uses; decay: the decayed score at `seen`
         self.seen = np.zeros(N, dtype=np.int64)       # decay: the layer's batch clock at the last use
-        self.slot_layer = np.zeros(N, dtype=np.int64)
+        self.slot_layer = np.zeros(N, dtype=np.int64)    # decay: the slot's layer, as its index in `clock`
+        self._lidx: dict[int, int] = {}               # layer -> its index in `clock`
         self.freq: dict[tuple, int] = {}              # lfu: (layer, expert) -> batches that used it, ever
-        self.clock: dict[int, int] = {}               # decay: layer -> batches of that layer so far
+        self.clock = np.zeros(0, dtype=np.int64)      # decay: per layer (by _lidx) the batches of it so far
         self.tick = 0
         self.pool = None                              # the slot pool a backend attaches (quant/cuda/expert_slots.py)
 
@@ -226,8 +227,8 @@ class ExpertCache:
         elif self.policy == "lfu":
             prim = self.score.copy()
         else:
-            now = np.array([self.clock.get(int(l), 0) for l in self.slot_layer], dtype=np.float64)
-            prim = self.score * self.decay ** (now - self.seen)
+            now = self.clock[self.slot_layer]                                # [N] each slot's layer clock
+            prim = self.score * self.decay ** (now - self.seen).astype(np.float64)
         prim[self.pinned] = np.inf
         cand = np.flatnonzero(prim == prim.min())
         return int(cand[np.argmin(self.last[cand])])
@@ -240,7 +241,7 @@ class ExpertCache:
             self.freq[k] = self.freq.get(k, 0) + 1
             self.score[slot] = self.freq[k]
         elif self.policy == "decay":
-            now = self.clock[layer]
+            now = self.clock[self._lidx[layer]]
             old = self.score[slot] * self.decay ** (now - self.seen[slot]) if self.key[slot] == k else 0.0
             self.score[slot] = old + 1.0
             self.seen[slot] = now
@@ -264,7 +265,10 @@ class ExpertCache:
         c = self.layers.setdefault(layer, LayerCounters())
         c.tokens += T
         c.pairs += ids.size
-        self.clock[layer] = self.clock.get(layer, 0) + 1
+        li = self._lidx.setdefault(layer, len(self._lidx))
+        if li >= self.clock.size:
+            self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
+        self.clock[li] += 1
         slots = np.empty(uniq.size, dtype=np.int32)
         misses = []
         for i, e in enumerate(uniq.tolist()):       # hits first: pinned before any miss picks a victim
@@ -293,7 +297,7 @@ class ExpertCache:
             self.bytes_moved += self.slot_bytes if moved is None else int(moved)
             self.key[s] = (layer, e)
             self.where[(layer, e)] = s
-            self.slot_layer[s] = layer
+            self.slot_layer[s] = li
             self.score[s] = 0.0
             self.pinned[s] = True
             self._touch(s, layer, e)

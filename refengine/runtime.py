@@ -264,6 +264,8 @@ class Runtime:
                 return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
             finally:
                 cache.release()
+        if cache is not None:                             # the GPU's host API (SiTU, a trace) on the slot pool
+            kw = dict(kw, cache=cache)
         return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
 
     def _expert_cache(self, kw):

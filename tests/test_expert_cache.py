@@ -296,3 +296,40 @@ def test_budgeted_cuda_forward_is_bit_identical(synth_model, arch):
         d = c.as_dict()
         assert d["misses"] > 0 and d["bytes_moved"] == d["misses"] * c.slot_bytes == c.pool.bytes_loaded
         assert c.pool.nbytes <= c.budget_bytes + 3 * 32          # the pool is the budget (plus the kernels' pad)
+
+
+@pytest.mark.cuda
+def test_host_api_through_the_slot_pool(monkeypatch):
+    """quant.cuda.moe.moe_ffn(cache=...) (the resident path's fallback for SiTU experts or a trace): the grouped
+    kernels unfused on the slot pool, the activation on the host; output and every traced intermediate bit-identical
+    to the whole-tensor run."""
+    pytest.importorskip("numba.cuda")
+    qc = pytest.importorskip("quant.cuda")
+    from quant import GGMLType
+    from quant.cuda import moe as cmoe
+    from quant.cuda import ops
+    from quant.cuda.testdata import random_qtensor
+    from refengine.ops.activations import situ
+    if qc.SIM:
+        monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
+        monkeypatch.setattr(ops, "FAST_DEFAULT", (2, 1))
+    rng = np.random.default_rng(7)
+    E, A, D, F, T = 6, 2, 32, 32, 2
+    t = GGMLType.Q8_0
+    up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
+    down = random_qtensor(t, (E, D, F), rng, "down")
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids = np.array([[4, 1], [1, 5]], np.int32)
+    wts = rng.uniform(0.1, 1.0, (T, A)).astype(np.float32)
+    kw = dict(up=up, gate=gate, down=down, up_scale=rng.uniform(0.5, 2, E).astype(np.float32),
+              act=(lambda g, u: situ(g, u, 1.5, 3.0), "ffn_moe_situ"), il=3)
+    rec_w, rec_g = {}, {}
+    want = cmoe.moe_ffn(x, ids, wts, record=lambda n, il, v: rec_w.__setitem__(n, v), **kw)
+    c = ExpertCache(3 * 3 * up.raw[0].size, 3 * up.raw[0].size)       # 3 slots, for 3 experts
+    c.lookup(3, np.array([[0, 2, 3]]))                                 # (no bytes: evicted by the batch below)
+    c.release()
+    got = cmoe.moe_ffn(x, ids, wts, record=lambda n, il, v: rec_g.__setitem__(n, v), cache=c, **kw)
+    assert np.array_equal(got, want) and set(rec_g) == set(rec_w) and "ffn_moe_situ" in rec_g
+    for k in rec_w:
+        assert np.array_equal(rec_g[k], rec_w[k]), k
+    assert c.misses == 3 + 3 and c.pool.bytes_loaded == 3 * c.slot_bytes and not c.pinned.any()
