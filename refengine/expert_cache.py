@@ -284,26 +284,31 @@ class ExpertCache:
         c.misses += len(misses)
         load = loader if loader is not None else (
             (lambda s, e: self.loader(s, layer, e)) if self.loader is not None else (lambda s, e: None))
-        for i in misses:
-            e = int(uniq[i])
-            s = self._victim()
-            old = self.key[s]
-            if old is not None:
-                del self.where[old]
-                c.evictions += 1
-            t0 = time.perf_counter()
-            moved = load(s, e)
-            self.load_seconds += time.perf_counter() - t0
-            self.bytes_moved += self.slot_bytes if moved is None else int(moved)
-            self.key[s] = (layer, e)
-            self.where[(layer, e)] = s
-            self.slot_layer[s] = li
-            self.score[s] = 0.0
-            self.pinned[s] = True
-            self._touch(s, layer, e)
-            slots[i] = s
-            if self.log is not None:
-                self.log.append((layer, e, s, old))
+        try:
+            for i in misses:
+                e = int(uniq[i])
+                s = self._victim()
+                old = self.key[s]
+                if old is not None:
+                    del self.where[old]
+                    c.evictions += 1
+                self.key[s], self.last[s] = None, -1       # free while it loads (a failed loader leaves it so)
+                t0 = time.perf_counter()
+                moved = load(s, e)
+                self.load_seconds += time.perf_counter() - t0
+                self.bytes_moved += self.slot_bytes if moved is None else int(moved)
+                self.key[s] = (layer, e)
+                self.where[(layer, e)] = s
+                self.slot_layer[s] = li
+                self.score[s] = 0.0
+                self.pinned[s] = True
+                self._touch(s, layer, e)
+                slots[i] = s
+                if self.log is not None:
+                    self.log.append((layer, e, s, old))
+        except BaseException:                         # a loader failed: this batch pins nothing
+            self.pinned[[self.where[(layer, int(e))] for e in uniq if (layer, int(e)) in self.where]] = False
+            raise
         return slots[inv].reshape(ids.shape)
 
     def release(self) -> None:

@@ -333,3 +333,15 @@ def test_host_api_through_the_slot_pool(monkeypatch):
     for k in rec_w:
         assert np.array_equal(rec_g[k], rec_w[k]), k
     assert c.misses == 3 + 3 and c.pool.bytes_loaded == 3 * c.slot_bytes and not c.pinned.any()
+
+
+def test_a_failing_loader_leaves_the_cache_consistent():
+    c = cache(2)
+    run(c, [(0, 1)])
+
+    def boom(slot, expert):
+        raise OSError("disk gone")
+    with pytest.raises(OSError):
+        c.lookup(0, np.array([[1, 2]]), loader=boom)
+    assert c.resident() == [(0, 1)] and not c.pinned.any()      # 1 still there, 2 not, nothing pinned
+    assert c.lookup(0, np.array([[2]]))[0, 0] in (0, 1)
