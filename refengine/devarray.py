@@ -35,6 +35,9 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 KINDS = ("cupy", "sim")
+# NumPy functions that write into their first argument: given a host array there, they run on the host (the device
+# arguments read back), so the host array is the one written, never an uploaded copy of it
+INPLACE = frozenset({"put_along_axis", "put", "copyto", "place", "putmask", "fill_diagonal"})
 
 
 @dataclass
@@ -186,14 +189,21 @@ class Device:
     def call(self, func, args, kwargs):
         """func(*args, **kwargs) on the device; a function the device library lacks runs on the host (counted)."""
         self.stats.calls += 1
+        name = getattr(func, "__name__", repr(func))
+        if name in INPLACE and args and isinstance(args[0], np.ndarray):
+            return self.on_host(f"{name} (into a host array)", func, args, kwargs)
         try:
             return self.wrap(func(*self.unwrap(args), **self.unwrap(kwargs)))
         except TypeError as e:
             if self.kind != "cupy" or "no implementation found" not in str(e) and "Unsupported type" not in str(e):
                 raise
-        name = getattr(func, "__name__", repr(func))
         self.stats.fallbacks[name] = self.stats.fallbacks.get(name, 0) + 1
         return self._put_tree(func(*self._host(args), **self._host(kwargs)))
+
+    def on_host(self, label, func, args, kwargs):
+        """func run on the host with the device arguments read back (counted as a fallback under `label`)."""
+        self.stats.fallbacks[label] = self.stats.fallbacks.get(label, 0) + 1
+        return func(*self._host(args), **self._host(kwargs))
 
 
 class DeviceArray(NDArrayOperatorsMixin):
@@ -209,6 +219,8 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     # NumPy protocols
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method == "at" and isinstance(inputs[0], np.ndarray):          # np.add.at(host, idx, v): in place
+            return self.dev.on_host(f"{ufunc.__name__}.at (into a host array)", ufunc.at, inputs, kwargs)
         out = kwargs.get("out")
         if out is not None and any(isinstance(o, np.ndarray) for o in out):
             # in place into a host array (`host *= device`): computed on the device, written back (a download)

@@ -71,8 +71,11 @@ class Runtime:
     qsa_rule: str = "authors"  # QSA's selection (attention/qsa.py RULES): "authors" (whole top blocks plus the
                                # query's unfinished block, the default) or "llamacpp" (the top budget + r - 1 cells)
     resident: bool | None = None   # activations and per-layer state kept on a device (refengine.devarray): the same
-                               # block code on DeviceArrays. None: on for the cuda backend (the GPU, through CuPy),
-                               # off otherwise; True on a host backend: the "sim" device (NumPy standing in, tests)
+                               # block code on DeviceArrays. None: on for the cuda backend on a GPU with CuPy (without
+                               # CuPy, or in numba's simulator: op by op, warned), off otherwise; True on a host
+                               # backend: the "sim" device (NumPy standing in, tests)
+    kernel_policy: object = None   # cuda: a quant.cuda.policy.KernelPolicy every product of this runtime runs under
+                               # (which kernel, which launch shape); None: the measured defaults
     expert_budget: object = None   # issue 24, resident runs only: routed experts through a GPU expert cache of this
                                # many bytes (refengine.expert_cache): an ExpertCache (ExpertCache.for_model: a
                                # fraction, a policy), or bytes / "8GiB" (slots sized at the first MoE layer)
@@ -85,8 +88,12 @@ class Runtime:
         if self.qsa_rule not in RULES:
             raise ConfigError(f"QSA rule {self.qsa_rule!r} is not available; choose one of {', '.join(RULES)}")
         self._be = load_backend(self.backend)
+        if self.kernel_policy is not None:
+            if self.backend != "cuda":
+                raise ConfigError(f"a kernel policy chooses among the cuda kernels; backend {self.backend!r} has none")
+            self._be = _UnderPolicy(self._be, self.kernel_policy)
         if self.resident is None:
-            self.resident = self.backend == "cuda"
+            self.resident = self.backend == "cuda" and _cupy_gpu()
         if self.resident and self.force_inputs:
             raise ConfigError("teacher forcing (force_inputs) runs on the host: use resident=False")
         self.device = None
@@ -246,7 +253,11 @@ class Runtime:
         cache = self._expert_cache(kw)
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)
-            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, cache=cache, **kw)   # ids read back
+            act = kw.get("act")
+            act_device = None if act is None else (
+                lambda g, u: dev.put(act[0](dev.wrap(g), dev.wrap(u))).raw)   # the readable activation, on the device
+            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, act_device=act_device, cache=cache,
+                   **kw)                                                                   # ids read back: the grouping
             if y is None:
                 dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
         if y is not None:
@@ -351,7 +362,11 @@ class Runtime:
         if id(model) not in self._device_models:
             self._device_models[id(model)] = None if unsupported(model) else DeviceModel(model)
         dm = self._device_models[id(model)]
-        return None if dm is None else dm.forward
+        if dm is None:
+            return None
+        if self.kernel_policy is not None:
+            return _UnderPolicy(dm, self.kernel_policy).forward
+        return dm.forward
 
     def record(self, name: str, il: int, value: np.ndarray) -> None:
         if self.trace is not None:
@@ -371,3 +386,41 @@ class Runtime:
                     raise ValueError(f"forced {label}: llama.cpp's value has {np.size(ref)} values, ours {value.size}")
                 self._forced.append((label, np.array(value, dtype=np.float32, copy=True),
                                      np.asarray(ref, np.float32).reshape(value.shape)))
+
+
+class _UnderPolicy:
+    """A backend module (or device model) whose callables run under a kernel policy (`KernelPolicy.applied`)."""
+
+    def __init__(self, inner, policy):
+        self._inner, self._policy = inner, policy
+
+    def __getattr__(self, name):
+        a = getattr(self._inner, name)
+        if not callable(a):
+            return a
+
+        def under(*args, **kw):
+            with self._policy.applied():
+                return a(*args, **kw)
+        return under
+
+
+_CUPY_WARNED = []
+
+
+def _cupy_gpu() -> bool:
+    """The cuda backend's default residency: a real GPU (not numba's simulator) and CuPy importable."""
+    import quant.cuda
+    if quant.cuda.SIM:
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        if not _CUPY_WARNED:
+            import warnings
+            warnings.warn("CuPy is not installed: the cuda backend runs op by op (each product's input copied to the "
+                          "GPU and back), far slower than the device-resident forward; pip install 'refengine[cuda]'",
+                          stacklevel=3)
+            _CUPY_WARNED.append(True)
+        return False
+    return True

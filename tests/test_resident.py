@@ -94,6 +94,35 @@ def test_devicearray_uploads_and_reads():
     h = np.ones(4, np.float32)                        # in place into a host array: computed there, written back
     h *= x + 1
     assert np.array_equal(h, np.full(4, 2, np.float32)) and d.stats.downloads == 3
+    m = np.full(4, -1.0, np.float32)                  # functions writing into a host array write into it
+    np.put_along_axis(m, d.put(np.array([2])), 0.0, axis=0)
+    np.add.at(m, d.put(np.array([0, 0])), x[:2])
+    assert np.array_equal(m, [1, -1, 0, -1]), m
+    assert "put_along_axis (into a host array)" in d.stats.fallbacks
     z = np.concatenate([x, w])                        # a list of arrays: dispatched, the host one uploaded
     assert isinstance(z, DeviceArray) and z.shape == (8,)
     assert isinstance(np.empty_like(x, shape=(3, 4)), DeviceArray)
+
+
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa", "glm5-next", "qwen4exp"])
+def test_resident_ubatches_equal_host(synth_model, arch):
+    """Prompts of 1, 5 and 40 tokens in ubatches of 7: the first ubatch's selection has fewer keys than top-k (the
+    DSA indexer's mask is then written into a host array from device positions: once computed into a copy)."""
+    m = Model(synth_model(arch, wtype="Q4_K"), n_ubatch=7)
+    toks = list(np.random.default_rng(0).integers(0, 200, 40))
+    for T in (1, 5, 40):
+        assert np.array_equal(m.forward(toks[:T], rt=Runtime()), m.forward(toks[:T], rt=Runtime(resident=True))), T
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next"])
+def test_resident_trace_equals_host_trace(synth_model, arch):
+    """`compare --backend cuda` traces a resident run: every recorded tensor is read back and equals the host's."""
+    from refengine.trace import Trace
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    t_host, t_dev = Trace(), Trace()
+    a = m.forward(TOKENS[:9], rt=Runtime(trace=t_host))
+    b = m.forward(TOKENS[:9], rt=Runtime(trace=t_dev, resident=True))
+    assert np.array_equal(a, b)
+    assert list(t_host) == list(t_dev) and len(t_host.tensors) > 20
+    for k in t_host:
+        assert type(t_dev[k]) is np.ndarray and np.array_equal(t_host[k], t_dev[k]), k

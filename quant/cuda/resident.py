@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda
 
 from ..ref import QTensor
-from .moe import _scales, groups_from_ids, moe_ffn_device, one_token_ok
+from .moe import _combine, _scales, groups_from_ids, moe_ffn_device, one_token_ok
 from .ops import _aligned16, dense, grouped, supported
 from .weights import device_weight
 
@@ -74,13 +74,19 @@ def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "
 
 
 def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=None, gate_scale=None,
-                     down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, il: int = -1, cache=None,
-                     **_):
+                     down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, act_device=None,
+                     il: int = -1, cache=None, **_):
     """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] on the host (the grouping
     tables are built there) -> CuPy [T, D]. Without a cache every expert is resident (uploaded on first use); with
-    `cache` (refengine.expert_cache.ExpertCache) the experts live in its slot pool (expert_slots.py). None: SwiGLU
-    only, exact mode only, types with a decoder only."""
-    if mode != "exact" or act is not None or any(m is not None and not supported(m) for m in (up, gate, down)):
+    `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
+    remapped to slot ids, the same kernels on the same bytes.
+
+    act / act_device: another gated activation than SwiGLU (Kimi-K3's SiTU, DeepSeek-V4's clamped SwiGLU): the
+    gate and up projections run as grouped launches over the routed pairs, act_device(g, u) computes the activation
+    on the device (the caller's readable function on device arrays), then the down projection. None (the return):
+    exact mode only, types with a decoder only, a gated activation without act_device."""
+    if mode != "exact" or any(m is not None and not supported(m) for m in (up, gate, down)) or \
+            (act is not None and (act_device is None or gate is None)):
         return None
     cp = _cp()
     ids = np.asarray(ids, dtype=np.int32)
@@ -105,10 +111,23 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
     sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, En), _scales(up_scale, En)]))
     sc_d = cuda.to_device(_scales(down_scale, En))
     out = cp.empty((T, xs.shape[1]), dtype=cp.float32)
-    idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
-        one_token_ok(dup, dgate, ddown, xd) else None
-    moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A, _nb(wts),
-                   up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
+    if act is not None:
+        n, I, D = T * A, up.shape[1], xs.shape[1]
+        tx, tp = cuda.to_device(tab_x), cuda.to_device(tab_p)
+        gmax = min(E, n)
+        u = cp.empty((n, I), dtype=cp.float32)
+        g = cp.empty((n, I), dtype=cp.float32)
+        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel)     # pair rows in tab_x order
+        grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
+        a = _input(act_device(g, u))                                                # [n, I], elementwise
+        dn = cp.empty((n, D), dtype=cp.float32)
+        grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel)
+        _combine(_nb(dn), A, None, _nb(out), None, T, D, 0)
+    else:
+        idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
+            one_token_ok(dup, dgate, ddown, xd) else None
+        moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A, _nb(wts),
+                       up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
     if cache is not None:
         cache.release()              # queued: a later copy into these slots runs after the kernels (same stream)
     return out

@@ -1,0 +1,90 @@
+"""Kernel choices as one object: which GEMV / GEMM / dispatch kernel serves which product, and its launch shape.
+
+    pol = KernelPolicy.default()                          # the shapes measured on the H200 (BENCHMARKS.md)
+    pol = pol.replace(gemv_default=(8, 1, 1), tc=False)   # another choice, e.g. for the simulator's small blocks
+    rt = Runtime(backend="cuda", kernel_policy=pol)       # every product of that runtime runs under it
+    with pol.applied(): ...                               # or around any call into quant.cuda
+
+The fields are the switches of `quant/cuda/ops.py` (and `refengine/cuda/runner.py`'s prefill attention), named
+in lower case; their meaning is documented there, beside the measurements that chose them. `applied()` sets them
+for the duration of a call and restores them after (the kernels read them where they launch), so two runtimes
+with two policies can run in one process, one call at a time.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+from . import ops
+
+# field -> (module, its global)
+_SWITCHES = {
+    "gemv_shape": (ops, "GEMV_SHAPE"), "gemv_default": (ops, "GEMV_DEFAULT"),
+    "fast_shape": (ops, "FAST_SHAPE"), "fast_default": (ops, "FAST_DEFAULT"),
+    "fast1_shape": (ops, "FAST1_SHAPE"), "fast1_ids_shape": (ops, "FAST1_IDS_SHAPE"),
+    "fast1_default": (ops, "FAST1_DEFAULT"), "fast1_shape_by_dims": (ops, "FAST1_SHAPE_BY_DIMS"),
+    "one_max": (ops, "ONE_MAX"), "one_max_dense": (ops, "ONE_MAX_DENSE"),
+    "gemm_shape": (ops, "GEMM_SHAPE"), "tc_shape": (ops, "TC_SHAPE"), "tc_dense_shape": (ops, "TC_DENSE_SHAPE"),
+    "tc": (ops, "TC"), "nt_max": (ops, "NT_MAX"), "pairs_avg": (ops, "PAIRS_AVG"), "group_avg": (ops, "GROUP_AVG"),
+    "pairs_dense": (ops, "PAIRS_DENSE"),
+}
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    gemv_shape: dict
+    gemv_default: tuple
+    fast_shape: dict
+    fast_default: tuple
+    fast1_shape: dict
+    fast1_ids_shape: dict
+    fast1_default: tuple
+    fast1_shape_by_dims: dict
+    one_max: int
+    one_max_dense: dict
+    gemm_shape: dict
+    tc_shape: dict
+    tc_dense_shape: dict
+    tc: bool
+    nt_max: int
+    pairs_avg: int
+    group_avg: int
+    pairs_dense: int
+    tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
+
+    @classmethod
+    def default(cls) -> "KernelPolicy":
+        """The choices in force now (at import: the measured defaults), copied."""
+        return cls(**{f: copy.deepcopy(getattr(mod, name)) for f, (mod, name) in _SWITCHES.items()})
+
+    def replace(self, **changes) -> "KernelPolicy":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"KernelPolicy has no field {sorted(unknown)[0]!r}; fields: "
+                             f"{', '.join(f.name for f in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **changes)
+
+    @contextlib.contextmanager
+    def applied(self):
+        """The kernels launched inside run under this policy; the previous choices are restored after."""
+        saved = {f: getattr(mod, name) for f, (mod, name) in _SWITCHES.items()}
+        runner = _runner()
+        saved_att = runner.TC_ATTENTION if runner is not None else None
+        try:
+            for f, (mod, name) in _SWITCHES.items():
+                setattr(mod, name, getattr(self, f))
+            if runner is not None and self.tc_attention is not None:
+                runner.TC_ATTENTION = self.tc_attention
+            yield self
+        finally:
+            for f, (mod, name) in _SWITCHES.items():
+                setattr(mod, name, saved[f])
+            if runner is not None:
+                runner.TC_ATTENTION = saved_att
+
+
+def _runner():
+    import sys
+    return sys.modules.get("refengine.cuda.runner")
