@@ -66,10 +66,14 @@ class Rows:
 
     def append(self, x: np.ndarray) -> np.ndarray:
         T = x.shape[0]
-        if self._buf is None or self.n + T > self._buf.shape[0] or self._buf.shape[1:] != x.shape[1:]:
+        # (a buffer on the host meeting device rows, e.g. a state loaded from a file continued on a GPU: moved to
+        # where the rows live once, here, rather than read back and uploaded at every step)
+        if self._buf is None or self.n + T > self._buf.shape[0] or self._buf.shape[1:] != x.shape[1:] or \
+                type(self._buf) is not type(x):
             if self._buf is not None and self._buf.shape[1:] != x.shape[1:]:
                 raise ValueError(f"appending rows of shape {x.shape[1:]} to a buffer of {self._buf.shape[1:]}")
-            cap = max(2 * (self.n + T), 16)               # amortized O(1) per position
+            cap = max(2 * (self.n + T), 16) if self._buf is None or self.n + T > self._buf.shape[0] \
+                else self._buf.shape[0]                   # amortized O(1) per position
             grown = np.empty_like(x, shape=(cap, *x.shape[1:]), dtype=self.dtype)   # where x lives (a device)
             if self._buf is not None:
                 grown[:self.n] = self._buf[:self.n]

@@ -77,6 +77,10 @@ def test_resident_state_file_round_trip(synth_model, tmp_path):
     m.forward(TOKENS[:9], ref, rt=host)
     loaded = load_state(tmp_path / "s.safetensors", m)
     assert np.array_equal(m.forward([7], loaded, rt=host), m.forward([7], ref, rt=host))
+    # and a loaded (host) state continued on the device: its caches move there once
+    loaded, again = load_state(tmp_path / "s.safetensors", m), load_state(tmp_path / "s.safetensors", m)
+    assert np.array_equal(m.forward([9], loaded, rt=dev), m.forward([9], again, rt=host))
+    assert not [name for name, v in state_arrays(loaded) if v.dtype.kind == "f" and not isinstance(v, DeviceArray)]
 
 
 def test_devicearray_uploads_and_reads():
