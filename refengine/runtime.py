@@ -275,7 +275,7 @@ class Runtime:
                 return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
             finally:
                 cache.release()
-        if cache is not None:                             # the GPU's host API (SiTU, a trace) on the slot pool
+        if cache is not None:                             # the GPU's host API (a traced run) on the slot pool
             kw = dict(kw, cache=cache)
         return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
 

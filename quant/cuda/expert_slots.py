@@ -16,8 +16,8 @@ both at one estride.
 
 `cached_experts(cache, ids, kw)` is the whole remapping: lookup (misses loaded into their slots), the slot ids, and
 the moe_ffn arguments with the three tensors replaced by the pool's views and the per-expert `.scale` vectors
-reindexed by slot. Used by `moe_ffn_resident(cache=...)` and `moe.moe_ffn(cache=...)` (SiTU experts, a trace) on
-the GPU, and by the runtime's "sim" device path.
+reindexed by slot. Used by `moe_ffn_resident(cache=...)` and `moe.moe_ffn(cache=...)` (a traced run) on the GPU,
+and by the runtime's "sim" device path.
 """
 from __future__ import annotations
 

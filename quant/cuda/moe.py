@@ -267,7 +267,7 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
     (Kimi-K3's SiTU): the three projections still run as grouped dispatch kernels over the routed pairs, and
     the activation runs on the host between them with the loop oracle's own function.
     cache: a refengine.expert_cache.ExpertCache: the experts are read from its slot pool (expert_slots.py), ids
-    remapped to slots, instead of uploaded into whole-tensor device copies (the resident path's fallback for `act`).
+    remapped to slots, instead of uploaded into whole-tensor device copies (a traced resident run comes here).
     """
     if act is not None and gate is None:
         raise QuantError("moe_ffn: a gated activation needs the gate experts")
