@@ -194,6 +194,8 @@ class ExpertCache:
         self.score = np.zeros(N, dtype=np.float64)    # lfu: uses; decay: the decayed score at `seen`
         self.seen = np.zeros(N, dtype=np.int64)       # decay: the layer's batch clock at the last use
         self.slot_layer = np.zeros(N, dtype=np.int64)    # decay: the slot's layer, as its index in `clock`
+        self.slot_il = np.full(N, np.iinfo(np.int64).min)  # the slot's (layer, expert), as arrays (free: no layer)
+        self.slot_expert = np.zeros(N, dtype=np.int64)
         self._lidx: dict[int, int] = {}               # layer -> its index in `clock`
         self.freq: dict[tuple, int] = {}              # lfu: (layer, expert) -> batches that used it, ever
         self.clock = np.zeros(0, dtype=np.int64)      # decay: per layer (by _lidx) the batches of it so far
@@ -293,6 +295,7 @@ class ExpertCache:
                     del self.where[old]
                     c.evictions += 1
                 self.key[s], self.last[s] = None, -1       # free while it loads (a failed loader leaves it so)
+                self.slot_il[s] = np.iinfo(np.int64).min
                 t0 = time.perf_counter()
                 moved = load(s, e)
                 self.load_seconds += time.perf_counter() - t0
@@ -300,6 +303,7 @@ class ExpertCache:
                 self.key[s] = (layer, e)
                 self.where[(layer, e)] = s
                 self.slot_layer[s] = li
+                self.slot_il[s], self.slot_expert[s] = layer, e
                 self.score[s] = 0.0
                 self.pinned[s] = True
                 self._touch(s, layer, e)
@@ -322,11 +326,7 @@ class ExpertCache:
     def expert_of_slot(self, layer: int) -> np.ndarray:
         """int64 [N]: the expert of `layer` in each slot, 0 where the slot holds another layer's or none (a
         per-expert table, such as the `.scale` vectors, remapped to slots by indexing with it)."""
-        out = np.zeros(self.n_slots, dtype=np.int64)
-        for (il, e), s in self.where.items():
-            if il == layer:
-                out[s] = e
-        return out
+        return np.where(self.slot_il == layer, self.slot_expert, 0)
 
     # ------------------------------------------------------------ counters
     @property

@@ -131,7 +131,7 @@ def cached_experts(cache, ids: np.ndarray, kw: dict, *, host: bool, stream=0) ->
         cache.pool = SlotPool(cache.n_slots, cache.strides or strides_of(tensors), host=host)
     pool = cache.pool
     slots = cache.lookup(il, ids, loader=lambda s, e: pool.load(s, tensors, e, stream)).astype(np.int32)
-    e_of_s = cache.expert_of_slot(il)                                        # [N]
+    e_of_s = cache.expert_of_slot(il) if any(kw.get(v) is not None for v in SCALES.values()) else None   # [N]
     out = dict(kw)
     for r, t in tensors.items():
         if t is not None:
