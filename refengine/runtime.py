@@ -104,14 +104,14 @@ class Runtime:
             except ImportError as e:
                 raise ConfigError(f"backend {self.backend!r}: the device-resident forward needs CuPy ({e}); "
                                   f"pip install refengine[cuda], or pass resident=False") from None
-        self.expert_cache = None
+        self._expert_box = [None]                       # the expert cache, shared with untraced() copies
         if self.expert_budget is not None:
             if not self.resident:
                 raise ConfigError("an expert budget needs the device-resident forward (the cuda backend, or "
                                   "resident=True for the sim device)")
             from .expert_cache import ExpertCache
             if isinstance(self.expert_budget, ExpertCache):
-                self.expert_cache = self.expert_budget
+                self._expert_box[0] = self.expert_budget
         self._finite: list = []                         # resident: (weight label, y finite, x finite) device flags
         self._device_models = {}
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
@@ -279,13 +279,18 @@ class Runtime:
             kw = dict(kw, cache=cache)
         return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
 
+    @property
+    def expert_cache(self):
+        """The ExpertCache of a run with an expert budget (None before the first MoE layer of a byte budget)."""
+        return self._expert_box[0]
+
     def _expert_cache(self, kw):
         """The expert cache of a resident run with an expert budget (made at the first MoE layer), else None."""
-        if self.expert_budget is not None and self.expert_cache is None:
+        if self.expert_budget is not None and self._expert_box[0] is None:
             from .expert_cache import ExpertCache
             tensors = {r: kw.get(r) for r in ("gate", "up", "down")}
-            self.expert_cache = ExpertCache.for_tensors(self.expert_budget, tensors)
-        return self.expert_cache
+            self._expert_box[0] = ExpertCache.for_tensors(self.expert_budget, tensors)
+        return self._expert_box[0]
 
     def _moe_ffn_host(self, x, ids, weights, rec, kw):
         fn = getattr(self._be, "moe_ffn", None)

@@ -186,6 +186,10 @@ def test_budget_in_bytes_and_on_host(synth_model):
     rt = Runtime(resident=True, expert_budget="1MiB")         # slots sized at the first MoE layer
     assert all(np.array_equal(a, b) for a, b in zip(want, forward(m, rt, steps=(5,))))
     assert rt.expert_cache.budget_bytes == 2 ** 20 and rt.expert_cache.misses > 0
+    rt = Runtime(resident=True, expert_budget="1MiB")
+    later = rt.untraced()                                      # a traced call's later ubatches: the same slots
+    m.forward(TOKENS[:4], m.new_state(), rt=later)
+    assert rt.expert_cache is later.expert_cache is not None
     with pytest.raises(ConfigError, match="device-resident"):
         Runtime(expert_budget="1MiB")
 
