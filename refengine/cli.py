@@ -144,7 +144,7 @@ def cmd_run(args) -> int:
             tok = Tokenizer(model.path, model.gf)
         except RefengineError:
             tok = None
-    rt = Runtime(mode=args.mode, backend=args.backend, qsa_rule=args.qsa_rule or "authors")
+    rt = Runtime(mode=args.mode, backend=args.backend, qsa_rule=args.qsa_rule or "authors", **_expert_kw(args, model))
     stamps = []                                   # time at each new token (the first comes after the prefill)
 
     def show(t):
@@ -165,6 +165,7 @@ def cmd_run(args) -> int:
     print(f"[prefill {len(tokens)} tokens: {prefill:.2f} s ({len(tokens) / max(prefill, 1e-9):.1f} tokens/s); "
           f"decode {max(len(out) - 1, 0)} tokens: {decode}; backend {args.backend}, mode {args.mode}] ids: {out}",
           file=sys.stderr)
+    _expert_report(args, rt)
     if args.save_state is not None:               # the last new token is fed too: the state holds every token
         from .state_file import save_state
         history += list(tokens) + out
@@ -174,6 +175,29 @@ def cmd_run(args) -> int:
         print(f"[state: {m['n_past']} positions, {os.path.getsize(args.save_state) / 2**20:.2f} MiB -> "
               f"{args.save_state}]", file=sys.stderr)
     return 0
+
+
+def _expert_kw(args, model) -> dict:
+    """`run`'s expert cache (issue 24) and routing trace as Runtime arguments. A budget off the cuda backend runs the
+    resident forward on the "sim" device (NumPy slots): the same cache and counters, no GPU."""
+    kw = {}
+    if args.gpu_expert_budget is not None:
+        from .expert_cache import ExpertCache
+        kw["expert_budget"] = ExpertCache.for_model(model, args.gpu_expert_budget, policy=args.expert_policy)
+        kw["resident"] = True
+    if args.expert_stats is not None:
+        from .expert_trace import ExpertTrace
+        kw["expert_stats"] = ExpertTrace()
+    return kw
+
+
+def _expert_report(args, rt) -> None:
+    if rt.expert_cache is not None:
+        print(f"[{rt.expert_cache.summary()}]", file=sys.stderr)
+    if rt.expert_stats is not None:
+        rt.expert_stats.save(args.expert_stats)
+        print(f"[routing trace: {len(rt.expert_stats.calls)} expert calls, {rt.expert_stats.tokens()} tokens -> "
+              f"{args.expert_stats}]", file=sys.stderr)
 
 
 def cmd_quantize(args) -> int:
@@ -412,6 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "them generation goes on from the saved next-token logits. The run is the uninterrupted one, "
                    "bit for bit")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar (hashing a big model file)")
+    r.add_argument("--gpu-expert-budget", metavar="B", default=None, help="routed experts through a GPU expert "
+                   "cache of B bytes (\"8GiB\", a byte count, or a fraction of the routed-expert bytes: 0.25, "
+                   "\"25%%\"); its counters are printed at the end (refengine/expert_cache.py). Off the cuda "
+                   "backend the sim device stands in for the GPU")
+    r.add_argument("--expert-policy", default="lru", choices=("lru", "lfu", "decay"),
+                   help="the expert cache's replacement policy (default lru)")
+    r.add_argument("--expert-stats", metavar="F", default=None, help="write the routing trace (every layer's "
+                   "expert ids of every token, refengine/expert_trace.py) to F (.npz)")
     r.set_defaults(fn=cmd_run)
 
     qz = sub.add_parser("quantize", help="rewrite a GGUF with a per-tensor type recipe",

@@ -78,3 +78,8 @@ class StateFileError(RefengineError):
 
 class StateMismatchError(StateFileError):
     """A state file saved for another model (another architecture or model file sha256): names both."""
+
+
+class ExpertBudgetError(RefengineError):
+    """The GPU expert cache (refengine/expert_cache.py) cannot hold the experts one layer's batch needs at once:
+    names the budget and the layer."""

@@ -76,6 +76,10 @@ class Runtime:
                                # backend: the "sim" device (NumPy standing in, tests)
     kernel_policy: object = None   # cuda: a quant.cuda.policy.KernelPolicy every product of this runtime runs under
                                # (which kernel, which launch shape); None: the measured defaults
+    expert_budget: object = None   # issue 24, resident runs only: routed experts through a GPU expert cache of this
+                               # many bytes (refengine.expert_cache): an ExpertCache (ExpertCache.for_model: a
+                               # fraction, a policy), or bytes / "8GiB" (slots sized at the first MoE layer)
+    expert_stats: object = None    # a refengine.expert_trace.ExpertTrace: every moe_ffn call's (layer, expert ids)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -100,6 +104,14 @@ class Runtime:
             except ImportError as e:
                 raise ConfigError(f"backend {self.backend!r}: the device-resident forward needs CuPy ({e}); "
                                   f"pip install refengine[cuda], or pass resident=False") from None
+        self._expert_box = [None]                       # the expert cache, shared with untraced() copies
+        if self.expert_budget is not None:
+            if not self.resident:
+                raise ConfigError("an expert budget needs the device-resident forward (the cuda backend, or "
+                                  "resident=True for the sim device)")
+            from .expert_cache import ExpertCache
+            if isinstance(self.expert_budget, ExpertCache):
+                self._expert_box[0] = self.expert_budget
         self._finite: list = []                         # resident: (weight label, y finite, x finite) device flags
         self._device_models = {}
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
@@ -226,6 +238,8 @@ class Runtime:
         """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts).
         `record`: a caller's recorder in place of `self.record` (it must pass the tensors on to it)."""
         rec = record or self.record
+        if self.expert_stats is not None:
+            self.expert_stats.add(kw.get("il", -1), self._host_args(ids)[0], kw["up"].shape[0])
         if self.device is not None:
             from .devarray import DeviceArray
             if any(isinstance(v, DeviceArray) for v in (x, ids, weights)):
@@ -236,12 +250,13 @@ class Runtime:
         dev = self.device
         fn = getattr(self._be, "moe_ffn_resident", None)
         y = None
+        cache = self._expert_cache(kw)
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)
             act = kw.get("act")
             act_device = None if act is None else (
                 lambda g, u: dev.put(act[0](dev.wrap(g), dev.wrap(u))).raw)   # the readable activation, on the device
-            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, act_device=act_device,
+            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, act_device=act_device, cache=cache,
                    **kw)                                                                   # ids read back: the grouping
             if y is None:
                 dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
@@ -253,7 +268,29 @@ class Runtime:
                 self._finite.append((f"routed experts ({names})", xp.isfinite(y.raw).all(), xp.isfinite(x.raw).all()))
             return y
         xh, idh, wh = self._host_args(x, ids, weights)
+        if cache is not None and dev.kind == "sim":       # the sim device's slot pool (NumPy), the host path on it
+            from quant.cuda.expert_slots import cached_experts
+            idh, kw = cached_experts(cache, np.asarray(idh), kw, host=True)
+            try:
+                return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
+            finally:
+                cache.release()
+        if cache is not None:                             # the GPU's host API (a traced run) on the slot pool
+            kw = dict(kw, cache=cache)
         return self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
+
+    @property
+    def expert_cache(self):
+        """The ExpertCache of a run with an expert budget (None before the first MoE layer of a byte budget)."""
+        return self._expert_box[0]
+
+    def _expert_cache(self, kw):
+        """The expert cache of a resident run with an expert budget (made at the first MoE layer), else None."""
+        if self.expert_budget is not None and self._expert_box[0] is None:
+            from .expert_cache import ExpertCache
+            tensors = {r: kw.get(r) for r in ("gate", "up", "down")}
+            self._expert_box[0] = ExpertCache.for_tensors(self.expert_budget, tensors)
+        return self._expert_box[0]
 
     def _moe_ffn_host(self, x, ids, weights, rec, kw):
         fn = getattr(self._be, "moe_ffn", None)
@@ -323,6 +360,8 @@ class Runtime:
         when the NumPy block code must run op by op: another backend, a trace, another mode, or an
         arch / tensor the device path does not cover."""
         if self.backend != "cuda" or self.trace is not None or self.mode != "exact":
+            return None
+        if self.expert_budget is not None or self.expert_stats is not None:   # issue 24: through Runtime.moe_ffn
             return None
         from .cuda import DeviceModel, unsupported
         if id(model) not in self._device_models:

@@ -259,13 +259,15 @@ def _scales(s, E):
 
 def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, down, up_scale=None,
             gate_scale=None, down_scale=None, mode: str = "exact", record=None, il: int = -1,
-            kernel: str = "auto", act=None) -> np.ndarray:
+            kernel: str = "auto", act=None, cache=None) -> np.ndarray:
     """x [T, D], ids / weights [T, A] -> [T, D]; `gate` may be None (then act = silu(up)).
 
     With `record` the intermediates are computed unfused and handed to it under the loop oracle's names.
     act: None (SwiGLU, fused on the device) or (fn(gate, up) -> act, trace name) for another gated activation
     (Kimi-K3's SiTU): the three projections still run as grouped dispatch kernels over the routed pairs, and
     the activation runs on the host between them with the loop oracle's own function.
+    cache: a refengine.expert_cache.ExpertCache: the experts are read from its slot pool (expert_slots.py), ids
+    remapped to slots, instead of uploaded into whole-tensor device copies (a traced resident run comes here).
     """
     if act is not None and gate is None:
         raise QuantError("moe_ffn: a gated activation needs the gate experts")
@@ -276,20 +278,41 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
             raise QuantError(f"moe_ffn: no CUDA decoder for {m.type.name} tensor {m.name!r}; use the numpy backend")
     x = np.ascontiguousarray(x, dtype=np.float32)
     ids = np.asarray(ids, dtype=np.int32)
+    E = up.shape[0]
+    if cache is None:
+        used = np.unique(ids)
+        dup = device_weight(up).ensure(used)
+        dgate = device_weight(gate).ensure(used) if gate is not None else None
+        ddown = device_weight(down).ensure(used)
+        En = E
+    else:                                # issue 24: the cache's slots (misses copied in), ids -> slot ids
+        from .expert_slots import cached_experts
+        ids, kw = cached_experts(cache, ids, dict(up=up, gate=gate, down=down, up_scale=up_scale,
+                                                  gate_scale=gate_scale, down_scale=down_scale, il=il), host=False)
+        dup, dgate, ddown = kw["up"], kw["gate"], kw["down"]
+        up_scale, gate_scale, down_scale = kw["up_scale"], kw["gate_scale"], kw["down_scale"]
+        En = cache.n_slots
+    try:
+        return _moe_ffn_dispatch(x, ids, weights, dup, dgate, ddown, up_scale, gate_scale, down_scale, E, En, record,
+                                 il, kernel, act)
+    finally:
+        if cache is not None:
+            cache.release()              # the batch's slots may be evicted again (copies queue after its kernels)
+
+
+def _moe_ffn_dispatch(x, ids, weights, dup, dgate, ddown, up_scale, gate_scale, down_scale, E, En, record, il,
+                      kernel, act):
+    """moe_ffn on device weights (whole tensors, E experts, or a slot pool's views, En slots: ids are then slot
+    ids; the group tables keep gmax = min(E, T*A), so the kernel choice is the resident run's)."""
     T, D = x.shape
     A = ids.shape[1]
-    E = up.shape[0]
-    used = np.unique(ids)
-    dup = device_weight(up).ensure(used)
-    dgate = device_weight(gate).ensure(used) if gate is not None else None
-    ddown = device_weight(down).ensure(used)
     tab_x, tab_p, mpg = groups_from_ids(ids, E)
     gmax = min(E, T * A)
     n = T * A
     xd = cuda.to_device(x)
     tx, tp = cuda.to_device(tab_x), cuda.to_device(tab_p)
-    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, E), _scales(up_scale, E)]))
-    sc_d = cuda.to_device(_scales(down_scale, E))
+    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, En), _scales(up_scale, En)]))
+    sc_d = cuda.to_device(_scales(down_scale, En))
     wts = cuda.to_device(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1))
     if record is None and act is None:
         idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
@@ -298,9 +321,9 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, do
                               sc_d=sc_d, kernel=kernel, ids=idd).copy_to_host()
     # traced or another activation: every intermediate of the loop oracle, computed by the same kernels, unfused
     record = record or (lambda *a: None)
-    I = up.shape[1]
+    I = dup.O
     u = cuda.device_array((n, I), np.float32)
-    grouped(dup, xd, u, tx, gmax, n, mpg, sc=sc_gu[E:], kernel=kernel)
+    grouped(dup, xd, u, tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel)
     # llama.cpp renames a scaled expert output `*_scaled` (build_moe_ffn), as the loop oracle does
     record("ffn_moe_up" + ("_scaled" if up_scale is not None else ""), il, u.copy_to_host().reshape(T, A, I))
     g = u

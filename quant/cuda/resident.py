@@ -74,9 +74,12 @@ def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "
 
 
 def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=None, gate_scale=None,
-                     down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, act_device=None, **_):
+                     down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, act_device=None,
+                     il: int = -1, cache=None, **_):
     """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] on the host (the grouping
-    tables are built there) -> CuPy [T, D]. Every expert is resident (uploaded on first use).
+    tables are built there) -> CuPy [T, D]. Without a cache every expert is resident (uploaded on first use); with
+    `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
+    remapped to slot ids, the same kernels on the same bytes.
 
     act / act_device: another gated activation than SwiGLU (Kimi-K3's SiTU, DeepSeek-V4's clamped SwiGLU): the
     gate and up projections run as grouped launches over the routed pairs, act_device(g, u) computes the activation
@@ -88,16 +91,25 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
     cp = _cp()
     ids = np.asarray(ids, dtype=np.int32)
     T, A = ids.shape
-    E = up.shape[0]
-    dup = device_weight(up).ensure()
-    dgate = device_weight(gate).ensure() if gate is not None else None
-    ddown = device_weight(down).ensure()
+    E = up.shape[0]                  # the model's experts: gmax = min(E, T*A) below, with or without the cache
+    if cache is None:
+        dup = device_weight(up).ensure()
+        dgate = device_weight(gate).ensure() if gate is not None else None
+        ddown = device_weight(down).ensure()
+        En = E
+    else:                            # issue 24: ids -> slot ids, the tensors -> the slot pool's (misses copied in)
+        from .expert_slots import cached_experts
+        ids, kw = cached_experts(cache, ids, dict(up=up, gate=gate, down=down, up_scale=up_scale,
+                                                  gate_scale=gate_scale, down_scale=down_scale, il=il), host=False)
+        dup, dgate, ddown = kw["up"], kw["gate"], kw["down"]
+        up_scale, gate_scale, down_scale = kw["up_scale"], kw["gate_scale"], kw["down_scale"]
+        En = cache.n_slots
     tab_x, tab_p, mpg = groups_from_ids(ids, E)
     xs = _input(x)
     xd = _nb(xs)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
-    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, E), _scales(up_scale, E)]))
-    sc_d = cuda.to_device(_scales(down_scale, E))
+    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, En), _scales(up_scale, En)]))
+    sc_d = cuda.to_device(_scales(down_scale, En))
     out = cp.empty((T, xs.shape[1]), dtype=cp.float32)
     if act is not None:
         n, I, D = T * A, up.shape[1], xs.shape[1]
@@ -105,15 +117,17 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
         gmax = min(E, n)
         u = cp.empty((n, I), dtype=cp.float32)
         g = cp.empty((n, I), dtype=cp.float32)
-        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[E:], kernel=kernel)      # pair rows in tab_x order
+        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel)     # pair rows in tab_x order
         grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
         a = _input(act_device(g, u))                                                # [n, I], elementwise
         dn = cp.empty((n, D), dtype=cp.float32)
         grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel)
         _combine(_nb(dn), A, None, _nb(out), None, T, D, 0)
-        return out
-    idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
-        one_token_ok(dup, dgate, ddown, xd) else None
-    moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A, _nb(wts),
-                   up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
+    else:
+        idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
+            one_token_ok(dup, dgate, ddown, xd) else None
+        moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A, _nb(wts),
+                       up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
+    if cache is not None:
+        cache.release()              # queued: a later copy into these slots runs after the kernels (same stream)
     return out

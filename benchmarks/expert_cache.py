@@ -1,0 +1,154 @@
+"""The GPU expert cache (issue 24) at several budgets: logits against the fully resident run, decode speed, hit rate.
+
+    python benchmarks/expert_cache.py MODEL.gguf [--budgets 0.125,0.25,0.5,1] [--policy lru] [--prompt 16]
+                                      [--decode 64] [--no-reference] [--json out.json] [--backend cuda]
+    python benchmarks/expert_cache.py --arch kimi-k3 --preset kimi-k3 --layers 3 --type Q2_K [--dir /tmp]
+                                      (a random-weight cut of the published shapes, refengine.cuda.randmodel)
+
+For each budget (a fraction of the routed-expert bytes, or bytes: "8GiB") a fresh `Runtime(expert_budget=
+ExpertCache.for_model(...))` runs the prompt, then `--decode` tokens one at a time. The tokens are those the
+reference chose greedily (teacher forcing: every budget sees the same routing input), and each step's logits are
+compared with the reference's bit for bit. The reference is the resident run without a budget, op by op (a routing
+trace keeps it off the whole-forward path, as a budget does), so only the expert addressing differs; it needs every
+expert on the GPU: `--no-reference` for a model larger than the GPU (then only the budgeted runs, no check).
+
+Reported per budget: slots, decode tokens/s (synchronised), hit rate, misses per token (prompt included), bytes moved
+host->device, seconds in the loader (the time stalled on misses: copies from the pageable mmap are synchronous),
+and the peak device memory in use (cudaMemGetInfo after every step, minus the figure before the model was opened:
+measured, not computed). `--backend numpy` runs the same on the "sim" device (a dry run without a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+from refengine.expert_cache import ExpertCache
+from refengine.expert_trace import ExpertTrace
+from refengine.model import Model
+from refengine.runtime import Runtime
+
+
+def sync(rt: Runtime) -> None:
+    if rt.device is not None and rt.device.kind == "cupy":
+        rt.device.xp.cuda.Device().synchronize()
+
+
+def used_bytes(rt: Runtime) -> int:
+    """Device memory in use now (every allocator: CuPy's pool and numba's arrays alike), 0 off the GPU."""
+    if rt.device is None or rt.device.kind != "cupy":
+        return 0
+    free, total = rt.device.xp.cuda.runtime.memGetInfo()
+    return int(total - free)
+
+
+def free_device(rt: Runtime) -> None:
+    """Drop the whole-tensor device copies a run left (the reference's experts), so the next peak is its own."""
+    if rt.device is None or rt.device.kind != "cupy":
+        return
+    from numba import cuda
+
+    from quant.cuda import weights
+    weights.clear()
+    cuda.current_context().deallocations.clear()
+    rt.device.xp.get_default_memory_pool().free_all_blocks()
+
+
+def run(model: Model, rt: Runtime, prompt, decode, tokens=None, base: int = 0):
+    """Prompt, then `decode` single-token steps (the given tokens, else greedy): (logits per step, tokens, decode
+    seconds, peak device bytes above `base`)."""
+    st = model.new_state()
+    out = [model.forward(prompt, st, rt=rt)[-1:]]
+    peak = used_bytes(rt)
+    toks = [] if tokens is None else list(tokens)
+    sync(rt)
+    t0 = time.perf_counter()
+    for i in range(decode):
+        if tokens is None:
+            toks.append(int(np.argmax(out[-1][-1])))
+        out.append(model.forward([toks[i]], st, rt=rt))
+        peak = max(peak, used_bytes(rt))
+    sync(rt)
+    return out, toks, time.perf_counter() - t0, max(0, peak - base)
+
+
+def budget_arg(s: str):
+    try:
+        return float(s)
+    except ValueError:
+        return s
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", default=None, help="a GGUF (else one is written: --arch/--preset/--layers)")
+    ap.add_argument("--arch", default="kimi-k3")
+    ap.add_argument("--preset", default="kimi-k3")
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--type", default="Q2_K")
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--budgets", default="0.125,0.25,0.5,1.0", help="comma-separated fractions or byte sizes")
+    ap.add_argument("--policy", default="lru", choices=("lru", "lfu", "decay"))
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--ubatch", type=int, default=None, help="n_ubatch (a small one lets small budgets take the "
+                    "prompt: one batch's distinct experts of a layer must fit)")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    path = a.model
+    if path is None:
+        from refengine.cuda.randmodel import write_random_model
+        path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}-random.gguf")
+        if not os.path.exists(path):
+            write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset)
+    probe = Runtime(backend=a.backend, resident=True)
+    base = used_bytes(probe)
+    model = Model(path, **({"n_ubatch": a.ubatch} if a.ubatch else {}))
+    geo = ExpertCache.for_model(model, 1.0).geometry
+    print(f"model {path}: {os.path.getsize(path) / 1e9:.2f} GB, routed experts {geo.expert_bytes / 1e9:.2f} GB "
+          f"({len(geo.layers)} layers x {geo.n_expert}), slot {geo.slot_bytes / 2**20:.2f} MiB", flush=True)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.cfg.n_vocab, a.prompt)]
+    ref, tokens = None, None
+    if not a.no_reference:
+        rt = Runtime(backend=a.backend, resident=True, expert_stats=ExpertTrace())
+        run(model, rt, prompt, 1)                                           # warm-up: uploads, kernel compiles
+        ref, tokens, secs, peak = run(model, rt, prompt, a.decode, base=base)
+        print(f"resident: decode {a.decode / secs:.2f} tokens/s, peak {peak / 2**30:.2f} GiB", flush=True)
+        free_device(rt)
+        del rt
+    rows = []
+    for b in a.budgets.split(","):
+        cache = ExpertCache.for_model(model, budget_arg(b), policy=a.policy)
+        rt = Runtime(backend=a.backend, expert_budget=cache, resident=True)
+        out, toks, secs, peak = run(model, rt, prompt, a.decode, tokens=tokens, base=base)
+        same = None if ref is None else all(np.array_equal(x, y) for x, y in zip(ref, out))
+        d = cache.as_dict()
+        row = dict(budget=b, budget_bytes=d["budget_bytes"], slots=d["n_slots"], policy=a.policy,
+                   decode_tok_s=a.decode / secs, hit_rate=d["hit_rate"], bytes_moved=d["bytes_moved"],
+                   load_seconds=d["load_seconds"], misses_per_token=d["misses"] / max(1, d["tokens"]),
+                   peak_bytes=peak, bit_identical=same, layers=d["layers"])
+        rows.append(row)
+        print(f"budget {b:>8}: {d['n_slots']:6d} slots, decode {row['decode_tok_s']:.2f} tokens/s, hit rate "
+              f"{d['hit_rate']:.3f}, {d['bytes_moved'] / 1e9:.2f} GB moved in {d['load_seconds']:.2f} s, peak "
+              f"{peak / 2**30:.2f} GiB, bit-identical {same}", flush=True)
+        free_device(rt)
+        del rt, cache
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(model=path, prompt=a.prompt, decode=a.decode, rows=rows), f, indent=1, default=str)
+    print("\n| budget | slots | decode tok/s | hit rate | GB moved | s loading | peak GiB | = resident |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['budget']} | {r['slots']} | {r['decode_tok_s']:.2f} | {r['hit_rate']:.3f} | "
+              f"{r['bytes_moved'] / 1e9:.2f} | {r['load_seconds']:.2f} | {r['peak_bytes'] / 2**30:.2f} | "
+              f"{r['bit_identical']} |")
+    return 0 if all(r["bit_identical"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,342 @@
+"""The GPU expert cache (issue 24) without a GPU: the cache logic, the slot pool remapped into the grouped kernels,
+and a whole forward on the "sim" device with routed experts streamed through a budget.
+
+- budgets parse ("8GiB", bytes, fractions); eviction order as each policy says (LRU, LFU with history, decayed
+  frequency); a batch's own hits are pinned against its misses; a batch wider than the budget is a clear error
+  (ExpertBudgetError naming the budget and the layer) that leaves the cache as it was;
+- tiny MoE presets (qwen3moe: separate gate/up; deepseek2: fused gate_up, shared experts, a dense first layer) run
+  resident on the sim device with budgets of 1/4, 1/2 and 1 of the routed-expert bytes: logits bit-identical to the
+  unbudgeted run, hits + misses = the batches' distinct experts, bytes moved = misses x slot bytes = what the
+  slot pool copied, and a replay of the recorded routing trace reproduces the counters;
+- the slot pool as a DeviceWeight of N experts in numba's CUDA simulator: the grouped kernels on slot ids give the
+  same bits as on the fully resident tensors (the group tables, the one-token ids path, per-expert scales);
+- `refengine run --expert-stats F --gpu-expert-budget B` writes the routing trace and prints the cache's counters.
+"""
+import numpy as np
+import pytest
+
+from refengine.errors import ConfigError, ExpertBudgetError
+from refengine.expert_cache import POLICIES, ExpertCache, parse_budget
+from refengine.expert_trace import ExpertTrace, replay
+from refengine.model import Model
+from refengine.runtime import Runtime
+from tiers import exhaustive
+
+TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))
+
+
+# ------------------------------------------------------------------ the cache logic
+def test_parse_budget():
+    assert parse_budget("8GiB") == 8 * 2 ** 30 and parse_budget("512 MiB") == 512 * 2 ** 20
+    assert parse_budget("3GB") == 3 * 10 ** 9 and parse_budget(123456) == 123456 and parse_budget("77") == 77
+    assert parse_budget(0.25, 1000) == 250 and parse_budget("0.5", 1000) == 500 and parse_budget("10%", 1000) == 100
+    for bad in ("8 parsecs", "-1", 0, "0%", 1.5, True):
+        with pytest.raises(ConfigError):
+            parse_budget(bad, 1000)
+    with pytest.raises(ConfigError, match="for_model"):
+        parse_budget(0.25)                         # a fraction needs the model's expert bytes
+
+
+def cache(n, policy="lru", **kw):
+    """n slots of 10 bytes, every load logged."""
+    return ExpertCache(10 * n, 10, policy=policy, log=[], **kw)
+
+
+def run(c, batches):
+    for layer, ids in batches:
+        c.lookup(layer, np.asarray(ids).reshape(-1, 1))
+        c.release()
+    return [(l, e) for l, e, _, _ in c.log], [old for _, _, _, old in c.log if old is not None]
+
+
+def test_lru_eviction_order():
+    c = cache(3)
+    loads, evicted = run(c, [(0, 1), (0, 2), (0, 3), (0, 1), (0, 4), (0, 5), (0, 1)])
+    assert loads == [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5)]
+    assert evicted == [(0, 2), (0, 3)]             # 1 was touched before 4 came: 2, then 3 went
+    assert c.resident() == [(0, 1), (0, 4), (0, 5)]
+    assert (c.hits, c.misses) == (2, 5) and c.bytes_moved == 50
+
+
+def test_lfu_and_decay_eviction_order():
+    seq = [(0, 1)] * 3 + [(0, 2), (0, 3), (0, 4)]
+    _, ev = run(cache(3, "lru"), seq)
+    assert ev == [(0, 1)]                          # LRU forgets that 1 was used three times
+    _, ev = run(cache(3, "lfu"), seq)
+    assert ev == [(0, 2)]                          # LFU keeps 1; 2 and 3 tie at one use: the older goes
+    # decayed frequency: an old burst fades. 1 used 3 times long ago, 2 and 3 used twice since: at decay 0.5
+    # 1's score is 3 * 0.5^4 < 2's and 3's, so 1 goes; LFU would keep it (3 uses > 2)
+    seq = [(0, 1)] * 3 + [(0, 2), (0, 3), (0, 2), (0, 3), (0, 4)]
+    _, ev = run(cache(3, "decay", decay=0.5), seq)
+    assert ev == [(0, 1)]
+    _, ev = run(cache(3, "lfu"), seq)
+    assert ev == [(0, 2)]
+    assert set(POLICIES) == {"lru", "lfu", "decay"}
+
+
+def test_lfu_counts_survive_eviction():
+    c = cache(2, "lfu")
+    _, ev = run(c, [(0, 1), (0, 1), (0, 2), (0, 3), (0, 2)])
+    assert ev == [(0, 2), (0, 3)]                  # 2 evicted by 3 (1 has more uses), back in with 2 uses: 3 goes
+    assert c.resident() == [(0, 1), (0, 2)]
+
+
+def test_layers_share_the_slots_and_count_apart():
+    c = cache(4)
+    run(c, [(0, 1), (1, 1), (0, 1), (1, 2), (2, 7)])
+    d = c.as_dict()
+    assert d["layers"][0]["hits"] == 1 and d["layers"][1]["misses"] == 2 and d["layers"][2]["misses"] == 1
+    assert c.resident(1) == [(1, 1), (1, 2)] and d["evictions"] == 0
+    run(c, [(3, 0)])                               # a fifth expert: the least recent of all layers goes, (1, 1)
+    assert c.log[-1][3] == (1, 1) and c.as_dict()["layers"][3]["evictions"] == 1
+
+
+def test_a_batch_pins_its_hits():
+    c = cache(3)
+    run(c, [(0, 1), (0, 2), (0, 3)])
+    slots = c.lookup(0, np.array([[1, 4]]))       # 1 is the LRU victim, but this batch uses it: 2 goes instead
+    assert c.log[-1][3] == (0, 2) and c.pinned.sum() == 2
+    assert slots[0, 0] == c.where[(0, 1)] and slots[0, 1] == c.where[(0, 4)]
+    c.release()
+    assert not c.pinned.any()
+
+
+def test_budget_below_a_batch_is_a_clear_error():
+    c = cache(3)
+    run(c, [(0, 1)])
+    before = c.as_dict()
+    with pytest.raises(ExpertBudgetError, match=r"expert budget 30 B \(3 slots of 10 B\).*layer 5's 4 active"):
+        c.lookup(5, np.array([[1, 2], [3, 4]]))
+    assert c.as_dict() == before and c.resident() == [(0, 1)]   # nothing loaded, nothing counted
+    c.lookup(0, np.array([[7, 8]]))               # pinned, not released: only one slot left for the next batch
+    with pytest.raises(ExpertBudgetError, match="pinned by an unreleased batch"):
+        c.lookup(1, np.array([[1, 2]]))
+
+
+def test_slot_ids_remap_every_pair():
+    c = cache(4)
+    ids = np.array([[3, 1], [1, 2], [2, 3]])
+    slots = c.lookup(0, ids)
+    assert slots.shape == ids.shape and slots.dtype == np.int32
+    back = {s: e for (_, e), s in c.where.items()}
+    assert np.array_equal(np.vectorize(back.get)(slots), ids)
+    assert np.array_equal(c.expert_of_slot(0)[slots], ids)
+
+
+# ------------------------------------------------------------------ a whole forward on the sim device
+def forward(m, rt, steps=(5, 9, 11)):
+    st = m.new_state()
+    out = [m.forward(TOKENS, st, rt=rt)]
+    for t in steps:
+        out.append(m.forward([t], st, rt=rt))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_budgeted_forward_is_bit_identical(synth_model, arch):
+    m = Model(synth_model(arch, wtype="Q4_K"), n_ubatch=2)   # 2-token batches: a quarter of the experts is enough
+    want = forward(m, Runtime(resident=True))
+    for frac in (0.25, 0.5, 1.0):
+        c, tr = ExpertCache.for_model(m, frac), ExpertTrace()
+        got = forward(m, Runtime(resident=True, expert_budget=c, expert_stats=tr))
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert np.array_equal(a, b), f"{arch} budget {frac}: call {i} differs"
+        d = c.as_dict()
+        lookups = sum(np.unique(ids).size for _, ids, _ in tr.calls)
+        assert d["hits"] + d["misses"] == lookups and d["misses"] > 0
+        assert d["bytes_moved"] == d["misses"] * c.slot_bytes == c.pool.bytes_loaded
+        assert c.n_slots == int(frac * c.geometry.expert_bytes) // c.slot_bytes
+        assert d["tokens"] == len(TOKENS) + 3 and not c.pinned.any()
+        if frac == 1.0:                            # everything fits: only the first use of an expert misses
+            assert d["misses"] == len({(il, int(e)) for il, ids, _ in tr.calls for e in np.unique(ids)})
+            assert d["evictions"] == 0
+        again = ExpertCache.for_model(m, frac)     # the recorded trace replayed: the same counters
+        replay(tr, again)
+        assert {k: v for k, v in again.as_dict().items() if k != "load_seconds"} == \
+               {k: v for k, v in d.items() if k != "load_seconds"}
+
+
+def moe_archs():
+    from refengine.archs import ARCHS
+    return [a for a in ARCHS if a != "llama"]
+
+
+@pytest.mark.parametrize("arch", moe_archs())
+def test_every_moe_arch_through_half_the_experts(synth_model, arch):
+    """Every arch's routed experts (separate or fused gate/up, SiTU, latent MoE, hash routing) through a budget of
+    half their bytes, one token per batch: bit-identical to the unbudgeted resident run."""
+    m = Model(synth_model(arch, wtype="Q4_K"), n_ubatch=1)
+    want = m.forward(TOKENS[:6], m.new_state(), rt=Runtime(resident=True))
+    c = ExpertCache.for_model(m, 0.5)
+    got = m.forward(TOKENS[:6], m.new_state(), rt=Runtime(resident=True, expert_budget=c))
+    assert np.array_equal(want, got) and c.misses > 0 and c.hits + c.misses == sum(
+        cl.lookups for cl in c.layers.values())
+
+
+def test_budgeted_forward_below_one_batch(synth_model):
+    m = Model(synth_model("qwen3moe", wtype="Q4_K"))          # 20 tokens in one batch route to every expert
+    rt = Runtime(resident=True, expert_budget=ExpertCache.for_model(m, 0.25))
+    with pytest.raises(ExpertBudgetError, match="layer 0's 8 active experts for a batch of 20 tokens"):
+        m.forward(TOKENS, m.new_state(), rt=rt)
+
+
+def test_budget_in_bytes_and_on_host(synth_model):
+    m = Model(synth_model("qwen3moe", wtype="Q4_K"), n_ubatch=4)
+    want = forward(m, Runtime(resident=True), steps=(5,))
+    rt = Runtime(resident=True, expert_budget="1MiB")         # slots sized at the first MoE layer
+    assert all(np.array_equal(a, b) for a, b in zip(want, forward(m, rt, steps=(5,))))
+    assert rt.expert_cache.budget_bytes == 2 ** 20 and rt.expert_cache.misses > 0
+    rt = Runtime(resident=True, expert_budget="1MiB")
+    later = rt.untraced()                                      # a traced call's later ubatches: the same slots
+    m.forward(TOKENS[:4], m.new_state(), rt=later)
+    assert rt.expert_cache is later.expert_cache is not None
+    with pytest.raises(ConfigError, match="device-resident"):
+        Runtime(expert_budget="1MiB")
+
+
+def test_expert_trace_on_host_backends(synth_model, tmp_path):
+    m = Model(synth_model("qwen3moe", wtype="Q4_K"))
+    tr = ExpertTrace()
+    m.forward(TOKENS, m.new_state(), rt=Runtime(backend="cpu", expert_stats=tr))
+    assert tr.layers() == [0, 1] and tr.tokens() == len(TOKENS)
+    A = tr.calls[0][1].shape[1]
+    assert tr.counts(0).sum() == len(TOKENS) * A and tr.counts(0).shape == (8,)
+    tr.save(tmp_path / "r.npz")
+    back = ExpertTrace.load(tmp_path / "r.npz")
+    assert [(l, e) for l, _, e in back.calls] == [(l, e) for l, _, e in tr.calls]
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(back.calls, tr.calls))
+
+
+def test_cli_expert_stats(synth_model, tmp_path, capsys):
+    from refengine.cli import main
+    p = synth_model("qwen3moe", wtype="Q4_K")
+    f = tmp_path / "route.npz"
+    assert main(["run", str(p), "-n", "3", "--tokens", "1,2,3,4", "--ubatch", "1", "--expert-stats", str(f),
+                 "--gpu-expert-budget", "0.5", "--expert-policy", "lfu"]) == 0
+    err = capsys.readouterr().err
+    assert "expert cache lfu" in err and "hit rate" in err
+    tr = ExpertTrace.load(f)
+    assert tr.tokens() == 4 + 2 and tr.layers() == [0, 1]      # the prompt and the 2 tokens fed after it
+
+
+# ------------------------------------------------------------------ the slot pool in the grouped kernels
+@pytest.mark.cuda
+@pytest.mark.parametrize("T, kernel", [(2, "fast"), (1, "auto"), pytest.param(3, "gemv", marks=exhaustive)])
+def test_slot_pool_kernels_bit_identical(T, kernel, monkeypatch):
+    """moe_ffn_device on the slot pool's DeviceWeight-shaped views with slot ids == on the resident tensors."""
+    pytest.importorskip("numba.cuda")
+    qc = pytest.importorskip("quant.cuda")
+    from numba import cuda
+    from quant import GGMLType
+    from quant.cuda import moe as cmoe
+    from quant.cuda import ops
+    from quant.cuda.expert_slots import cached_experts
+    from quant.cuda.testdata import random_qtensor
+    from quant.cuda.weights import device_weight
+    if qc.SIM:
+        monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
+        monkeypatch.setattr(ops, "FAST_DEFAULT", (2, 1))
+    rng = np.random.default_rng(24)
+    E, A, D, F = 6, 2, 32, 32
+    t = GGMLType.Q8_0
+    up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
+    down = random_qtensor(t, (E, D, F), rng, "down")
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids = np.array([[4, 1], [1, 5], [5, 4]], np.int32)[:T]
+    wts = rng.uniform(0.1, 1.0, (T, A)).astype(np.float32)
+    sc = dict(up_scale=rng.uniform(0.5, 2, E).astype(np.float32), gate_scale=None,
+              down_scale=rng.uniform(0.5, 2, E).astype(np.float32))
+
+    def run_device(dup, dgate, ddown, tab_ids, n, scales):
+        xd = cuda.to_device(x)
+        tab_x, tab_p, mpg = cmoe.groups_from_ids(tab_ids, E)        # gmax = min(E, T*A): the model's E
+        sc_gu = cuda.to_device(np.concatenate([cmoe._scales(scales["gate_scale"], n),
+                                               cmoe._scales(scales["up_scale"], n)]))
+        idd = cuda.to_device(tab_ids.reshape(-1)) if T == 1 else None
+        return cmoe.moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A,
+                                   cuda.to_device(wts.reshape(-1)), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
+                                   sc_d=cuda.to_device(cmoe._scales(scales["down_scale"], n)), kernel=kernel,
+                                   ids=idd).copy_to_host()
+
+    want = run_device(device_weight(up).ensure(), device_weight(gate).ensure(), device_weight(down).ensure(),
+                      ids, E, sc)
+    c = ExpertCache(4 * 3 * up.raw[0].size, 3 * up.raw[0].size)   # 4 slots: fewer than E
+    cached_experts(c, np.array([[0, 2, 3, 5]], np.int32), dict(up=up, gate=gate, down=down, il=0), host=False)
+    c.release()                                    # slots filled, two of them evicted by the batch: real remapping
+    slot_ids, kw = cached_experts(c, ids, dict(up=up, gate=gate, down=down, il=0, **sc), host=False)
+    assert not np.array_equal(slot_ids, ids)
+    got = run_device(kw["up"], kw["gate"], kw["down"], slot_ids, c.n_slots, kw)
+    c.release()
+    assert np.array_equal(got, want), np.abs(got - want).max()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "kimi-k3", "deepseek4"])   # SiTU, clamped: act_device
+def test_budgeted_cuda_forward_is_bit_identical(synth_model, arch):
+    """On the GPU (skipped without one and CuPy): the resident cuda forward with budgets of 1/4, 1/2 and 1 of the
+    routed-expert bytes gives the unbudgeted resident run's logits bit for bit (the same kernels on the same bytes).
+    The reference runs op by op too (a routing trace keeps it off the whole-forward DeviceModel path, as a budget
+    does), so only the expert addressing differs."""
+    qc = pytest.importorskip("quant.cuda")
+    if qc.SIM or not qc.available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("cupy")
+    m = Model(synth_model(arch, wtype="Q8_0"), n_ubatch=2)
+    want = forward(m, Runtime(backend="cuda", expert_stats=ExpertTrace()))
+    for frac in (0.25, 0.5, 1.0):
+        c = ExpertCache.for_model(m, frac)
+        got = forward(m, Runtime(backend="cuda", expert_budget=c))
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert np.array_equal(a, b), f"{arch} budget {frac}: call {i} differs by {np.abs(a - b).max()}"
+        d = c.as_dict()
+        assert d["misses"] > 0 and d["bytes_moved"] == d["misses"] * c.slot_bytes == c.pool.bytes_loaded
+        assert c.pool.nbytes <= c.budget_bytes + 3 * 32          # the pool is the budget (plus the kernels' pad)
+
+
+@pytest.mark.cuda
+def test_host_api_through_the_slot_pool(monkeypatch):
+    """quant.cuda.moe.moe_ffn(cache=...) (the resident path's fallback for a traced run): the grouped
+    kernels unfused on the slot pool, the activation on the host; output and every traced intermediate bit-identical
+    to the whole-tensor run."""
+    pytest.importorskip("numba.cuda")
+    qc = pytest.importorskip("quant.cuda")
+    from quant import GGMLType
+    from quant.cuda import moe as cmoe
+    from quant.cuda import ops
+    from quant.cuda.testdata import random_qtensor
+    from refengine.ops.activations import situ
+    if qc.SIM:
+        monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
+        monkeypatch.setattr(ops, "FAST_DEFAULT", (2, 1))
+    rng = np.random.default_rng(7)
+    E, A, D, F, T = 6, 2, 32, 32, 2
+    t = GGMLType.Q8_0
+    up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
+    down = random_qtensor(t, (E, D, F), rng, "down")
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids = np.array([[4, 1], [1, 5]], np.int32)
+    wts = rng.uniform(0.1, 1.0, (T, A)).astype(np.float32)
+    kw = dict(up=up, gate=gate, down=down, up_scale=rng.uniform(0.5, 2, E).astype(np.float32),
+              act=(lambda g, u: situ(g, u, 1.5, 3.0), "ffn_moe_situ"), il=3)
+    rec_w, rec_g = {}, {}
+    want = cmoe.moe_ffn(x, ids, wts, record=lambda n, il, v: rec_w.__setitem__(n, v), **kw)
+    c = ExpertCache(3 * 3 * up.raw[0].size, 3 * up.raw[0].size)       # 3 slots, for 3 experts
+    c.lookup(3, np.array([[0, 2, 3]]))                                 # (no bytes: evicted by the batch below)
+    c.release()
+    got = cmoe.moe_ffn(x, ids, wts, record=lambda n, il, v: rec_g.__setitem__(n, v), cache=c, **kw)
+    assert np.array_equal(got, want) and set(rec_g) == set(rec_w) and "ffn_moe_situ" in rec_g
+    for k in rec_w:
+        assert np.array_equal(rec_g[k], rec_w[k]), k
+    assert c.misses == 3 + 3 and c.pool.bytes_loaded == 3 * c.slot_bytes and not c.pinned.any()
+
+
+def test_a_failing_loader_leaves_the_cache_consistent():
+    c = cache(2)
+    run(c, [(0, 1)])
+
+    def boom(slot, expert):
+        raise OSError("disk gone")
+    with pytest.raises(OSError):
+        c.lookup(0, np.array([[1, 2]]), loader=boom)
+    assert c.resident() == [(0, 1)] and not c.pinned.any()      # 1 still there, 2 not, nothing pinned
+    assert c.lookup(0, np.array([[2]]))[0, 0] in (0, 1)
