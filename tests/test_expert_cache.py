@@ -250,12 +250,12 @@ def test_slot_pool_kernels_bit_identical(T, kernel, monkeypatch):
     def run_device(dup, dgate, ddown, tab_ids, n, scales):
         xd = cuda.to_device(x)
         tab_x, tab_p, mpg = cmoe.groups_from_ids(tab_ids, E)        # gmax = min(E, T*A): the model's E
-        sc_gu = cuda.to_device(np.concatenate([cmoe._scales(scales["gate_scale"], n),
-                                               cmoe._scales(scales["up_scale"], n)]))
+        sc_gu = cuda.to_device(np.concatenate([cmoe.expert_scales(scales["gate_scale"], n),
+                                               cmoe.expert_scales(scales["up_scale"], n)]))
         idd = cuda.to_device(tab_ids.reshape(-1)) if T == 1 else None
         return cmoe.moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A,
                                    cuda.to_device(wts.reshape(-1)), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
-                                   sc_d=cuda.to_device(cmoe._scales(scales["down_scale"], n)), kernel=kernel,
+                                   sc_d=cuda.to_device(cmoe.expert_scales(scales["down_scale"], n)), kernel=kernel,
                                    ids=idd).copy_to_host()
 
     want = run_device(device_weight(up).ensure(), device_weight(gate).ensure(), device_weight(down).ensure(),

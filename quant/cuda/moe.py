@@ -181,7 +181,7 @@ def _grid(n: int, block: int = EW) -> int:
 
 
 # ------------------------------------------------------------------ device-level dispatch
-def _combine(dn, A, res, out, combine, T, D, stream):
+def combine_slots(dn, A, res, out, combine, T, D, stream):
     if combine is not None:
         combine(dn, A, res, out)
     else:
@@ -230,7 +230,7 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
         mark("experts_down")
         grouped_ids(down, act, dn, ids, A, sc=sc_d, rw=wts, slot_rows=True, stream=stream)
         mark("experts_combine")
-        _combine(dn, A, res, out, combine, T, D, stream)
+        combine_slots(dn, A, res, out, combine, T, D, stream)
         return out
     k_gu = auto_kernel(gate or up, xd, gmax, n_pairs, max_per_group) if kernel == "auto" else kernel
     mark("experts_gate_up")
@@ -248,12 +248,12 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     mark("experts_down")
     grouped(down, act, dn, tab_p, gmax, n_pairs, max_per_group, sc=sc_d, rw=wts, kernel=kernel, stream=stream)
     mark("experts_combine")
-    _combine(dn, A, res, out, combine, T, D, stream)
+    combine_slots(dn, A, res, out, combine, T, D, stream)
     return out
 
 
 # ------------------------------------------------------------------ host API (the backend's moe_ffn)
-def _scales(s, E):
+def expert_scales(s, E):
     return np.ones(E, np.float32) if s is None else np.asarray(s, dtype=np.float32).reshape(E)
 
 
@@ -311,8 +311,8 @@ def _moe_ffn_dispatch(x, ids, weights, dup, dgate, ddown, up_scale, gate_scale, 
     n = T * A
     xd = cuda.to_device(x)
     tx, tp = cuda.to_device(tab_x), cuda.to_device(tab_p)
-    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, En), _scales(up_scale, En)]))
-    sc_d = cuda.to_device(_scales(down_scale, En))
+    sc_gu = cuda.to_device(np.concatenate([expert_scales(gate_scale, En), expert_scales(up_scale, En)]))
+    sc_d = cuda.to_device(expert_scales(down_scale, En))
     wts = cuda.to_device(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1))
     if record is None and act is None:
         idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \

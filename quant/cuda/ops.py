@@ -213,7 +213,7 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
 
 def fast_ids_ok(dw: DeviceWeight, xd) -> bool:
     """True when the fast kernels (`grouped_ids`, and `grouped`'s "fast" and "pairs") serve this weight and input."""
-    return fast_supported(dw.type, dw.rowb, dw.estride) and _aligned16(xd)
+    return fast_supported(dw.type, dw.rowb, dw.estride) and aligned16(xd)
 
 
 def _need_fast(kernel: str, dw: DeviceWeight, xd) -> None:
@@ -266,7 +266,7 @@ def _units(t: GGMLType) -> int:
     return FSPECS[t].UPB
 
 
-def _aligned16(xd) -> bool:
+def aligned16(xd) -> bool:
     """The fast kernels read activations in 16-byte loads: the array must start 16-byte aligned."""
     cai = getattr(xd, "__cuda_array_interface__", None)
     return cai is None or cai["data"][0] % 16 == 0        # None: the simulator (host arrays, no alignment)

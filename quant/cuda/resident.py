@@ -18,8 +18,8 @@ import numpy as np
 from numba import cuda
 
 from ..ref import QTensor
-from .moe import _combine, _scales, groups_from_ids, moe_ffn_device, one_token_ok
-from .ops import _aligned16, dense, grouped, supported
+from .moe import combine_slots, expert_scales, groups_from_ids, moe_ffn_device, one_token_ok
+from .ops import aligned16, dense, grouped, supported
 from .weights import device_weight
 
 
@@ -37,7 +37,7 @@ def _input(x):
     """x as a C-contiguous float32 CuPy array starting 16-byte aligned (the fast kernels' vector loads)."""
     cp = _cp()
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    return x if _aligned16(x) else x.copy()
+    return x if aligned16(x) else x.copy()
 
 
 def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto"):
@@ -108,8 +108,8 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
     xs = _input(x)
     xd = _nb(xs)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
-    sc_gu = cuda.to_device(np.concatenate([_scales(gate_scale, En), _scales(up_scale, En)]))
-    sc_d = cuda.to_device(_scales(down_scale, En))
+    sc_gu = cuda.to_device(np.concatenate([expert_scales(gate_scale, En), expert_scales(up_scale, En)]))
+    sc_d = cuda.to_device(expert_scales(down_scale, En))
     out = cp.empty((T, xs.shape[1]), dtype=cp.float32)
     if act is not None:
         n, I, D = T * A, up.shape[1], xs.shape[1]
@@ -122,7 +122,7 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
         a = _input(act_device(g, u))                                                # [n, I], elementwise
         dn = cp.empty((n, D), dtype=cp.float32)
         grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel)
-        _combine(_nb(dn), A, None, _nb(out), None, T, D, 0)
+        combine_slots(_nb(dn), A, None, _nb(out), None, T, D, 0)
     else:
         idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
             one_token_ok(dup, dgate, ddown, xd) else None
