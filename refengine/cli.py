@@ -177,6 +177,18 @@ def cmd_run(args) -> int:
     return 0
 
 
+def add_expert_flags(p) -> None:
+    """run's and golden's expert cache / routing trace flags (issue 24)."""
+    p.add_argument("--gpu-expert-budget", metavar="B", default=None, help="routed experts through a GPU expert "
+                   "cache of B bytes (\"8GiB\", a byte count, or a fraction of the routed-expert bytes: 0.25, "
+                   "\"25%%\"); its counters are printed at the end (and, for golden, kept in the manifest: "
+                   "refengine/expert_cache.py). Off the cuda backend the sim device stands in for the GPU")
+    p.add_argument("--expert-policy", default="lru", choices=("lru", "lfu", "decay"),
+                   help="the expert cache's replacement policy (default lru)")
+    p.add_argument("--expert-stats", metavar="F", default=None, help="write the routing trace (every layer's "
+                   "expert ids of every token, refengine/expert_trace.py) to F (.npz)")
+
+
 def _expert_kw(args, model) -> dict:
     """`run`'s expert cache (issue 24) and routing trace as Runtime arguments. A budget off the cuda backend runs the
     resident forward on the "sim" device (NumPy slots): the same cache and counters, no GPU."""
@@ -189,6 +201,14 @@ def _expert_kw(args, model) -> dict:
         from .expert_trace import ExpertTrace
         kw["expert_stats"] = ExpertTrace()
     return kw
+
+
+def _expert_report_kw(args, kw: dict) -> None:
+    """`_expert_report` from the Runtime arguments `_expert_kw` made (golden builds its Runtime itself)."""
+    from types import SimpleNamespace
+    cache = kw.get("expert_budget")
+    _expert_report(args, SimpleNamespace(expert_cache=cache if hasattr(cache, "summary") else None,
+                                         expert_stats=kw.get("expert_stats")))
 
 
 def _expert_report(args, rt) -> None:
@@ -290,15 +310,17 @@ def cmd_golden(args) -> int:
     if args.tokens is None and args.prompt is None:
         raise RefengineError("golden: give the input with --tokens or --prompt (or a text with --file)")
     tokens = _input_tokens(args, model)
+    kw = _expert_kw(args, model)
     m = make_golden(args.file, tokens, args.output, mode=args.mode, backend=args.backend, tensors=args.tensors or "all",
                     progress=not args.quiet, model=model, path_model=args.path_model,
-                    qsa_rule=args.qsa_rule or "authors", n_ubatch=args.ubatch)
+                    qsa_rule=args.qsa_rule or "authors", n_ubatch=args.ubatch, runtime_kw=kw)
     n = len(m["order"])
     print(f"{args.output}: {n - 1} intermediates + logits [{len(tokens)}, {m['model']['n_vocab']}] "
           f"({m['bytes']['tensors'] / 2**20:.2f} MiB safetensors), manifest.json, results.gguf"
           + (", logits.kld" if m["files"]["kld_base"] else "")
           + f"; forward {m['timing_s']['forward']:.2f} s; tolerance NMSE {m['tolerance']['nmse']:.0e} "
           f"({m['model']['weight_class']} weights, {args.mode} mode)")
+    _expert_report_kw(args, kw)
     return 0
 
 
@@ -314,9 +336,10 @@ def _golden_corpus(args) -> int:
     n_ctx = args.ctx or CORPUS_CTX_DEFAULT
     model = Model(args.file, n_ctx=n_ctx, **_ubatch_kw(args))
     tokens, bos, text = tokenize_text(args.text, model)
+    kw = _expert_kw(args, model)
     m = make_golden_corpus(args.file, tokens, args.output, n_ctx=n_ctx, n_chunks=args.chunks, bos=bos,
                            mode=args.mode, backend=args.backend, progress=not args.quiet, model=model,
-                           qsa_rule=args.qsa_rule or "authors", n_ubatch=args.ubatch, text=text)
+                           qsa_rule=args.qsa_rule or "authors", n_ubatch=args.ubatch, text=text, runtime_kw=kw)
     p = m["perplexity"]
     print(f"{args.output}: logits.kld ({m['n_chunk']} chunks of {n_ctx} tokens, {m['n_tokens_scored']} scored, "
           f"of {text['n_tokens']} tokens in {text['file']}), manifest.json; forward {m['timing_s']['forward']:.2f} s "
@@ -324,6 +347,7 @@ def _golden_corpus(args) -> int:
     print(f"Final estimate: PPL = {p['ppl']:.4f} +/- {p['ppl_unc']:.5f}")
     kld = os.path.join(args.output, m["files"]["kld_base"])
     print(f"read it with: {m['kld_base']['check'].replace('MODEL', args.file).replace(m['files']['kld_base'], kld)}")
+    _expert_report_kw(args, kw)
     return 0
 
 
@@ -436,14 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "them generation goes on from the saved next-token logits. The run is the uninterrupted one, "
                    "bit for bit")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar (hashing a big model file)")
-    r.add_argument("--gpu-expert-budget", metavar="B", default=None, help="routed experts through a GPU expert "
-                   "cache of B bytes (\"8GiB\", a byte count, or a fraction of the routed-expert bytes: 0.25, "
-                   "\"25%%\"); its counters are printed at the end (refengine/expert_cache.py). Off the cuda "
-                   "backend the sim device stands in for the GPU")
-    r.add_argument("--expert-policy", default="lru", choices=("lru", "lfu", "decay"),
-                   help="the expert cache's replacement policy (default lru)")
-    r.add_argument("--expert-stats", metavar="F", default=None, help="write the routing trace (every layer's "
-                   "expert ids of every token, refengine/expert_trace.py) to F (.npz)")
+    add_expert_flags(r)
     r.set_defaults(fn=cmd_run)
 
     qz = sub.add_parser("quantize", help="rewrite a GGUF with a per-tensor type recipe",
@@ -494,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "`llama-results --check -m PATH` must repeat exactly (default: FILE as given)")
     gd.add_argument("-q", "--quiet", action="store_true")
     gd.add_argument("-o", "--output", required=True, help="directory to write")
+    add_expert_flags(gd)
     gd.set_defaults(fn=cmd_golden)
 
     ck = sub.add_parser("check", help="compare another engine's dump with a golden directory",

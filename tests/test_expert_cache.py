@@ -340,3 +340,22 @@ def test_a_failing_loader_leaves_the_cache_consistent():
         c.lookup(0, np.array([[1, 2]]), loader=boom)
     assert c.resident() == [(0, 1)] and not c.pinned.any()      # 1 still there, 2 not, nothing pinned
     assert c.lookup(0, np.array([[2]]))[0, 0] in (0, 1)
+
+
+def test_golden_with_a_budget_is_the_golden_and_keeps_the_counters(synth_model, tmp_path):
+    """golden --gpu-expert-budget: the same tensors as without one (sim device), its counters in the manifest."""
+    from safetensors.numpy import load_file
+    from refengine.expert_cache import ExpertCache
+    from refengine.expert_trace import ExpertTrace
+    from refengine.golden import make_golden
+    from refengine.model import Model
+    m = Model(synth_model("qwen3moe", wtype="Q8_0"))
+    toks = [1, 2, 3, 4, 5, 6, 7, 8]
+    a = make_golden(m.path, toks, tmp_path / "a", model=m)
+    kw = dict(expert_budget=ExpertCache.for_model(m, 0.5), expert_stats=ExpertTrace(), resident=True)   # (sim)
+    b = make_golden(m.path, toks, tmp_path / "b", model=m, runtime_kw=kw)
+    ta, tb = load_file(str(tmp_path / "a" / a["files"]["tensors"])), load_file(str(tmp_path / "b" / b["files"]["tensors"]))
+    assert ta.keys() == tb.keys() and all(np.array_equal(ta[k], tb[k]) for k in ta)
+    cache = b["experts"]["cache"]
+    assert cache["hits"] + cache["misses"] > 0 and b["experts"]["routing"]["tokens"] == len(toks)
+    assert "experts" not in a

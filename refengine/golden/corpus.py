@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, RefengineError
 from .formats import KldBaseWriter, kld_scored
-from .write import KLD_FILE, MANIFEST_FILE, model_record, versions
+from .write import expert_record, KLD_FILE, MANIFEST_FILE, model_record, versions
 
 CORPUS_FORMAT = "refengine-golden-corpus 1"
 LLAMACPP_FLAGS = "-ctk f32 -ctv f32 -fa off"      # the KV cache and attention the reference computes
@@ -120,7 +120,8 @@ def perplexity(sum_nll: float, sum_nll2: float, count: int) -> tuple[float, floa
 
 def make_golden_corpus(path, tokens, out_dir, *, n_ctx: int, n_chunks: int | None = None, bos: int | None = None,
                        mode: str = "exact", backend: str = "numpy", progress: bool = False, model=None,
-                       qsa_rule: str = "authors", n_ubatch: int | None = None, text: dict | None = None) -> dict:
+                       qsa_rule: str = "authors", n_ubatch: int | None = None, text: dict | None = None,
+                       runtime_kw: dict | None = None) -> dict:
     """Run the reference over `tokens` (a tokenized corpus: `tokenize_text`) in chunks of n_ctx and write
     out_dir/logits.kld (every chunk's scored log-probabilities, llama-perplexity's KL-divergence base) and
     out_dir/manifest.json; returns the manifest, whose `perplexity` is the estimate llama-perplexity prints.
@@ -144,7 +145,7 @@ def make_golden_corpus(path, tokens, out_dir, *, n_ctx: int, n_chunks: int | Non
     ub = min(int(n_ubatch or model.n_ubatch), n_ctx)
     V = model.cfg.n_vocab
     os.makedirs(out_dir, exist_ok=True)
-    rt = Runtime(mode=mode, backend=backend, qsa_rule=qsa_rule)              # no trace: blocked attention
+    rt = Runtime(mode=mode, backend=backend, qsa_rule=qsa_rule, **(runtime_kw or {}))   # no trace: blocked attention
     first, n_rows = kld_scored(n_ctx)
     sum_nll = sum_nll2 = 0.0
     per_chunk = []                                                            # the running PPL after each chunk
@@ -189,6 +190,8 @@ def make_golden_corpus(path, tokens, out_dir, *, n_ctx: int, n_chunks: int | Non
                                  f"--chunks {n_chunk} --kl-divergence-base FILE {LLAMACPP_FLAGS}")},
         "timing_s": {"forward": round(t_run, 3)},
     }
+    if expert_record(rt):
+        manifest["experts"] = expert_record(rt)
     with open(os.path.join(out_dir, MANIFEST_FILE), "w") as f:
         json.dump(manifest, f, indent=1)
     return manifest

@@ -99,6 +99,17 @@ def select(names, spec: str) -> list[str]:
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(base_name(n), p) for p in pats)]
 
 
+def expert_record(rt) -> dict | None:
+    """The manifest's `experts` (issue 24): the expert cache's counters and the routing trace's size, when the run
+    had either."""
+    out = {}
+    if getattr(rt, "expert_cache", None) is not None:
+        out["cache"] = rt.expert_cache.as_dict()
+    if getattr(rt, "expert_stats", None) is not None:
+        out["routing"] = {"expert_calls": len(rt.expert_stats.calls), "tokens": rt.expert_stats.tokens()}
+    return out or None
+
+
 def model_record(model, progress: bool = False) -> dict:
     """The manifest's `model`: file name, shards, size, sha256, arch and the sizes a reader checks first."""
     from ..compare import matmul_weight_types, weight_class
@@ -113,7 +124,7 @@ def model_record(model, progress: bool = False) -> dict:
 
 def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "numpy", tensors: str = "all",
                 progress: bool = False, model=None, path_model: str | None = None, qsa_rule: str = "authors",
-                n_ubatch: int | None = None) -> dict:
+                n_ubatch: int | None = None, runtime_kw: dict | None = None) -> dict:
     """Run the reference on `tokens` (one prefill) and write the golden directory; returns the manifest.
 
     n_ubatch: the prefill runs as successive ubatches of this many tokens (Model.forward); the intermediates are
@@ -121,7 +132,8 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
 
     path_model: the string stored as `path_model` in results.gguf, which `llama-results --check` compares with
     its `-m` argument byte for byte (default: `path` as given). qsa_rule: QSA's selection rule (qwen4exp;
-    attention/qsa.py), recorded in the manifest."""
+    attention/qsa.py), recorded in the manifest. runtime_kw: more Runtime arguments (the expert cache's
+    `expert_budget` / `expert_stats`: their counters go into the manifest's `experts`)."""
     from ..compare import matmul_weight_types, tolerance
     from ..model import Model
     from ..runtime import Runtime
@@ -133,7 +145,7 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
     bar = tqdm(total=cfg.n_layer + 1, unit="layer", desc=f"golden {os.path.basename(model.path)}",
                disable=not progress)
     trace = _ProgressTrace(set() if tensors == "logits" else None, bar)   # logits only: nothing kept (blocked attention)
-    rt = Runtime(mode=mode, backend=backend, trace=trace, qsa_rule=qsa_rule)
+    rt = Runtime(mode=mode, backend=backend, trace=trace, qsa_rule=qsa_rule, **(runtime_kw or {}))
     ub = min(int(n_ubatch or tokens.size), tokens.size)
     logits = model.forward(tokens, rt=rt, n_ubatch=ub)                           # [T, V]
     bar.close()
@@ -189,6 +201,8 @@ def make_golden(path, tokens, out_dir, *, mode: str = "exact", backend: str = "n
                                                "llama-perplexity evaluates BOS at position 0, these logits did not")
     else:
         manifest["files"]["kld_base"] = None
+    if expert_record(rt):
+        manifest["experts"] = expert_record(rt)
     manifest["timing_s"] = {"forward": round(t_run, 3), "write": round(time.perf_counter() - t1, 3)}
     manifest["bytes"] = {"tensors": size}
     with open(os.path.join(out_dir, MANIFEST_FILE), "w") as f:
