@@ -324,7 +324,7 @@ class ModelState:
             for v in vars(st).values():
                 if isinstance(v, Rows):
                     total += 0 if v.view() is None else v.view().nbytes
-                elif isinstance(v, np.ndarray):
+                elif isinstance(v, np.ndarray) or type(v).__name__ == "DeviceArray":    # (a resident run's)
                     total += v.nbytes
                 elif v is not None and hasattr(v, "__dict__"):      # a container inside a container (DSAState)
                     total += size(v)
