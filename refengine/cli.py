@@ -166,6 +166,15 @@ def cmd_run(args) -> int:
           f"decode {max(len(out) - 1, 0)} tokens: {decode}; backend {args.backend}, mode {args.mode}] ids: {out}",
           file=sys.stderr)
     _expert_report(args, rt)
+    if args.json is not None:
+        from .golden.write import expert_record
+        rec = {"ids": [int(i) for i in out], "prompt_tokens": len(tokens), "prefill_s": round(prefill, 4),
+               "decode_tokens_per_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else None,
+               "backend": args.backend, "mode": args.mode, "resident": bool(rt.resident),
+               "device": rt.device.stats.as_dict() if rt.device is not None else None,
+               "experts": expert_record(rt)}
+        with open(args.json, "w") as f:
+            json.dump(rec, f, indent=1)
     if args.save_state is not None:               # the last new token is fed too: the state holds every token
         from .state_file import save_state
         history += list(tokens) + out
@@ -461,6 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "bit for bit")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar (hashing a big model file)")
     add_expert_flags(r)
+    r.add_argument("--json", metavar="F", default=None, help="write the run's figures to F: ids, prefill time, "
+                   "decode tokens/s, the device counters of a resident run (what crossed between host and device), "
+                   "the expert cache's counters per layer")
     r.set_defaults(fn=cmd_run)
 
     qz = sub.add_parser("quantize", help="rewrite a GGUF with a per-tensor type recipe",

@@ -211,12 +211,19 @@ def test_cli_expert_stats(synth_model, tmp_path, capsys):
     from refengine.cli import main
     p = synth_model("qwen3moe", wtype="Q4_K")
     f = tmp_path / "route.npz"
+    j = tmp_path / "run.json"
     assert main(["run", str(p), "-n", "3", "--tokens", "1,2,3,4", "--ubatch", "1", "--expert-stats", str(f),
-                 "--gpu-expert-budget", "0.5", "--expert-policy", "lfu"]) == 0
+                 "--gpu-expert-budget", "0.5", "--expert-policy", "lfu", "--json", str(j)]) == 0
     err = capsys.readouterr().err
     assert "expert cache lfu" in err and "hit rate" in err
     tr = ExpertTrace.load(f)
     assert tr.tokens() == 4 + 2 and tr.layers() == [0, 1]      # the prompt and the 2 tokens fed after it
+    import json
+    rec = json.load(open(j))                                    # run --json: the same counters, per layer too
+    cache = rec["experts"]["cache"]
+    assert rec["resident"] and len(rec["ids"]) == 3 and rec["device"]["calls"] > 0
+    assert cache["hits"] + cache["misses"] == sum(c["lookups"] for c in cache["layers"].values()) > 0
+    assert rec["experts"]["routing"]["tokens"] == 6
 
 
 # ------------------------------------------------------------------ the slot pool in the grouped kernels
