@@ -153,11 +153,11 @@ def cmd_run(args) -> int:
             print(tok.piece(t).decode("utf-8", errors="replace"), end="", flush=True)
         else:
             print(t, end=" ", flush=True)
+    t0 = time.perf_counter()
+    if tokens:                                    # the prefill (of the continuation, after --load-state); a bar over
+        last = model.forward(tokens, state, rt, progress=not args.quiet)[-1]   # its ubatches, cleared when done
     if tok is not None:
         print(tok.decode(tokens), end="", flush=True)
-    t0 = time.perf_counter()
-    if tokens:
-        last = model.forward(tokens, state, rt)[-1]   # the prefill (of the continuation, after --load-state)
     out = model.generate([], args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show, state=state, logits=last)
     print()
     prefill = (stamps[0] if stamps else time.perf_counter()) - t0

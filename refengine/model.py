@@ -103,7 +103,7 @@ class Model:
                     device=device)
 
     def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None, *,
-                n_ubatch: int | None = None) -> np.ndarray:
+                n_ubatch: int | None = None, progress: bool = False) -> np.ndarray:
         """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None).
 
         The tokens run as successive ubatches of `n_ubatch` through the per-layer state, as llama.cpp splits a batch
@@ -112,7 +112,8 @@ class Model:
         the whole batch's, as the oracle runs llama.cpp (n_batch = n_ubatch = T). With a trace and an n_ubatch given,
         the trace records the first ubatch only, as the oracle records the first of several decode calls
         (`run_llamacpp(chunks=...)`). Teacher forcing (`rt.force_inputs`, llama.cpp's whole-batch tensors) always
-        runs one batch."""
+        runs one batch. progress: a tqdm bar over the ubatches (stderr, cleared when done) when there are several,
+        with the expert cache's hit rate when the run has one."""
         rt = rt or Runtime()
         state = state if state is not None else self.new_state(rt.attn_form)
         tokens = self._check_tokens(tokens, state.n_past)
@@ -126,8 +127,22 @@ class Model:
         if tokens.size <= ub:
             return self._forward_ubatch(tokens, state, rt)
         quiet = rt.untraced()                                      # the later ubatches: nothing recorded
-        return np.concatenate([self._forward_ubatch(tokens[i:i + ub], state, rt if i == 0 else quiet)
-                               for i in range(0, tokens.size, ub)])                  # [T, V]
+        starts = range(0, tokens.size, ub)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=tokens.size, unit="tok", desc="prefill", leave=False)
+        out = []
+        for i in starts:
+            out.append(self._forward_ubatch(tokens[i:i + ub], state, rt if i == 0 else quiet))
+            if bar is not None:
+                bar.update(min(ub, tokens.size - i))
+                cache = getattr(rt, "expert_cache", None)
+                if cache is not None and cache.hit_rate is not None:
+                    bar.set_postfix(expert_hit=f"{cache.hit_rate:.3f}", moved=f"{cache.bytes_moved / 2**30:.2f}GiB")
+        if bar is not None:
+            bar.close()
+        return np.concatenate(out)                                                   # [T, V]
 
     def _forward_ubatch(self, tokens: np.ndarray, state: ModelState, rt: Runtime) -> np.ndarray:
         """One ubatch: tokens [T] (checked) -> logits [T, V], appended to `state`."""
