@@ -68,6 +68,14 @@ def dense_ffn_plans(il: int, D: int, F: int, *, all_optional: bool, suffix: str 
     return t
 
 
+def scaled_ffn_plans(b: str, D: int, F: int, *, all_optional: bool) -> list[TensorPlan]:
+    """A dense SwiGLU FFN `{b}ffn_gate / ffn_down / ffn_up` (in that order) whose matrices may carry a per-tensor
+    `.scale` / `.input_scale` (with all_optional): the DeepSeek and Kimi families' dense blocks."""
+    return (weight_plans(b + "ffn_gate", (F, D), D, all_optional=all_optional, scales=1)
+            + weight_plans(b + "ffn_down", (D, F), F, all_optional=all_optional, scales=1)
+            + weight_plans(b + "ffn_up", (F, D), D, all_optional=all_optional, scales=1))
+
+
 def moe_plans(il: int, D: int, E: int, F: int, *, all_optional: bool, fused_gate_up: bool = False,
               probs_bias: bool = False) -> list[TensorPlan]:
     """Router, optional exp_probs_b, routed experts (gate/up/down or fused gate_up), per-expert scales."""

@@ -20,7 +20,7 @@ prefix). `layers=N` keeps the first N blocks, the last one MoE (`synth_resolve`)
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..synthplan import TensorPlan, mla_metadata, mla_plans, moe_metadata, no_option, weight_plans
+from ..synthplan import TensorPlan, mla_metadata, mla_plans, moe_metadata, no_option, scaled_ffn_plans, weight_plans
 
 GATING = {"softmax": 1, "sigmoid": 2}     # expert_gating_func values (llama-hparams.h LLAMA_EXPERT_GATING_FUNC_TYPE_*)
 
@@ -81,10 +81,7 @@ def ffn_plans(il: int, p: dict, *, all_optional: bool, probs_bias_std: float) ->
     mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
     t = [TensorPlan(b + "ffn_norm.weight", (D,), "norm")]
     if il < p["n_dense_lead"]:
-        t += mat(b + "ffn_gate", (F, D), D, scales=1)
-        t += mat(b + "ffn_down", (D, F), F, scales=1)
-        t += mat(b + "ffn_up", (F, D), D, scales=1)
-        return t
+        return t + scaled_ffn_plans(b, D, F, all_optional=all_optional)
     t += mat(b + "ffn_gate_inp", (E, D), D, kind="router")               # ne {D, E}
     if p["probs_bias"] or all_optional:
         t.append(TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias", std=probs_bias_std))

@@ -24,7 +24,7 @@ Presets (`PRESETS[name]`):
 """
 from __future__ import annotations
 
-from ..synthplan import TensorPlan, no_option, weight_plans
+from ..synthplan import TensorPlan, no_option, scaled_ffn_plans, weight_plans
 from .kimi_family_synth import kda_plans
 
 ARCH = "glm5-next"
@@ -132,11 +132,8 @@ def mla_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
 def ffn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     """Dense SwiGLU (il < n_dense_lead) or router, exp_probs_b, routed and shared experts (glm5-next.cpp:158-178)."""
     b, D = f"blk.{il}.", p["n_embd"]
-    mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
     if il < p["n_dense_lead"]:
-        F = p["n_ff"]
-        return (mat(b + "ffn_gate", (F, D), D, scales=1) + mat(b + "ffn_down", (D, F), F, scales=1)
-                + mat(b + "ffn_up", (F, D), D, scales=1))
+        return scaled_ffn_plans(b, D, p["n_ff"], all_optional=all_optional)
     E, Fe, S = p["n_expert"], p["n_ff_exp"], p["n_shared"]
     return ([TensorPlan(b + "ffn_gate_inp.weight", (E, D), "router", D),
              TensorPlan(b + "exp_probs_b.bias", (E,), "probs_bias", std=0.2),

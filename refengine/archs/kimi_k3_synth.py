@@ -26,7 +26,7 @@ does refengine. (The q-LoRA tensors and attn_gate are in both presets already.)
 """
 from __future__ import annotations
 
-from ..synthplan import TensorPlan, mla_metadata, moe_metadata, no_option, weight_plans
+from ..synthplan import TensorPlan, mla_metadata, moe_metadata, no_option, scaled_ffn_plans, weight_plans
 from .kimi_family_synth import head_metadata, kda_plans
 
 ARCH = "kimi-k3"
@@ -117,9 +117,7 @@ def ffn_plans(il: int, p: dict, *, all_optional: bool) -> list[TensorPlan]:
     b, D = f"blk.{il}.", p["n_embd"]
     mat = lambda *a, **k: weight_plans(*a, all_optional=all_optional, **k)   # noqa: E731
     if il < p["n_dense_lead"]:
-        F = p["n_ff"]
-        return (mat(b + "ffn_gate", (F, D), D, scales=1) + mat(b + "ffn_down", (D, F), F, scales=1)
-                + mat(b + "ffn_up", (F, D), D, scales=1))
+        return scaled_ffn_plans(b, D, p["n_ff"], all_optional=all_optional)
     E, Fe, S, Dl = p["n_expert"], p["n_ff_exp"], p["n_shared"], p["latent"]
     W = Dl if Dl > 0 else D
     t = [TensorPlan(b + "ffn_gate_inp.weight", (E, D), "router", D),
