@@ -29,6 +29,7 @@ checks without a GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,19 @@ class DeviceStats:
         out["fallbacks"] = {k: v - before["fallbacks"].get(k, 0) for k, v in now["fallbacks"].items()
                             if v != before["fallbacks"].get(k, 0)}
         return out
+
+
+def _tree(v, leaf, dataclass_fields: bool = False):
+    """leaf applied to every value inside tuples, lists and dicts (and dataclass instances' init fields when asked),
+    the containers rebuilt; the one walk every conversion here takes."""
+    if isinstance(v, (tuple, list)):
+        return type(v)(_tree(e, leaf, dataclass_fields) for e in v)
+    if isinstance(v, dict):
+        return {k: _tree(e, leaf, dataclass_fields) for k, e in v.items()}
+    if dataclass_fields and dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return dataclasses.replace(v, **{f.name: _tree(getattr(v, f.name), leaf, True)
+                                         for f in dataclasses.fields(v) if f.init})
+    return leaf(v)
 
 
 def _immutable(a: np.ndarray) -> bool:
@@ -100,15 +114,7 @@ class Device:
     def put_tree(self, v):
         """put() applied through lists, tuples and dataclass instances (a residual that is not one array: Kimi-K3's
         running sum and bank); other values as they are."""
-        import dataclasses
-        if isinstance(v, (np.ndarray, DeviceArray)):
-            return self.put(v)
-        if isinstance(v, (tuple, list)):
-            return type(v)(self.put_tree(e) for e in v)
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return dataclasses.replace(v, **{f.name: self.put_tree(getattr(v, f.name)) for f in dataclasses.fields(v)
-                                              if f.init})
-        return v
+        return _tree(v, lambda a: self.put(a) if isinstance(a, (np.ndarray, DeviceArray)) else a, True)
 
     def get(self, a) -> np.ndarray:
         """A DeviceArray's values on the host (counted as a download); a host array as it is."""
@@ -148,43 +154,23 @@ class Device:
     def unwrap(self, v):
         """Arguments for the device library: DeviceArrays -> their buffers, host arrays -> uploaded, containers
         walked (index tuples, lists of arrays); scalars, slices, dtypes as they are."""
-        if isinstance(v, DeviceArray):
-            return v.raw
-        if isinstance(v, np.ndarray):
-            return self._upload(v)
-        if isinstance(v, (tuple, list)):
-            return type(v)(self.unwrap(e) for e in v)
-        if isinstance(v, dict):
-            return {k: self.unwrap(e) for k, e in v.items()}
-        return v
+        def leaf(a):
+            return a.raw if isinstance(a, DeviceArray) else self._upload(a) if isinstance(a, np.ndarray) else a
+        return _tree(v, leaf)
 
     def wrap(self, v):
-        if isinstance(v, self.raw_type):
-            return DeviceArray(v, self)
-        if self.kind == "sim" and isinstance(v, np.generic):        # a reduction's scalar: CuPy's is a 0-d array
-            return DeviceArray(np.asarray(v), self)
-        if isinstance(v, (tuple, list)):
-            return type(v)(self.wrap(e) for e in v)
-        return v
+        """A device library's result as DeviceArrays (containers walked)."""
+        def leaf(a):
+            if isinstance(a, self.raw_type):
+                return DeviceArray(a, self)
+            if self.kind == "sim" and isinstance(a, np.generic):     # a reduction's scalar: CuPy's is a 0-d array
+                return DeviceArray(np.asarray(a), self)
+            return a
+        return _tree(v, leaf)
 
     def _host(self, v):
         """Arguments for a host fallback: DeviceArrays downloaded, containers walked."""
-        if isinstance(v, DeviceArray):
-            return self._download(v.raw)
-        if isinstance(v, (tuple, list)):
-            return type(v)(self._host(e) for e in v)
-        if isinstance(v, dict):
-            return {k: self._host(e) for k, e in v.items()}
-        return v
-
-    def _put_tree(self, v):
-        if isinstance(v, np.ndarray):
-            self.stats.uploads += 1
-            self.stats.upload_bytes += v.nbytes
-            return DeviceArray(self._copy_in(v), self)
-        if isinstance(v, (tuple, list)):
-            return type(v)(self._put_tree(e) for e in v)
-        return v
+        return _tree(v, lambda a: self._download(a.raw) if isinstance(a, DeviceArray) else a)
 
     def call(self, func, args, kwargs):
         """func(*args, **kwargs) on the device; a function the device library lacks runs on the host (counted)."""
@@ -198,7 +184,7 @@ class Device:
             if self.kind != "cupy" or "no implementation found" not in str(e) and "Unsupported type" not in str(e):
                 raise
         self.stats.fallbacks[name] = self.stats.fallbacks.get(name, 0) + 1
-        return self._put_tree(func(*self._host(args), **self._host(kwargs)))
+        return self.put_tree(func(*self._host(args), **self._host(kwargs)))
 
     def on_host(self, label, func, args, kwargs):
         """func run on the host with the device arguments read back (counted as a fallback under `label`)."""
@@ -298,10 +284,4 @@ class DeviceArray(NDArrayOperatorsMixin):
 
 def to_host(v):
     """v with every DeviceArray read back (dicts, lists, tuples walked); other values as they are."""
-    if isinstance(v, DeviceArray):
-        return v.dev.get(v)
-    if isinstance(v, (tuple, list)):
-        return type(v)(to_host(e) for e in v)
-    if isinstance(v, dict):
-        return {k: to_host(e) for k, e in v.items()}
-    return v
+    return _tree(v, lambda a: a.dev.get(a) if isinstance(a, DeviceArray) else a)
