@@ -194,11 +194,14 @@ class Runtime:
         if y is None:
             (xh,) = self._host_args(x)
             y = self._from_host(self._be.matmul(xh, w, mode=self.mode))
-        if self.check_finite:
-            xp = dev.xp
-            self._finite.append((f"weight {w.name!r} ({w.type.name})", xp.isfinite(y.raw).all(),
-                                 xp.isfinite(x.raw).all()))
+        self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
         return y
+
+    def _defer_finite(self, label: str, y, x) -> None:
+        """Resident: y's and x's all-finite flags kept on the device, read back once per forward (check_deferred)."""
+        if self.check_finite:
+            xp = self.device.xp
+            self._finite.append((label, xp.isfinite(y.raw).all(), xp.isfinite(x.raw).all()))
 
     def matmul_heads(self, x, w: QTensor):
         """Per-head products, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] -> [H, T, O] (on a GPU one
@@ -210,10 +213,7 @@ class Runtime:
                 y = fn(x.raw, w, mode=self.mode)
                 if y is not None:
                     y = x.dev.wrap(y)
-                    if self.check_finite:
-                        xp = x.dev.xp
-                        self._finite.append((f"weight {w.name!r} ({w.type.name})", xp.isfinite(y.raw).all(),
-                                             xp.isfinite(x.raw).all()))
+                    self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
                     return y
             return np.stack([self.matmul(x[h], w[h]) for h in range(x.shape[0])])
         return np.stack([self.matmul(np.ascontiguousarray(x[h]), w[h]) for h in range(x.shape[0])])
@@ -262,10 +262,8 @@ class Runtime:
                 dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
         if y is not None:
             y = dev.wrap(y)
-            if self.check_finite:
-                xp = dev.xp
-                names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
-                self._finite.append((f"routed experts ({names})", xp.isfinite(y.raw).all(), xp.isfinite(x.raw).all()))
+            names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
+            self._defer_finite(f"routed experts ({names})", y, x)
             return y
         xh, idh, wh = self._host_args(x, ids, weights)
         if cache is not None and dev.kind == "sim":       # the sim device's slot pool (NumPy), the host path on it
