@@ -13,6 +13,7 @@ trace records as the loop oracle `refengine.moe.experts.moe_ffn` (llama.cpp: `bu
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -257,6 +258,22 @@ def expert_scales(s, E):
     return np.ones(E, np.float32) if s is None else np.asarray(s, dtype=np.float32).reshape(E)
 
 
+@functools.lru_cache(maxsize=32)
+def _unit_scales(n: int):
+    return cuda.to_device(np.ones(n, dtype=np.float32))          # read only by the kernels: shared safely
+
+
+def device_scales(gate_scale, up_scale, down_scale, E: int):
+    """(sc_gu float32 [2E]: gate scales then up scales, sc_d [E]) on the device, for `moe_ffn_device`; ones, uploaded
+    once and reused, where the tensors have no `.scale` (most files): no host-to-device copy per call then."""
+    if gate_scale is None and up_scale is None:
+        sc_gu = _unit_scales(2 * E)
+    else:
+        sc_gu = cuda.to_device(np.concatenate([expert_scales(gate_scale, E), expert_scales(up_scale, E)]))
+    sc_d = _unit_scales(E) if down_scale is None else cuda.to_device(expert_scales(down_scale, E))
+    return sc_gu, sc_d
+
+
 def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, *, up, gate, down, up_scale=None,
             gate_scale=None, down_scale=None, mode: str = "exact", record=None, il: int = -1,
             kernel: str = "auto", act=None, cache=None) -> np.ndarray:
@@ -311,8 +328,7 @@ def _moe_ffn_dispatch(x, ids, weights, dup, dgate, ddown, up_scale, gate_scale, 
     n = T * A
     xd = cuda.to_device(x)
     tx, tp = cuda.to_device(tab_x), cuda.to_device(tab_p)
-    sc_gu = cuda.to_device(np.concatenate([expert_scales(gate_scale, En), expert_scales(up_scale, En)]))
-    sc_d = cuda.to_device(expert_scales(down_scale, En))
+    sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, En)
     wts = cuda.to_device(np.ascontiguousarray(weights, dtype=np.float32).reshape(-1))
     if record is None and act is None:
         idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \

@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda
 
 from ..ref import QTensor
-from .moe import combine_slots, expert_scales, groups_from_ids, moe_ffn_device, one_token_ok
+from .moe import combine_slots, device_scales, groups_from_ids, moe_ffn_device, one_token_ok
 from .ops import aligned16, dense, grouped, supported
 from .weights import device_weight
 
@@ -108,8 +108,7 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
     xs = _input(x)
     xd = _nb(xs)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
-    sc_gu = cuda.to_device(np.concatenate([expert_scales(gate_scale, En), expert_scales(up_scale, En)]))
-    sc_d = cuda.to_device(expert_scales(down_scale, En))
+    sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, En)
     out = cp.empty((T, xs.shape[1]), dtype=cp.float32)
     if act is not None:
         n, I, D = T * A, up.shape[1], xs.shape[1]
