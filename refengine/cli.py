@@ -165,7 +165,7 @@ def cmd_run(args) -> int:
     print(f"[prefill {len(tokens)} tokens: {prefill:.2f} s ({len(tokens) / max(prefill, 1e-9):.1f} tokens/s); "
           f"decode {max(len(out) - 1, 0)} tokens: {decode}; backend {args.backend}, mode {args.mode}] ids: {out}",
           file=sys.stderr)
-    _expert_report(args, rt)
+    _expert_report(args, rt.expert_cache, rt.expert_stats)
     if args.json is not None:
         from .golden.write import expert_record
         rec = {"ids": [int(i) for i in out], "prompt_tokens": len(tokens), "prefill_s": round(prefill, 4),
@@ -212,21 +212,14 @@ def _expert_kw(args, model) -> dict:
     return kw
 
 
-def _expert_report_kw(args, kw: dict) -> None:
-    """`_expert_report` from the Runtime arguments `_expert_kw` made (golden builds its Runtime itself)."""
-    from types import SimpleNamespace
-    cache = kw.get("expert_budget")
-    _expert_report(args, SimpleNamespace(expert_cache=cache if hasattr(cache, "summary") else None,
-                                         expert_stats=kw.get("expert_stats")))
-
-
-def _expert_report(args, rt) -> None:
-    if rt.expert_cache is not None:
-        print(f"[{rt.expert_cache.summary()}]", file=sys.stderr)
-    if rt.expert_stats is not None:
-        rt.expert_stats.save(args.expert_stats)
-        print(f"[routing trace: {len(rt.expert_stats.calls)} expert calls, {rt.expert_stats.tokens()} tokens -> "
-              f"{args.expert_stats}]", file=sys.stderr)
+def _expert_report(args, cache, stats) -> None:
+    """The expert cache's summary line and the routing trace saved (run's and golden's end); None: not asked for."""
+    if cache is not None:
+        print(f"[{cache.summary()}]", file=sys.stderr)
+    if stats is not None:
+        stats.save(args.expert_stats)
+        print(f"[routing trace: {len(stats.calls)} expert calls, {stats.tokens()} tokens -> {args.expert_stats}]",
+              file=sys.stderr)
 
 
 def cmd_quantize(args) -> int:
@@ -329,7 +322,7 @@ def cmd_golden(args) -> int:
           + (", logits.kld" if m["files"]["kld_base"] else "")
           + f"; forward {m['timing_s']['forward']:.2f} s; tolerance NMSE {m['tolerance']['nmse']:.0e} "
           f"({m['model']['weight_class']} weights, {args.mode} mode)")
-    _expert_report_kw(args, kw)
+    _expert_report(args, kw.get("expert_budget"), kw.get("expert_stats"))
     return 0
 
 
@@ -356,7 +349,7 @@ def _golden_corpus(args) -> int:
     print(f"Final estimate: PPL = {p['ppl']:.4f} +/- {p['ppl_unc']:.5f}")
     kld = os.path.join(args.output, m["files"]["kld_base"])
     print(f"read it with: {m['kld_base']['check'].replace('MODEL', args.file).replace(m['files']['kld_base'], kld)}")
-    _expert_report_kw(args, kw)
+    _expert_report(args, kw.get("expert_budget"), kw.get("expert_stats"))
     return 0
 
 
