@@ -147,9 +147,6 @@ class Device:
         self.stats.download_bytes += raw.nbytes
         return raw.get() if self.kind == "cupy" else raw.copy()
 
-    def cached_bytes(self) -> int:
-        return sum(h.nbytes for h, _ in self._cache.values())
-
     # ------------------------------------------------------------ wrapping
     def unwrap(self, v):
         """Arguments for the device library: DeviceArrays -> their buffers, host arrays -> uploaded, containers
