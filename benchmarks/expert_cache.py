@@ -1,25 +1,33 @@
 """The GPU expert cache (issue 24) at several budgets: logits against the fully resident run, decode speed, hit rate.
 
     python benchmarks/expert_cache.py MODEL.gguf [--budgets 0.125,0.25,0.5,1] [--policy lru] [--prompt 16]
-                                      [--decode 64] [--no-reference] [--json out.json] [--backend cuda]
+                                      [--decode 64] [--tokens random|greedy] [--no-reference] [--json out.json]
+                                      [--save-reference R.npz | --reference R.npz] [--backend cuda]
     python benchmarks/expert_cache.py --arch kimi-k3 --preset kimi-k3 --layers 3 --type Q2_K [--dir /tmp]
                                       (a random-weight cut of the published shapes, refengine.cuda.randmodel)
 
 For each budget (a fraction of the routed-expert bytes, or bytes: "8GiB") a fresh `Runtime(expert_budget=
-ExpertCache.for_model(...))` runs the prompt, then `--decode` tokens one at a time. The tokens are those the
-reference chose greedily (teacher forcing: every budget sees the same routing input), and each step's logits are
-compared with the reference's bit for bit. The reference is the resident run without a budget, op by op (a routing
-trace keeps it off the whole-forward path, as a budget does), so only the expert addressing differs; it needs every
-expert on the GPU: `--no-reference` for a model larger than the GPU (then only the budgeted runs, no check).
+ExpertCache.for_model(...))` runs the prompt, then `--decode` tokens one at a time, and each step's logits are
+compared with the reference's bit for bit. The decode tokens are fixed in advance (teacher forcing: every budget sees
+the same routing input): `--tokens random` (the default) draws them at random, seeded, so that each step routes
+afresh as text does; `--tokens greedy` takes the reference's argmax, which a random-weight model turns into a loop of
+one token (the same experts every step: the hit rate then measures only the first touches). The reference is the
+resident run without a budget, op by op (a routing trace keeps it off the whole-forward path, as a budget does), so
+only the expert addressing differs; it needs every expert on the GPU: `--no-reference` for a model larger than the
+GPU (then only the budgeted runs, no check). `--save-reference R.npz` writes the reference's tokens and logits,
+`--reference R.npz` compares with them instead of running it: one process per budget (the peak each reports is then
+its own, with no earlier run's allocations in the process).
 
 Reported per budget: slots, decode tokens/s (synchronised), hit rate, misses per token (prompt included), bytes moved
 host->device, seconds in the loader (the time stalled on misses: copies from the pageable mmap are synchronous),
 and the peak device memory in use (cudaMemGetInfo after every step, minus the figure before the model was opened:
-measured, not computed). `--backend numpy` runs the same on the "sim" device (a dry run without a GPU).
+measured, not computed) beside its bound: the budget plus the bytes of the file that are not routed experts (the
+resident part's weights). `--backend numpy` runs the same on the "sim" device (a dry run without a GPU).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -47,6 +55,7 @@ def used_bytes(rt: Runtime) -> int:
 
 def free_device(rt: Runtime) -> None:
     """Drop the whole-tensor device copies a run left (the reference's experts), so the next peak is its own."""
+    gc.collect()                     # the finished run's slot pool and state, unreferenced by now
     if rt.device is None or rt.device.kind != "cupy":
         return
     from numba import cuda
@@ -97,7 +106,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ubatch", type=int, default=None, help="n_ubatch (a small one lets small budgets take the "
                     "prompt: one batch's distinct experts of a layer must fit)")
     ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--tokens", default="random", choices=("random", "greedy"),
+                    help="the decode tokens: drawn at random (seeded) or the reference's argmax")
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--save-reference", default=None, help="write the reference's tokens and logits (.npz)")
+    ap.add_argument("--reference", default=None, help="compare with a saved reference instead of running it")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     path = a.model
@@ -110,17 +123,26 @@ def main(argv=None) -> int:
     base = used_bytes(probe)
     model = Model(path, **({"n_ubatch": a.ubatch} if a.ubatch else {}))
     geo = ExpertCache.for_model(model, 1.0).geometry
+    rest = os.path.getsize(path) - geo.expert_bytes          # everything else in the file: the resident part's bound
     print(f"model {path}: {os.path.getsize(path) / 1e9:.2f} GB, routed experts {geo.expert_bytes / 1e9:.2f} GB "
-          f"({len(geo.layers)} layers x {geo.n_expert}), slot {geo.slot_bytes / 2**20:.2f} MiB", flush=True)
-    prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.cfg.n_vocab, a.prompt)]
-    ref, tokens = None, None
-    if not a.no_reference:
+          f"({len(geo.layers)} layers x {geo.n_expert}), slot {geo.slot_bytes / 2**20:.2f} MiB, the rest of the "
+          f"file {rest / 2**30:.2f} GiB", flush=True)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prompt)]
+    tokens = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.decode)] if a.tokens == "random" else None
+    ref = None
+    if a.reference:
+        z = np.load(a.reference)
+        ref, tokens = [z[f"step{i}"] for i in range(a.decode + 1)], [int(t) for t in z["tokens"]]
+    elif not a.no_reference:
         rt = Runtime(backend=a.backend, resident=True, expert_stats=ExpertTrace())
         run(model, rt, prompt, 1)                                           # warm-up: uploads, kernel compiles
-        ref, tokens, secs, peak = run(model, rt, prompt, a.decode, base=base)
+        ref, tokens, secs, peak = run(model, rt, prompt, a.decode, tokens=tokens, base=base)
         print(f"resident: decode {a.decode / secs:.2f} tokens/s, peak {peak / 2**30:.2f} GiB", flush=True)
-        free_device(rt)
+        if a.save_reference:
+            np.savez(a.save_reference, tokens=np.asarray(tokens), **{f"step{i}": x for i, x in enumerate(ref)})
         del rt
+        free_device(probe)
     rows = []
     for b in a.budgets.split(","):
         cache = ExpertCache.for_model(model, budget_arg(b), policy=a.policy)
@@ -131,21 +153,26 @@ def main(argv=None) -> int:
         row = dict(budget=b, budget_bytes=d["budget_bytes"], slots=d["n_slots"], policy=a.policy,
                    decode_tok_s=a.decode / secs, hit_rate=d["hit_rate"], bytes_moved=d["bytes_moved"],
                    load_seconds=d["load_seconds"], misses_per_token=d["misses"] / max(1, d["tokens"]),
-                   peak_bytes=peak, bit_identical=same, layers=d["layers"])
+                   peak_bytes=peak, bound_bytes=d["budget_bytes"] + rest, bit_identical=same,
+                   layers=d["layers"])
         rows.append(row)
         print(f"budget {b:>8}: {d['n_slots']:6d} slots, decode {row['decode_tok_s']:.2f} tokens/s, hit rate "
               f"{d['hit_rate']:.3f}, {d['bytes_moved'] / 1e9:.2f} GB moved in {d['load_seconds']:.2f} s, peak "
-              f"{peak / 2**30:.2f} GiB, bit-identical {same}", flush=True)
-        free_device(rt)
+              f"{peak / 2**30:.2f} GiB (budget + the rest of the file {row['bound_bytes'] / 2**30:.2f} GiB), "
+              f"bit-identical {same}", flush=True)
         del rt, cache
+        free_device(probe)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(model=path, prompt=a.prompt, decode=a.decode, rows=rows), f, indent=1, default=str)
-    print("\n| budget | slots | decode tok/s | hit rate | GB moved | s loading | peak GiB | = resident |")
-    print("|---|---|---|---|---|---|---|---|")
+            json.dump(dict(model=path, rest_of_file_bytes=rest, prompt=a.prompt, decode=a.decode, tokens=a.tokens,
+                           rows=rows), f, indent=1, default=str)
+    print("\n| budget | slots | decode tok/s | hit rate | GB moved | s loading | peak GiB | budget + rest GiB | "
+          "= resident |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['budget']} | {r['slots']} | {r['decode_tok_s']:.2f} | {r['hit_rate']:.3f} | "
               f"{r['bytes_moved'] / 1e9:.2f} | {r['load_seconds']:.2f} | {r['peak_bytes'] / 2**30:.2f} | "
+              f"{r['bound_bytes'] / 2**30:.2f} | "
               f"{r['bit_identical']} |")
     return 0 if all(r["bit_identical"] is not False for r in rows) else 1
 
