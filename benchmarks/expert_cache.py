@@ -145,6 +145,12 @@ def main(argv=None) -> int:
         free_device(probe)
     rows = []
     for b in a.budgets.split(","):
+        if ref is None or a.reference:       # no reference run in this process: a warm-up (kernel compiles) first,
+            warm = Runtime(backend=a.backend, resident=True,          # with a cache of its own, then dropped
+                           expert_budget=ExpertCache.for_model(model, budget_arg(b), policy=a.policy))
+            run(model, warm, prompt, 1, tokens=tokens)
+            del warm
+            free_device(probe)
         cache = ExpertCache.for_model(model, budget_arg(b), policy=a.policy)
         rt = Runtime(backend=a.backend, expert_budget=cache, resident=True)
         out, toks, secs, peak = run(model, rt, prompt, a.decode, tokens=tokens, base=base)

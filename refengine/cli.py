@@ -146,6 +146,7 @@ def cmd_run(args) -> int:
             tok = None
     rt = Runtime(mode=args.mode, backend=args.backend, qsa_rule=args.qsa_rule or "authors", **_expert_kw(args, model))
     stamps = []                                   # time at each new token (the first comes after the prefill)
+    bar = _decode_bar(args, rt)
 
     def show(t):
         stamps.append(time.perf_counter())
@@ -153,12 +154,24 @@ def cmd_run(args) -> int:
             print(tok.piece(t).decode("utf-8", errors="replace"), end="", flush=True)
         else:
             print(t, end=" ", flush=True)
+        if bar is not None:
+            bar.update(1)
+            if rt.expert_cache is not None:
+                c = rt.expert_cache
+                hr = c.hit_rate
+                bar.set_postfix_str(f"hit {'-' if hr is None else f'{hr:.3f}'}, {c.bytes_moved / 2**20:.0f} MiB "
+                                    f"moved, {c.load_seconds:.2f} s loading", refresh=False)
     t0 = time.perf_counter()
     if tokens:                                    # the prefill (of the continuation, after --load-state); a bar over
         last = model.forward(tokens, state, rt, progress=not args.quiet)[-1]   # its ubatches, cleared when done
     if tok is not None:
         print(tok.decode(tokens), end="", flush=True)
-    out = model.generate([], args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show, state=state, logits=last)
+    try:
+        out = model.generate([], args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show, state=state,
+                             logits=last)
+    finally:
+        if bar is not None:
+            bar.close()
     print()
     prefill = (stamps[0] if stamps else time.perf_counter()) - t0
     decode = f"{(len(stamps) - 1) / (stamps[-1] - stamps[0]):.2f} tokens/s" if len(stamps) > 1 else "-"
@@ -184,6 +197,15 @@ def cmd_run(args) -> int:
         print(f"[state: {m['n_past']} positions, {os.path.getsize(args.save_state) / 2**20:.2f} MiB -> "
               f"{args.save_state}]", file=sys.stderr)
     return 0
+
+
+def _decode_bar(args, rt):
+    """A tqdm line on stderr over the decoded tokens (tokens/s; with an expert cache its hit rate, bytes moved and
+    time loading), shown when stdout is not a terminal: the streamed text and the bar would share one line there."""
+    if args.quiet or sys.stdout.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=args.n, desc="decode", unit="tok", file=sys.stderr, dynamic_ncols=True)
 
 
 def add_expert_flags(p) -> None:
@@ -461,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "another model file): --tokens / --prompt are then the continuation, appended to it; without "
                    "them generation goes on from the saved next-token logits. The run is the uninterrupted one, "
                    "bit for bit")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar (hashing a big model file)")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bars (the prefill's ubatches; the decoded "
+                   "tokens, with the expert cache's hit rate, when stdout is not a terminal)")
     add_expert_flags(r)
     r.add_argument("--json", metavar="F", default=None, help="write the run's figures to F: ids, prefill time, "
                    "decode tokens/s, the device counters of a resident run (what crossed between host and device), "

@@ -224,6 +224,9 @@ def test_cli_expert_stats(synth_model, tmp_path, capsys):
     assert rec["resident"] and len(rec["ids"]) == 3 and rec["device"]["calls"] > 0
     assert cache["hits"] + cache["misses"] == sum(c["lookups"] for c in cache["layers"].values()) > 0
     assert rec["experts"]["routing"]["tokens"] == 6
+    # the decode line (stdout captured: not a terminal) ends with the cache's figures at the end of the run
+    last = err.split("decode:")[-1]
+    assert "3/3" in last and f"hit {cache['hit_rate']:.3f}" in last, err
 
 
 # ------------------------------------------------------------------ the slot pool in the grouped kernels
