@@ -4,7 +4,7 @@ and a whole forward on the "sim" device with routed experts streamed through a b
 - budgets parse ("8GiB", bytes, fractions); eviction order as each policy says (LRU, LFU with history, decayed
   frequency); a batch's own hits are pinned against its misses; a batch wider than the budget is a clear error
   (ExpertBudgetError naming the budget and the layer) that leaves the cache as it was;
-- tiny MoE presets (qwen3moe: separate gate/up; deepseek2: fused gate_up, shared experts, a dense first layer) run
+- tiny MoE presets (qwen3moe; deepseek2: shared experts, a dense first layer; every MoE arch and a fused gate_up) run
   resident on the sim device with budgets of 1/4, 1/2 and 1 of the routed-expert bytes: logits bit-identical to the
   unbudgeted run, hits + misses = the batches' distinct experts, bytes moved = misses x slot bytes = what the
   slot pool copied, and a replay of the recorded routing trace reproduces the counters;
@@ -161,11 +161,13 @@ def moe_archs():
     return [a for a in ARCHS if a != "llama"]
 
 
-@pytest.mark.parametrize("arch", moe_archs())
+@pytest.mark.parametrize("arch", moe_archs() + ["qwen3next/fused_gate_up"])
 def test_every_moe_arch_through_half_the_experts(synth_model, arch):
     """Every arch's routed experts (separate or fused gate/up, SiTU, latent MoE, hash routing) through a budget of
     half their bytes, one token per batch: bit-identical to the unbudgeted resident run."""
-    m = Model(synth_model(arch, wtype="Q4_K"), n_ubatch=1)
+    arch, _, fused = arch.partition("/")
+    m = Model(synth_model(arch, wtype="Q4_K", **({"overrides": {"fused_gate_up": True}} if fused else {})),
+              n_ubatch=1)
     want = m.forward(TOKENS[:6], m.new_state(), rt=Runtime(resident=True))
     c = ExpertCache.for_model(m, 0.5)
     got = m.forward(TOKENS[:6], m.new_state(), rt=Runtime(resident=True, expert_budget=c))
@@ -369,3 +371,28 @@ def test_golden_with_a_budget_is_the_golden_and_keeps_the_counters(synth_model, 
     cache = b["experts"]["cache"]
     assert cache["hits"] + cache["misses"] > 0 and b["experts"]["routing"]["tokens"] == len(toks)
     assert "experts" not in a
+
+
+def test_fused_gate_up_halves_are_views_of_the_file(synth_model):
+    """A fused ffn_gate_up_exps is split into views of the mapped file (nothing copied up front: a model larger
+    than RAM stays mapped), and the CPU grouped product on such a view (the experts 2I rows apart) gives the bits of
+    the product on a contiguous copy, reading only the experts a call uses."""
+    from quant import QTensor
+    from quant.cpu.matmul import grouped_matmul
+    from refengine.moe.block import split_gate_up
+    m = Model(synth_model("qwen3next", wtype="Q4_K", overrides={"fused_gate_up": True}))
+    w = next(m.layer(il) for il in range(m.cfg.n_layer) if getattr(m.layer(il), "ffn_gate_up_exps", None) is not None)
+    t = w.ffn_gate_up_exps
+    gate, up = split_gate_up(w)
+    assert split_gate_up(w)[0] is gate                                   # made once per loaded layer
+    E, I, D = gate.shape
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, D)).astype(np.float32)
+    seg = np.array([0, 2, 2, 5] + [6] * (E - 3))                         # experts 0, 2 and 3 own rows
+    for half, lo in ((gate, 0), (up, I)):
+        assert np.shares_memory(half.raw, t.raw) and not half.raw.flags.c_contiguous
+        assert np.array_equal(half.raw, np.asarray(t.raw)[:, lo:lo + I])
+        copy = QTensor(half.name, half.type, half.shape, np.ascontiguousarray(half.raw))
+        for blas_min in (1, 1000):                                       # the BLAS path and the kernel path
+            assert np.array_equal(grouped_matmul(x, half, seg, blas_min_tokens=blas_min),
+                                  grouped_matmul(x, copy, seg, blas_min_tokens=blas_min))

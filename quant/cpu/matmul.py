@@ -159,8 +159,13 @@ def grouped_matmul(x: np.ndarray, w: QTensor, seg: np.ndarray, *, mode: str = "e
     if seg.shape != (E + 1,) or seg[0] != 0 or seg[-1] != x.shape[0] or np.any(np.diff(seg) < 0):
         raise QuantError(f"grouped_matmul: seg must be {E + 1} non-decreasing offsets from 0 to {x.shape[0]} "
                          f"for weight {w.name!r}")
-    y = np.empty((x.shape[0], O), dtype=np.float32)
     counts = np.diff(seg)
+    if not w.raw.flags.c_contiguous:              # a view with experts apart (a fused gate_up's half): the experts
+        used = np.nonzero(counts)[0]              # this call uses, gathered (the rest of the tensor is not read)
+        sub = QTensor(w.name, w.type, (used.size, *w.shape[1:]), np.ascontiguousarray(w.raw[used]))
+        return grouped_matmul(x, sub, np.concatenate([[0], np.cumsum(counts[used])]), mode=mode,
+                              tile_rows=tile_rows, blas_min_tokens=blas_min_tokens)
+    y = np.empty((x.shape[0], O), dtype=np.float32)
     kind = int(w.type)
     if kind not in KINDS:
         for e in np.nonzero(counts)[0]:

@@ -127,16 +127,17 @@ def shexp_gate(h, w, rt, il):
 
 def split_gate_up(w) -> tuple[QTensor, QTensor]:
     """The fused `ffn_gate_up_exps` [E, 2I, D] as gate = rows [0, I) and up = rows [I, 2I) of every expert
-    (llama.cpp: views of one mul_mat_id result, src/llama-graph.cpp build_moe_ffn)."""
-    split = getattr(w, "ffn_gate_up_split", None)      # made once per loaded layer: a split per forward call
-    if split is None:                                   # copied the packed bytes every time (and, on the cuda
-        t = w.ffn_gate_up_exps                          # backend, uploaded a new device copy every time)
+    (llama.cpp: views of one mul_mat_id result, src/llama-graph.cpp build_moe_ffn). The halves are views of the
+    mapped file (expert e's rows contiguous, the experts 2I rows apart), made once per loaded layer: nothing is
+    copied up front, whatever the model's size (the products take the experts a call uses, quant/cpu/matmul.py
+    grouped_matmul; an upload to a GPU, or an expert cache's slot, copies what it moves)."""
+    split = getattr(w, "ffn_gate_up_split", None)
+    if split is None:
+        t = w.ffn_gate_up_exps
         E, I2, D = t.shape
         I = I2 // 2
-        raw = np.asarray(t.raw)
-        split = w.ffn_gate_up_split = (
-            QTensor(t.name + "[gate]", t.type, (E, I, D), np.ascontiguousarray(raw[:, :I])),
-            QTensor(t.name + "[up]", t.type, (E, I, D), np.ascontiguousarray(raw[:, I:])))
+        split = w.ffn_gate_up_split = (QTensor(t.name + "[gate]", t.type, (E, I, D), t.raw[:, :I]),
+                                       QTensor(t.name + "[up]", t.type, (E, I, D), t.raw[:, I:]))
     return split
 
 
