@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +105,14 @@ def _immutable(a: np.ndarray) -> bool:
             return False
         a = a.base
     return True
+
+
+def _caller() -> str:
+    """file:line of the innermost frame outside this file and NumPy: the line of the module that asked."""
+    for f in reversed(traceback.extract_stack()[:-2]):
+        if not f.filename.endswith("devarray.py") and "/numpy/" not in f.filename:
+            return "/".join(f.filename.replace("\\", "/").split("/")[-2:]) + f":{f.lineno}"
+    return "?"
 
 
 def signature(v):
@@ -177,8 +186,8 @@ class Device:
 
     def _sync(self, what: str) -> None:
         if self._strict:
-            raise DeviceSyncError(f"strict device span: {what}; a span that syncs with the host cannot be captured "
-                                  f"as a CUDA graph (docs/device_path.md)")
+            raise DeviceSyncError(f"strict device span: {what}, at {_caller()}; a span that syncs with the host "
+                                  f"cannot be captured as a CUDA graph (docs/device_path.md)")
 
     # ------------------------------------------------------------ moving arrays
     def put(self, host) -> "DeviceArray":
@@ -255,7 +264,9 @@ class Device:
         create: func is a NumPy creation function reached through `like=` (CREATE): the device library's own runs."""
         self.stats.calls += 1
         name = getattr(func, "__name__", repr(func))
-        op = f"np.{name}"
+        owner = getattr(func, "__self__", None)
+        op = f"np.{name}" if not isinstance(owner, np.ufunc) else \
+            f"np.{owner.__name__}" + ("" if name == "__call__" else f".{name}")         # a ufunc's method
         if name in INPLACE and args and isinstance(args[0], np.ndarray):
             return self.on_host(f"{name} (into a host array)", func, args, kwargs)
         try:
