@@ -77,9 +77,10 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
                      down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, act_device=None,
                      il: int = -1, cache=None, read_ids=None, **_):
     """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] -> CuPy [T, D]. ids on the host
-    (the grouping tables are built there), or a CuPy array: one token whose A ids the one-token kernels read on the
-    device (no table, no synchronisation: a decode step that can be captured), else read back by read_ids(ids). Without a cache every expert is resident (uploaded on first use); with
-    `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
+    (the grouping tables are built there), or a CuPy array: one token's, which the one-token kernels read on the
+    device (no table, no synchronisation: a decode step that can be captured), else read back by read_ids(ids)
+    (the runtime's counted read; None: ids.get()). Without a cache every expert is resident (uploaded on first use);
+    with `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
     remapped to slot ids, the same kernels on the same bytes.
 
     act / act_device: another gated activation than SwiGLU (Kimi-K3's SiTU, DeepSeek-V4's clamped SwiGLU): the
@@ -97,7 +98,7 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
             if T == 1 and act is None and cache is None else None
         if y is not None:
             return y
-        ids = read_ids(ids)
+        ids = read_ids(ids) if read_ids is not None else ids.get()
     ids = np.asarray(ids, dtype=np.int32)
     if cache is None:
         dup = device_weight(up).ensure()
