@@ -35,10 +35,10 @@ TOL = 1e-6              # float summation order only (tests/test_backends.py)
 CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear"]
 # arch -> the first thing its decode step's strict span stops at (docs/device_path.md, "What is capturable")
 NOT_YET = {
-    "deepseek32": "DSA lightning indexer: a host matrix uploaded per step (dsa_indexer.py), then a data-dependent "
-                  "top-k selection built on the host",
+    "deepseek32": "DSA lightning indexer: its causal mask made from host positions (dsa_indexer.py lightning_indexer), "
+                  "its key cache growing, its top-k selection's mask data-dependent (obstacle 4)",
     "glm-dsa": "DSA lightning indexer, as deepseek32",
-    "glm5-next": "k-pool indexer: its selection's mask made on the host (dsa_indexer.py / kpool_indexer.py)",
+    "glm5-next": "k-pool indexer under the same lightning indexer mask, its pooled selection (obstacle 4)",
     "deepseek4": "compressed KV: the window's positions read back (compressed_kv.py), caches that grow by "
                  "concatenation",
     "kimi-k3": "SiTU routed experts: the expert ids read back to build the grouping tables on the host",
