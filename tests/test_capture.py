@@ -69,11 +69,13 @@ def prefilled(m, rt):
     return st
 
 
-@pytest.mark.parametrize("arch", CAPTURABLE + [
-    pytest.param(a, marks=pytest.mark.xfail(raises=DeviceSyncError, strict=True, reason=why))
+@pytest.mark.parametrize("arch, rope", [(a, None) for a in CAPTURABLE] + [("deepseek2", "yarn")] + [
+    pytest.param(a, None, marks=pytest.mark.xfail(raises=DeviceSyncError, strict=True, reason=why))
     for a, why in NOT_YET.items()])
-def test_decode_step_capturable(synth_model, arch):
-    m = Model(synth_model(arch, wtype="Q4_K"))
+def test_decode_step_capturable(synth_model, arch, rope):
+    """rope "yarn": DeepSeek-V3's rope scaling (the real presets'), whose mix is a constant on the device."""
+    m = Model(synth_model(arch, wtype="Q4_K", **({} if rope is None else {"rope_scaling": rope})))
+    assert rope is None or m.cfg.yarn_ext_factor != 0.0
     rt, host, plain = Runtime(resident=True, fixed_shapes=True), Runtime(fixed_shapes=True), Runtime()
     st_d, st_h, st_p = prefilled(m, rt), prefilled(m, host), prefilled(m, plain)
     got, sigs, inside = decode_checked(m, rt, st_d, (9, 11))

@@ -32,16 +32,18 @@ def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, b
 
 @functools.lru_cache(maxsize=64)
 def yarn_mix(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float,
-             ext_factor: float) -> np.ndarray:
-    """YaRN's per-pair mix of extrapolated and interpolated angles, ramp(i) * ext_factor [n_rot/2] float32: made
-    once per set of parameters and read-only (a constant: a device keeps one copy of it)."""
+             ext_factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """YaRN's per-pair weights of the interpolated and the extrapolated angle, (1 - mix, mix) with
+    mix = ramp(i) * ext_factor, each [n_rot/2] float32: made once per set of parameters and read-only (constants: a
+    device keeps one copy of each)."""
     lo, hi = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow)
     i0 = np.arange(0, n_rot, 2, dtype=np.float32)
     y = (i0 / 2 - lo) / max(0.001, hi - lo)
     ramp = 1 - np.clip(y, 0, 1)
     mix = (ramp * ext_factor).astype(np.float32)
-    mix.flags.writeable = False
-    return mix
+    keep = 1 - mix
+    mix.flags.writeable = keep.flags.writeable = False
+    return keep, mix
 
 
 def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: float = 1.0,
@@ -63,8 +65,8 @@ def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: 
     theta = np.float32(freq_scale) * theta_ext
     mscale = np.float32(attn_factor)
     if ext_factor != 0.0:
-        mix = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor)   # [half]
-        theta = theta * (1 - mix) + theta_ext * mix
+        keep, mix = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor)   # [half] each
+        theta = theta * keep + theta_ext * mix
         mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
     th = theta.astype(np.float64)
     return (np.cos(th) * mscale).astype(np.float32), (np.sin(th) * mscale).astype(np.float32)
