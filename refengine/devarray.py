@@ -115,6 +115,15 @@ def _caller() -> str:
     return "?"
 
 
+def _op_name(func) -> str:
+    """`np.add`, `np.add.reduce`, `np.einsum`: how strict() and recording() name a NumPy call."""
+    name = getattr(func, "__name__", repr(func))
+    owner = getattr(func, "__self__", None)
+    if isinstance(owner, np.ufunc):                                                # a ufunc's __call__ or method
+        return f"np.{owner.__name__}" + ("" if name == "__call__" else f".{name}")
+    return f"np.{name}"
+
+
 def signature(v):
     """What a captured op depends on besides the bytes in its buffers: arrays as (where, shape, dtype), scalars,
     slices and dtypes by value, containers walked; anything else by its type's name."""
@@ -184,9 +193,10 @@ class Device:
             for r in self._recorders:
                 r.append(entry)
 
-    def _sync(self, what: str) -> None:
+    def _sync(self, what) -> None:
+        """Inside strict(): raise, naming what() (a callable: the words are made only then)."""
         if self._strict:
-            raise DeviceSyncError(f"strict device span: {what}, at {_caller()}; a span that syncs with the host "
+            raise DeviceSyncError(f"strict device span: {what()}, at {_caller()}; a span that syncs with the host "
                                   f"cannot be captured as a CUDA graph (docs/device_path.md)")
 
     # ------------------------------------------------------------ moving arrays
@@ -208,20 +218,20 @@ class Device:
         return self._download(a.raw, "get")
 
     def _upload(self, h: np.ndarray, op: str):
-        what = f"{op} uploads a host array {h.dtype}{list(h.shape)}"
+        what = lambda: f"{op} uploads a host array {h.dtype}{list(h.shape)}"        # noqa: E731  (strict's words)
         if _immutable(h):
             key = (h.__array_interface__["data"][0], h.shape, h.strides, h.dtype.str)
             hit = self._cache.get(key)
             if hit is not None:
                 return hit[1]
-            self._sync(what + " (a read-only one, first use: run a warm-up step before the span)")
+            self._sync(lambda: what() + " (a read-only one, first use: run a warm-up step before the span)")
             raw = self._copy_in(h)
             self._cache[key] = (h, raw)
             self.stats.weight_uploads += 1
             self.stats.weight_bytes += h.nbytes
             return raw
-        self._sync(what + " (a writeable one: make it on the device, e.g. np.arange(n, like=x), or keep it "
-                          "read-only and made once)")
+        self._sync(lambda: what() + " (a writeable one: make it on the device, e.g. np.arange(n, like=x), or keep "
+                                    "it read-only and made once)")
         self.stats.uploads += 1
         self.stats.upload_bytes += h.nbytes
         return self._copy_in(h)
@@ -232,7 +242,7 @@ class Device:
         return h if not h.flags.writeable else h.copy()
 
     def _download(self, raw, op: str) -> np.ndarray:
-        self._sync(f"{op} reads a device array {raw.dtype}{list(raw.shape)} back to the host")
+        self._sync(lambda: f"{op} reads a device array {raw.dtype}{list(raw.shape)} back to the host")
         self.stats.downloads += 1
         self.stats.download_bytes += raw.nbytes
         return raw.get() if self.kind == "cupy" else raw.copy()
@@ -264,9 +274,7 @@ class Device:
         create: func is a NumPy creation function reached through `like=` (CREATE): the device library's own runs."""
         self.stats.calls += 1
         name = getattr(func, "__name__", repr(func))
-        owner = getattr(func, "__self__", None)
-        op = f"np.{name}" if not isinstance(owner, np.ufunc) else \
-            f"np.{owner.__name__}" + ("" if name == "__call__" else f".{name}")         # a ufunc's method
+        op = _op_name(func) if self._strict or self._recorders else name
         if name in INPLACE and args and isinstance(args[0], np.ndarray):
             return self.on_host(f"{name} (into a host array)", func, args, kwargs)
         try:
@@ -277,13 +285,13 @@ class Device:
         except TypeError as e:
             if self.kind != "cupy" or "no implementation found" not in str(e) and "Unsupported type" not in str(e):
                 raise
-        self._sync(f"{op} has no device implementation: it runs on the host")
+        self._sync(lambda: f"{op} has no device implementation: it runs on the host")
         self.stats.fallbacks[name] = self.stats.fallbacks.get(name, 0) + 1
         return self.put_tree(func(*self._host(args, op), **self._host(kwargs, op)))
 
     def on_host(self, label, func, args, kwargs):
         """func run on the host with the device arguments read back (counted as a fallback under `label`)."""
-        self._sync(f"{label} runs on the host")
+        self._sync(lambda: f"{label} runs on the host")
         self.stats.fallbacks[label] = self.stats.fallbacks.get(label, 0) + 1
         return func(*self._host(args, label), **self._host(kwargs, label))
 

@@ -301,6 +301,7 @@ class Runtime:
         cache = self._expert_cache(kw)
         ids_stay = isinstance(ids, DeviceArray) and ids.shape[0] == 1 and kw.get("act") is None and cache is None \
             and self.trace is None
+        names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)
             act = kw.get("act")
@@ -312,7 +313,6 @@ class Runtime:
                 dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
         if y is not None:
             y = dev.wrap(y)
-            names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
             dev.note(f"moe_ffn {names}", (x, ids, weights), y)
             self._defer_finite(f"routed experts ({names})", y, x)
             return y
@@ -321,8 +321,7 @@ class Runtime:
                 ids = dev.get(ids)                        # the grouping tables are built on the host: a read-back
             xh, idh, wh = self._host_args(x, ids, weights)
             y = self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
-            dev.note("moe_ffn " + ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None),
-                     (x, ids, weights), y)
+            dev.note(f"moe_ffn {names}", (x, ids, weights), y)
             return y
         xh, idh, wh = self._host_args(x, ids, weights)
         if cache is not None and dev.kind == "sim":       # the sim device's slot pool (NumPy), the host path on it
