@@ -63,14 +63,14 @@ class Rows:
     shape stays the same from one call to the next until the capacity grows, as a decode step captured once and
     replayed (a CUDA graph) needs. The reader must hide the rows past the last one written: a causal mask does (they
     are positions no query has reached), and a zero row under a zero weight adds nothing. Rows that live on a device
-    (refengine.devarray) are written at a count kept there (`_count`, a 0-d int64 array), so no host int that
-    changes per call is baked into the write."""
+    (refengine.devarray) are then written at a count kept there (`_count`, a 0-d int64 array, made from `n` at the
+    first such call), so no host int that changes per call is baked into the write."""
 
     def __init__(self, dtype=np.float32):
         self.dtype = np.dtype(dtype)
         self._buf: np.ndarray | None = None
         self.n = 0
-        self._count = None                   # rows on a device: the count there (n, without reading it back)
+        self._count = None                   # fixed appends on a device: the count there (n, not read back)
 
     def append(self, x: np.ndarray, fixed: bool = False) -> np.ndarray:
         T = x.shape[0]
@@ -86,10 +86,13 @@ class Rows:
             if self._buf is not None:
                 grown[:self.n] = self._buf[:self.n]
             self._buf = grown
-            self._count = None if isinstance(x, np.ndarray) else np.full_like(x, self.n, shape=(), dtype=np.int64)
-        if self._count is None:
+            self._count = None
+        if not fixed or isinstance(x, np.ndarray):
             self._buf[self.n:self.n + T] = x
-        else:                                             # the rows at the device's count: no host int baked in
+            self._count = None                            # (a device count, if any, is behind now)
+        else:                                             # at the device's count: no per-call host int baked in
+            if self._count is None:
+                self._count = np.full_like(x, self.n, shape=(), dtype=np.int64)   # once, from n
             self._buf[self._count + np.arange(T, like=x)] = x
             self._count += T
         self.n += T

@@ -96,7 +96,10 @@ def test_growing_cache_changes_the_signature(synth_model):
     rt = Runtime(resident=True)
     _, sigs, _ = decode_checked(m, rt, prefilled(m, rt), (9, 11))           # strict passes: nothing syncs ...
     diff = [(a, b) for a, b in zip(sigs[0], sigs[1]) if a != b]
-    assert diff and diff[0][0][0] == "getitem", diff[:1]                   # ... but the cache's view grows
+    assert diff, "an ordinary resident run recorded equal signatures"    # ... but the cache is written at row n,
+    (op, args, _), (_, args2, _) = diff[0]                                 # a host int baked into the write
+    assert op == "setitem" and args[1] == ("slice", 21, 22, None) and args2[1] == ("slice", 22, 23, None), diff[0]
+    assert any(a[0] == "getitem" and a[2] != b[2] for a, b in diff)       # and its view grows a row per token
 
 
 def test_strict_names_what_syncs():
