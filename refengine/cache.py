@@ -57,14 +57,22 @@ def state_container(cls: type) -> type:
 
 
 class Rows:
-    """An array grown along axis 0: `append(x)` stores x [n, ...] and returns all rows so far [S, ...]."""
+    """An array grown along axis 0: `append(x)` stores x [n, ...] and returns all rows so far [S, ...].
+
+    `append(x, fixed=True)` returns the whole buffer [capacity, ...] instead, the rows not written yet zeros: its
+    shape stays the same from one call to the next until the capacity grows, as a decode step captured once and
+    replayed (a CUDA graph) needs. The reader must hide the rows past the last one written: a causal mask does (they
+    are positions no query has reached), and a zero row under a zero weight adds nothing. Rows that live on a device
+    (refengine.devarray) are then written at a count kept there (`_count`, a 0-d int64 array, made from `n` at the
+    first such call), so no host int that changes per call is baked into the write."""
 
     def __init__(self, dtype=np.float32):
         self.dtype = np.dtype(dtype)
         self._buf: np.ndarray | None = None
         self.n = 0
+        self._count = None                   # fixed appends on a device: the count there (n, not read back)
 
-    def append(self, x: np.ndarray) -> np.ndarray:
+    def append(self, x: np.ndarray, fixed: bool = False) -> np.ndarray:
         T = x.shape[0]
         # (a buffer on the host meeting device rows, e.g. a state loaded from a file continued on a GPU: moved to
         # where the rows live once, here, rather than read back and uploaded at every step)
@@ -74,13 +82,21 @@ class Rows:
                 raise ValueError(f"appending rows of shape {x.shape[1:]} to a buffer of {self._buf.shape[1:]}")
             cap = max(2 * (self.n + T), 16) if self._buf is None or self.n + T > self._buf.shape[0] \
                 else self._buf.shape[0]                   # amortized O(1) per position
-            grown = np.empty_like(x, shape=(cap, *x.shape[1:]), dtype=self.dtype)   # where x lives (a device)
+            grown = np.zeros_like(x, shape=(cap, *x.shape[1:]), dtype=self.dtype)   # where x lives (a device)
             if self._buf is not None:
                 grown[:self.n] = self._buf[:self.n]
             self._buf = grown
-        self._buf[self.n:self.n + T] = x
+            self._count = None
+        if not fixed or isinstance(x, np.ndarray):
+            self._buf[self.n:self.n + T] = x
+            self._count = None                            # (a device count, if any, is behind now)
+        else:                                             # at the device's count: no per-call host int baked in
+            if self._count is None:
+                self._count = np.full_like(x, self.n, shape=(), dtype=np.int64)   # once, from n
+            self._buf[self._count + np.arange(T, like=x)] = x
+            self._count += T
         self.n += T
-        return self._buf[:self.n]
+        return self._buf if fixed else self._buf[:self.n]
 
     def view(self) -> np.ndarray | None:
         return None if self._buf is None else self._buf[:self.n]
@@ -110,9 +126,10 @@ class KVCache:
     def n(self) -> int:
         return self.k.n
 
-    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """k [T, Hkv, K], v [T, Hkv, V] -> every position's keys [S, Hkv, K] and values [S, Hkv, V]."""
-        return self.k.append(k), self.v.append(v)
+    def append(self, k: np.ndarray, v: np.ndarray, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """k [T, Hkv, K], v [T, Hkv, V] -> every position's keys [S, Hkv, K] and values [S, Hkv, V] (fixed: S = the
+        capacity, `Rows`)."""
+        return self.k.append(k, fixed), self.v.append(v, fixed)
 
 
 @state_container
@@ -131,9 +148,9 @@ class LatentKV:
     def n(self) -> int:
         return self.c.n
 
-    def append(self, c: np.ndarray, k_pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """c [T, C], k_pe [T, R] -> all positions' c [S, C], k_pe [S, R]."""
-        return self.c.append(c), self.k_pe.append(k_pe)
+    def append(self, c: np.ndarray, k_pe: np.ndarray, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """c [T, C], k_pe [T, R] -> all positions' c [S, C], k_pe [S, R] (fixed: S = the capacity, `Rows`)."""
+        return self.c.append(c, fixed), self.k_pe.append(k_pe, fixed)
 
 
 @state_container

@@ -22,6 +22,19 @@ What the module code does that a device cannot do silently is done anyway, corre
                    in launches before any fusion)
     fallbacks      a NumPy function the device library lacks (CuPy): run on the host, the result put back
 
+Two tools check that a span of work (a decode step) could be captured as one CUDA graph and replayed:
+
+    with dev.strict():                   # an upload (a weight's first one too), a read-back or a host fallback
+        ...                              # raises DeviceSyncError naming the op: nothing in the span syncs
+    with dev.recording() as sig:         # sig: the list of ops the span ran, each with its arguments' shapes and
+        ...                              # dtypes and its scalars' values (`signature`)
+
+A span is capturable when it passes `strict()` and two consecutive runs of it (token n, token n + 1) record equal
+signatures: the same ops on the same shapes with the same baked-in scalars (a Python int that changes per token,
+such as a cache row written at `n`, shows as a different value). Weights are uploaded on their first use, so a
+warm-up step runs before a strict one: a first-time weight upload inside `strict()` raises too (a copy from host
+memory cannot be captured into a graph).
+
 A host array is cached on the device only when no array in its `.base` chain is writeable (the weights: refengine
 loads them read-only), so a cached copy can never go stale. On the "sim" device the arrays are NumPy's own: the
 results are bit-identical to the plain host run, and the counters are the same as on the GPU, which is what CI
@@ -29,16 +42,23 @@ checks without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from .errors import DeviceSyncError
+
 KINDS = ("cupy", "sim")
 # NumPy functions that write into their first argument: given a host array there, they run on the host (the device
 # arguments read back), so the host array is the one written, never an uploaded copy of it
 INPLACE = frozenset({"put_along_axis", "put", "copyto", "place", "putmask", "fill_diagonal"})
+# NumPy's array creation functions that reach a DeviceArray only through `like=` (`np.arange(S, like=x)`): made by
+# the device library, on the device (those that copy data in, such as np.array, are left out: that is an upload)
+CREATE = frozenset({"arange", "empty", "zeros", "ones", "full", "eye", "identity"})
 
 
 @dataclass
@@ -87,6 +107,43 @@ def _immutable(a: np.ndarray) -> bool:
     return True
 
 
+def _caller() -> str:
+    """file:line of the innermost frame outside this file and NumPy: the line of the module that asked."""
+    for f in reversed(traceback.extract_stack()[:-2]):
+        if not f.filename.endswith("devarray.py") and "/numpy/" not in f.filename:
+            return "/".join(f.filename.replace("\\", "/").split("/")[-2:]) + f":{f.lineno}"
+    return "?"
+
+
+def _op_name(func) -> str:
+    """`np.add`, `np.add.reduce`, `np.einsum`: how strict() and recording() name a NumPy call."""
+    name = getattr(func, "__name__", repr(func))
+    owner = getattr(func, "__self__", None)
+    if isinstance(owner, np.ufunc):                                                # a ufunc's __call__ or method
+        return f"np.{owner.__name__}" + ("" if name == "__call__" else f".{name}")
+    return f"np.{name}"
+
+
+def signature(v):
+    """What a captured op depends on besides the bytes in its buffers: arrays as (where, shape, dtype), scalars,
+    slices and dtypes by value, containers walked; anything else by its type's name."""
+    if isinstance(v, DeviceArray):
+        return ("dev", v.shape, v.dtype.str)
+    if isinstance(v, np.ndarray):
+        return ("host", v.shape, v.dtype.str)
+    if isinstance(v, (tuple, list)):
+        return tuple(signature(e) for e in v)
+    if isinstance(v, dict):
+        return tuple((k, signature(e)) for k, e in sorted(v.items()))
+    if isinstance(v, slice):
+        return ("slice", v.start, v.stop, v.step)
+    if v is None or isinstance(v, (bool, int, float, str, np.generic, np.dtype)) or v is Ellipsis:
+        return v if not isinstance(v, np.dtype) else v.str
+    if isinstance(v, type):
+        return v.__name__
+    return type(v).__name__
+
+
 class Device:
     """Where a resident forward keeps its arrays: "cupy" (the GPU) or "sim" (NumPy, the same code path)."""
 
@@ -103,13 +160,51 @@ class Device:
             self.raw_type = np.ndarray
         self.stats = DeviceStats()
         self._cache: dict[tuple, tuple[np.ndarray, object]] = {}   # key -> (the host array, kept alive; its copy)
+        self._strict = 0                                 # depth of `strict()` spans
+        self._recorders: list[list] = []                 # the open `recording()` spans' op lists
+
+    # ------------------------------------------------------------ capture checks
+    @contextlib.contextmanager
+    def strict(self):
+        """A span in which nothing may synchronise with the host: an upload (a weight's first included), a read-back
+        or a host fallback raises DeviceSyncError naming the op (what a CUDA graph capture of the span needs)."""
+        self._strict += 1
+        try:
+            yield self
+        finally:
+            self._strict -= 1
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Yields a list that receives, for every op run on this device in the span, (op, its arguments'
+        `signature`, its result's): two spans that ran the same ops on the same shapes record equal lists."""
+        ops: list = []
+        self._recorders.append(ops)
+        try:
+            yield ops
+        finally:
+            self._recorders.remove(ops)
+
+    def note(self, op: str, args, result) -> None:
+        """Record one op (a NumPy call, an index, or a kernel the runtime launched: `matmul <weight>`) in the open
+        recordings."""
+        if self._recorders:
+            entry = (op, signature(args), signature(result))
+            for r in self._recorders:
+                r.append(entry)
+
+    def _sync(self, what) -> None:
+        """Inside strict(): raise, naming what() (a callable: the words are made only then)."""
+        if self._strict:
+            raise DeviceSyncError(f"strict device span: {what()}, at {_caller()}; a span that syncs with the host "
+                                  f"cannot be captured as a CUDA graph (docs/device_path.md)")
 
     # ------------------------------------------------------------ moving arrays
     def put(self, host) -> "DeviceArray":
         """A host array (or anything np.asarray takes) as a DeviceArray (counted as an upload)."""
         if isinstance(host, DeviceArray):
             return host
-        return DeviceArray(self._upload(np.asarray(host)), self)
+        return DeviceArray(self._upload(np.asarray(host), "put"), self)
 
     def put_tree(self, v):
         """put() applied through lists, tuples and dataclass instances (a residual that is not one array: Kimi-K3's
@@ -120,19 +215,23 @@ class Device:
         """A DeviceArray's values on the host (counted as a download); a host array as it is."""
         if not isinstance(a, DeviceArray):
             return np.asarray(a)
-        return self._download(a.raw)
+        return self._download(a.raw, "get")
 
-    def _upload(self, h: np.ndarray):
+    def _upload(self, h: np.ndarray, op: str):
+        what = lambda: f"{op} uploads a host array {h.dtype}{list(h.shape)}"        # noqa: E731  (strict's words)
         if _immutable(h):
             key = (h.__array_interface__["data"][0], h.shape, h.strides, h.dtype.str)
             hit = self._cache.get(key)
             if hit is not None:
                 return hit[1]
+            self._sync(lambda: what() + " (a read-only one, first use: run a warm-up step before the span)")
             raw = self._copy_in(h)
             self._cache[key] = (h, raw)
             self.stats.weight_uploads += 1
             self.stats.weight_bytes += h.nbytes
             return raw
+        self._sync(lambda: what() + " (a writeable one: make it on the device, e.g. np.arange(n, like=x), or keep "
+                                    "it read-only and made once)")
         self.stats.uploads += 1
         self.stats.upload_bytes += h.nbytes
         return self._copy_in(h)
@@ -142,17 +241,18 @@ class Device:
             return self.xp.asarray(h)
         return h if not h.flags.writeable else h.copy()
 
-    def _download(self, raw) -> np.ndarray:
+    def _download(self, raw, op: str) -> np.ndarray:
+        self._sync(lambda: f"{op} reads a device array {raw.dtype}{list(raw.shape)} back to the host")
         self.stats.downloads += 1
         self.stats.download_bytes += raw.nbytes
         return raw.get() if self.kind == "cupy" else raw.copy()
 
     # ------------------------------------------------------------ wrapping
-    def unwrap(self, v):
+    def unwrap(self, v, op: str = "an op"):
         """Arguments for the device library: DeviceArrays -> their buffers, host arrays -> uploaded, containers
-        walked (index tuples, lists of arrays); scalars, slices, dtypes as they are."""
+        walked (index tuples, lists of arrays); scalars, slices, dtypes as they are. op: named by strict()."""
         def leaf(a):
-            return a.raw if isinstance(a, DeviceArray) else self._upload(a) if isinstance(a, np.ndarray) else a
+            return a.raw if isinstance(a, DeviceArray) else self._upload(a, op) if isinstance(a, np.ndarray) else a
         return _tree(v, leaf)
 
     def wrap(self, v):
@@ -165,28 +265,35 @@ class Device:
             return a
         return _tree(v, leaf)
 
-    def _host(self, v):
+    def _host(self, v, op: str):
         """Arguments for a host fallback: DeviceArrays downloaded, containers walked."""
-        return _tree(v, lambda a: self._download(a.raw) if isinstance(a, DeviceArray) else a)
+        return _tree(v, lambda a: self._download(a.raw, op) if isinstance(a, DeviceArray) else a)
 
-    def call(self, func, args, kwargs):
-        """func(*args, **kwargs) on the device; a function the device library lacks runs on the host (counted)."""
+    def call(self, func, args, kwargs, *, create: bool = False):
+        """func(*args, **kwargs) on the device; a function the device library lacks runs on the host (counted).
+        create: func is a NumPy creation function reached through `like=` (CREATE): the device library's own runs."""
         self.stats.calls += 1
         name = getattr(func, "__name__", repr(func))
+        op = _op_name(func) if self._strict or self._recorders else name
         if name in INPLACE and args and isinstance(args[0], np.ndarray):
             return self.on_host(f"{name} (into a host array)", func, args, kwargs)
         try:
-            return self.wrap(func(*self.unwrap(args), **self.unwrap(kwargs)))
+            fn = getattr(self.xp, name) if create else func
+            out = self.wrap(fn(*self.unwrap(args, op), **self.unwrap(kwargs, op)))
+            self.note(op, (args, kwargs), out)
+            return out
         except TypeError as e:
             if self.kind != "cupy" or "no implementation found" not in str(e) and "Unsupported type" not in str(e):
                 raise
+        self._sync(lambda: f"{op} has no device implementation: it runs on the host")
         self.stats.fallbacks[name] = self.stats.fallbacks.get(name, 0) + 1
-        return self.put_tree(func(*self._host(args), **self._host(kwargs)))
+        return self.put_tree(func(*self._host(args, op), **self._host(kwargs, op)))
 
     def on_host(self, label, func, args, kwargs):
         """func run on the host with the device arguments read back (counted as a fallback under `label`)."""
+        self._sync(lambda: f"{label} runs on the host")
         self.stats.fallbacks[label] = self.stats.fallbacks.get(label, 0) + 1
-        return func(*self._host(args), **self._host(kwargs))
+        return func(*self._host(args, label), **self._host(kwargs, label))
 
 
 class DeviceArray(NDArrayOperatorsMixin):
@@ -211,15 +318,16 @@ class DeviceArray(NDArrayOperatorsMixin):
             r = self.dev.call(getattr(ufunc, method), inputs, kwargs)
             rs = r if isinstance(r, tuple) else (r,)
             for o, v in zip(out, rs):
-                o[...] = self.dev.get(v) if isinstance(v, DeviceArray) else v
+                o[...] = self.dev._download(v.raw, f"np.{ufunc.__name__} into a host array") \
+                    if isinstance(v, DeviceArray) else v
             return out if isinstance(r, tuple) else out[0]
         return self.dev.call(getattr(ufunc, method), inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        return self.dev.call(func, args, kwargs)
+        return self.dev.call(func, args, kwargs, create=func.__name__ in CREATE)
 
     def __array__(self, dtype=None, copy=None):
-        h = self.dev._download(self.raw)
+        h = self.dev._download(self.raw, "np.asarray (or another host read of a device array)")
         return h if dtype is None else h.astype(dtype, copy=False)
 
     # the ndarray surface
@@ -236,17 +344,22 @@ class DeviceArray(NDArrayOperatorsMixin):
         return len(self.raw)
 
     def __getitem__(self, idx):
-        return self.dev.wrap(self.raw[self.dev.unwrap(idx)])
+        out = self.dev.wrap(self.raw[self.dev.unwrap(idx, "getitem")])
+        self.dev.note("getitem", (self, idx), out)
+        return out
 
     def __setitem__(self, idx, value):
-        self.raw[self.dev.unwrap(idx)] = self.dev.unwrap(value)
+        self.raw[self.dev.unwrap(idx, "setitem")] = self.dev.unwrap(value, "setitem")
+        self.dev.note("setitem", (self, idx, value), None)
 
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
 
     def _scalar(self):
-        return self.dev._download(self.raw).reshape(-1)[0] if self.raw.size == 1 else self.__array__()
+        if self.raw.size != 1:
+            return self.__array__()
+        return self.dev._download(self.raw, "float() / int() / bool() of a device array").reshape(-1)[0]
 
     def __float__(self):
         return float(self._scalar())
@@ -266,7 +379,12 @@ class DeviceArray(NDArrayOperatorsMixin):
         attr = getattr(self.raw, name)
         if callable(attr):
             dev = self.dev
-            return lambda *a, **k: dev.wrap(attr(*dev.unwrap(a), **dev.unwrap(k)))
+
+            def method(*a, **k):
+                out = dev.wrap(attr(*dev.unwrap(a, f".{name}"), **dev.unwrap(k, f".{name}")))
+                dev.note(f".{name}", (self, a, k), out)
+                return out
+            return method
         return self.dev.wrap(attr)
 
     def __repr__(self):

@@ -83,3 +83,9 @@ class StateMismatchError(StateFileError):
 class ExpertBudgetError(RefengineError):
     """The GPU expert cache (refengine/expert_cache.py) cannot hold the experts one layer's batch needs at once:
     names the budget and the layer."""
+
+
+class DeviceSyncError(RefengineError):
+    """Inside a strict device span (`Device.strict()`, refengine/devarray.py) something synchronised with the host
+    or moved data across: an upload of a host array (a weight's first one included), a read-back, a NumPy function
+    run on the host. Names the op and the array; such a span could not be captured as one CUDA graph."""

@@ -9,11 +9,9 @@ or the long/short factors of LongRoPE chosen by the context size (`llama_model::
 """
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 
-import quant
 
 from .ops import rms_norm
 from .weights import W, load_tensors
@@ -62,7 +60,7 @@ def rope_factors(g, cfg, n_ctx: int):
 
 def embed_tokens(g, tokens: np.ndarray, rt) -> np.ndarray:
     """tokens [T] -> [T, D] float32 (`ggml_get_rows(tok_embd, tokens)`)."""
-    x = quant.dequantize_rows(g.token_embd, tokens)
+    x = rt.embed_rows(g.token_embd, tokens)                             # (on the device when the ids are)
     rt.record("embd", -1, x)
     return x
 
@@ -75,6 +73,5 @@ def rms_head(x: np.ndarray, g, cfg, rt, *, where: str = "") -> np.ndarray:
     if g.output_scale is not None:
         logits = logits * g.output_scale
     rt.record("result_output", -1, logits)
-    if rt.check_finite and not np.all(np.isfinite(logits)):
-        warnings.warn(f"{where}: logits contain NaN/inf", RuntimeWarning, stacklevel=3)
+    rt.warn_nonfinite(logits, f"{where}: logits contain NaN/inf")      # (a device's: read after the step)
     return logits

@@ -99,8 +99,33 @@ class Model:
         return tokens
 
     def _step(self, tokens: np.ndarray, n_past: int, device=None) -> Step:
-        return Step(tokens=tokens, pos=np.arange(n_past, n_past + tokens.size), n_ctx=self.n_ctx, g=self.g,
-                    device=device)
+        """The step of `tokens` at positions n_past..; on a device (a resident run) the token ids and positions are
+        put there, the two uploads of a step: everything after reads them where they are."""
+        pos = np.arange(n_past, n_past + tokens.size)
+        if device is not None:
+            tokens, pos = device.put(tokens), device.put(pos)
+        return Step(tokens=tokens, pos=pos, n_ctx=self.n_ctx, g=self.g, device=device)
+
+    def prepare_step(self, tokens, state: ModelState, rt: Runtime) -> Step:
+        """The step of the next `tokens` of `state`'s sequence (checked; on rt's device in a resident run), for
+        `run_step`."""
+        return self._step(self._check_tokens(tokens, state.n_past), state.n_past, rt.device)
+
+    def run_step(self, step: Step, state: ModelState, rt: Runtime):
+        """Embedding, every block and the head on one step -> logits [T, V] where the residual lives (a device
+        array in a resident run: `rt.to_host` reads it and the deferred NaN checks), appended to `state`.
+
+        In a resident run, after a warm-up step has uploaded the weights, a decode step (T = 1) of an arch whose
+        modules keep to the device (deepseek2: tests/test_capture.py) runs all of this under `rt.device.strict()`
+        with the same op signature from one token to the next: the span a CUDA graph captures
+        (docs/device_path.md)."""
+        a, cfg = self.arch, self.cfg
+        x = rt.to_device(a.embed(self.g, cfg, step, rt))        # the residual, e.g. [T, D] (on the device if resident)
+        for il in range(cfg.n_layer):
+            x = a.block(x, self.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
+        logits = a.head(x, self.g, cfg, rt)                                    # [T, V]
+        state.n_past += step.T
+        return logits
 
     def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None, *,
                 n_ubatch: int | None = None, progress: bool = False) -> np.ndarray:
@@ -146,14 +171,7 @@ class Model:
 
     def _forward_ubatch(self, tokens: np.ndarray, state: ModelState, rt: Runtime) -> np.ndarray:
         """One ubatch: tokens [T] (checked) -> logits [T, V], appended to `state`."""
-        step = self._step(tokens, state.n_past, rt.device)
-        a, cfg = self.arch, self.cfg
-        x = rt.to_device(a.embed(self.g, cfg, step, rt))        # the residual, e.g. [T, D] (on the device if resident)
-        for il in range(cfg.n_layer):
-            x = a.block(x, self.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
-        logits = rt.to_host(a.head(x, self.g, cfg, rt))                        # [T, V]
-        state.n_past += tokens.size
-        return logits
+        return rt.to_host(self.run_step(self._step(tokens, state.n_past, rt.device), state, rt))   # [T, V]
 
     def forward_local(self, tokens, layer_inputs, head_input, rt: Runtime | None = None) -> np.ndarray:
         """Each block run on a given input instead of the previous block's output (one prefill from position 0).

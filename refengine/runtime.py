@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import copy
 import importlib
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+import quant
 from quant import QTensor
 
 from .errors import ConfigError, NonFiniteError
@@ -80,6 +82,11 @@ class Runtime:
                                # many bytes (refengine.expert_cache): an ExpertCache (ExpertCache.for_model: a
                                # fraction, a policy), or bytes / "8GiB" (slots sized at the first MoE layer)
     expert_stats: object = None    # a refengine.expert_trace.ExpertTrace: every moe_ffn call's (layer, expert ids)
+    fixed_shapes: bool = False     # keep every op's shape the same from one decode token to the next where the
+                               # modules allow it (attention under a causal mask over its cache's capacity, the unused
+                               # rows zero: cache.Rows), as a decode step captured once and replayed needs (a CUDA
+                               # graph, docs/device_path.md). The numbers are the same up to float summation order
+                               # (BLAS sums a product of another shape in another order: tests/test_capture.py)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -94,6 +101,9 @@ class Runtime:
             self._be = _UnderPolicy(self._be, self.kernel_policy)
         if self.resident is None:
             self.resident = self.backend == "cuda" and _cupy_gpu()
+        if self.fixed_shapes and self.trace is not None:
+            raise ConfigError("fixed_shapes attends over a cache's capacity; a trace records llama.cpp's shapes (the "
+                              "positions so far): use one or the other")
         if self.resident and self.force_inputs:
             raise ConfigError("teacher forcing (force_inputs) runs on the host: use resident=False")
         self.device = None
@@ -113,6 +123,7 @@ class Runtime:
             if isinstance(self.expert_budget, ExpertCache):
                 self._expert_box[0] = self.expert_budget
         self._finite: list = []                         # resident: (weight label, y finite, x finite) device flags
+        self._finite_warn: list = []                    # resident: (warning, y finite) device flags (the logits)
         self._device_models = {}
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
         self._forced: list[tuple[str, np.ndarray, np.ndarray]] = []   # (label, ours, llama.cpp's as ours' shape)
@@ -149,6 +160,31 @@ class Runtime:
         return np.ascontiguousarray(np.reshape(self.force_inputs[w.name], x.shape), dtype=np.float32)
 
     # ------------------------------------------------------------ device residency
+    def embed_rows(self, w: QTensor, tokens):
+        """`ggml_get_rows(w, tokens)`: tokens [T] -> [T, cols] float32, on the device when the token ids are there
+        (the sim device decodes on its buffers; a GPU has no row decoder yet: the ids are read back, counted)."""
+        from .devarray import DeviceArray
+        if not isinstance(tokens, DeviceArray):
+            return quant.dequantize_rows(w, tokens)
+        dev = self.device
+        if dev.kind == "sim":
+            (th,) = self._host_args(tokens)
+            y = self._from_host(quant.dequantize_rows(w, th))
+            dev.note(f"get_rows {w.name}", tokens, y)
+            return y
+        return dev.put(quant.dequantize_rows(w, dev.get(tokens)))
+
+    def warn_nonfinite(self, y, where: str) -> None:
+        """A RuntimeWarning `where: ... NaN/inf` when y holds NaN or inf (the logits); a device array's flag is kept
+        on the device and read with the deferred checks (`check_deferred`)."""
+        if not self.check_finite:
+            return
+        from .devarray import DeviceArray
+        if isinstance(y, DeviceArray):
+            self._finite_warn.append((where, self.device.xp.isfinite(y.raw).all()))
+        elif not np.all(np.isfinite(y)):
+            warnings.warn(where, RuntimeWarning, stacklevel=3)
+
     def to_device(self, x):
         """x on this runtime's device (a DeviceArray) when resident, else x."""
         return self.device.put_tree(x) if self.device is not None else x
@@ -161,15 +197,21 @@ class Runtime:
 
     def check_deferred(self) -> None:
         """Resident runs check a product's output for NaN/inf on the device and read the flags back here, once per
-        forward: the first weight that produced NaN/inf from a finite input is named, as the host check does."""
-        if not self._finite:
+        forward (one read): the first weight that produced NaN/inf from a finite input is named, as the host check
+        does; then the warnings of `warn_nonfinite` (the logits)."""
+        checks, warns = self._finite, self._finite_warn
+        if not checks and not warns:
             return
-        checks, self._finite = self._finite, []
+        self._finite, self._finite_warn = [], []
         xp = self.device.xp
-        flags = self.device.get(self.device.wrap(xp.stack([xp.stack([y, x]) for _, y, x in checks])))   # [n, 2]
+        flags = self.device.get(self.device.wrap(xp.stack([xp.stack([y, x]) for _, y, x in checks] +
+                                                          [xp.stack([y, y]) for _, y in warns])))   # [n, 2]
         for (label, _, _), (y_ok, x_ok) in zip(checks, flags):
             if not y_ok and x_ok:
                 raise NonFiniteError(f"{label} produced NaN/inf from a finite input: {NONFINITE_WHY[label[:6]]}")
+        for (where, _), (y_ok, _) in zip(warns, flags[len(checks):]):
+            if not y_ok:
+                warnings.warn(where, RuntimeWarning, stacklevel=3)
 
     def _host_args(self, *a):
         """Host views of (possibly device) arrays: the sim device's own buffers, a GPU's read back."""
@@ -194,6 +236,7 @@ class Runtime:
         if y is None:
             (xh,) = self._host_args(x)
             y = self._from_host(self._be.matmul(xh, w, mode=self.mode))
+        dev.note(f"matmul {w.name}", x, y)
         self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
         return y
 
@@ -247,23 +290,38 @@ class Runtime:
         return self._moe_ffn_host(x, ids, weights, rec, kw)
 
     def _moe_ffn_resident(self, x, ids, weights, rec, kw):
+        """Routed experts on device arrays. The expert ids stay on the device where its kernels group the pairs
+        there: one token (the one-token kernels read its A ids), SwiGLU, no expert cache, no trace (a decode step);
+        otherwise they are read back (counted) and the grouping tables built on the host (`groups_from_ids`). The
+        sim device's kernel is the host code on the device's buffers (reading the ids there, as a kernel does)."""
+        from .devarray import DeviceArray
         dev = self.device
         fn = getattr(self._be, "moe_ffn_resident", None)
         y = None
         cache = self._expert_cache(kw)
+        ids_stay = isinstance(ids, DeviceArray) and ids.shape[0] == 1 and kw.get("act") is None and cache is None \
+            and self.trace is None
+        names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)
             act = kw.get("act")
             act_device = None if act is None else (
                 lambda g, u: dev.put(act[0](dev.wrap(g), dev.wrap(u))).raw)   # the readable activation, on the device
-            y = fn(x.raw, dev.get(ids), dev.put(weights).raw, mode=self.mode, act_device=act_device, cache=cache,
-                   **kw)                                                                   # ids read back: the grouping
+            y = fn(x.raw, ids.raw if ids_stay else dev.get(ids), dev.put(weights).raw, mode=self.mode,
+                   act_device=act_device, cache=cache, read_ids=lambda a: dev.get(dev.wrap(a)), **kw)
             if y is None:
                 dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
         if y is not None:
             y = dev.wrap(y)
-            names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
+            dev.note(f"moe_ffn {names}", (x, ids, weights), y)
             self._defer_finite(f"routed experts ({names})", y, x)
+            return y
+        if dev.kind == "sim" and cache is None:
+            if not ids_stay:
+                ids = dev.get(ids)                        # the grouping tables are built on the host: a read-back
+            xh, idh, wh = self._host_args(x, ids, weights)
+            y = self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
+            dev.note(f"moe_ffn {names}", (x, ids, weights), y)
             return y
         xh, idh, wh = self._host_args(x, ids, weights)
         if cache is not None and dev.kind == "sim":       # the sim device's slot pool (NumPy), the host path on it

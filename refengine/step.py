@@ -2,12 +2,15 @@
 
     step.tokens   [T] int64     the token ids of this call (hash routing and n-gram embeddings read them)
     step.pos      [T] int64     their absolute positions (n_past .. n_past + T - 1)
+                                (both on the device in a resident run: masks and rope tables are made there)
     step.n_ctx    int           the context size (picks long/short rope factors, like llama.cpp's n_ctx_seq)
     step.g        namespace     the model's global tensors (rope factors live there)
     step.memo(key, fn)          fn() computed once per step and shared by the layers that ask for `key`:
                                 a block asks for its own rope parameters, so layers may differ
     step.device                 the Device a resident forward runs on (refengine.devarray), or None: a memoized
-                                tuple of arrays (the rope tables) is put there once, not uploaded by every layer
+                                tuple of host arrays is put there once, not uploaded by every layer
+A memo holds values of this step's positions: a step is made per forward call (a captured graph replays the ops
+that computed them, reading the positions' buffer, so a replay with new positions recomputes them).
 """
 from __future__ import annotations
 

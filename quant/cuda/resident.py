@@ -3,7 +3,7 @@
 
     matmul_resident(x, w)              x [T, I] (a CuPy array) -> CuPy [T, O]
     matmul_heads_resident(x, w)        x [H, T, I], w [H, O, I] -> [H, T, O]: one grouped launch, heads as experts
-    moe_ffn_resident(x, ids, weights, *, up, gate, down, ...)   x [T, D] CuPy, ids [T, A] host -> CuPy [T, D]
+    moe_ffn_resident(x, ids, weights, *, up, gate, down, ...)   x [T, D] CuPy, ids [T, A] -> CuPy [T, D]
 
 Each returns None when its kernels do not serve the weight (a type without a decoder, another mode): the runtime
 then runs the host API on the array read back, and counts the fallback. CuPy's arrays are handed to the kernels
@@ -73,12 +73,14 @@ def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "
     return y.reshape(H, T, O)
 
 
-def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=None, gate_scale=None,
+def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_scale=None,
                      down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, act_device=None,
-                     il: int = -1, cache=None, **_):
-    """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] on the host (the grouping
-    tables are built there) -> CuPy [T, D]. Without a cache every expert is resident (uploaded on first use); with
-    `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
+                     il: int = -1, cache=None, read_ids=None, **_):
+    """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] -> CuPy [T, D]. ids on the host
+    (the grouping tables are built there), or a CuPy array: one token's, which the one-token kernels read on the
+    device (no table, no synchronisation: a decode step that can be captured), else read back by read_ids(ids)
+    (the runtime's counted read; None: ids.get()). Without a cache every expert is resident (uploaded on first use);
+    with `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
     remapped to slot ids, the same kernels on the same bytes.
 
     act / act_device: another gated activation than SwiGLU (Kimi-K3's SiTU, DeepSeek-V4's clamped SwiGLU): the
@@ -89,9 +91,15 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
             (act is not None and (act_device is None or gate is None)):
         return None
     cp = _cp()
-    ids = np.asarray(ids, dtype=np.int32)
     T, A = ids.shape
     E = up.shape[0]                  # the model's experts: gmax = min(E, T*A) below, with or without the cache
+    if not isinstance(ids, np.ndarray):
+        y = _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel) \
+            if T == 1 and act is None and cache is None else None
+        if y is not None:
+            return y
+        ids = read_ids(ids) if read_ids is not None else ids.get()
+    ids = np.asarray(ids, dtype=np.int32)
     if cache is None:
         dup = device_weight(up).ensure()
         dgate = device_weight(gate).ensure() if gate is not None else None
@@ -129,4 +137,26 @@ def moe_ffn_resident(x, ids: np.ndarray, weights, *, up, gate, down, up_scale=No
                        up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
     if cache is not None:
         cache.release()              # queued: a later copy into these slots runs after the kernels (same stream)
+    return out
+
+
+def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel):
+    """One token's routed experts with its ids [1, A] read on the device (`moe_ffn_device(ids=...)`, no group
+    table); None when the one-token kernels do not serve these weights (the caller then reads the ids back)."""
+    cp = _cp()
+    A = ids.shape[1]
+    E = up.shape[0]
+    dup = device_weight(up).ensure()
+    dgate = device_weight(gate).ensure() if gate is not None else None
+    ddown = device_weight(down).ensure()
+    xs = _input(x)
+    xd = _nb(xs)
+    if kernel not in ("auto", "fast") or not one_token_ok(dup, dgate, ddown, xd):
+        return None
+    idd = _nb(cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32))
+    wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
+    sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
+    out = cp.empty((1, xs.shape[1]), dtype=cp.float32)
+    moe_ffn_device(xd, None, None, min(E, A), A, 1, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
+                   sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
     return out

@@ -177,7 +177,7 @@ def block(x, w, *, cfg, il, state, step, rt, ffn_scales: bool, moe_tensors: MoET
     if spec.attn == "dsa":                                               # the state's form decides MLA's
         a = dsa.sparse_mla(h, w, dc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, step=step)
     else:
-        a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt)
+        a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, pos=step.pos)
     x = x + a
     rt.record("ffn_inp", il, x)
     return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=moe_tensors, dense_scales=ffn_scales)

@@ -167,11 +167,12 @@ def new_state(cfg, attn_form: str | None = None) -> list:
 # ---------------------------------------------------------------- forward
 
 def attention(x, w, *, spec, il, state, rt, eps: float, kda_names: dict, mla_out_gate: bool = False,
-              mla_graph: dict | None = None):
+              mla_graph: dict | None = None, pos=None):
     """attn_norm, then the block's token mixer: x [T, D] -> [T, D] (before the residual). `kda_names`: the
     trace names of kda.POINTS; `mla_out_gate`: an MLA block's output is gated by sigmoid(h @ attn_gate.T) when
     the block has attn_gate (kimi-k3.cpp:552-557, reads h); `mla_graph`: what the arch's MLA graph does
-    differently from deepseek2's (`mla.mla`'s k_parts / names), or None. An MLA block runs in its state's form."""
+    differently from deepseek2's (`mla.mla`'s k_parts / names), or None; pos: the step's positions (`step.pos`). An
+    MLA block runs in its state's form."""
     h = rms_norm(x, w.attn_norm, eps)
     rt.record("attn_norm", il, h)
     if spec.attn == "kda":
@@ -179,7 +180,7 @@ def attention(x, w, *, spec, il, state, rt, eps: float, kda_names: dict, mla_out
     gate = None
     if mla_out_gate and w.attn_gate is not None:
         gate = sigmoid(rt.matmul(h, w.attn_gate))                        # [T, H*dv]
-    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, out_gate=gate,
+    a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, out_gate=gate, pos=pos,
                 **(mla_graph or {}))
     rt.record("mla_out", il, a)
     return a

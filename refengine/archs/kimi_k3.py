@@ -183,7 +183,7 @@ def block(x: ResidualStream, w, *, cfg, il, state, step, rt) -> ResidualStream:
     banked = bool(bs) and il % bs == 0
     bank = x.bank + [ps] if banked else x.bank                           # banks the raw block input
     a = fam.attention(cur, w, spec=spec, il=il, state=state, rt=rt, eps=eps, kda_names=KDA_NAMES,
-                      mla_out_gate=True)                                 # [T, D]
+                      mla_out_gate=True, pos=step.pos)                   # [T, D]
     ps = a if banked else ps + a                                         # the sum restarts on bank layers
     rt.record("prefix_sum_attn", il, ps)
     cur = res_mix(ps, bank, w.ffn_res_score, eps, rt=rt, il=il) if bs else ps

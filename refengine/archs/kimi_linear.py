@@ -126,7 +126,7 @@ def block(x, w, *, cfg, il, state, step, rt):
     spec = cfg.layers[il]
     legacy = spec.attn == "mla" and spec.attn_cfg.legacy
     x = x + fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES,
-                          mla_graph=LEGACY_MLA_GRAPH if legacy else None)
+                          mla_graph=LEGACY_MLA_GRAPH if legacy else None, pos=step.pos)
     rt.record("ffn_inp", il, x)
     return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=MOE_TENSORS, dense_scales=False)
 

@@ -32,6 +32,8 @@ weights belong to the new tokens. The exact reference runs the whole op in float
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,13 +116,16 @@ def new_state(ic: IndexerConfig, dtype=np.float32) -> IndexerKeys | None:
 
 # ---------------------------------------------------------------- math
 
+@functools.lru_cache(maxsize=8)
 def hadamard(n: int) -> np.ndarray:
     """The orthonormal Walsh-Hadamard matrix [n, n] (Sylvester order, entries +-1/sqrt(n); symmetric, Hd @ Hd = I),
-    built like llama.cpp's `ggml_gen_hadamard` (llama-kv-cache.cpp:21-57)."""
+    built like llama.cpp's `ggml_gen_hadamard` (llama-kv-cache.cpp:21-57). Made once per n and read-only (a
+    constant: a device keeps one copy of it)."""
     assert n >= 1 and n & (n - 1) == 0, f"Hadamard size {n} is not a power of two"
     h = np.full((1, 1), np.float32(1.0) / np.sqrt(np.float32(n)), dtype=np.float32)
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
+    h.flags.writeable = False
     return h
 
 

@@ -132,8 +132,9 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
     rt.record("Qcur", il, q)
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)
-    k_all, v_all = state.append(k, v)                                    # [S, Hkv, K], [S, Hkv, V]
     mask_fn = sparse if sparse is not None else causal_mask if cfg.causal_attn else no_mask
+    fixed = mask_fn is causal_mask and rt.fixed_shapes        # over the cache's capacity: the mask hides the rest
+    k_all, v_all = state.append(k, v, fixed)                             # [S, Hkv, K], [S, Hkv, V]
     o = attend(q, k_all, v_all, step.pos, 1.0 / np.sqrt(cfg.head_dim_k), mask_fn=mask_fn,
                one_shot=keeps_scores(rt, il), record=rt.record, il=il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]

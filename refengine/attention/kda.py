@@ -30,7 +30,7 @@ import numpy as np
 
 from ..cache import RecurrentState
 from ..errors import ConfigError
-from ..ops import contiguous, rms_norm
+from ..ops import as_array, contiguous, rms_norm
 from ..ops.activations import sigmoid, silu, softplus
 from ..weights import W
 from . import delta_rule
@@ -150,10 +150,10 @@ def new_state(kc: KDAConfig, form: str = "recurrent") -> RecurrentState:
 
 def gate_decay(z, ssm_a, kc: KDAConfig):
     """z [T, H, dh] (f_b(f_a(h)) + dt_bias), ssm_a [H] (= -exp(A_log)) -> log decay g [T, H, dh] (<= 0)."""
-    a = ssm_a.reshape(1, kc.n_head, 1).astype(np.float32)
+    a = as_array(ssm_a.reshape(1, kc.n_head, 1), np.float32)                     # [1, H, 1] (the weight)
     if kc.gate_lower_bound is None:
         return softplus(z) * a                                                   # kimi-linear.cpp:314-324
-    return np.float32(kc.gate_lower_bound) * sigmoid(-a * z)                      # kimi-k3.cpp:420-439
+    return np.float32(kc.gate_lower_bound) * sigmoid(-(a * z))                    # kimi-k3.cpp:420-439
 
 
 # The points `kda_layer` can trace, by concept; an arch passes `names` {point: the name, or the names, its llama.cpp

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.arrays import known_all
 from ..ops.softmax import softmax
 
 
@@ -76,7 +77,7 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
     assert H % Hkv == 0, f"{H} query heads do not group evenly over {Hkv} KV heads"
     assert q_pos.shape == (T,) and v.shape[0] == S, (q_pos.shape, k.shape, v.shape)
     g = H // Hkv
-    k_pos = np.arange(S)
+    k_pos = np.arange(S, like=q_pos)                                             # (where q_pos lives)
     kt = k.astype(dtype, copy=False).transpose(1, 2, 0)[:, None]                 # [S, Hkv, K] -> [Hkv, 1, K, S]
     vt = v.astype(dtype, copy=False).transpose(1, 0, 2)[:, None]                 # [S, Hkv, V] -> [Hkv, 1, S, V]
     out = np.empty_like(q, shape=(Hkv, g, T, V), dtype=dtype)                   # (like q: where q lives)
@@ -89,8 +90,8 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
         for s0 in range(0, S, k_block):
             s1 = min(s0 + k_block, S)
             mask = mask_fn(q_pos[t0:t1], k_pos[s0:s1])                           # [Tb, Sb]
-            if np.all(mask == -np.inf):
-                continue                                                         # a tile the mask hides
+            if known_all(mask == -np.inf):
+                continue               # a tile the mask hides (on a device it is computed: exp(-inf) adds 0)
             x = (qb @ kt[..., s0:s1]) * dtype(kq_scale) + mask.astype(dtype)     # [Hkv, g, Tb, Sb]
             m_new = np.maximum(m, x.max(axis=-1, keepdims=True))                 # [Hkv, g, Tb, 1]
             m_safe = np.where(np.isfinite(m_new), m_new, dtype(0))

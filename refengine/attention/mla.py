@@ -56,7 +56,7 @@ from quant import QTensor
 from ..cache import KVCache, LatentKV
 from ..config import ROPE_NORM, KeyReader
 from ..errors import ConfigError
-from ..ops import contiguous, apply_rope, rms_norm
+from ..ops import as_array, contiguous, apply_rope, rms_norm
 from ..weights import W
 from .mha import attend, causal_mask, keeps_scores
 
@@ -318,7 +318,7 @@ def project_kv_a(h, w, *, mc, cos, sin, rt, il, dtype=np.float32):
 def attn_temperature(pos, mc: MLAConfig) -> np.ndarray:
     """Per-position query scale (Llama-4 style; llm_graph_input_attn_temp::set_input, llama-graph.cpp:157-172):
     log(floor(pos / temperature_length) + 1) * temperature_scale + 1, in double, stored as f32.   [T] -> [T]"""
-    p = np.asarray(pos, dtype=np.float32).astype(np.float64)
+    p = as_array(pos, np.float32).astype(np.float64)
     return (np.log(np.floor(p / mc.attn_temp_length) + 1.0) * mc.attn_temp_scale + 1.0).astype(np.float32)
 
 
@@ -333,10 +333,11 @@ def expand_values(o_lat, w, *, mc, rt, dtype=np.float32):
 
 
 def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask_fn, q_pos, rt, il, rec_form,
-                    dtype=np.float32, q_temp=None, names=NAMES, k_parts=K_PARTS):
+                    dtype=np.float32, q_temp=None, names=NAMES, k_parts=K_PARTS, fixed=False):
     """MQA over the latent cache: q_nope [T, H, dn], q_pe [T, H, R], c [T, C], k_pe [T, R] -> [T, H, dv].
     mask_fn(q_pos, k_pos) -> additive mask (mha.attend: blocked, or one shot where a trace keeps the scores).
-    k_parts is not used: the one shared key is [c | k_pe]."""
+    k_parts is not used: the one shared key is [c | k_pe]. fixed: attend over the cache's capacity (`cache.Rows`;
+    the mask must hide the rows past the last position)."""
     k_b, v_b = kv_b_heads(w, mc)
     q_nope_perm = q_nope.transpose(1, 0, 2)                                        # [T, H, dn] -> [H, T, dn]
     rt.record("q_nope_perm", il, q_nope_perm)
@@ -352,7 +353,7 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask_fn, q
     if q_temp is not None:
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
-    c_all, k_pe_all = state.append(c, k_pe)                                        # [S, C], [S, R]
+    c_all, k_pe_all = state.append(c, k_pe, fixed)                                 # [S, C], [S, R]
     K = np.concatenate([c_all, k_pe_all], axis=-1)[:, None, :]                     # [S, 1, C+R]: one shared head
     rec_form("v_cont", il, c_all.T)                                                # [C, S]: V as build_attn reads it
     o = attend(Q, K, c_all[:, None, :], q_pos, mc.kq_scale, mask_fn=mask_fn, one_shot=keeps_scores(rt, il),
@@ -363,8 +364,8 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask_fn, q
 
 
 def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask_fn, q_pos, rt, il, rec_form,
-                 dtype=np.float32, q_temp=None, names=NAMES, k_parts=K_PARTS):
-    """MHA over decompressed per-head keys and values: same inputs as attend_absorbed -> [T, H, dv].
+                 dtype=np.float32, q_temp=None, names=NAMES, k_parts=K_PARTS, fixed=False):
+    """MHA over decompressed per-head keys and values: same inputs (and `fixed`) as attend_absorbed -> [T, H, dv].
     k_parts: the order of K's parts per head (Q is always [q_nope | q_pe])."""
     T, H, dn, dv = c.shape[0], mc.n_head, mc.qk_nope, mc.v_head
     if mc.legacy:                                                                  # llama.cpp's path (:594-612)
@@ -388,7 +389,7 @@ def attend_naive(q_nope, q_pe, c, k_pe, w, *, mc, state: KVCache, mask_fn, q_pos
     if q_temp is not None:
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
-    K_all, V_all = state.append(K, contiguous(v))                        # [S, H, dk], [S, H, dv]
+    K_all, V_all = state.append(K, contiguous(v), fixed)                           # [S, H, dk], [S, H, dv]
     return attend(Q, K_all, V_all, q_pos, mc.kq_scale, mask_fn=mask_fn, one_shot=keeps_scores(rt, il),
                   record=_att_record(rt, rec_form), il=il, dtype=dtype)                       # [T, H, dv]
 
@@ -399,7 +400,7 @@ def _att_record(rt, rec_form):
 
 
 def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtype=np.float32, qr=None,
-        out_gate=None, k_parts: tuple[str, str] = K_PARTS, names=None) -> np.ndarray:
+        out_gate=None, k_parts: tuple[str, str] = K_PARTS, names=None, pos=None) -> np.ndarray:
     """One MLA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add).
 
     state: this layer's `new_state(mc, form)`; it runs in the state's form (`state.form`, FORMS), and its length
@@ -417,6 +418,9 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
         reproduces a graph that builds K = [k_pe | k_nope] against Q = [q_nope | q_pe] (kimi-linear.cpp:477,
         its legacy attn_kv_b path). The absorbed form has one shared key [c | k_pe] and ignores it.
     names: {point: name(s)} replacing entries of `NAMES` (the arch's graph's trace names).
+    pos: the positions of the T tokens [T] (`step.pos`, on the device in a resident run); None: state.n + 0..T-1.
+    With the causal mask (mask_fn None) a run with fixed shapes (`rt.fixed_shapes`) attends over the cache's
+    capacity, its rows past the last position (zeros) hidden by the causal mask itself.
     The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded; the output
     `.scale` is applied when the arch's table loads it as `attn_output_scale` (`mla_table`).
     """
@@ -429,7 +433,7 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
         raise ValueError(f"k_parts {k_parts!r}: the two key parts \"nope\" and \"rope\", in some order")
     if mc.rope:
         assert cos.shape == sin.shape == (T, R // 2), f"cos/sin {cos.shape}, expected {(T, R // 2)}"
-    pos = state.n + np.arange(T)                                                   # [T]
+    pos = state.n + np.arange(T) if pos is None else pos                           # [T]
 
     def rec_form(name, il, a):      # a name whose shape belongs to one form: recorded by the form llama.cpp runs
         if form == llama_form(mc):
@@ -446,7 +450,8 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
     attend_form = attend_absorbed if form == "absorbed" else attend_naive
     o = attend_form(q_nope, q_pe, c, k_pe, w, mc=mc, state=state, mask_fn=mask_fn or causal_mask, q_pos=pos, rt=rt,
                     il=il, rec_form=rec_form, dtype=dtype, q_temp=q_temp,
-                    names=NAMES if names is None else {**NAMES, **names}, k_parts=k_parts)   # [T, H, dv]
+                    names=NAMES if names is None else {**NAMES, **names}, k_parts=k_parts,
+                    fixed=mask_fn is None and rt.fixed_shapes)                           # [T, H, dv]
     o = o.reshape(T, mc.n_head * mc.v_head)                                        # [T, H, dv] -> [T, H*dv]
     rt.record("kqv_out", il, o)
     if out_gate is not None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops.arrays import as_array
+
 
 def causal_conv(x: np.ndarray, w: np.ndarray, tail: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """x: [T, C], w: [C, Kc], tail: [Kc-1, C] or None (a new sequence) -> (y [T, C], new tail [Kc-1, C])."""
@@ -28,5 +30,5 @@ def causal_conv(x: np.ndarray, w: np.ndarray, tail: np.ndarray | None) -> tuple[
     xin = np.concatenate([tail.astype(x.dtype), x], axis=0)           # [Kc-1+T, C]
     y = np.zeros_like(x, shape=(T, C))                                 # (like x: where x lives)
     for k in range(Kc):                                                # llama.cpp's order of the sum
-        y += xin[k:k + T] * w[:, k].astype(x.dtype)                    # [T, C]
+        y += xin[k:k + T] * as_array(w[:, k], x.dtype)                 # [T, C] (the weight's own column)
     return y, xin[xin.shape[0] - (Kc - 1):].copy()

@@ -28,3 +28,10 @@ def copy_like(a, like, dtype=None):
     out = np.empty_like(like, shape=np.shape(a), dtype=dtype or a.dtype)
     out[...] = a
     return out
+
+
+def known_all(cond) -> bool:
+    """np.all(cond) for a host array; False for a device array, whose value is not read back (that would
+    synchronise with the host): where a caller skips work when a condition holds everywhere (a tile the mask hides),
+    a device does the work instead, which must then change nothing."""
+    return isinstance(cond, (np.ndarray, np.generic, bool)) and bool(np.all(cond))

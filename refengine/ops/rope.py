@@ -12,11 +12,13 @@ NORM mode rotates (x[2i], x[2i+1]); NEOX mode rotates (x[i], x[i + n_rot/2]). Di
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from ..config import ROPE_NEOX, ROPE_NORM
+from .arrays import as_array
 
 
 def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
@@ -28,30 +30,43 @@ def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, b
     return float(max(0, lo)), float(min(n_rot - 1, hi))
 
 
+@functools.lru_cache(maxsize=64)
+def yarn_mix(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float,
+             ext_factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """YaRN's per-pair weights of the interpolated and the extrapolated angle, (1 - mix, mix) with
+    mix = ramp(i) * ext_factor, each [n_rot/2] float32: made once per set of parameters and read-only (constants: a
+    device keeps one copy of each)."""
+    lo, hi = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow)
+    i0 = np.arange(0, n_rot, 2, dtype=np.float32)
+    y = (i0 / 2 - lo) / max(0.001, hi - lo)
+    ramp = 1 - np.clip(y, 0, 1)
+    mix = (ramp * ext_factor).astype(np.float32)
+    keep = 1 - mix
+    mix.flags.writeable = keep.flags.writeable = False
+    return keep, mix
+
+
 def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: float = 1.0,
                  ext_factor: float = 0.0, attn_factor: float = 1.0, n_ctx_orig: int = 0,
                  beta_fast: float = 32.0, beta_slow: float = 1.0,
                  freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """positions [T] -> cos, sin [T, n_rot/2] (float32), magnitude-scaled."""
+    """positions [T] -> cos, sin [T, n_rot/2] (float32), magnitude-scaled; computed where `positions` lives (a
+    device's positions give device tables)."""
     half = n_rot // 2
     theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
     # theta_i = p * theta_scale^i, by repeated float32 multiplication as ggml does
-    theta_ext = np.empty((len(positions), half), dtype=np.float32)            # [T, half]
-    acc = np.asarray(positions, dtype=np.float32)                              # [T]
+    acc = as_array(positions, np.float32)                                      # [T]
+    theta_ext = np.empty_like(acc, shape=(len(positions), half))               # [T, half]
     for i in range(half):
         theta_ext[:, i] = acc
         acc = (acc * theta_scale).astype(np.float32)
     if freq_factors is not None:
-        theta_ext = theta_ext / freq_factors.astype(np.float32)[None, :]
+        theta_ext = theta_ext / as_array(freq_factors, np.float32)[None, :]
     theta = np.float32(freq_scale) * theta_ext
     mscale = np.float32(attn_factor)
     if ext_factor != 0.0:
-        lo, hi = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow)
-        i0 = np.arange(0, n_rot, 2, dtype=np.float32)
-        y = (i0 / 2 - lo) / max(0.001, hi - lo)
-        ramp = 1 - np.clip(y, 0, 1)
-        mix = (ramp * ext_factor).astype(np.float32)
-        theta = theta * (1 - mix) + theta_ext * mix
+        keep, mix = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor)   # [half] each
+        theta = theta * keep + theta_ext * mix
         mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
     th = theta.astype(np.float64)
     return (np.cos(th) * mscale).astype(np.float32), (np.sin(th) * mscale).astype(np.float32)

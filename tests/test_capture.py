@@ -1,0 +1,135 @@
+"""A decode step that could be captured as one CUDA graph and replayed, proven on the "sim" device (NumPy standing in
+for the GPU, refengine.devarray): docs/device_path.md, "The next step: a decode step as one CUDA graph".
+
+A step is capturable when (a) nothing in it synchronises with the host: it runs under `Device.strict()`, where an
+upload (a weight's first one included), a read-back or a host fallback raises DeviceSyncError naming the op; and
+(b) two consecutive decode tokens run the same ops on the same shapes with the same baked-in scalars: equal
+`Device.recording()` signatures. The span is `Model.run_step`: the embedding of the step's token ids (on the device)
+through the head; the ids and positions are put on the device before it (`Model.prepare_step`: a graph's input
+copies), the logits read after it.
+
+- every arch of `CAPTURABLE`, tiny preset, after a prefill and a warm-up decode: two decode steps pass both checks,
+  and their logits equal bit for bit the host run of the same shapes (`Runtime(fixed_shapes=True)`: attention over a
+  cache's capacity, the rows past the last position zeros and hidden by the causal mask);
+- the fixed-shape run against the ordinary one (attention over the positions so far): the same math summed in
+  another order by BLAS (a product of another width takes another kernel for its last columns), relative RMS
+  <= 1e-6 (TOL of tests/test_backends.py, the bound for summation order) and the same argmax; measured
+  1.2e-7 .. 5.2e-7 on these presets;
+- the other archs: xfail(strict=True), each naming the first thing the strict span stops at;
+- controls that the checks can fail: an ordinary resident run (the cache grows a row per token) records different
+  signatures, and strict() names the op of an upload, a read-back and a weight's first use.
+"""
+import numpy as np
+import pytest
+
+from refengine.devarray import Device
+from refengine.errors import DeviceSyncError
+from refengine.model import Model
+from refengine.runtime import Runtime
+
+from numerics import assert_close
+
+TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))
+TOL = 1e-6              # float summation order only (tests/test_backends.py)
+
+CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear"]
+# arch -> the first thing its decode step's strict span stops at (docs/device_path.md, "What is capturable")
+NOT_YET = {
+    "deepseek32": "DSA lightning indexer: its causal mask made from host positions (dsa_indexer.py lightning_indexer), "
+                  "its key cache growing, its top-k selection's mask data-dependent (obstacle 4)",
+    "glm-dsa": "DSA lightning indexer, as deepseek32",
+    "glm5-next": "k-pool indexer under the same lightning indexer mask, its pooled selection (obstacle 4)",
+    "deepseek4": "compressed KV: the window's positions read back (compressed_kv.py), caches that grow by "
+                 "concatenation",
+    "kimi-k3": "SiTU routed experts: the expert ids read back to build the grouping tables on the host",
+    "qwen4exp": "IMROPE tables patched on the host (ops/rope.py mrope_text), QSA block selection",
+}
+
+
+def decode_checked(m, rt, st, tokens):
+    """Decode `tokens` one at a time, each step's span under strict() and recorded -> (logits, signatures, counters
+    inside the spans)."""
+    dev = rt.device
+    logits, sigs, inside = [], [], []
+    for tok in tokens:
+        step = m.prepare_step([tok], st, rt)                   # the ids and positions put on the device: outside
+        before = dev.stats.as_dict()
+        with dev.strict(), dev.recording() as sig:
+            out = m.run_step(step, st, rt)
+        inside.append(dev.stats.since(before))
+        logits.append(rt.to_host(out))                         # the read-back (and the deferred NaN flags): outside
+        sigs.append(sig)
+    return logits, sigs, inside
+
+
+def prefilled(m, rt):
+    st = m.new_state()
+    m.forward(TOKENS, st, rt=rt)
+    m.forward([5], st, rt=rt)                                  # warm-up decode: every weight uploaded once
+    return st
+
+
+@pytest.mark.parametrize("arch, rope", [(a, None) for a in CAPTURABLE] + [("deepseek2", "yarn")] + [
+    pytest.param(a, None, marks=pytest.mark.xfail(raises=DeviceSyncError, strict=True, reason=why))
+    for a, why in NOT_YET.items()])
+def test_decode_step_capturable(synth_model, arch, rope):
+    """rope "yarn": DeepSeek-V3's rope scaling (the real presets'), whose mix is a constant on the device."""
+    m = Model(synth_model(arch, wtype="Q4_K", **({} if rope is None else {"rope_scaling": rope})))
+    assert rope is None or m.cfg.yarn_ext_factor != 0.0
+    rt, host, plain = Runtime(resident=True, fixed_shapes=True), Runtime(fixed_shapes=True), Runtime()
+    st_d, st_h, st_p = prefilled(m, rt), prefilled(m, host), prefilled(m, plain)
+    got, sigs, inside = decode_checked(m, rt, st_d, (9, 11))
+    for k, (tok, g) in enumerate(zip((9, 11), got)):
+        want = m.forward([tok], st_h, rt=host)
+        assert np.array_equal(g, want), f"{arch}: decode {k}: the device differs from the host run of its shapes"
+        ordinary = m.forward([tok], st_p, rt=plain)
+        assert_close(f"{arch} decode {k}: fixed shapes vs positions so far", want, ordinary, TOL)
+        assert np.argmax(want) == np.argmax(ordinary)
+    assert sigs[0] == sigs[1] and len(sigs[0]) > 100, f"{arch}: two decode steps ran different ops or shapes"
+    for d in inside:
+        assert d["uploads"] == d["weight_uploads"] == d["downloads"] == 0 and not d["fallbacks"], d
+
+
+def test_growing_cache_changes_the_signature(synth_model):
+    """The control: an ordinary resident run attends over the positions so far, one row more every token."""
+    m = Model(synth_model("deepseek2", wtype="Q4_K"))
+    rt = Runtime(resident=True)
+    _, sigs, _ = decode_checked(m, rt, prefilled(m, rt), (9, 11))           # strict passes: nothing syncs ...
+    diff = [(a, b) for a, b in zip(sigs[0], sigs[1]) if a != b]
+    assert diff, "an ordinary resident run recorded equal signatures"    # ... but the cache is written at row n,
+    (op, args, _), (_, args2, _) = diff[0]                                 # a host int baked into the write
+    assert op == "setitem" and args[1] == ("slice", 21, 22, None) and args2[1] == ("slice", 22, 23, None), diff[0]
+    assert any(a[0] == "getitem" and a[2] != b[2] for a, b in diff)       # and its view grows a row per token
+
+
+def test_strict_names_what_syncs():
+    d = Device("sim")
+    x = d.put(np.ones(4, np.float32))
+    w = np.arange(4, dtype=np.float32)
+    w.flags.writeable = False
+    with pytest.raises(DeviceSyncError, match=r"np\.add uploads a host array float32\[4\] \(a writeable one"):
+        with d.strict():
+            x + np.ones(4, np.float32)
+    with pytest.raises(DeviceSyncError, match="first use"):          # a weight's first upload: before the span
+        with d.strict():
+            x * w
+    x * w                                                             # the warm-up: uploaded once
+    with d.strict(), d.recording() as sig:                            # now cached: no copy
+        y = x * w + 1
+    assert [op for op, _, _ in sig] == ["np.multiply", "np.add"]
+    assert sig[0][1][0] == (("dev", (4,), "<f4"), ("host", (4,), "<f4")), sig[0]
+    with pytest.raises(DeviceSyncError, match="reads a device array float32"):
+        with d.strict():
+            float(y.sum())
+    with pytest.raises(DeviceSyncError, match="reads a device array"):
+        with d.strict():
+            np.asarray(y)
+    with d.recording() as a:                                          # a per-call Python int is in the signature
+        x[1:2]
+    with d.recording() as b:
+        x[2:3]
+    assert a != b
+    with d.strict():                                                  # made on the device through like=
+        r = np.arange(4, like=x)
+    assert type(r).__name__ == "DeviceArray" and r.shape == (4,)
+    assert d.stats.uploads == d.stats.weight_uploads == 1 and d.stats.downloads == 0, d.stats   # none got through
