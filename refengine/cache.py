@@ -92,7 +92,7 @@ class Rows:
             self._count = None                            # (a device count, if any, is behind now)
         else:                                             # at the device's count: no per-call host int baked in
             if self._count is None:
-                self._count = np.full_like(x, self.n, shape=(), dtype=np.int64)   # once, from n
+                self._count = np.full_like(x, self.n, shape=(1,), dtype=np.int64)  # once, from n ((1,): CuPy reads shape=() as None)
             self._buf[self._count + np.arange(T, like=x)] = x
             self._count += T
         self.n += T

@@ -7,8 +7,9 @@
 
 Each returns None when its kernels do not serve the weight (a type without a decoder, another mode): the runtime
 then runs the host API on the array read back, and counts the fallback. CuPy's arrays are handed to the kernels
-through `__cuda_array_interface__` without a synchronisation (`sync=False`): CuPy's null stream and numba's
-default stream are the same legacy stream, so order is kept.
+through `__cuda_array_interface__` without a synchronisation (`sync=False`); every numba launch and copy goes on
+CuPy's current stream (`_stream()`: the legacy default stream, CuPy's null stream, unless a caller made another one
+current, e.g. refengine/cuda/graph_step.py capturing a decode step), so order is kept.
 """
 from __future__ import annotations
 
@@ -26,6 +27,20 @@ from .weights import device_weight
 def _cp():
     import cupy
     return cupy
+
+
+_STREAMS: dict = {}
+
+
+def _stream():
+    """numba's handle on CuPy's current stream (0: the legacy default stream, which both share)."""
+    ptr = int(_cp().cuda.get_current_stream().ptr)
+    if ptr == 0:
+        return 0
+    s = _STREAMS.get(ptr)
+    if s is None:
+        s = _STREAMS[ptr] = cuda.external_stream(ptr)
+    return s
 
 
 def _nb(a):
@@ -47,7 +62,7 @@ def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto")
     cp = _cp()
     x = _input(x)
     y = cp.empty((x.shape[0], w.shape[0]), dtype=cp.float32)
-    dense(device_weight(w).ensure(), _nb(x), _nb(y), kernel=kernel)
+    dense(device_weight(w).ensure(), _nb(x), _nb(y), kernel=kernel, stream=_stream())
     return y
 
 
@@ -69,7 +84,7 @@ def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "
     xs = _input(x.reshape(H * T, I))
     y = cp.empty((H * T, O), dtype=cp.float32)
     tab, mpg = _head_groups(H, T)
-    grouped(device_weight(w).ensure(), _nb(xs), _nb(y), tab, H, H * T, mpg, kernel=kernel)
+    grouped(device_weight(w).ensure(), _nb(xs), _nb(y), tab, H, H * T, mpg, kernel=kernel, stream=_stream())
     return y.reshape(H, T, O)
 
 
@@ -120,24 +135,36 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     out = cp.empty((T, xs.shape[1]), dtype=cp.float32)
     if act is not None:
         n, I, D = T * A, up.shape[1], xs.shape[1]
-        tx, tp = cuda.to_device(tab_x), cuda.to_device(tab_p)
+        st = _stream()
+        tx, tp = cuda.to_device(tab_x, stream=st), cuda.to_device(tab_p, stream=st)
         gmax = min(E, n)
         u = cp.empty((n, I), dtype=cp.float32)
         g = cp.empty((n, I), dtype=cp.float32)
-        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel)     # pair rows in tab_x order
-        grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
+        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel,
+                stream=st)     # pair rows in tab_x order
+        grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel, stream=st)
         a = _input(act_device(g, u))                                                # [n, I], elementwise
         dn = cp.empty((n, D), dtype=cp.float32)
-        grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel)
-        combine_slots(_nb(dn), A, None, _nb(out), None, T, D, 0)
+        grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel, stream=st)
+        combine_slots(_nb(dn), A, None, _nb(out), None, T, D, st)
     else:
-        idd = cuda.to_device(ids.reshape(-1)) if T == 1 and kernel in ("auto", "fast") and \
+        st = _stream()
+        idd = cuda.to_device(ids.reshape(-1), stream=st) if T == 1 and kernel in ("auto", "fast") and \
             one_token_ok(dup, dgate, ddown, xd) else None
-        moe_ffn_device(xd, cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A), T * A, mpg, A, _nb(wts),
-                       up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
+        moe_ffn_device(xd, cuda.to_device(tab_x, stream=st), cuda.to_device(tab_p, stream=st), min(E, T * A), T * A,
+                       mpg, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel,
+                       ids=idd, out=_nb(out), stream=st, scratch=_scratch(T * A, up.shape[1], xs.shape[1]))
     if cache is not None:
         cache.release()              # queued: a later copy into these slots runs after the kernels (same stream)
     return out
+
+
+def _scratch(n: int, I: int, D: int) -> dict:
+    """moe_ffn_device's work buffers act [n, I] and dn [n, D] from CuPy's allocator, not numba's: the memory a
+    captured step's launches use then stays in the capturing pool (refengine/cuda/graph_step.py) instead of being
+    freed by numba behind the graph's back (the GEMM path's g, u: many tokens, never captured, numba's)."""
+    cp = _cp()
+    return {k: _nb(cp.empty(shape, dtype=cp.float32)) for k, shape in (("act", (n, I)), ("dn", (n, D)))}
 
 
 def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel):
@@ -158,5 +185,6 @@ def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, 
     sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
     out = cp.empty((1, xs.shape[1]), dtype=cp.float32)
     moe_ffn_device(xd, None, None, min(E, A), A, 1, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
-                   sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out))
+                   sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out), stream=_stream(),
+                   scratch=_scratch(A, up.shape[1], xs.shape[1]))
     return out

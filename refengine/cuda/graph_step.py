@@ -1,0 +1,183 @@
+"""Decode steps replayed from a CUDA graph: the device-resident forward (refengine.devarray on CuPy) of one token,
+captured once and launched for every later token (issue 23, docs/device_path.md).
+
+    dec = GraphDecoder(model, rt, state)       rt: Runtime(backend="cuda", fixed_shapes=True), resident on a GPU
+    logits = dec.step(token)                   [V] float32 on the host; the state advanced by one token
+
+The first call runs the step eagerly (weights uploaded, kernels compiled, the caches at a fixed capacity); the
+second captures the blocks and the head of its token (the embedding, whose rows are decoded on the host, runs
+eagerly into a fixed input buffer) on a stream of its own into a graph, then launches it; every later call writes
+the token id and position into the captured step's device buffers, embeds, launches the graph and reads the logits
+and the deferred NaN/inf flags back. The modules are not changed: the span is the one `tests/test_capture.py` proves
+capturable on the "sim" device (no upload, no read-back, no host fallback inside, the same op signature at every
+token), here on the GPU.
+
+What a replay does not run is the Python of the step, so the driver repeats its effects on the host itself:
+  - every int of the state that the captured step changed (a cache's row count `Rows.n`, `n_past`) by the same
+    delta, found by comparing the state before and after the capture;
+  - a state array the step replaced by a new one instead of writing into it: at the end of the captured step the
+    new value is copied into the old array and the old array put back (a "write-back"), so every replay reads and
+    writes the same buffers.
+A cache whose next row would not fit its capacity ends the graph: that step runs eagerly (the cache grows) and the
+next one is captured again. Memory the captured launches use comes from a CuPy pool of the decoder's own, which no
+other allocation shares.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..cache import Rows
+from ..devarray import DeviceArray
+
+
+def _walk(v, path, out, seen):
+    """(path, owner, key, value) of every attribute / item under v that is an int, a DeviceArray or a Rows."""
+    if id(v) in seen:
+        return
+    seen.add(id(v))
+    if isinstance(v, (list, tuple)):
+        items = enumerate(v)
+    elif isinstance(v, dict):
+        items = v.items()
+    elif hasattr(v, "__dict__") and not isinstance(v, (type, np.ndarray, DeviceArray)):
+        items = vars(v).items()
+    else:
+        return
+    for k, e in list(items):
+        p = f"{path}.{k}"
+        if isinstance(e, (bool, np.bool_)):
+            continue
+        if isinstance(e, (int, np.integer)) or isinstance(e, DeviceArray):
+            out.append((p, v, k, e))
+        elif isinstance(e, Rows):
+            out.append((p, v, k, e))
+            _walk(e, p, out, seen)
+        else:
+            _walk(e, p, out, seen)
+
+
+def state_leaves(state) -> dict:
+    """path -> (owner, key, value) of the state's ints, device arrays and Rows (tuples' items are not settable and
+    are reported for reading only)."""
+    out = []
+    _walk(state, "state", out, set())
+    return {p: (o, k, v) for p, o, k, v in out}
+
+
+def _set(owner, key, value):
+    if isinstance(owner, (list, dict)):
+        owner[key] = value
+    else:
+        setattr(owner, key, value)
+
+
+class GraphDecoder:
+    """Decode one sequence a token at a time, the steps after the first replayed from a captured CUDA graph (the
+    module docstring). Counters: `eager`, `captures`, `replays`."""
+
+    def __init__(self, model, rt, state):
+        import cupy as cp
+        from numba import cuda
+        if rt.device is None or rt.device.kind != "cupy" or not rt.fixed_shapes or rt.trace is not None:
+            raise ValueError("GraphDecoder needs Runtime(backend='cuda', fixed_shapes=True) resident on a GPU, "
+                             "untraced")
+        self.model, self.rt, self.state = model, rt, state
+        self.cp = cp
+        self.stream = cuda.stream()
+        self.cps = cp.cuda.ExternalStream(int(self.stream.handle))
+        self.pool = cp.cuda.MemoryPool()
+        self.graph = None
+        self.eager = self.captures = self.replays = 0
+        self.warm = False
+
+    # ------------------------------------------------------------ the step
+    def step(self, token: int) -> np.ndarray:
+        cp = self.cp
+        with self.cps, cp.cuda.using_allocator(self.pool.malloc):
+            if self.graph is not None and self._fits(self.rows):
+                out = self._replay(token)
+            elif self.graph is None and self.warm and self._fits(self._all_rows()):
+                out = self._capture_and_launch(token)
+            else:                                         # the first step, or a cache full: eager (it grows)
+                out = self._eager(token)
+                self.warm = True
+            logits = self.rt.to_host(out)                 # the deferred NaN/inf flags too
+            self.cps.synchronize()
+        return logits[-1]
+
+    def _eager(self, token):
+        m, rt, st = self.model, self.rt, self.state
+        self.graph = None
+        self.eager += 1
+        return m.run_step(m.prepare_step([token], st, rt), st, rt)
+
+    def _embed(self, step):
+        m, rt = self.model, self.rt
+        return rt.to_device(m.arch.embed(m.g, m.cfg, step, rt))
+
+    def _capture_and_launch(self, token):
+        from quant.cuda.timing import Graph
+        m, rt, st = self.model, self.rt, self.state
+        a, cfg = m.arch, m.cfg
+        step = m.prepare_step([token], st, rt)
+        x0 = self._embed(step)
+        xin = DeviceArray(self.cp.array(x0.raw, copy=True), rt.device)    # the fixed input buffer
+        rt.check_deferred()                               # flags of the eager part, not the graph's
+        before = state_leaves(st)
+        box = {}
+
+        def body():
+            x = xin
+            for il in range(cfg.n_layer):
+                x = a.block(x, m.layer(il), cfg=cfg, il=il, state=st.layers[il], step=step, rt=rt)
+            box["logits"] = a.head(x, m.g, cfg, rt)
+            after = state_leaves(st)
+            wb = []
+            for p, (o, k, v) in after.items():            # replaced arrays: written back into the old ones
+                old = before.get(p)
+                if old is not None and isinstance(v, DeviceArray) and isinstance(old[2], DeviceArray) \
+                        and v is not old[2]:
+                    if v.shape != old[2].shape or v.dtype != old[2].dtype:
+                        raise ValueError(f"graph step: state array {p} changed shape {old[2].shape} -> {v.shape}")
+                    self.cp.copyto(old[2].raw, v.raw)
+                    wb.append((o, k, old[2]))
+            for o, k, v in wb:
+                _set(o, k, v)
+            box["writebacks"] = len(wb)
+
+        self.graph = Graph.capture(body, self.stream)
+        self.captures += 1
+        after = state_leaves(st)
+        self.deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()
+                       if isinstance(v, (int, np.integer)) and p in before and int(v) != int(before[p][2])]
+        self.rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
+        self.flags, self.warns = list(rt._finite), list(rt._finite_warn)
+        self.logits, self.xin, self.cstep = box["logits"], xin, step
+        self.writebacks = box["writebacks"]
+        st.n_past += step.T
+        self.graph.launch(self.stream)
+        return self.logits
+
+    @staticmethod
+    def _fits(rows) -> bool:
+        """Every cache of `rows` has room for the next row."""
+        return all(r.n + 1 <= r._buf.shape[0] for r in rows)
+
+    def _all_rows(self) -> list:
+        return [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows) and v._buf is not None]
+
+    def _replay(self, token):
+        m, rt, st = self.model, self.rt, self.state
+        step = m.prepare_step([token], st, rt)            # fresh ids / positions (uploads), embedded eagerly
+        x0 = self._embed(step)
+        self.cp.copyto(self.xin.raw, x0.raw)
+        self.cp.copyto(self.cstep.tokens.raw, step.tokens.raw)
+        self.cp.copyto(self.cstep.pos.raw, step.pos.raw)
+        rt.check_deferred()
+        self.graph.launch(self.stream)
+        for o, k, d in self.deltas:
+            _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + d)
+        st.n_past += step.T
+        rt._finite, rt._finite_warn = list(self.flags), list(self.warns)
+        self.replays += 1
+        return self.logits
