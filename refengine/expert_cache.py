@@ -175,6 +175,7 @@ class ExpertCache:
     layers: dict = field(default_factory=dict)     # il -> LayerCounters
     bytes_moved: int = 0
     load_seconds: float = 0.0
+    prefetcher: object = None          # refengine.expert_prefetch.Prefetcher (ExpertCache.for_model(prefetch=True))
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -201,13 +202,28 @@ class ExpertCache:
         self.clock = np.zeros(0, dtype=np.int64)      # decay: per layer (by _lidx) the batches of it so far
         self.tick = 0
         self.pool = None                              # the slot pool a backend attaches (quant/cuda/expert_slots.py)
+        # prefetch (refengine/expert_prefetch.py): slots filled ahead of their layer by a background copy
+        self.loading = np.zeros(N, dtype=bool)        # a copy into the slot may still be running
+        self.job = None                               # that copy: a concurrent.futures.Future
+        self.fetched = np.zeros(N, dtype=bool)        # filled by a prefetch and not used since
+        self.prefetches = 0                           # experts prefetched
+        self.prefetch_used = 0                        # of those, hit by their layer's batch before being evicted
+        self.prefetch_bytes = 0
+        self.prefetch_seconds = 0.0                   # the copies' own time (in the background)
+        self.prefetch_wait_seconds = 0.0              # time a batch waited for a copy still running
 
     @staticmethod
-    def for_model(model, budget, policy: str = "lru", **kw) -> "ExpertCache":
-        """A cache sized for `model`'s routed experts; budget as `parse_budget` (a fraction of their bytes too)."""
+    def for_model(model, budget, policy: str = "lru", prefetch: bool = False, **kw) -> "ExpertCache":
+        """A cache sized for `model`'s routed experts; budget as `parse_budget` (a fraction of their bytes too).
+        prefetch: each MoE layer's router input also predicts the next MoE layer's experts, copied into slots in
+        the background while the layers in between run (refengine/expert_prefetch.py)."""
         g = model_geometry(model)
-        return ExpertCache(parse_budget(budget, g.expert_bytes), g.slot_bytes, policy=policy, geometry=g,
-                           strides=dict(g.strides), **kw)
+        c = ExpertCache(parse_budget(budget, g.expert_bytes), g.slot_bytes, policy=policy, geometry=g,
+                        strides=dict(g.strides), **kw)
+        if prefetch:
+            from .expert_prefetch import Prefetcher
+            c.prefetcher = Prefetcher(model, c)
+        return c
 
     @staticmethod
     def for_tensors(budget, tensors: dict, policy: str = "lru", **kw) -> "ExpertCache":
@@ -220,7 +236,7 @@ class ExpertCache:
     # ------------------------------------------------------------ the policy
     def _victim(self) -> int:
         """The slot a miss takes: a free one (the lowest), else the policy's choice among the unpinned ones."""
-        occupied = self.last >= 0
+        occupied = (self.last >= 0) | self.loading
         free = np.flatnonzero(~occupied)
         if free.size:
             return int(free[0])
@@ -231,7 +247,7 @@ class ExpertCache:
         else:
             now = self.clock[self.slot_layer]                                # [N] each slot's layer clock
             prim = self.score * self.decay ** (now - self.seen).astype(np.float64)
-        prim[self.pinned] = np.inf
+        prim[self.pinned | self.loading] = np.inf
         cand = np.flatnonzero(prim == prim.min())
         return int(cand[np.argmin(self.last[cand])])
 
@@ -255,6 +271,9 @@ class ExpertCache:
         ids = np.asarray(ids)
         uniq, inv = np.unique(ids, return_inverse=True)
         T = ids.shape[0] if ids.ndim else 1
+        if self.loading.any() and (uniq.size > int((~self.pinned & ~self.loading).sum()) or any(
+                self.loading[self.where[(layer, int(e))]] for e in uniq if (layer, int(e)) in self.where)):
+            self.wait()                               # a prefetched expert of this batch, or its room, still copying
         free_or_mine = int((~self.pinned).sum())
         if uniq.size > free_or_mine:
             pinned = self.n_slots - free_or_mine
@@ -280,6 +299,9 @@ class ExpertCache:
                 continue
             slots[i] = s
             self.pinned[s] = True
+            if self.fetched[s]:
+                self.fetched[s] = False
+                self.prefetch_used += 1
             self._touch(s, layer, e)
         c.lookups += uniq.size
         c.hits += uniq.size - len(misses)
@@ -294,6 +316,7 @@ class ExpertCache:
                 if old is not None:
                     del self.where[old]
                     c.evictions += 1
+                self.fetched[s] = False
                 self.key[s], self.last[s] = None, -1       # free while it loads (a failed loader leaves it so)
                 self.slot_il[s] = np.iinfo(np.int64).min
                 t0 = time.perf_counter()
@@ -318,6 +341,72 @@ class ExpertCache:
     def release(self) -> None:
         """The running batch's slots may be evicted again."""
         self.pinned[:] = False
+
+    def prefetch(self, layer: int, experts, copy, submit) -> int:
+        """Experts of `layer` expected by its next batch: each one not resident takes a slot now (a free one, else
+        the policy's victim among the unpinned ones, as a miss would) and `copy(slot, expert) -> bytes` fills it in
+        the background: `submit(fn)` runs fn elsewhere and returns a Future. A batch that uses such a slot, or
+        needs its room, waits for the copy (`wait`); at most `n_slots // 2` slots are taken per call, so that a
+        prediction never crowds out the layers in between. Returns the number of experts prefetched."""
+        if self.job is not None:
+            self.wait()
+        todo = []
+        for e in dict.fromkeys(int(e) for e in np.asarray(experts).reshape(-1)):
+            if (layer, e) in self.where or len(todo) >= self.n_slots // 2:
+                continue
+            s = self._victim()
+            if self.pinned[s] or self.loading[s]:
+                break
+            old = self.key[s]
+            if old is not None:
+                del self.where[old]
+                self.layers.setdefault(old[0], LayerCounters()).evictions += 1
+            li = self._lidx.setdefault(layer, len(self._lidx))
+            if li >= self.clock.size:
+                self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
+            self.key[s], self.where[(layer, e)] = (layer, e), s
+            self.slot_layer[s], self.slot_il[s], self.slot_expert[s] = li, layer, e
+            self.score[s] = 0.0
+            self.loading[s] = self.fetched[s] = True
+            self.tick += 1
+            self.last[s] = self.tick                 # as recent as a use: the next batch is expected to take it
+            todo.append((s, e))
+            if self.log is not None:
+                self.log.append((layer, e, s, old))
+        if not todo:
+            return 0
+
+        def run():
+            t0, moved = time.perf_counter(), 0
+            for s, e in todo:
+                n = copy(s, e)
+                moved += self.slot_bytes if n is None else int(n)
+            return moved, time.perf_counter() - t0
+        self.job = submit(run)
+        self.prefetches += len(todo)
+        return len(todo)
+
+    def wait(self) -> None:
+        """The background copy, if one runs, finished (its errors raised here); its slots usable."""
+        if self.job is None:
+            return
+        job, self.job = self.job, None
+        t0 = time.perf_counter()
+        try:
+            moved, secs = job.result()
+        except BaseException:                        # a failed copy: its slots are not what they claim, free them
+            for s in np.flatnonzero(self.loading):
+                if self.key[s] is not None:
+                    del self.where[self.key[s]]
+                self.key[s], self.last[s], self.fetched[s] = None, -1, False
+                self.slot_il[s] = np.iinfo(np.int64).min
+            self.loading[:] = False
+            raise
+        self.prefetch_wait_seconds += time.perf_counter() - t0
+        self.loading[:] = False
+        self.prefetch_bytes += moved
+        self.bytes_moved += moved
+        self.prefetch_seconds += secs
 
     def resident(self, layer: int | None = None) -> list:
         """(layer, expert) of every filled slot (of one layer), sorted."""
@@ -348,6 +437,9 @@ class ExpertCache:
                     hits=self.hits, misses=self.misses, hit_rate=self.hit_rate,
                     evictions=sum(c.evictions for c in self.layers.values()), bytes_moved=self.bytes_moved,
                     load_seconds=self.load_seconds, tokens=max((c.tokens for c in self.layers.values()), default=0),
+                    prefetch=None if self.prefetcher is None else dict(
+                        experts=self.prefetches, used=self.prefetch_used, bytes=self.prefetch_bytes,
+                        seconds=self.prefetch_seconds, wait_seconds=self.prefetch_wait_seconds),
                     layers={il: c.as_dict() for il, c in sorted(self.layers.items())})
 
     def summary(self) -> str:
@@ -355,4 +447,7 @@ class ExpertCache:
         hr = self.hit_rate
         return (f"expert cache {self.policy}: {_fmt(self.budget_bytes)}, {self.n_slots} slots; hit rate "
                 f"{'-' if hr is None else f'{hr:.3f}'} ({self.hits} hits, {self.misses} misses), "
-                f"{_fmt(self.bytes_moved)} moved host->device in {self.load_seconds:.2f} s")
+                f"{_fmt(self.bytes_moved)} moved host->device in {self.load_seconds:.2f} s"
+                + ("" if self.prefetcher is None else
+                   f"; prefetched {self.prefetches} experts ({self.prefetch_used} used), {self.prefetch_seconds:.2f} s "
+                   f"copying in the background, {self.prefetch_wait_seconds:.2f} s waited for"))
