@@ -204,8 +204,10 @@ class ExpertCache:
         self.pool = None                              # the slot pool a backend attaches (quant/cuda/expert_slots.py)
         # prefetch (refengine/expert_prefetch.py): slots filled ahead of their layer by a background copy
         self.loading = np.zeros(N, dtype=bool)        # a copy into the slot may still be running
-        self.job = None                               # that copy: a concurrent.futures.Future
+        self.jobs: list = []                          # those copies: (concurrent.futures.Future, their slots)
+        self.pending = None                           # a prefetch issued once a layer's batch is pinned (`after`)
         self.fetched = np.zeros(N, dtype=bool)        # filled by a prefetch and not used since
+        self.width: dict[int, int] = {}               # layer -> A of its last batch (ids [T, A])
         self.prefetches = 0                           # experts prefetched
         self.prefetch_used = 0                        # of those, hit by their layer's batch before being evicted
         self.prefetch_bytes = 0
@@ -272,7 +274,7 @@ class ExpertCache:
         uniq, inv = np.unique(ids, return_inverse=True)
         T = ids.shape[0] if ids.ndim else 1
         if self.loading.any() and (uniq.size > int((~self.pinned & ~self.loading).sum()) or any(
-                self.loading[self.where[(layer, int(e))]] for e in uniq if (layer, int(e)) in self.where)):
+                self.loading[self.where[(layer, int(e))]] for e in uniq.tolist() if (layer, e) in self.where)):
             self.wait()                               # a prefetched expert of this batch, or its room, still copying
         free_or_mine = int((~self.pinned).sum())
         if uniq.size > free_or_mine:
@@ -286,6 +288,7 @@ class ExpertCache:
         c = self.layers.setdefault(layer, LayerCounters())
         c.tokens += T
         c.pairs += ids.size
+        self.width[layer] = int(ids.shape[-1]) if ids.ndim else 1
         li = self._lidx.setdefault(layer, len(self._lidx))
         if li >= self.clock.size:
             self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
@@ -333,6 +336,10 @@ class ExpertCache:
                 slots[i] = s
                 if self.log is not None:
                     self.log.append((layer, e, s, old))
+            if self.pending is not None and self.pending[0] == layer:
+                _, args = self.pending                # a prediction made at this layer: issued now that its batch
+                self.pending = None                   # is pinned, so it never evicts the experts it is about to use
+                self.prefetch(*args)
         except BaseException:                         # a loader failed: this batch pins nothing
             self.pinned[[self.where[(layer, int(e))] for e in uniq if (layer, int(e)) in self.where]] = False
             raise
@@ -342,71 +349,90 @@ class ExpertCache:
         """The running batch's slots may be evicted again."""
         self.pinned[:] = False
 
-    def prefetch(self, layer: int, experts, copy, submit) -> int:
-        """Experts of `layer` expected by its next batch: each one not resident takes a slot now (a free one, else
-        the policy's victim among the unpinned ones, as a miss would) and `copy(slot, expert) -> bytes` fills it in
-        the background: `submit(fn)` runs fn elsewhere and returns a Future. A batch that uses such a slot, or
-        needs its room, waits for the copy (`wait`); at most `n_slots // 2` slots are taken per call, so that a
-        prediction never crowds out the layers in between. Returns the number of experts prefetched."""
-        if self.job is not None:
-            self.wait()
+    def prefetch(self, layer: int, experts, copy, submit, after: int | None = None) -> int:
+        """Experts of `layer` expected by its next batch (the likeliest first): each one not resident takes a slot
+        now (a free one, else the policy's victim among the slots neither pinned nor loading, as a miss would; none
+        left: the rest are skipped) and `copy(slot, expert) -> bytes` (None: slot_bytes) fills them in the
+        background: `submit(fn)` runs fn elsewhere (one worker: in order) and returns a Future. The bookkeeping is
+        done here, in the caller's thread; a batch that uses such a slot, or needs its room, waits for the copies
+        (`wait`), and a loading slot is never a victim. after: issue the prefetch at the end of layer `after`'s next
+        lookup (its batch pinned), so that it cannot evict that batch's experts. Returns the experts prefetched."""
+        if after is not None:
+            self.pending = (after, (layer, experts, copy, submit))
+            return 0
         todo = []
         for e in dict.fromkeys(int(e) for e in np.asarray(experts).reshape(-1)):
-            if (layer, e) in self.where or len(todo) >= self.n_slots // 2:
-                continue
+            if (layer, e) in self.where:
+                continue                              # resident, or already on its way
             s = self._victim()
             if self.pinned[s] or self.loading[s]:
-                break
+                break                                 # no room left that a batch does not hold
             old = self.key[s]
             if old is not None:
                 del self.where[old]
-                self.layers.setdefault(old[0], LayerCounters()).evictions += 1
+                self.layers.setdefault(layer, LayerCounters()).evictions += 1   # as a miss of `layer` would count
             li = self._lidx.setdefault(layer, len(self._lidx))
             if li >= self.clock.size:
                 self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
             self.key[s], self.where[(layer, e)] = (layer, e), s
             self.slot_layer[s], self.slot_il[s], self.slot_expert[s] = li, layer, e
-            self.score[s] = 0.0
+            self.score[s] = 0.0                       # lfu / decay: no use yet (a wrong guess is the first victim)
+            self.seen[s] = self.clock[li]
             self.loading[s] = self.fetched[s] = True
             self.tick += 1
-            self.last[s] = self.tick                 # as recent as a use: the next batch is expected to take it
+            self.last[s] = self.tick                 # lru: as recent as a use (its batch is the next of `layer`)
             todo.append((s, e))
             if self.log is not None:
                 self.log.append((layer, e, s, old))
         if not todo:
             return 0
 
-        def run():
+        def run():                                    # the worker thread: copies only, no counter of ours touched
             t0, moved = time.perf_counter(), 0
             for s, e in todo:
                 n = copy(s, e)
                 moved += self.slot_bytes if n is None else int(n)
             return moved, time.perf_counter() - t0
-        self.job = submit(run)
+        try:
+            job = submit(run)
+        except BaseException:
+            self._free([s for s, _ in todo])
+            raise
+        self.jobs.append((job, [s for s, _ in todo]))
         self.prefetches += len(todo)
         return len(todo)
 
+    def _free(self, slots) -> None:
+        """Slots whose copy failed (or never ran): they hold nothing."""
+        for s in slots:
+            if self.key[s] is not None:
+                del self.where[self.key[s]]
+            self.key[s], self.last[s], self.fetched[s], self.loading[s] = None, -1, False, False
+            self.slot_il[s] = np.iinfo(np.int64).min
+
     def wait(self) -> None:
-        """The background copy, if one runs, finished (its errors raised here); its slots usable."""
-        if self.job is None:
-            return
-        job, self.job = self.job, None
+        """Every background copy finished, its slots usable and its bytes counted (here, in the caller's thread:
+        bytes_moved, prefetch_bytes, the slot pool's counters). A copy that failed leaves its slots free (they hold
+        nothing) and its error is raised here, after the others are waited for."""
+        jobs, self.jobs = self.jobs, []
+        err = None
         t0 = time.perf_counter()
-        try:
-            moved, secs = job.result()
-        except BaseException:                        # a failed copy: its slots are not what they claim, free them
-            for s in np.flatnonzero(self.loading):
-                if self.key[s] is not None:
-                    del self.where[self.key[s]]
-                self.key[s], self.last[s], self.fetched[s] = None, -1, False
-                self.slot_il[s] = np.iinfo(np.int64).min
-            self.loading[:] = False
-            raise
+        for job, slots in jobs:
+            try:
+                moved, secs = job.result()
+            except BaseException as e:                # its slots are not what they claim: free them
+                self._free(slots)
+                err = err or e
+                continue
+            self.loading[slots] = False
+            self.prefetch_bytes += moved
+            self.bytes_moved += moved
+            self.prefetch_seconds += secs
+            if self.pool is not None and hasattr(self.pool, "count"):
+                self.pool.count(len(slots), moved)
         self.prefetch_wait_seconds += time.perf_counter() - t0
-        self.loading[:] = False
-        self.prefetch_bytes += moved
-        self.bytes_moved += moved
-        self.prefetch_seconds += secs
+        if err is not None:
+            raise err
 
     def resident(self, layer: int | None = None) -> list:
         """(layer, expert) of every filled slot (of one layer), sorted."""
