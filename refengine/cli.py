@@ -231,9 +231,9 @@ def _expert_kw(args, model) -> dict:
         from .expert_cache import ExpertCache
         kw["expert_budget"] = ExpertCache.for_model(model, args.gpu_expert_budget, policy=args.expert_policy,
                                                     prefetch=args.expert_prefetch)
+        kw["resident"] = True
     elif args.expert_prefetch:
         raise RefengineError("--expert-prefetch fills the expert cache: give a budget with --gpu-expert-budget")
-        kw["resident"] = True
     if args.expert_stats is not None:
         from .expert_trace import ExpertTrace
         kw["expert_stats"] = ExpertTrace()

@@ -15,6 +15,13 @@ Legend: L layers, E experts of a layer, A active experts per token, T tokens, N 
                 answer; splitting the batch would change the kernels' row counts, so it would not be exact)
     release()   the batch's pins end (on the GPU: once its kernels are queued; a later copy into one of its slots
                 is queued after them on the same stream)
+    prefetch(il, experts, copy, submit, after=None)
+                experts of il guessed for its next batch (refengine/expert_prefetch.py): each takes a slot now, as
+                a miss would but never a pinned one, and `copy` fills it on a worker thread (`submit`); the slot is
+                "loading" until `wait()`: never a victim, and a batch that uses it (or needs its room) waits first.
+                after=il0: issued at the end of layer il0's next lookup, its batch pinned (a guess made at il0's
+                router must not evict what il0 is about to use). A failed copy frees its slots and raises at the
+                wait (the next lookup that needs them)
 
 Replacement policies (POLICIES), all breaking ties by least recent use:
     lru         the slot used longest ago
@@ -24,7 +31,10 @@ Replacement policies (POLICIES), all breaking ties by least recent use:
 
 Counters (`as_dict()`, for `--json`): per layer lookups (distinct experts asked for by a batch), hits, misses, hit
 rate, token-expert pairs, tokens, evictions; overall bytes moved host->device and the seconds spent in the loader
-(on the GPU the copy from pageable mmapped memory is synchronous: that is the time stalled on misses).
+(on the GPU the copy from pageable mmapped memory is synchronous: that is the time stalled on misses). With prefetch
+(`as_dict()["prefetch"]`): experts prefetched, of those used (hit before being evicted), their bytes (in bytes moved
+too), the copies' seconds on the worker thread, and the seconds batches waited for them. A hit on a prefetched slot
+is a hit: hits + misses are still the batches' distinct experts.
 
 Budgets (`parse_budget`): "8GiB" / "512MiB" / "3GB", a byte count (int or digits), or a fraction of the model's
 routed-expert bytes (a float in (0, 1], "0.25", "25%").
