@@ -2,7 +2,7 @@
 
     python benchmarks/expert_cache.py MODEL.gguf [--budgets 0.125,0.25,0.5,1] [--policy lru] [--prompt 16]
                                       [--decode 64] [--tokens random|greedy] [--no-reference] [--json out.json]
-                                      [--save-reference R.npz | --reference R.npz] [--backend cuda]
+                                      [--save-reference R.npz | --reference R.npz] [--backend cuda] [--prefetch]
     python benchmarks/expert_cache.py --arch kimi-k3 --preset kimi-k3 --layers 3 --type Q2_K [--dir /tmp]
                                       (a random-weight cut of the published shapes, refengine.cuda.randmodel)
 
@@ -23,6 +23,9 @@ host->device, seconds in the loader (the time stalled on misses: copies from the
 and the peak device memory in use (cudaMemGetInfo after every step, minus the figure before the model was opened:
 measured, not computed) beside its bound: the budget plus the bytes of the file that are not routed experts (the
 resident part's weights). `--backend numpy` runs the same on the "sim" device (a dry run without a GPU).
+`--prefetch` builds the budgeted caches with prefetch (refengine/expert_prefetch.py: the next MoE layer's guessed
+experts copied on a worker thread) and adds its counters: experts prefetched, of those used, seconds the copies took
+in the background and seconds a batch waited for one.
 """
 from __future__ import annotations
 
@@ -80,6 +83,8 @@ def run(model: Model, rt: Runtime, prompt, decode, tokens=None, base: int = 0):
             toks.append(int(np.argmax(out[-1][-1])))
         out.append(model.forward([toks[i]], st, rt=rt))
         peak = max(peak, used_bytes(rt))
+    if rt.expert_cache is not None:
+        rt.expert_cache.wait()                   # a prefetch's copies still in flight
     sync(rt)
     return out, toks, time.perf_counter() - t0, max(0, peak - base)
 
@@ -111,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--save-reference", default=None, help="write the reference's tokens and logits (.npz)")
     ap.add_argument("--reference", default=None, help="compare with a saved reference instead of running it")
+    ap.add_argument("--prefetch", action="store_true", help="the budgeted caches prefetch the next MoE layer's "
+                    "guessed experts (ExpertCache.for_model(prefetch=True))")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     path = a.model
@@ -147,11 +154,14 @@ def main(argv=None) -> int:
     for b in a.budgets.split(","):
         if ref is None or a.reference:       # no reference run in this process: a warm-up (kernel compiles) first,
             warm = Runtime(backend=a.backend, resident=True,          # with a cache of its own, then dropped
-                           expert_budget=ExpertCache.for_model(model, budget_arg(b), policy=a.policy))
+                           expert_budget=ExpertCache.for_model(model, budget_arg(b), policy=a.policy,
+                                                               prefetch=a.prefetch))
             run(model, warm, prompt, 1, tokens=tokens)
+            if a.prefetch:
+                warm.expert_cache.prefetcher.close()
             del warm
             free_device(probe)
-        cache = ExpertCache.for_model(model, budget_arg(b), policy=a.policy)
+        cache = ExpertCache.for_model(model, budget_arg(b), policy=a.policy, prefetch=a.prefetch)
         rt = Runtime(backend=a.backend, expert_budget=cache, resident=True)
         out, toks, secs, peak = run(model, rt, prompt, a.decode, tokens=tokens, base=base)
         same = None if ref is None else all(np.array_equal(x, y) for x, y in zip(ref, out))
@@ -160,26 +170,35 @@ def main(argv=None) -> int:
                    decode_tok_s=a.decode / secs, hit_rate=d["hit_rate"], bytes_moved=d["bytes_moved"],
                    load_seconds=d["load_seconds"], misses_per_token=d["misses"] / max(1, d["tokens"]),
                    peak_bytes=peak, bound_bytes=d["budget_bytes"] + rest, bit_identical=same,
-                   layers=d["layers"])
+                   prefetch=d["prefetch"], layers=d["layers"])
         rows.append(row)
+        pf = d["prefetch"]
         print(f"budget {b:>8}: {d['n_slots']:6d} slots, decode {row['decode_tok_s']:.2f} tokens/s, hit rate "
               f"{d['hit_rate']:.3f}, {d['bytes_moved'] / 1e9:.2f} GB moved in {d['load_seconds']:.2f} s, peak "
               f"{peak / 2**30:.2f} GiB (budget + the rest of the file {row['bound_bytes'] / 2**30:.2f} GiB), "
-              f"bit-identical {same}", flush=True)
+              f"bit-identical {same}"
+              + ("" if pf is None else f"; prefetched {pf['experts']} ({pf['used']} used), {pf['seconds']:.2f} s "
+                 f"copying in the background, {pf['wait_seconds']:.2f} s waited for"), flush=True)
+        if cache.prefetcher is not None:
+            cache.prefetcher.close()
         del rt, cache
         free_device(probe)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(model=path, rest_of_file_bytes=rest, prompt=a.prompt, decode=a.decode, tokens=a.tokens,
                            rows=rows), f, indent=1, default=str)
+    pf_head = " prefetched | used | s copying (bg) | s waited |" if a.prefetch else ""
     print("\n| budget | slots | decode tok/s | hit rate | GB moved | s loading | peak GiB | budget + rest GiB | "
-          "= resident |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "= resident |" + pf_head)
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * pf_head.count("|"))
     for r in rows:
+        pf = r["prefetch"]
         print(f"| {r['budget']} | {r['slots']} | {r['decode_tok_s']:.2f} | {r['hit_rate']:.3f} | "
               f"{r['bytes_moved'] / 1e9:.2f} | {r['load_seconds']:.2f} | {r['peak_bytes'] / 2**30:.2f} | "
               f"{r['bound_bytes'] / 2**30:.2f} | "
-              f"{r['bit_identical']} |")
+              f"{r['bit_identical']} |"
+              + ("" if pf is None else f" {pf['experts']} | {pf['used']} | {pf['seconds']:.2f} | "
+                 f"{pf['wait_seconds']:.2f} |"))
     return 0 if all(r["bit_identical"] is not False for r in rows) else 1
 
 

@@ -218,6 +218,9 @@ def add_expert_flags(p) -> None:
                    help="the expert cache's replacement policy (default lru)")
     p.add_argument("--expert-stats", metavar="F", default=None, help="write the routing trace (every layer's "
                    "expert ids of every token, refengine/expert_trace.py) to F (.npz)")
+    p.add_argument("--expert-prefetch", action="store_true", help="with --gpu-expert-budget: each MoE layer's "
+                   "router input also guesses the next MoE layer's experts, copied into the cache on a worker thread "
+                   "while the layers in between run (refengine/expert_prefetch.py; the same logits)")
 
 
 def _expert_kw(args, model) -> dict:
@@ -226,8 +229,11 @@ def _expert_kw(args, model) -> dict:
     kw = {}
     if args.gpu_expert_budget is not None:
         from .expert_cache import ExpertCache
-        kw["expert_budget"] = ExpertCache.for_model(model, args.gpu_expert_budget, policy=args.expert_policy)
+        kw["expert_budget"] = ExpertCache.for_model(model, args.gpu_expert_budget, policy=args.expert_policy,
+                                                    prefetch=args.expert_prefetch)
         kw["resident"] = True
+    elif args.expert_prefetch:
+        raise RefengineError("--expert-prefetch fills the expert cache: give a budget with --gpu-expert-budget")
     if args.expert_stats is not None:
         from .expert_trace import ExpertTrace
         kw["expert_stats"] = ExpertTrace()
@@ -237,6 +243,8 @@ def _expert_kw(args, model) -> dict:
 def _expert_report(args, cache, stats) -> None:
     """The expert cache's summary line and the routing trace saved (run's and golden's end); None: not asked for."""
     if cache is not None:
+        if cache.prefetcher is not None:
+            cache.prefetcher.close()              # the copies in flight counted, the worker thread ended
         print(f"[{cache.summary()}]", file=sys.stderr)
     if stats is not None:
         stats.save(args.expert_stats)

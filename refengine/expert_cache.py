@@ -15,6 +15,13 @@ Legend: L layers, E experts of a layer, A active experts per token, T tokens, N 
                 answer; splitting the batch would change the kernels' row counts, so it would not be exact)
     release()   the batch's pins end (on the GPU: once its kernels are queued; a later copy into one of its slots
                 is queued after them on the same stream)
+    prefetch(il, experts, copy, submit, after=None)
+                experts of il guessed for its next batch (refengine/expert_prefetch.py): each takes a slot now, as
+                a miss would but never a pinned one, and `copy` fills it on a worker thread (`submit`); the slot is
+                "loading" until `wait()`: never a victim, and a batch that uses it (or needs its room) waits first.
+                after=il0: issued at the end of layer il0's next lookup, its batch pinned (a guess made at il0's
+                router must not evict what il0 is about to use). A failed copy frees its slots and raises at the
+                wait (the next lookup that needs them)
 
 Replacement policies (POLICIES), all breaking ties by least recent use:
     lru         the slot used longest ago
@@ -24,7 +31,10 @@ Replacement policies (POLICIES), all breaking ties by least recent use:
 
 Counters (`as_dict()`, for `--json`): per layer lookups (distinct experts asked for by a batch), hits, misses, hit
 rate, token-expert pairs, tokens, evictions; overall bytes moved host->device and the seconds spent in the loader
-(on the GPU the copy from pageable mmapped memory is synchronous: that is the time stalled on misses).
+(on the GPU the copy from pageable mmapped memory is synchronous: that is the time stalled on misses). With prefetch
+(`as_dict()["prefetch"]`): experts prefetched, of those used (hit before being evicted), their bytes (in bytes moved
+too), the copies' seconds on the worker thread, and the seconds batches waited for them. A hit on a prefetched slot
+is a hit: hits + misses are still the batches' distinct experts.
 
 Budgets (`parse_budget`): "8GiB" / "512MiB" / "3GB", a byte count (int or digits), or a fraction of the model's
 routed-expert bytes (a float in (0, 1], "0.25", "25%").
@@ -175,6 +185,7 @@ class ExpertCache:
     layers: dict = field(default_factory=dict)     # il -> LayerCounters
     bytes_moved: int = 0
     load_seconds: float = 0.0
+    prefetcher: object = None          # refengine.expert_prefetch.Prefetcher (ExpertCache.for_model(prefetch=True))
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -201,13 +212,30 @@ class ExpertCache:
         self.clock = np.zeros(0, dtype=np.int64)      # decay: per layer (by _lidx) the batches of it so far
         self.tick = 0
         self.pool = None                              # the slot pool a backend attaches (quant/cuda/expert_slots.py)
+        # prefetch (refengine/expert_prefetch.py): slots filled ahead of their layer by a background copy
+        self.loading = np.zeros(N, dtype=bool)        # a copy into the slot may still be running
+        self.jobs: list = []                          # those copies: (concurrent.futures.Future, their slots)
+        self.pending = None                           # a prefetch issued once a layer's batch is pinned (`after`)
+        self.fetched = np.zeros(N, dtype=bool)        # filled by a prefetch and not used since
+        self.width: dict[int, int] = {}               # layer -> A of its last batch (ids [T, A])
+        self.prefetches = 0                           # experts prefetched
+        self.prefetch_used = 0                        # of those, hit by their layer's batch before being evicted
+        self.prefetch_bytes = 0
+        self.prefetch_seconds = 0.0                   # the copies' own time (in the background)
+        self.prefetch_wait_seconds = 0.0              # time a batch waited for a copy still running
 
     @staticmethod
-    def for_model(model, budget, policy: str = "lru", **kw) -> "ExpertCache":
-        """A cache sized for `model`'s routed experts; budget as `parse_budget` (a fraction of their bytes too)."""
+    def for_model(model, budget, policy: str = "lru", prefetch: bool = False, **kw) -> "ExpertCache":
+        """A cache sized for `model`'s routed experts; budget as `parse_budget` (a fraction of their bytes too).
+        prefetch: each MoE layer's router input also predicts the next MoE layer's experts, copied into slots in
+        the background while the layers in between run (refengine/expert_prefetch.py)."""
         g = model_geometry(model)
-        return ExpertCache(parse_budget(budget, g.expert_bytes), g.slot_bytes, policy=policy, geometry=g,
-                           strides=dict(g.strides), **kw)
+        c = ExpertCache(parse_budget(budget, g.expert_bytes), g.slot_bytes, policy=policy, geometry=g,
+                        strides=dict(g.strides), **kw)
+        if prefetch:
+            from .expert_prefetch import Prefetcher
+            c.prefetcher = Prefetcher(model, c)
+        return c
 
     @staticmethod
     def for_tensors(budget, tensors: dict, policy: str = "lru", **kw) -> "ExpertCache":
@@ -220,7 +248,7 @@ class ExpertCache:
     # ------------------------------------------------------------ the policy
     def _victim(self) -> int:
         """The slot a miss takes: a free one (the lowest), else the policy's choice among the unpinned ones."""
-        occupied = self.last >= 0
+        occupied = (self.last >= 0) | self.loading
         free = np.flatnonzero(~occupied)
         if free.size:
             return int(free[0])
@@ -231,7 +259,7 @@ class ExpertCache:
         else:
             now = self.clock[self.slot_layer]                                # [N] each slot's layer clock
             prim = self.score * self.decay ** (now - self.seen).astype(np.float64)
-        prim[self.pinned] = np.inf
+        prim[self.pinned | self.loading] = np.inf
         cand = np.flatnonzero(prim == prim.min())
         return int(cand[np.argmin(self.last[cand])])
 
@@ -255,6 +283,9 @@ class ExpertCache:
         ids = np.asarray(ids)
         uniq, inv = np.unique(ids, return_inverse=True)
         T = ids.shape[0] if ids.ndim else 1
+        if self.loading.any() and (uniq.size > int((~self.pinned & ~self.loading).sum()) or any(
+                self.loading[self.where[(layer, int(e))]] for e in uniq.tolist() if (layer, e) in self.where)):
+            self.wait()                               # a prefetched expert of this batch, or its room, still copying
         free_or_mine = int((~self.pinned).sum())
         if uniq.size > free_or_mine:
             pinned = self.n_slots - free_or_mine
@@ -267,6 +298,7 @@ class ExpertCache:
         c = self.layers.setdefault(layer, LayerCounters())
         c.tokens += T
         c.pairs += ids.size
+        self.width[layer] = int(ids.shape[-1]) if ids.ndim else 1
         li = self._lidx.setdefault(layer, len(self._lidx))
         if li >= self.clock.size:
             self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
@@ -280,6 +312,9 @@ class ExpertCache:
                 continue
             slots[i] = s
             self.pinned[s] = True
+            if self.fetched[s]:
+                self.fetched[s] = False
+                self.prefetch_used += 1
             self._touch(s, layer, e)
         c.lookups += uniq.size
         c.hits += uniq.size - len(misses)
@@ -294,6 +329,7 @@ class ExpertCache:
                 if old is not None:
                     del self.where[old]
                     c.evictions += 1
+                self.fetched[s] = False
                 self.key[s], self.last[s] = None, -1       # free while it loads (a failed loader leaves it so)
                 self.slot_il[s] = np.iinfo(np.int64).min
                 t0 = time.perf_counter()
@@ -310,6 +346,10 @@ class ExpertCache:
                 slots[i] = s
                 if self.log is not None:
                     self.log.append((layer, e, s, old))
+            if self.pending is not None and self.pending[0] == layer:
+                _, args = self.pending                # a prediction made at this layer: issued now that its batch
+                self.pending = None                   # is pinned, so it never evicts the experts it is about to use
+                self.prefetch(*args)
         except BaseException:                         # a loader failed: this batch pins nothing
             self.pinned[[self.where[(layer, int(e))] for e in uniq if (layer, int(e)) in self.where]] = False
             raise
@@ -318,6 +358,91 @@ class ExpertCache:
     def release(self) -> None:
         """The running batch's slots may be evicted again."""
         self.pinned[:] = False
+
+    def prefetch(self, layer: int, experts, copy, submit, after: int | None = None) -> int:
+        """Experts of `layer` expected by its next batch (the likeliest first): each one not resident takes a slot
+        now (a free one, else the policy's victim among the slots neither pinned nor loading, as a miss would; none
+        left: the rest are skipped) and `copy(slot, expert) -> bytes` (None: slot_bytes) fills them in the
+        background: `submit(fn)` runs fn elsewhere (one worker: in order) and returns a Future. The bookkeeping is
+        done here, in the caller's thread; a batch that uses such a slot, or needs its room, waits for the copies
+        (`wait`), and a loading slot is never a victim. after: issue the prefetch at the end of layer `after`'s next
+        lookup (its batch pinned), so that it cannot evict that batch's experts. Returns the experts prefetched."""
+        if after is not None:
+            self.pending = (after, (layer, experts, copy, submit))
+            return 0
+        todo = []
+        for e in dict.fromkeys(int(e) for e in np.asarray(experts).reshape(-1)):
+            if (layer, e) in self.where:
+                continue                              # resident, or already on its way
+            s = self._victim()
+            if self.pinned[s] or self.loading[s]:
+                break                                 # no room left that a batch does not hold
+            old = self.key[s]
+            if old is not None:
+                del self.where[old]
+                self.layers.setdefault(layer, LayerCounters()).evictions += 1   # as a miss of `layer` would count
+            li = self._lidx.setdefault(layer, len(self._lidx))
+            if li >= self.clock.size:
+                self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
+            self.key[s], self.where[(layer, e)] = (layer, e), s
+            self.slot_layer[s], self.slot_il[s], self.slot_expert[s] = li, layer, e
+            self.score[s] = 0.0                       # lfu / decay: no use yet (a wrong guess is the first victim)
+            self.seen[s] = self.clock[li]
+            self.loading[s] = self.fetched[s] = True
+            self.tick += 1
+            self.last[s] = self.tick                 # lru: as recent as a use (its batch is the next of `layer`)
+            todo.append((s, e))
+            if self.log is not None:
+                self.log.append((layer, e, s, old))
+        if not todo:
+            return 0
+
+        def run():                                    # the worker thread: copies only, no counter of ours touched
+            t0, moved = time.perf_counter(), 0
+            for s, e in todo:
+                n = copy(s, e)
+                moved += self.slot_bytes if n is None else int(n)
+            return moved, time.perf_counter() - t0
+        try:
+            job = submit(run)
+        except BaseException:
+            self._free([s for s, _ in todo])
+            raise
+        self.jobs.append((job, [s for s, _ in todo]))
+        self.prefetches += len(todo)
+        return len(todo)
+
+    def _free(self, slots) -> None:
+        """Slots whose copy failed (or never ran): they hold nothing."""
+        for s in slots:
+            if self.key[s] is not None:
+                del self.where[self.key[s]]
+            self.key[s], self.last[s], self.fetched[s], self.loading[s] = None, -1, False, False
+            self.slot_il[s] = np.iinfo(np.int64).min
+
+    def wait(self) -> None:
+        """Every background copy finished, its slots usable and its bytes counted (here, in the caller's thread:
+        bytes_moved, prefetch_bytes, the slot pool's counters). A copy that failed leaves its slots free (they hold
+        nothing) and its error is raised here, after the others are waited for."""
+        jobs, self.jobs = self.jobs, []
+        err = None
+        t0 = time.perf_counter()
+        for job, slots in jobs:
+            try:
+                moved, secs = job.result()
+            except BaseException as e:                # its slots are not what they claim: free them
+                self._free(slots)
+                err = err or e
+                continue
+            self.loading[slots] = False
+            self.prefetch_bytes += moved
+            self.bytes_moved += moved
+            self.prefetch_seconds += secs
+            if self.pool is not None and hasattr(self.pool, "count"):
+                self.pool.count(len(slots), moved)
+        self.prefetch_wait_seconds += time.perf_counter() - t0
+        if err is not None:
+            raise err
 
     def resident(self, layer: int | None = None) -> list:
         """(layer, expert) of every filled slot (of one layer), sorted."""
@@ -348,6 +473,9 @@ class ExpertCache:
                     hits=self.hits, misses=self.misses, hit_rate=self.hit_rate,
                     evictions=sum(c.evictions for c in self.layers.values()), bytes_moved=self.bytes_moved,
                     load_seconds=self.load_seconds, tokens=max((c.tokens for c in self.layers.values()), default=0),
+                    prefetch=None if self.prefetcher is None else dict(
+                        experts=self.prefetches, used=self.prefetch_used, bytes=self.prefetch_bytes,
+                        seconds=self.prefetch_seconds, wait_seconds=self.prefetch_wait_seconds),
                     layers={il: c.as_dict() for il, c in sorted(self.layers.items())})
 
     def summary(self) -> str:
@@ -355,4 +483,7 @@ class ExpertCache:
         hr = self.hit_rate
         return (f"expert cache {self.policy}: {_fmt(self.budget_bytes)}, {self.n_slots} slots; hit rate "
                 f"{'-' if hr is None else f'{hr:.3f}'} ({self.hits} hits, {self.misses} misses), "
-                f"{_fmt(self.bytes_moved)} moved host->device in {self.load_seconds:.2f} s")
+                f"{_fmt(self.bytes_moved)} moved host->device in {self.load_seconds:.2f} s"
+                + ("" if self.prefetcher is None else
+                   f"; prefetched {self.prefetches} experts ({self.prefetch_used} used), {self.prefetch_seconds:.2f} s "
+                   f"copying in the background, {self.prefetch_wait_seconds:.2f} s waited for"))

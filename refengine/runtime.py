@@ -266,7 +266,9 @@ class Runtime:
         if self.device is not None:
             from .devarray import DeviceArray
             if isinstance(x, DeviceArray):
-                return self._matmul_resident(x, w)
+                y = self._matmul_resident(x, w)
+                self._router_hook(x, w)
+                return y
         if self._forced:
             x = self._forced_input(x)
         if self.force_inputs:
@@ -275,7 +277,34 @@ class Runtime:
         if self.check_finite and not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             raise NonFiniteError(f"weight {w.name!r} ({w.type.name}) produced NaN/inf from a finite input: "
                                  f"{NONFINITE_WHY['weight']}")
+        self._router_hook(x, w)
         return y
+
+    def _router_hook(self, x, w: QTensor) -> None:
+        """An expert cache with a prefetcher (refengine/expert_prefetch.py) sees every MoE router's input: it guesses
+        the next MoE layer's experts from it. The concept modules need not know."""
+        cache = self._expert_box[0]
+        if cache is not None and cache.prefetcher is not None:
+            il = cache.prefetcher.sources.get(w.name)
+            if il is not None:
+                cache.prefetcher.on_router_input(il, x, self)
+
+    def side_product(self, x, w: QTensor) -> np.ndarray:
+        """x [T, I] @ w [O, I].T -> [T, O] on the host, computed on this runtime's backend outside the model's
+        computation: no trace, teacher forcing, NaN check or router hook (the expert prefetcher's speculative
+        routing). A device x stays there: the product runs on the device and its result is read back (counted)."""
+        from .devarray import DeviceArray
+        if isinstance(x, DeviceArray):
+            dev = x.dev
+            y = self._be.matmul_resident(x.raw, w, mode=self.mode) if dev.kind == "cupy" else None
+            if y is None:
+                (xh,) = self._host_args(x)
+                y = self._from_host(self._be.matmul(xh, w, mode=self.mode))
+            else:
+                y = dev.wrap(y)
+            dev.note(f"matmul {w.name}", x, y)
+            return dev.get(y)
+        return self._be.matmul(x, w, mode=self.mode)
 
     def moe_ffn(self, x, ids, weights, record=None, **kw) -> np.ndarray:
         """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts).

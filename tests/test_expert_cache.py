@@ -11,6 +11,11 @@ and a whole forward on the "sim" device with routed experts streamed through a b
 - the slot pool as a DeviceWeight of N experts in numba's CUDA simulator: the grouped kernels on slot ids give the
   same bits as on the fully resident tensors (the group tables, the one-token ids path, per-expert scales);
 - `refengine run --expert-stats F --gpu-expert-budget B` writes the routing trace and prints the cache's counters.
+- prefetch (refengine/expert_prefetch.py): the same budgets with the next MoE layer's guessed experts copied on a
+  worker thread give the same logits bit for bit, bytes moved = misses x slot + the prefetched bytes; a slow copy
+  is waited for (the logits would differ if it were not), a failing one raises at the lookup that needs it and
+  leaves no slot claiming an expert it does not hold; prefetches never take pinned slots, lookups never evict
+  loading ones; `run --expert-prefetch` prints the counters.
 """
 import numpy as np
 import pytest
@@ -164,15 +169,20 @@ def moe_archs():
 @pytest.mark.parametrize("arch", moe_archs() + ["qwen3next/fused_gate_up"])
 def test_every_moe_arch_through_half_the_experts(synth_model, arch):
     """Every arch's routed experts (separate or fused gate/up, SiTU, latent MoE, hash routing) through a budget of
-    half their bytes, one token per batch: bit-identical to the unbudgeted resident run."""
+    half their bytes, one token per batch, with and without prefetch: bit-identical to the unbudgeted resident run."""
     arch, _, fused = arch.partition("/")
     m = Model(synth_model(arch, wtype="Q4_K", **({"overrides": {"fused_gate_up": True}} if fused else {})),
               n_ubatch=1)
     want = m.forward(TOKENS[:6], m.new_state(), rt=Runtime(resident=True))
-    c = ExpertCache.for_model(m, 0.5)
-    got = m.forward(TOKENS[:6], m.new_state(), rt=Runtime(resident=True, expert_budget=c))
-    assert np.array_equal(want, got) and c.misses > 0 and c.hits + c.misses == sum(
-        cl.lookups for cl in c.layers.values())
+    for prefetch in (False, True):
+        c = ExpertCache.for_model(m, 0.5, prefetch=prefetch)
+        got = m.forward(TOKENS[:6], m.new_state(), rt=Runtime(resident=True, expert_budget=c))
+        assert np.array_equal(want, got) and c.misses > 0 and c.hits + c.misses == sum(
+            cl.lookups for cl in c.layers.values()), prefetch
+        if prefetch:
+            c.prefetcher.close()
+            assert c.pool.bytes_loaded == c.bytes_moved == (c.misses + c.prefetches) * c.slot_bytes
+            assert not any(hasattr(m.layer(il), "ffn_gate_tid2eid") for il in c.prefetcher.routers)   # hash: never
 
 
 def test_budgeted_forward_below_one_batch(synth_model):
@@ -396,3 +406,128 @@ def test_fused_gate_up_halves_are_views_of_the_file(synth_model):
         for blas_min in (1, 1000):                                       # the BLAS path and the kernel path
             assert np.array_equal(grouped_matmul(x, half, seg, blas_min_tokens=blas_min),
                                   grouped_matmul(x, copy, seg, blas_min_tokens=blas_min))
+
+
+# ------------------------------------------------------------------ prefetch (refengine/expert_prefetch.py)
+def executor():
+    from concurrent.futures import ThreadPoolExecutor
+    return ThreadPoolExecutor(1)
+
+
+def consistent(c):
+    """Every slot claims only what it holds: key and where agree, a free slot is not loading, nothing pinned."""
+    held = {k: s for s, k in enumerate(c.key) if k is not None}
+    assert held == c.where
+    assert all(c.last[s] == -1 and not c.loading[s] and not c.fetched[s] for s, k in enumerate(c.key) if k is None)
+    assert not c.pinned.any()
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_prefetched_forward_is_bit_identical(synth_model, arch):
+    """Prefetch moves experts earlier, on another thread, into slots a guess chose: the logits keep every bit; the
+    counters add up (bytes moved = misses x slot + what the prefetches copied = what the slot pool copied)."""
+    m = Model(synth_model(arch, wtype="Q4_K"), n_ubatch=2)
+    want = forward(m, Runtime(resident=True))
+    total = 0
+    for frac in (0.25, 0.5, 1.0):
+        c, tr = ExpertCache.for_model(m, frac, prefetch=True), ExpertTrace()
+        got = forward(m, Runtime(resident=True, expert_budget=c, expert_stats=tr))
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert np.array_equal(a, b), f"{arch} budget {frac}: call {i} differs"
+        c.prefetcher.close()
+        d, pf = c.as_dict(), c.as_dict()["prefetch"]
+        lookups = sum(np.unique(ids).size for _, ids, _ in tr.calls)
+        assert d["hits"] + d["misses"] == lookups and d["misses"] > 0
+        assert pf["bytes"] == pf["experts"] * c.slot_bytes
+        assert d["bytes_moved"] == d["misses"] * c.slot_bytes + pf["bytes"] == c.pool.bytes_loaded
+        assert c.pool.loads == d["misses"] + pf["experts"]
+        assert 0 <= pf["used"] <= pf["experts"] and not c.loading.any()
+        if frac < 1:
+            assert pf["experts"] > 0 and pf["used"] > 0, (arch, frac, pf)
+        total += pf["experts"]
+        consistent(c)
+    assert total > 0
+
+
+def test_a_slow_prefetch_is_waited_for(synth_model, monkeypatch):
+    """Copies that take their time (and write their bytes last): every batch that uses a prefetched slot waits for
+    it, so the logits are the same bits, and the wait is counted."""
+    import time
+    from quant.cuda.expert_slots import SlotPool
+    m = Model(synth_model("qwen3moe", wtype="Q4_K"), n_ubatch=2)
+    want = forward(m, Runtime(resident=True))
+    fast = SlotPool.copy
+
+    def slow(self, slot, tensors, expert, stream=0):
+        time.sleep(0.03)
+        return fast(self, slot, tensors, expert, stream)
+    monkeypatch.setattr(SlotPool, "copy", slow)
+    c = ExpertCache.for_model(m, 0.5, prefetch=True)
+    got = forward(m, Runtime(resident=True, expert_budget=c))
+    assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    c.prefetcher.close()
+    assert c.prefetch_used > 0 and c.prefetch_wait_seconds > 0.02 and c.prefetch_seconds >= 0.03 * c.prefetches
+
+
+def test_a_failing_prefetch_raises_where_it_is_needed():
+    c = cache(4)
+    run(c, [(0, 1), (0, 2)])
+
+    def boom(slot, expert):
+        raise OSError("disk gone")
+    with executor() as ex:
+        assert c.prefetch(0, [5, 6, 1], boom, ex.submit) == 2         # 1 is resident: not copied again
+        assert c.loading.sum() == 2 and c.resident() == [(0, 1), (0, 2), (0, 5), (0, 6)]
+        c.lookup(0, np.array([[1, 2]]))                                # needs neither: no wait, no error
+        c.release()
+        with pytest.raises(OSError, match="disk gone"):
+            c.lookup(0, np.array([[5]]))
+    consistent(c)
+    assert c.resident() == [(0, 1), (0, 2)] and c.prefetch_bytes == 0 and c.bytes_moved == 20
+    assert c.lookup(0, np.array([[5]]))[0, 0] in (2, 3) and c.misses == 3     # loaded as a miss now
+    c.release()
+    consistent(c)
+
+
+def test_prefetch_and_lookup_keep_off_each_others_slots():
+    """A prefetch never takes a pinned slot; a lookup never evicts a slot still loading (it takes another, or
+    waits for the copy when it needs the room)."""
+    import threading
+    c = cache(3)
+    with executor() as ex:
+        c.lookup(0, np.array([[1, 2, 3]]))                             # every slot pinned by a running batch
+        assert c.prefetch(1, [7], lambda s, e: None, ex.submit) == 0
+        c.release()
+        c.lookup(0, np.array([[1, 2]]))                                # 1 and 2 pinned, 3's slot is not
+        assert c.prefetch(1, [7, 8], lambda s, e: None, ex.submit) == 1
+        assert c.resident() == [(0, 1), (0, 2), (1, 7)]
+        c.release()
+        c.wait()
+        go = threading.Event()
+        assert c.prefetch(1, [9], lambda s, e: go.wait(5) and None, ex.submit) == 1
+        s9 = c.where[(1, 9)]
+        assert c.key[s9] == (1, 9) and c.loading[s9]                   # the LRU slot (1's) while 9 copies
+        c.lookup(0, np.array([[4]]))                                   # a miss: 2's slot, not the loading one
+        c.release()
+        assert c.loading[s9] and c.where[(1, 9)] == s9 and (0, 2) not in c.where and c.jobs
+        threading.Timer(0.1, go.set).start()
+        c.lookup(0, np.array([[5, 6, 10]]))                            # needs all three slots: waits for 9's copy
+        c.release()
+        assert c.prefetch_wait_seconds > 0.05 and not c.loading.any() and not c.jobs
+    assert c.prefetches == 2 and c.prefetch_used == 0                  # 7 and 9 were never asked for
+    consistent(c)
+
+
+def test_cli_expert_prefetch(synth_model, tmp_path, capsys):
+    import json
+    from refengine.cli import main
+    p = synth_model("qwen3moe", wtype="Q4_K")
+    j = tmp_path / "run.json"
+    assert main(["run", str(p), "-n", "4", "--tokens", "1,2,3,4", "--ubatch", "1", "--gpu-expert-budget", "0.5",
+                 "--expert-prefetch", "--json", str(j)]) == 0
+    err = capsys.readouterr().err
+    pf = json.load(open(j))["experts"]["cache"]["prefetch"]
+    assert pf["experts"] > 0 and 0 <= pf["used"] <= pf["experts"]
+    assert f"prefetched {pf['experts']} experts ({pf['used']} used)" in err and "waited for" in err, err
+    assert main(["run", str(p), "-n", "1", "--tokens", "1,2", "--expert-prefetch"]) == 2
+    assert "give a budget with --gpu-expert-budget" in capsys.readouterr().err

@@ -5,6 +5,7 @@ Legend: T tokens, A active experts per token, E experts of a layer, N slots, O r
 
     pool = SlotPool(N, strides)              three byte buffers; role r: N * strides[r] bytes (+ PAD)
     pool.load(s, {"gate": g, ...}, e)        expert e's packed rows of each tensor -> slot s (host->device)
+    pool.copy(s, {"gate": g, ...}, e)        the same, uncounted (a prefetch's worker thread; `count` later)
     pool.kernel_weight("up", u)              a DeviceWeight-shaped view: E = N, estride = the role's stride
     pool.qtensor("up", u)                    the host pool's bytes as a QTensor [N, O, I] ("sim": NumPy stands in)
 
@@ -89,6 +90,19 @@ class SlotPool:
 
     def load(self, slot: int, tensors: dict, expert: int, stream=0) -> int:
         """Copy expert `expert` of each tensor (role -> QTensor [E, O, I] or None) into slot `slot`; bytes copied."""
+        moved = self.copy(slot, tensors, expert, stream)
+        self.count(1, moved)
+        return moved
+
+    def count(self, loads: int, moved: int) -> None:
+        """Counts copies made by `copy` (a prefetch's, from another thread: counted by the thread that waited)."""
+        self.loads += loads
+        self.bytes_loaded += moved
+
+    def copy(self, slot: int, tensors: dict, expert: int, stream=0) -> int:
+        """`load` without counting: safe from a worker thread while the pool's owner runs kernels on other slots.
+        On a GPU the copy is on `stream` (0: numba's default stream, the kernels' own: queued after the kernels
+        already launched that read the slot)."""
         if not 0 <= slot < self.n_slots:
             raise QuantError(f"expert slot {slot} out of range for a pool of {self.n_slots}")
         moved = 0
@@ -106,8 +120,6 @@ class SlotPool:
             else:
                 self.buf[r][o:o + nb].copy_to_device(src, stream=stream)
             moved += nb
-        self.loads += 1
-        self.bytes_loaded += moved
         return moved
 
     def kernel_weight(self, role: str, t: QTensor) -> SlotWeight:

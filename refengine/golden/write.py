@@ -104,6 +104,7 @@ def expert_record(rt) -> dict | None:
     had either."""
     out = {}
     if getattr(rt, "expert_cache", None) is not None:
+        rt.expert_cache.wait()                    # a prefetch's copies in flight, counted
         out["cache"] = rt.expert_cache.as_dict()
     if getattr(rt, "expert_stats", None) is not None:
         out["routing"] = {"expert_calls": len(rt.expert_stats.calls), "tokens": rt.expert_stats.tokens()}
