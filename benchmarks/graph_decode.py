@@ -93,11 +93,13 @@ def main(argv=None) -> int:
                eager_fixed_ms=med(t_fixed), graph_ms=med(t_graph), eager_ms=med(t_plain),
                graph_vs_fixed_max_abs=diff, graph_vs_eager_rel_rms=rel, same_argmax=same_argmax,
                eager_steps=dec.eager, captures=dec.captures, replays=dec.replays,
-               writebacks=getattr(dec, "writebacks", None), graph_times_ms=[1e3 * t for t in t_graph])
+               writebacks=getattr(dec, "writebacks", None), capture_failed=dec.failed,
+               graph_times_ms=[1e3 * t for t in t_graph])
     print(f"{os.path.basename(path)}: decode per token  eager {rec['eager_ms']:.2f} ms, eager fixed-shape "
           f"{rec['eager_fixed_ms']:.2f} ms, graph {rec['graph_ms']:.3f} ms ({rec['eager_ms'] / rec['graph_ms']:.1f}x); "
           f"graph vs eager fixed max |diff| {diff:.3g}, vs eager rel-RMS {rel:.2e}, argmax equal {same_argmax}; "
-          f"{dec.eager} eager, {dec.captures} captures, {dec.replays} replays", flush=True)
+          f"{dec.eager} eager, {dec.captures} captures, {dec.replays} replays"
+          + (f"; capture failed: {dec.failed}" if dec.failed else ""), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rec, f, indent=1)

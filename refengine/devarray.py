@@ -159,6 +159,11 @@ class Device:
             self.xp = np
             self.raw_type = np.ndarray
         self.stats = DeviceStats()
+        # "library": activations multiplied by the array library (cuBLAS under CuPy); "kernel": np.matmul / np.einsum
+        # as one batched product of the project's (refengine/ops/products.py, quant/cuda/bmm.py), which a CUDA graph
+        # capture can hold (CuPy refuses cuBLAS while a stream is captured). Runtime(fixed_shapes=True) on a GPU
+        # sets it; on the sim device NumPy's matmul is the batched product (the lowering tested in CI).
+        self.products = "library"
         self._cache: dict[tuple, tuple[np.ndarray, object]] = {}   # key -> (the host array, kept alive; its copy)
         self._strict = 0                                 # depth of `strict()` spans
         self._recorders: list[list] = []                 # the open `recording()` spans' op lists
@@ -289,6 +294,26 @@ class Device:
         self.stats.fallbacks[name] = self.stats.fallbacks.get(name, 0) + 1
         return self.put_tree(func(*self._host(args, op), **self._host(kwargs, op)))
 
+    # ------------------------------------------------------------ products of activations ("kernel")
+    def _bmm(self, a, b):
+        if self.kind == "cupy":
+            from quant.cuda.bmm import bmm, fits
+            if fits(a.shape[0], a.shape[1]):
+                return bmm(a, b)
+        return self.xp.matmul(a, b)
+
+    def kernel_matmul(self, a, b, out=None, **kw):
+        """np.matmul on raw device arrays through the batched product (`products`)."""
+        from .ops import products
+        if kw:
+            return self.xp.matmul(a, b, out=out, **kw)
+        return products.matmul(self.xp, a, b, self._bmm, out=out)
+
+    def kernel_einsum(self, subscripts, *operands, out=None, **kw):
+        """np.einsum on raw device arrays through the batched product (`products`)."""
+        from .ops import products
+        return products.einsum(self.xp, subscripts, *operands, bmm=self._bmm, out=out, **kw)
+
     def on_host(self, label, func, args, kwargs):
         """func run on the host with the device arguments read back (counted as a fallback under `label`)."""
         self._sync(lambda: f"{label} runs on the host")
@@ -321,9 +346,13 @@ class DeviceArray(NDArrayOperatorsMixin):
                 o[...] = self.dev._download(v.raw, f"np.{ufunc.__name__} into a host array") \
                     if isinstance(v, DeviceArray) else v
             return out if isinstance(r, tuple) else out[0]
+        if ufunc is np.matmul and method == "__call__" and self.dev.products == "kernel":
+            return self.dev.call(self.dev.kernel_matmul, inputs, kwargs)
         return self.dev.call(getattr(ufunc, method), inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
+        if func is np.einsum and self.dev.products == "kernel":
+            return self.dev.call(self.dev.kernel_einsum, args, kwargs)
         return self.dev.call(func, args, kwargs, create=func.__name__ in CREATE)
 
     def __array__(self, dtype=None, copy=None):

@@ -114,6 +114,8 @@ class Runtime:
             except ImportError as e:
                 raise ConfigError(f"backend {self.backend!r}: the device-resident forward needs CuPy ({e}); "
                                   f"pip install refengine[cuda], or pass resident=False") from None
+        if self.fixed_shapes and self.device is not None and self.device.kind == "cupy":
+            self.device.products = "kernel"             # capturable products (refengine/ops/products.py)
         self._expert_box = [None]                       # the expert cache, shared with untraced() copies
         if self.expert_budget is not None:
             if not self.resident:

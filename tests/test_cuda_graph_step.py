@@ -43,4 +43,4 @@ def test_graph_decode_equals_eager(synth_model, arch):
                                           f"{np.max(np.abs(got - want)):.3g} ({dec.eager} eager, {dec.replays} replays)"
         assert rel_rms(got, ref) <= 1e-5 and np.argmax(got) == np.argmax(ref), f"{arch} token {i} vs numpy"
     assert st_g.n_past == st_e.n_past and dec.replays >= len(DECODE) - 4 and dec.captures >= 2, \
-        (dec.eager, dec.captures, dec.replays)
+        (dec.eager, dec.captures, dec.replays, dec.failed)

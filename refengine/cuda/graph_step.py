@@ -19,7 +19,10 @@ What a replay does not run is the Python of the step, so the driver repeats its 
     new value is copied into the old array and the old array put back (a "write-back"), so every replay reads and
     writes the same buffers.
 A cache whose next row would not fit its capacity ends the graph: that step runs eagerly (the cache grows) and the
-next one is captured again. Memory the captured launches use comes from a CuPy pool of the decoder's own, which no
+next one is captured again. A capture that fails (an op the driver refuses while a stream is captured) leaves the
+state as it was (nothing ran on the device; the Python's effects are undone), warns, and every step from then on runs
+eagerly (`failed` says why). Activations are multiplied by the project's batched product (Runtime(fixed_shapes=True)
+on a GPU sets `Device.products = "kernel"`: CuPy refuses cuBLAS inside a capture). Memory the captured launches use comes from a CuPy pool of the decoder's own, which no
 other allocation shares.
 """
 from __future__ import annotations
@@ -89,12 +92,15 @@ class GraphDecoder:
         self.graph = None
         self.eager = self.captures = self.replays = 0
         self.warm = False
+        self.failed = None                                # why a capture failed (then every step is eager)
 
     # ------------------------------------------------------------ the step
     def step(self, token: int) -> np.ndarray:
         cp = self.cp
         with self.cps, cp.cuda.using_allocator(self.pool.malloc):
-            if self.graph is not None and self._fits(self.rows):
+            if self.failed is not None:                   # a capture failed once: eager from then on
+                out = self._eager(token)
+            elif self.graph is not None and self._fits(self.rows):
                 out = self._replay(token)
             elif self.graph is None and self.warm and self._fits(self._all_rows()):
                 out = self._capture_and_launch(token)
@@ -145,7 +151,18 @@ class GraphDecoder:
                 _set(o, k, v)
             box["writebacks"] = len(wb)
 
-        self.graph = Graph.capture(body, self.stream)
+        try:
+            self.graph = Graph.capture(body, self.stream)
+        except Exception as e:                            # nothing ran on the device: undo the Python's effects
+            for p, (o, k, v) in before.items():
+                if not isinstance(o, tuple):
+                    _set(o, k, v)
+            rt._finite, rt._finite_warn = [], []
+            self.failed = f"{type(e).__name__}: {e}"
+            import warnings
+            warnings.warn(f"decode step not captured ({self.failed}): decoding eagerly", RuntimeWarning,
+                          stacklevel=3)
+            return self._eager(token)
         self.captures += 1
         after = state_leaves(st)
         self.deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()
