@@ -124,6 +124,14 @@ def _op_name(func) -> str:
     return f"np.{name}"
 
 
+def _raws(v) -> list:
+    """The device buffers (and host arrays) in v, containers walked, in order."""
+    out = []
+    _tree(v, lambda a: out.append(a.raw if isinstance(a, DeviceArray) else a)
+          if isinstance(a, (DeviceArray, np.ndarray, np.generic)) else None)
+    return out
+
+
 def signature(v):
     """What a captured op depends on besides the bytes in its buffers: arrays as (where, shape, dtype), scalars,
     slices and dtypes by value, containers walked; anything else by its type's name."""
@@ -167,6 +175,7 @@ class Device:
         self._cache: dict[tuple, tuple[np.ndarray, object]] = {}   # key -> (the host array, kept alive; its copy)
         self._strict = 0                                 # depth of `strict()` spans
         self._recorders: list[list] = []                 # the open `recording()` spans' op lists
+        self._tapes: list[list] = []                     # the open `taping()` spans (the sim device's graphs)
 
     # ------------------------------------------------------------ capture checks
     @contextlib.contextmanager
@@ -190,13 +199,47 @@ class Device:
         finally:
             self._recorders.remove(ops)
 
-    def note(self, op: str, args, result) -> None:
+    def note(self, op: str, args, result, redo=None) -> None:
         """Record one op (a NumPy call, an index, or a kernel the runtime launched: `matmul <weight>`) in the open
-        recordings."""
+        recordings; and in the open tapes, with `redo`: a call that computes it again from the same buffers."""
         if self._recorders:
             entry = (op, signature(args), signature(result))
             for r in self._recorders:
                 r.append(entry)
+        if self._tapes:
+            self.tape(op, redo, _raws(result), _raws(args))
+
+    # ------------------------------------------------------------ tapes: the sim device's CUDA graphs
+    @contextlib.contextmanager
+    def taping(self):
+        """Yields a tape that receives every op run on this device in the span, each as a call that computes it again
+        from the buffers it read into the buffers it wrote: `replay(tape)` then does what launching a CUDA graph
+        captured from the span does (the same ops on the same buffers, whatever they hold now; no Python of the
+        span runs). What the sim device has instead of stream capture (refengine/cuda/graph_step.py)."""
+        tape: list = []
+        self._tapes.append(tape)
+        try:
+            yield tape
+        finally:
+            self._tapes.remove(tape)
+
+    def tape(self, op: str, redo, outs, ins) -> None:
+        """Add one op to the open tapes: redo() -> its results, copied into `outs` (the buffers it returned at the
+        first run; those that are views of an input follow it and are not copied)."""
+        if redo is None:
+            raise DeviceSyncError(f"{op} cannot be replayed from a tape (no redo given), at {_caller()}")
+        keep = [(k, o) for k, o in enumerate(outs) if not any(np.may_share_memory(o, i) for i in ins)]
+        for t in self._tapes:
+            t.append((op, redo, keep))
+
+    @staticmethod
+    def replay(tape) -> None:
+        for op, redo, keep in tape:
+            r = _raws(redo())
+            for k, dst in keep:
+                if k >= len(r):
+                    raise RuntimeError(f"tape replay: {op} returned {len(r)} arrays, recorded more")
+                np.copyto(dst, r[k])
 
     def _sync(self, what) -> None:
         """Inside strict(): raise, naming what() (a callable: the words are made only then)."""
@@ -285,7 +328,8 @@ class Device:
         try:
             fn = getattr(self.xp, name) if create else func
             out = self.wrap(fn(*self.unwrap(args, op), **self.unwrap(kwargs, op)))
-            self.note(op, (args, kwargs), out)
+            self.note(op, (args, kwargs), out,
+                      (lambda: fn(*self.unwrap(args, op), **self.unwrap(kwargs, op))) if self._tapes else None)
             return out
         except TypeError as e:
             if self.kind != "cupy" or "no implementation found" not in str(e) and "Unsupported type" not in str(e):
@@ -374,12 +418,13 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __getitem__(self, idx):
         out = self.dev.wrap(self.raw[self.dev.unwrap(idx, "getitem")])
-        self.dev.note("getitem", (self, idx), out)
+        self.dev.note("getitem", (self, idx), out, lambda: self.raw[self.dev.unwrap(idx, "getitem")])
         return out
 
     def __setitem__(self, idx, value):
         self.raw[self.dev.unwrap(idx, "setitem")] = self.dev.unwrap(value, "setitem")
-        self.dev.note("setitem", (self, idx, value), None)
+        self.dev.note("setitem", (self, idx, value), None,
+                      lambda: self.raw.__setitem__(self.dev.unwrap(idx, "setitem"), self.dev.unwrap(value, "setitem")))
 
     def __iter__(self):
         for i in range(len(self)):
@@ -411,7 +456,8 @@ class DeviceArray(NDArrayOperatorsMixin):
 
             def method(*a, **k):
                 out = dev.wrap(attr(*dev.unwrap(a, f".{name}"), **dev.unwrap(k, f".{name}")))
-                dev.note(f".{name}", (self, a, k), out)
+                dev.note(f".{name}", (self, a, k), out,
+                         lambda: attr(*dev.unwrap(a, f".{name}"), **dev.unwrap(k, f".{name}")))
                 return out
             return method
         return self.dev.wrap(attr)

@@ -183,7 +183,11 @@ class Runtime:
             return
         from .devarray import DeviceArray
         if isinstance(y, DeviceArray):
-            self._finite_warn.append((where, self.device.xp.isfinite(y.raw).all()))
+            dev, xp = self.device, self.device.xp
+            flag = xp.asarray(xp.isfinite(y.raw).all())
+            self._finite_warn.append((where, flag))
+            if dev._tapes:
+                dev.tape("finite flag", lambda: xp.isfinite(y.raw).all(), [flag], [])
         elif not np.all(np.isfinite(y)):
             warnings.warn(where, RuntimeWarning, stacklevel=3)
 
@@ -238,15 +242,22 @@ class Runtime:
         if y is None:
             (xh,) = self._host_args(x)
             y = self._from_host(self._be.matmul(xh, w, mode=self.mode))
-        dev.note(f"matmul {w.name}", x, y)
+            redo = lambda: self._be.matmul(self._host_args(x)[0], w, mode=self.mode)       # noqa: E731
+        else:
+            redo = lambda: self._be.matmul_resident(x.raw, w, mode=self.mode)             # noqa: E731
+        dev.note(f"matmul {w.name}", x, y, redo)
         self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
         return y
 
     def _defer_finite(self, label: str, y, x) -> None:
         """Resident: y's and x's all-finite flags kept on the device, read back once per forward (check_deferred)."""
         if self.check_finite:
-            xp = self.device.xp
-            self._finite.append((label, xp.isfinite(y.raw).all(), xp.isfinite(x.raw).all()))
+            dev = self.device
+            xp = dev.xp
+            flags = (xp.asarray(xp.isfinite(y.raw).all()), xp.asarray(xp.isfinite(x.raw).all()))
+            self._finite.append((label, *flags))
+            if dev._tapes:                                # a sim graph recomputes them at every replay
+                dev.tape("finite flags", lambda: (xp.isfinite(y.raw).all(), xp.isfinite(x.raw).all()), flags, [])
 
     def matmul_heads(self, x, w: QTensor):
         """Per-head products, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] -> [H, T, O] (on a GPU one
@@ -352,7 +363,8 @@ class Runtime:
                 ids = dev.get(ids)                        # the grouping tables are built on the host: a read-back
             xh, idh, wh = self._host_args(x, ids, weights)
             y = self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
-            dev.note(f"moe_ffn {names}", (x, ids, weights), y)
+            dev.note(f"moe_ffn {names}", (x, ids, weights), y,
+                     lambda: self._moe_ffn_host(*self._host_args(x, ids, weights), rec, kw))
             return y
         xh, idh, wh = self._host_args(x, ids, weights)
         if cache is not None and dev.kind == "sim":       # the sim device's slot pool (NumPy), the host path on it

@@ -27,6 +27,9 @@ other allocation shares.
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import numpy as np
 
 from ..cache import Rows
@@ -74,30 +77,57 @@ def _set(owner, key, value):
         setattr(owner, key, value)
 
 
+class _Tape:
+    """The sim device's graph: the ops of the captured span, recomputed into the same buffers at each launch
+    (`Device.taping` / `Device.replay`). The span ran while it was taped: the first launch is not needed."""
+    ran_at_capture = True
+
+    def __init__(self, dev, fn):
+        with dev.taping() as tape, dev.strict():
+            fn()
+        self.dev, self.tape = dev, tape
+
+    def launch(self, stream=None) -> None:
+        self.dev.replay(self.tape)
+
+
 class GraphDecoder:
     """Decode one sequence a token at a time, the steps after the first replayed from a captured CUDA graph (the
-    module docstring). Counters: `eager`, `captures`, `replays`."""
+    module docstring). On the "sim" device the graph is a tape of the span's ops (`Device.taping`), replayed into the
+    same buffers: the driver's logic (deltas, write-backs, recapture) checked in CI. Counters: `eager`, `captures`,
+    `replays`."""
 
     def __init__(self, model, rt, state):
-        import cupy as cp
-        from numba import cuda
-        if rt.device is None or rt.device.kind != "cupy" or not rt.fixed_shapes or rt.trace is not None:
-            raise ValueError("GraphDecoder needs Runtime(backend='cuda', fixed_shapes=True) resident on a GPU, "
-                             "untraced")
-        self.model, self.rt, self.state = model, rt, state
-        self.cp = cp
-        self.stream = cuda.stream()
-        self.cps = cp.cuda.ExternalStream(int(self.stream.handle))
-        self.pool = cp.cuda.MemoryPool()
+        dev = rt.device
+        if dev is None or not rt.fixed_shapes or rt.trace is not None:
+            raise ValueError("GraphDecoder needs a resident Runtime with fixed_shapes=True, untraced "
+                             "(Runtime(backend='cuda', fixed_shapes=True) on a GPU)")
+        self.model, self.rt, self.state, self.dev = model, rt, state, dev
+        self.xp = dev.xp
+        if dev.kind == "cupy":
+            import cupy as cp
+            from numba import cuda
+            self.stream = cuda.stream()
+            self.cps = cp.cuda.ExternalStream(int(self.stream.handle))
+            self.pool = cp.cuda.MemoryPool()
+        else:
+            self.stream = self.cps = self.pool = None
         self.graph = None
         self.eager = self.captures = self.replays = 0
         self.warm = False
         self.failed = None                                # why a capture failed (then every step is eager)
 
+    def _context(self):
+        if self.cps is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.cps)
+        stack.enter_context(self.xp.cuda.using_allocator(self.pool.malloc))
+        return stack
+
     # ------------------------------------------------------------ the step
     def step(self, token: int) -> np.ndarray:
-        cp = self.cp
-        with self.cps, cp.cuda.using_allocator(self.pool.malloc):
+        with self._context():
             if self.failed is not None:                   # a capture failed once: eager from then on
                 out = self._eager(token)
             elif self.graph is not None and self._fits(self.rows):
@@ -108,7 +138,8 @@ class GraphDecoder:
                 out = self._eager(token)
                 self.warm = True
             logits = self.rt.to_host(out)                 # the deferred NaN/inf flags too
-            self.cps.synchronize()
+            if self.cps is not None:
+                self.cps.synchronize()
         return logits[-1]
 
     def _eager(self, token):
@@ -122,12 +153,11 @@ class GraphDecoder:
         return rt.to_device(m.arch.embed(m.g, m.cfg, step, rt))
 
     def _capture_and_launch(self, token):
-        from quant.cuda.timing import Graph
-        m, rt, st = self.model, self.rt, self.state
+        m, rt, st, dev = self.model, self.rt, self.state, self.dev
         a, cfg = m.arch, m.cfg
         step = m.prepare_step([token], st, rt)
         x0 = self._embed(step)
-        xin = DeviceArray(self.cp.array(x0.raw, copy=True), rt.device)    # the fixed input buffer
+        xin = DeviceArray(self.xp.array(x0.raw, copy=True), dev)          # the fixed input buffer
         rt.check_deferred()                               # flags of the eager part, not the graph's
         before = state_leaves(st)
         box = {}
@@ -145,24 +175,30 @@ class GraphDecoder:
                         and v is not old[2]:
                     if v.shape != old[2].shape or v.dtype != old[2].dtype:
                         raise ValueError(f"graph step: state array {p} changed shape {old[2].shape} -> {v.shape}")
-                    self.cp.copyto(old[2].raw, v.raw)
+                    dev.call(np.copyto, (old[2], v), {})
                     wb.append((o, k, old[2]))
             for o, k, v in wb:
                 _set(o, k, v)
             box["writebacks"] = len(wb)
 
         try:
-            self.graph = Graph.capture(body, self.stream)
-        except Exception as e:                            # nothing ran on the device: undo the Python's effects
+            if dev.kind == "cupy":
+                from quant.cuda.timing import Graph
+                graph = Graph.capture(body, self.stream)
+            else:
+                graph = _Tape(dev, body)
+        except Exception as e:                            # (GPU: nothing ran on the device) undo the Python's effects
+            if dev.kind != "cupy":
+                raise                                     # the sim ran part of the span: no state to go back to
             for p, (o, k, v) in before.items():
                 if not isinstance(o, tuple):
                     _set(o, k, v)
             rt._finite, rt._finite_warn = [], []
             self.failed = f"{type(e).__name__}: {e}"
-            import warnings
             warnings.warn(f"decode step not captured ({self.failed}): decoding eagerly", RuntimeWarning,
                           stacklevel=3)
             return self._eager(token)
+        self.graph = graph
         self.captures += 1
         after = state_leaves(st)
         self.deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()
@@ -172,7 +208,8 @@ class GraphDecoder:
         self.logits, self.xin, self.cstep = box["logits"], xin, step
         self.writebacks = box["writebacks"]
         st.n_past += step.T
-        self.graph.launch(self.stream)
+        if not getattr(graph, "ran_at_capture", False):
+            graph.launch(self.stream)
         return self.logits
 
     @staticmethod
@@ -184,12 +221,12 @@ class GraphDecoder:
         return [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows) and v._buf is not None]
 
     def _replay(self, token):
-        m, rt, st = self.model, self.rt, self.state
+        m, rt, st, xp = self.model, self.rt, self.state, self.xp
         step = m.prepare_step([token], st, rt)            # fresh ids / positions (uploads), embedded eagerly
         x0 = self._embed(step)
-        self.cp.copyto(self.xin.raw, x0.raw)
-        self.cp.copyto(self.cstep.tokens.raw, step.tokens.raw)
-        self.cp.copyto(self.cstep.pos.raw, step.pos.raw)
+        xp.copyto(self.xin.raw, x0.raw)
+        xp.copyto(self.cstep.tokens.raw, step.tokens.raw)
+        xp.copyto(self.cstep.pos.raw, step.pos.raw)
         rt.check_deferred()
         self.graph.launch(self.stream)
         for o, k, d in self.deltas:

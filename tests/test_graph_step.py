@@ -1,0 +1,64 @@
+"""The graph driver (refengine/cuda/graph_step.py GraphDecoder) on the "sim" device, where a CUDA graph is a tape of
+the captured span's ops recomputed into the same buffers (`Device.taping` / `Device.replay`): what a replay runs is
+only those ops, no Python of the span, so the driver's own work is what keeps the sequence right: the token id and
+position written into the captured step's buffers, every state int the step changed advanced by its delta, state
+arrays the step replaced written back, a recapture when a cache is full.
+
+For each arch whose decode step is capturable (tests/test_capture.py), tiny preset: a prompt, then 20 decoded tokens
+(past the cache's first capacity of 16 rows: one eager step and one recapture on the way) through the decoder, each
+step's logits equal bit for bit to the eager run of the same fixed shapes; the counters say how many steps were
+replayed. A control: replaying a tape without the driver's position update gives other logits (the check can fail).
+"""
+import numpy as np
+import pytest
+
+from refengine.cuda.graph_step import GraphDecoder, state_leaves
+from refengine.model import Model
+from refengine.runtime import Runtime
+from test_capture import CAPTURABLE
+
+PROMPT = [3, 17, 101, 5, 250, 42, 7]
+DECODE = [9, 44, 2, 71, 18, 5, 33, 60, 12, 8, 90, 1, 27, 64, 3, 11, 50, 7, 21, 38]
+
+
+@pytest.mark.parametrize("arch", CAPTURABLE)
+def test_sim_graph_decode_equals_eager(synth_model, arch):
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    eager, graph = Runtime(resident=True, fixed_shapes=True), Runtime(resident=True, fixed_shapes=True)
+    st_e, st_g = m.new_state(), m.new_state()
+    m.forward(PROMPT, st_e, rt=eager)
+    m.forward(PROMPT, st_g, rt=graph)
+    dec = GraphDecoder(m, graph, st_g)
+    for i, tok in enumerate(DECODE):
+        want = m.forward([tok], st_e, rt=eager)[-1]
+        got = dec.step(tok)
+        assert np.array_equal(got, want), f"{arch} token {i}: max {np.max(np.abs(got - want)):.3g} " \
+                                          f"({dec.eager} eager, {dec.captures} captures, {dec.replays} replays)"
+    assert st_g.n_past == st_e.n_past == len(PROMPT) + len(DECODE)
+    assert dec.eager == 2 and dec.captures == 2 and dec.replays == len(DECODE) - 4, \
+        (dec.eager, dec.captures, dec.replays)
+    ints = lambda st: {p: v for p, (_, _, v) in state_leaves(st).items() if isinstance(v, (int, np.integer))}  # noqa
+    assert ints(st_g) == ints(st_e)                  # every host counter where the eager run has it
+
+
+def test_replay_without_the_position_update_differs(synth_model):
+    """The control: the same driver with the position buffer left at the captured token's gives other logits."""
+    m = Model(synth_model("deepseek2", wtype="Q4_K"))
+    eager, graph = Runtime(resident=True, fixed_shapes=True), Runtime(resident=True, fixed_shapes=True)
+    st_e, st_g = m.new_state(), m.new_state()
+    m.forward(PROMPT, st_e, rt=eager)
+    m.forward(PROMPT, st_g, rt=graph)
+    dec = GraphDecoder(m, graph, st_g)
+    for tok in DECODE[:3]:
+        m.forward([tok], st_e, rt=eager)
+        dec.step(tok)
+    real = graph.device.xp.copyto
+    frozen = dec.cstep.pos.raw.copy()
+    want = m.forward([DECODE[3]], st_e, rt=eager)[-1]
+    got = dec.step(DECODE[3])
+    assert np.array_equal(got, want)
+    graph.device.xp.copyto(dec.cstep.pos.raw, frozen)       # (what a replay with a stale position buffer reads)
+    assert real is graph.device.xp.copyto
+    dec.graph.launch()
+    stale = graph.to_host(dec.logits)[-1]
+    assert not np.array_equal(stale, want)
