@@ -33,9 +33,13 @@ def _bmm_kernel(a, b, c, zero):
         c[z, m, n] = acc
 
 
+MAX_ROWS = 1024          # a decode step's products have few rows per batch (MLA's scores: heads x 1 token)
+
+
 def fits(B: int, M: int) -> bool:
-    """The launch grid holds B batches of M rows (grid y and z are at most 65535)."""
-    return 0 < B <= MAX_GRID_YZ and 0 < M <= MAX_GRID_YZ
+    """This kernel takes the product: B batches of at most MAX_ROWS rows (a decode step's shapes; the grid's y and z
+    are at most 65535). A prefill's larger products keep the library's (they are never captured)."""
+    return 0 < B <= MAX_GRID_YZ and 0 < M <= MAX_ROWS
 
 
 def bmm_device(a, b, c, stream=0) -> None:
@@ -45,7 +49,7 @@ def bmm_device(a, b, c, stream=0) -> None:
         raise ValueError(f"bmm: shapes {a.shape} @ {b.shape} -> {c.shape}")
     if N == 0 or M == 0 or B == 0:
         return
-    if not fits(B, M):
+    if not (0 < B <= MAX_GRID_YZ and 0 < M <= MAX_GRID_YZ):
         raise ValueError(f"bmm: {B} batches of {M} rows do not fit one launch grid")
     _bmm_kernel[(math.ceil(N / THREADS), M, B), THREADS, stream](a, b, c, c.dtype.type(0))
 
