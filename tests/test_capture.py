@@ -17,7 +17,8 @@ copies), the logits read after it.
   1.2e-7 .. 5.2e-7 on these presets;
 - the other archs: xfail(strict=True), each naming the first thing the strict span stops at;
 - controls that the checks can fail: an ordinary resident run (the cache grows a row per token) records different
-  signatures, and strict() names the op of an upload, a read-back and a weight's first use.
+  signatures, and strict() names the op of an upload, a read-back, a weight's first use and an op whose result's
+  shape comes from the data (np.nonzero, a boolean mask: CuPy reads the count back).
 """
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ from numerics import assert_close
 TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))
 TOL = 1e-6              # float summation order only (tests/test_backends.py)
 
-CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear"]
+CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear", "kimi-k3"]
 # arch -> the first thing its decode step's strict span stops at (docs/device_path.md, "What is capturable")
 NOT_YET = {
     "deepseek32": "DSA lightning indexer: its causal mask made from host positions (dsa_indexer.py lightning_indexer), "
@@ -41,7 +42,6 @@ NOT_YET = {
     "glm5-next": "k-pool indexer under the same lightning indexer mask, its pooled selection (obstacle 4)",
     "deepseek4": "compressed KV: the window's positions read back (compressed_kv.py), caches that grow by "
                  "concatenation",
-    "kimi-k3": "SiTU routed experts: the expert ids read back to build the grouping tables on the host",
     "qwen4exp": "IMROPE tables patched on the host (ops/rope.py mrope_text), QSA block selection",
 }
 
@@ -124,6 +124,10 @@ def test_strict_names_what_syncs():
     with pytest.raises(DeviceSyncError, match="reads a device array"):
         with d.strict():
             np.asarray(y)
+    for shaped_by_data in (lambda: np.flatnonzero(y), lambda: y.nonzero(), lambda: y[y > 1]):
+        with pytest.raises(DeviceSyncError, match="sizes its result from the data"):  # CuPy reads a count back
+            with d.strict():
+                shaped_by_data()
     with d.recording() as a:                                          # a per-call Python int is in the signature
         x[1:2]
     with d.recording() as b:
