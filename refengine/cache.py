@@ -168,9 +168,9 @@ class IndexerKeys:
     def n(self) -> int:
         return self.k.n
 
-    def append(self, k: np.ndarray) -> np.ndarray:
-        """k [T, di] -> every position's keys [S, di]."""
-        return self.k.append(k)
+    def append(self, k: np.ndarray, fixed: bool = False) -> np.ndarray:
+        """k [T, di] -> every position's keys [S, di] (fixed: S = the capacity, `Rows`)."""
+        return self.k.append(k, fixed)
 
 
 @state_container

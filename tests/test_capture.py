@@ -33,16 +33,13 @@ from numerics import assert_close
 TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))
 TOL = 1e-6              # float summation order only (tests/test_backends.py)
 
-CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear", "kimi-k3"]
+CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear", "kimi-k3", "deepseek32", "glm-dsa"]
 # arch -> the first thing its decode step's strict span stops at (docs/device_path.md, "What is capturable")
 NOT_YET = {
-    "deepseek32": "DSA lightning indexer: its causal mask made from host positions (dsa_indexer.py lightning_indexer), "
-                  "its key cache growing, its top-k selection's mask data-dependent (obstacle 4)",
-    "glm-dsa": "DSA lightning indexer, as deepseek32",
+    "qwen4exp": "IMROPE tables patched on the host (ops/rope.py mrope_text), QSA block selection",
     "glm5-next": "k-pool indexer under the same lightning indexer mask, its pooled selection (obstacle 4)",
     "deepseek4": "compressed KV: the window's positions read back (compressed_kv.py), caches that grow by "
                  "concatenation",
-    "qwen4exp": "IMROPE tables patched on the host (ops/rope.py mrope_text), QSA block selection",
 }
 
 
@@ -62,9 +59,9 @@ def decode_checked(m, rt, st, tokens):
     return logits, sigs, inside
 
 
-def prefilled(m, rt):
+def prefilled(m, rt, prompt=TOKENS):
     st = m.new_state()
-    m.forward(TOKENS, st, rt=rt)
+    m.forward(prompt, st, rt=rt)
     m.forward([5], st, rt=rt)                                  # warm-up decode: every weight uploaded once
     return st
 
@@ -76,8 +73,24 @@ def test_decode_step_capturable(synth_model, arch, rope):
     """rope "yarn": DeepSeek-V3's rope scaling (the real presets'), whose mix is a constant on the device."""
     m = Model(synth_model(arch, wtype="Q4_K", **({} if rope is None else {"rope_scaling": rope})))
     assert rope is None or m.cfg.yarn_ext_factor != 0.0
+    check_capturable(m, arch, TOKENS)
+
+
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa"])
+def test_fewer_keys_than_top_k(synth_model, arch):
+    """A sparse decode step at a context shorter than its indexer's budget (top-k 8 in the tiny presets; 5 and 6
+    positions here): the fixed-shape selection fills its slots with rows past the last position (DSA: scored -inf
+    by the causal mask, sorted last; QSA: blocks not complete, dead slots), which stay hidden: the same checks as
+    above."""
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    budgets = {getattr(getattr(s.attn_cfg, "indexer", s.attn_cfg), "top_k", None) for s in m.cfg.layers}
+    assert budgets - {None} == {8}, budgets
+    check_capturable(m, arch, TOKENS[:3])
+
+
+def check_capturable(m, arch, prompt):
     rt, host, plain = Runtime(resident=True, fixed_shapes=True), Runtime(fixed_shapes=True), Runtime()
-    st_d, st_h, st_p = prefilled(m, rt), prefilled(m, host), prefilled(m, plain)
+    st_d, st_h, st_p = prefilled(m, rt, prompt), prefilled(m, host, prompt), prefilled(m, plain, prompt)
     got, sigs, inside = decode_checked(m, rt, st_d, (9, 11))
     for k, (tok, g) in enumerate(zip((9, 11), got)):
         want = m.forward([tok], st_h, rt=host)
