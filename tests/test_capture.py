@@ -14,7 +14,7 @@ copies), the logits read after it.
 - the fixed-shape run against the ordinary one (attention over the positions so far): the same math summed in
   another order by BLAS (a product of another width takes another kernel for its last columns), relative RMS
   <= 1e-6 (TOL of tests/test_backends.py, the bound for summation order) and the same argmax; measured
-  0 .. 5.5e-7 on these presets (0: deepseek32, glm-dsa);
+  0 .. 5.5e-7 on these presets (0: deepseek32, glm-dsa, deepseek4);
 - the other archs: xfail(strict=True), each naming the first thing the strict span stops at;
 - controls that the checks can fail: an ordinary resident run (the cache grows a row per token) records different
   signatures, and strict() names the op of an upload, a read-back, a weight's first use and an op whose result's
@@ -33,14 +33,13 @@ from numerics import assert_close
 TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))
 TOL = 1e-6              # float summation order only (tests/test_backends.py)
 
-CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear", "kimi-k3", "deepseek32", "glm-dsa", "qwen4exp"]
+CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear", "kimi-k3", "deepseek32", "glm-dsa",
+              "qwen4exp", "deepseek4"]
 # arch -> the first thing its decode step's strict span stops at (docs/device_path.md, "What is capturable")
 NOT_YET = {
     "glm5-next": "k-pool indexer: its visibility mask made from host positions (kpool_indexer.py), a pool finished "
                  "every kp tokens (other ops on those tokens), its selection replaying ggml_top_k's order among "
                  "tied scores on the host (obstacle 4)",
-    "deepseek4": "compressed KV: the step's positions read back (compressed_kv.py), the window and the compressor's "
-                 "blocks growing by concatenation, the CSA indexer's top-k",
 }
 
 
@@ -77,14 +76,16 @@ def test_decode_step_capturable(synth_model, arch, rope):
     check_capturable(m, arch, TOKENS)
 
 
-@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa", "qwen4exp"])
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa", "qwen4exp", "deepseek4"])
 def test_fewer_keys_than_top_k(synth_model, arch):
     """A sparse decode step at a context shorter than its indexer's budget (top-k 8 in the tiny presets; 5 and 6
     positions here): the fixed-shape selection fills its slots with rows past the last position (DSA: scored -inf
-    by the causal mask, sorted last; QSA: blocks not complete, dead slots), which stay hidden: the same checks as
-    above."""
+    by the causal mask, sorted last; QSA: blocks not complete, dead slots; DeepSeek-V4: blocks not finished, window
+    slots before position 0), which stay hidden: the same checks as above. (DeepSeek-V4's first CSA block is pooled
+    by the warm-up decode here: `kv_compressor.compress_fixed`'s block 0.)"""
     m = Model(synth_model(arch, wtype="Q4_K"))
-    budgets = {getattr(getattr(s.attn_cfg, "indexer", s.attn_cfg), "top_k", None) for s in m.cfg.layers}
+    budgets = {getattr(getattr(s.attn_cfg, "indexer", s.attn_cfg), "top_k", getattr(s.attn_cfg, "idx_top_k", None))
+               for s in m.cfg.layers}
     assert budgets - {None} == {8}, budgets
     check_capturable(m, arch, TOKENS[:3])
 
