@@ -114,7 +114,6 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     return np.zeros((0, norm.shape[0]), np.float32) if got is None else got
 
 
-
 def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: CompressorRows, ratio: int, eps: float,
                    rope, rt, rotate=None):
     """`compress` with shapes that do not depend on the position (a fixed-shape run): the same projections, kept
@@ -124,8 +123,9 @@ def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: Compressor
     One token (a decode step): its block b = p // r is pooled from the rows there as of p, every token the same
     ops (the rows past p are not the block's yet: the key is final at p = b*r + r - 1, where it equals `compress`'s,
     the same rows through the same ops; block 0 of the overlapping compressor is the exception, its "previous
-    block" r rows of weight 0 here, one in `pool_blocks`: the same weights summed in another order). More tokens (a prefill, n0 its first position, a host int): the blocks
-    that finish in the call, by `pool_blocks` on every row so far. No traces (fixed_shapes refuses one)."""
+    block" r rows of weight 0 here, one in `pool_blocks`: the same weights summed in another order).
+    More tokens (a prefill; n0 its first position, a host int): the blocks that finish in the call, by `pool_blocks`
+    on every row so far, written at their last positions (the other rows 0). No traces (fixed_shapes refuses one)."""
     T, c = h.shape[0], 2 if overlap(ratio) else 1
     K = norm.shape[0]
     kv = rt.matmul(h, w_kv)                                                     # [T, c*K]

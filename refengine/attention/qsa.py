@@ -114,7 +114,8 @@ def select_authors_fixed(scores: np.ndarray, pos: np.ndarray, S: int, qc: QSACon
 
     The blocks: one stable sort of the row with the incomplete blocks at +inf, so the complete ones come first in
     `select_authors`' order (ties to the earlier block), the first nblk kept, the kept ones in ascending order; the
-    attended positions are the same, each once, and in the same order (dead slots between them weigh exactly 0)."""
+    attended positions are the same, each once, and in the same order (dead slots between them weigh exactly 0; the
+    softmax's sums over more slots may associate otherwise: summation order)."""
     r = qc.ratio
     T, nb = scores.shape
     nblk = min(qc.top_k // r, nb)
