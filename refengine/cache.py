@@ -17,6 +17,7 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `BlockFill`      | `attention/kv_compressor.py` | a compressor's projected rows (kv, gate score) of the block being filled (and the one before it: overlap) |
 | `PooledBlocks`   | `attention/kv_compressor.py` | one pooled key per finished block [n_blocks, K] (attention keys, or the indexer's) |
 | `CompressedKV`   | `attention/compressed_kv.py` | DeepSeek-V4's layer: the window, and by ratio the pooled blocks, the block being filled, the indexer's keys and block |
+| `CompressorRows` | `attention/kv_compressor.py` | a compressor's state in a fixed-shape run: every position's projected rows and its block's pooled key as of it |
 | `QSAState`       | `attention/qsa.py`          | a `KVCache` and the QSA indexer's raw (unpooled) keys `IndexerKeys` [S, di] |
 | `NGramState`     | `embed/ngram.py`            | the last N-1 token ids and the n-gram conv's history [(Kc-1)*N, P*D] (fixed size) |
 | `WithNGram`      | `embed/ngram.py`            | a layer's attention container plus its `NGramState` (the PLE layer)  |
@@ -168,9 +169,9 @@ class IndexerKeys:
     def n(self) -> int:
         return self.k.n
 
-    def append(self, k: np.ndarray) -> np.ndarray:
-        """k [T, di] -> every position's keys [S, di]."""
-        return self.k.append(k)
+    def append(self, k: np.ndarray, fixed: bool = False) -> np.ndarray:
+        """k [T, di] -> every position's keys [S, di] (fixed: S = the capacity, `Rows`)."""
+        return self.k.append(k, fixed)
 
 
 @state_container
@@ -213,20 +214,30 @@ class WindowKV:
     def __init__(self, dtype=np.float32):
         self.k = np.zeros((0, 0), dtype=dtype)           # [S, K]
         self.pos = np.zeros(0, dtype=np.int64)           # [S]
+        self.rows: Rows | None = None                    # a fixed-shape run's: every position's key, row = position
 
     @property
     def n(self) -> int:
         return int(self.pos.size)
 
-    def extend(self, k: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """k [T, K], pos [T] -> keys [S + T, K], positions [S + T]."""
+    def extend(self, k: np.ndarray, pos: np.ndarray, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """k [T, K], pos [T] -> keys [S + T, K], positions [S + T].
+        fixed: a fixed-shape run from the sequence start: every key kept (`Rows`, fixed appends: S = the capacity,
+        row s the key of position s; the window mask hides the rest) and `trim` keeps them."""
+        if fixed:
+            if self.rows is None:
+                assert self.pos.size == 0, "a fixed-shape run keeps every key from position 0"
+                self.rows = Rows(self.k.dtype)
+            keys = self.rows.append(k, fixed=True)                                   # [cap, K]
+            return keys, np.arange(keys.shape[0], like=k)
         keys = k if self.k.size == 0 else np.concatenate([self.k, k])
         kpos = np.concatenate([self.pos, np.asarray(pos, dtype=np.int64)])
         self.k, self.pos = keys, kpos
         return keys, kpos
 
     def trim(self, n_keep: int) -> None:
-        self.k, self.pos = self.k[-n_keep:], self.pos[-n_keep:]
+        if self.rows is None:
+            self.k, self.pos = self.k[-n_keep:], self.pos[-n_keep:]
 
 
 @state_container
@@ -260,6 +271,16 @@ class PooledBlocks(Rows):
     """One pooled (compressed) key per finished block, in block order: [n_blocks, K] (`Rows`)."""
 
 
+@state_container
+class CompressorRows:
+    """A KV compressor's state in a fixed-shape run (`Runtime.fixed_shapes`), row = position (`Rows`, fixed
+    appends): every position's projected rows (kv, score [S, c*K]) and, at position p, the pooled key of p's block
+    as of p (ck [S, K]: complete, and so the block's key, at the block's last position b*r + r - 1)."""
+
+    def __init__(self, dtype=np.float32):
+        self.kv, self.score, self.ck = Rows(dtype), Rows(dtype), Rows(dtype)
+
+
 @dataclass
 @state_container
 class CompressedKV:
@@ -273,6 +294,8 @@ class CompressedKV:
     index_keys: PooledBlocks | None = None
     index_fill: BlockFill | None = None
     n: int = 0                                           # positions seen
+    fixed_rows: CompressorRows | None = None             # a fixed-shape run's compressor state (in place of the
+    index_rows: CompressorRows | None = None             # pooled blocks and block fill), and the indexer's
 
 
 @state_container

@@ -24,8 +24,9 @@ What the module code does that a device cannot do silently is done anyway, corre
 
 Two tools check that a span of work (a decode step) could be captured as one CUDA graph and replayed:
 
-    with dev.strict():                   # an upload (a weight's first one too), a read-back or a host fallback
-        ...                              # raises DeviceSyncError naming the op: nothing in the span syncs
+    with dev.strict():                   # an upload (a weight's first one too), a read-back, a host fallback or
+        ...                              # an op sized by the data (np.nonzero, x[mask]: a count read back)
+                                         # raises DeviceSyncError naming the op: nothing in the span syncs
     with dev.recording() as sig:         # sig: the list of ops the span ran, each with its arguments' shapes and
         ...                              # dtypes and its scalars' values (`signature`)
 
@@ -59,6 +60,9 @@ INPLACE = frozenset({"put_along_axis", "put", "copyto", "place", "putmask", "fil
 # NumPy's array creation functions that reach a DeviceArray only through `like=` (`np.arange(S, like=x)`): made by
 # the device library, on the device (those that copy data in, such as np.array, are left out: that is an upload)
 CREATE = frozenset({"arange", "empty", "zeros", "ones", "full", "eye", "identity"})
+# NumPy functions whose result's shape depends on the data: the device library reads a count back to size it (CuPy
+# synchronises), so strict() refuses them, as it does indexing by a boolean device array (`x[mask]`)
+SHAPE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "extract", "compress"})
 
 
 @dataclass
@@ -325,6 +329,8 @@ class Device:
         op = _op_name(func) if self._strict or self._recorders else name
         if name in INPLACE and args and isinstance(args[0], np.ndarray):
             return self.on_host(f"{name} (into a host array)", func, args, kwargs)
+        if name in SHAPE_FROM_DATA:
+            self._sync(lambda: f"{op} sizes its result from the data (a count read back)")
         try:
             fn = getattr(self.xp, name) if create else func
             out = self.wrap(fn(*self.unwrap(args, op), **self.unwrap(kwargs, op)))
@@ -417,6 +423,8 @@ class DeviceArray(NDArrayOperatorsMixin):
         return len(self.raw)
 
     def __getitem__(self, idx):
+        if any(isinstance(i, DeviceArray) and i.dtype == bool for i in (idx if isinstance(idx, tuple) else (idx,))):
+            self.dev._sync(lambda: "getitem by a boolean mask sizes its result from the data (a count read back)")
         out = self.dev.wrap(self.raw[self.dev.unwrap(idx, "getitem")])
         self.dev.note("getitem", (self, idx), out, lambda: self.raw[self.dev.unwrap(idx, "getitem")])
         return out
@@ -455,6 +463,8 @@ class DeviceArray(NDArrayOperatorsMixin):
             dev = self.dev
 
             def method(*a, **k):
+                if name in SHAPE_FROM_DATA:
+                    dev._sync(lambda: f".{name} sizes its result from the data (a count read back)")
                 out = dev.wrap(attr(*dev.unwrap(a, f".{name}"), **dev.unwrap(k, f".{name}")))
                 dev.note(f".{name}", (self, a, k), out,
                          lambda: attr(*dev.unwrap(a, f".{name}"), **dev.unwrap(k, f".{name}")))

@@ -333,7 +333,8 @@ class Runtime:
 
     def _moe_ffn_resident(self, x, ids, weights, rec, kw):
         """Routed experts on device arrays. The expert ids stay on the device where its kernels group the pairs
-        there: one token (the one-token kernels read its A ids), SwiGLU, no expert cache, no trace (a decode step);
+        there: one token (the one-token kernels read its A ids; a gated activation other than SwiGLU runs between
+        the projections as the module's function on device arrays), no expert cache, no trace (a decode step);
         otherwise they are read back (counted) and the grouping tables built on the host (`groups_from_ids`). The
         sim device's kernel is the host code on the device's buffers (reading the ids there, as a kernel does)."""
         from .devarray import DeviceArray
@@ -341,8 +342,7 @@ class Runtime:
         fn = getattr(self._be, "moe_ffn_resident", None)
         y = None
         cache = self._expert_cache(kw)
-        ids_stay = isinstance(ids, DeviceArray) and ids.shape[0] == 1 and kw.get("act") is None and cache is None \
-            and self.trace is None
+        ids_stay = isinstance(ids, DeviceArray) and ids.shape[0] == 1 and cache is None and self.trace is None
         names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)

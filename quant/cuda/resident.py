@@ -20,7 +20,7 @@ from numba import cuda
 
 from ..ref import QTensor
 from .moe import combine_slots, device_scales, groups_from_ids, moe_ffn_device, one_token_ok
-from .ops import aligned16, dense, grouped, supported
+from .ops import aligned16, dense, fast_ids_ok, grouped, grouped_ids, supported
 from .weights import device_weight
 
 
@@ -109,8 +109,8 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     T, A = ids.shape
     E = up.shape[0]                  # the model's experts: gmax = min(E, T*A) below, with or without the cache
     if not isinstance(ids, np.ndarray):
-        y = _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel) \
-            if T == 1 and act is None and cache is None else None
+        y = _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel,
+                                 act_device if act is not None else None) if T == 1 and cache is None else None
         if y is not None:
             return y
         ids = read_ids(ids) if read_ids is not None else ids.get()
@@ -167,9 +167,11 @@ def _scratch(n: int, I: int, D: int) -> dict:
     return {k: _nb(cp.empty(shape, dtype=cp.float32)) for k, shape in (("act", (n, I)), ("dn", (n, D)))}
 
 
-def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel):
+def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel, act_device=None):
     """One token's routed experts with its ids [1, A] read on the device (`moe_ffn_device(ids=...)`, no group
-    table); None when the one-token kernels do not serve these weights (the caller then reads the ids back)."""
+    table); None when the one-token kernels do not serve these weights (the caller then reads the ids back).
+    act_device: a gated activation other than SwiGLU: gate and up as one launch each over the A ids
+    (`grouped_ids`), act_device(g, u) [A, I] on the device, then the down projection over the A slots."""
     cp = _cp()
     A = ids.shape[1]
     E = up.shape[0]
@@ -178,12 +180,24 @@ def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, 
     ddown = device_weight(down).ensure()
     xs = _input(x)
     xd = _nb(xs)
-    if kernel not in ("auto", "fast") or not one_token_ok(dup, dgate, ddown, xd):
+    if kernel not in ("auto", "fast") or not one_token_ok(dup, dgate, ddown, xd) or \
+            (act_device is not None and not fast_ids_ok(dup, xd)):
         return None
     idd = _nb(cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32))
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
     sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
     out = cp.empty((1, xs.shape[1]), dtype=cp.float32)
+    if act_device is not None:
+        I, D = up.shape[1], xs.shape[1]
+        st = _stream()
+        u, g = cp.empty((A, I), dtype=cp.float32), cp.empty((A, I), dtype=cp.float32)
+        grouped_ids(dup, xd, _nb(u), idd, A, sc=sc_gu[E:], stream=st)              # [A, I], slot a: expert ids[a]
+        grouped_ids(dgate, xd, _nb(g), idd, A, sc=sc_gu, stream=st)
+        a = _input(act_device(g, u))                                                # [A, I], elementwise
+        dn = cp.empty((A, D), dtype=cp.float32)
+        grouped_ids(ddown, _nb(a), _nb(dn), idd, A, sc=sc_d, rw=_nb(wts), slot_rows=True, stream=st)
+        combine_slots(_nb(dn), A, None, _nb(out), None, 1, D, st)
+        return out
     moe_ffn_device(xd, None, None, min(E, A), A, 1, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
                    sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out), stream=_stream(),
                    scratch=_scratch(A, up.shape[1], xs.shape[1]))

@@ -235,7 +235,7 @@ def new_state(cfg: Q4Config, attn_form: str | None = None) -> list:
 def rope_for(cfg: Q4Config, g, pos, n_ctx):
     """cos, sin [T, n_rot/2] of text positions under IMROPE: NEOX, the 4th section's pairs at position 0."""
     cos, sin = context_rope(cfg, pos)
-    c0, s0 = context_rope(cfg, np.zeros(1, np.int64))                    # the e pairs: position 0
+    c0, s0 = context_rope(cfg, np.zeros_like(pos, shape=(1,)))           # the e pairs: position 0 (where pos lives)
     return mrope_text(cos, sin, mrope_text_pairs(cfg.rope_sections, cfg.n_rot), c0[0], s0[0])
 
 

@@ -37,8 +37,9 @@ import numpy as np
 
 from quant import QTensor
 
-from ..cache import BlockFill, CompressedKV, PooledBlocks
+from ..cache import BlockFill, CompressedKV, CompressorRows, PooledBlocks
 from ..ops import contiguous, rms_norm
+from ..ops.arrays import as_array
 from ..weights import W, dense_vector
 from . import csa_indexer, kv_compressor
 from .mha import attention_gathered, keeps_scores
@@ -111,7 +112,7 @@ def new_state(ac: CompressedKVConfig) -> CompressedKV:
 def window_mask(pos: np.ndarray, kpos: np.ndarray, n_swa: int) -> np.ndarray:
     """[T, S] bool: key s is visible to query p iff p - n_swa < s <= p (LLAMA_SWA_TYPE_STANDARD,
     src/llama-hparams.h:482-487)."""
-    p, s = np.asarray(pos)[:, None], np.asarray(kpos)[None, :]
+    p, s = as_array(pos)[:, None], as_array(kpos)[None, :]
     return (s <= p) & (s > p - n_swa)
 
 
@@ -127,6 +128,17 @@ def gather_slots(pos: np.ndarray, kpos: np.ndarray, n_swa: int, blocks: np.ndarr
     win = own[:, None] + np.arange(1 - n_swa, 1)[None, :]                       # [T, n_swa]
     idx = np.maximum(win, 0)
     live = (win >= 0) & window_mask(pos, kpos, n_swa)[np.arange(T)[:, None], idx]
+    if blocks is not None:
+        idx = np.concatenate([idx, np.where(blocks >= 0, S + blocks, 0)], axis=1)   # [T, n_swa + nb]
+        live = np.concatenate([live, blocks >= 0], axis=1)
+    return idx, live
+
+
+def gather_slots_fixed(pos: np.ndarray, S: int, n_swa: int, blocks: np.ndarray | None):
+    """`gather_slots` of a fixed-shape run, where the window is every position's key (row s = position s, S the
+    capacity, `WindowKV.extend(fixed=True)`): the same slots in the same order, made from the positions alone."""
+    win = pos[:, None] + np.arange(1 - n_swa, 1, like=pos)[None, :]             # [T, n_swa] rows = positions
+    idx, live = np.maximum(win, 0), win >= 0
     if blocks is not None:
         idx = np.concatenate([idx, np.where(blocks >= 0, S + blocks, 0)], axis=1)   # [T, n_swa + nb]
         live = np.concatenate([live, blocks >= 0], axis=1)
@@ -175,6 +187,17 @@ def output_groups(w, ac: CompressedKVConfig) -> list[QTensor]:
     return groups
 
 
+def compressor(h, w_kv, w_gate, ape, norm, *, pos, state: CompressedKV, fill, blocks, rows, ratio, eps, rope, rt,
+               name, il, rotate=None):
+    """One compressor's pooled keys [N, K]: `kv_compressor.compress` on its fill and blocks, or in a fixed-shape
+    run (`rows` given) `compress_fixed` on its rows (N = the capacity's blocks, the visible ones complete)."""
+    if rows is not None:
+        return kv_compressor.compress_fixed(h, w_kv, w_gate, ape, norm, pos=pos, n0=state.n, rows=rows, ratio=ratio,
+                                            eps=eps, rope=rope, rt=rt, rotate=rotate)
+    return kv_compressor.compress(h, w_kv, w_gate, ape, norm, pos=pos, fill=fill, blocks=blocks, ratio=ratio, eps=eps,
+                                  rope=rope, rt=rt, name=name, il=il, rotate=rotate)
+
+
 def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: CompressedKV, pos, rt,
                             gather: bool = True) -> np.ndarray:
     """h [T, D] (attn_norm's output) -> [T, D]; appends this call's keys and blocks to `state`.
@@ -182,7 +205,8 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
     form under the visibility mask, its oracle)."""
     T = h.shape[0]
     H, K, eps, rope = ac.n_head, ac.head_dim, ac.eps, ac.rope
-    pos = np.asarray(pos)
+    pos = as_array(pos)                                                         # [T] (where it lives)
+    fixed = rt.fixed_shapes         # the window and compressors over every position (fixed appends: capacity)
     qr = rt.matmul(h, w.attn_q_a)                                               # [T, Dq]
     rt.record("qr", il, qr)
     qr = rms_norm(qr, w.attn_q_a_norm, eps)
@@ -196,22 +220,26 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
     kv = rope.apply(kv, pos)
     rt.record("kv", il, kv)
 
-    keys, kpos = state.window.extend(kv[:, 0], pos)                             # [S, K], [S]
+    keys, kpos = state.window.extend(kv[:, 0], pos, fixed)                      # [S, K], [S]
+    S = keys.shape[0]
     visible = window_mask(pos, kpos, ac.n_swa)                                  # [T, S]
     block_ids = None                                                            # [T, nb] the blocks each query sees
     if ac.ratio:
         name = "csa" if ac.ratio == 4 else "hca"
-        blocks = kv_compressor.compress(
-            h, w.attn_compressor_kv, w.attn_compressor_gate, rows_of(w, "attn_compressor_ape"), w.attn_compressor_norm,
-            pos=pos, fill=state.fill, blocks=state.blocks, ratio=ac.ratio, eps=eps, rope=rope.apply, rt=rt,
-            name=name, il=il)                                                   # [N, K]
+        if fixed and state.fixed_rows is None:
+            state.fixed_rows, state.index_rows = CompressorRows(), CompressorRows() if ac.ratio == 4 else None
+        blocks = compressor(h, w.attn_compressor_kv, w.attn_compressor_gate, rows_of(w, "attn_compressor_ape"),
+                            w.attn_compressor_norm, pos=pos, state=state, fill=state.fill, blocks=state.blocks,
+                            rows=state.fixed_rows, ratio=ac.ratio, eps=eps, rope=rope.apply, rt=rt, name=name,
+                            il=il)                                              # [N, K]
         chosen = csa_indexer.visible_blocks(pos, blocks.shape[0], ac.ratio)     # [T, N]
-        block_ids = np.where(chosen, np.arange(blocks.shape[0])[None, :], -1)   # HCA: every finished block
+        block_ids = np.where(chosen, np.arange(blocks.shape[0], like=pos)[None, :], -1)   # HCA: every finished block
         if ac.ratio == 4:
-            ikeys = kv_compressor.compress(
-                h, w.indexer_compressor_kv, w.indexer_compressor_gate, rows_of(w, "indexer_compressor_ape"),
-                w.indexer_compressor_norm, pos=pos, fill=state.index_fill, blocks=state.index_keys, ratio=4, eps=eps,
-                rope=rope.apply, rt=rt, name="lid", il=il, rotate=csa_indexer.rotate)   # [N, di]
+            ikeys = compressor(h, w.indexer_compressor_kv, w.indexer_compressor_gate,
+                               rows_of(w, "indexer_compressor_ape"), w.indexer_compressor_norm, pos=pos, state=state,
+                               fill=state.index_fill, blocks=state.index_keys, rows=state.index_rows, ratio=4,
+                               eps=eps, rope=rope.apply, rt=rt, name="lid", il=il,
+                               rotate=csa_indexer.rotate)                       # [N, di]
             chosen, block_ids = csa_indexer.select_blocks(qr, h, w, ikeys, pos=pos, n_head=ac.idx_heads,
                                                           head_dim=ac.idx_dim, top_k=ac.idx_top_k, rope=rope.apply,
                                                           rt=rt, il=il)         # [T, N], [T, top_k]
@@ -225,8 +253,9 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
         visible = np.concatenate([visible, chosen], axis=1)                     # [T, S + N]
         rt.record("csa_lid_kq_mask" if ac.ratio == 4 else "hca_kq_mask", il, neg(visible))
     if gather and not keeps_scores(rt, il):
-        idx, live = gather_slots(pos, kpos, ac.n_swa, block_ids)                # [T, n_swa + nb]
-        rt.record("v_cont", il, np.ascontiguousarray(keys.T))
+        idx, live = gather_slots_fixed(pos, S, ac.n_swa, block_ids) if fixed else \
+            gather_slots(pos, kpos, ac.n_swa, block_ids)                        # [T, n_swa + nb]
+        rt.record("v_cont", il, contiguous(keys.T))
         o = attention_gathered(q, keys[:, None, :], keys[:, None, :], idx, live, 1.0 / np.sqrt(K),
                                sinks=w.attn_sinks)                              # [T, H, K]
         rt.record("kqv", il, o.transpose(1, 0, 2))                              # [H, T, K]

@@ -17,18 +17,26 @@ its picks are masked cells, which the attention mask then drops (`build_top_k_ma
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from ..ops.arrays import as_array
 
+
+@functools.lru_cache(maxsize=8)
 def hadamard(n: int) -> np.ndarray:
     """The orthonormal Walsh-Hadamard matrix of size n (a power of 2), Sylvester's order (`ggml_gen_hadamard`,
-    src/llama-kv-cache.cpp:23-57). [n, n], symmetric, H @ H = I."""
+    src/llama-kv-cache.cpp:23-57). [n, n], symmetric, H @ H = I. Made once per n and read-only (a constant: a
+    device keeps one copy of it)."""
     if n < 1 or n & (n - 1):
         raise ValueError(f"Hadamard rotation: {n} is not a power of 2")
     h = np.array([[1.0]], dtype=np.float32) / np.float32(np.sqrt(n))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
-    return h.astype(np.float32)
+    h = h.astype(np.float32)
+    h.flags.writeable = False
+    return h
 
 
 def rotate(x: np.ndarray) -> np.ndarray:
@@ -39,7 +47,8 @@ def rotate(x: np.ndarray) -> np.ndarray:
 def visible_blocks(pos: np.ndarray, n_blocks: int, ratio: int) -> np.ndarray:
     """[T, N] bool: block b is visible to the query at position p iff b < (p + 1) // ratio (the block has
     finished by p; llama-kv-cache-dsv4.cpp:499)."""
-    return np.arange(n_blocks)[None, :] < ((np.asarray(pos) + 1) // ratio)[:, None]
+    pos = as_array(pos)
+    return np.arange(n_blocks, like=pos)[None, :] < ((pos + 1) // ratio)[:, None]
 
 
 def select_blocks(qr, h, w, keys: np.ndarray, *, pos, n_head: int, head_dim: int, top_k: int, rope, rt, il: int):
@@ -64,9 +73,8 @@ def select_blocks(qr, h, w, keys: np.ndarray, *, pos, n_head: int, head_dim: int
     order = np.argsort(-score, axis=-1, kind="stable")[:, :k]                   # [T, k]
     ids = np.where(np.take_along_axis(vis, order, axis=-1), order, -1).astype(np.int32)
     if k < top_k:
-        ids = np.concatenate([ids, np.full((T, top_k - k), -1, np.int32)], axis=1)
+        ids = np.concatenate([ids, np.full_like(ids, -1, shape=(T, top_k - k))], axis=1)
     rt.record("lid_top_k", il, ids)
     sel = np.zeros_like(vis)
-    rows = np.arange(T)[:, None]
-    sel[rows, order] = True
+    np.put_along_axis(sel, order, True, axis=-1)
     return sel & vis, ids

@@ -53,12 +53,14 @@ def selection_key(il: int) -> tuple[str, int]:
     return ("dsa_selection", il)
 
 
-def sparse_mask(sel: Selection, q0: int, gather: bool = True) -> SparseMask:
+def sparse_mask(sel: Selection, q0: int, gather: bool = True, pos=None, fixed: bool = False) -> SparseMask:
     """The indexer's selection as MLA's mask, both forms: query row t (position q0 + t) attends top_k[t] where
     causal (sel.mask = the top-k mask + the causal one; top_k holds each position once, and names masked
-    positions only where fewer than k are visible, `dsa_indexer.select_top_k`)."""
-    q_pos = q0 + np.arange(sel.top_k.shape[0])                                     # [T]
-    return SparseMask(mask=sel.mask, idx=sel.top_k, live=sel.top_k <= q_pos[:, None], q0=q0, gather=gather)
+    positions only where fewer than k are visible, `dsa_indexer.select_top_k`). pos: the queries' positions
+    (`step.pos`; None: q0 + 0..T-1); fixed: the selection spans the cache's capacity (`SparseMask.fixed`)."""
+    q_pos = q0 + np.arange(sel.top_k.shape[0]) if pos is None else pos            # [T]
+    return SparseMask(mask=sel.mask, idx=sel.top_k, live=sel.top_k <= q_pos[:, None], q0=q0, gather=gather,
+                      fixed=fixed)
 
 
 def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, step,
@@ -74,13 +76,14 @@ def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, s
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="qr")                     # [T, Dq]
     if ic.full:
         sel = step.memo(selection_key(il), lambda: dsa_indexer.lightning_indexer(
-            h, qr, w, ic=ic, state=state.index, cos=cos, sin=sin, rt=rt, il=il, rotate=rotate))
+            h, qr, w, ic=ic, state=state.index, cos=cos, sin=sin, rt=rt, il=il, rotate=rotate, pos=step.pos))
     else:
         def missing():
             raise ConfigError(f"layer {il} shares the indexer of layer {ic.source}, which has not run in this step")
         sel = step.memo(selection_key(ic.source), missing)
         rt.record("top_k", il, sel.top_k.astype(np.int32))      # llama.cpp names the shared tensor again (glm-dsa.cpp:366)
     S = state.n + T
-    assert sel.mask.shape == (T, S), f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"
+    assert sel.mask.shape[0] == T and (rt.fixed_shapes or sel.mask.shape[1] == S), \
+        f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"     # fixed shapes: S = the capacity
     return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt,
-                   mask_fn=sparse_mask(sel, S - T, gather), qr=qr)
+                   mask_fn=sparse_mask(sel, S - T, gather, step.pos, rt.fixed_shapes), qr=qr, pos=step.pos)

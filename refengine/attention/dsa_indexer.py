@@ -211,38 +211,45 @@ def top_k_positions(score: np.ndarray, n: int) -> np.ndarray:
     return order
 
 
-def select_top_k(score: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def select_top_k(score: np.ndarray, k: int, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """score [T, S] (masked) -> (top_k [T, n] int, mask [T, S]) with n = min(k, S).
 
     top_k: per query the positions of the n largest scores (ties: the earlier position first; -inf last).
     mask: 0 at the selected positions, -inf elsewhere; the caller adds the causal mask back.
+    fixed: S is a cache's capacity (a fixed-shape run, `cache.Rows`): every row is sorted whole (np.argsort, stable:
+    the order `top_k_positions` gives, without its shapes that depend on the data). The rows past the last position
+    score -inf (the causal mask) and sort last: they are picked only where fewer than k positions are visible, and
+    the causal mask hides them again (as the masked positions llama.cpp may pick there).
     """
     T, S = score.shape
     n = min(k, S)
-    order = top_k_positions(score, n)                                                # [T, n]
-    mask = np.full((T, S), -np.inf, dtype=np.float32)                               # [T, S]
+    order = np.argsort(-score, axis=-1, kind="stable")[:, :n] if fixed else top_k_positions(score, n)   # [T, n]
+    mask = np.full_like(score, -np.inf, dtype=np.float32)                           # [T, S] (where score lives)
     np.put_along_axis(mask, order, np.float32(0.0), axis=-1)
     return order, mask
 
 
 def lightning_indexer(h, qr, w, *, ic: IndexerConfig, state: IndexerKeys, cos, sin, rt, il,
-                      rotate: bool = True) -> Selection:
+                      rotate: bool = True, pos=None) -> Selection:
     """One layer's indexer: h [T, D] (attn_norm output), qr [T, Dq] -> Selection over the S cached positions.
 
     state: this layer's IndexerKeys; its length before the call is the first new position.
     cos, sin: [T, R/2], the same rope parameters as MLA's rope part.
+    pos: the T positions (`step.pos`, on the device in a resident run); None: state.n + 0..T-1.
+    A run with fixed shapes (`rt.fixed_shapes`) scores the key cache's capacity (S = the capacity, the rows past the
+    last position zeros under the causal mask) and selects with `select_top_k(fixed=True)`.
     """
     T = h.shape[0]
     assert qr.shape[0] == T and cos.shape == (T, ic.n_rot // 2), (qr.shape, cos.shape)
-    q_pos = state.n + np.arange(T)                                                 # [T]
+    q_pos = state.n + np.arange(T) if pos is None else pos                         # [T]
     iq = index_queries(qr, w, ic=ic, cos=cos, sin=sin, rt=rt, il=il, rotate=rotate)    # [T, Hi, di]
     ik = index_keys(h, w, ic=ic, cos=cos, sin=sin, rt=rt, il=il, rotate=rotate)        # [T, di]
-    ik_all = state.append(ik)                                                      # [S, di]
+    ik_all = state.append(ik, rt.fixed_shapes)                                     # [S, di]
     iw = index_weights(h, w, ic=ic, rt=rt, il=il)                                  # [T, Hi]
-    causal = causal_mask(q_pos, np.arange(ik_all.shape[0]))                        # [T, S]
+    causal = causal_mask(q_pos, np.arange(ik_all.shape[0], like=q_pos))           # [T, S]
     score = index_scores(iq, ik_all, iw, causal)                                   # [T, S]
     rt.record("indexer_score", il, score)
-    top_k, sel_mask = select_top_k(score, ic.top_k)                                # [T, n], [T, S]
+    top_k, sel_mask = select_top_k(score, ic.top_k, rt.fixed_shapes)               # [T, n], [T, S]
     rt.record("top_k", il, top_k.astype(np.int32))
     return Selection(top_k=top_k, mask=(sel_mask + causal).astype(np.float32), score=score)
 

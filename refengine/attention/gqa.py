@@ -133,7 +133,8 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)
     mask_fn = sparse if sparse is not None else causal_mask if cfg.causal_attn else no_mask
-    fixed = mask_fn is causal_mask and rt.fixed_shapes        # over the cache's capacity: the mask hides the rest
+    fixed = rt.fixed_shapes and mask_fn is causal_mask or getattr(mask_fn, "fixed", False)   # over the capacity:
+    #                                                              the mask hides the rest (`SparseMask.fixed`)
     k_all, v_all = state.append(k, v, fixed)                             # [S, Hkv, K], [S, Hkv, V]
     o = attend(q, k_all, v_all, step.pos, 1.0 / np.sqrt(cfg.head_dim_k), mask_fn=mask_fn,
                one_shot=keeps_scores(rt, il), record=rt.record, il=il)  # [T, H, V]

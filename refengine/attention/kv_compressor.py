@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cache import BlockFill, PooledBlocks
+from ..cache import BlockFill, CompressorRows, PooledBlocks
 from ..ops import rms_norm
+from ..ops.arrays import as_array, take_rows
 from ..ops.softmax import softmax
 
 
@@ -87,7 +88,7 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     rt.record(f"{name}_state_kv", il, kv)
     score = rt.matmul(h, w_gate)                                                # [T, c*K]
     rt.record(f"{name}_state_score", il, score)
-    score = score + ape[np.asarray(pos) % ratio]                                # [T, c*K]
+    score = score + take_rows(ape, as_array(pos) % ratio)                       # [T, c*K]
     rt.record(f"{name}_state_score_ape", il, score)
     rows_kv, rows_score, start = fill.extend(kv, score)
     end = start + rows_kv.shape[0]                                              # positions start .. end - 1 held
@@ -112,3 +113,42 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     got = blocks.view()
     return np.zeros((0, norm.shape[0]), np.float32) if got is None else got
 
+
+def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: CompressorRows, ratio: int, eps: float,
+                   rope, rt, rotate=None):
+    """`compress` with shapes that do not depend on the position (a fixed-shape run): the same projections, kept
+    per position (`CompressorRows`, row = position, fixed appends); returns the pooled keys [S // r, K] of the
+    capacity's blocks, block b the key its last position wrote (the visible blocks, b < (p + 1) // r, are complete).
+
+    One token (a decode step): its block b = p // r is pooled from the rows there as of p, every token the same
+    ops (the rows past p are not the block's yet: the key is final at p = b*r + r - 1, where it equals `compress`'s,
+    the same rows through the same ops; block 0 of the overlapping compressor is the exception, its "previous
+    block" r rows of weight 0 here, one in `pool_blocks`: the same weights summed in another order).
+    More tokens (a prefill; n0 its first position, a host int): the blocks that finish in the call, by `pool_blocks`
+    on every row so far, written at their last positions (the other rows 0). No traces (fixed_shapes refuses one)."""
+    T, c = h.shape[0], 2 if overlap(ratio) else 1
+    K = norm.shape[0]
+    kv = rt.matmul(h, w_kv)                                                     # [T, c*K]
+    score = rt.matmul(h, w_gate) + take_rows(ape, as_array(pos) % ratio)        # [T, c*K]
+    all_kv, all_score = rows.kv.append(kv, fixed=True), rows.score.append(score, fixed=True)   # [S, c*K]
+    if T == 1:
+        b = as_array(pos) // ratio                                              # [1] (on the device in a resident run)
+        cur = np.minimum(b[:, None] * ratio + np.arange(ratio, like=b)[None, :], all_kv.shape[0] - 1)   # [1, r]
+        #                                 the block's rows (those past the capacity are past p: not yet the block's)
+        v, s = all_kv[cur[0], (c - 1) * K:], all_score[cur[0], (c - 1) * K:]    # [r, K]
+        if c == 2:                                  # + the block before (b = 0: rows that weigh 0, as `pool_blocks`)
+            prev = np.maximum(cur[0] - ratio, 0)                                # [r]
+            first = b[0] == 0
+            v = np.concatenate([np.where(first, np.float32(0), all_kv[prev, :K]), v])               # [2r, K]
+            s = np.concatenate([np.where(first, np.float32(-np.inf), all_score[prev, :K]), s])
+        ck = np.sum(v.T * softmax(s.T), axis=-1, dtype=np.float32)[None]        # [1, K]
+        ck = rope(rms_norm(ck, norm, eps)[:, None, :], b * ratio)              # [1, 1, K]
+        ck = ck if rotate is None else rotate(ck)
+    else:
+        done = list(range(n0 // ratio, (n0 + T) // ratio))                      # blocks whose last position is new
+        ck = np.zeros_like(kv, shape=(T, 1, K))                                 # [T, 1, K] (rows other than ends: 0)
+        if done:
+            new = finish(pool_blocks(all_kv, all_score, 0, done, ratio), norm, eps, rope, done, ratio)
+            ck[[b * ratio + ratio - 1 - n0 for b in done]] = new if rotate is None else rotate(new)
+    all_ck = rows.ck.append(ck[:, 0], fixed=True)                               # [S, K]
+    return all_ck[ratio - 1::ratio]                                             # [S // r, K]

@@ -119,12 +119,15 @@ class SparseMask:
                            mask[t] is 0, each position once (the selecting module makes it so; tests check it)
     q0:   the position of row 0 (the call's first query)
     gather: attend through idx (`attend`, when no trace keeps the scores); False: masked-dense, the oracle
+    fixed: S is the cache's capacity (a fixed-shape run, `cache.Rows`): the attention reads its cache's whole buffer,
+           the rows past the last position hidden by the mask (not live)
     """
     mask: np.ndarray
     idx: np.ndarray
     live: np.ndarray
     q0: int
     gather: bool = True
+    fixed: bool = False
 
     def __call__(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
         """[Tb], [Sb] -> the tile [Tb, Sb] of `mask`."""
@@ -132,7 +135,10 @@ class SparseMask:
         return self.mask[np.ix_(q_pos - self.q0, k_pos)]
 
     def rows(self, q_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[T'] query positions -> their (idx, live) rows [T', n]."""
+        """[T'] query positions -> their (idx, live) rows [T', n]; all of them for the call's T positions (no index:
+        the positions may be on a device)."""
+        if len(q_pos) == self.idx.shape[0]:
+            return self.idx, self.live
         r = np.asarray(q_pos) - self.q0
         return self.idx[r], self.live[r]
 
@@ -155,7 +161,8 @@ def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndar
     V, n = v.shape[-1], idx.shape[1]
     assert H % Hkv == 0, f"{H} query heads do not group evenly over {Hkv} KV heads"
     assert idx.shape == live.shape == (T, n) and v.shape[0] == S, (idx.shape, live.shape, k.shape, v.shape)
-    assert idx.size == 0 or (idx.min() >= 0 and idx.max() < S), f"gather positions outside 0 .. {S - 1}"
+    assert not isinstance(idx, np.ndarray) or idx.size == 0 or (idx.min() >= 0 and idx.max() < S), \
+        f"gather positions outside 0 .. {S - 1}"                                    # (checked on the host only)
     g = H // Hkv
     qb_n = q_block or max(1, GATHER_ELEMS // max(1, n * Hkv * (K + V)))
     sink = None if sinks is None else sinks.astype(dtype, copy=False).reshape(Hkv, g, 1)    # [Hkv, g, 1]

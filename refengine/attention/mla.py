@@ -420,7 +420,8 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
     names: {point: name(s)} replacing entries of `NAMES` (the arch's graph's trace names).
     pos: the positions of the T tokens [T] (`step.pos`, on the device in a resident run); None: state.n + 0..T-1.
     With the causal mask (mask_fn None) a run with fixed shapes (`rt.fixed_shapes`) attends over the cache's
-    capacity, its rows past the last position (zeros) hidden by the causal mask itself.
+    capacity, its rows past the last position (zeros) hidden by the causal mask itself; so does a mask_fn made for
+    the capacity (`SparseMask.fixed`).
     The output projection has no trace name in llama.cpp's deepseek2 graph, so none is recorded; the output
     `.scale` is applied when the arch's table loads it as `attn_output_scale` (`mla_table`).
     """
@@ -451,7 +452,7 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
     o = attend_form(q_nope, q_pe, c, k_pe, w, mc=mc, state=state, mask_fn=mask_fn or causal_mask, q_pos=pos, rt=rt,
                     il=il, rec_form=rec_form, dtype=dtype, q_temp=q_temp,
                     names=NAMES if names is None else {**NAMES, **names}, k_parts=k_parts,
-                    fixed=mask_fn is None and rt.fixed_shapes)                           # [T, H, dv]
+                    fixed=rt.fixed_shapes if mask_fn is None else getattr(mask_fn, "fixed", False))   # [T, H, dv]
     o = o.reshape(T, mc.n_head * mc.v_head)                                        # [T, H, dv] -> [T, H*dv]
     rt.record("kqv_out", il, o)
     if out_gate is not None:

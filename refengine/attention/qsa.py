@@ -106,15 +106,48 @@ def select_authors(scores: np.ndarray, pos: np.ndarray, S: int, qc: QSAConfig) -
     return out
 
 
+def select_authors_fixed(scores: np.ndarray, pos: np.ndarray, S: int, qc: QSAConfig):
+    """`select_authors` with shapes that do not depend on the data (a fixed-shape run: S a cache's capacity,
+    `cache.Rows`; scores [T, nb]) -> (idx [T, n], live [T, n], mask [T, S]) as `sparse_mask` gives them: per query
+    nblk = B/r block slots and r - 1 tail slots, those of blocks not complete and of tail positions not reached
+    dead (position 0, not live).
+
+    The blocks: one stable sort of the row with the incomplete blocks at +inf, so the complete ones come first in
+    `select_authors`' order (ties to the earlier block), the first nblk kept, the kept ones in ascending order; the
+    attended positions are the same, each once, and in the same order (dead slots between them weigh exactly 0; the
+    softmax's sums over more slots may associate otherwise: summation order)."""
+    r = qc.ratio
+    T, nb = scores.shape
+    nblk = min(qc.top_k // r, nb)
+    b = np.arange(nb, like=scores)                                                # [nb]
+    nc = (pos + 1) // r                                                           # [T] complete blocks seen
+    seen = b[None, :] < nc[:, None]                                               # [T, nb]
+    order = np.argsort(np.where(seen, -scores, np.float32(np.inf)), axis=-1, kind="stable")[:, :nblk]  # [T, nblk]
+    kept = np.take_along_axis(seen, order, axis=-1)                               # [T, nblk]
+    blocks = np.sort(np.where(kept, order, nb), axis=-1)                          # [T, nblk] kept first, ascending
+    cells = blocks[:, :, None] * r + np.arange(r, like=scores)[None, None, :]      # [T, nblk, r]
+    live_b = np.broadcast_to((blocks < nb)[:, :, None], cells.shape)               # [T, nblk, r]
+    tail = nc[:, None] * r + np.arange(r - 1, like=scores)[None, :]              # [T, r-1]
+    live_t = tail <= pos[:, None]                                                 # [T, r-1]
+    live = np.concatenate([live_b.reshape(T, nblk * r), live_t], axis=-1)         # [T, n]
+    idx = np.where(live, np.concatenate([cells.reshape(T, nblk * r), tail], axis=-1), 0)   # [T, n]
+    chosen = np.zeros_like(seen)                                                  # [T, nb]
+    np.put_along_axis(chosen, order, kept, axis=-1)
+    j = np.arange(S, like=scores)                                                 # [S]
+    sel = chosen[:, j // r] | ((j[None, :] >= (nc * r)[:, None]) & (j[None, :] <= pos[:, None]))   # [T, S]
+    mask = np.where(sel, np.float32(0), np.float32(-np.inf)) + causal_mask(pos, j)   # [T, S]
+    return idx, live, mask
+
+
 def cell_values(scores: np.ndarray, pos: np.ndarray, S: int, r: int) -> np.ndarray:
     """llama.cpp's `indexer_score_tokens` [T, S]: cell j gets its block's score (complete blocks: j // r; cells of
     no complete block: the dead block, index S // r) + 1e9 on the query's tail, + the causal mask (0 / -inf)."""
     nf = S // r
-    j = np.arange(S)
+    j = np.arange(S, like=pos)
     blk = np.where(j // r < nf, j // r, nf)                               # [S]
     tail_start = (pos + 1) // r * r                                       # [T]
-    bias = np.where((blk * r)[None, :] >= tail_start[:, None], TAIL_BIAS, np.float32(0))   # [T, S]
-    bias[:, blk == nf] = TAIL_BIAS
+    bias = np.where(((blk * r)[None, :] >= tail_start[:, None]) | (blk == nf)[None, :], TAIL_BIAS,
+                    np.float32(0))                                        # [T, S]
     v = (scores[:, blk] + bias).astype(np.float32)
     return (v + np.where(j[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf))).astype(np.float32)
 
@@ -171,12 +204,14 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     r, di = qc.ratio, qc.head_dim
     kraw = rt.matmul(h, w.indexer_k_proj)                                # [T, di]
     rt.record("indexer_k_raw", il, kraw[:, None, :])
-    k_all = state.index.append(kraw)                                     # [S, di]
+    fixed = rt.fixed_shapes and rule == "authors"
+    k_all = state.index.append(kraw, fixed)                              # [S, di] (fixed: S = the capacity)
     S = k_all.shape[0]
     pooled = pool(k_all, r)                                              # [nb, di]  complete blocks + dead
     rt.record("indexer_k_pooled", il, pooled)
     nf = S // r
-    bpos = np.concatenate([np.arange(nf) * r, [0]])                      # block start; the dead block at 0
+    b = np.arange(nf + 1, like=pos)
+    bpos = np.where(b < nf, b * r, 0)                                    # [nb] block start; the dead block at 0
     pk = rope_blocks(rms_norm(pooled, w.indexer_k_norm, eps)[:, None, :], bpos)[:, 0]   # [nb, di]
     rt.record("indexer_k", il, pk)
     q = rt.matmul(h, w.indexer_q_proj).reshape(T, qc.n_head, di)         # [T, Hi, di]
@@ -186,6 +221,9 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     rt.record("indexer_score", il, scores)
     cells = cell_values(scores, pos, S, r)                               # [T, S]
     rt.record("indexer_score_tokens", il, cells)
+    if fixed:                                                            # (no trace: fixed_shapes refuses one)
+        idx, live, mask = select_authors_fixed(scores, pos, S, qc)
+        return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=True)
     sel = select_authors(scores, pos, S, qc) if rule == "authors" else select_llamacpp(cells, qc)
     width = max([qc.top_k + r - 1] + [len(s) for s in sel])
     picked = np.full((T, width), -1, np.int64)

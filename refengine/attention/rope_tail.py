@@ -36,7 +36,7 @@ class TailRope:
 
     def cos_sin(self, pos) -> tuple[np.ndarray, np.ndarray]:
         """[T] -> cos, sin [T, R/2]."""
-        return rope_cos_sin(np.asarray(pos), n_rot=self.n_rot, base=self.base, freq_scale=self.freq_scale,
+        return rope_cos_sin(as_array(pos), n_rot=self.n_rot, base=self.base, freq_scale=self.freq_scale,
                             ext_factor=self.ext_factor, attn_factor=self.attn_factor, n_ctx_orig=self.n_ctx_orig,
                             beta_fast=self.beta_fast, beta_slow=self.beta_slow)
 

@@ -35,14 +35,14 @@ The token history (N-1 ids) and the conv history ((Kc-1)*N rows of nrm) are the 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-import quant
-
 from ..cache import NGramState, WithNGram
 from ..ops import rms_norm, sigmoid, silu
+from ..ops.arrays import as_array
 from ..weights import W
 
 
@@ -100,27 +100,23 @@ def ple_table(il: int, P: int, nc: NGramConfig) -> list[W]:
 
 def contexts(tokens: np.ndarray, prev: np.ndarray, nc: NGramConfig) -> np.ndarray:
     """tokens [T], prev [<= N-1] (the ids before them, oldest first) -> ctx [T, N] int64: ctx[:, 0] the token,
-    ctx[:, s] its s-th predecessor, EOS from the first missing or EOS predecessor on."""
-    hist = np.concatenate([np.asarray(prev, np.int64), np.asarray(tokens, np.int64)])
+    ctx[:, s] its s-th predecessor, EOS from the first missing or EOS predecessor on. Computed where the tokens
+    live (no read of them: a device's ids stay there)."""
+    hist = np.concatenate([as_array(prev, np.int64), as_array(tokens, np.int64)])   # [n0 + T]
     T, n0 = len(tokens), len(prev)
-    ctx = np.empty((T, nc.n), np.int64)
-    for i in range(T):
-        j = n0 + i
-        ctx[i, 0] = hist[j]
-        cut = False
-        for s in range(1, nc.n):
-            t = hist[j - s] if j - s >= 0 and not cut else -1
-            cut = cut or t < 0 or t == nc.eos
-            ctx[i, s] = nc.eos if cut else t
-    return ctx
+    src = (n0 + np.arange(T, like=hist))[:, None] - np.arange(nc.n, like=hist)[None, :]   # [T, N] s-th predecessor
+    t = np.where(src >= 0, hist[np.maximum(src, 0)], -1)                  # [T, N] -1: before the sequence start
+    stop = ((t < 0) | (t == nc.eos)) & (np.arange(nc.n, like=hist) > 0)  # [T, N] (the token itself never stops)
+    cut = np.cumsum(stop, axis=1) > 0                                     # [T, N] from the first stop on
+    return np.where(cut, np.int64(nc.eos), t)                             # [T, N]
 
 
 def hash_rows(ctx: np.ndarray, nc: NGramConfig) -> np.ndarray:
     """ctx [T, N] -> table rows [T, Hn] (uint64 wrapping multiply and XOR, then % vocab + offset)."""
     T = ctx.shape[0]
-    mult = np.asarray(nc.multipliers[:nc.n], np.uint64)
+    mult = _multipliers(nc.multipliers[:nc.n])
     prod = ctx.astype(np.uint64) * mult[None, :]                          # [T, N] wraps modulo 2^64
-    rows = np.empty((T, nc.n_heads), np.int64)
+    rows = np.empty_like(ctx, shape=(T, nc.n_heads), dtype=np.int64)      # (where ctx lives)
     mixed = prod[:, 0].copy()                                             # [T]
     for n in range(2, nc.n + 1):
         mixed ^= prod[:, n - 1]                                           # XOR of ctx[j] * mult[j], j < n
@@ -130,10 +126,19 @@ def hash_rows(ctx: np.ndarray, nc: NGramConfig) -> np.ndarray:
     return rows
 
 
-def lookup(table, rows: np.ndarray) -> np.ndarray:
-    """rows [T, Hn] -> [T, Hn*E]: the rows read from the mmapped table, heads concatenated (h = 0 first)."""
+@functools.lru_cache(maxsize=8)
+def _multipliers(mult: tuple) -> np.ndarray:
+    """The hash's multipliers as a read-only uint64 array, made once (a constant: one copy on a device)."""
+    m = np.asarray(mult, np.uint64)
+    m.flags.writeable = False
+    return m
+
+
+def lookup(table, rows: np.ndarray, rt) -> np.ndarray:
+    """rows [T, Hn] -> [T, Hn*E]: the rows read from the mmapped table, heads concatenated (h = 0 first)
+    (`rt.embed_rows`: on the device where the rows are)."""
     T, Hn = rows.shape
-    emb = quant.dequantize_rows(table, rows.reshape(-1))                  # [T*Hn, E]  only these rows are read
+    emb = rt.embed_rows(table, rows.reshape(-1))                          # [T*Hn, E]  only these rows are read
     return emb.reshape(T, -1).astype(np.float32)
 
 
@@ -141,9 +146,9 @@ def embed(tokens: np.ndarray, st: NGramState, table, nc: NGramConfig, rt) -> np.
     """The n-gram embedding of this call's tokens [T] -> [T, Hn*E]; the state's token history moves on."""
     ctx = contexts(tokens, st.tokens, nc)                                 # [T, N]
     rows = hash_rows(ctx, nc)                                             # [T, Hn]
-    emb = lookup(table, rows)                                             # [T, Hn*E]
+    emb = lookup(table, rows, rt)                                         # [T, Hn*E]
     rt.record("ple_embd", -1, emb)
-    st.tokens = np.concatenate([st.tokens, np.asarray(tokens, np.int64)])[-(nc.n - 1):]
+    st.tokens = np.concatenate([as_array(st.tokens, np.int64), as_array(tokens, np.int64)])[-(nc.n - 1):]
     return emb
 
 
@@ -161,7 +166,7 @@ def dilated_conv(x: np.ndarray, w: np.ndarray, hist: np.ndarray | None, dil: int
     y = None
     for k in range(Kc):
         start = L - (Kc - 1 - k) * dil
-        term = xin[start:start + T] * w[:, k].astype(np.float32)         # [T, C]
+        term = xin[start:start + T] * as_array(w[:, k], np.float32)       # [T, C] (a float32 weight: not copied)
         y = term if y is None else y + term
     return y, xin[xin.shape[0] - L:].copy()
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import WeightError
 from ..ffn import dense_ffn
+from ..ops.arrays import take_rows
 from ..ops.activations import silu, swiglu_clamp
 from ..weights import W
 from .router import GATING_SQRT_SOFTPLUS, expert_weights, gate_probs, route
@@ -80,7 +81,7 @@ def hash_route(logits: np.ndarray, tid2eid: np.ndarray, tokens: np.ndarray, *, n
     rec = record or (lambda *a: None)
     probs = gate_probs(logits, GATING_SQRT_SOFTPLUS)                           # [T, E]
     rec("ffn_moe_probs", il, probs)
-    ids = np.asarray(tid2eid)[np.asarray(tokens)].astype(np.int32)             # [T, A]
+    ids = take_rows(tid2eid, tokens).astype(np.int32)                         # [T, A] (where the tokens live)
     rec("ffn_moe_topk", il, ids)
     return ids, expert_weights(probs, ids, gating=GATING_SQRT_SOFTPLUS, norm_w=norm_w, w_scale=w_scale,
                                record=rec, il=il)

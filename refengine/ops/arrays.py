@@ -22,6 +22,12 @@ def contiguous(x, dtype=None):
     return x.astype(x.dtype if dtype is None else dtype, order="C", copy=False)
 
 
+def take_rows(table, ids):
+    """table[ids] for a 2-D table [V, W] and ids [T] -> [T, W], computed where the ids live (a host table indexed by
+    device ids is gathered on the device, the table a constant there; `table[ids]` would read the ids back)."""
+    return np.take_along_axis(table, as_array(ids)[:, None], axis=0)                # [T, 1] broadcast over W
+
+
 def copy_like(a, like, dtype=None):
     """A copy of `a` (in `dtype`, None: a's own) on the device `like` lives on (the host when it is a host array):
     a carried state joining a forward that runs on a device."""

@@ -100,12 +100,14 @@ def context_rope(cfg, pos: np.ndarray, *, freq_factors=None, attn_factor: float 
                         beta_slow=cfg.yarn_beta_slow, freq_factors=freq_factors)
 
 
+@functools.lru_cache(maxsize=16)
 def mrope_text_pairs(sections: tuple, n_rot: int) -> np.ndarray:
     """IMROPE (`ggml_rope_multi`, interleaved sections; ggml-cpu ops.cpp:6216-6290) for text: which of the n_rot/2
     NEOX pairs take their angle from the 4th ("e") section. Pair i, sector = i % sum(sections), reads t, h or w
     when sector % 3 == 0 and sector < 3*s0 (t), == 1 and < 3*s1 (h), == 2 and < 3*s2 (w), else e. A text token
     has positions [p, p, p, 0] (llama-graph.cpp:127-147), so t/h/w pairs are plain NEOX at p and e pairs are at
-    position 0. Returns a bool [n_rot/2]: True where the pair reads e."""
+    position 0. Returns a bool [n_rot/2]: True where the pair reads e (made once per layout and read-only: a
+    constant, one copy on a device)."""
     s0, s1, s2, s3 = (int(x) for x in sections)
     total = max(1, s0 + s1 + s2 + s3)
     e = np.zeros(n_rot // 2, bool)
@@ -113,15 +115,14 @@ def mrope_text_pairs(sections: tuple, n_rot: int) -> np.ndarray:
         sec = i % total
         e[i] = not ((sec % 3 == 0 and sec < 3 * s0) or (sec % 3 == 1 and sec < 3 * s1)
                     or (sec % 3 == 2 and sec < 3 * s2))
+    e.flags.writeable = False
     return e
 
 
 def mrope_text(cos: np.ndarray, sin: np.ndarray, e_pairs: np.ndarray, cos0: np.ndarray, sin0: np.ndarray):
     """cos, sin [T, n_rot/2] at the tokens' positions -> the same with the e pairs taken from cos0, sin0
-    [n_rot/2] (the angles at position 0, magnitude-scaled): text positions [p, p, p, 0]."""
+    [n_rot/2] (the angles at position 0, magnitude-scaled): text positions [p, p, p, 0]. A selection, no
+    arithmetic (np.where: computed where the tables live)."""
     if not e_pairs.any():
         return cos, sin
-    cos, sin = cos.copy(), sin.copy()
-    cos[:, e_pairs] = cos0[e_pairs]
-    sin[:, e_pairs] = sin0[e_pairs]
-    return cos, sin
+    return np.where(e_pairs, cos0, cos), np.where(e_pairs, sin0, sin)             # [T, n_rot/2]
