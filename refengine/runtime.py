@@ -172,7 +172,7 @@ class Runtime:
         if dev.kind == "sim":
             (th,) = self._host_args(tokens)
             y = self._from_host(quant.dequantize_rows(w, th))
-            dev.note(f"get_rows {w.name}", tokens, y)
+            dev.note(f"get_rows {w.name}", tokens, y, lambda: quant.dequantize_rows(w, self._host_args(tokens)[0]))
             return y
         return dev.put(quant.dequantize_rows(w, dev.get(tokens)))
 

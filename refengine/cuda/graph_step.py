@@ -33,7 +33,14 @@ import warnings
 import numpy as np
 
 from ..cache import Rows
-from ..devarray import DeviceArray
+from ..devarray import DeviceArray, _tree
+
+
+def _leaves(v) -> list:
+    """The device buffers of a residual (one DeviceArray, or a dataclass / tuple of them), in order."""
+    out = []
+    _tree(v, lambda a: out.append(a.raw) if isinstance(a, DeviceArray) else None, True)
+    return out
 
 
 def _walk(v, path, out, seen):
@@ -157,7 +164,8 @@ class GraphDecoder:
         a, cfg = m.arch, m.cfg
         step = m.prepare_step([token], st, rt)
         x0 = self._embed(step)
-        xin = DeviceArray(self.xp.array(x0.raw, copy=True), dev)          # the fixed input buffer
+        xin = _tree(x0, lambda v: DeviceArray(self.xp.array(v.raw, copy=True), dev)   # the fixed input buffers
+                    if isinstance(v, DeviceArray) else v, True)           # (a residual may be several: Kimi-K3's)
         rt.check_deferred()                               # flags of the eager part, not the graph's
         before = state_leaves(st)
         box = {}
@@ -224,7 +232,8 @@ class GraphDecoder:
         m, rt, st, xp = self.model, self.rt, self.state, self.xp
         step = m.prepare_step([token], st, rt)            # fresh ids / positions (uploads), embedded eagerly
         x0 = self._embed(step)
-        xp.copyto(self.xin.raw, x0.raw)
+        for dst, src in zip(_leaves(self.xin), _leaves(x0)):
+            xp.copyto(dst, src)
         xp.copyto(self.cstep.tokens.raw, step.tokens.raw)
         xp.copyto(self.cstep.pos.raw, step.pos.raw)
         rt.check_deferred()
