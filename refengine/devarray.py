@@ -128,6 +128,12 @@ def _op_name(func) -> str:
     return f"np.{name}"
 
 
+def tree_map(v, leaf):
+    """leaf applied to every value inside tuples, lists, dicts and dataclass instances (a residual of several arrays),
+    the containers rebuilt (public form of the module's one walk)."""
+    return _tree(v, leaf, True)
+
+
 def _raws(v) -> list:
     """The device buffers (and host arrays) in v, containers walked, in order."""
     out = []

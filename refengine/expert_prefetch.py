@@ -36,7 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .expert_cache import routed_tensors
 from .moe.router import topk_desc
 
 
@@ -51,7 +50,7 @@ class Prefetcher:
         for il in range(model.cfg.n_layer):
             w = model.layer(il)
             r = getattr(w, "ffn_gate_inp", None)
-            if r is None or routed_tensors(w) is None:
+            if r is None or getattr(w, "ffn_down_exps", None) is None:       # no routed experts in this layer
                 continue
             self.sources[r.name] = il
             if getattr(w, "ffn_gate_tid2eid", None) is not None:

@@ -5,6 +5,9 @@ this table changes in the same commit.
     "proven-flip"   over it, and refengine.flips.prove_flips proves rounding flips: teacher-forced from
                     llama.cpp's own values of the flipped matmul inputs, every tensor and the logits are within
                     the tolerance (the test xfails, strictly: a case that passes outright fails until changed here)
+    "pass-or-flip"  either, depending on the host: llama.cpp's CPU build quantizes activations with the host's
+                    instructions (AVX2 / AVX-512 / AVX-512 FP16 paths), and a value within an ulp of a rounding
+                    boundary lands on either side; a pass, or a proven flip (xfail), anything else fails
     ("unproven", TENSOR, WHY)
                     over it, and the proof stops at TENSOR because WHY (a matmul input llama.cpp does not name,
                     so it cannot be forced); the test xfails only when the proof stops exactly there
@@ -55,10 +58,13 @@ OUTCOMES = {
     "kimi-k3-Q4_K": "pass",
     "kimi-k3-small-F16": "pass",
     "kimi-k3-small-BF16": "pass",
-    "kimi-k3-small-Q8_0": "pass",
+    "kimi-k3-small-Q8_0": "pass-or-flip",   # pass on AMD EPYC (AVX2, Zen 4); on an Intel Xeon with AVX-512 FP16
+                                            # 2.1e-7: attn_norm-1 forced (1 Q8_0 code; NMSE 2.0e-13 before
+                                            # rounding), 6.9e-12 after
     "kimi-k3-small-Q4_0": "pass",
     "kimi-k3-small-Q5_1": "pass",
-    "kimi-k3-small-IQ4_NL": "pass",
+    "kimi-k3-small-IQ4_NL": "pass-or-flip",  # the same hosts: 1.1e-9 logits, a tensor over 1e-7: attn_norm-3
+                                             # forced (1 Q8_0 code), 5.0e-12 after
     "qwen4exp-Q8_0": "proven-flip",    # 1.6e-5: 1 Q8_0 code of hc_norm-2#0 (the PLE layer's attention-side stream
                                        # mixer input; noise predicts 0.13); forced: 9.1e-14
     "qwen4exp-Q4_K": "pass",           # 1.3e-13
@@ -124,6 +130,12 @@ def hold(case: str, proof) -> None:
     if want == "pass":
         assert got == "pass", f"{text}\n(table: pass)"
         return
+    if want == "pass-or-flip":
+        if got == "pass":
+            return
+        if got == "proven-flip":
+            pytest.xfail(text)
+        pytest.fail(f"{text}\n(table: pass or a proven flip)")
     if want == "proven-flip":
         if got == "proven-flip":
             pytest.xfail(text)

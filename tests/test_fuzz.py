@@ -131,7 +131,7 @@ def test_cli_on_mutants(tmp_path, capsys):
         d = tmp_path / f"m{i}"
         d.mkdir()
         path, desc = fuzz.mutate(seeds[["dense-f32", "split3-q8_0"][i % 2]], kind, rng, str(d))
-        for cmd in (["info", path], ["run", path, "--tokens", "1,2,3", "-n", "2"]):
+        for cmd in (["info", path], ["run", path, "--tokens", "1,2,3", "-n", "2", "-q"]):     # -q: no progress lines
             rc = main(cmd)
             err = capsys.readouterr().err.strip().splitlines()
             assert rc in (0, 2), (kind, desc, cmd[0], rc)

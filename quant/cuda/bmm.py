@@ -56,8 +56,9 @@ def bmm_device(a, b, c, stream=0) -> None:
 
 def bmm(a, b):
     """CuPy a [B, M, K] @ b [B, K, N] -> [B, M, N] on CuPy's current stream (a, b C-contiguous, one dtype)."""
-    from .resident import _cp, _nb, _stream
-    cp = _cp()
+    import cupy as cp
+
+    from .resident import current_stream, numba_view
     dt = np.result_type(a.dtype, b.dtype)
     a = cp.ascontiguousarray(a, dtype=dt)
     b = cp.ascontiguousarray(b, dtype=dt)
@@ -66,5 +67,5 @@ def bmm(a, b):
         if a.shape[2] == 0:
             c.fill(0)
         else:
-            bmm_device(_nb(a), _nb(b), _nb(c), _stream())
+            bmm_device(numba_view(a), numba_view(b), numba_view(c), current_stream())
     return c

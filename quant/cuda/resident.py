@@ -43,6 +43,16 @@ def _stream():
     return s
 
 
+def current_stream():
+    """numba's handle on CuPy's current stream (public: quant/cuda/bmm.py launches there too)."""
+    return _stream()
+
+
+def numba_view(a):
+    """A numba view of a CuPy array, no copy, no synchronisation (public form of `_nb`)."""
+    return _nb(a)
+
+
 def _nb(a):
     """A numba view of a CuPy array (no copy, no stream synchronisation)."""
     return cuda.as_cuda_array(a, sync=False)

@@ -33,13 +33,13 @@ import warnings
 import numpy as np
 
 from ..cache import Rows
-from ..devarray import DeviceArray, _tree
+from ..devarray import DeviceArray, tree_map
 
 
 def _leaves(v) -> list:
     """The device buffers of a residual (one DeviceArray, or a dataclass / tuple of them), in order."""
     out = []
-    _tree(v, lambda a: out.append(a.raw) if isinstance(a, DeviceArray) else None, True)
+    tree_map(v, lambda a: out.append(a.raw) if isinstance(a, DeviceArray) else None)
     return out
 
 
@@ -164,8 +164,8 @@ class GraphDecoder:
         a, cfg = m.arch, m.cfg
         step = m.prepare_step([token], st, rt)
         x0 = self._embed(step)
-        xin = _tree(x0, lambda v: DeviceArray(self.xp.array(v.raw, copy=True), dev)   # the fixed input buffers
-                    if isinstance(v, DeviceArray) else v, True)           # (a residual may be several: Kimi-K3's)
+        xin = tree_map(x0, lambda v: DeviceArray(self.xp.array(v.raw, copy=True), dev)   # the fixed input buffers
+                       if isinstance(v, DeviceArray) else v)             # (a residual may be several: Kimi-K3's)
         rt.check_deferred()                               # flags of the eager part, not the graph's
         before = state_leaves(st)
         box = {}
