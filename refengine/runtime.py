@@ -164,7 +164,8 @@ class Runtime:
     # ------------------------------------------------------------ device residency
     def embed_rows(self, w: QTensor, tokens):
         """`ggml_get_rows(w, tokens)`: tokens [T] -> [T, cols] float32, on the device when the token ids are there
-        (the sim device decodes on its buffers; a GPU has no row decoder yet: the ids are read back, counted)."""
+        (the sim device decodes on its buffers; a GPU with the rows kernel, quant/cuda/rows.py; a type it lacks reads
+        the ids back, counted)."""
         from .devarray import DeviceArray
         if not isinstance(tokens, DeviceArray):
             return quant.dequantize_rows(w, tokens)
@@ -174,7 +175,13 @@ class Runtime:
             y = self._from_host(quant.dequantize_rows(w, th))
             dev.note(f"get_rows {w.name}", tokens, y, lambda: quant.dequantize_rows(w, self._host_args(tokens)[0]))
             return y
-        return dev.put(quant.dequantize_rows(w, dev.get(tokens)))
+        fn = getattr(self._be, "get_rows_resident", None)
+        y = fn(w, tokens.raw) if fn is not None else None               # decoded on the device (quant/cuda/rows.py)
+        if y is not None:
+            y = dev.wrap(y)
+            dev.note(f"get_rows {w.name}", tokens, y, lambda: fn(w, tokens.raw))
+            return y
+        return dev.put(quant.dequantize_rows(w, dev.get(tokens)))        # a type without a decoder: read back
 
     def warn_nonfinite(self, y, where: str) -> None:
         """A RuntimeWarning `where: ... NaN/inf` when y holds NaN or inf (the logits); a device array's flag is kept

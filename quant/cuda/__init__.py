@@ -23,6 +23,7 @@ from .decoders import SPECS  # noqa: E402
 from .ops import matmul, supported  # noqa: E402
 from .moe import moe_ffn  # noqa: E402
 from .resident import matmul_heads_resident, matmul_resident, moe_ffn_resident  # noqa: E402
+from .rows import get_rows as get_rows_resident  # noqa: E402
 
 MOE_GATED_ACTS = True    # moe_ffn takes act=(fn, trace name): another gated activation than SwiGLU (Kimi-K3's SiTU)
 
@@ -55,4 +56,4 @@ def check_available() -> None:
 
 TYPES = tuple(SPECS)
 
-__all__ = ["matmul", "moe_ffn", "matmul_resident", "matmul_heads_resident", "moe_ffn_resident", "supported", "available", "check_available", "GPUUnavailable", "TYPES", "SIM"]
+__all__ = ["matmul", "moe_ffn", "matmul_resident", "matmul_heads_resident", "moe_ffn_resident", "get_rows_resident", "supported", "available", "check_available", "GPUUnavailable", "TYPES", "SIM"]
