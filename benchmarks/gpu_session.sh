@@ -52,7 +52,7 @@ for st in ${STAGES:-info layers matmul tests}; do
       timeout ${GRAPH_TIMEOUT:-200} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graph_step.py \
         tests/test_products.py >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"
       stage "graph tiny"
-      timeout 120 python3 benchmarks/graph_decode.py --arch ${GRAPH_ARCH:-deepseek2} --decode 32 \
+      timeout 240 python3 benchmarks/graph_decode.py --arch ${GRAPH_ARCH:-deepseek2,llama,qwen3moe,qwen3next,kimi-k3,deepseek4} --decode 32 \
         --json "$OUT/graph_tiny.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
     graphreal) stage "graph real-size"                # the DeepSeek-V3 2-block cut: eager vs graph per token
       timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch deepseek2 --preset deepseek-v3 --layers 2 \

@@ -59,7 +59,8 @@ def decode_graph(model, rt, prompt, tokens):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=None)
-    ap.add_argument("--arch", default="deepseek2")
+    ap.add_argument("--arch", default="deepseek2", help="an arch, or a comma-separated list (tiny presets: one line "
+                    "each, the JSON a list)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--type", default="Q8_0")
@@ -68,6 +69,22 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if "," in a.arch:
+        recs, rc = [], 0
+        for arch in a.arch.split(","):
+            try:
+                rc |= one(argparse.Namespace(**{**vars(a), "arch": arch, "json": None}), recs)
+            except Exception as e:                       # one arch's failure does not stop the others
+                print(f"{arch}: {type(e).__name__}: {e}", flush=True)
+                rc = 1
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(recs, f, indent=1)
+        return rc
+    return one(a, [])
+
+
+def one(a, recs) -> int:
     path = a.model
     if path is None:
         path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}.gguf")
@@ -100,6 +117,7 @@ def main(argv=None) -> int:
           f"graph vs eager fixed max |diff| {diff:.3g}, vs eager rel-RMS {rel:.2e}, argmax equal {same_argmax}; "
           f"{dec.eager} eager, {dec.captures} captures, {dec.replays} replays"
           + (f"; capture failed: {dec.failed}" if dec.failed else ""), flush=True)
+    recs.append(rec)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rec, f, indent=1)
