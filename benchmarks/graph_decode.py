@@ -25,9 +25,18 @@ from refengine.model import Model
 from refengine.runtime import Runtime
 
 
+SIM = False                  # --backend numpy: the sim device (a tape for a graph): a dry run of this script
+
+
 def sync():
+    if SIM:
+        return
     import cupy as cp
     cp.cuda.Device().synchronize()
+
+
+def runtime(**kw):
+    return Runtime(resident=True, **kw) if SIM else Runtime(backend="cuda", **kw)
 
 
 def decode_eager(model, rt, prompt, tokens):
@@ -68,7 +77,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "numpy"), help="numpy: the sim device, a dry run")
     a = ap.parse_args(argv)
+    global SIM
+    SIM = a.backend == "numpy"
     if "," in a.arch:
         recs, rc = [], 0
         for arch in a.arch.split(","):
@@ -99,9 +111,9 @@ def one(a, recs) -> int:
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prompt)]
     tokens = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.decode)]
-    fixed, t_fixed = decode_eager(model, Runtime(backend="cuda", fixed_shapes=True), prompt, tokens)
-    graph, t_graph, dec = decode_graph(model, Runtime(backend="cuda", fixed_shapes=True), prompt, tokens)
-    plain, t_plain = decode_eager(model, Runtime(backend="cuda"), prompt, tokens)
+    fixed, t_fixed = decode_eager(model, runtime(fixed_shapes=True), prompt, tokens)
+    graph, t_graph, dec = decode_graph(model, runtime(fixed_shapes=True), prompt, tokens)
+    plain, t_plain = decode_eager(model, runtime(), prompt, tokens)
     diff = max(float(np.max(np.abs(g - f))) for g, f in zip(graph, fixed))
     rel = max(float(np.sqrt(np.mean((g - p) ** 2) / np.mean(p ** 2))) for g, p in zip(graph, plain))
     same_argmax = all(int(np.argmax(g)) == int(np.argmax(p)) for g, p in zip(graph, plain))
