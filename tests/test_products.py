@@ -46,6 +46,17 @@ def test_matmul_lowered_equals_numpy(sa, sb):
     assert products.matmul(np, a, b, np_bmm, out=out) is out and np.array_equal(out, got)
 
 
+@pytest.mark.parametrize("sub", ["thk,sk->hts", "tngk,snk->ngts"])
+def test_einsum_dtype_is_the_computation_type(sub):
+    """dtype= casts the operands as NumPy does (the modules ask float64 sums of float32 inputs in places)."""
+    rng = np.random.default_rng(11)
+    ins = sub.split("->")[0].split(",")
+    ops = [rng.standard_normal([SIZES[i] for i in s]).astype(np.float32) for s in ins]
+    want = np.einsum(sub, *ops, dtype=np.float64)
+    got = products.einsum(np, sub, *ops, bmm=np_bmm, dtype=np.float64)
+    assert got.dtype == np.float64 and rel_rms(got, want) <= 1e-14
+
+
 def test_malformed_subscripts_are_refused():
     a = np.ones((2, 3), np.float32)
     for sub in ("ij,jk", "i...,jk->ik", "ii,ij->j"):

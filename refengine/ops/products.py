@@ -88,9 +88,13 @@ def _pair(xp, a, sa: str, b, sb: str, keep: str, bmm):
     return y.reshape([size[i] for i in idx]), "".join(idx)
 
 
-def einsum(xp, subscripts: str, *operands, bmm, out=None, **kw):
-    if kw.get("optimize") not in (None, False, True, "greedy", "optimal"):
-        raise ValueError(f"einsum: optimize={kw['optimize']!r}")
+def einsum(xp, subscripts: str, *operands, bmm, out=None, dtype=None, **kw):
+    """NumPy's einsum (`dtype`: the operands cast to it first, as NumPy computes in it; `optimize` accepted and
+    moot: the operands are contracted left to right)."""
+    if kw.get("optimize") not in (None, False, True, "greedy", "optimal") or set(kw) - {"optimize"}:
+        raise ValueError(f"einsum: arguments {sorted(kw)} not supported here")
+    if dtype is not None:
+        operands = tuple(o.astype(dtype, copy=False) for o in operands)
     ins, target = _parse(subscripts, len(operands))
     if len(operands) == 1:
         return xp.einsum(subscripts, operands[0])                     # sums and transposes: no product
