@@ -361,6 +361,8 @@ class Device:
     def kernel_matmul(self, a, b, out=None, **kw):
         """np.matmul on raw device arrays through the batched product (`products`)."""
         from .ops import products
+        if isinstance(out, tuple):                       # a ufunc's out= arrives as a tuple
+            (out,) = out
         if kw:
             return self.xp.matmul(a, b, out=out, **kw)
         return products.matmul(self.xp, a, b, self._bmm, out=out)
