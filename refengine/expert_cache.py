@@ -299,9 +299,7 @@ class ExpertCache:
         c.tokens += T
         c.pairs += ids.size
         self.width[layer] = int(ids.shape[-1]) if ids.ndim else 1
-        li = self._lidx.setdefault(layer, len(self._lidx))
-        if li >= self.clock.size:
-            self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
+        li = self._layer_index(layer)
         self.clock[li] += 1
         slots = np.empty(uniq.size, dtype=np.int32)
         misses = []
@@ -325,22 +323,12 @@ class ExpertCache:
             for i in misses:
                 e = int(uniq[i])
                 s = self._victim()
-                old = self.key[s]
-                if old is not None:
-                    del self.where[old]
-                    c.evictions += 1
-                self.fetched[s] = False
-                self.key[s], self.last[s] = None, -1       # free while it loads (a failed loader leaves it so)
-                self.slot_il[s] = np.iinfo(np.int64).min
+                old = self._evict(s, c)                    # free while it loads (a failed loader leaves it so)
                 t0 = time.perf_counter()
                 moved = load(s, e)
                 self.load_seconds += time.perf_counter() - t0
                 self.bytes_moved += self.slot_bytes if moved is None else int(moved)
-                self.key[s] = (layer, e)
-                self.where[(layer, e)] = s
-                self.slot_layer[s] = li
-                self.slot_il[s], self.slot_expert[s] = layer, e
-                self.score[s] = 0.0
+                self._hold(s, layer, e, li)
                 self.pinned[s] = True
                 self._touch(s, layer, e)
                 slots[i] = s
@@ -377,16 +365,9 @@ class ExpertCache:
             s = self._victim()
             if self.pinned[s] or self.loading[s]:
                 break                                 # no room left that a batch does not hold
-            old = self.key[s]
-            if old is not None:
-                del self.where[old]
-                self.layers.setdefault(layer, LayerCounters()).evictions += 1   # as a miss of `layer` would count
-            li = self._lidx.setdefault(layer, len(self._lidx))
-            if li >= self.clock.size:
-                self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
-            self.key[s], self.where[(layer, e)] = (layer, e), s
-            self.slot_layer[s], self.slot_il[s], self.slot_expert[s] = li, layer, e
-            self.score[s] = 0.0                       # lfu / decay: no use yet (a wrong guess is the first victim)
+            old = self._evict(s, self.layers.setdefault(layer, LayerCounters()))   # as a miss of `layer` counts
+            li = self._layer_index(layer)
+            self._hold(s, layer, e, li)               # lfu / decay: no use yet (a wrong guess is the first victim)
             self.seen[s] = self.clock[li]
             self.loading[s] = self.fetched[s] = True
             self.tick += 1
@@ -411,6 +392,28 @@ class ExpertCache:
         self.jobs.append((job, [s for s, _ in todo]))
         self.prefetches += len(todo)
         return len(todo)
+
+    def _layer_index(self, layer: int) -> int:
+        """The layer's index in `clock` (a new layer gets the next one)."""
+        li = self._lidx.setdefault(layer, len(self._lidx))
+        if li >= self.clock.size:
+            self.clock = np.concatenate([self.clock, np.zeros(1, np.int64)])
+        return li
+
+    def _evict(self, s: int, counters) -> tuple | None:
+        """Slot s emptied for a new expert: its (layer, expert) forgotten (counted as an eviction in `counters`)
+        and the slot free until `_hold` fills it. Returns what it held."""
+        old = self.key[s]
+        if old is not None:
+            counters.evictions += 1
+        self._free([s])
+        return old
+
+    def _hold(self, s: int, layer: int, e: int, li: int) -> None:
+        """Slot s now holds expert e of `layer` (li: its clock index), with no use yet."""
+        self.key[s], self.where[(layer, e)] = (layer, e), s
+        self.slot_layer[s], self.slot_il[s], self.slot_expert[s] = li, layer, e
+        self.score[s] = 0.0
 
     def _free(self, slots) -> None:
         """Slots whose copy failed (or never ran): they hold nothing."""
