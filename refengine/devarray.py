@@ -134,12 +134,14 @@ def tree_map(v, leaf):
     return _tree(v, leaf, True)
 
 
-def _raws(v) -> list:
-    """The device buffers (and host arrays) in v, containers walked, in order."""
+def buffers(v, dataclass_fields: bool = False) -> list:
+    """The device buffers (and host arrays) in v, containers walked (dataclass instances' fields too when asked),
+    in order."""
     out = []
     _tree(v, lambda a: out.append(a.raw if isinstance(a, DeviceArray) else a)
-          if isinstance(a, (DeviceArray, np.ndarray, np.generic)) else None)
+          if isinstance(a, (DeviceArray, np.ndarray, np.generic)) else None, dataclass_fields)
     return out
+
 
 
 def signature(v):
@@ -198,16 +200,21 @@ class Device:
         finally:
             self._strict -= 1
 
+    @staticmethod
     @contextlib.contextmanager
-    def recording(self):
-        """Yields a list that receives, for every op run on this device in the span, (op, its arguments'
-        `signature`, its result's): two spans that ran the same ops on the same shapes record equal lists."""
+    def _span(open_lists: list):
+        """A new list, open (in `open_lists`) for the span: what `recording` and `taping` yield."""
         ops: list = []
-        self._recorders.append(ops)
+        open_lists.append(ops)
         try:
             yield ops
         finally:
-            self._recorders.remove(ops)
+            open_lists.remove(ops)
+
+    def recording(self):
+        """Yields a list that receives, for every op run on this device in the span, (op, its arguments'
+        `signature`, its result's): two spans that ran the same ops on the same shapes record equal lists."""
+        return self._span(self._recorders)
 
     def note(self, op: str, args, result, redo=None) -> None:
         """Record one op (a NumPy call, an index, or a kernel the runtime launched: `matmul <weight>`) in the open
@@ -217,21 +224,15 @@ class Device:
             for r in self._recorders:
                 r.append(entry)
         if self._tapes:
-            self.tape(op, redo, _raws(result), _raws(args))
+            self.tape(op, redo, buffers(result), buffers(args))
 
     # ------------------------------------------------------------ tapes: the sim device's CUDA graphs
-    @contextlib.contextmanager
     def taping(self):
         """Yields a tape that receives every op run on this device in the span, each as a call that computes it again
         from the buffers it read into the buffers it wrote: `replay(tape)` then does what launching a CUDA graph
         captured from the span does (the same ops on the same buffers, whatever they hold now; no Python of the
         span runs). What the sim device has instead of stream capture (refengine/cuda/graph_step.py)."""
-        tape: list = []
-        self._tapes.append(tape)
-        try:
-            yield tape
-        finally:
-            self._tapes.remove(tape)
+        return self._span(self._tapes)
 
     def tape(self, op: str, redo, outs, ins) -> None:
         """Add one op to the open tapes: redo() -> its results, copied into `outs` (the buffers it returned at the
@@ -245,7 +246,7 @@ class Device:
     @staticmethod
     def replay(tape) -> None:
         for op, redo, keep in tape:
-            r = _raws(redo())
+            r = buffers(redo())
             for k, dst in keep:
                 if k >= len(r):
                     raise RuntimeError(f"tape replay: {op} returned {len(r)} arrays, recorded more")

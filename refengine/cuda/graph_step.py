@@ -33,14 +33,9 @@ import warnings
 import numpy as np
 
 from ..cache import Rows
-from ..devarray import DeviceArray, tree_map
+from ..devarray import DeviceArray, buffers, tree_map
 
 
-def _leaves(v) -> list:
-    """The device buffers of a residual (one DeviceArray, or a dataclass / tuple of them), in order."""
-    out = []
-    tree_map(v, lambda a: out.append(a.raw) if isinstance(a, DeviceArray) else None)
-    return out
 
 
 def _walk(v, path, out, seen):
@@ -232,7 +227,7 @@ class GraphDecoder:
         m, rt, st, xp = self.model, self.rt, self.state, self.xp
         step = m.prepare_step([token], st, rt)            # fresh ids / positions (uploads), embedded eagerly
         x0 = self._embed(step)
-        for dst, src in zip(_leaves(self.xin), _leaves(x0)):
+        for dst, src in zip(buffers(self.xin, True), buffers(x0, True)):
             xp.copyto(dst, src)
         xp.copyto(self.cstep.tokens.raw, step.tokens.raw)
         xp.copyto(self.cstep.pos.raw, step.pos.raw)
