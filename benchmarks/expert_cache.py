@@ -89,6 +89,23 @@ def run(model: Model, rt: Runtime, prompt, decode, tokens=None, base: int = 0):
     return out, toks, time.perf_counter() - t0, max(0, peak - base)
 
 
+def table_head(prefetch: bool) -> str:
+    pf = " prefetched | used | s copying (bg) | s waited |" if prefetch else ""
+    return ("| budget | slots | decode tok/s | hit rate | GB moved | s loading | peak GiB | budget + rest GiB | "
+            "= resident |" + pf + "\n|---|---|---|---|---|---|---|---|---|" + "---|" * pf.count("|"))
+
+
+def table_row(r: dict) -> str:
+    """One budget's figures as the cells of the closing table (after its budget cell): printed as each run ends
+    and again in the table."""
+    pf = r["prefetch"]
+    return (f"| {r['slots']} | {r['decode_tok_s']:.2f} | {r['hit_rate']:.3f} | {r['bytes_moved'] / 1e9:.2f} | "
+            f"{r['load_seconds']:.2f} | {r['peak_bytes'] / 2**30:.2f} | {r['bound_bytes'] / 2**30:.2f} | "
+            f"{r['bit_identical']} |"
+            + ("" if pf is None else f" {pf['experts']} | {pf['used']} | {pf['seconds']:.2f} | "
+               f"{pf['wait_seconds']:.2f} |"))
+
+
 def budget_arg(s: str):
     try:
         return float(s)
@@ -151,6 +168,7 @@ def main(argv=None) -> int:
         del rt
         free_device(probe)
     rows = []
+    print(table_head(a.prefetch).splitlines()[0], flush=True)       # each budget's row as its run ends
     for b in a.budgets.split(","):
         if ref is None or a.reference:       # no reference run in this process: a warm-up (kernel compiles) first,
             warm = Runtime(backend=a.backend, resident=True,          # with a cache of its own, then dropped
@@ -172,13 +190,7 @@ def main(argv=None) -> int:
                    peak_bytes=peak, bound_bytes=d["budget_bytes"] + rest, bit_identical=same,
                    prefetch=d["prefetch"], layers=d["layers"])
         rows.append(row)
-        pf = d["prefetch"]
-        print(f"budget {b:>8}: {d['n_slots']:6d} slots, decode {row['decode_tok_s']:.2f} tokens/s, hit rate "
-              f"{d['hit_rate']:.3f}, {d['bytes_moved'] / 1e9:.2f} GB moved in {d['load_seconds']:.2f} s, peak "
-              f"{peak / 2**30:.2f} GiB (budget + the rest of the file {row['bound_bytes'] / 2**30:.2f} GiB), "
-              f"bit-identical {same}"
-              + ("" if pf is None else f"; prefetched {pf['experts']} ({pf['used']} used), {pf['seconds']:.2f} s "
-                 f"copying in the background, {pf['wait_seconds']:.2f} s waited for"), flush=True)
+        print(f"| {b} " + table_row(row), flush=True)
         if cache.prefetcher is not None:
             cache.prefetcher.close()
         del rt, cache
@@ -187,18 +199,9 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump(dict(model=path, rest_of_file_bytes=rest, prompt=a.prompt, decode=a.decode, tokens=a.tokens,
                            rows=rows), f, indent=1, default=str)
-    pf_head = " prefetched | used | s copying (bg) | s waited |" if a.prefetch else ""
-    print("\n| budget | slots | decode tok/s | hit rate | GB moved | s loading | peak GiB | budget + rest GiB | "
-          "= resident |" + pf_head)
-    print("|---|---|---|---|---|---|---|---|---|" + "---|" * pf_head.count("|"))
+    print("\n" + table_head(a.prefetch))
     for r in rows:
-        pf = r["prefetch"]
-        print(f"| {r['budget']} | {r['slots']} | {r['decode_tok_s']:.2f} | {r['hit_rate']:.3f} | "
-              f"{r['bytes_moved'] / 1e9:.2f} | {r['load_seconds']:.2f} | {r['peak_bytes'] / 2**30:.2f} | "
-              f"{r['bound_bytes'] / 2**30:.2f} | "
-              f"{r['bit_identical']} |"
-              + ("" if pf is None else f" {pf['experts']} | {pf['used']} | {pf['seconds']:.2f} | "
-                 f"{pf['wait_seconds']:.2f} |"))
+        print(f"| {r['budget']} " + table_row(r))
     return 0 if all(r["bit_identical"] is not False for r in rows) else 1
 
 
