@@ -242,30 +242,37 @@ def test_cli_expert_stats(synth_model, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ the slot pool in the grouped kernels
-@pytest.mark.cuda
-@pytest.mark.parametrize("T, kernel", [(2, "fast"), (1, "auto"), pytest.param(3, "gemv", marks=exhaustive)])
-def test_slot_pool_kernels_bit_identical(T, kernel, monkeypatch):
-    """moe_ffn_device on the slot pool's DeviceWeight-shaped views with slot ids == on the resident tensors."""
-    pytest.importorskip("numba.cuda")
-    qc = pytest.importorskip("quant.cuda")
-    from numba import cuda
+def toy_experts(monkeypatch, seed: int, T: int):
+    """Q8_0 routed experts of a toy layer (E 6, A 2, D = F = 32), T tokens' input and routing weights, and the
+    simulator's small kernel shapes: (rng, E, A, D, up, gate, down, x, wts)."""
     from quant import GGMLType
-    from quant.cuda import moe as cmoe
-    from quant.cuda import ops
-    from quant.cuda.expert_slots import cached_experts
+    from quant.cuda import SIM, ops
     from quant.cuda.testdata import random_qtensor
-    from quant.cuda.weights import device_weight
-    if qc.SIM:
+    if SIM:
         monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
         monkeypatch.setattr(ops, "FAST_DEFAULT", (2, 1))
-    rng = np.random.default_rng(24)
+    rng = np.random.default_rng(seed)
     E, A, D, F = 6, 2, 32, 32
     t = GGMLType.Q8_0
     up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
     down = random_qtensor(t, (E, D, F), rng, "down")
     x = rng.standard_normal((T, D)).astype(np.float32)
-    ids = np.array([[4, 1], [1, 5], [5, 4]], np.int32)[:T]
     wts = rng.uniform(0.1, 1.0, (T, A)).astype(np.float32)
+    return rng, E, A, D, up, gate, down, x, wts
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T, kernel", [(2, "fast"), (1, "auto"), pytest.param(3, "gemv", marks=exhaustive)])
+def test_slot_pool_kernels_bit_identical(T, kernel, monkeypatch):
+    """moe_ffn_device on the slot pool's DeviceWeight-shaped views with slot ids == on the resident tensors."""
+    pytest.importorskip("numba.cuda")
+    pytest.importorskip("quant.cuda")
+    from numba import cuda
+    from quant.cuda import moe as cmoe
+    from quant.cuda.expert_slots import cached_experts
+    from quant.cuda.weights import device_weight
+    rng, E, A, D, up, gate, down, x, wts = toy_experts(monkeypatch, 24, T)
+    ids = np.array([[4, 1], [1, 5], [5, 4]], np.int32)[:T]
     sc = dict(up_scale=rng.uniform(0.5, 2, E).astype(np.float32), gate_scale=None,
               down_scale=rng.uniform(0.5, 2, E).astype(np.float32))
 
@@ -321,23 +328,11 @@ def test_host_api_through_the_slot_pool(monkeypatch):
     kernels unfused on the slot pool, the activation on the host; output and every traced intermediate bit-identical
     to the whole-tensor run."""
     pytest.importorskip("numba.cuda")
-    qc = pytest.importorskip("quant.cuda")
-    from quant import GGMLType
+    pytest.importorskip("quant.cuda")
     from quant.cuda import moe as cmoe
-    from quant.cuda import ops
-    from quant.cuda.testdata import random_qtensor
     from refengine.ops.activations import situ
-    if qc.SIM:
-        monkeypatch.setattr(ops, "GEMV_DEFAULT", (8, 1, 1))
-        monkeypatch.setattr(ops, "FAST_DEFAULT", (2, 1))
-    rng = np.random.default_rng(7)
-    E, A, D, F, T = 6, 2, 32, 32, 2
-    t = GGMLType.Q8_0
-    up, gate = random_qtensor(t, (E, F, D), rng, "up"), random_qtensor(t, (E, F, D), rng, "gate")
-    down = random_qtensor(t, (E, D, F), rng, "down")
-    x = rng.standard_normal((T, D)).astype(np.float32)
+    rng, E, A, D, up, gate, down, x, wts = toy_experts(monkeypatch, 7, 2)
     ids = np.array([[4, 1], [1, 5]], np.int32)
-    wts = rng.uniform(0.1, 1.0, (T, A)).astype(np.float32)
     kw = dict(up=up, gate=gate, down=down, up_scale=rng.uniform(0.5, 2, E).astype(np.float32),
               act=(lambda g, u: situ(g, u, 1.5, 3.0), "ffn_moe_situ"), il=3)
     rec_w, rec_g = {}, {}
