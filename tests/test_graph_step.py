@@ -62,3 +62,11 @@ def test_replay_without_the_position_update_differs(synth_model):
     dec.graph.launch()
     stale = graph.to_host(dec.logits)[-1]
     assert not np.array_equal(stale, want)
+
+
+def test_decoder_refuses_a_runtime_it_cannot_capture(synth_model):
+    from refengine.errors import ConfigError
+    m = Model(synth_model("deepseek2", wtype="Q4_K"))
+    for rt in (Runtime(), Runtime(resident=True)):                 # host; resident without fixed shapes
+        with pytest.raises(ConfigError, match="fixed_shapes=True"):
+            GraphDecoder(m, rt, m.new_state())

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..cache import Rows
 from ..devarray import DeviceArray, buffers, tree_map
+from ..errors import ConfigError
 
 
 
@@ -102,7 +103,7 @@ class GraphDecoder:
     def __init__(self, model, rt, state):
         dev = rt.device
         if dev is None or not rt.fixed_shapes or rt.trace is not None:
-            raise ValueError("GraphDecoder needs a resident Runtime with fixed_shapes=True, untraced "
+            raise ConfigError("GraphDecoder needs a resident Runtime with fixed_shapes=True, untraced "
                              "(Runtime(backend='cuda', fixed_shapes=True) on a GPU)")
         self.model, self.rt, self.state, self.dev = model, rt, state, dev
         self.xp = dev.xp
@@ -177,7 +178,7 @@ class GraphDecoder:
                 if old is not None and isinstance(v, DeviceArray) and isinstance(old[2], DeviceArray) \
                         and v is not old[2]:
                     if v.shape != old[2].shape or v.dtype != old[2].dtype:
-                        raise ValueError(f"graph step: state array {p} changed shape {old[2].shape} -> {v.shape}")
+                        raise ConfigError(f"graph step: state array {p} changed shape {old[2].shape} -> {v.shape}")
                     dev.call(np.copyto, (old[2], v), {})
                     wb.append((o, k, old[2]))
             for o, k, v in wb:
