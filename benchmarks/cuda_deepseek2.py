@@ -34,10 +34,9 @@ import time
 import numpy as np
 
 import quant.cuda  # noqa: F401  (numpy shim before numba)
-from refengine.cuda.randmodel import write_random_model
+from refengine.cuda.randmodel import parse_overrides, write_random_model
 from refengine.model import Model
 from refengine.runtime import Runtime
-from refengine.synth import PRESETS
 
 
 def rel_rms(a, b):
@@ -105,14 +104,10 @@ def main(argv=None) -> int:
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="replace a preset entry, e.g. idx_top_k=8 so a short prompt drops keys (DSA)")
     a = ap.parse_args(argv)
-    overrides = {}
-    for item in a.override:
-        k, _, v = item.partition("=")
-        try:      # a comma list (or one integer) for an entry the preset holds as a tuple, e.g. full_attn=2
-            overrides[k] = (tuple(int(x) for x in v.split(",") if x)
-                            if isinstance(PRESETS[a.arch][a.preset].get(k), tuple) else int(v))
-        except (ValueError, KeyError):
-            ap.error(f"--override {item!r}: want KEY=INTEGER (or KEY=I,J,... for a tuple entry) of a known preset")
+    try:
+        overrides = parse_overrides(a.arch, a.preset, a.override)
+    except ValueError as e:
+        ap.error(str(e))
     tag = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in sorted(overrides.items()))
     path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}-random.gguf")
     t0 = time.perf_counter()

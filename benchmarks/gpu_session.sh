@@ -2,7 +2,7 @@
 # One call on the GPU machine (device tool): carried wheels, then the stages named in $STAGES, each under a
 # time limit; everything is appended to $OUT/session.log, tables and figures land in $OUT as JSON / Markdown.
 #   STAGES="info layers matmul prefill gemv1 ncudecode tune tests" bash benchmarks/gpu_session.sh
-#   STAGES="graph graphreal prefetch" bash benchmarks/gpu_session.sh   (the decode graph, issue 23; expert prefetch, 24)
+#   STAGES="graph graphtiny graphreal prefetch" bash benchmarks/gpu_session.sh   (the decode graph, issue 23; expert prefetch, 24)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/rs
@@ -50,13 +50,15 @@ for st in ${STAGES:-info layers matmul tests}; do
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     graph) stage "graph tests"                       # the captured decode step == eager, tiny presets
       timeout ${GRAPH_TIMEOUT:-200} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graph_step.py \
-        tests/test_products.py >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"
-      stage "graph tiny"
-      timeout 240 python3 benchmarks/graph_decode.py --arch ${GRAPH_ARCH:-deepseek2,llama,qwen3moe,qwen3next,kimi-k3,deepseek4} --decode 32 \
+        tests/test_products.py -k "${GRAPH_K:-}" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
+    graphtiny) stage "graph tiny"                      # eager vs graph per token, tiny presets
+      timeout ${GRAPHTINY_TIMEOUT:-240} python3 benchmarks/graph_decode.py --arch ${GRAPH_ARCH:-deepseek2,llama,qwen3moe,qwen3next,kimi-k3,deepseek4} --decode 32 \
         --json "$OUT/graph_tiny.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
-    graphreal) stage "graph real-size"                # the DeepSeek-V3 2-block cut: eager vs graph per token
-      timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch deepseek2 --preset deepseek-v3 --layers 2 \
-        --type Q4_K --decode 24 --dir /tmp/rs --json "$OUT/graph_v3.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
+    graphreal) for spec in ${GRAPHREAL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
+        stage "graph real-size $A $P L=$L ${X:-}"     # a real-size cut: eager vs graph per token
+        timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch $A --preset $P --layers $L ${X:+--override $X} \
+          --type Q4_K --decode ${GRAPH_DECODE:-24} --dir /tmp/rs --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+        echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf
       python3 -c "from refengine.cuda.randmodel import write_random_model as w; w('$F', 'Q4_K', 4, arch='qwen3next', preset='qwen3-next-80b')" >> "$LOG" 2>&1

@@ -6,7 +6,8 @@
 A prompt (random ids, seeded) is prefilled, then `--decode` tokens (random, seeded: the same for every run) are
 decoded one at a time by three runs of their own state: eager resident with fixed shapes (the graph's own numbers:
 the same kernels in the same order), the graph decoder, and the ordinary eager resident run (the cache grows a row
-per token). Reported: milliseconds per decoded token of each (the logits read back every token), the largest
+per token). Reported: milliseconds per decoded token of each (the logits read back every token), the graph's own
+GPU time per replay (events around the launch: what the step costs without the host's part), the largest
 difference graph vs eager-fixed (expected 0: bit-identical), rel-RMS graph vs the ordinary run (float summation
 order only, tests/test_capture.py), the decoder's counters (eager steps, captures, replays). Without a model path a
 file is written: the tiny synthetic preset (refengine.synth), or with --preset other than tiny a random-packed cut of
@@ -55,7 +56,7 @@ def decode_graph(model, rt, prompt, tokens):
     from refengine.cuda.graph_step import GraphDecoder
     st = model.new_state()
     model.forward(prompt, st, rt=rt)
-    dec = GraphDecoder(model, rt, st)
+    dec = GraphDecoder(model, rt, st, timing=not SIM)
     out, times = [], []
     for t in tokens:
         sync()
@@ -77,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="replace a preset entry of a random-packed cut, e.g. n_expert=16")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "numpy"), help="numpy: the sim device, a dry run")
     a = ap.parse_args(argv)
     global SIM
@@ -99,14 +102,17 @@ def main(argv=None) -> int:
 def one(a, recs) -> int:
     path = a.model
     if path is None:
-        path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}.gguf")
+        from refengine.cuda.randmodel import parse_overrides
+        overrides = parse_overrides(a.arch, a.preset, a.override)
+        tag = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in sorted(overrides.items()))
+        path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}.gguf")
         if not os.path.exists(path):
             if a.preset == "tiny":
                 from refengine.synth import write_synth
                 write_synth(a.arch, path, wtype=a.type)
             else:
                 from refengine.cuda.randmodel import write_random_model
-                write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset)
+                write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=overrides or None)
     model = Model(path)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prompt)]
@@ -121,11 +127,12 @@ def one(a, recs) -> int:
     rec = dict(model=path, arch=model.cfg.arch if hasattr(model.cfg, "arch") else a.arch, decode=a.decode,
                eager_fixed_ms=med(t_fixed), graph_ms=med(t_graph), eager_ms=med(t_plain),
                graph_vs_fixed_max_abs=diff, graph_vs_eager_rel_rms=rel, same_argmax=same_argmax,
-               eager_steps=dec.eager, captures=dec.captures, replays=dec.replays,
+               graph_gpu_ms=float(np.median(dec.gpu_ms)) if dec.gpu_ms else None, eager_steps=dec.eager, captures=dec.captures, replays=dec.replays,
                writebacks=getattr(dec, "writebacks", None), capture_failed=dec.failed,
                graph_times_ms=[1e3 * t for t in t_graph])
     print(f"{os.path.basename(path)}: decode per token  eager {rec['eager_ms']:.2f} ms, eager fixed-shape "
-          f"{rec['eager_fixed_ms']:.2f} ms, graph {rec['graph_ms']:.3f} ms ({rec['eager_ms'] / rec['graph_ms']:.1f}x); "
+          f"{rec['eager_fixed_ms']:.2f} ms, graph {rec['graph_ms']:.3f} ms ({rec['eager_ms'] / rec['graph_ms']:.1f}x; "
+          f"the graph's GPU time {rec['graph_gpu_ms'] or float('nan'):.3f} ms); "
           f"graph vs eager fixed max |diff| {diff:.3g}, vs eager rel-RMS {rel:.2e}, argmax equal {same_argmax}; "
           f"{dec.eager} eager, {dec.captures} captures, {dec.replays} replays"
           + (f"; capture failed: {dec.failed}" if dec.failed else ""), flush=True)

@@ -465,8 +465,8 @@ class Runtime:
         """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None
         when the NumPy block code must run op by op: another backend, a trace, another mode, or an
         arch / tensor the device path does not cover."""
-        if self.backend != "cuda" or self.trace is not None or self.mode != "exact":
-            return None
+        if self.backend != "cuda" or self.trace is not None or self.mode != "exact" or self.fixed_shapes:
+            return None                   # (fixed_shapes: the modules' resident run, whose state a graph captures)
         if self.expert_budget is not None or self.expert_stats is not None:   # issue 24: through Runtime.moe_ffn
             return None
         from .cuda import DeviceModel, unsupported

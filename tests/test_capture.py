@@ -66,13 +66,19 @@ def prefilled(m, rt, prompt=TOKENS):
     return st
 
 
-@pytest.mark.parametrize("arch, rope", [(a, None) for a in CAPTURABLE] + [("deepseek2", "yarn")] + [
+@pytest.mark.parametrize("arch, variant", [(a, None) for a in CAPTURABLE] + [("deepseek2", "yarn"),
+                                                                           ("deepseek2", "tiny-groups")] + [
     pytest.param(a, None, marks=pytest.mark.xfail(raises=DeviceSyncError, strict=True, reason=why))
     for a, why in NOT_YET.items()])
-def test_decode_step_capturable(synth_model, arch, rope):
-    """rope "yarn": DeepSeek-V3's rope scaling (the real presets'), whose mix is a constant on the device."""
-    m = Model(synth_model(arch, wtype="Q4_K", **({} if rope is None else {"rope_scaling": rope})))
-    assert rope is None or m.cfg.yarn_ext_factor != 0.0
+def test_decode_step_capturable(synth_model, arch, variant):
+    """Two features of the real presets the tiny ones lack: "yarn", DeepSeek-V3's rope scaling, whose mix is a
+    constant on the device; "tiny-groups", group-limited routing (its row index made on the device: a host one was
+    the first upload of the H200's DeepSeek-V3 cut)."""
+    kw = {"yarn": {"rope_scaling": "yarn"}, "tiny-groups": {"preset": "tiny-groups"}, None: {}}[variant]
+    m = Model(synth_model(arch, wtype="Q4_K", **kw))
+    assert variant != "yarn" or m.cfg.yarn_ext_factor != 0.0
+    assert variant != "tiny-groups" or any(getattr(s.moe, "n_groups", 0) > 1 for s in m.cfg.layers
+                                           if getattr(s, "moe", None) is not None)
     check_capturable(m, arch, TOKENS)
 
 

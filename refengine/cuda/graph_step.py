@@ -73,6 +73,18 @@ def state_leaves(state) -> dict:
     return {p: (o, k, v) for p, o, k, v in out}
 
 
+def _where(e: BaseException) -> str:
+    """file:line of the innermost project frames of e's traceback (the op that failed inside the capture)."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if ("/refengine/" in f.filename or "/quant/" in f.filename) and not f.filename.endswith("graph_step.py")
+              and "/timing.py" not in f.filename]
+    if not frames:
+        return "?"
+    return " <- ".join(f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {(f.line or '').strip()}"
+                       for f in reversed(frames[-3:]))
+
+
 def _set(owner, key, value):
     if isinstance(owner, (list, dict)):
         owner[key] = value
@@ -96,11 +108,12 @@ class _Tape:
 
 class GraphDecoder:
     """Decode one sequence a token at a time, the steps after the first replayed from a captured CUDA graph (the
-    module docstring). On the "sim" device the graph is a tape of the span's ops (`Device.taping`), replayed into the
+    module docstring). `timing=True` (GPU) event-times each replay's graph into `gpu_ms` (milliseconds: the device's
+    time for the blocks and head, without the host's part of a step). On the "sim" device the graph is a tape of the span's ops (`Device.taping`), replayed into the
     same buffers: the driver's logic (deltas, write-backs, recapture) checked in CI. Counters: `eager`, `captures`,
     `replays`."""
 
-    def __init__(self, model, rt, state):
+    def __init__(self, model, rt, state, *, timing: bool = False):
         dev = rt.device
         if dev is None or not rt.fixed_shapes or rt.trace is not None:
             raise ConfigError("GraphDecoder needs a resident Runtime with fixed_shapes=True, untraced "
@@ -119,6 +132,8 @@ class GraphDecoder:
         self.eager = self.captures = self.replays = 0
         self.warm = False
         self.failed = None                                # why a capture failed (then every step is eager)
+        self.timing = timing and self.stream is not None  # GPU: event-time each replay's graph (`gpu_ms`)
+        self.gpu_ms: list[float] = []
 
     def _context(self):
         if self.cps is None:
@@ -198,7 +213,7 @@ class GraphDecoder:
                 if not isinstance(o, tuple):
                     _set(o, k, v)
             rt._finite, rt._finite_warn = [], []
-            self.failed = f"{type(e).__name__}: {e}"
+            self.failed = f"{type(e).__name__}: {e} (at {_where(e)})"
             warnings.warn(f"decode step not captured ({self.failed}): decoding eagerly", RuntimeWarning,
                           stacklevel=3)
             return self._eager(token)
@@ -233,7 +248,15 @@ class GraphDecoder:
         xp.copyto(self.cstep.tokens.raw, step.tokens.raw)
         xp.copyto(self.cstep.pos.raw, step.pos.raw)
         rt.check_deferred()
+        if self.timing:
+            from numba import cuda
+            ev = cuda.event(), cuda.event()
+            ev[0].record(self.stream)
         self.graph.launch(self.stream)
+        if self.timing:
+            ev[1].record(self.stream)
+            ev[1].synchronize()
+            self.gpu_ms.append(cuda.event_elapsed_time(*ev))
         for o, k, d in self.deltas:
             _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + d)
         st.n_past += step.T

@@ -30,6 +30,22 @@ def kappa(t: GGMLType, rng) -> float:
     return _KAPPA[t]
 
 
+def parse_overrides(arch: str, preset: str, items) -> dict:
+    """`KEY=VALUE` strings (a benchmark's --override) as a preset's overrides: an integer, or a comma list for an
+    entry the preset holds as a tuple (full_attn=2). ValueError names the item that is not one."""
+    from ..synth import PRESETS
+    out = {}
+    for item in items:
+        k, _, v = item.partition("=")
+        try:
+            out[k] = (tuple(int(x) for x in v.split(",") if x)
+                      if isinstance(PRESETS[arch][preset].get(k), tuple) else int(v))
+        except (ValueError, KeyError):
+            raise ValueError(f"--override {item!r}: want KEY=INTEGER (or KEY=I,J,... for a tuple entry) of a "
+                             f"known {arch} preset") from None
+    return out
+
+
 def write_random_model(path: str, wtype: str, layers: int | None = None, seed: int = 0, arch="qwen3moe",
                        preset="qwen3-30b-a3b", overrides: dict | None = None) -> str:
     p = synth.resolve_preset(arch, preset, layers=layers, overrides=overrides)

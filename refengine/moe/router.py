@@ -83,7 +83,7 @@ def group_limited(scores: np.ndarray, n_groups: int, n_used: int, record=None, i
     groups = topk_desc(group_scores, n_used)                               # [T, n_used]
     rec("ffn_moe_group_topk", il, groups)
     masked = np.full_like(g, -np.inf)
-    rows = np.arange(T)[:, None]
+    rows = np.arange(T, like=g)[:, None]                                   # (made where g lives)
     masked[rows, groups] = g[rows, groups]
     masked = masked.reshape(T, E)
     rec("ffn_moe_probs_masked", il, masked)
