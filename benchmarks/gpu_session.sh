@@ -62,8 +62,10 @@ for st in ${STAGES:-info layers matmul tests}; do
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf
       python3 -c "from refengine.cuda.randmodel import write_random_model as w; w('$F', 'Q4_K', 4, arch='qwen3next', preset='qwen3-next-80b')" >> "$LOG" 2>&1
+      R=/tmp/rs/qwen3next-ref.npz                    # the resident reference: run once, saved, read by the second
       for pf in "" "--prefetch"; do
         timeout ${PREFETCH_TIMEOUT:-200} python3 benchmarks/expert_cache.py $F --budgets 0.125,0.25 --decode 64 $pf \
+          --ubatch 4 $([ -f $R ] && echo --reference $R || echo --save-reference $R) \
           --json "$OUT/prefetch${pf:+_on}.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done ;;
     tests) stage tests
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_layer.py tests/test_cuda_kernels.py} \

@@ -208,23 +208,46 @@ class Runtime:
         self.check_deferred()
         return self.device.get(x) if isinstance(x, DeviceArray) else x
 
-    def check_deferred(self) -> None:
+    def check_deferred(self, packed=None) -> None:
         """Resident runs check a product's output for NaN/inf on the device and read the flags back here, once per
         forward (one read): the first weight that produced NaN/inf from a finite input is named, as the host check
-        does; then the warnings of `warn_nonfinite` (the logits)."""
-        checks, warns = self._finite, self._finite_warn
-        if not checks and not warns:
-            return
-        self._finite, self._finite_warn = [], []
-        xp = self.device.xp
-        flags = self.device.get(self.device.wrap(xp.stack([xp.stack([y, x]) for _, y, x in checks] +
-                                                          [xp.stack([y, y]) for _, y in warns])))   # [n, 2]
-        for (label, _, _), (y_ok, x_ok) in zip(checks, flags):
+        does; then the warnings of `warn_nonfinite` (the logits). `packed`: flags `pack_deferred` gathered (a
+        replayed graph's), read instead of the pending ones."""
+        if packed is None:
+            checks, warns = self._finite, self._finite_warn
+            if not checks and not warns:
+                return
+            self._finite, self._finite_warn = [], []
+            xp = self.device.xp
+            labels, texts = [lb for lb, _, _ in checks], [w for w, _ in warns]
+            flags = self.device.wrap(xp.stack([xp.stack([y, x]) for _, y, x in checks] +
+                                              [xp.stack([y, y]) for _, y in warns]))             # [n, 2]
+        else:
+            labels, texts, flags = packed
+        flags = self.device.get(flags)
+        for label, (y_ok, x_ok) in zip(labels, flags):
             if not y_ok and x_ok:
                 raise NonFiniteError(f"{label} produced NaN/inf from a finite input: {NONFINITE_WHY[label[:6]]}")
-        for (where, _), (y_ok, _) in zip(warns, flags[len(checks):]):
+        for where, (y_ok, _) in zip(texts, flags[len(labels):]):
             if not y_ok:
                 warnings.warn(where, RuntimeWarning, stacklevel=3)
+
+    def pack_deferred(self):
+        """The pending NaN/inf flags written into one device array [n, 2] (y finite, x finite) by writes on the
+        device, the pending lists emptied -> (weight labels, warning texts, flags) for `check_deferred(packed=)`, or
+        None. A captured decode step ends with it: each replay rewrites the array, read back in one copy (the
+        eager check stacks the flags on the host's side, 2n launches a step)."""
+        checks, warns = self._finite, self._finite_warn
+        if not checks and not warns:
+            return None
+        self._finite, self._finite_warn = [], []
+        dev = self.device
+        flags = dev.wrap(dev.xp.zeros((len(checks) + len(warns), 2), dtype=bool))
+        pairs = [(y, x) for _, y, x in checks] + [(y, y) for _, y in warns]
+        for i, (y, x) in enumerate(pairs):
+            flags[i, 0] = dev.wrap(y)
+            flags[i, 1] = dev.wrap(x)
+        return [lb for lb, _, _ in checks], [w for w, _ in warns], flags
 
     def _host_args(self, *a):
         """Host views of (possibly device) arrays: the sim device's own buffers, a GPU's read back."""

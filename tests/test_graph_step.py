@@ -70,3 +70,22 @@ def test_decoder_refuses_a_runtime_it_cannot_capture(synth_model):
     for rt in (Runtime(), Runtime(resident=True)):                 # host; resident without fixed shapes
         with pytest.raises(ConfigError, match="fixed_shapes=True"):
             GraphDecoder(m, rt, m.new_state())
+
+
+def test_replay_reads_the_steps_nan_flags(synth_model):
+    """A replayed step's NaN/inf flags are rewritten by the graph and read after it (`Runtime.pack_deferred`): NaN put
+    into the key cache after the capture reaches the logits of the next replay, which warns as an eager step does."""
+    from refengine.cache import Rows
+    m = Model(synth_model("deepseek2", wtype="Q4_K"))
+    graph = Runtime(resident=True, fixed_shapes=True)
+    st = m.new_state()
+    m.forward(PROMPT, st, rt=graph)
+    dec = GraphDecoder(m, graph, st)
+    for tok in DECODE[:3]:
+        dec.step(tok)
+    assert dec.replays == 1 and np.all(np.isfinite(dec.step(DECODE[3])))
+    rows = [v for _, _, v in state_leaves(st).values() if isinstance(v, Rows) and v._buf is not None]
+    rows[0]._buf.raw[0] = np.nan                            # a visible row of layer 0's cache
+    with pytest.warns(RuntimeWarning, match="NaN|nan|inf"):
+        out = dec.step(DECODE[4])
+    assert dec.replays == 3 and not np.all(np.isfinite(out))

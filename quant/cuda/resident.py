@@ -19,7 +19,8 @@ import numpy as np
 from numba import cuda
 
 from ..ref import QTensor
-from .moe import combine_slots, device_scales, groups_from_ids, moe_ffn_device, one_token_ok
+from .gemv import GroupTable
+from .moe import BN, EW, bucket_kernel, combine_slots, device_scales, groups_from_ids, moe_ffn_device, one_token_ok
 from .ops import aligned16, dense, fast_ids_ok, grouped, grouped_ids, supported
 from .weights import device_weight
 
@@ -169,6 +170,27 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     return out
 
 
+def _one_token_tables_on_device(xd, idd, weights, dup, dgate, ddown, gate_scale, up_scale, down_scale, E, A, D, I,
+                                kernel):
+    """One token's routed experts through the grouped kernels when the one-token ones do not serve the weights
+    (rows not 16-byte aligned, another kernel asked for): the group tables built from the ids on the device
+    (`bucket_kernel`, as the qwen3moe device model does), not read back. One token's A experts are distinct: one
+    pair per group, so the pairs' order within a group (the kernel's atomics) does not arise."""
+    cp = _cp()
+    n, gmax = A, min(E, A)
+    st = _stream()
+    size = GroupTable.size(gmax, n, BN)
+    tab_x, tab_p = cp.zeros(size, dtype=cp.int32), cp.zeros(size, dtype=cp.int32)
+    cnt, fill = cp.zeros(E, dtype=cp.int32), cp.zeros(E, dtype=cp.int32)
+    bucket_kernel[1, EW, st](idd, E, A, n, BN, _nb(tab_x), _nb(tab_p), _nb(cnt), _nb(fill))
+    wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
+    sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
+    out = cp.empty((1, D), dtype=cp.float32)
+    moe_ffn_device(xd, _nb(tab_x), _nb(tab_p), gmax, n, 1, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
+                   sc_d=sc_d, kernel=kernel, out=_nb(out), stream=st, scratch=_scratch(n, I, D))
+    return out
+
+
 def _scratch(n: int, I: int, D: int) -> dict:
     """moe_ffn_device's work buffers act [n, I] and dn [n, D] from CuPy's allocator, not numba's: the memory a
     captured step's launches use then stays in the capturing pool (refengine/cuda/graph_step.py) instead of being
@@ -190,10 +212,13 @@ def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, 
     ddown = device_weight(down).ensure()
     xs = _input(x)
     xd = _nb(xs)
+    idd = _nb(cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32))
     if kernel not in ("auto", "fast") or not one_token_ok(dup, dgate, ddown, xd) or \
             (act_device is not None and not fast_ids_ok(dup, xd)):
-        return None
-    idd = _nb(cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32))
+        if act_device is not None:
+            return None
+        return _one_token_tables_on_device(xd, idd, weights, dup, dgate, ddown, gate_scale, up_scale, down_scale, E,
+                                           A, xs.shape[1], up.shape[1], kernel)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
     sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
     out = cp.empty((1, xs.shape[1]), dtype=cp.float32)

@@ -5,16 +5,16 @@ captured once and launched for every later token (issue 23, docs/device_path.md)
     logits = dec.step(token)                   [V] float32 on the host; the state advanced by one token
 
 The first call runs the step eagerly (weights uploaded, kernels compiled, the caches at a fixed capacity); the
-second captures the blocks and the head of its token (the embedding, whose rows are decoded on the host, runs
-eagerly into a fixed input buffer) on a stream of its own into a graph, then launches it; every later call writes
-the token id and position into the captured step's device buffers, embeds, launches the graph and reads the logits
-and the deferred NaN/inf flags back. The modules are not changed: the span is the one `tests/test_capture.py` proves
-capturable on the "sim" device (no upload, no read-back, no host fallback inside, the same op signature at every
-token), here on the GPU.
+second captures its whole step (`Model.run_step`: the embedding, whose rows are decoded from the ids on the device,
+every block and the head) on a stream of its own into a graph, then launches it; every later call writes the token
+id and position into the captured step's two device input buffers, launches the graph and reads the logits and the
+step's NaN/inf flags back (gathered into one array at the end of the graph, `Runtime.pack_deferred`: one read). The
+modules are not changed: the span is the one `tests/test_capture.py` proves capturable on the "sim" device (no
+upload, no read-back, no host fallback inside, the same op signature at every token), here on the GPU.
 
 What a replay does not run is the Python of the step, so the driver repeats its effects on the host itself:
   - every int of the state that the captured step changed (a cache's row count `Rows.n`, `n_past`) by the same
-    delta, found by comparing the state before and after the capture;
+    delta, found by comparing the state before and after the capture; the token ids' range check;
   - a state array the step replaced by a new one instead of writing into it: at the end of the captured step the
     new value is copied into the old array and the old array put back (a "write-back"), so every replay reads and
     writes the same buffers.
@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 
 from ..cache import Rows
-from ..devarray import DeviceArray, buffers, tree_map
+from ..devarray import DeviceArray
 from ..errors import ConfigError
 
 
@@ -74,15 +74,21 @@ def state_leaves(state) -> dict:
 
 
 def _where(e: BaseException) -> str:
-    """file:line of the innermost project frames of e's traceback (the op that failed inside the capture)."""
+    """Where e came from: the innermost project frames of its traceback (the op that failed inside the capture),
+    and the innermost frame of the model's code (a module or arch line: who asked for that op)."""
     import traceback
     frames = [f for f in traceback.extract_tb(e.__traceback__)
               if ("/refengine/" in f.filename or "/quant/" in f.filename) and not f.filename.endswith("graph_step.py")
               and "/timing.py" not in f.filename]
     if not frames:
         return "?"
+    shown = frames[-2:]
+    model = [f for f in frames
+             if "/refengine/" in f.filename and not f.filename.endswith(("devarray.py", "runtime.py"))]
+    if model and model[-1] not in shown:
+        shown = [model[-1]] + shown
     return " <- ".join(f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {(f.line or '').strip()}"
-                       for f in reversed(frames[-3:]))
+                       for f in reversed(shown))
 
 
 def _set(owner, key, value):
@@ -155,7 +161,7 @@ class GraphDecoder:
             else:                                         # the first step, or a cache full: eager (it grows)
                 out = self._eager(token)
                 self.warm = True
-            logits = self.rt.to_host(out)                 # the deferred NaN/inf flags too
+            logits = self.rt.to_host(out)                 # (the deferred NaN/inf flags of an eager step too)
             if self.cps is not None:
                 self.cps.synchronize()
         return logits[-1]
@@ -166,26 +172,16 @@ class GraphDecoder:
         self.eager += 1
         return m.run_step(m.prepare_step([token], st, rt), st, rt)
 
-    def _embed(self, step):
-        m, rt = self.model, self.rt
-        return rt.to_device(m.arch.embed(m.g, m.cfg, step, rt))
-
     def _capture_and_launch(self, token):
         m, rt, st, dev = self.model, self.rt, self.state, self.dev
-        a, cfg = m.arch, m.cfg
-        step = m.prepare_step([token], st, rt)
-        x0 = self._embed(step)
-        xin = tree_map(x0, lambda v: DeviceArray(self.xp.array(v.raw, copy=True), dev)   # the fixed input buffers
-                       if isinstance(v, DeviceArray) else v)             # (a residual may be several: Kimi-K3's)
-        rt.check_deferred()                               # flags of the eager part, not the graph's
+        step = m.prepare_step([token], st, rt)            # its ids / positions: the graph's input buffers
+        rt.check_deferred()                               # (nothing pending: an eager step read its flags)
         before = state_leaves(st)
         box = {}
 
         def body():
-            x = xin
-            for il in range(cfg.n_layer):
-                x = a.block(x, m.layer(il), cfg=cfg, il=il, state=st.layers[il], step=step, rt=rt)
-            box["logits"] = a.head(x, m.g, cfg, rt)
+            box["logits"] = m.run_step(step, st, rt)      # embedding (rows decoded from the ids on the device) .. head
+            box["flags"] = rt.pack_deferred()             # the step's NaN/inf flags in one array, rewritten by replays
             after = state_leaves(st)
             wb = []
             for p, (o, k, v) in after.items():            # replaced arrays: written back into the old ones
@@ -220,15 +216,14 @@ class GraphDecoder:
         self.graph = graph
         self.captures += 1
         after = state_leaves(st)
-        self.deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()
+        self.deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()   # n_past, Rows.n, ..
                        if isinstance(v, (int, np.integer)) and p in before and int(v) != int(before[p][2])]
         self.rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
-        self.flags, self.warns = list(rt._finite), list(rt._finite_warn)
-        self.logits, self.xin, self.cstep = box["logits"], xin, step
+        self.logits, self.cstep, self.flags = box["logits"], step, box["flags"]
         self.writebacks = box["writebacks"]
-        st.n_past += step.T
         if not getattr(graph, "ran_at_capture", False):
             graph.launch(self.stream)
+        self.rt.check_deferred(self.flags)
         return self.logits
 
     @staticmethod
@@ -240,14 +235,10 @@ class GraphDecoder:
         return [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows) and v._buf is not None]
 
     def _replay(self, token):
-        m, rt, st, xp = self.model, self.rt, self.state, self.xp
-        step = m.prepare_step([token], st, rt)            # fresh ids / positions (uploads), embedded eagerly
-        x0 = self._embed(step)
-        for dst, src in zip(buffers(self.xin, True), buffers(x0, True)):
-            xp.copyto(dst, src)
-        xp.copyto(self.cstep.tokens.raw, step.tokens.raw)
-        xp.copyto(self.cstep.pos.raw, step.pos.raw)
-        rt.check_deferred()
+        m, rt, st = self.model, self.rt, self.state
+        tokens = m._check_tokens([token], st.n_past)      # the ids checked as any step's, then written into the
+        self._write(self.cstep.tokens, tokens)            # captured step's input buffers (two small copies)
+        self._write(self.cstep.pos, np.arange(st.n_past, st.n_past + tokens.size))
         if self.timing:
             from numba import cuda
             ev = cuda.event(), cuda.event()
@@ -259,7 +250,14 @@ class GraphDecoder:
             self.gpu_ms.append(cuda.event_elapsed_time(*ev))
         for o, k, d in self.deltas:
             _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + d)
-        st.n_past += step.T
-        rt._finite, rt._finite_warn = list(self.flags), list(self.warns)
+        rt.check_deferred(self.flags)                     # one read of the step's flags
         self.replays += 1
         return self.logits
+
+    def _write(self, buf: DeviceArray, values: np.ndarray) -> None:
+        """Host values into a device input buffer of the graph, on the decoder's stream (the sim: in place)."""
+        values = np.asarray(values, dtype=buf.dtype).reshape(buf.shape)
+        if self.cps is None:
+            np.copyto(buf.raw, values)
+        else:
+            buf.raw.set(values, stream=self.cps)
