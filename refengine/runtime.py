@@ -127,6 +127,7 @@ class Runtime:
         self._finite: list = []                         # resident: (weight label, y finite, x finite) device flags
         self._finite_warn: list = []                    # resident: (warning, y finite) device flags (the logits)
         self._device_models = {}
+        self._float_matrices: dict[str, np.ndarray] = {}   # resident on a GPU: small float matrices (_float_matrix)
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
         self._forced: list[tuple[str, np.ndarray, np.ndarray]] = []   # (label, ours, llama.cpp's as ours' shape)
         self.forced_hits: dict[str, int] = {}
@@ -266,6 +267,10 @@ class Runtime:
             y = self._be.matmul_resident(x.raw, w, mode=self.mode)          # None: no device kernel for this type
             if y is not None:
                 y = dev.wrap(y)
+            elif (wf := self._float_matrix(w)) is not None:
+                y = x @ wf.T                              # a small float matrix whose rows the kernels do not take
+                self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
+                return y                                  # (the device's own product: capturable, no read-back)
             else:
                 key = f"matmul {w.type.name}"
                 dev.stats.fallbacks[key] = dev.stats.fallbacks.get(key, 0) + 1
@@ -278,6 +283,24 @@ class Runtime:
         dev.note(f"matmul {w.name}", x, y, redo)
         self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
         return y
+
+    FLOAT_MATRIX_MAX = 64 << 20          # bytes of float32: larger float matrices keep the host fallback
+
+    def _float_matrix(self, w: QTensor):
+        """A float (F32 / F16 / BF16) matrix the device kernels refuse (rows not whole 32-value chunks: qwen4exp's
+        tiny hc_*_up [P*D, 16]), as a read-only float32 host array made once (exact: these types widen without
+        rounding) that the device uploads at its first use like any weight; None for other types, 3-D tensors, the
+        llamacpp mode (activations rounded to the weight's type first) or one larger than FLOAT_MATRIX_MAX."""
+        if w.type.name not in ("F32", "F16", "BF16") or len(w.shape) != 2 or self.mode != "exact" \
+                or 4 * w.shape[0] * w.shape[1] > self.FLOAT_MATRIX_MAX:
+            return None
+        cache = self._float_matrices
+        wf = cache.get(w.name)
+        if wf is None:
+            wf = np.ascontiguousarray(quant.dequantize(w), dtype=np.float32).reshape(w.shape)
+            wf.flags.writeable = False
+            cache[w.name] = wf
+        return wf
 
     def _defer_finite(self, label: str, y, x) -> None:
         """Resident: y's and x's all-finite flags kept on the device, read back once per forward (check_deferred)."""

@@ -130,3 +130,22 @@ def test_resident_trace_equals_host_trace(synth_model, arch):
     assert list(t_host) == list(t_dev) and len(t_host.tensors) > 20
     for k in t_host:
         assert type(t_dev[k]) is np.ndarray and np.array_equal(t_host[k], t_dev[k]), k
+
+
+def test_float_matrix_for_the_device(synth_model):
+    """A small float matrix the GPU kernels refuse (qwen4exp tiny's hc_attn_up, F16 [1024, 16]: rows not whole
+    32-value chunks) is multiplied on the device as a float32 copy made once (`Runtime._float_matrix`), which equals
+    the reference dequantization exactly (F16 widens without rounding); quantized types, the llamacpp mode and
+    matrices past FLOAT_MATRIX_MAX keep the old path."""
+    import quant
+    m = Model(synth_model("qwen4exp", wtype="Q8_0"))
+    up, down = m.gf.tensor("blk.0.hc_attn_up.weight"), m.gf.tensor("blk.0.hc_attn_down.weight")
+    assert up.type.name == "F16" and down.type.name == "Q8_0"
+    rt = Runtime()
+    wf = rt._float_matrix(up)
+    assert wf.dtype == np.float32 and not wf.flags.writeable and np.array_equal(wf, quant.dequantize(up))
+    assert rt._float_matrix(up) is wf                                      # made once
+    assert rt._float_matrix(down) is None and Runtime(mode="llamacpp")._float_matrix(up) is None
+    small = Runtime()
+    small.FLOAT_MATRIX_MAX = 4 * up.shape[0] * up.shape[1] - 1
+    assert small._float_matrix(up) is None
