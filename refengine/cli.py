@@ -144,7 +144,8 @@ def cmd_run(args) -> int:
             tok = Tokenizer(model.path, model.gf)
         except RefengineError:
             tok = None
-    rt = Runtime(mode=args.mode, backend=args.backend, qsa_rule=args.qsa_rule or "authors", **_expert_kw(args, model))
+    rt = Runtime(mode=args.mode, backend=args.backend, qsa_rule=args.qsa_rule or "authors", **_expert_kw(args, model),
+                 **_graph_kw(args))
     stamps = []                                   # time at each new token (the first comes after the prefill)
     bar = _decode_bar(args, rt)
 
@@ -166,13 +167,20 @@ def cmd_run(args) -> int:
         last = model.forward(tokens, state, rt, progress=not args.quiet)[-1]   # its ubatches, cleared when done
     if tok is not None:
         print(tok.decode(tokens), end="", flush=True)
+    dec = None
+    if args.graph:                                # decode steps replayed from one captured graph (issue 23)
+        from .cuda.graph_step import GraphDecoder
+        dec = GraphDecoder(model, rt, state)
     try:
         out = model.generate([], args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show, state=state,
-                             logits=last)
+                             logits=last, step=None if dec is None else dec.step)
     finally:
         if bar is not None:
             bar.close()
     print()
+    if dec is not None:
+        print(f"[graph: {dec.captures} capture(s), {dec.replays} replayed steps, {dec.eager} eager"
+              + (f"; not captured: {dec.failed}" if dec.failed else "") + "]", file=sys.stderr)
     prefill = (stamps[0] if stamps else time.perf_counter()) - t0
     decode = f"{(len(stamps) - 1) / (stamps[-1] - stamps[0]):.2f} tokens/s" if len(stamps) > 1 else "-"
     print(f"[prefill {len(tokens)} tokens: {prefill:.2f} s ({len(tokens) / max(prefill, 1e-9):.1f} tokens/s); "
@@ -185,7 +193,9 @@ def cmd_run(args) -> int:
                "decode_tokens_per_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else None,
                "backend": args.backend, "mode": args.mode, "resident": bool(rt.resident),
                "device": rt.device.stats.as_dict() if rt.device is not None else None,
-               "experts": expert_record(rt)}
+               "experts": expert_record(rt),
+               "graph": None if dec is None else {"captures": dec.captures, "replays": dec.replays,
+                                                  "eager": dec.eager, "failed": dec.failed}}
         with open(args.json, "w") as f:
             json.dump(rec, f, indent=1)
     if args.save_state is not None:               # the last new token is fed too: the state holds every token
@@ -197,6 +207,21 @@ def cmd_run(args) -> int:
         print(f"[state: {m['n_past']} positions, {os.path.getsize(args.save_state) / 2**20:.2f} MiB -> "
               f"{args.save_state}]", file=sys.stderr)
     return 0
+
+
+def _graph_kw(args) -> dict:
+    """`run --graph`: the fixed-shape resident runtime a captured decode step needs (on a GPU with --backend cuda;
+    on the other backends the "sim" device, where the graph is a tape of the step's ops: the same driver, no GPU)."""
+    if not args.graph:
+        return {}
+    if args.gpu_expert_budget is not None:
+        raise RefengineError("--graph: the expert cache reads each MoE layer's expert ids back to the host (its misses "
+                             "are copied from the file), which a captured step cannot; drop --gpu-expert-budget or "
+                             "--graph")
+    if args.mode != "exact":
+        raise RefengineError(f"--graph runs the device-resident forward, which has the exact mode only (got "
+                             f"--mode {args.mode})")
+    return {"fixed_shapes": True, "resident": True}
 
 
 def _decode_bar(args, rt):
@@ -494,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bars (the prefill's ubatches; the decoded "
                    "tokens, with the expert cache's hit rate, when stdout is not a terminal)")
     add_expert_flags(r)
+    r.add_argument("--graph", action="store_true", help="decode through one captured CUDA graph replayed every "
+                   "token (refengine/cuda/graph_step.py; with --backend cuda, else on the \"sim\" device as a "
+                   "check): the device-resident forward with fixed shapes, the same ids; its counters are printed")
     r.add_argument("--json", metavar="F", default=None, help="write the run's figures to F: ids, prefill time, "
                    "decode tokens/s, the device counters of a resident run (what crossed between host and device), "
                    "the expert cache's counters per layer")

@@ -196,8 +196,10 @@ class Model:
         return a.head(np.asarray(head_input, dtype=np.float32).reshape(x0.shape), self.g, cfg, rt)
 
     def generate(self, tokens, n: int, *, rt: Runtime | None = None, eos: int | None = None, on_token=None,
-                 state: ModelState | None = None, logits: np.ndarray | None = None) -> list[int]:
+                 state: ModelState | None = None, logits: np.ndarray | None = None, step=None) -> list[int]:
         """Greedy continuation: prefill `tokens`, then decode one token at a time (KV cache). Returns the new ids.
+        step: a callable token id -> its logits [V] that decodes in place of `forward` (a GraphDecoder's `step`,
+        holding the same state).
 
         state, logits: continue that sequence (e.g. one loaded from a state file, `refengine.state_file`) instead
         of a fresh one; `tokens` may then be empty, the first new id coming from `logits` (the last position's,
@@ -216,5 +218,5 @@ class Model:
                 on_token(nxt)
             if nxt == eos or len(out) == n:
                 break
-            logits = self.forward([nxt], state, rt)
+            logits = self.forward([nxt], state, rt) if step is None else np.asarray(step(nxt)).reshape(1, -1)
         return out

@@ -89,3 +89,24 @@ def test_replay_reads_the_steps_nan_flags(synth_model):
     with pytest.warns(RuntimeWarning, match="NaN|nan|inf"):
         out = dec.step(DECODE[4])
     assert dec.replays == 3 and not np.all(np.isfinite(out))
+
+
+def test_run_graph_cli(synth_model, tmp_path, capsys):
+    """`refengine run --graph` (the sim device off a GPU): the same greedy ids as the plain run, decoded through
+    captures and replays (its counters printed and in --json); with an expert budget it is refused with a clear error naming both."""
+    import json
+
+    from refengine.cli import main
+    f = synth_model("deepseek2", wtype="Q4_K")
+    j, jg = tmp_path / "plain.json", tmp_path / "graph.json"
+    assert main(["run", str(f), "--tokens", "3,17,101,5", "-n", "24", "-q", "--json", str(j)]) == 0
+    assert main(["run", str(f), "--tokens", "3,17,101,5", "-n", "24", "-q", "--graph", "--json", str(jg)]) == 0
+    err = capsys.readouterr().err
+    plain, graph = json.loads(j.read_text()), json.loads(jg.read_text())
+    assert graph["ids"] == plain["ids"] and len(plain["ids"]) == 24
+    g = graph["graph"]
+    assert g["failed"] is None and g["captures"] >= 2 and g["replays"] >= 18 and g["eager"] >= 1, g
+    assert plain["graph"] is None and "[graph: " in err and "replayed steps" in err
+    assert main(["run", str(f), "--tokens", "3,17", "-n", "2", "-q", "--graph", "--gpu-expert-budget", "0.5"]) != 0
+    err = capsys.readouterr().err
+    assert "--graph" in err and "drop --gpu-expert-budget" in err and "Traceback" not in err
