@@ -51,7 +51,17 @@ def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: 
                  beta_fast: float = 32.0, beta_slow: float = 1.0,
                  freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """positions [T] -> cos, sin [T, n_rot/2] (float32), magnitude-scaled; computed where `positions` lives (a
-    device's positions give device tables)."""
+    device's positions give device tables).
+
+    On a device, for the step's own positions (`Device.step_positions`, checked below n_ctx by the model), the
+    tables of every position 0..n_ctx-1 are made once per set of parameters by this same code and gathered at the
+    positions: 2 launches a step instead of ~3 per pair (the float32 product below is sequential in i), the same bits
+    (each row's ops are elementwise), and nothing a captured decode step cannot replay."""
+    kw = dict(n_rot=n_rot, base=base, freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
+              n_ctx_orig=n_ctx_orig, beta_fast=beta_fast, beta_slow=beta_slow, freq_factors=freq_factors)
+    tables = _position_tables(positions, kw)
+    if tables is not None:
+        return tables[0][positions], tables[1][positions]
     half = n_rot // 2
     theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
     # theta_i = p * theta_scale^i, by repeated float32 multiplication as ggml does
@@ -70,6 +80,31 @@ def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: 
         mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
     th = theta.astype(np.float64)
     return (np.cos(th) * mscale).astype(np.float32), (np.sin(th) * mscale).astype(np.float32)
+
+
+TABLE_MAX_BYTES = 64 << 20     # cos + sin of every position: larger (a long n_ctx, a wide n_rot) computes per step
+
+
+def _position_tables(positions, kw):
+    """(cos, sin) [n_ctx, n_rot/2] on positions' device for the step's own positions, made once per parameters (the
+    device's `tables`), or None: host positions, other positions than the step's, or tables past TABLE_MAX_BYTES."""
+    dev = getattr(positions, "dev", None)
+    if dev is None or dev.step_positions is None or dev.step_positions[0] is not positions:
+        return None
+    n_ctx = dev.step_positions[1]
+    if 2 * 4 * n_ctx * (kw["n_rot"] // 2) > TABLE_MAX_BYTES:
+        return None
+    ff = kw["freq_factors"]
+    key = ("rope", n_ctx, id(ff)) + tuple(v for k, v in kw.items() if k != "freq_factors")
+    hit = dev.tables.get(key)
+    if hit is None:
+        dev.step_positions = None                 # (the build's own positions are not the step's)
+        try:
+            tables = rope_cos_sin(np.arange(n_ctx, like=positions), **kw)
+        finally:
+            dev.step_positions = (positions, n_ctx)
+        hit = dev.tables[key] = (ff, tables)      # (ff kept alive: its id stays its own)
+    return hit[1]
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode: int) -> np.ndarray:
