@@ -126,6 +126,7 @@ class Runtime:
                 self._expert_box[0] = self.expert_budget
         self._finite: list = []                         # resident: (weight label, y finite, x finite) device flags
         self._finite_warn: list = []                    # resident: (warning, y finite) device flags (the logits)
+        self.lazy_inputs = False                        # a captured step: products' input flags computed on demand
         self._device_models = {}
         self._float_matrices: dict[str, np.ndarray] = {}   # resident on a GPU: small float matrices (_float_matrix)
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
@@ -213,20 +214,17 @@ class Runtime:
         """Resident runs check a product's output for NaN/inf on the device and read the flags back here, once per
         forward (one read): the first weight that produced NaN/inf from a finite input is named, as the host check
         does; then the warnings of `warn_nonfinite` (the logits). `packed`: flags `pack_deferred` gathered (a
-        replayed graph's), read instead of the pending ones."""
+        replayed graph's), read instead of the pending ones; an input kept without its flag (`lazy_inputs`) has it
+        computed here, only for an output whose flag says NaN/inf."""
         if packed is None:
-            checks, warns = self._finite, self._finite_warn
-            if not checks and not warns:
+            packed = self.pack_deferred()
+            if packed is None:
                 return
-            self._finite, self._finite_warn = [], []
-            xp = self.device.xp
-            labels, texts = [lb for lb, _, _ in checks], [w for w, _ in warns]
-            flags = self.device.wrap(xp.stack([xp.stack([y, x]) for _, y, x in checks] +
-                                              [xp.stack([y, y]) for _, y in warns]))             # [n, 2]
-        else:
-            labels, texts, flags = packed
+        labels, texts, flags, lazy = packed
         flags = self.device.get(flags)
-        for label, (y_ok, x_ok) in zip(labels, flags):
+        for label, (y_ok, x_ok), x in zip(labels, flags, lazy):
+            if not y_ok and x is not None:
+                x_ok = bool(self.device.get(self.device.wrap(self.device.xp.isfinite(x.raw).all())))
             if not y_ok and x_ok:
                 raise NonFiniteError(f"{label} produced NaN/inf from a finite input: {NONFINITE_WHY[label[:6]]}")
         for where, (y_ok, _) in zip(texts, flags[len(labels):]):
@@ -235,20 +233,24 @@ class Runtime:
 
     def pack_deferred(self):
         """The pending NaN/inf flags written into one device array [n, 2] (y finite, x finite) by writes on the
-        device, the pending lists emptied -> (weight labels, warning texts, flags) for `check_deferred(packed=)`, or
-        None. A captured decode step ends with it: each replay rewrites the array, read back in one copy (the
-        eager check stacks the flags on the host's side, 2n launches a step)."""
+        device, the pending lists emptied -> (weight labels, warning texts, flags, lazy inputs) for
+        `check_deferred(packed=)`, or None. A captured decode step ends with it: each replay rewrites the array,
+        read back in one copy; an eager forward's check packs its flags the same way after the step."""
+        from .devarray import DeviceArray
         checks, warns = self._finite, self._finite_warn
         if not checks and not warns:
             return None
         self._finite, self._finite_warn = [], []
         dev = self.device
         flags = dev.wrap(dev.xp.zeros((len(checks) + len(warns), 2), dtype=bool))
-        pairs = [(y, x) for _, y, x in checks] + [(y, y) for _, y in warns]
+        lazy = [x if isinstance(x, DeviceArray) else None for _, _, x in checks]
+        pairs = [(y, None if lz is not None else x) for (_, y, x), lz in zip(checks, lazy)] + \
+                [(y, None) for _, y in warns]
         for i, (y, x) in enumerate(pairs):
             flags[i, 0] = dev.wrap(y)
-            flags[i, 1] = dev.wrap(x)
-        return [lb for lb, _, _ in checks], [w for w, _ in warns], flags
+            if x is not None:
+                flags[i, 1] = dev.wrap(x)
+        return [lb for lb, _, _ in checks], [w for w, _ in warns], flags, lazy
 
     def _host_args(self, *a):
         """Host views of (possibly device) arrays: the sim device's own buffers, a GPU's read back."""
@@ -303,10 +305,19 @@ class Runtime:
         return wf
 
     def _defer_finite(self, label: str, y, x) -> None:
-        """Resident: y's and x's all-finite flags kept on the device, read back once per forward (check_deferred)."""
+        """Resident: y's and x's all-finite flags kept on the device, read back once per forward (check_deferred).
+        Inside a captured step (`lazy_inputs`, set by the graph driver) only y's flag is computed: x is kept and its
+        flag computed after the replay when y's says NaN/inf (2 launches a product fewer in the graph; x's buffer is
+        the graph's own, alive while the graph is)."""
         if self.check_finite:
             dev = self.device
             xp = dev.xp
+            if self.lazy_inputs:
+                flag = xp.asarray(xp.isfinite(y.raw).all())
+                self._finite.append((label, flag, x))
+                if dev._tapes:
+                    dev.tape("finite flag", lambda: xp.isfinite(y.raw).all(), [flag], [])
+                return
             flags = (xp.asarray(xp.isfinite(y.raw).all()), xp.asarray(xp.isfinite(x.raw).all()))
             self._finite.append((label, *flags))
             if dev._tapes:                                # a sim graph recomputes them at every replay

@@ -176,3 +176,27 @@ def test_rope_tables_gathered_at_the_steps_positions(yarn):
         got = rope.rope_cos_sin(other, **kw)
     assert len(ops) > 60 and len(dev.tables) == 1
     assert all(np.array_equal(dev.get(g), w[:2]) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("x_finite", [True, False])
+def test_lazy_input_flags(x_finite):
+    """Inside a captured step (`Runtime.lazy_inputs`) a product keeps only its output's finite flag and its input;
+    the input's flag is computed after the step, only for an output that holds NaN/inf: NaN from a finite input
+    still names the weight, NaN carried in from the input still does not."""
+    from refengine.errors import NonFiniteError
+    rt = Runtime(resident=True)
+    dev = rt.device
+    x = dev.put(np.array([1.0, 2.0 if x_finite else np.nan], np.float32))
+    y = dev.put(np.array([np.nan, 1.0], np.float32))
+    rt.lazy_inputs = True
+    with dev.recording() as ops:
+        rt._defer_finite("weight 'w' (Q8_0)", y, x)
+    rt.lazy_inputs = False
+    assert rt._finite[0][2] is x and len(ops) == 0                   # (the flag: the library's ops, not recorded)
+    packed = rt.pack_deferred()
+    assert packed[3] == [x] and not rt._finite
+    if x_finite:
+        with pytest.raises(NonFiniteError, match="weight 'w'"):
+            rt.check_deferred(packed)
+    else:
+        rt.check_deferred(packed)

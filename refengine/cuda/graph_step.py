@@ -180,7 +180,11 @@ class GraphDecoder:
         box = {}
 
         def body():
-            box["logits"] = m.run_step(step, st, rt)      # embedding (rows decoded from the ids on the device) .. head
+            rt.lazy_inputs = True                         # products' input flags: only when an output's says NaN
+            try:
+                box["logits"] = m.run_step(step, st, rt)  # embedding (rows decoded from the ids on the device) .. head
+            finally:
+                rt.lazy_inputs = False
             box["flags"] = rt.pack_deferred()             # the step's NaN/inf flags in one array, rewritten by replays
             after = state_leaves(st)
             wb = []
