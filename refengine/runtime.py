@@ -276,6 +276,11 @@ class Runtime:
             else:
                 key = f"matmul {w.type.name}"
                 dev.stats.fallbacks[key] = dev.stats.fallbacks.get(key, 0) + 1
+        elif not self._gpu_serves(w):                     # the sim device: what a GPU would fall back on, named
+            key = f"matmul {w.type.name}"
+            dev.stats.fallbacks[key] = dev.stats.fallbacks.get(key, 0) + 1
+            dev._sync(lambda: f"matmul {w.name} ({w.type.name} {list(w.shape)}): the GPU kernels do not take it, a "
+                              f"GPU reads its input back (a host fallback)")
         if y is None:
             (xh,) = self._host_args(x)
             y = self._from_host(self._be.matmul(xh, w, mode=self.mode))
@@ -285,6 +290,16 @@ class Runtime:
         dev.note(f"matmul {w.name}", x, y, redo)
         self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
         return y
+
+    def _gpu_serves(self, w: QTensor) -> bool:
+        """Whether a GPU would multiply by w on the device (its kernels, or `_float_matrix`): the sim device's model of
+        the cupy branch above, so that strict() on the sim names a fallback a capture on the GPU would meet. True
+        when numba-cuda is not installed (nothing to ask)."""
+        try:
+            from quant.cuda.ops import supported
+        except Exception:                                 # noqa: BLE001  (no numba-cuda: cannot tell)
+            return True
+        return (self.mode == "exact" and len(w.shape) == 2 and supported(w)) or self._float_matrix(w) is not None
 
     FLOAT_MATRIX_MAX = 64 << 20          # bytes of float32: larger float matrices keep the host fallback
 

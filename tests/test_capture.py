@@ -158,3 +158,17 @@ def test_strict_names_what_syncs():
         r = np.arange(4, like=x)
     assert type(r).__name__ == "DeviceArray" and r.shape == (4,)
     assert d.stats.uploads == d.stats.weight_uploads == 1 and d.stats.downloads == 0, d.stats   # none got through
+
+
+def test_strict_names_a_product_a_gpu_would_fall_back_on(synth_model, monkeypatch):
+    """The sim device models the GPU's refusals: a weight the GPU kernels do not take (qwen4exp tiny's hc_attn_up,
+    F16 [1024, 16]: rows not whole 32-value chunks) is a host fallback there, a read-back a capture cannot hold. With
+    `Runtime._float_matrix` (the GPU's float32 copy on the device) it is served; without it strict() names it."""
+    m = Model(synth_model("qwen4exp", wtype="Q4_K"))
+    rt = Runtime(resident=True, fixed_shapes=True)
+    st = prefilled(m, rt)
+    monkeypatch.setattr(Runtime, "_float_matrix", lambda self, w: None)
+    step = m.prepare_step([9], st, rt)
+    with pytest.raises(DeviceSyncError, match=r"matmul blk\.0\.hc_attn_up\.weight \(F16 \[1024, 16\]\)"):
+        with rt.device.strict():
+            m.run_step(step, st, rt)
