@@ -438,7 +438,7 @@ class Runtime:
             self._defer_finite(f"routed experts ({names})", y, x)
             return y
         if dev.kind == "sim" and cache is None:
-            if not ids_stay:
+            if not ids_stay or not _gpu_keeps_ids(kw):
                 ids = dev.get(ids)                        # the grouping tables are built on the host: a read-back
             xh, idh, wh = self._host_args(x, ids, weights)
             y = self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
@@ -569,6 +569,25 @@ class Runtime:
                     raise ValueError(f"forced {label}: llama.cpp's value has {np.size(ref)} values, ours {value.size}")
                 self._forced.append((label, np.array(value, dtype=np.float32, copy=True),
                                      np.asarray(ref, np.float32).reshape(value.shape)))
+
+
+def _gpu_keeps_ids(kw) -> bool:
+    """Whether a GPU serves one token's routed experts from its ids on the device (quant.cuda.resident
+    `_one_token_on_device`): always for SwiGLU (the fast one-token kernels, else group tables built on the device); a
+    gated activation of its own (`act`: Kimi-K3's SiTU, DeepSeek-V4's clamp) needs the fast kernels to take gate, up
+    and down (16-byte rows, one type for gate and up), else the ids are read back. The sim device's model of that
+    refusal; True when numba-cuda is not installed (nothing to ask)."""
+    if kw.get("act") is None:
+        return True
+    try:
+        from quant.cuda.fast_specs import fast_supported
+    except Exception:                                     # noqa: BLE001
+        return True
+    up, gate, down = kw.get("up"), kw.get("gate"), kw.get("down")
+    if gate is None or gate.type != up.type:
+        return False
+    return all(fast_supported(w.type, int(w.raw.shape[-1]), int(w.shape[-2]) * int(w.raw.shape[-1]))
+               for w in (up, gate, down))
 
 
 class _UnderPolicy:

@@ -172,3 +172,18 @@ def test_strict_names_a_product_a_gpu_would_fall_back_on(synth_model, monkeypatc
     with pytest.raises(DeviceSyncError, match=r"matmul blk\.0\.hc_attn_up\.weight \(F16 \[1024, 16\]\)"):
         with rt.device.strict():
             m.run_step(step, st, rt)
+
+
+def test_strict_names_experts_a_gpu_would_read_ids_for(synth_model, monkeypatch):
+    """Routed experts with a gated activation of their own (Kimi-K3's SiTU) keep one token's ids on a GPU only when
+    the fast kernels take gate, up and down; the sim device models that refusal (`runtime._gpu_keeps_ids`): with the
+    fast kernels refusing every type, strict() names the ids' read-back."""
+    import quant.cuda.fast_specs as fs
+    m = Model(synth_model("kimi-k3", wtype="Q4_K"))
+    rt = Runtime(resident=True, fixed_shapes=True)
+    st = prefilled(m, rt)
+    step = m.prepare_step([9], st, rt)
+    monkeypatch.setattr(fs, "fast_supported", lambda *a: False)
+    with pytest.raises(DeviceSyncError, match="reads a device array int"):
+        with rt.device.strict():
+            m.run_step(step, st, rt)
