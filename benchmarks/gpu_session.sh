@@ -52,9 +52,9 @@ for st in ${STAGES:-info layers matmul tests}; do
       timeout ${GRAPH_TIMEOUT:-200} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graph_step.py \
         tests/test_products.py -k "${GRAPH_K:-}" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
     graphtiny) stage "graph tiny"                      # eager vs graph per token, tiny presets
-      timeout ${GRAPHTINY_TIMEOUT:-240} python3 benchmarks/graph_decode.py --arch ${GRAPH_ARCH:-deepseek2,llama,qwen3moe,qwen3next,kimi-k3,deepseek4} --decode 32 \
+      timeout ${GRAPHTINY_TIMEOUT:-240} python3 benchmarks/graph_decode.py --arch ${GRAPH_ARCH:-deepseek2,llama,qwen3moe,qwen3next,kimi-linear,kimi-k3,deepseek32,glm-dsa,qwen4exp,deepseek4} --decode 32 \
         --json "$OUT/graph_tiny.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
-    graphreal) for spec in ${GRAPHREAL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
+    graphreal) for spec in ${GRAPHREAL:-kimi-k3:kimi-k3:3:full_attn=2 deepseek2:deepseek-v3:2 qwen3next:qwen3-next-80b:4 glm-dsa:glm-5.2:2 kimi-linear:kimi-linear-48b:4}; do IFS=: read -r A P L X <<< "$spec"
         stage "graph real-size $A $P L=$L ${X:-}"     # a real-size cut: eager vs graph per token
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch $A --preset $P --layers $L ${X:+--override $X} \
           --type Q4_K --decode ${GRAPH_DECODE:-24} --dir /tmp/rs --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
