@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 import quant.cuda  # noqa: F401  (numpy shim before numba)
-from refengine.cuda.randmodel import parse_overrides, write_random_model
+from refengine.cuda.randmodel import override_tag, parse_overrides, write_random_model
 from refengine.model import Model
 from refengine.runtime import Runtime
 
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         overrides = parse_overrides(a.arch, a.preset, a.override)
     except ValueError as e:
         ap.error(str(e))
-    tag = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in sorted(overrides.items()))
+    tag = override_tag(overrides)
     path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}-random.gguf")
     t0 = time.perf_counter()
     if not os.path.exists(path):

@@ -102,9 +102,9 @@ def main(argv=None) -> int:
 def one(a, recs) -> int:
     path = a.model
     if path is None:
-        from refengine.cuda.randmodel import parse_overrides
+        from refengine.cuda.randmodel import override_tag, parse_overrides
         overrides = parse_overrides(a.arch, a.preset, a.override)
-        tag = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in sorted(overrides.items()))
+        tag = override_tag(overrides)
         path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}.gguf")
         if not os.path.exists(path):
             if a.preset == "tiny":
@@ -127,7 +127,8 @@ def one(a, recs) -> int:
     rec = dict(model=path, arch=model.cfg.arch if hasattr(model.cfg, "arch") else a.arch, decode=a.decode,
                eager_fixed_ms=med(t_fixed), graph_ms=med(t_graph), eager_ms=med(t_plain),
                graph_vs_fixed_max_abs=diff, graph_vs_eager_rel_rms=rel, same_argmax=same_argmax,
-               graph_gpu_ms=float(np.median(dec.gpu_ms)) if dec.gpu_ms else None, eager_steps=dec.eager, captures=dec.captures, replays=dec.replays,
+               graph_gpu_ms=float(np.median(dec.gpu_ms)) if dec.gpu_ms else None, eager_steps=dec.eager,
+               captures=dec.captures, replays=dec.replays,
                writebacks=getattr(dec, "writebacks", None), capture_failed=dec.failed,
                graph_times_ms=[1e3 * t for t in t_graph])
     print(f"{os.path.basename(path)}: decode per token  eager {rec['eager_ms']:.2f} ms, eager fixed-shape "

@@ -296,10 +296,10 @@ class Runtime:
         the cupy branch above, so that strict() on the sim names a fallback a capture on the GPU would meet. True
         when numba-cuda is not installed (nothing to ask)."""
         try:
-            from quant.cuda.ops import supported
+            from quant.cuda.resident import serves_matmul
         except Exception:                                 # noqa: BLE001  (no numba-cuda: cannot tell)
             return True
-        return (self.mode == "exact" and len(w.shape) == 2 and supported(w)) or self._float_matrix(w) is not None
+        return serves_matmul(w, self.mode) or self._float_matrix(w) is not None
 
     FLOAT_MATRIX_MAX = 64 << 20          # bytes of float32: larger float matrices keep the host fallback
 
@@ -580,14 +580,11 @@ def _gpu_keeps_ids(kw) -> bool:
     if kw.get("act") is None:
         return True
     try:
-        from quant.cuda.fast_specs import fast_supported
+        from quant.cuda.fast_specs import fast_supported_tensor
     except Exception:                                     # noqa: BLE001
         return True
     up, gate, down = kw.get("up"), kw.get("gate"), kw.get("down")
-    if gate is None or gate.type != up.type:
-        return False
-    return all(fast_supported(w.type, int(w.raw.shape[-1]), int(w.shape[-2]) * int(w.raw.shape[-1]))
-               for w in (up, gate, down))
+    return gate is not None and gate.type == up.type and all(map(fast_supported_tensor, (up, gate, down)))
 
 
 class _UnderPolicy:

@@ -18,4 +18,16 @@ def fast_supported(t: GGMLType, rowb: int, estride: int) -> bool:
     return s is not None and (not s.ALIGN16 or (rowb % 16 == 0 and estride % 16 == 0))
 
 
-__all__ = ["FSPECS", "FSpec", "fast_supported"]
+def packed_geometry(qt) -> tuple[int, int]:
+    """(bytes per row, bytes per expert) of a packed tensor as the device holds it (`weights.DeviceWeight`)."""
+    rowb = int(qt.raw.shape[-1])
+    return rowb, (qt.shape[-2] if qt.ndim >= 2 else 1) * rowb
+
+
+def fast_supported_tensor(qt) -> bool:
+    """fast_supported for a packed tensor on the host (no upload): what `ops.fast_ids_ok` asks of its DeviceWeight,
+    the input's alignment aside."""
+    return fast_supported(qt.type, *packed_geometry(qt))
+
+
+__all__ = ["FSPECS", "FSpec", "fast_supported", "fast_supported_tensor", "packed_geometry"]

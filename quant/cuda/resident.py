@@ -66,9 +66,14 @@ def _input(x):
     return x if aligned16(x) else x.copy()
 
 
+def serves_matmul(w: QTensor, mode: str = "exact") -> bool:
+    """Whether `matmul_resident` multiplies by w on the device (else it returns None: a host fallback)."""
+    return mode == "exact" and w.ndim == 2 and supported(w)
+
+
 def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto"):
     """y = x @ dequantize(w).T on the device; None when the kernels do not serve w (or the mode)."""
-    if mode != "exact" or w.ndim != 2 or not supported(w):
+    if not serves_matmul(w, mode):
         return None
     cp = _cp()
     x = _input(x)

@@ -14,6 +14,7 @@ from numba import cuda
 
 from ..ref import QTensor
 from .decoders import spec, tables
+from .fast_specs import packed_geometry
 
 PAD = 16          # bytes after the tensor: a 4-byte read at any offset stays inside the allocation
 
@@ -25,11 +26,10 @@ class DeviceWeight:
         self.qt = qt
         self.type = qt.type
         self.shape = qt.shape
-        self.rowb = int(qt.raw.shape[-1])                         # bytes per row
+        self.rowb, self.estride = packed_geometry(qt)              # bytes per row, per expert
         self.E = qt.shape[0] if qt.ndim == 3 else 1
         self.O = qt.shape[-2] if qt.ndim >= 2 else 1
         self.I = qt.shape[-1]
-        self.estride = self.O * self.rowb                          # bytes per expert
         n = qt.nbytes + PAD
         n += (-n) % 16
         self.d8 = cuda.device_array(n, dtype=np.uint8)

@@ -22,8 +22,8 @@ A cache whose next row would not fit its capacity ends the graph: that step runs
 next one is captured again. A capture that fails (an op the driver refuses while a stream is captured) leaves the
 state as it was (nothing ran on the device; the Python's effects are undone), warns, and every step from then on runs
 eagerly (`failed` says why). Activations are multiplied by the project's batched product (Runtime(fixed_shapes=True)
-on a GPU sets `Device.products = "kernel"`: CuPy refuses cuBLAS inside a capture). Memory the captured launches use comes from a CuPy pool of the decoder's own, which no
-other allocation shares.
+on a GPU sets `Device.products = "kernel"`: CuPy refuses cuBLAS inside a capture). Memory the captured launches
+use comes from a CuPy pool of the decoder's own, which no other allocation shares.
 """
 from __future__ import annotations
 
@@ -35,8 +35,6 @@ import numpy as np
 from ..cache import Rows
 from ..devarray import DeviceArray
 from ..errors import ConfigError
-
-
 
 
 def _walk(v, path, out, seen):
@@ -115,9 +113,9 @@ class _Tape:
 class GraphDecoder:
     """Decode one sequence a token at a time, the steps after the first replayed from a captured CUDA graph (the
     module docstring). `timing=True` (GPU) event-times each replay's graph into `gpu_ms` (milliseconds: the device's
-    time for the blocks and head, without the host's part of a step). On the "sim" device the graph is a tape of the span's ops (`Device.taping`), replayed into the
-    same buffers: the driver's logic (deltas, write-backs, recapture) checked in CI. Counters: `eager`, `captures`,
-    `replays`."""
+    time for the blocks and head, without the host's part of a step). On the "sim" device the graph is a tape of the
+    span's ops (`Device.taping`), replayed into the same buffers: the driver's logic (deltas, write-backs, recapture)
+    checked in CI. Counters: `eager`, `captures`, `replays`."""
 
     def __init__(self, model, rt, state, *, timing: bool = False):
         dev = rt.device

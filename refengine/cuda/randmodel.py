@@ -46,6 +46,11 @@ def parse_overrides(arch: str, preset: str, items) -> dict:
     return out
 
 
+def override_tag(overrides: dict) -> str:
+    """A file-name tag of a preset's overrides: -full_attn2, -n_expert16 (sorted; a tuple's items joined by _)."""
+    return "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in sorted(overrides.items()))
+
+
 def write_random_model(path: str, wtype: str, layers: int | None = None, seed: int = 0, arch="qwen3moe",
                        preset="qwen3-30b-a3b", overrides: dict | None = None) -> str:
     p = synth.resolve_preset(arch, preset, layers=layers, overrides=overrides)

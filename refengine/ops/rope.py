@@ -97,13 +97,8 @@ def _position_tables(positions, kw):
     ff = kw["freq_factors"]
     key = ("rope", n_ctx, id(ff)) + tuple(v for k, v in kw.items() if k != "freq_factors")
     hit = dev.tables.get(key)
-    if hit is None:
-        dev.step_positions = None                 # (the build's own positions are not the step's)
-        try:
-            tables = rope_cos_sin(np.arange(n_ctx, like=positions), **kw)
-        finally:
-            dev.step_positions = (positions, n_ctx)
-        hit = dev.tables[key] = (ff, tables)      # (ff kept alive: its id stays its own)
+    if hit is None:                               # (the arange is not the step's positions: computed per pair)
+        hit = dev.tables[key] = (ff, rope_cos_sin(np.arange(n_ctx, like=positions), **kw))   # ff kept alive
     return hit[1]
 
 
