@@ -267,16 +267,15 @@ class Runtime:
         y = None
         if dev.kind == "cupy":
             y = self._be.matmul_resident(x.raw, w, mode=self.mode)          # None: no device kernel for this type
-            if y is not None:
-                y = dev.wrap(y)
-            elif (wf := self._float_matrix(w)) is not None:
-                y = x @ wf.T                              # a small float matrix whose rows the kernels do not take
-                self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
-                return y                                  # (the device's own product: capturable, no read-back)
-            else:
-                key = f"matmul {w.type.name}"
-                dev.stats.fallbacks[key] = dev.stats.fallbacks.get(key, 0) + 1
-        elif not self._gpu_serves(w):                     # the sim device: what a GPU would fall back on, named
+            y = None if y is None else dev.wrap(y)
+            kernels = y is not None
+        else:
+            kernels = self._kernels_serve(w)              # the sim device: what a GPU's kernels would take
+        if not kernels and (wf := self._float_matrix(w)) is not None:
+            y = x @ wf.T                                  # a small float matrix whose rows the kernels do not take:
+            self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)   # the device's own product (capturable)
+            return y
+        if not kernels:
             key = f"matmul {w.type.name}"
             dev.stats.fallbacks[key] = dev.stats.fallbacks.get(key, 0) + 1
             dev._sync(lambda: f"matmul {w.name} ({w.type.name} {list(w.shape)}): the GPU kernels do not take it, a "
@@ -291,15 +290,15 @@ class Runtime:
         self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
         return y
 
-    def _gpu_serves(self, w: QTensor) -> bool:
-        """Whether a GPU would multiply by w on the device (its kernels, or `_float_matrix`): the sim device's model of
-        the cupy branch above, so that strict() on the sim names a fallback a capture on the GPU would meet. True
-        when numba-cuda is not installed (nothing to ask)."""
+    def _kernels_serve(self, w: QTensor) -> bool:
+        """Whether a GPU's kernels would multiply by w on the device: the sim device's model of the cupy branch above,
+        so that strict() on the sim names a fallback a capture on the GPU would meet. True when numba-cuda is not
+        installed (nothing to ask)."""
         try:
             from quant.cuda.resident import serves_matmul
         except Exception:                                 # noqa: BLE001  (no numba-cuda: cannot tell)
             return True
-        return serves_matmul(w, self.mode) or self._float_matrix(w) is not None
+        return serves_matmul(w, self.mode)
 
     FLOAT_MATRIX_MAX = 64 << 20          # bytes of float32: larger float matrices keep the host fallback
 
@@ -314,8 +313,8 @@ class Runtime:
         cache = self._float_matrices
         wf = cache.get(w.name)
         if wf is None:
-            wf = np.ascontiguousarray(quant.dequantize(w), dtype=np.float32).reshape(w.shape)
-            wf.flags.writeable = False
+            wf = np.array(quant.dequantize(w), dtype=np.float32).reshape(w.shape).copy()   # owns its bytes: no
+            wf.flags.writeable = False                    # writeable base, so the device caches its upload (_upload)
             cache[w.name] = wf
         return wf
 
