@@ -184,6 +184,15 @@ class Device:
         # capture can hold (CuPy refuses cuBLAS while a stream is captured). Runtime(fixed_shapes=True) on a GPU
         # sets it; on the sim device NumPy's matmul is the batched product (the lowering tested in CI).
         self.products = "library"
+        # a GPU's fused kernels for small ops (refengine/cuda/fused.py, reached through ops.arrays.fused_op): one
+        # launch each where the NumPy statement takes several; None: the NumPy code runs on the device op by op
+        self.fused = None
+        if kind == "cupy":
+            try:
+                from .cuda import fused
+                self.fused = fused
+            except Exception:                            # noqa: BLE001  (no numba-cuda: the ops as NumPy states them)
+                pass
         self._cache: dict[tuple, tuple[np.ndarray, object]] = {}   # key -> (the host array, kept alive; its copy)
         self._strict = 0                                 # depth of `strict()` spans
         # the current step's positions (Model._step): (their DeviceArray, n_ctx, the bound they are checked below);

@@ -124,8 +124,10 @@ class Runtime:
             from .expert_cache import ExpertCache
             if isinstance(self.expert_budget, ExpertCache):
                 self._expert_box[0] = self.expert_budget
-        self._finite: list = []                         # resident: (weight label, y finite, x finite) device flags
-        self._finite_warn: list = []                    # resident: (warning, y finite) device flags (the logits)
+        self._finite: list = []                         # resident: (weight label, its flags' row, x kept or None)
+        self._finite_warn: list = []                    # resident: (warning, its flags' row) (the logits)
+        self._pages: list = []                          # resident: this forward's flag pages [PAGE_ROWS, 2] (_flag_row)
+        self._page_n = 0                                # rows of them taken
         self.lazy_inputs = False                        # a captured step: products' input flags computed on demand
         self._device_models = {}
         self._float_matrices: dict[str, np.ndarray] = {}   # resident on a GPU: small float matrices (_float_matrix)
@@ -192,11 +194,9 @@ class Runtime:
             return
         from .devarray import DeviceArray
         if isinstance(y, DeviceArray):
-            dev, xp = self.device, self.device.xp
-            flag = xp.asarray(xp.isfinite(y.raw).all())
-            self._finite_warn.append((where, flag))
-            if dev._tapes:
-                dev.tape("finite flag", lambda: xp.isfinite(y.raw).all(), [flag], [])
+            row = self._flag_row()
+            self._write_flag(row, 0, y)
+            self._finite_warn.append((where, row))
         elif not np.all(np.isfinite(y)):
             warnings.warn(where, RuntimeWarning, stacklevel=3)
 
@@ -220,8 +220,8 @@ class Runtime:
             packed = self.pack_deferred()
             if packed is None:
                 return
-        labels, texts, flags, lazy = packed
-        flags = self.device.get(flags)
+        labels, texts, pages, lazy, rows = packed
+        flags = np.concatenate([self.device.get(pg) for pg in pages])[rows]
         for label, (y_ok, x_ok), x in zip(labels, flags, lazy):
             if not y_ok and x is not None:
                 x_ok = bool(self.device.get(self.device.wrap(self.device.xp.isfinite(x.raw).all())))
@@ -232,25 +232,23 @@ class Runtime:
                 warnings.warn(where, RuntimeWarning, stacklevel=3)
 
     def pack_deferred(self):
-        """The pending NaN/inf flags written into one device array [n, 2] (y finite, x finite) by writes on the
-        device, the pending lists emptied -> (weight labels, warning texts, flags, lazy inputs) for
-        `check_deferred(packed=)`, or None. A captured decode step ends with it: each replay rewrites the array,
-        read back in one copy; an eager forward's check packs its flags the same way after the step."""
-        from .devarray import DeviceArray
+        """The pending NaN/inf flags, the pending lists emptied -> (weight labels, warning texts, the flag pages (the
+        last one's rows taken), lazy inputs, each label's and text's row) for `check_deferred(packed=)`, or None. A
+        captured decode step ends with it: each replay rewrites the pages, read back a copy each; an eager forward's
+        check packs its flags the same way after the step."""
         checks, warns = self._finite, self._finite_warn
         if not checks and not warns:
             return None
-        self._finite, self._finite_warn = [], []
-        dev = self.device
-        flags = dev.wrap(dev.xp.zeros((len(checks) + len(warns), 2), dtype=bool))
-        lazy = [x if isinstance(x, DeviceArray) else None for _, _, x in checks]
-        pairs = [(y, None if lz is not None else x) for (_, y, x), lz in zip(checks, lazy)] + \
-                [(y, None) for _, y in warns]
-        for i, (y, x) in enumerate(pairs):
-            flags[i, 0] = dev.wrap(y)
-            if x is not None:
-                flags[i, 1] = dev.wrap(x)
-        return [lb for lb, _, _ in checks], [w for w, _ in warns], flags, lazy
+        pages, n = self._pages, self._page_n
+        self.discard_deferred()
+        last = n - (len(pages) - 1) * self.PAGE_ROWS
+        views = [self.device.wrap(pg) for pg in pages[:-1]] + [self.device.wrap(pages[-1][:last])]
+        return [lb for lb, _, _ in checks], [w for w, _ in warns], views, [x for _, _, x in checks], \
+            [r for _, r, _ in checks] + [r for _, r in warns]
+
+    def discard_deferred(self) -> None:
+        """Forget the pending NaN/inf flags (a capture that failed: its launches never ran)."""
+        self._finite, self._finite_warn, self._pages, self._page_n = [], [], [], 0
 
     def _host_args(self, *a):
         """Host views of (possibly device) arrays: the sim device's own buffers, a GPU's read back."""
@@ -318,24 +316,49 @@ class Runtime:
             cache[w.name] = wf
         return wf
 
-    def _defer_finite(self, label: str, y, x) -> None:
-        """Resident: y's and x's all-finite flags kept on the device, read back once per forward (check_deferred).
-        Inside a captured step (`lazy_inputs`, set by the graph driver) only y's flag is computed: x is kept and its
-        flag computed after the replay when y's says NaN/inf (2 launches a product fewer in the graph; x's buffer is
-        the graph's own, alive while the graph is)."""
-        if self.check_finite:
+    PAGE_ROWS = 512          # NaN/inf flags of a forward's products: rows of one device array (more: another)
+
+    def _flag_row(self) -> int:
+        """The next row of this forward's flag pages (y finite, x finite): a page [PAGE_ROWS, 2] of True is made on
+        the device at the first flag and when one fills; the flags are written into it on the device (one launch
+        each on a GPU: `refengine/cuda/fused.py` all_finite) and read back in one copy a page (check_deferred)."""
+        if self._page_n == len(self._pages) * self.PAGE_ROWS:
             dev = self.device
-            xp = dev.xp
+            make = lambda: dev.xp.ones((self.PAGE_ROWS, 2), dtype=bool)          # noqa: E731
+            page = make()
+            if dev._tapes:                                # a sim graph fills it again at every replay
+                dev.tape("flags page", make, [page], [])
+            self._pages.append(page)
+        self._page_n += 1
+        return self._page_n - 1
+
+    def _write_flag(self, row: int, col: int, a) -> None:
+        """pages[row, col] = all of the device array a is finite, written on the device."""
+        dev = self.device
+        page = self._pages[row // self.PAGE_ROWS]
+        r = row % self.PAGE_ROWS
+        if dev.fused is not None and dev.fused.all_finite(a, page, r, col):
+            return
+        xp = dev.xp
+        cell = page[r:r + 1, col:col + 1]
+        flag = lambda: xp.isfinite(a.raw).all().reshape(1, 1)                   # noqa: E731
+        cell[...] = flag()
+        if dev._tapes:
+            dev.tape("finite flag", flag, [cell], [])
+
+    def _defer_finite(self, label: str, y, x) -> None:
+        """Resident: y's and x's all-finite flags kept on the device (a row of the flag pages), read back once per
+        forward (check_deferred). Inside a captured step (`lazy_inputs`, set by the graph driver) only y's flag is
+        computed: x is kept and its flag computed after the replay when y's says NaN/inf (a launch a product fewer
+        in the graph; x's buffer is the graph's own, alive while the graph is)."""
+        if self.check_finite:
+            row = self._flag_row()
+            self._write_flag(row, 0, y)
             if self.lazy_inputs:
-                flag = xp.asarray(xp.isfinite(y.raw).all())
-                self._finite.append((label, flag, x))
-                if dev._tapes:
-                    dev.tape("finite flag", lambda: xp.isfinite(y.raw).all(), [flag], [])
+                self._finite.append((label, row, x))
                 return
-            flags = (xp.asarray(xp.isfinite(y.raw).all()), xp.asarray(xp.isfinite(x.raw).all()))
-            self._finite.append((label, *flags))
-            if dev._tapes:                                # a sim graph recomputes them at every replay
-                dev.tape("finite flags", lambda: (xp.isfinite(y.raw).all(), xp.isfinite(x.raw).all()), flags, [])
+            self._write_flag(row, 1, x)
+            self._finite.append((label, row, None))
 
     def matmul_heads(self, x, w: QTensor):
         """Per-head products, ggml_mul_mat of a 3-D weight: x [H, T, I], w [H, O, I] -> [H, T, O] (on a GPU one

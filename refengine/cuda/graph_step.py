@@ -210,7 +210,7 @@ class GraphDecoder:
             for p, (o, k, v) in before.items():
                 if not isinstance(o, tuple):
                     _set(o, k, v)
-            rt._finite, rt._finite_warn = [], []
+            rt.discard_deferred()
             self.failed = f"{type(e).__name__}: {e} (at {_where(e)})"
             warnings.warn(f"decode step not captured ({self.failed}): decoding eagerly", RuntimeWarning,
                           stacklevel=3)

@@ -3,15 +3,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import fused_op
+
 
 def silu(x: np.ndarray) -> np.ndarray:
     """silu(x) = x * sigmoid(x) = x / (1 + exp(-x))."""
+    if (k := fused_op(x, "silu")) is not None and (y := k(x)) is not None:
+        return y                                           # a GPU: the same, in one launch (refengine/cuda/fused.py)
     with np.errstate(over="ignore"):
         return (x / (np.float32(1.0) + np.exp(-x))).astype(np.float32, copy=False)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)) in float32 (`ggml_sigmoid`)."""
+    if (k := fused_op(x, "sigmoid")) is not None and (y := k(x)) is not None:
+        return y
     with np.errstate(over="ignore"):
         return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32, copy=False)
 
@@ -24,6 +30,8 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up   (`ggml_swiglu_split`)."""
+    if (k := fused_op(gate, "swiglu")) is not None and (y := k(gate, up)) is not None:
+        return y
     return silu(gate) * up
 
 

@@ -8,6 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 
+def fused_op(x, name: str):
+    """The fused kernel for op `name` of the device x lives on (refengine/cuda/fused.py: a GPU's one-launch form of
+    a small op whose NumPy statement takes several launches), or None: a host array, the sim device, `Device.fused`
+    off. The kernel itself returns None for a shape or dtype it does not take; the NumPy code then runs."""
+    fused = getattr(getattr(x, "dev", None), "fused", None)
+    return None if fused is None else getattr(fused, name, None)
+
+
 def as_array(x, dtype=None):
     """x as an array of `dtype` (None: its own), not copied when it already is one, on the device it lives on."""
     if not hasattr(x, "astype"):
