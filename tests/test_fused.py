@@ -4,7 +4,8 @@ ops/softmax.py, ops/activations.py) and the NaN/inf flag kernel against np.isfin
 On a GPU at real row sizes (and through the ops' own dispatch on device arrays: `Device.fused`); without one in
 numba's CUDA simulator on toy sizes (conftest.py sets NUMBA_ENABLE_CUDASIM=1). Tolerance: the kernels sum in
 another order than NumPy's (float64 sums where NumPy's are float64) and the simulator's / CUDA's exp may differ from
-NumPy's by an ulp: relative 2e-6 per element (rms_norm, softmax), 1e-6 (the activations).
+NumPy's by an ulp: relative 2e-6 per element (rms_norm, softmax), 1e-6 (the activations; softplus also 2.5e-7
+absolute), 1e-5 (the delta rule's state after several tokens).
 """
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ qc = pytest.importorskip("quant.cuda")
 from numba import cuda  # noqa: E402
 
 from refengine.cuda import fused  # noqa: E402
-from refengine.ops.activations import sigmoid, silu, swiglu  # noqa: E402
+from refengine.attention import delta_rule  # noqa: E402
+from refengine.attention.short_conv import causal_conv  # noqa: E402
+from refengine.ops.activations import sigmoid, silu, softplus, swiglu  # noqa: E402
 from refengine.ops.norm import rms_norm  # noqa: E402
 from refengine.ops.softmax import softmax  # noqa: E402
 
@@ -56,19 +59,57 @@ def test_softmax_rows():
     assert np.all(got[0, ::7] == 0)
 
 
-@pytest.mark.parametrize("name", ["silu", "sigmoid"])
+@pytest.mark.parametrize("name", ["silu", "sigmoid", "softplus"])
 def test_unary(name):
     x = _rand(ROWS * D, scale=10.0)
     x[:3] = (-100.0, 100.0, 0.0)                          # exp overflow: 0 / 1 as NumPy gives
-    want = {"silu": silu, "sigmoid": sigmoid}[name](x)
+    x[3:5] = (20.0, 20.5)                                 # softplus: x itself above 20
+    want = {"silu": silu, "sigmoid": sigmoid, "softplus": softplus}[name](x)
     (got,) = _run(getattr(fused, f"{name}_raw"), x, out_shapes=[x.shape])
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+    # softplus's log(1 + e) near 1: one ulp of exp (CUDA's and NumPy's float32 exp are not correctly rounded) moves
+    # the sum by an ulp of 1, 1.2e-7 absolute in the result: two such ulps allowed
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=2.5e-7 if name == "softplus" else 1e-30)
 
 
 def test_swiglu():
     g, u = _rand(ROWS * D, scale=6.0), _rand(ROWS * D, seed=1)
     (got,) = _run(fused.swiglu_raw, g, u, out_shapes=[g.shape])
     np.testing.assert_allclose(got, swiglu(g, u), rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("per_key", [False, True])
+@pytest.mark.parametrize("with_S", [False, True])
+def test_delta_rule(per_key, with_S):
+    """Every token of a call in one launch == delta_rule.recurrent (GDN's per-head decay, KDA's per-key one; a new
+    sequence's zero state or a carried one)."""
+    T, H, K, V = (5, 32, 128, 128) if GPU else (3, 2, 8, 5)
+    rng = np.random.default_rng(3)
+    q, k = (rng.standard_normal((T, H, K)).astype(np.float32) / np.sqrt(K) for _ in range(2))
+    v = rng.standard_normal((T, H, V)).astype(np.float32)
+    g = -np.abs(rng.standard_normal((T, H, K) if per_key else (T, H))).astype(np.float32)
+    beta = rng.uniform(0, 1, (T, H)).astype(np.float32)
+    S = rng.standard_normal((H, K, V)).astype(np.float32) if with_S else None
+    o_want, S_want = delta_rule.recurrent(q, k, v, g, beta, S)
+    g3 = g if per_key else g[:, :, None]
+    o, S_out = _run(lambda *a: fused.delta_rule_raw(a[0], a[1], a[2], a[3], per_key, a[4], a[5], 1 / np.sqrt(V),
+                                                    a[6], a[7]), q, k, v, g3, beta, S,
+                    out_shapes=[(T, H, V), (H, K, V)])
+    np.testing.assert_allclose(o, o_want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(S_out, S_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 2, 5])
+@pytest.mark.parametrize("with_tail", [False, True])
+def test_causal_conv(T, with_tail):
+    """The sum and the new tail in one launch == short_conv.causal_conv (T shorter and longer than the tail)."""
+    C, Kc = (8192, 4) if GPU else (5, 4)
+    rng = np.random.default_rng(T)
+    x, w = rng.standard_normal((T, C)).astype(np.float32), rng.standard_normal((C, Kc)).astype(np.float32)
+    tail = rng.standard_normal((Kc - 1, C)).astype(np.float32) if with_tail else None
+    y_want, tail_want = causal_conv(x, w, tail)
+    y, new_tail = _run(fused.causal_conv_raw, x, w, tail, out_shapes=[(T, C), (Kc - 1, C)])
+    np.testing.assert_allclose(y, y_want, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(new_tail, tail_want)
 
 
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
@@ -88,14 +129,15 @@ def test_all_finite(bad, at):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
-def test_ops_take_the_kernels_on_a_gpu(synth_model):
+@pytest.mark.parametrize("arch", ["qwen3next", "kimi-linear", "deepseek2"])
+def test_ops_take_the_kernels_on_a_gpu(synth_model, arch):
     """On a GPU the ops reach the kernels through `Device.fused`: a resident forward with them equals NumPy's
     (rel-RMS <= 1e-5, same argmax) and the one without them (ops as NumPy states them, on the device) to the same
     tolerance; the flags of a step are written by the flag kernel."""
     pytest.importorskip("cupy")
     from refengine.model import Model
     from refengine.runtime import Runtime
-    m = Model(synth_model("qwen3next", wtype="Q8_0"))
+    m = Model(synth_model(arch, wtype="Q8_0"))
     ids = [3, 9, 27, 81, 5]
     ref = m.forward(ids, m.new_state(), rt=Runtime())
     on = Runtime(backend="cuda")

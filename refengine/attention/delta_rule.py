@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.arrays import copy_like
+from ..ops.arrays import copy_like, fused_op
 
 
 def _decay(g: np.ndarray, H: int, K: int) -> np.ndarray:
@@ -47,6 +47,8 @@ def recurrent(q, k, v, g, beta, S=None, *, scale=None):
     assert k.shape == (T, H, K) and v.shape[:2] == (T, H) and beta.shape == (T, H), (q.shape, k.shape, v.shape, beta.shape)
     dt = q.dtype
     scale = dt.type(1.0 / np.sqrt(V) if scale is None else scale)
+    if (kf := fused_op(q, "delta_rule")) is not None and (r := kf(q, k, v, g, beta, S, scale)) is not None:
+        return r                                     # a GPU: these steps, every token, in one launch (cuda/fused.py)
     S = np.zeros_like(q, shape=(H, K, V), dtype=dt) if S is None else copy_like(S, q, dt)   # [H, K, V], a copy
     g = _decay(g, H, K)
     o = np.empty_like(q, shape=(T, H, V), dtype=dt)

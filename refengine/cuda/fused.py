@@ -5,12 +5,16 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     softmax(x)               ops/softmax.py `softmax` over the last axis, float32
     silu(x), sigmoid(x)      ops/activations.py, float32
     swiglu(gate, up)         silu(gate) * up, float32, same shape
+    softplus(x)              ops/activations.py, float32
+    delta_rule(q, k, v, g, beta, S, scale)   attention/delta_rule.py `recurrent`: every token of a call, one launch
+    causal_conv(x, w, tail)  attention/short_conv.py: the output and the new tail, one launch
     all_finite(y, page, row, col)   page[row, col] = False when y holds a NaN/inf (the NaN checks of a step)
 
 The NumPy functions stay the statement of the math; each calls its kernel here when its input is a DeviceArray on
 a GPU (`fused_op(x, name)`, refengine/ops/arrays.py) and the kernel takes its shape and dtype (else None is
 returned and the NumPy code runs on the device as before). The kernels compute what the NumPy code computes, in
-the same precision (the sums in float64 where NumPy's are), in another order of summation: equal to the NumPy op
+the same precision (the sums in float64 where NumPy's are; every float32 rounding of NumPy's written out, which the
+CUDA simulator's float64 Python math needs), in another order of summation: equal to the NumPy op
 within float rounding, not bit for bit (tests/test_fused.py: the kernels under the CUDA simulator on toy shapes;
 tests/test_cuda_fused.py: on a GPU at the real shapes, and a whole forward against NumPy). Every launch goes on
 CuPy's current stream (a CUDA graph capture holds it). `Device.fused = None` turns them off.
@@ -44,7 +48,7 @@ def _rms_rows(x, w, has_w, eps, y):
         cuda.syncthreads()
         s //= 2
     mean = float32(sh[0] / D)
-    scale = float32(1.0) / math.sqrt(mean + eps)
+    scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
     for j in range(t, D, NT):
         v = x[r, j] * scale
         if has_w:
@@ -77,7 +81,7 @@ def _softmax_rows(x, y):
     m = shm[0]
     acc = float64(0.0)
     for j in range(t, D, NT):
-        acc += float64(math.exp(x[r, j] - m))
+        acc += float64(float32(math.exp(x[r, j] - m)))
     shs[t] = acc
     cuda.syncthreads()
     s = NT // 2
@@ -88,7 +92,7 @@ def _softmax_rows(x, y):
         s //= 2
     tot = shs[0]
     for j in range(t, D, NT):
-        y[r, j] = float32(float64(math.exp(x[r, j] - m)) / tot)
+        y[r, j] = float32(float64(float32(math.exp(x[r, j] - m))) / tot)
 
 
 @cuda.jit(fastmath=False)
@@ -96,14 +100,14 @@ def _silu(x, y):
     i = cuda.grid(1)
     if i < x.shape[0]:
         v = x[i]
-        y[i] = v / (float32(1.0) + math.exp(-v))
+        y[i] = v / float32(float32(1.0) + float32(math.exp(-v)))
 
 
 @cuda.jit(fastmath=False)
 def _sigmoid(x, y):
     i = cuda.grid(1)
     if i < x.shape[0]:
-        y[i] = float32(1.0) / (float32(1.0) + math.exp(-x[i]))
+        y[i] = float32(1.0) / float32(float32(1.0) + float32(math.exp(-x[i])))
 
 
 @cuda.jit(fastmath=False)
@@ -111,7 +115,72 @@ def _swiglu(g, u, y):
     i = cuda.grid(1)
     if i < g.shape[0]:
         v = g[i]
-        y[i] = v / (float32(1.0) + math.exp(-v)) * u[i]
+        y[i] = float32(v / float32(float32(1.0) + float32(math.exp(-v)))) * u[i]
+
+
+@cuda.jit(fastmath=False)
+def _softplus(x, y):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        v = x[i]
+        y[i] = v if v > float32(20.0) else float32(math.log(float32(float32(1.0) + float32(math.exp(v)))))
+
+
+@cuda.jit(fastmath=False)
+def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
+    """One thread per (head h, value column c): column c of head h's state only meets column c of the values, so
+    the T tokens run in order inside the thread. q, k [T, H, K], v [T, H, V], g [T, H, K] (g_per_key) or [T, H, 1],
+    beta [T, H], S [H, K, V]; the steps of `delta_rule.recurrent` in its order (sums over K ascending)."""
+    i = cuda.grid(1)
+    T, H, K = q.shape
+    V = v.shape[2]
+    if i >= H * V:
+        return
+    h = i // V
+    c = i - h * V
+    for kk in range(K):
+        S_out[h, kk, c] = S_in[h, kk, c] if has_S else float32(0.0)
+    for t in range(T):
+        kv = float32(0.0)
+        for kk in range(K):
+            gv = g[t, h, kk] if g_per_key else g[t, h, 0]
+            sv = S_out[h, kk, c] * float32(math.exp(gv))
+            S_out[h, kk, c] = sv
+            kv += k[t, h, kk] * sv
+        delta = (v[t, h, c] - kv) * beta[t, h]
+        acc = float32(0.0)
+        for kk in range(K):
+            sv = S_out[h, kk, c] + k[t, h, kk] * delta
+            S_out[h, kk, c] = sv
+            acc += q[t, h, kk] * sv
+        o[t, h, c] = acc * scale
+
+
+@cuda.jit(fastmath=False)
+def _causal_conv(x, w, tail, has_tail, y, new_tail):
+    """One thread per channel c: y[t, c] = sum_k xin[t + k, c] w[c, k] (k ascending), xin = concat(tail, x); the
+    new tail = the last Kc-1 rows of xin."""
+    c = cuda.grid(1)
+    T, C = x.shape
+    Kc = w.shape[1]
+    if c >= C:
+        return
+    for t in range(T):
+        acc = float32(0.0)
+        for kk in range(Kc):
+            j = t + kk
+            if j < Kc - 1:
+                xv = tail[j, c] if has_tail else float32(0.0)
+            else:
+                xv = x[j - (Kc - 1), c]
+            acc += xv * w[c, kk]
+        y[t, c] = acc
+    for j in range(Kc - 1):
+        jj = T + j
+        if jj < Kc - 1:
+            new_tail[j, c] = tail[jj, c] if has_tail else float32(0.0)
+        else:
+            new_tail[j, c] = x[jj - (Kc - 1), c]
 
 
 @cuda.jit(fastmath=False)
@@ -151,6 +220,25 @@ def sigmoid_raw(x1, y1, stream=0) -> None:
 
 def swiglu_raw(g1, u1, y1, stream=0) -> None:
     _swiglu[_grid(g1.shape[0]), 256, stream](g1, u1, y1)
+
+
+def softplus_raw(x1, y1, stream=0) -> None:
+    _softplus[_grid(x1.shape[0]), 256, stream](x1, y1)
+
+
+def delta_rule_raw(q, k, v, g, g_per_key: bool, beta, S_in, scale: float, o, S_out, stream=0) -> None:
+    """q, k [T, H, K], v [T, H, V], g [T, H, K] (g_per_key) or [T, H, 1], beta [T, H], S_in [H, K, V] or None;
+    o [T, H, V] and S_out [H, K, V] written."""
+    H, V = v.shape[1], v.shape[2]
+    has_S = S_in is not None
+    _delta_rule[_grid(H * V, 128), 128, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
+                                                np.float32(scale), o, S_out)
+
+
+def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
+    """x [T, C], w [C, Kc], tail [Kc-1, C] or None; y [T, C] and new_tail [Kc-1, C] written."""
+    has_tail = tail is not None
+    _causal_conv[_grid(x.shape[1], 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, y, new_tail)
 
 
 def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:
@@ -214,6 +302,59 @@ def silu(x):
 
 def sigmoid(x):
     return _unary(x, "sigmoid", sigmoid_raw)
+
+
+def softplus(x):
+    return _unary(x, "softplus", softplus_raw)
+
+
+def _same_dev(dev, *a) -> bool:
+    """Every array a DeviceArray of dev in float32 (None allowed: an absent state)."""
+    from ..devarray import DeviceArray
+    return all(v is None or (isinstance(v, DeviceArray) and v.dev is dev and v.raw.dtype == np.float32
+                             and v.raw.size > 0) for v in a)
+
+
+def delta_rule(q, k, v, g, beta, S, scale):
+    """(o [T, H, V], S [H, K, V]) as `delta_rule.recurrent`, or None (another dtype, an input off the device)."""
+    dev = q.dev
+    if not _same_dev(dev, q, k, v, g, beta, S) or q.raw.ndim != 3 or g.raw.ndim not in (2, 3):
+        return None
+    T, H, K = q.shape
+    V = v.shape[2]
+    if k.shape != (T, H, K) or v.shape[:2] != (T, H) or beta.shape != (T, H) or g.shape[:2] != (T, H) \
+            or (g.raw.ndim == 3 and g.shape[2] != K) or (S is not None and S.shape != (H, K, V)):
+        return None
+    xp = dev.xp
+    per_key = g.raw.ndim == 3
+    g3 = g.raw if per_key else g.raw.reshape(T, H, 1)
+    o, S_out = xp.empty((T, H, V), dtype=np.float32), xp.empty((H, K, V), dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    delta_rule_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(g3), per_key, nv(beta.raw),
+                   None if S is None else nv(S.raw), float(scale), nv(o), nv(S_out), stream=current_stream())
+    res = (dev.wrap(o), dev.wrap(S_out))
+    dev.note("fused delta_rule", (q, k, v, g, beta, S), res)
+    return res
+
+
+def causal_conv(x, w, tail):
+    """(y [T, C], new tail [Kc-1, C]) as `short_conv.causal_conv`, or None."""
+    dev = x.dev
+    if not _same_dev(dev, x, tail) or x.raw.ndim != 2:
+        return None
+    wr = dev.unwrap(w, "causal_conv weight")
+    T, C = x.shape
+    if getattr(wr, "ndim", 0) != 2 or wr.shape[0] != C or wr.dtype != np.float32 or wr.shape[1] < 1 or \
+            (tail is not None and tail.shape != (wr.shape[1] - 1, C)):
+        return None
+    xp = dev.xp
+    y, new_tail = xp.empty((T, C), dtype=np.float32), xp.empty((wr.shape[1] - 1, C), dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    causal_conv_raw(nv(x.raw), nv(wr), None if tail is None else nv(tail.raw), nv(y), nv(new_tail),
+                    stream=current_stream())
+    res = (dev.wrap(y), dev.wrap(new_tail))
+    dev.note("fused causal_conv", (x, w, tail), res)
+    return res
 
 
 def swiglu(gate, up):

@@ -24,6 +24,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + exp(x)), x itself above 20, in float32 (`ggml_softplus`, ggml/src/ggml-cpu/unary-ops.cpp:80-82)."""
+    if (k := fused_op(x, "softplus")) is not None and (y := k(x)) is not None:
+        return y
     with np.errstate(over="ignore"):
         return np.where(x > 20, x, np.log(np.float32(1.0) + np.exp(x))).astype(np.float32, copy=False)
 
