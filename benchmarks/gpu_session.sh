@@ -3,6 +3,8 @@
 # time limit; everything is appended to $OUT/session.log, tables and figures land in $OUT as JSON / Markdown.
 #   STAGES="info layers matmul prefill gemv1 ncudecode tune tests" bash benchmarks/gpu_session.sh
 #   STAGES="graph graphtiny graphreal prefetch" bash benchmarks/gpu_session.sh   (the decode graph, issue 23; expert prefetch, 24)
+#   STAGES="llbuild graph" ... then GRAPHLL="arch:preset:layers[:KEY=VALUE] ..." STAGES=graphll: llama-bench and ours on
+#   each file in turn (.dev/ holds ../shared/tools/llamacpp_bench_device.sh and the vendored llama.cpp: see its header)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/rs
@@ -49,8 +51,8 @@ for st in ${STAGES:-info layers matmul tests}; do
           --type ${RS_TYPE:-Q4_K} --dir /tmp/rs --json "$OUT/realsize_$A.json" ${X:+--override $X} >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     graph) stage "graph tests"                       # the captured decode step == eager, tiny presets
-      timeout ${GRAPH_TIMEOUT:-200} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graph_step.py \
-        tests/test_products.py -k "${GRAPH_K:-}" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
+      timeout ${GRAPH_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graph_step.py \
+        tests/test_products.py tests/test_fused.py -k "${GRAPH_K:-}" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
     graphtiny) stage "graph tiny"                      # eager vs graph per token, tiny presets
       timeout ${GRAPHTINY_TIMEOUT:-240} python3 benchmarks/graph_decode.py --arch ${GRAPH_ARCH:-deepseek2,llama,qwen3moe,qwen3next,kimi-linear,kimi-k3,deepseek32,glm-dsa,qwen4exp,deepseek4} --decode 32 \
         --json "$OUT/graph_tiny.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
@@ -59,6 +61,16 @@ for st in ${STAGES:-info layers matmul tests}; do
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch $A --preset $P --layers $L ${X:+--override $X} \
           --type Q4_K --decode ${GRAPH_DECODE:-24} --dir /tmp/rs --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
+    llbuild) stage "llama.cpp build (detached)"          # llama-bench from the oracle's vendored source (.dev/)
+      STEPS=build bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1 ;;
+    graphll) for spec in ${GRAPHLL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
+        stage "llama.cpp and ours, one file: $A $P L=$L ${X:-}"   # the same random-packed Q4_K file, both timed
+        F=/tmp/m/$A-$P-L$L${X:+-$X}.gguf
+        MODELS="$spec" STEPS=models bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
+        BENCH_FILES=$F STEPS=bench bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
+        timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py $F --type Q4_K --decode ${GRAPH_DECODE:-24} \
+          --prefill ${GRAPH_PREFILL:-512} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+        echo "rc=$?" >> "$LOG"; rm -f $F; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf
       python3 -c "from refengine.cuda.randmodel import write_random_model as w; w('$F', 'Q4_K', 4, arch='qwen3next', preset='qwen3-next-80b')" >> "$LOG" 2>&1

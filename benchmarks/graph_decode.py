@@ -66,6 +66,21 @@ def decode_graph(model, rt, prompt, tokens):
     return out, times, dec
 
 
+def time_prefill(model, ids, reps: int = 3) -> float:
+    """Milliseconds of an eager resident forward of `ids` from a new state (logits read back), median of `reps`
+    after one warm-up."""
+    rt = runtime()
+    times = []
+    for i in range(reps + 1):
+        st = model.new_state()
+        sync()
+        t0 = time.perf_counter()
+        model.forward(ids, st, rt=rt)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times[1:]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=None)
@@ -81,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="replace a preset entry of a random-packed cut, e.g. n_expert=16")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "numpy"), help="numpy: the sim device, a dry run")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="also time the eager resident prefill of N random tokens (median of 3 after a warm-up)")
     a = ap.parse_args(argv)
     global SIM
     SIM = a.backend == "numpy"
@@ -137,6 +154,11 @@ def one(a, recs) -> int:
           f"graph vs eager fixed max |diff| {diff:.3g}, vs eager rel-RMS {rel:.2e}, argmax equal {same_argmax}; "
           f"{dec.eager} eager, {dec.captures} captures, {dec.replays} replays"
           + (f"; capture failed: {dec.failed}" if dec.failed else ""), flush=True)
+    if a.prefill:
+        rec["prefill_tokens"] = a.prefill
+        rec["prefill_ms"] = time_prefill(model, [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prefill)])
+        print(f"{os.path.basename(path)}: prefill of {a.prefill} tokens (eager resident) {rec['prefill_ms']:.1f} ms",
+              flush=True)
     recs.append(rec)
     if a.json:
         with open(a.json, "w") as f:
