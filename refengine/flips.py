@@ -336,6 +336,7 @@ def _run_llamacpp_mode(model, tokens, force: dict | None = None, log: list | Non
             return super().moe_ffn(x, ids, weights, record=record, **kw)
 
         def record(self, name, il, value):
+            value = value() if callable(value) else value
             super().record(name, il, value)
             log.append(("rec", name if il < 0 else f"{name}-{il}", np.asarray(value)))
 

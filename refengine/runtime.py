@@ -573,7 +573,14 @@ class Runtime:
             return _UnderPolicy(dm, self.kernel_policy).forward
         return dm.forward
 
-    def record(self, name: str, il: int, value: np.ndarray) -> None:
+    def record(self, name: str, il: int, value) -> None:
+        """A named intermediate for the trace (compare, golden) and teacher forcing. `value` may be a callable of no
+        arguments making it: called only when something reads it (a tensor llama.cpp names that the forward itself
+        does not need, whose making would cost a device launch a step)."""
+        if callable(value):
+            if self.trace is None and not self.force_inputs:
+                return
+            value = value()
         if self.trace is not None:
             self.trace(name, il, value)
         if self.force_inputs:

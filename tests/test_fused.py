@@ -17,7 +17,9 @@ from numba import cuda  # noqa: E402
 
 from refengine.cuda import fused  # noqa: E402
 from refengine.attention import delta_rule  # noqa: E402
+from refengine.attention.mha import attention_blocked, causal_mask, no_mask  # noqa: E402
 from refengine.attention.short_conv import causal_conv  # noqa: E402
+from refengine.ops.rope import apply_rope, rope_cos_sin  # noqa: E402
 from refengine.ops.activations import sigmoid, silu, softplus, swiglu  # noqa: E402
 from refengine.ops.norm import rms_norm  # noqa: E402
 from refengine.ops.softmax import softmax  # noqa: E402
@@ -110,6 +112,39 @@ def test_causal_conv(T, with_tail):
     y, new_tail = _run(fused.causal_conv_raw, x, w, tail, out_shapes=[(T, C), (Kc - 1, C)])
     np.testing.assert_allclose(y, y_want, rtol=1e-6, atol=1e-6)
     assert np.array_equal(new_tail, tail_want)
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_rope(mode):
+    """The first n_rot dims rotated (NORM pairs (2i, 2i+1), NEOX pairs (i, i + n_rot/2)), the rest copied: ==
+    rope.apply_rope, on a strided input (q's rope part is a slice of a wider row)."""
+    T, H, K, n_rot = (3, 16, 64, 48) if GPU else (2, 3, 10, 6)
+    wide = _rand(T, H, K + 4)
+    x = wide[:, :, 4:]
+    cos, sin = rope_cos_sin(np.arange(5, 5 + T), n_rot=n_rot, base=10000.0)
+    want = apply_rope(x, cos, sin, n_rot, mode)
+    (got,) = _run(lambda xd, c, s_, y: fused.rope_raw(xd[:, :, 4:], c, s_, n_rot, mode == 2, y), wide, cos, sin,
+                  out_shapes=[(T, H, K)])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T", [1, 3])
+def test_attention(causal, T):
+    """Scores, softmax and the weighted values in one launch == mha.attention_blocked under causal_mask / no_mask:
+    grouped heads (H / Hkv = 2), the cache longer than the positions (rows past the query hidden by the mask), and a
+    query at position 0 (one key)."""
+    H, Hkv, K, V, S = (16, 2, 576, 512, 40) if GPU else (4, 2, 40, 6, 7)
+    rng = np.random.default_rng(T)
+    q, k = rng.standard_normal((T, H, K)).astype(np.float32), rng.standard_normal((S, Hkv, K)).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, V)).astype(np.float32)
+    pos = np.arange(T) if T > 1 else np.array([0])
+    scale = 1 / np.sqrt(K)
+    want = attention_blocked(q, k, v, pos, scale, mask_fn=causal_mask if causal else no_mask)
+    (got,) = _run(lambda qd, kd, vd, pd, out: fused.attention_raw(qd, kd, vd, pd, scale, causal,
+                                                                  cuda.device_array((T * H, S), np.float32), out),
+                  q, k, v, pos, out_shapes=[(T, H, V)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])

@@ -249,13 +249,13 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
         rt.record(f"{name}_k_all", il, keys[:, None, :])
         neg = lambda m: np.where(m, np.float32(0), np.float32(-np.inf))        # noqa: E731
         if ac.ratio == 4:
-            rt.record("csa_top_k_mask", il, neg(chosen))
+            rt.record("csa_top_k_mask", il, lambda: neg(chosen))
         visible = np.concatenate([visible, chosen], axis=1)                     # [T, S + N]
-        rt.record("csa_lid_kq_mask" if ac.ratio == 4 else "hca_kq_mask", il, neg(visible))
+        rt.record("csa_lid_kq_mask" if ac.ratio == 4 else "hca_kq_mask", il, lambda: neg(visible))
     if gather and not keeps_scores(rt, il):
         idx, live = gather_slots_fixed(pos, S, ac.n_swa, block_ids) if fixed else \
             gather_slots(pos, kpos, ac.n_swa, block_ids)                        # [T, n_swa + nb]
-        rt.record("v_cont", il, contiguous(keys.T))
+        rt.record("v_cont", il, lambda: contiguous(keys.T))
         o = attention_gathered(q, keys[:, None, :], keys[:, None, :], idx, live, 1.0 / np.sqrt(K),
                                sinks=w.attn_sinks)                              # [T, H, K]
         rt.record("kqv", il, o.transpose(1, 0, 2))                              # [H, T, K]

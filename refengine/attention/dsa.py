@@ -81,7 +81,7 @@ def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, s
         def missing():
             raise ConfigError(f"layer {il} shares the indexer of layer {ic.source}, which has not run in this step")
         sel = step.memo(selection_key(ic.source), missing)
-        rt.record("top_k", il, sel.top_k.astype(np.int32))      # llama.cpp names the shared tensor again (glm-dsa.cpp:366)
+        rt.record("top_k", il, lambda: sel.top_k.astype(np.int32))      # llama.cpp names the shared tensor again (glm-dsa.cpp:366)
     S = state.n + T
     assert sel.mask.shape[0] == T and (rt.fixed_shapes or sel.mask.shape[1] == S), \
         f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"     # fixed shapes: S = the capacity

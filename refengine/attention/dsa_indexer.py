@@ -250,7 +250,7 @@ def lightning_indexer(h, qr, w, *, ic: IndexerConfig, state: IndexerKeys, cos, s
     score = index_scores(iq, ik_all, iw, causal)                                   # [T, S]
     rt.record("indexer_score", il, score)
     top_k, sel_mask = select_top_k(score, ic.top_k, rt.fixed_shapes)               # [T, n], [T, S]
-    rt.record("top_k", il, top_k.astype(np.int32))
+    rt.record("top_k", il, lambda: top_k.astype(np.int32))
     return Selection(top_k=top_k, mask=(sel_mask + causal).astype(np.float32), score=score)
 
 

@@ -234,7 +234,7 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     tail = state.conv if state.conv is not None else np.zeros_like(g, shape=(Kc - 1, C), dtype=np.float32)  # [Kc-1, C]
     S0 = state.ssm if state.ssm is not None else np.zeros_like(g, shape=(Hv, K, V), dtype=np.float32)       # [Hv, K, V]
     if gc.conv_trace == "build_conv_state":
-        rt.record("conv_states", il, tail.T.reshape(1, -1))              # llama.cpp's row: channel-major
+        rt.record("conv_states", il, lambda: tail.T.reshape(1, -1))      # llama.cpp's row: channel-major
         rt.record("conv_states_reshaped", il, tail.T[None])              # [1, C, Kc-1]
         rt.record("qkv_mixed_transposed", il, qkv.T[None])               # [1, C, T]
     else:                                                                # qwen4exp's build_conv_state_at
@@ -242,10 +242,10 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     rt.record("state_predelta", il, S0.transpose(0, 2, 1)[None])         # [1, Hv, V, K]: S^T per head
     y, new_tail = causal_conv(qkv, w.ssm_conv1d, tail)                   # [T, C], [Kc-1, C]
     if gc.conv_trace == "build_conv_state":
-        rt.record("conv_input", il, np.concatenate([tail, qkv]).T[None])     # [1, C, Kc-1+T]
+        rt.record("conv_input", il, lambda: np.concatenate([tail, qkv]).T[None])   # [1, C, Kc-1+T]
         rt.record("conv_state_last", il, new_tail.T[None])
         # the cache row the new tail is copied into, as llama.cpp's callback reads it: before the copy (the old tail)
-        rt.record("conv_state_update", il, tail.T.reshape(1, -1))
+        rt.record("conv_state_update", il, lambda: tail.T.reshape(1, -1))
     rt.record("conv_output_raw", il, y)
     y = silu(y)
     rt.record("conv_output_silu", il, y)

@@ -206,7 +206,7 @@ def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il) -> Poo
     rt.record("indexer_score", il, score)
     S = state.n
     top, mask, slots, live = select(score, q_pos, S, kc)
-    rt.record("indexer_top_k", il, top.astype(np.int32))
+    rt.record("indexer_top_k", il, lambda: top.astype(np.int32))
     causal = np.where(np.arange(S)[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf))
     mask = (mask + causal).astype(np.float32)                                     # [T, S]
     rt.record("indexer_sel", il, mask)
@@ -272,7 +272,7 @@ def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt
     rt.record("q_absorbed", il, q_abs.transpose(1, 0, 2))                         # [T, H, C]
     c_all, _ = state.append(c, np.zeros_like(c, shape=(T, 0)))                      # [S, C]
     if kc.full:
-        rt.record("indexer_sel_idx", il, sel.slots.astype(np.int32))             # [T, n_sel]
+        rt.record("indexer_sel_idx", il, lambda: sel.slots.astype(np.int32))             # [T, n_sel]
     kv = c_all[sel.slots]                                                         # [T, n_sel, C]
     rt.record("kv_gathered", il, kv)
     kq = np.einsum("htc,tsc->ths", q_abs, kv, dtype=np.float32)                  # [T, H, n_sel]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ops.arrays import known_all
+from ..ops.arrays import fused_op, known_all
 from ..ops.softmax import softmax
 
 
@@ -76,6 +76,9 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
     V = v.shape[-1]
     assert H % Hkv == 0, f"{H} query heads do not group evenly over {Hkv} KV heads"
     assert q_pos.shape == (T,) and v.shape[0] == S, (q_pos.shape, k.shape, v.shape)
+    if dtype == np.float32 and mask_fn in (causal_mask, no_mask) and (kf := fused_op(q, "attention_causal")) \
+            is not None and (o := kf(q, k, v, q_pos, kq_scale, mask_fn is causal_mask)) is not None:
+        return o                                          # a GPU, a decode step: one launch (cuda/fused.py)
     g = H // Hkv
     k_pos = np.arange(S, like=q_pos)                                             # (where q_pos lives)
     kt = k.astype(dtype, copy=False).transpose(1, 2, 0)[:, None]                 # [S, Hkv, K] -> [Hkv, 1, K, S]

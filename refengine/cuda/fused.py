@@ -8,6 +8,9 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     softplus(x)              ops/activations.py, float32
     delta_rule(q, k, v, g, beta, S, scale)   attention/delta_rule.py `recurrent`: every token of a call, one launch
     causal_conv(x, w, tail)  attention/short_conv.py: the output and the new tail, one launch
+    apply_rope(x, cos, sin, n_rot, mode)    ops/rope.py `apply_rope`, NORM and NEOX
+    attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
+                             (or none), a few queries (a decode step): one block per (query, head)
     all_finite(y, page, row, col)   page[row, col] = False when y holds a NaN/inf (the NaN checks of a step)
 
 The NumPy functions stay the statement of the math; each calls its kernel here when its input is a DeviceArray on
@@ -184,6 +187,115 @@ def _causal_conv(x, w, tail, has_tail, y, new_tail):
 
 
 @cuda.jit(fastmath=False)
+def _rope(x, cos, sin, n_rot, neox, y):
+    """One thread per element of y [T, H, K]: the first n_rot dims rotated in pairs ((j, j + n_rot/2) NEOX, (2i,
+    2i + 1) NORM) by the row's cos/sin [T, n_rot/2], the rest copied."""
+    i = cuda.grid(1)
+    T, H, K = x.shape
+    if i >= T * H * K:
+        return
+    t = i // (H * K)
+    r = i - t * H * K
+    h = r // K
+    j = r - h * K
+    if j >= n_rot:
+        y[t, h, j] = x[t, h, j]
+        return
+    half = n_rot // 2
+    if neox:
+        pr = j if j < half else j - half
+        a = x[t, h, pr]
+        b = x[t, h, pr + half]
+        first = j < half
+    else:
+        pr = j // 2
+        a = x[t, h, 2 * pr]
+        b = x[t, h, 2 * pr + 1]
+        first = j % 2 == 0
+    c = cos[t, pr]
+    s = sin[t, pr]
+    if first:
+        y[t, h, j] = float32(a * c) - float32(b * s)
+    else:
+        y[t, h, j] = float32(a * s) + float32(b * c)
+
+
+ANT = 128                   # threads of an attention block (4 warps)
+
+
+@cuda.jit(fastmath=False)
+def _attention(q, k, v, qpos, scale, causal, p, out):
+    """One block per (query t, head h), kv head h // (H / Hkv): the scores x_s = (q . k_s) * scale (-inf past the
+    query's position when causal) into p's row, a warp per key, lanes along K (summed through shared memory: the
+    CUDA simulator has no warp shuffles); then softmax's max, exp and float64
+    sum (as ops/softmax.py); then out = (sum_s p_s v_s) / sum, threads along V."""
+    b = cuda.blockIdx.x
+    T, H, K = q.shape
+    S, Hkv = k.shape[0], k.shape[1]
+    V = v.shape[2]
+    t = b // H
+    h = b - t * H
+    n = h // (H // Hkv)
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    warp = tid // 32
+    qp = qpos[t]
+    shm = cuda.shared.array(ANT, float32)
+    for s0 in range(0, S, ANT // 32):                # (every thread runs every round: the barriers are uniform)
+        s = s0 + warp
+        acc = float32(0.0)
+        if s < S:
+            for kk in range(lane, K, 32):
+                acc += q[t, h, kk] * k[s, n, kk]
+        shm[tid] = acc
+        cuda.syncthreads()
+        if lane == 0 and s < S:
+            tot = float32(0.0)
+            for ln in range(32):
+                tot += shm[tid + ln]
+            x = float32(tot * scale)
+            if causal and s > qp:
+                x = float32(-math.inf)
+            p[b, s] = x
+        cuda.syncthreads()
+    shs = cuda.shared.array(ANT, float64)
+    m = float32(-math.inf)
+    for s in range(tid, S, ANT):
+        if p[b, s] > m:
+            m = p[b, s]
+    shm[tid] = m
+    cuda.syncthreads()
+    st = ANT // 2
+    while st > 0:
+        if tid < st and shm[tid + st] > shm[tid]:
+            shm[tid] = shm[tid + st]
+        cuda.syncthreads()
+        st //= 2
+    m = shm[0]
+    if m == float32(-math.inf):
+        m = float32(0.0)                           # a row with no key: every p 0, the sum 0, the output NaN
+    acc64 = float64(0.0)
+    for s in range(tid, S, ANT):
+        e = float32(math.exp(p[b, s] - m))
+        p[b, s] = e
+        acc64 += float64(e)
+    shs[tid] = acc64
+    cuda.syncthreads()
+    st = ANT // 2
+    while st > 0:
+        if tid < st:
+            shs[tid] += shs[tid + st]
+        cuda.syncthreads()
+        st //= 2
+    den = float32(shs[0])
+    for c in range(tid, V, ANT):
+        a = float32(0.0)
+        for s in range(S):
+            a += p[b, s] * v[s, n, c]
+        out[t, h, c] = a / den
+
+
+@cuda.jit(fastmath=False)
 def _all_finite(y, page, row, col):
     """page[row, col] = False when y (flat) holds a NaN or an inf; page was filled with True (a benign race: every
     writer writes False)."""
@@ -239,6 +351,15 @@ def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
     """x [T, C], w [C, Kc], tail [Kc-1, C] or None; y [T, C] and new_tail [Kc-1, C] written."""
     has_tail = tail is not None
     _causal_conv[_grid(x.shape[1], 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, y, new_tail)
+
+
+def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
+    _rope[_grid(y.shape[0] * y.shape[1] * y.shape[2]), 256, stream](x, cos, sin, n_rot, neox, y)
+
+
+def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, stream=0) -> None:
+    """q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], qpos [T] int; p [T*H, S] float32 scratch; out [T, H, V]."""
+    _attention[q.shape[0] * q.shape[1], ANT, stream](q, k, v, qpos, np.float32(scale), causal, p, out)
 
 
 def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:
@@ -354,6 +475,49 @@ def causal_conv(x, w, tail):
                     stream=current_stream())
     res = (dev.wrap(y), dev.wrap(new_tail))
     dev.note("fused causal_conv", (x, w, tail), res)
+    return res
+
+
+def apply_rope(x, cos, sin, n_rot: int, mode: int):
+    """`rope.apply_rope` (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
+    dev = x.dev
+    if mode not in (0, 2) or not _same_dev(dev, x, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
+        return None
+    T, H, K = x.shape
+    if cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2:
+        return None
+    y = dev.xp.empty((T, H, K), dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    rope_raw(nv(x.raw), nv(cos.raw), nv(sin.raw), int(n_rot), mode == 2, nv(y), stream=current_stream())
+    res = dev.wrap(y)
+    dev.note("fused rope", (x, cos, sin), res)
+    return res
+
+
+ATTN_MAX_T = 8                      # queries: more (a prefill) keep the batched products
+ATTN_MAX_SCRATCH = 1 << 26          # scores held at once (T * H * S float32)
+
+
+def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
+    """`mha.attention_blocked` under `causal_mask` (causal) or `no_mask` for at most ATTN_MAX_T queries -> [T, H, V]
+    float32, or None."""
+    from ..devarray import DeviceArray
+    dev = q.dev
+    if not _same_dev(dev, q, k, v) or not isinstance(q_pos, DeviceArray) or q_pos.dev is not dev \
+            or q_pos.raw.dtype.kind not in "iu" or q.raw.ndim != 3 or k.raw.ndim != 3 or v.raw.ndim != 3:
+        return None
+    T, H, K = q.shape
+    S, Hkv = k.shape[0], k.shape[1]
+    if T > ATTN_MAX_T or S == 0 or T * H * S > ATTN_MAX_SCRATCH or k.shape[2] != K or v.shape[:2] != (S, Hkv) \
+            or H % Hkv or q_pos.shape != (T,):
+        return None
+    xp = dev.xp
+    p, out = xp.empty((T * H, S), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    attention_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(q_pos.raw), float(kq_scale), bool(causal), nv(p), nv(out),
+                  stream=current_stream())
+    res = dev.wrap(out)
+    dev.note("fused attention", (q, k, v, q_pos), res)
     return res
 
 

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..config import ROPE_NEOX, ROPE_NORM
-from .arrays import as_array
+from .arrays import as_array, fused_op
 
 
 def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
@@ -104,6 +104,8 @@ def _position_tables(positions, kw):
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode: int) -> np.ndarray:
     """x: [T, H, K], cos/sin: [T, n_rot/2] -> [T, H, K] with the first n_rot dims rotated (float32; float64 stays)."""
+    if (k := fused_op(x, "apply_rope")) is not None and (y := k(x, cos, sin, n_rot, mode)) is not None:
+        return y                                                               # a GPU: one launch (cuda/fused.py)
     half = n_rot // 2
     out = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=True)
     c, s = cos[:, None, :], sin[:, None, :]                                    # [T, 1, half]
