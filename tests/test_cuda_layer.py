@@ -336,7 +336,9 @@ def test_cli_says_no_gpu(tmp_path_factory):
 def test_ptx_sm90_device_kernels_one_per_family():
     """One specialization of each device-path kernel (norms, RoPE, attention, softmax, routing) compiles for sm_90."""
     ptx_sm90("refengine.cuda.ptx", ["rms_norm", "add", "add_rms_norm", "qk_rope", "attention", "attention_gqa[G=8]",
-                                    "softmax_causal", "route[E=128]"])
+                                    "softmax_causal", "route[E=128]", "fused_rms_norm", "fused_softmax", "fused_silu",
+                                    "fused_delta_rule", "fused_causal_conv", "fused_rope", "fused_attention",
+                                    "fused_all_finite"])
 
 
 @exhaustive

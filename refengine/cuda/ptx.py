@@ -7,6 +7,7 @@ import sys
 
 from quant.cuda import ptx as qptx
 
+from . import fused as fz
 from .attn import softmax_causal_kernel
 
 from .kernels import (add_kernel, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel, qk_rope_kernel,
@@ -25,6 +26,21 @@ KERNELS = [
     ("softmax_causal", softmax_causal_kernel, f"void({F2}, int64, {I1}, float64, int64)"),
     ("route[E=128]", route_kernel(128), f"void({F2}, int64, boolean, {I2}, {F1})"),
     ("route[E=1024]", route_kernel(1024), f"void({F2}, int64, boolean, {I2}, {F1})"),
+]
+A1, A2, A3 = "float32[:]", "float32[:, :]", "float32[:, :, :]"     # the fused kernels take strided views too
+KERNELS += [
+    ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F1}, boolean, float32, {F2})"),
+    ("fused_softmax", fz._softmax_rows, f"void({F2}, {F2})"),
+    ("fused_silu", fz._silu, f"void({F1}, {F1})"),
+    ("fused_sigmoid", fz._sigmoid, f"void({F1}, {F1})"),
+    ("fused_softplus", fz._softplus, f"void({F1}, {F1})"),
+    ("fused_swiglu", fz._swiglu, f"void({F1}, {F1}, {F1})"),
+    ("fused_delta_rule", fz._delta_rule, f"void({A3}, {A3}, {A3}, {A3}, boolean, {A2}, {A3}, boolean, float32, {F3}, "
+                                          f"{F3})"),
+    ("fused_causal_conv", fz._causal_conv, f"void({A2}, {F2}, {A2}, boolean, {F2}, {F2})"),
+    ("fused_rope", fz._rope, f"void({A3}, {A2}, {A2}, int64, boolean, {F3})"),
+    ("fused_attention", fz._attention, f"void({A3}, {A3}, {A3}, int64[:], float32, boolean, {F2}, {F3})"),
+    ("fused_all_finite", fz._all_finite, f"void({F1}, boolean[:, ::1], int64, int64)"),
 ]
 
 
