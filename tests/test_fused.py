@@ -21,7 +21,7 @@ from refengine.attention.mha import attention_blocked, causal_mask, no_mask  # n
 from refengine.attention.short_conv import causal_conv  # noqa: E402
 from refengine.ops.rope import apply_rope, rope_cos_sin  # noqa: E402
 from refengine.ops.activations import sigmoid, silu, softplus, swiglu  # noqa: E402
-from refengine.ops.norm import rms_norm  # noqa: E402
+from refengine.ops.norm import layer_norm, rms_norm  # noqa: E402
 from refengine.ops.softmax import softmax  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -50,6 +50,15 @@ def test_rms_norm_rows(with_w):
     want = rms_norm(x, w, 1e-6)
     (got,) = _run(lambda xd, wd, y: fused.rms_norm_raw(xd, wd, 1e-6, y), x, w, out_shapes=[x.shape])
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("wb", [(True, True), (True, False), (False, False)])
+def test_layer_norm_rows(wb):
+    x = _rand(ROWS, D) + 5.0                              # a mean far from 0
+    w, b = (_rand(D, seed=k + 1) if on else None for k, on in enumerate(wb))
+    want = layer_norm(x, w, b, 1e-5)
+    (got,) = _run(lambda xd, wd, bd, y: fused.layer_norm_raw(xd, wd, bd, 1e-5, y), x, w, b, out_shapes=[x.shape])
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
 
 
 def test_softmax_rows():

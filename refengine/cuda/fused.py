@@ -2,6 +2,7 @@
 on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is mostly launches, not bytes).
 
     rms_norm(x, w, eps)      ops/norm.py `rms_norm`: [..., D] float32 rows, w [D] or None
+    layer_norm(x, w, b, eps) ops/norm.py `layer_norm`, w and b [D] or None
     softmax(x)               ops/softmax.py `softmax` over the last axis, float32
     silu(x), sigmoid(x)      ops/activations.py, float32
     swiglu(gate, up)         silu(gate) * up, float32, same shape
@@ -56,6 +57,50 @@ def _rms_rows(x, w, has_w, eps, y):
         v = x[r, j] * scale
         if has_w:
             v = v * w[j]
+        y[r, j] = v
+
+
+@cuda.jit(fastmath=False)
+def _layer_rows(x, w, has_w, b, has_b, eps, y):
+    """Row r = blockIdx.x: the mean (float64 sum), d = x - mean in float32, the variance of d (float64 squares and
+    sum), y = d / sqrt(var + eps) (* w) (+ b), as `ops.layer_norm`."""
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    D = x.shape[1]
+    sh = cuda.shared.array(NT, float64)
+    acc = float64(0.0)
+    for j in range(t, D, NT):
+        acc += float64(x[r, j])
+    sh[t] = acc
+    cuda.syncthreads()
+    s = NT // 2
+    while s > 0:
+        if t < s:
+            sh[t] += sh[t + s]
+        cuda.syncthreads()
+        s //= 2
+    mean = float32(sh[0] / D)
+    cuda.syncthreads()
+    acc = float64(0.0)
+    for j in range(t, D, NT):
+        d = float64(float32(x[r, j] - mean))
+        acc += d * d
+    sh[t] = acc
+    cuda.syncthreads()
+    s = NT // 2
+    while s > 0:
+        if t < s:
+            sh[t] += sh[t + s]
+        cuda.syncthreads()
+        s //= 2
+    var = float32(sh[0] / D)
+    scale = float32(1.0) / float32(math.sqrt(float32(var + eps)))
+    for j in range(t, D, NT):
+        v = float32(x[r, j] - mean) * scale
+        if has_w:
+            v = v * w[j]
+        if has_b:
+            v = v + b[j]
         y[r, j] = v
 
 
@@ -318,6 +363,13 @@ def rms_norm_raw(x2, w, eps: float, y2, stream=0) -> None:
     _rms_rows[x2.shape[0], NT, stream](x2, wv, has_w, np.float32(eps), y2)
 
 
+def layer_norm_raw(x2, w, b, eps: float, y2, stream=0) -> None:
+    """x2, y2 [R, D] float32 (device), w, b [D] float32 or None."""
+    dummy = x2[0, :1]
+    _layer_rows[x2.shape[0], NT, stream](x2, dummy if w is None else w, w is not None, dummy if b is None else b,
+                                         b is not None, np.float32(eps), y2)
+
+
 def softmax_raw(x2, y2, stream=0) -> None:
     _softmax_rows[x2.shape[0], NT, stream](x2, y2)
 
@@ -388,6 +440,28 @@ def rms_norm(x, w, eps: float):
                  stream=current_stream())
     res = x.dev.wrap(out.reshape(raw.shape))
     x.dev.note("fused rms_norm", (x, w), res)
+    return res
+
+
+def layer_norm(x, w, b, eps: float):
+    raw = x.raw
+    if raw.ndim < 1 or not _served(raw):
+        return None
+    D = raw.shape[-1]
+    wb = []
+    for a in (w, b):
+        ar = None
+        if a is not None:
+            ar = x.dev.unwrap(a, "layer_norm weight")
+            if getattr(ar, "shape", None) != (D,) or not _served(ar):
+                return None
+        wb.append(ar)
+    x2 = raw.reshape(-1, D)
+    out = x.dev.xp.empty_like(x2)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    layer_norm_raw(nv(x2), *[None if a is None else nv(a) for a in wb], eps, nv(out), stream=current_stream())
+    res = x.dev.wrap(out.reshape(raw.shape))
+    x.dev.note("fused layer_norm", (x, w, b), res)
     return res
 
 

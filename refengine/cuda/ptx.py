@@ -31,6 +31,7 @@ A1, A2, A3 = "float32[:]", "float32[:, :]", "float32[:, :, :]"     # the fused k
 KERNELS += [
     ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F1}, boolean, float32, {F2})"),
     ("fused_softmax", fz._softmax_rows, f"void({F2}, {F2})"),
+    ("fused_layer_norm", fz._layer_rows, f"void({F2}, {F1}, boolean, {F1}, boolean, float32, {F2})"),
     ("fused_silu", fz._silu, f"void({F1}, {F1})"),
     ("fused_sigmoid", fz._sigmoid, f"void({F1}, {F1})"),
     ("fused_softplus", fz._softplus, f"void({F1}, {F1})"),

@@ -29,6 +29,8 @@ def layer_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: f
     (ops.cpp `ggml_compute_forward_norm_f32`: mean, then the mean of squared deviations). eps = 0 is allowed
     (ggml asserts eps >= 0); a constant row then divides by zero, as in ggml.
     """
+    if (k := fused_op(x, "layer_norm")) is not None and (y := k(x, w, b, eps)) is not None:
+        return y                                                         # a GPU: the same, in one launch
     x = as_array(x)
     x = as_array(x, np.float64 if x.dtype == np.float64 else np.float32)
     mean = np.mean(x, axis=-1, keepdims=True, dtype=np.float64)                                   # [..., 1]
