@@ -32,7 +32,7 @@ class Trace:
         if self.names is None or key in self.names:
             if key in self.tensors:
                 self.earlier.setdefault(key, []).append(self.tensors[key])
-            self.tensors[key] = np.array(value, copy=True)
+            self.tensors[key] = np.array(value() if callable(value) else value, copy=True)   # (a lazy value)
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.tensors[key]

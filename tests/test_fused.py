@@ -156,6 +156,24 @@ def test_attention(causal, T):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("k", [1, 8])
+def test_top_k(k):
+    """The k largest of each row, descending, ties in index order, NaN after every number, -inf before NaN ==
+    router.topk_desc (np.argsort(-x, kind="stable")[:, :k])."""
+    from refengine.moe.router import topk_desc
+    R, E = (5, 512) if GPU else (4, 19)
+    x = _rand(R, E)
+    x[0, 3] = x[0, 7] = x[0, 11] = 50.0                   # a tie at the top
+    x[1, :] = np.nan
+    x[1, [2, 5]] = (-np.inf, 1.0)                         # one number, one -inf, NaNs: k = 8 reaches them
+    x[2, ::2] = np.float32(0.25)                          # many ties
+    want = topk_desc(x, k)
+    ids = cuda.device_array((R, k), np.int32)
+    fused.top_k_raw(cuda.to_device(x), k, ids)
+    cuda.synchronize()
+    assert np.array_equal(ids.copy_to_host(), want)
+
+
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("at", [0, -1])
 def test_all_finite(bad, at):

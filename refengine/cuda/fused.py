@@ -12,6 +12,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     apply_rope(x, cos, sin, n_rot, mode)    ops/rope.py `apply_rope`, NORM and NEOX
     attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
                              (or none), a few queries (a decode step): one block per (query, head)
+    top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
     all_finite(y, page, row, col)   page[row, col] = False when y holds a NaN/inf (the NaN checks of a step)
 
 The NumPy functions stay the statement of the math; each calls its kernel here when its input is a DeviceArray on
@@ -28,7 +29,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64
+from numba import boolean, cuda, float32, float64, int32
 
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
 
@@ -340,6 +341,63 @@ def _attention(q, k, v, qpos, scale, causal, p, out):
         out[t, h, c] = a / den
 
 
+TOPK_E = 2048              # top_k: entries of a row (a shared flag each)
+TOPK_MAX = 64              # top_k: k (one block-wide argmax a pick)
+
+
+@cuda.jit(device=True, inline=True)
+def _before(v, j, bv, bj, E):
+    """Whether entry (v, j) comes before (bv, bj) in the stable descending order (NaN after every number, ties and
+    NaNs in index order); j == E: no entry."""
+    if j == E:
+        return False
+    if bj == E:
+        return True
+    vn = v != v
+    bn = bv != bv
+    if vn != bn:
+        return bn
+    if vn or v == bv:
+        return j < bj
+    return v > bv
+
+
+@cuda.jit(fastmath=False)
+def _top_k(x, k, ids):
+    """Row r = blockIdx.x: k picks, each the block's first entry in the stable descending order among those not
+    picked yet (np.argsort(-x, kind="stable")[:k])."""
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    E = x.shape[1]
+    taken = cuda.shared.array(TOPK_E, boolean)
+    sv = cuda.shared.array(NT, float32)
+    si = cuda.shared.array(NT, int32)
+    for j in range(t, E, NT):
+        taken[j] = False
+    cuda.syncthreads()
+    for a in range(k):
+        bv = float32(0.0)
+        bj = E
+        for j in range(t, E, NT):
+            if not taken[j] and _before(x[r, j], j, bv, bj, E):
+                bv = x[r, j]
+                bj = j
+        sv[t] = bv
+        si[t] = bj
+        cuda.syncthreads()
+        s = NT // 2
+        while s > 0:
+            if t < s and _before(sv[t + s], si[t + s], sv[t], si[t], E):
+                sv[t] = sv[t + s]
+                si[t] = si[t + s]
+            cuda.syncthreads()
+            s //= 2
+        if t == 0:
+            ids[r, a] = si[0]
+            taken[si[0]] = True
+        cuda.syncthreads()
+
+
 @cuda.jit(fastmath=False)
 def _all_finite(y, page, row, col):
     """page[row, col] = False when y (flat) holds a NaN or an inf; page was filled with True (a benign race: every
@@ -412,6 +470,11 @@ def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
 def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, stream=0) -> None:
     """q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], qpos [T] int; p [T*H, S] float32 scratch; out [T, H, V]."""
     _attention[q.shape[0] * q.shape[1], ANT, stream](q, k, v, qpos, np.float32(scale), causal, p, out)
+
+
+def top_k_raw(x2, k: int, ids, stream=0) -> None:
+    """x2 [R, E] float32 (E <= TOPK_E), ids [R, k] int32 (k <= min(E, TOPK_MAX))."""
+    _top_k[x2.shape[0], NT, stream](x2, k, ids)
 
 
 def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:
@@ -592,6 +655,21 @@ def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
                   stream=current_stream())
     res = dev.wrap(out)
     dev.note("fused attention", (q, k, v, q_pos), res)
+    return res
+
+
+def top_k(x, k: int):
+    """`router.topk_desc`: ids [T, min(k, E)] int32 of the k largest per row, or None."""
+    raw = x.raw
+    if raw.ndim != 2 or raw.dtype != np.float32 or not 0 < raw.shape[1] <= TOPK_E or not 0 < k <= TOPK_MAX \
+            or raw.shape[0] == 0:
+        return None
+    k = min(k, raw.shape[1])
+    ids = x.dev.xp.empty((raw.shape[0], k), dtype=np.int32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    top_k_raw(nv(raw), k, nv(ids), stream=current_stream())
+    res = x.dev.wrap(ids)
+    x.dev.note("fused top_k", (x,), res)
     return res
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.softmax import softmax
-from ..ops.arrays import as_array
+from ..ops.arrays import as_array, fused_op
 
 # `expert_gating_func` values (LLAMA_EXPERT_GATING_FUNC_TYPE_*, src/llama-hparams.h:16-22; 0 = "not set",
 # which each arch's loader replaces by its own default).
@@ -43,6 +43,8 @@ def topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
 
     (ggml_argsort is std::sort, not stable: llama.cpp may order exact ties either way.)
     """
+    if (f := fused_op(scores, "top_k")) is not None and (ids := f(scores, k)) is not None:
+        return ids                                                           # a GPU: one launch (cuda/fused.py)
     order = np.argsort(-scores, axis=-1, kind="stable")
     return order[:, :k].astype(np.int32)
 
@@ -109,9 +111,9 @@ def route(logits: np.ndarray, k: int, *, gating: int = GATING_SOFTMAX, bias: np.
         rec("ffn_moe_probs_biased", il, selection)
     if n_groups > 1 and T > 0:
         selection = group_limited(selection, n_groups, n_group_used, rec, il)
-    order = np.argsort(-selection, axis=-1, kind="stable").astype(np.int32)   # [T, E], descending
-    rec("ffn_moe_argsort", il, order)
-    ids = order[:, :k]                                                     # [T, A]
+    rec("ffn_moe_argsort", il,                                             # [T, E], descending: made when read
+        lambda: np.argsort(-selection, axis=-1, kind="stable").astype(np.int32))
+    ids = topk_desc(selection, k)                                          # [T, A], its first A
     rec("ffn_moe_topk", il, ids)
     return ids, expert_weights(probs, ids, gating=gating, norm_w=norm_w, w_scale=w_scale, record=rec, il=il)
 
