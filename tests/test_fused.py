@@ -20,7 +20,7 @@ from refengine.attention import delta_rule  # noqa: E402
 from refengine.attention.mha import attention_blocked, causal_mask, no_mask  # noqa: E402
 from refengine.attention.short_conv import causal_conv  # noqa: E402
 from refengine.ops.rope import apply_rope, rope_cos_sin  # noqa: E402
-from refengine.ops.activations import sigmoid, silu, softplus, swiglu  # noqa: E402
+from refengine.ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp  # noqa: E402
 from refengine.ops.norm import layer_norm, rms_norm  # noqa: E402
 from refengine.ops.softmax import softmax  # noqa: E402
 
@@ -86,6 +86,20 @@ def test_swiglu():
     g, u = _rand(ROWS * D, scale=6.0), _rand(ROWS * D, seed=1)
     (got,) = _run(fused.swiglu_raw, g, u, out_shapes=[g.shape])
     np.testing.assert_allclose(got, swiglu(g, u), rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("lb", [0.0, 5.0])
+def test_situ(lb):
+    """Kimi-K3's SiTU (with and without the capped up branch) == activations.situ."""
+    g, u = _rand(ROWS * D, scale=8.0), _rand(ROWS * D, seed=1, scale=8.0)
+    (got,) = _run(lambda gd, ud, y: fused.situ_raw(gd, ud, 3.0, lb, y), g, u, out_shapes=[g.shape])
+    np.testing.assert_allclose(got, situ(g, u, 3.0, lb), rtol=2e-6, atol=1e-6)
+
+
+def test_swiglu_clamp():
+    g, u = _rand(ROWS * D, scale=10.0), _rand(ROWS * D, seed=1, scale=10.0)
+    (got,) = _run(lambda gd, ud, y: fused.swiglu_clamp_raw(gd, ud, 7.0, y), g, u, out_shapes=[g.shape])
+    np.testing.assert_allclose(got, swiglu_clamp(g, u, 7.0), rtol=1e-6, atol=1e-30)
 
 
 @pytest.mark.parametrize("per_key", [False, True])

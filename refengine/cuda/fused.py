@@ -7,6 +7,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     silu(x), sigmoid(x)      ops/activations.py, float32
     swiglu(gate, up)         silu(gate) * up, float32, same shape
     softplus(x)              ops/activations.py, float32
+    situ(gate, up, beta, lb), swiglu_clamp(gate, up, limit)   ops/activations.py (Kimi-K3, DeepSeek-V4), float32
     delta_rule(q, k, v, g, beta, S, scale)   attention/delta_rule.py `recurrent`: every token of a call, one launch
     causal_conv(x, w, tail)  attention/short_conv.py: the output and the new tail, one launch
     apply_rope(x, cos, sin, n_rot, mode)    ops/rope.py `apply_rope`, NORM and NEOX
@@ -173,6 +174,30 @@ def _softplus(x, y):
     if i < x.shape[0]:
         v = x[i]
         y[i] = v if v > float32(20.0) else float32(math.log(float32(float32(1.0) + float32(math.exp(v)))))
+
+
+@cuda.jit(fastmath=False)
+def _situ(g, u, beta, lb, y):
+    """`activations.situ` in its float32 steps: tanh(g / beta) * beta * sigmoid(g) * (tanh(u / lb) * lb or u)."""
+    i = cuda.grid(1)
+    if i < g.shape[0]:
+        gv = g[i]
+        a = float32(math.tanh(float32(gv * float32(float32(1.0) / beta)))) * beta
+        a = a * float32(float32(1.0) / float32(float32(1.0) + float32(math.exp(-gv))))
+        uv = u[i]
+        if lb > float32(0.0):
+            uv = float32(math.tanh(float32(uv * float32(float32(1.0) / lb)))) * lb
+        y[i] = a * uv
+
+
+@cuda.jit(fastmath=False)
+def _swiglu_clamp(g, u, limit, y):
+    """`activations.swiglu_clamp`: silu(min(g, L)) * clip(u, -L, L)."""
+    i = cuda.grid(1)
+    if i < g.shape[0]:
+        gv = min(g[i], limit)
+        uv = max(min(u[i], limit), -limit)
+        y[i] = float32(gv / float32(float32(1.0) + float32(math.exp(-gv)))) * uv
 
 
 @cuda.jit(fastmath=False)
@@ -444,6 +469,14 @@ def swiglu_raw(g1, u1, y1, stream=0) -> None:
     _swiglu[_grid(g1.shape[0]), 256, stream](g1, u1, y1)
 
 
+def situ_raw(g1, u1, beta: float, lb: float, y1, stream=0) -> None:
+    _situ[_grid(g1.shape[0]), 256, stream](g1, u1, np.float32(beta), np.float32(lb), y1)
+
+
+def swiglu_clamp_raw(g1, u1, limit: float, y1, stream=0) -> None:
+    _swiglu_clamp[_grid(g1.shape[0]), 256, stream](g1, u1, np.float32(limit), y1)
+
+
 def softplus_raw(x1, y1, stream=0) -> None:
     _softplus[_grid(x1.shape[0]), 256, stream](x1, y1)
 
@@ -673,7 +706,8 @@ def top_k(x, k: int):
     return res
 
 
-def swiglu(gate, up):
+def _binary(gate, up, op, launch):
+    """A gated activation of two same-shaped float32 device arrays, one launch (launch(g, u, y, stream))."""
     from ..devarray import DeviceArray
     if not isinstance(up, DeviceArray) or up.dev is not gate.dev:
         return None
@@ -682,11 +716,22 @@ def swiglu(gate, up):
         return None
     out = gate.dev.xp.empty_like(g)
     from quant.cuda.resident import current_stream, numba_view
-    swiglu_raw(numba_view(g.reshape(-1)), numba_view(u.reshape(-1)), numba_view(out.reshape(-1)),
-               stream=current_stream())
+    launch(numba_view(g.reshape(-1)), numba_view(u.reshape(-1)), numba_view(out.reshape(-1)), current_stream())
     res = gate.dev.wrap(out)
-    gate.dev.note("fused swiglu", (gate, up), res)
+    gate.dev.note(f"fused {op}", (gate, up), res)
     return res
+
+
+def swiglu(gate, up):
+    return _binary(gate, up, "swiglu", lambda g, u, y, st: swiglu_raw(g, u, y, stream=st))
+
+
+def situ(gate, up, beta: float, linear_beta: float):
+    return _binary(gate, up, "situ", lambda g, u, y, st: situ_raw(g, u, beta, linear_beta, y, stream=st))
+
+
+def swiglu_clamp(gate, up, limit: float):
+    return _binary(gate, up, "swiglu_clamp", lambda g, u, y, st: swiglu_clamp_raw(g, u, limit, y, stream=st))
 
 
 def all_finite(y, page, row: int, col: int) -> bool:

@@ -36,6 +36,8 @@ KERNELS += [
     ("fused_sigmoid", fz._sigmoid, f"void({F1}, {F1})"),
     ("fused_softplus", fz._softplus, f"void({F1}, {F1})"),
     ("fused_swiglu", fz._swiglu, f"void({F1}, {F1}, {F1})"),
+    ("fused_situ", fz._situ, f"void({F1}, {F1}, float32, float32, {F1})"),
+    ("fused_swiglu_clamp", fz._swiglu_clamp, f"void({F1}, {F1}, float32, {F1})"),
     ("fused_delta_rule", fz._delta_rule, f"void({A3}, {A3}, {A3}, {A3}, boolean, {A2}, {A3}, boolean, float32, {F3}, "
                                           f"{F3})"),
     ("fused_causal_conv", fz._causal_conv, f"void({A2}, {F2}, {A2}, boolean, {F2}, {F2})"),

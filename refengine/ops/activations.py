@@ -45,6 +45,8 @@ def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> n
     in this order (src/models/kimi-k3.cpp:173-184 `kimi_k3_situ`, the same in build_moe_ffn's LLM_FFN_SITU,
     src/llama-graph.cpp:2266-2280): scale by 1/beta, tanh, scale by beta, times sigmoid(gate), times up.
     gate, up: [..., F] float32 -> [..., F]."""
+    if (k := fused_op(gate, "situ")) is not None and (y := k(gate, up, beta, linear_beta)) is not None:
+        return y
     f32 = np.float32
     with np.errstate(over="ignore"):
         a = np.tanh(gate * f32(f32(1.0) / f32(beta))) * f32(beta)                   # ggml_scale(tanh(scale(g)))
@@ -57,6 +59,8 @@ def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> n
 def swiglu_clamp(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
     """silu(min(gate, L)) * clip(up, -L, L), L = limit (`ggml_swiglu_clamp`, ggml-cpu ops.cpp:3571-3628: the gate is
     clamped BEFORE the silu, unlike the clamp-after-silu of the other archs' limited SwiGLU). float32."""
+    if (k := fused_op(gate, "swiglu_clamp")) is not None and (y := k(gate, up, limit)) is not None:
+        return y
     L = np.float32(limit)
     g = np.minimum(gate, L)
     u = np.clip(up, -L, L)
