@@ -170,6 +170,31 @@ def test_attention(causal, T):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("T", [1, 3])
+def test_attention_gathered(with_sinks, T):
+    """Each query's n selected keys (idx, some slots dead, one query with every slot dead: NaN as NumPy), with and
+    without DeepSeek-V4's sinks, in one launch == mha.attention_gathered."""
+    from refengine.attention.mha import attention_gathered
+    H, Hkv, K, V, S, n = (16, 1, 576, 512, 64, 24) if GPU else (4, 2, 20, 6, 9, 5)
+    rng = np.random.default_rng(T + 10)
+    q, k = rng.standard_normal((T, H, K)).astype(np.float32), rng.standard_normal((S, Hkv, K)).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, V)).astype(np.float32)
+    idx = np.stack([rng.permutation(S)[:n] for _ in range(T)]).astype(np.int64)
+    live = rng.uniform(size=(T, n)) < 0.7
+    live[0, 0] = True
+    if T > 1:
+        live[1] = False
+    sinks = rng.standard_normal(H).astype(np.float32) if with_sinks else None
+    scale = 1 / np.sqrt(K)
+    want = attention_gathered(q, k, v, idx, live, scale, sinks=sinks)
+    (got,) = _run(lambda qd, kd, vd, idd, lv, sk, out: fused.attention_raw(
+        qd, kd, vd, cuda.to_device(np.zeros(T, np.int64)), scale, False, cuda.device_array((T * H, n), np.float32),
+        out, idx=idd, live=lv, sinks=sk), q, k, v, idx, live, sinks, out_shapes=[(T, H, V)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
 @pytest.mark.parametrize("k", [1, 8])
 def test_top_k(k):
     """The k largest of each row, descending, ties in index order, NaN after every number, -inf before NaN ==

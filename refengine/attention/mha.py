@@ -166,6 +166,9 @@ def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndar
     assert idx.shape == live.shape == (T, n) and v.shape[0] == S, (idx.shape, live.shape, k.shape, v.shape)
     assert not isinstance(idx, np.ndarray) or idx.size == 0 or (idx.min() >= 0 and idx.max() < S), \
         f"gather positions outside 0 .. {S - 1}"                                    # (checked on the host only)
+    if dtype == np.float32 and (kf := fused_op(q, "attention_gathered")) is not None \
+            and (o := kf(q, k, v, idx, live, kq_scale, sinks)) is not None:
+        return o                                          # a GPU, a decode step: one launch (cuda/fused.py)
     g = H // Hkv
     qb_n = q_block or max(1, GATHER_ELEMS // max(1, n * Hkv * (K + V)))
     sink = None if sinks is None else sinks.astype(dtype, copy=False).reshape(Hkv, g, 1)    # [Hkv, g, 1]

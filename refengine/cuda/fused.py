@@ -13,6 +13,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     apply_rope(x, cos, sin, n_rot, mode)    ops/rope.py `apply_rope`, NORM and NEOX
     attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
                              (or none), a few queries (a decode step): one block per (query, head)
+    attention_gathered(q, k, v, idx, live, kq_scale, sinks)   attention/mha.py `attention_gathered` (sparse
+                             attention's selected keys, DeepSeek-V4's sinks), a few queries, the same kernel
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
     all_finite(y, page, row, col)   page[row, col] = False when y holds a NaN/inf (the NaN checks of a step)
 
@@ -295,14 +297,15 @@ ANT = 128                   # threads of an attention block (4 warps)
 
 
 @cuda.jit(fastmath=False)
-def _attention(q, k, v, qpos, scale, causal, p, out):
+def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sink, p, out):
     """One block per (query t, head h), kv head h // (H / Hkv): the scores x_s = (q . k_s) * scale (-inf past the
-    query's position when causal) into p's row, a warp per key, lanes along K (summed through shared memory: the
+    query's position when causal; gathered: key s is row idx[t, s], -inf where not live[t, s]) into p's row, a warp per key, lanes along K (summed through shared memory: the
     CUDA simulator has no warp shuffles); then softmax's max, exp and float64
     sum (as ops/softmax.py); then out = (sum_s p_s v_s) / sum, threads along V."""
     b = cuda.blockIdx.x
     T, H, K = q.shape
-    S, Hkv = k.shape[0], k.shape[1]
+    S = idx.shape[1] if gathered else k.shape[0]
+    Hkv = k.shape[1]
     V = v.shape[2]
     t = b // H
     h = b - t * H
@@ -316,8 +319,9 @@ def _attention(q, k, v, qpos, scale, causal, p, out):
         s = s0 + warp
         acc = float32(0.0)
         if s < S:
+            ks = idx[t, s] if gathered else s
             for kk in range(lane, K, 32):
-                acc += q[t, h, kk] * k[s, n, kk]
+                acc += q[t, h, kk] * k[ks, n, kk]
         shm[tid] = acc
         cuda.syncthreads()
         if lane == 0 and s < S:
@@ -325,7 +329,7 @@ def _attention(q, k, v, qpos, scale, causal, p, out):
             for ln in range(32):
                 tot += shm[tid + ln]
             x = float32(tot * scale)
-            if causal and s > qp:
+            if (causal and s > qp) or (gathered and not live[t, s]):
                 x = float32(-math.inf)
             p[b, s] = x
         cuda.syncthreads()
@@ -343,6 +347,8 @@ def _attention(q, k, v, qpos, scale, causal, p, out):
         cuda.syncthreads()
         st //= 2
     m = shm[0]
+    if has_sink and sinks[h] > m:                  # the sink joins the max (and the sum, below)
+        m = sinks[h]
     if m == float32(-math.inf):
         m = float32(0.0)                           # a row with no key: every p 0, the sum 0, the output NaN
     acc64 = float64(0.0)
@@ -358,11 +364,14 @@ def _attention(q, k, v, qpos, scale, causal, p, out):
             shs[tid] += shs[tid + st]
         cuda.syncthreads()
         st //= 2
-    den = float32(shs[0])
+    tot = shs[0]
+    if has_sink:
+        tot += float64(float32(math.exp(sinks[h] - m)))
+    den = float32(tot)
     for c in range(tid, V, ANT):
         a = float32(0.0)
         for s in range(S):
-            a += p[b, s] * v[s, n, c]
+            a += p[b, s] * v[idx[t, s] if gathered else s, n, c]
         out[t, h, c] = a / den
 
 
@@ -500,14 +509,16 @@ def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
     _rope[_grid(y.shape[0] * y.shape[1] * y.shape[2]), 256, stream](x, cos, sin, n_rot, neox, y)
 
 
-def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, stream=0) -> None:
-    """q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], qpos [T] int; p [T*H, S] float32 scratch; out [T, H, V]."""
-    _attention[q.shape[0] * q.shape[1], ANT, stream](q, k, v, qpos, np.float32(scale), causal, p, out)
-
-
-def top_k_raw(x2, k: int, ids, stream=0) -> None:
-    """x2 [R, E] float32 (E <= TOPK_E), ids [R, k] int32 (k <= min(E, TOPK_MAX))."""
-    _top_k[x2.shape[0], NT, stream](x2, k, ids)
+def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, live=None, sinks=None,
+                  stream=0) -> None:
+    """q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], qpos [T] int; p [T*H, S or n] float32 scratch; out [T, H, V].
+    idx / live [T, n] (int, bool): the gathered form (each query's n keys; causal then False); sinks [H] float32."""
+    gathered = idx is not None
+    dummy = qpos[None, :1]                        # (not read: idx / live of the dense form)
+    _attention[q.shape[0] * q.shape[1], ANT, stream](q, k, v, qpos, np.float32(scale), causal,
+                                                     idx if gathered else dummy, live if gathered else dummy,
+                                                     gathered, sinks if sinks is not None else out[0, :, 0],
+                                                     sinks is not None, p, out)
 
 
 def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:
@@ -719,6 +730,36 @@ def _binary(gate, up, op, launch):
     launch(numba_view(g.reshape(-1)), numba_view(u.reshape(-1)), numba_view(out.reshape(-1)), current_stream())
     res = gate.dev.wrap(out)
     gate.dev.note(f"fused {op}", (gate, up), res)
+    return res
+
+
+def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
+    """`mha.attention_gathered` (each query's n keys through idx / live; sinks [H] or None) for at most ATTN_MAX_T
+    queries -> [T, H, V] float32, or None."""
+    from ..devarray import DeviceArray
+    dev = q.dev
+    if not _same_dev(dev, q, k, v) or any(not isinstance(a, DeviceArray) or a.dev is not dev for a in (idx, live)) \
+            or idx.raw.dtype.kind not in "iu" or live.raw.dtype != np.bool_ or q.raw.ndim != 3:
+        return None
+    T, H, K = q.shape
+    S, Hkv = k.shape[0], k.shape[1]
+    n = idx.shape[1] if idx.raw.ndim == 2 else -1
+    if T > ATTN_MAX_T or n <= 0 or T * H * n > ATTN_MAX_SCRATCH or idx.shape != (T, n) or live.shape != (T, n) \
+            or k.shape[2] != K or v.shape[:2] != (S, Hkv) or H % Hkv:
+        return None
+    sr = None
+    if sinks is not None:
+        sr = dev.unwrap(sinks, "attention sinks")
+        if getattr(sr, "shape", None) != (H,) or sr.dtype != np.float32:
+            return None
+    xp = dev.xp
+    p, out = xp.empty((T * H, n), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
+    qpos = idx.raw[:, 0]                                  # (not read: the gathered form has no causal test)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    attention_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(qpos), float(kq_scale), False, nv(p), nv(out),
+                  idx=nv(idx.raw), live=nv(live.raw), sinks=None if sr is None else nv(sr), stream=current_stream())
+    res = dev.wrap(out)
+    dev.note("fused attention (gathered)", (q, k, v, idx, live), res)
     return res
 
 

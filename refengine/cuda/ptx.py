@@ -42,7 +42,10 @@ KERNELS += [
                                           f"{F3})"),
     ("fused_causal_conv", fz._causal_conv, f"void({A2}, {F2}, {A2}, boolean, {F2}, {F2})"),
     ("fused_rope", fz._rope, f"void({A3}, {A2}, {A2}, int64, boolean, {F3})"),
-    ("fused_attention", fz._attention, f"void({A3}, {A3}, {A3}, int64[:], float32, boolean, {F2}, {F3})"),
+    ("fused_attention", fz._attention, f"void({A3}, {A3}, {A3}, int64[:], float32, boolean, int64[:, :], int64[:, :], "
+                                        f"boolean, {F1}, boolean, {F2}, {F3})"),
+    ("fused_attention_gathered", fz._attention, f"void({A3}, {A3}, {A3}, int64[::1], float32, boolean, int64[:, :], "
+                                                 f"boolean[:, :], boolean, {F1}, boolean, {F2}, {F3})"),
     ("fused_top_k", fz._top_k, f"void({A2}, int64, int32[:, ::1])"),
     ("fused_all_finite", fz._all_finite, f"void({F1}, boolean[:, ::1], int64, int64)"),
 ]
