@@ -195,6 +195,23 @@ def test_attention_gathered(with_sinks, T):
     assert np.array_equal(np.isnan(got), np.isnan(want))
 
 
+def test_hyper_connections():
+    """DeepSeek-V4's stream mixing: sinkhorn (20 iterations), collapse and hc_post, each one launch, ==
+    residual/hyper_connections.py."""
+    from refengine.residual import hyper_connections as hcm
+    T, n, D = (3, 4, 4096) if GPU else (2, 4, 7)
+    rng = np.random.default_rng(5)
+    c = rng.standard_normal((T, n, n)).astype(np.float32) * 3
+    (got,) = _run(lambda cd, out: fused.sinkhorn_raw(cd, 20, 1e-6, out), c, out_shapes=[c.shape])
+    np.testing.assert_allclose(got, hcm.sinkhorn(c, 20, 1e-6), rtol=2e-6, atol=1e-7)
+    X, pre, y = _rand(T, n, D), rng.uniform(size=(T, n)).astype(np.float32), _rand(T, D, seed=2)
+    comb = hcm.sinkhorn(c, 20, 1e-6)
+    (got,) = _run(fused.collapse_raw, X, pre, out_shapes=[(T, D)])
+    np.testing.assert_allclose(got, hcm.collapse(X, pre), rtol=1e-6, atol=1e-6)
+    (got,) = _run(fused.hc_post_raw, y, X, pre, comb, out_shapes=[(T, n, D)])
+    np.testing.assert_allclose(got, hcm.hc_post(y, X, pre, comb), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("k", [1, 8])
 def test_top_k(k):
     """The k largest of each row, descending, ties in index order, NaN after every number, -inf before NaN ==

@@ -15,6 +15,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              (or none), a few queries (a decode step): one block per (query, head)
     attention_gathered(q, k, v, idx, live, kq_scale, sinks)   attention/mha.py `attention_gathered` (sparse
                              attention's selected keys, DeepSeek-V4's sinks), a few queries, the same kernel
+    sinkhorn(c, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)   residual/hyper_connections.py (DeepSeek-V4)
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
     all_finite(y, page, row, col)   page[row, col] = False when y holds a NaN/inf (the NaN checks of a step)
 
@@ -375,6 +376,84 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         out[t, h, c] = a / den
 
 
+HC_MAX = 8                 # hyper-connections: streams (sinkhorn holds an n x n matrix per thread)
+HC_CELLS = 64              # HC_MAX ** 2 (a local array's size must be a literal constant)
+
+
+@cuda.jit(fastmath=False)
+def _sinkhorn(c, iters, eps, out):
+    """One thread per token t: softmax over dst (float64 sum) + eps, then column and row normalisations in
+    float32, sums in index order, as `hyper_connections.sinkhorn`. c, out [T, n, n]."""
+    t = cuda.grid(1)
+    T, n = c.shape[0], c.shape[1]
+    if t >= T:
+        return
+    a = cuda.local.array(HC_CELLS, float32)
+    for s in range(n):
+        m = c[t, s, 0]
+        for d in range(1, n):
+            if c[t, s, d] > m:
+                m = c[t, s, d]
+        tot = float64(0.0)
+        for d in range(n):
+            e = float32(math.exp(c[t, s, d] - m))
+            a[s * n + d] = e
+            tot += float64(e)
+        for d in range(n):
+            a[s * n + d] = float32(float32(float64(a[s * n + d]) / tot) + eps)
+    for it in range(iters):
+        if it > 0:                                   # rows (over dst), then columns
+            for s in range(n):
+                r = float32(0.0)
+                for d in range(n):
+                    r = float32(r + a[s * n + d])
+                r = float32(r + eps)
+                for d in range(n):
+                    a[s * n + d] = float32(a[s * n + d] / r)
+        for d in range(n):
+            col = float32(0.0)
+            for s in range(n):
+                col = float32(col + a[s * n + d])
+            col = float32(col + eps)
+            for s in range(n):
+                a[s * n + d] = float32(a[s * n + d] / col)
+    for s in range(n):
+        for d in range(n):
+            out[t, s, d] = a[s * n + d]
+
+
+@cuda.jit(fastmath=False)
+def _collapse(X, pre, out):
+    """out[t, d] = sum_s pre[t, s] X[t, s, d], streams added in order (`hyper_connections.collapse`)."""
+    i = cuda.grid(1)
+    T, n, D = X.shape
+    if i >= T * D:
+        return
+    t = i // D
+    d = i - t * D
+    acc = float32(X[t, 0, d] * pre[t, 0])
+    for s in range(1, n):
+        acc = acc + float32(X[t, s, d] * pre[t, s])
+    out[t, d] = acc
+
+
+@cuda.jit(fastmath=False)
+def _hc_post(y, X, post, comb, out):
+    """out[t, dst, d] = y[t, d] post[t, dst] + sum_src comb[t, src, dst] X[t, src, d], sources in order."""
+    i = cuda.grid(1)
+    T, n, D = X.shape
+    if i >= T * n * D:
+        return
+    t = i // (n * D)
+    r = i - t * n * D
+    dst = r // D
+    d = r - dst * D
+    acc = float32(y[t, d] * post[t, dst])
+    for src in range(n):
+        acc = acc + float32(X[t, src, d] * comb[t, src, dst])
+    out[t, dst, d] = acc
+
+
 TOPK_E = 2048              # top_k: entries of a row (a shared flag each)
 TOPK_MAX = 64              # top_k: k (one block-wide argmax a pick)
 
@@ -519,6 +598,23 @@ def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, l
                                                      idx if gathered else dummy, live if gathered else dummy,
                                                      gathered, sinks if sinks is not None else out[0, :, 0],
                                                      sinks is not None, p, out)
+
+
+def sinkhorn_raw(c, iters: int, eps: float, out, stream=0) -> None:
+    _sinkhorn[_grid(c.shape[0], 64), 64, stream](c, iters, np.float32(eps), out)
+
+
+def collapse_raw(X, pre, out, stream=0) -> None:
+    _collapse[_grid(X.shape[0] * X.shape[2]), 256, stream](X, pre, out)
+
+
+def hc_post_raw(y, X, post, comb, out, stream=0) -> None:
+    _hc_post[_grid(X.shape[0] * X.shape[1] * X.shape[2]), 256, stream](y, X, post, comb, out)
+
+
+def top_k_raw(x2, k: int, ids, stream=0) -> None:
+    """x2 [R, E] float32 (E <= TOPK_E), ids [R, k] int32 (k <= min(E, TOPK_MAX))."""
+    _top_k[x2.shape[0], NT, stream](x2, k, ids)
 
 
 def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:
@@ -699,6 +795,49 @@ def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
                   stream=current_stream())
     res = dev.wrap(out)
     dev.note("fused attention", (q, k, v, q_pos), res)
+    return res
+
+
+def sinkhorn(c, iters: int, eps: float):
+    """`hyper_connections.sinkhorn`: c [T, n, n] -> [T, n, n] float32, or None."""
+    dev = c.dev
+    if not _same_dev(dev, c) or c.raw.ndim != 3 or c.shape[1] != c.shape[2] or not 0 < c.shape[1] <= HC_MAX \
+            or iters < 1:
+        return None
+    out = dev.xp.empty(c.shape, dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    sinkhorn_raw(nv(c.raw), int(iters), eps, nv(out), stream=current_stream())
+    res = dev.wrap(out)
+    dev.note("fused sinkhorn", (c,), res)
+    return res
+
+
+def collapse(X, pre):
+    """`hyper_connections.collapse`: X [T, n, D], pre [T, n] -> [T, D], or None."""
+    dev = X.dev
+    if not _same_dev(dev, X, pre) or X.raw.ndim != 3 or pre.shape != X.shape[:2]:
+        return None
+    out = dev.xp.empty((X.shape[0], X.shape[2]), dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    collapse_raw(nv(X.raw), nv(pre.raw), nv(out), stream=current_stream())
+    res = dev.wrap(out)
+    dev.note("fused collapse", (X, pre), res)
+    return res
+
+
+def hc_post(y, X, post, comb):
+    """`hyper_connections.hc_post`: y [T, D], X [T, n, D], post [T, n], comb [T, n, n] -> [T, n, D], or None."""
+    dev = X.dev
+    if not _same_dev(dev, y, X, post, comb) or X.raw.ndim != 3:
+        return None
+    T, n, D = X.shape
+    if y.shape != (T, D) or post.shape != (T, n) or comb.shape != (T, n, n):
+        return None
+    out = dev.xp.empty((T, n, D), dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    hc_post_raw(nv(y.raw), nv(X.raw), nv(post.raw), nv(comb.raw), nv(out), stream=current_stream())
+    res = dev.wrap(out)
+    dev.note("fused hc_post", (y, X, post, comb), res)
     return res
 
 

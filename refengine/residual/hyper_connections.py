@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import rms_norm, sigmoid
+from ..ops.arrays import fused_op
 from ..ops.softmax import softmax
 from ..weights import W
 
@@ -62,6 +63,8 @@ def mixes(X: np.ndarray, fn, hc: HCConfig, rt) -> np.ndarray:
 
 def sinkhorn(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
     """c [T, src, dst] (logits) -> an (almost) doubly-stochastic [T, src, dst] (`build_hc_sinkhorn`)."""
+    if (k := fused_op(c, "sinkhorn")) is not None and (y := k(c, iters, eps)) is not None:
+        return y                                                                # a GPU: one launch (cuda/fused.py)
     e = np.float32(eps)
     c = softmax(c, axis=-1) + e                                                 # over dst
     c = c / (np.sum(c, axis=1, keepdims=True, dtype=np.float32) + e)            # "cols": over src
@@ -73,6 +76,8 @@ def sinkhorn(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
 
 def collapse(X: np.ndarray, pre: np.ndarray) -> np.ndarray:
     """sum_s pre[:, s] * X[:, s], streams added in order: X [T, n, D], pre [T, n] -> [T, D]."""
+    if (k := fused_op(X, "collapse")) is not None and (y := k(X, pre)) is not None:
+        return y
     out = X[:, 0] * pre[:, 0:1]
     for s in range(1, X.shape[1]):
         out = out + X[:, s] * pre[:, s:s + 1]
@@ -96,6 +101,8 @@ def hc_pre(X: np.ndarray, fn, scale: np.ndarray, base: np.ndarray, hc: HCConfig,
 def hc_post(y: np.ndarray, X: np.ndarray, post: np.ndarray, comb: np.ndarray) -> np.ndarray:
     """y [T, D] (the sub-layer's output), X [T, n, D] -> X' [T, n, D]:
     X'[:, dst] = y * post[:, dst] + sum_src comb[:, src, dst] * X[:, src], sources added in order."""
+    if (k := fused_op(X, "hc_post")) is not None and (r := k(y, X, post, comb)) is not None:
+        return r
     out = np.empty_like(X)
     for dst in range(X.shape[1]):
         acc = y * post[:, dst:dst + 1]
