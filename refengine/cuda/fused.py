@@ -706,10 +706,14 @@ def softplus(x):
     return _unary(x, "softplus", softplus_raw)
 
 
+def _on(v, dev) -> bool:
+    """v is a DeviceArray of dev (its `dev` and `raw`: refengine.devarray imports this module, not the reverse)."""
+    return getattr(v, "dev", None) is dev and hasattr(v, "raw")
+
+
 def _same_dev(dev, *a) -> bool:
     """Every array a DeviceArray of dev in float32 (None allowed: an absent state)."""
-    from ..devarray import DeviceArray
-    return all(v is None or (isinstance(v, DeviceArray) and v.dev is dev and v.raw.dtype == np.float32
+    return all(v is None or (_on(v, dev) and v.raw.dtype == np.float32
                              and v.raw.size > 0) for v in a)
 
 
@@ -778,9 +782,8 @@ ATTN_MAX_SCRATCH = 1 << 26          # scores held at once (T * H * S float32)
 def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
     """`mha.attention_blocked` under `causal_mask` (causal) or `no_mask` for at most ATTN_MAX_T queries -> [T, H, V]
     float32, or None."""
-    from ..devarray import DeviceArray
     dev = q.dev
-    if not _same_dev(dev, q, k, v) or not isinstance(q_pos, DeviceArray) or q_pos.dev is not dev \
+    if not _same_dev(dev, q, k, v) or not _on(q_pos, dev) \
             or q_pos.raw.dtype.kind not in "iu" or q.raw.ndim != 3 or k.raw.ndim != 3 or v.raw.ndim != 3:
         return None
     T, H, K = q.shape
@@ -858,8 +861,7 @@ def top_k(x, k: int):
 
 def _binary(gate, up, op, launch):
     """A gated activation of two same-shaped float32 device arrays, one launch (launch(g, u, y, stream))."""
-    from ..devarray import DeviceArray
-    if not isinstance(up, DeviceArray) or up.dev is not gate.dev:
+    if not _on(up, gate.dev):
         return None
     g, u = gate.raw, up.raw
     if g.shape != u.shape or not _served(g, u):
@@ -875,9 +877,8 @@ def _binary(gate, up, op, launch):
 def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
     """`mha.attention_gathered` (each query's n keys through idx / live; sinks [H] or None) for at most ATTN_MAX_T
     queries -> [T, H, V] float32, or None."""
-    from ..devarray import DeviceArray
     dev = q.dev
-    if not _same_dev(dev, q, k, v) or any(not isinstance(a, DeviceArray) or a.dev is not dev for a in (idx, live)) \
+    if not _same_dev(dev, q, k, v) or not (_on(idx, dev) and _on(live, dev)) \
             or idx.raw.dtype.kind not in "iu" or live.raw.dtype != np.bool_ or q.raw.ndim != 3:
         return None
     T, H, K = q.shape
