@@ -151,6 +151,25 @@ def test_rope(mode):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("yarn", [False, True])
+def test_rope_cos_sin(yarn):
+    """The tables at arbitrary positions (YaRN and frequency factors included) == rope.rope_cos_sin."""
+    from refengine.ops.rope import yarn_mix
+    n_rot, base, fs, ext = 64, 10000.0, (0.25 if yarn else 1.0), (1.0 if yarn else 0.0)
+    pos = np.array([0, 3, 17, 4095, 100000][:5 if GPU else 3], dtype=np.int64)
+    ff = np.linspace(1.0, 4.0, n_rot // 2).astype(np.float32)
+    kw = dict(n_rot=n_rot, base=base, freq_scale=fs, ext_factor=ext, attn_factor=1.0, n_ctx_orig=4096,
+              freq_factors=ff)
+    want = rope_cos_sin(pos, **kw)
+    keep, mix = yarn_mix(n_rot, 4096, base, 32.0, 1.0, ext) if yarn else (None, None)
+    ms = np.float32(np.float32(1.0) * (1.0 + 0.1 * np.log(1.0 / fs))) if yarn else np.float32(1.0)
+    ts = np.float32(base) ** np.float32(-2.0 / n_rot)
+    got = _run(lambda p, f, kp, mx, c, s_: fused.rope_cos_sin_raw(p, ts, f, fs, kp, mx, ms, c, s_), pos, ff, keep, mix,
+               out_shapes=[(len(pos), n_rot // 2)] * 2)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("T", [1, 3])
 def test_attention(causal, T):

@@ -11,6 +11,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     delta_rule(q, k, v, g, beta, S, scale)   attention/delta_rule.py `recurrent`: every token of a call, one launch
     causal_conv(x, w, tail)  attention/short_conv.py: the output and the new tail, one launch
     apply_rope(x, cos, sin, n_rot, mode)    ops/rope.py `apply_rope`, NORM and NEOX
+    rope_cos_sin(positions, ...)   ops/rope.py `rope_cos_sin` at positions other than the step's own (tables)
     attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
                              (or none), a few queries (a decode step): one block per (query, head)
     attention_gathered(q, k, v, idx, live, kq_scale, sinks)   attention/mha.py `attention_gathered` (sparse
@@ -292,6 +293,31 @@ def _rope(x, cos, sin, n_rot, neox, y):
         y[t, h, j] = float32(a * c) - float32(b * s)
     else:
         y[t, h, j] = float32(a * s) + float32(b * c)
+
+
+@cuda.jit(fastmath=False)
+def _rope_cos_sin(pos, theta_scale, ff, has_ff, freq_scale, keep, mix, has_yarn, mscale, cos, sin):
+    """One thread per (t, i) of cos/sin [T, n_rot/2]: theta_i = p * theta_scale^i by i float32 multiplications in
+    order (ggml's), / freq_factors, * freq_scale, YaRN's keep/mix, then cos/sin in float64 * mscale, as
+    `rope.rope_cos_sin`."""
+    i = cuda.grid(1)
+    T, half = cos.shape
+    if i >= T * half:
+        return
+    t = i // half
+    j = i - t * half
+    acc = float32(pos[t])
+    for _ in range(j):
+        acc = float32(acc * theta_scale)
+    ext = acc
+    if has_ff:
+        ext = float32(ext / ff[j])
+    theta = float32(freq_scale * ext)
+    if has_yarn:
+        theta = float32(float32(theta * keep[j]) + float32(ext * mix[j]))
+    th = float64(theta)
+    cos[t, j] = float32(math.cos(th) * float64(mscale))
+    sin[t, j] = float32(math.sin(th) * float64(mscale))
 
 
 ANT = 128                   # threads of an attention block (4 warps)
@@ -586,6 +612,14 @@ def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
 
 def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
     _rope[_grid(y.shape[0] * y.shape[1] * y.shape[2]), 256, stream](x, cos, sin, n_rot, neox, y)
+
+
+def rope_cos_sin_raw(pos, theta_scale, ff, freq_scale, keep, mix, mscale, cos, sin, stream=0) -> None:
+    """pos [T] (device ints or floats); ff, keep, mix [n_rot/2] float32 or None; cos, sin [T, n_rot/2] written."""
+    dummy = cos[0]
+    _rope_cos_sin[_grid(cos.shape[0] * cos.shape[1]), 256, stream](
+        pos, np.float32(theta_scale), dummy if ff is None else ff, ff is not None, np.float32(freq_scale),
+        dummy if keep is None else keep, dummy if mix is None else mix, keep is not None, np.float32(mscale), cos, sin)
 
 
 def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, live=None, sinks=None,
@@ -900,6 +934,32 @@ def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
                   idx=nv(idx.raw), live=nv(live.raw), sinks=None if sr is None else nv(sr), stream=current_stream())
     res = dev.wrap(out)
     dev.note("fused attention (gathered)", (q, k, v, idx, live), res)
+    return res
+
+
+def rope_cos_sin(positions, half: int, theta_scale, freq_factors, freq_scale, yarn, mscale):
+    """`rope.rope_cos_sin`'s tables [T, half] for device positions (its host-side constants given: theta_scale,
+    yarn = (keep, mix) or None, mscale), or None."""
+    dev = positions.dev
+    raw = positions.raw
+    if raw.ndim != 1 or raw.dtype.kind not in "iuf" or raw.size == 0:
+        return None
+    consts = []
+    for a in (freq_factors, *(yarn or (None, None))):
+        ar = None
+        if a is not None:
+            ar = dev.unwrap(a, "rope constants")
+            if getattr(ar, "shape", None) != (half,) or ar.dtype != np.float32:
+                return None
+        consts.append(ar)
+    xp = dev.xp
+    cos, sin = xp.empty((raw.shape[0], half), dtype=np.float32), xp.empty((raw.shape[0], half), dtype=np.float32)
+    from quant.cuda.resident import current_stream, numba_view as nv
+    rope_cos_sin_raw(nv(raw), theta_scale, *[None if a is None else nv(a) for a in consts[:1]], freq_scale,
+                     *[None if a is None else nv(a) for a in consts[1:]], mscale, nv(cos), nv(sin),
+                     stream=current_stream())
+    res = (dev.wrap(cos), dev.wrap(sin))
+    dev.note("fused rope_cos_sin", (positions,), res)
     return res
 
 

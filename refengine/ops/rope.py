@@ -64,6 +64,13 @@ def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: 
         return tables[0][positions], tables[1][positions]
     half = n_rot // 2
     theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
+    if (k := fused_op(positions, "rope_cos_sin")) is not None:               # a GPU: one launch (cuda/fused.py)
+        yarn = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor) if ext_factor != 0.0 else None
+        mscale = np.float32(attn_factor) if ext_factor == 0.0 else \
+            np.float32(np.float32(attn_factor) * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
+        ff = None if freq_factors is None else as_array(freq_factors, np.float32)
+        if (r := k(positions, half, theta_scale, ff, freq_scale, yarn, mscale)) is not None:
+            return r
     # theta_i = p * theta_scale^i, by repeated float32 multiplication as ggml does
     acc = as_array(positions, np.float32)                                      # [T]
     theta_ext = np.empty_like(acc, shape=(len(positions), half))               # [T, half]
