@@ -627,7 +627,7 @@ def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, l
     """q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], qpos [T] int; p [T*H, S or n] float32 scratch; out [T, H, V].
     idx / live [T, n] (int, bool): the gathered form (each query's n keys; causal then False); sinks [H] float32."""
     gathered = idx is not None
-    dummy = qpos[None, :1]                        # (not read: idx / live of the dense form)
+    dummy = qpos.reshape(1, qpos.shape[0])        # (not read: idx / live of the dense form)
     _attention[q.shape[0] * q.shape[1], ANT, stream](q, k, v, qpos, np.float32(scale), causal,
                                                      idx if gathered else dummy, live if gathered else dummy,
                                                      gathered, sinks if sinks is not None else out[0, :, 0],
@@ -828,7 +828,7 @@ def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
     xp = dev.xp
     p, out = xp.empty((T * H, S), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
     from quant.cuda.resident import current_stream, numba_view as nv
-    attention_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(q_pos.raw), float(kq_scale), bool(causal), nv(p), nv(out),
+    attention_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(xp.ascontiguousarray(q_pos.raw)), float(kq_scale), bool(causal), nv(p), nv(out),
                   stream=current_stream())
     res = dev.wrap(out)
     dev.note("fused attention", (q, k, v, q_pos), res)
