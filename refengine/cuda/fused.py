@@ -627,7 +627,7 @@ def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, l
     """q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], qpos [T] int; p [T*H, S or n] float32 scratch; out [T, H, V].
     idx / live [T, n] (int, bool): the gathered form (each query's n keys; causal then False); sinks [H] float32."""
     gathered = idx is not None
-    dummy = qpos.reshape(1, qpos.shape[0])        # (not read: idx / live of the dense form)
+    dummy = None if gathered else qpos.reshape(1, qpos.shape[0])   # (not read: the dense form's idx / live)
     _attention[q.shape[0] * q.shape[1], ANT, stream](q, k, v, qpos, np.float32(scale), causal,
                                                      idx if gathered else dummy, live if gathered else dummy,
                                                      gathered, sinks if sinks is not None else out[0, :, 0],
