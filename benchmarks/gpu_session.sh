@@ -59,7 +59,8 @@ for st in ${STAGES:-info layers matmul tests}; do
     graphreal) for spec in ${GRAPHREAL:-kimi-k3:kimi-k3:3:full_attn=2 deepseek2:deepseek-v3:2 qwen3next:qwen3-next-80b:4 glm-dsa:glm-5.2:2 kimi-linear:kimi-linear-48b:4}; do IFS=: read -r A P L X <<< "$spec"
         stage "graph real-size $A $P L=$L ${X:-}"     # a real-size cut: eager vs graph per token
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch $A --preset $P --layers $L ${X:+--override $X} \
-          --type Q4_K --decode ${GRAPH_DECODE:-24} --dir /tmp/rs --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+          --type Q4_K --decode ${GRAPH_DECODE:-24} ${GRAPH_PREFILL:+--prefill $GRAPH_PREFILL} --dir /tmp/rs \
+          --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     llbuild) stage "llama.cpp build (detached)"          # llama-bench from the oracle's vendored source (.dev/)
       STEPS=build bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1 ;;
