@@ -13,10 +13,10 @@ tensor names, and `n_ff` the hidden size of the table.
 """
 from __future__ import annotations
 
-from ..ops import silu
+from ..ops import swiglu
 from ..weights import W
 
-ACTIVATIONS = {"silu": (silu, "ffn_swiglu")}    # act -> (function, llama.cpp's name of act(gate) * up)
+ACTIVATIONS = {"silu": (swiglu, "ffn_swiglu")}  # act -> (act(gate) * up as one function, llama.cpp's name of it)
 
 
 def dense_ffn_table(il: int, n_ff, *, suffix: str = "", extras: bool = True) -> list[W]:
@@ -44,10 +44,7 @@ def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool
 
     scales=False: `.scale` tensors are loaded but not applied (deepseek2's graph passes none to build_ffn).
     glu: (fn(gate, up), trace name) in place of act(gate) * up (DeepSeek-V4's clamped SwiGLU, moe/hash_routing.py)."""
-    fn, act_name = ACTIVATIONS[act]
-    if glu is not None:
-        glu_fn, act_name = glu
-        fn = None
+    glu_fn, act_name = ACTIVATIONS[act] if glu is None else glu
 
     def proj(x, part):
         name = f"ffn_{part}{suffix}"
@@ -64,7 +61,7 @@ def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool
 
     up = proj(h, "up")                                                   # [T, F]
     gate = proj(h, "gate")                                               # [T, F]
-    a = fn(gate) * up if fn is not None else glu_fn(gate, up)           # [T, F]
+    a = glu_fn(gate, up)                                                 # [T, F]
     rt.record(act_name, il, a)
     return proj(a, "down")                                               # [T, D]
 
