@@ -116,6 +116,8 @@ class Runtime:
                                   f"pip install refengine[cuda], or pass resident=False") from None
         if self.fixed_shapes and self.device is not None and self.device.kind == "cupy":
             self.device.products = "kernel"             # capturable products (refengine/ops/products.py)
+        if self.device is not None and not getattr(self.kernel_policy, "fused_ops", True):
+            self.device.fused = None                    # the small ops as NumPy states them, op by op
         self._expert_box = [None]                       # the expert cache, shared with untraced() copies
         if self.expert_budget is not None:
             if not self.resident:

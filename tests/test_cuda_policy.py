@@ -50,3 +50,16 @@ def test_policy_errors():
         KernelPolicy.default().replace(gemv=(1, 1, 1))
     with pytest.raises(ConfigError, match="cuda kernels"):
         Runtime(backend="numpy", kernel_policy=KernelPolicy.default())
+
+
+def test_policy_turns_the_fused_small_ops_off():
+    """KernelPolicy.fused_ops=False: a resident runtime's device runs the small ops as NumPy states them, op by op
+    (Device.fused None); the default keeps the one-launch kernels (refengine/cuda/fused.py)."""
+    pytest.importorskip("cupy")
+    if not qc.available():
+        pytest.skip("no GPU and no simulator")
+    off = Runtime(backend="cuda", resident=True, kernel_policy=KernelPolicy.default().replace(fused_ops=False))
+    on = Runtime(backend="cuda", resident=True)
+    assert off.device.fused is None
+    from refengine.cuda import fused
+    assert on.device.fused is fused

@@ -53,6 +53,7 @@ class KernelPolicy:
     group_avg: int
     pairs_dense: int
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
+    fused_ops: bool = True                # a resident runtime's small ops as one-launch kernels (refengine/cuda/fused.py)
 
     @classmethod
     def default(cls) -> "KernelPolicy":

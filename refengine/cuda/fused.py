@@ -27,7 +27,8 @@ the same precision (the sums in float64 where NumPy's are; every float32 roundin
 CUDA simulator's float64 Python math needs), in another order of summation: equal to the NumPy op
 within float rounding, not bit for bit (tests/test_fused.py: the kernels under the CUDA simulator on toy shapes;
 tests/test_cuda_fused.py: on a GPU at the real shapes, and a whole forward against NumPy). Every launch goes on
-CuPy's current stream (a CUDA graph capture holds it). `Device.fused = None` turns them off.
+CuPy's current stream (a CUDA graph capture holds it). `Device.fused = None` turns them off (a runtime:
+KernelPolicy(fused_ops=False)).
 """
 from __future__ import annotations
 
