@@ -25,8 +25,9 @@ a GPU (`fused_op(x, name)`, refengine/ops/arrays.py) and the kernel takes its sh
 returned and the NumPy code runs on the device as before). The kernels compute what the NumPy code computes, in
 the same precision (the sums in float64 where NumPy's are; every float32 rounding of NumPy's written out, which the
 CUDA simulator's float64 Python math needs), in another order of summation: equal to the NumPy op
-within float rounding, not bit for bit (tests/test_fused.py: the kernels under the CUDA simulator on toy shapes;
-tests/test_cuda_fused.py: on a GPU at the real shapes, and a whole forward against NumPy). Every launch goes on
+within float rounding, not bit for bit (tests/test_fused.py: the kernels under the CUDA simulator on toy shapes, on
+a GPU at real shapes and a whole forward against NumPy; every call site's arguments checked against the entry points
+on the sim device). Every launch goes on
 CuPy's current stream (a CUDA graph capture holds it). `Device.fused = None` turns them off (a runtime:
 KernelPolicy(fused_ops=False)).
 """
