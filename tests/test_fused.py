@@ -353,7 +353,8 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
     from refengine.model import Model
     from refengine.runtime import Runtime
     hits = {}
-    for arch in ["qwen3next", "kimi-k3", "deepseek4", "glm-dsa", "deepseek2", "kimi-linear"]:
+    for arch in ["qwen3next", "kimi-k3", "deepseek4", "glm-dsa", "deepseek2", "kimi-linear", "qwen4exp", "deepseek32",
+                 "llama", "qwen3moe", "glm5-next"]:
         m = Model(synth_model(arch, wtype="Q8_0"))
         rts = [Runtime(resident=True, fixed_shapes=True) for _ in range(2)]
         stand = rts[1].device.fused = _StandIn(rts[1].device)
