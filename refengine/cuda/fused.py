@@ -27,9 +27,9 @@ the same precision (the sums in float64 where NumPy's are; every float32 roundin
 CUDA simulator's float64 Python math needs), in another order of summation: equal to the NumPy op
 within float rounding, not bit for bit (tests/test_fused.py: the kernels under the CUDA simulator on toy shapes, on
 a GPU at real shapes and a whole forward against NumPy; every call site's arguments checked against the entry points
-on the sim device). Every launch goes on
-CuPy's current stream (a CUDA graph capture holds it). `Device.fused = None` turns them off (a runtime:
-KernelPolicy(fused_ops=False)).
+on the sim device). Every launch goes on CuPy's current stream (a CUDA graph capture holds it). `Device.fused = None`
+turns them off (a runtime: KernelPolicy(fused_ops=False)). Block reductions are the device path's own
+(`kernels.block_sum64`, `quant.cuda.device.warp_sum`).
 """
 from __future__ import annotations
 
@@ -38,7 +38,31 @@ import math
 import numpy as np
 from numba import boolean, cuda, float32, float64, int32
 
+from quant.cuda.device import warp_sum
+
+from .kernels import block_sum64
+
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
+
+
+@cuda.jit(device=True, inline=True)
+def _block_max(v, sh):
+    """The maximum of v over the block (NaN wins, as np.max), every thread calling; sh: a shared float32 array of the
+    block's size (a power of two)."""
+    t = cuda.threadIdx.x
+    sh[t] = v
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if t < s:
+            a, b = sh[t], sh[t + s]
+            if b > a or b != b:
+                sh[t] = b
+        cuda.syncthreads()
+        s //= 2
+    m = sh[0]
+    cuda.syncthreads()
+    return m
 
 
 @cuda.jit(fastmath=False)
@@ -46,20 +70,12 @@ def _rms_rows(x, w, has_w, eps, y):
     r = cuda.blockIdx.x
     t = cuda.threadIdx.x
     D = x.shape[1]
-    sh = cuda.shared.array(NT, float64)
+    buf = cuda.shared.array(32, float64)
     acc = float64(0.0)
     for j in range(t, D, NT):
         v = float64(x[r, j])
         acc += v * v
-    sh[t] = acc
-    cuda.syncthreads()
-    s = NT // 2
-    while s > 0:
-        if t < s:
-            sh[t] += sh[t + s]
-        cuda.syncthreads()
-        s //= 2
-    mean = float32(sh[0] / D)
+    mean = float32(block_sum64(acc, buf) / D)
     scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
     for j in range(t, D, NT):
         v = x[r, j] * scale
@@ -75,33 +91,16 @@ def _layer_rows(x, w, has_w, b, has_b, eps, y):
     r = cuda.blockIdx.x
     t = cuda.threadIdx.x
     D = x.shape[1]
-    sh = cuda.shared.array(NT, float64)
+    buf = cuda.shared.array(32, float64)
     acc = float64(0.0)
     for j in range(t, D, NT):
         acc += float64(x[r, j])
-    sh[t] = acc
-    cuda.syncthreads()
-    s = NT // 2
-    while s > 0:
-        if t < s:
-            sh[t] += sh[t + s]
-        cuda.syncthreads()
-        s //= 2
-    mean = float32(sh[0] / D)
-    cuda.syncthreads()
+    mean = float32(block_sum64(acc, buf) / D)
     acc = float64(0.0)
     for j in range(t, D, NT):
         d = float64(float32(x[r, j] - mean))
         acc += d * d
-    sh[t] = acc
-    cuda.syncthreads()
-    s = NT // 2
-    while s > 0:
-        if t < s:
-            sh[t] += sh[t + s]
-        cuda.syncthreads()
-        s //= 2
-    var = float32(sh[0] / D)
+    var = float32(block_sum64(acc, buf) / D)
     scale = float32(1.0) / float32(math.sqrt(float32(var + eps)))
     for j in range(t, D, NT):
         v = float32(x[r, j] - mean) * scale
@@ -118,35 +117,17 @@ def _softmax_rows(x, y):
     t = cuda.threadIdx.x
     D = x.shape[1]
     shm = cuda.shared.array(NT, float32)
-    shs = cuda.shared.array(NT, float64)
+    buf = cuda.shared.array(32, float64)
     m = float32(-math.inf)
     for j in range(t, D, NT):
         v = x[r, j]
         if v > m or v != v:
             m = v
-    shm[t] = m
-    cuda.syncthreads()
-    s = NT // 2
-    while s > 0:
-        if t < s:
-            a, b = shm[t], shm[t + s]
-            if b > a or b != b:
-                shm[t] = b
-        cuda.syncthreads()
-        s //= 2
-    m = shm[0]
+    m = _block_max(m, shm)
     acc = float64(0.0)
     for j in range(t, D, NT):
         acc += float64(float32(math.exp(x[r, j] - m)))
-    shs[t] = acc
-    cuda.syncthreads()
-    s = NT // 2
-    while s > 0:
-        if t < s:
-            shs[t] += shs[t + s]
-        cuda.syncthreads()
-        s //= 2
-    tot = shs[0]
+    tot = block_sum64(acc, buf)
     for j in range(t, D, NT):
         y[r, j] = float32(float64(float32(math.exp(x[r, j] - m))) / tot)
 
@@ -328,9 +309,9 @@ ANT = 128                   # threads of an attention block (4 warps)
 @cuda.jit(fastmath=False)
 def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sink, p, out):
     """One block per (query t, head h), kv head h // (H / Hkv): the scores x_s = (q . k_s) * scale (-inf past the
-    query's position when causal; gathered: key s is row idx[t, s], -inf where not live[t, s]) into p's row, a warp per key, lanes along K (summed through shared memory: the
-    CUDA simulator has no warp shuffles); then softmax's max, exp and float64
-    sum (as ops/softmax.py); then out = (sum_s p_s v_s) / sum, threads along V."""
+    query's position when causal; gathered: key s is row idx[t, s], -inf where not live[t, s]) into p's row, a warp
+    per key, lanes along K (`warp_sum`); then softmax's max, exp and float64 sum (as ops/softmax.py); then
+    out = (sum_s p_s v_s) / sum, threads along V."""
     b = cuda.blockIdx.x
     T, H, K = q.shape
     S = idx.shape[1] if gathered else k.shape[0]
@@ -343,39 +324,27 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     lane = tid % 32
     warp = tid // 32
     qp = qpos[t]
-    shm = cuda.shared.array(ANT, float32)
-    for s0 in range(0, S, ANT // 32):                # (every thread runs every round: the barriers are uniform)
+    for s0 in range(0, S, ANT // 32):                # (every lane runs every round: warp_sum needs all 32)
         s = s0 + warp
         acc = float32(0.0)
         if s < S:
             ks = idx[t, s] if gathered else s
             for kk in range(lane, K, 32):
                 acc += q[t, h, kk] * k[ks, n, kk]
-        shm[tid] = acc
-        cuda.syncthreads()
+        acc = warp_sum(acc)
         if lane == 0 and s < S:
-            tot = float32(0.0)
-            for ln in range(32):
-                tot += shm[tid + ln]
-            x = float32(tot * scale)
+            x = float32(acc * scale)
             if (causal and s > qp) or (gathered and not live[t, s]):
                 x = float32(-math.inf)
             p[b, s] = x
-        cuda.syncthreads()
-    shs = cuda.shared.array(ANT, float64)
+    cuda.syncthreads()                               # every score written before any thread reads the row
+    shm = cuda.shared.array(ANT, float32)
+    buf = cuda.shared.array(32, float64)
     m = float32(-math.inf)
     for s in range(tid, S, ANT):
         if p[b, s] > m:
             m = p[b, s]
-    shm[tid] = m
-    cuda.syncthreads()
-    st = ANT // 2
-    while st > 0:
-        if tid < st and shm[tid + st] > shm[tid]:
-            shm[tid] = shm[tid + st]
-        cuda.syncthreads()
-        st //= 2
-    m = shm[0]
+    m = _block_max(m, shm)
     if has_sink and sinks[h] > m:                  # the sink joins the max (and the sum, below)
         m = sinks[h]
     if m == float32(-math.inf):
@@ -385,15 +354,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         e = float32(math.exp(p[b, s] - m))
         p[b, s] = e
         acc64 += float64(e)
-    shs[tid] = acc64
-    cuda.syncthreads()
-    st = ANT // 2
-    while st > 0:
-        if tid < st:
-            shs[tid] += shs[tid + st]
-        cuda.syncthreads()
-        st //= 2
-    tot = shs[0]
+    tot = block_sum64(acc64, buf)                 # (its barriers: every p written before the values read it)
     if has_sink:
         tot += float64(float32(math.exp(sinks[h] - m)))
     den = float32(tot)
@@ -662,60 +623,56 @@ def _served(*a) -> bool:
     return all(v.dtype == np.float32 and v.flags.c_contiguous and v.size > 0 for v in a)
 
 
-def rms_norm(x, w, eps: float):
+def _nv(a):
+    """numba's view of a CuPy array, no copy, no synchronisation (None stays None)."""
+    from quant.cuda.resident import numba_view
+    return None if a is None else numba_view(a)
+
+
+def _stream():
+    """CuPy's current stream, as numba launches on it (a capture's)."""
+    from quant.cuda.resident import current_stream
+    return current_stream()
+
+
+def _done(dev, op: str, args, *outs):
+    """The kernel's outputs (CuPy arrays) as DeviceArrays, the op noted on the device (recordings, strict): one
+    array, or a tuple of them."""
+    res = tuple(dev.wrap(o) for o in outs)
+    res = res[0] if len(res) == 1 else res
+    dev.note(f"fused {op}", args, res)
+    return res
+
+
+def _rows(x, op: str, params, launch):
+    """A row op over the last axis of x ([..., D] float32): params (host or device arrays [D], or None) as the
+    device's float32 buffers, launch(x2 [R, D], *params, out [R, D], stream) -> [..., D], or None."""
     raw = x.raw
     if raw.ndim < 1 or not _served(raw):
         return None
     D = raw.shape[-1]
-    wr = None
-    if w is not None:
-        wr = x.dev.unwrap(w, "rms_norm weight")
-        if getattr(wr, "shape", None) != (D,) or not _served(wr):
+    bufs = []
+    for a in params:
+        ar = None if a is None else x.dev.unwrap(a, f"{op} weight")
+        if ar is not None and (getattr(ar, "shape", None) != (D,) or not _served(ar)):
             return None
+        bufs.append(ar)
     x2 = raw.reshape(-1, D)
     out = x.dev.xp.empty_like(x2)
-    from quant.cuda.resident import current_stream, numba_view
-    rms_norm_raw(numba_view(x2), None if wr is None else numba_view(wr), eps, numba_view(out),
-                 stream=current_stream())
-    res = x.dev.wrap(out.reshape(raw.shape))
-    x.dev.note("fused rms_norm", (x, w), res)
-    return res
+    launch(_nv(x2), *[_nv(a) for a in bufs], _nv(out), _stream())
+    return _done(x.dev, op, (x, *params), out.reshape(raw.shape))
+
+
+def rms_norm(x, w, eps: float):
+    return _rows(x, "rms_norm", (w,), lambda x2, wv, y, st: rms_norm_raw(x2, wv, eps, y, stream=st))
 
 
 def layer_norm(x, w, b, eps: float):
-    raw = x.raw
-    if raw.ndim < 1 or not _served(raw):
-        return None
-    D = raw.shape[-1]
-    wb = []
-    for a in (w, b):
-        ar = None
-        if a is not None:
-            ar = x.dev.unwrap(a, "layer_norm weight")
-            if getattr(ar, "shape", None) != (D,) or not _served(ar):
-                return None
-        wb.append(ar)
-    x2 = raw.reshape(-1, D)
-    out = x.dev.xp.empty_like(x2)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    layer_norm_raw(nv(x2), *[None if a is None else nv(a) for a in wb], eps, nv(out), stream=current_stream())
-    res = x.dev.wrap(out.reshape(raw.shape))
-    x.dev.note("fused layer_norm", (x, w, b), res)
-    return res
+    return _rows(x, "layer_norm", (w, b), lambda x2, wv, bv, y, st: layer_norm_raw(x2, wv, bv, eps, y, stream=st))
 
 
 def softmax(x):
-    raw = x.raw
-    if raw.ndim < 1 or not _served(raw):
-        return None
-    D = raw.shape[-1]
-    x2 = raw.reshape(-1, D)
-    out = x.dev.xp.empty_like(x2)
-    from quant.cuda.resident import current_stream, numba_view
-    softmax_raw(numba_view(x2), numba_view(out), stream=current_stream())
-    res = x.dev.wrap(out.reshape(raw.shape))
-    x.dev.note("fused softmax", (x,), res)
-    return res
+    return _rows(x, "softmax", (), lambda x2, y, st: softmax_raw(x2, y, stream=st))
 
 
 def _unary(x, op, fn):
@@ -723,11 +680,8 @@ def _unary(x, op, fn):
     if not _served(raw):
         return None
     out = x.dev.xp.empty_like(raw)
-    from quant.cuda.resident import current_stream, numba_view
-    fn(numba_view(raw.reshape(-1)), numba_view(out.reshape(-1)), stream=current_stream())
-    res = x.dev.wrap(out)
-    x.dev.note(f"fused {op}", (x,), res)
-    return res
+    fn(_nv(raw.reshape(-1)), _nv(out.reshape(-1)), stream=_stream())
+    return _done(x.dev, op, (x,), out)
 
 
 def silu(x):
@@ -767,12 +721,9 @@ def delta_rule(q, k, v, g, beta, S, scale):
     per_key = g.raw.ndim == 3
     g3 = g.raw if per_key else g.raw.reshape(T, H, 1)
     o, S_out = xp.empty((T, H, V), dtype=np.float32), xp.empty((H, K, V), dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    delta_rule_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(g3), per_key, nv(beta.raw),
-                   None if S is None else nv(S.raw), float(scale), nv(o), nv(S_out), stream=current_stream())
-    res = (dev.wrap(o), dev.wrap(S_out))
-    dev.note("fused delta_rule", (q, k, v, g, beta, S), res)
-    return res
+    delta_rule_raw(_nv(q.raw), _nv(k.raw), _nv(v.raw), _nv(g3), per_key, _nv(beta.raw),
+                   None if S is None else _nv(S.raw), float(scale), _nv(o), _nv(S_out), stream=_stream())
+    return _done(dev, "delta_rule", (q, k, v, g, beta, S), o, S_out)
 
 
 def causal_conv(x, w, tail):
@@ -787,12 +738,9 @@ def causal_conv(x, w, tail):
         return None
     xp = dev.xp
     y, new_tail = xp.empty((T, C), dtype=np.float32), xp.empty((wr.shape[1] - 1, C), dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    causal_conv_raw(nv(x.raw), nv(wr), None if tail is None else nv(tail.raw), nv(y), nv(new_tail),
-                    stream=current_stream())
-    res = (dev.wrap(y), dev.wrap(new_tail))
-    dev.note("fused causal_conv", (x, w, tail), res)
-    return res
+    causal_conv_raw(_nv(x.raw), _nv(wr), None if tail is None else _nv(tail.raw), _nv(y), _nv(new_tail),
+                    stream=_stream())
+    return _done(dev, "causal_conv", (x, w, tail), y, new_tail)
 
 
 def apply_rope(x, cos, sin, n_rot: int, mode: int):
@@ -804,11 +752,8 @@ def apply_rope(x, cos, sin, n_rot: int, mode: int):
     if cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2:
         return None
     y = dev.xp.empty((T, H, K), dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    rope_raw(nv(x.raw), nv(cos.raw), nv(sin.raw), int(n_rot), mode == 2, nv(y), stream=current_stream())
-    res = dev.wrap(y)
-    dev.note("fused rope", (x, cos, sin), res)
-    return res
+    rope_raw(_nv(x.raw), _nv(cos.raw), _nv(sin.raw), int(n_rot), mode == 2, _nv(y), stream=_stream())
+    return _done(dev, "rope", (x, cos, sin), y)
 
 
 ATTN_MAX_T = 8                      # queries: more (a prefill) keep the batched products
@@ -829,12 +774,9 @@ def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
         return None
     xp = dev.xp
     p, out = xp.empty((T * H, S), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    attention_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(xp.ascontiguousarray(q_pos.raw)), float(kq_scale), bool(causal), nv(p), nv(out),
-                  stream=current_stream())
-    res = dev.wrap(out)
-    dev.note("fused attention", (q, k, v, q_pos), res)
-    return res
+    attention_raw(_nv(q.raw), _nv(k.raw), _nv(v.raw), _nv(xp.ascontiguousarray(q_pos.raw)), float(kq_scale),
+                  bool(causal), _nv(p), _nv(out), stream=_stream())
+    return _done(dev, "attention", (q, k, v, q_pos), out)
 
 
 def sinkhorn(c, iters: int, eps: float):
@@ -844,11 +786,8 @@ def sinkhorn(c, iters: int, eps: float):
             or iters < 1:
         return None
     out = dev.xp.empty(c.shape, dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    sinkhorn_raw(nv(c.raw), int(iters), eps, nv(out), stream=current_stream())
-    res = dev.wrap(out)
-    dev.note("fused sinkhorn", (c,), res)
-    return res
+    sinkhorn_raw(_nv(c.raw), int(iters), eps, _nv(out), stream=_stream())
+    return _done(dev, "sinkhorn", (c,), out)
 
 
 def collapse(X, pre):
@@ -857,11 +796,8 @@ def collapse(X, pre):
     if not _same_dev(dev, X, pre) or X.raw.ndim != 3 or pre.shape != X.shape[:2]:
         return None
     out = dev.xp.empty((X.shape[0], X.shape[2]), dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    collapse_raw(nv(X.raw), nv(pre.raw), nv(out), stream=current_stream())
-    res = dev.wrap(out)
-    dev.note("fused collapse", (X, pre), res)
-    return res
+    collapse_raw(_nv(X.raw), _nv(pre.raw), _nv(out), stream=_stream())
+    return _done(dev, "collapse", (X, pre), out)
 
 
 def hc_post(y, X, post, comb):
@@ -873,11 +809,8 @@ def hc_post(y, X, post, comb):
     if y.shape != (T, D) or post.shape != (T, n) or comb.shape != (T, n, n):
         return None
     out = dev.xp.empty((T, n, D), dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    hc_post_raw(nv(y.raw), nv(X.raw), nv(post.raw), nv(comb.raw), nv(out), stream=current_stream())
-    res = dev.wrap(out)
-    dev.note("fused hc_post", (y, X, post, comb), res)
-    return res
+    hc_post_raw(_nv(y.raw), _nv(X.raw), _nv(post.raw), _nv(comb.raw), _nv(out), stream=_stream())
+    return _done(dev, "hc_post", (y, X, post, comb), out)
 
 
 def top_k(x, k: int):
@@ -888,11 +821,8 @@ def top_k(x, k: int):
         return None
     k = min(k, raw.shape[1])
     ids = x.dev.xp.empty((raw.shape[0], k), dtype=np.int32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    top_k_raw(nv(raw), k, nv(ids), stream=current_stream())
-    res = x.dev.wrap(ids)
-    x.dev.note("fused top_k", (x,), res)
-    return res
+    top_k_raw(_nv(raw), k, _nv(ids), stream=_stream())
+    return _done(x.dev, "top_k", (x,), ids)
 
 
 def _binary(gate, up, op, launch):
@@ -903,11 +833,8 @@ def _binary(gate, up, op, launch):
     if g.shape != u.shape or not _served(g, u):
         return None
     out = gate.dev.xp.empty_like(g)
-    from quant.cuda.resident import current_stream, numba_view
-    launch(numba_view(g.reshape(-1)), numba_view(u.reshape(-1)), numba_view(out.reshape(-1)), current_stream())
-    res = gate.dev.wrap(out)
-    gate.dev.note(f"fused {op}", (gate, up), res)
-    return res
+    launch(_nv(g.reshape(-1)), _nv(u.reshape(-1)), _nv(out.reshape(-1)), _stream())
+    return _done(gate.dev, op, (gate, up), out)
 
 
 def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
@@ -931,12 +858,9 @@ def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
     xp = dev.xp
     p, out = xp.empty((T * H, n), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
     qpos = idx.raw[:, 0]                                  # (not read: the gathered form has no causal test)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    attention_raw(nv(q.raw), nv(k.raw), nv(v.raw), nv(qpos), float(kq_scale), False, nv(p), nv(out),
-                  idx=nv(idx.raw), live=nv(live.raw), sinks=None if sr is None else nv(sr), stream=current_stream())
-    res = dev.wrap(out)
-    dev.note("fused attention (gathered)", (q, k, v, idx, live), res)
-    return res
+    attention_raw(_nv(q.raw), _nv(k.raw), _nv(v.raw), _nv(qpos), float(kq_scale), False, _nv(p), _nv(out),
+                  idx=_nv(idx.raw), live=_nv(live.raw), sinks=_nv(sr), stream=_stream())
+    return _done(dev, "attention (gathered)", (q, k, v, idx, live), out)
 
 
 def rope_cos_sin(positions, half: int, theta_scale, freq_factors, freq_scale, yarn, mscale):
@@ -956,13 +880,10 @@ def rope_cos_sin(positions, half: int, theta_scale, freq_factors, freq_scale, ya
         consts.append(ar)
     xp = dev.xp
     cos, sin = xp.empty((raw.shape[0], half), dtype=np.float32), xp.empty((raw.shape[0], half), dtype=np.float32)
-    from quant.cuda.resident import current_stream, numba_view as nv
-    rope_cos_sin_raw(nv(raw), theta_scale, *[None if a is None else nv(a) for a in consts[:1]], freq_scale,
-                     *[None if a is None else nv(a) for a in consts[1:]], mscale, nv(cos), nv(sin),
-                     stream=current_stream())
-    res = (dev.wrap(cos), dev.wrap(sin))
-    dev.note("fused rope_cos_sin", (positions,), res)
-    return res
+    ff, keep, mix = consts
+    rope_cos_sin_raw(_nv(raw), theta_scale, _nv(ff), freq_scale, _nv(keep), _nv(mix), mscale, _nv(cos), _nv(sin),
+                     stream=_stream())
+    return _done(dev, "rope_cos_sin", (positions,), cos, sin)
 
 
 def swiglu(gate, up):
@@ -983,6 +904,5 @@ def all_finite(y, page, row: int, col: int) -> bool:
     raw = y.raw
     if raw.dtype != np.float32 or not raw.flags.c_contiguous or raw.size == 0:
         return False
-    from quant.cuda.resident import current_stream, numba_view
-    all_finite_raw(numba_view(raw.reshape(-1)), numba_view(page), row, col, stream=current_stream())
+    all_finite_raw(_nv(raw.reshape(-1)), _nv(page), row, col, stream=_stream())
     return True

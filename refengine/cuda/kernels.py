@@ -23,7 +23,7 @@ MAX_E = 1024          # routing: experts per token
 
 
 @cuda.jit(device=True, inline=True)
-def _block_sum64(v, buf):
+def block_sum64(v, buf):
     """Sum of v over the block (float64, blockDim.x <= 1024); `buf` is a shared float64[32]."""
     lane = cuda.threadIdx.x % 32
     wid = cuda.threadIdx.x // 32
@@ -42,14 +42,14 @@ def _block_sum64(v, buf):
 @cuda.jit(device=True, inline=True)
 def block_softmax(row, S, m, buf):
     """row[:S] <- its softmax given its maximum m, as `ops.softmax`: exp in float32, the sum in float64.
-    A block of 128 threads; `buf` a shared float64[32] (for `_block_sum64`)."""
+    A block of 128 threads; `buf` a shared float64[32] (for `block_sum64`)."""
     tid = cuda.threadIdx.x
     acc = float64(0.0)
     for s in range(tid, S, 128):
         e = expf(row[s] - m)
         row[s] = e
         acc += float64(e)
-    tot = _block_sum64(acc, buf)
+    tot = block_sum64(acc, buf)
     for s in range(tid, S, 128):
         row[s] = float32(row[s] / tot)
 
@@ -87,7 +87,7 @@ def _norm_row(dn, A, res, has_res, w, eps, xo, store, out):
                 if store:
                     xo[t, i] = v[j]
                 s += float64(v[j]) * float64(v[j])
-    s = _block_sum64(s, buf)
+    s = block_sum64(s, buf)
     scale = float32(1.0) / math.sqrt(float32(s / D) + float32(eps))
     if D <= step:                                        # one pass: v and w still in registers
         for j in range(NPT):
@@ -159,7 +159,7 @@ def qk_rope_kernel(qkv, H, Hkv, K, qn, kn, has_norm, eps, cos, sin, n_rot, neox,
             vt[h - H - Hkv, i, pos[0] + t] = x
         return
     if has_norm:
-        s = _block_sum64(float64(x) * float64(x), buf)
+        s = block_sum64(float64(x) * float64(x), buf)
         scale = float32(1.0) / math.sqrt(float32(s / K) + float32(eps))
         wv = qn[i] if h < H else kn[i]
         if i < K:
