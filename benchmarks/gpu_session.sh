@@ -62,6 +62,11 @@ for st in ${STAGES:-info layers matmul tests}; do
           --type Q4_K --decode ${GRAPH_DECODE:-24} ${GRAPH_PREFILL:+--prefill $GRAPH_PREFILL} --dir /tmp/rs \
           --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
+    profprefill) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
+        stage "prefill profile $A $P L=$L ${X:-}"      # GPU time per kernel + host functions, one prefill
+        timeout ${PROF_TIMEOUT:-300} python3 benchmarks/profile_prefill.py --arch $A --preset $P --layers $L \
+          ${X:+--override $X} --tokens ${PROF_TOKENS:-512} --dir /tmp/rs >> "$LOG" 2>&1
+        echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     llbuild) stage "llama.cpp build (detached)"          # llama-bench from the oracle's vendored source (.dev/)
       STEPS=build bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1 ;;
     graphll) for spec in ${GRAPHLL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"

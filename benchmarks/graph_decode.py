@@ -67,15 +67,15 @@ def decode_graph(model, rt, prompt, tokens):
 
 
 def time_prefill(model, ids, reps: int = 3) -> float:
-    """Milliseconds of an eager resident forward of `ids` from a new state (logits read back), median of `reps`
-    after one warm-up."""
+    """Milliseconds of an eager resident forward of `ids` from a new state, the last position's logits read back
+    (`last_only`: llama-bench's pp test asks for no other row), median of `reps` after one warm-up."""
     rt = runtime()
     times = []
     for i in range(reps + 1):
         st = model.new_state()
         sync()
         t0 = time.perf_counter()
-        model.forward(ids, st, rt=rt)
+        model.forward(ids, st, rt=rt, last_only=True)
         sync()
         times.append(time.perf_counter() - t0)
     return 1e3 * float(np.median(times[1:]))

@@ -12,6 +12,7 @@ are decoded when (and only as far as) a matmul needs them.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
@@ -30,6 +31,16 @@ from .step import Step
 
 N_CTX_DEFAULT = 4096     # n_ctx when none is asked for: min(n_ctx_train, this)
 N_UBATCH_DEFAULT = 512   # llama.cpp's default n_ubatch (common/common.h, `n_ubatch = 512`)
+
+
+def last_rows(x):
+    """The residual a block hands the head, cut to its last position: an array [T, ...] -> [1, ...]; a dataclass
+    of such arrays (e.g. Kimi K3's ResidualStream: the running sum and its bank) field by field."""
+    if dataclasses.is_dataclass(x):
+        return dataclasses.replace(x, **{f.name: last_rows(getattr(x, f.name)) for f in dataclasses.fields(x)})
+    if isinstance(x, (list, tuple)):
+        return type(x)(last_rows(v) for v in x)
+    return x[-1:]
 
 
 class Model:
@@ -112,9 +123,11 @@ class Model:
         `run_step`."""
         return self._step(self._check_tokens(tokens, state.n_past), state.n_past, rt.device)
 
-    def run_step(self, step: Step, state: ModelState, rt: Runtime):
+    def run_step(self, step: Step, state: ModelState, rt: Runtime, *, last_only: bool = False):
         """Embedding, every block and the head on one step -> logits [T, V] where the residual lives (a device
         array in a resident run: `rt.to_host` reads it and the deferred NaN checks), appended to `state`.
+        last_only: the head on the last position only -> [1, V] (what a prompt needs for the next token, and what
+        llama.cpp computes for a batch whose logits are not asked for row by row).
 
         In a resident run, after a warm-up step has uploaded the weights, a decode step (T = 1) of an arch whose
         modules keep to the device (deepseek2: tests/test_capture.py) runs all of this under `rt.device.strict()`
@@ -124,13 +137,15 @@ class Model:
         x = rt.to_device(a.embed(self.g, cfg, step, rt))        # the residual, e.g. [T, D] (on the device if resident)
         for il in range(cfg.n_layer):
             x = a.block(x, self.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
-        logits = a.head(x, self.g, cfg, rt)                                    # [T, V]
+        logits = a.head(last_rows(x) if last_only else x, self.g, cfg, rt)    # [T, V] (or [1, V])
         state.n_past += step.T
         return logits
 
     def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None, *,
-                n_ubatch: int | None = None, progress: bool = False) -> np.ndarray:
+                n_ubatch: int | None = None, progress: bool = False, last_only: bool = False) -> np.ndarray:
         """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None).
+        last_only: logits of the last token only, [1, V] (the head runs on that row alone: a prompt's work as
+        llama.cpp does it when only the next token is wanted).
 
         The tokens run as successive ubatches of `n_ubatch` through the per-layer state, as llama.cpp splits a batch
         into ubatches: decode equals prefill, so the logits are one prefill's (up to float32 summation order).
@@ -145,13 +160,14 @@ class Model:
         tokens = self._check_tokens(tokens, state.n_past)
         device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
         if device_forward is not None:
-            return device_forward(tokens, state)
+            logits = device_forward(tokens, state)
+            return logits[-1:] if last_only else logits
         if rt.force_inputs or (n_ubatch is None and rt.trace is not None):
             ub = tokens.size
         else:
             ub = int(n_ubatch or self.n_ubatch)
         if tokens.size <= ub:
-            return self._forward_ubatch(tokens, state, rt)
+            return self._forward_ubatch(tokens, state, rt, last_only=last_only)
         quiet = rt.untraced()                                      # the later ubatches: nothing recorded
         starts = range(0, tokens.size, ub)
         bar = None
@@ -160,7 +176,10 @@ class Model:
             bar = tqdm(total=tokens.size, unit="tok", desc="prefill", leave=False)
         out = []
         for i in starts:
-            out.append(self._forward_ubatch(tokens[i:i + ub], state, rt if i == 0 else quiet))
+            last = last_only and i + ub >= tokens.size
+            logits = self._forward_ubatch(tokens[i:i + ub], state, rt if i == 0 else quiet, last_only=last)
+            if not last_only or last:
+                out.append(logits)
             if bar is not None:
                 bar.update(min(ub, tokens.size - i))
                 cache = getattr(rt, "expert_cache", None)
@@ -170,9 +189,11 @@ class Model:
             bar.close()
         return np.concatenate(out)                                                   # [T, V]
 
-    def _forward_ubatch(self, tokens: np.ndarray, state: ModelState, rt: Runtime) -> np.ndarray:
-        """One ubatch: tokens [T] (checked) -> logits [T, V], appended to `state`."""
-        return rt.to_host(self.run_step(self._step(tokens, state.n_past, rt.device), state, rt))   # [T, V]
+    def _forward_ubatch(self, tokens: np.ndarray, state: ModelState, rt: Runtime, *,
+                        last_only: bool = False) -> np.ndarray:
+        """One ubatch: tokens [T] (checked) -> logits [T, V] (last_only: [1, V]), appended to `state`."""
+        step = self._step(tokens, state.n_past, rt.device)
+        return rt.to_host(self.run_step(step, state, rt, last_only=last_only))
 
     def forward_local(self, tokens, layer_inputs, head_input, rt: Runtime | None = None) -> np.ndarray:
         """Each block run on a given input instead of the previous block's output (one prefill from position 0).

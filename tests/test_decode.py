@@ -95,6 +95,23 @@ def test_ubatched_prefill_equals_one_batch(synth_model, arch, kw, form):
         assert np.array_equal(full[keep].argmax(-1), got[keep].argmax(-1)), ub
 
 
+@pytest.mark.parametrize("arch,kw,form", ubatch_cases(),
+                         ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={w}" for k, w in (v or {}).items()))
+def test_last_only_is_the_last_row(synth_model, arch, kw, form):
+    """forward(last_only=True): the head on the last position alone == the last row of the whole batch's logits, in
+    one batch and over ubatches of 5 (the last ubatch's last row), and the state carries on the same."""
+    m = Model(synth_model(arch, **kw))
+    full = m.forward(TOKENS, m.new_state(form))                               # [12, V]
+    for ub in (None, 5):
+        state = m.new_state(form)
+        last = m.forward(TOKENS, state, n_ubatch=ub, last_only=True)
+        assert last.shape == (1, full.shape[1])
+        nmse, max_abs, _ = metrics(full[-1:], last)
+        assert nmse <= 1e-10, (ub, nmse, max_abs)      # a 1-row product against a 12-row one: summation order only
+        assert int(last.argmax()) == int(full[-1].argmax())
+        assert state.n_past == len(TOKENS)
+
+
 def test_ubatch_default_and_trace(synth_model):
     """Model's n_ubatch splits a long call; a traced call runs one batch unless told, then records the first ubatch
     (as the oracle records the first of several decode calls)."""

@@ -1,0 +1,116 @@
+"""Where a resident prefill's time goes: GPU time per kernel (CUPTI through torch.profiler, which records every
+kernel of the process: numba's, CuPy's, cuBLAS's) and the host's part (cProfile), at real size.
+
+    python benchmarks/profile_prefill.py [MODEL.gguf] [--arch deepseek2 --preset deepseek-v3 --layers 2]
+                                         [--tokens 512] [--top 30] [--trace out.json]
+
+Writes the random-packed Q4_K cut (refengine.cuda.randmodel) when no file is given, runs one warm-up prefill of
+`--tokens` random ids (the last position's logits, as graph_decode.py --prefill times it), times three, then
+profiles one: kernels grouped by name (total GPU ms, launches), the sum of kernel time against the wall time (the
+difference is the host's: launches, Python, synchronisations), and the host functions by own time.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import os
+import pstats
+import re
+import time
+
+import numpy as np
+
+import quant.cuda  # noqa: F401  (numpy shim before numba)
+from refengine.model import Model
+from refengine.runtime import Runtime
+
+
+def short(name: str) -> str:
+    """A kernel's name without its mangling: `_ZN<len><word>...` (numba's, C++'s) -> the last two words; other
+    C++ names cut at the first '<' or '('."""
+    if name.startswith("_ZN"):
+        i, words = 3, []
+        while i < len(name) and name[i].isdigit():
+            j = i
+            while name[j].isdigit():
+                j += 1
+            words.append(name[j:j + int(name[i:j])])
+            i = j + int(name[i:j])
+        if words:
+            return ".".join(words[-2:])[:70]
+    return re.split(r"[<(]", name)[0][:70]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--arch", default="deepseek2")
+    ap.add_argument("--preset", default="deepseek-v3")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--type", default="Q4_K")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--trace", default=None, help="also write the chrome trace here")
+    a = ap.parse_args(argv)
+    import cupy as cp
+    path = a.model
+    if path is None:
+        from refengine.cuda.randmodel import override_tag, parse_overrides, write_random_model
+        ov = parse_overrides(a.arch, a.preset, a.override)
+        path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{override_tag(ov)}.gguf")
+        if not os.path.exists(path):
+            write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=ov or None)
+    m = Model(path)
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, m.cfg.n_vocab, a.tokens)]
+    rt = Runtime(backend="cuda")
+
+    def run():
+        m.forward(ids, m.new_state(), rt=rt, last_only=True)
+        cp.cuda.Device().synchronize()
+
+    run()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    wall = 1e3 * float(np.median(times))
+    print(f"{os.path.basename(path)}: prefill of {a.tokens} tokens {wall:.1f} ms (median of 3)", flush=True)
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        print("torch.profiler not importable: no kernel table")
+    else:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            run()
+            prof_wall = 1e3 * (time.perf_counter() - t0)
+        by = collections.defaultdict(lambda: [0.0, 0])
+        for ev in prof.events():
+            dt = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0)
+            if str(getattr(ev, "device_type", "")).endswith("CUDA") and dt:
+                k = short(ev.name)
+                by[k][0] += dt / 1e3
+                by[k][1] += 1
+        total = sum(v[0] for v in by.values())
+        n = sum(v[1] for v in by.values())
+        print(f"kernels: {n} launches, {total:.1f} ms of GPU time in a {prof_wall:.1f} ms prefill (profiled); "
+              f"host's part ~{prof_wall - total:.1f} ms")
+        for k, (ms, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:a.top]:
+            print(f"  {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}% {c:6d}x  {k}")
+        if a.trace:
+            prof.export_chrome_trace(a.trace)
+    pr = cProfile.Profile()
+    pr.enable()
+    run()
+    pr.disable()
+    st = pstats.Stats(pr)
+    st.sort_stats("tottime").print_stats(a.top)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
