@@ -70,3 +70,45 @@ def test_one_token_experts_ids_stay_on_device(F):
     got = moe_ffn_resident(x, cp.asarray(ids), wts, read_ids=lambda a: reads.append(a) or a.get(), **kw)
     assert not reads, "the ids were read back"
     assert cp.array_equal(got, want), float(cp.max(cp.abs(got - want)))
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("chunk", [None, 96 * 512])
+def test_sgemm_products_equal_the_reference(chunk, monkeypatch):
+    """The prefill's cuBLAS path (quant/cuda/dequant_gemm.py: the weight decoded to float32, then SGEMM): a 2-D
+    and a per-head product == quant.ref's within relative RMS 1e-6 (float32 summation order only), whole and in
+    row chunks of 96 (the scratch buffer bounded)."""
+    cp = pytest.importorskip("cupy")
+    from quant import GGMLType, ref
+    from quant.cuda import dequant_gemm
+    from quant.cuda.resident import matmul_heads_resident, matmul_resident
+    from quant.cuda.testdata import random_qtensor
+    if chunk:
+        monkeypatch.setattr(dequant_gemm, "CHUNK_ELEMS", chunk)
+    rng = np.random.default_rng(3)
+    w = random_qtensor(GGMLType.Q4_K, (300, 512), rng, "blk.0.ffn_up.weight")
+    x = rng.standard_normal((130, 512)).astype(np.float32)
+    y = cp.asnumpy(matmul_resident(cp.asarray(x), w, kernel="sgemm"))
+    assert rel_rms(y, ref.matmul(x, w)) <= 1e-6
+    wh = random_qtensor(GGMLType.Q4_K, (4, 96, 256), rng, "blk.0.attn_k_b.weight")
+    xh = rng.standard_normal((4, 130, 256)).astype(np.float32)
+    yh = cp.asnumpy(matmul_heads_resident(cp.asarray(xh), wh, kernel="sgemm"))
+    W = ref.dequantize(wh)
+    assert rel_rms(yh, np.einsum("hti,hoi->hto", xh, W)) <= 1e-6
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "kimi-k3"])
+def test_resident_sgemm_prefill_equals_numpy(synth_model, arch):
+    """A whole resident forward with every product of 2+ tokens on the cuBLAS path (KernelPolicy(sgemm_min=2))
+    against NumPy: prefill and a decode step within TOL, same argmax."""
+    pytest.importorskip("cupy")
+    from quant.cuda.policy import KernelPolicy
+    m = Model(synth_model(arch, wtype="Q8_0"))
+    host = Runtime()
+    gpu = Runtime(backend="cuda", resident=True, kernel_policy=KernelPolicy.default().replace(sgemm_min=2))
+    st_h, st_g = m.new_state(), m.new_state()
+    for toks in (TOKENS, [5]):
+        a, b = m.forward(toks, st_h, rt=host), m.forward(toks, st_g, rt=gpu)
+        assert rel_rms(b, a) <= TOL, (arch, rel_rms(b, a))
+        assert np.array_equal(np.argmax(a, -1), np.argmax(b, -1))

@@ -28,3 +28,28 @@ def test_rows_equal_the_reference(t):
     out = cuda.device_array((ids.size, 256), dtype=np.float32)
     get_rows_device(device_weight(w).ensure(), cuda.to_device(ids), out)
     assert np.array_equal(out.copy_to_host(), dequantize_rows(w, ids)), t.name
+
+
+@pytest.mark.parametrize("shape,rows,grid_y", [((300, 256), 128, 65535), ((3, 40, 256), 50, 7)])
+def test_decoded_chunks_equal_the_reference(shape, rows, grid_y, monkeypatch):
+    """dequant_gemm.decoded_chunks (the prefill's cuBLAS path): a weight decoded `rows` rows at a time into one
+    scratch buffer, each launch at most `grid_y` rows (the grid.y limit, made small here), == quant.ref.dequantize bit
+    for bit, chunk by chunk (2-D, and 3-D seen as [E * O, I])."""
+    if not qc.available():
+        pytest.skip("no GPU and no simulator")
+    from numba import cuda
+
+    from quant import dequantize
+    from quant.cuda import dequant_gemm
+    from quant.cuda.testdata import random_qtensor
+    from quant.cuda.weights import device_weight
+    monkeypatch.setattr(dequant_gemm, "GRID_Y", grid_y)
+    monkeypatch.setattr(dequant_gemm, "_SCRATCH", {})
+    w = random_qtensor(GGMLType.Q4_K, shape, np.random.default_rng(9), "blk.0.ffn_up.weight")
+    ref = dequantize(w).reshape(-1, shape[-1])
+    seen = []
+    for r0, r1, W in dequant_gemm.decoded_chunks(device_weight(w).ensure(), lambda n: cuda.device_array(n, np.float32),
+                                                 lambda a: a, rows=rows):
+        assert np.array_equal(W.copy_to_host(), ref[r0:r1]), (r0, r1)
+        seen.append((r0, r1))
+    assert seen[0][0] == 0 and seen[-1][1] == ref.shape[0] and all(a[1] == b[0] for a, b in zip(seen, seen[1:]))

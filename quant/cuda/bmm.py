@@ -58,7 +58,7 @@ def bmm(a, b):
     """CuPy a [B, M, K] @ b [B, K, N] -> [B, M, N] on CuPy's current stream (a, b C-contiguous, one dtype)."""
     import cupy as cp
 
-    from .resident import current_stream, numba_view
+    from .streams import current_stream, numba_view
     dt = np.result_type(a.dtype, b.dtype)
     a = cp.ascontiguousarray(a, dtype=dt)
     b = cp.ascontiguousarray(b, dtype=dt)

@@ -79,6 +79,10 @@ TC_DENSE_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
 TC = not SIM                       # "auto" takes it on the GPU; the simulator (no tensor cores: an emulation,
                                    # slow) takes the float32 SIMT GEMM, and tests `tc` on its own
 NT_MAX = 8
+# a resident product of at least SGEMM_MIN tokens (2-D or per-head weight) decodes the weight to float32 and runs
+# cuBLAS's SGEMM (`dequant_gemm.py`); 0: never. Measured on the H200 (BENCHMARKS.md, "Prefill on cuBLAS"): at 512
+# tokens the tensor-core kernel ran a DeepSeek-V3 prefill's dense products at ~19 TFLOP/s
+SGEMM_MIN = 128
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
 # together, one from DRAM and the rest from L2; up to GROUP_AVG on average: one block per group, 8 tokens a

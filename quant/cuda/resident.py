@@ -21,7 +21,11 @@ from numba import cuda
 from ..ref import QTensor
 from .gemv import GroupTable
 from .moe import BN, EW, bucket_kernel, combine_slots, device_scales, groups_from_ids, moe_ffn_device, one_token_ok
+from . import ops
+from .dequant_gemm import dense_sgemm, heads_sgemm
+from .device import SIM
 from .ops import aligned16, dense, fast_ids_ok, grouped, grouped_ids, supported
+from .streams import current_stream, numba_view
 from .weights import device_weight
 
 
@@ -30,33 +34,14 @@ def _cp():
     return cupy
 
 
-_STREAMS: dict = {}
-
-
 def _stream():
-    """numba's handle on CuPy's current stream (0: the legacy default stream, which both share)."""
-    ptr = int(_cp().cuda.get_current_stream().ptr)
-    if ptr == 0:
-        return 0
-    s = _STREAMS.get(ptr)
-    if s is None:
-        s = _STREAMS[ptr] = cuda.external_stream(ptr)
-    return s
-
-
-def current_stream():
-    """numba's handle on CuPy's current stream (public: quant/cuda/bmm.py launches there too)."""
-    return _stream()
-
-
-def numba_view(a):
-    """A numba view of a CuPy array, no copy, no synchronisation (public form of `_nb`)."""
-    return _nb(a)
+    """numba's handle on CuPy's current stream (`streams.current_stream`)."""
+    return current_stream()
 
 
 def _nb(a):
     """A numba view of a CuPy array (no copy, no stream synchronisation)."""
-    return cuda.as_cuda_array(a, sync=False)
+    return numba_view(a)
 
 
 def _input(x):
@@ -78,8 +63,17 @@ def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto")
     cp = _cp()
     x = _input(x)
     y = cp.empty((x.shape[0], w.shape[0]), dtype=cp.float32)
+    if _sgemm(kernel, x.shape[0]):
+        dense_sgemm(device_weight(w).ensure(), x, y, stream=_stream())
+        return y
     dense(device_weight(w).ensure(), _nb(x), _nb(y), kernel=kernel, stream=_stream())
     return y
+
+
+def _sgemm(kernel: str, T: int) -> bool:
+    """A product of T tokens on cuBLAS after decoding the weight (`dequant_gemm`): kernel "sgemm", or "auto" from
+    ops.SGEMM_MIN tokens (KernelPolicy.sgemm_min; 0: never) on a GPU."""
+    return kernel == "sgemm" or (kernel == "auto" and not SIM and 0 < ops.SGEMM_MIN <= T)
 
 
 @functools.lru_cache(maxsize=64)
@@ -97,6 +91,10 @@ def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "
     cp = _cp()
     H, T, I = x.shape
     O = w.shape[1]
+    if _sgemm(kernel, T):
+        y = cp.empty((H, T, O), dtype=cp.float32)
+        heads_sgemm(device_weight(w).ensure(), _input(x), y, stream=_stream())
+        return y
     xs = _input(x.reshape(H * T, I))
     y = cp.empty((H * T, O), dtype=cp.float32)
     tab, mpg = _head_groups(H, T)

@@ -66,7 +66,7 @@ def get_rows(w: QTensor, ids):
         return None
     import cupy as cp
 
-    from .resident import current_stream, numba_view
+    from .streams import current_stream, numba_view
     ids = cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int64)
     out = cp.empty((ids.shape[0], w.shape[1]), dtype=cp.float32)
     get_rows_device(device_weight(w).ensure(), numba_view(ids), numba_view(out), current_stream())

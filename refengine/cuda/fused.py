@@ -42,6 +42,7 @@ from quant.cuda.device import warp_sum
 
 from .kernels import block_sum64
 
+DR_ROWS = 8                 # the delta rule's state rows per lane: K <= 256
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
 
 
@@ -189,44 +190,61 @@ def _swiglu_clamp(g, u, limit, y):
 
 @cuda.jit(fastmath=False)
 def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
-    """One thread per (head h, value column c): column c of head h's state only meets column c of the values, so
-    the T tokens run in order inside the thread. q, k [T, H, K], v [T, H, V], g [T, H, K] (g_per_key) or [T, H, 1],
-    beta [T, H], S [H, K, V]; the steps of `delta_rule.recurrent` in its order (sums over K ascending)."""
+    """One warp per (head h, value column c): column c of head h's state only meets column c of the values, so
+    the T tokens run in order inside the warp, its 32 lanes holding rows lane, lane + 32, ... of the column in
+    registers (K <= 32 * DR_ROWS) and summing over K with `warp_sum` (the order: each lane's rows ascending, then
+    the butterfly). q, k [T, H, K], v [T, H, V], g [T, H, K] (g_per_key) or [T, H, 1], beta [T, H], S [H, K, V];
+    the steps of `delta_rule.recurrent`: decay, k.S, delta, the rank-one update, q.S."""
     i = cuda.grid(1)
+    wi = i // 32
+    lane = i - wi * 32
     T, H, K = q.shape
     V = v.shape[2]
-    if i >= H * V:
+    if wi >= H * V:                                  # (whole warps: the block is a multiple of 32 threads)
         return
-    h = i // V
-    c = i - h * V
-    for kk in range(K):
-        S_out[h, kk, c] = S_in[h, kk, c] if has_S else float32(0.0)
+    h = wi // V
+    c = wi - h * V
+    s = cuda.local.array(DR_ROWS, float32)
+    for r in range(DR_ROWS):
+        kk = lane + 32 * r
+        s[r] = S_in[h, kk, c] if has_S and kk < K else float32(0.0)
     for t in range(T):
-        kv = float32(0.0)
-        for kk in range(K):
-            gv = g[t, h, kk] if g_per_key else g[t, h, 0]
-            sv = S_out[h, kk, c] * float32(math.exp(gv))
-            S_out[h, kk, c] = sv
-            kv += k[t, h, kk] * sv
+        decay = float32(math.exp(g[t, h, 0]))
+        part = float32(0.0)
+        for r in range(DR_ROWS):
+            kk = lane + 32 * r
+            if kk < K:
+                sv = s[r] * (float32(math.exp(g[t, h, kk])) if g_per_key else decay)
+                s[r] = sv
+                part += k[t, h, kk] * sv
+        kv = warp_sum(part)
         delta = (v[t, h, c] - kv) * beta[t, h]
-        acc = float32(0.0)
-        for kk in range(K):
-            sv = S_out[h, kk, c] + k[t, h, kk] * delta
-            S_out[h, kk, c] = sv
-            acc += q[t, h, kk] * sv
-        o[t, h, c] = acc * scale
+        part = float32(0.0)
+        for r in range(DR_ROWS):
+            kk = lane + 32 * r
+            if kk < K:
+                sv = s[r] + k[t, h, kk] * delta
+                s[r] = sv
+                part += q[t, h, kk] * sv
+        acc = warp_sum(part)
+        if lane == 0:
+            o[t, h, c] = acc * scale
+    for r in range(DR_ROWS):
+        kk = lane + 32 * r
+        if kk < K:
+            S_out[h, kk, c] = s[r]
 
 
 @cuda.jit(fastmath=False)
 def _causal_conv(x, w, tail, has_tail, y, new_tail):
-    """One thread per channel c: y[t, c] = sum_k xin[t + k, c] w[c, k] (k ascending), xin = concat(tail, x); the
-    new tail = the last Kc-1 rows of xin."""
-    c = cuda.grid(1)
+    """One thread per (row t, channel c) of max(T, Kc-1) x C: y[t, c] = sum_k xin[t + k, c] w[c, k] (k ascending),
+    xin = concat(tail, x); row t < Kc-1 also writes the new tail's row t (row T + t of xin)."""
+    i = cuda.grid(1)
     T, C = x.shape
     Kc = w.shape[1]
-    if c >= C:
-        return
-    for t in range(T):
+    t = i // C
+    c = i - t * C
+    if t < T:
         acc = float32(0.0)
         for kk in range(Kc):
             j = t + kk
@@ -236,12 +254,12 @@ def _causal_conv(x, w, tail, has_tail, y, new_tail):
                 xv = x[j - (Kc - 1), c]
             acc += xv * w[c, kk]
         y[t, c] = acc
-    for j in range(Kc - 1):
-        jj = T + j
+    if t < Kc - 1:
+        jj = T + t
         if jj < Kc - 1:
-            new_tail[j, c] = tail[jj, c] if has_tail else float32(0.0)
+            new_tail[t, c] = tail[jj, c] if has_tail else float32(0.0)
         else:
-            new_tail[j, c] = x[jj - (Kc - 1), c]
+            new_tail[t, c] = x[jj - (Kc - 1), c]
 
 
 @cuda.jit(fastmath=False)
@@ -563,14 +581,15 @@ def delta_rule_raw(q, k, v, g, g_per_key: bool, beta, S_in, scale: float, o, S_o
     o [T, H, V] and S_out [H, K, V] written."""
     H, V = v.shape[1], v.shape[2]
     has_S = S_in is not None
-    _delta_rule[_grid(H * V, 128), 128, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
+    _delta_rule[_grid(H * V * 32, 128), 128, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
                                                 np.float32(scale), o, S_out)
 
 
 def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
     """x [T, C], w [C, Kc], tail [Kc-1, C] or None; y [T, C] and new_tail [Kc-1, C] written."""
     has_tail = tail is not None
-    _causal_conv[_grid(x.shape[1], 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, y, new_tail)
+    n = max(x.shape[0], w.shape[1] - 1) * x.shape[1]
+    _causal_conv[_grid(n, 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, y, new_tail)
 
 
 def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
@@ -625,13 +644,13 @@ def _served(*a) -> bool:
 
 def _nv(a):
     """numba's view of a CuPy array, no copy, no synchronisation (None stays None)."""
-    from quant.cuda.resident import numba_view
+    from quant.cuda.streams import numba_view
     return None if a is None else numba_view(a)
 
 
 def _stream():
     """CuPy's current stream, as numba launches on it (a capture's)."""
-    from quant.cuda.resident import current_stream
+    from quant.cuda.streams import current_stream
     return current_stream()
 
 
@@ -715,7 +734,8 @@ def delta_rule(q, k, v, g, beta, S, scale):
     T, H, K = q.shape
     V = v.shape[2]
     if k.shape != (T, H, K) or v.shape[:2] != (T, H) or beta.shape != (T, H) or g.shape[:2] != (T, H) \
-            or (g.raw.ndim == 3 and g.shape[2] != K) or (S is not None and S.shape != (H, K, V)):
+            or (g.raw.ndim == 3 and g.shape[2] != K) or (S is not None and S.shape != (H, K, V)) \
+            or K > 32 * DR_ROWS:
         return None
     xp = dev.xp
     per_key = g.raw.ndim == 3
