@@ -108,7 +108,7 @@ def test_swiglu_clamp():
 def test_delta_rule(per_key, with_S, K):
     """Every token of a call in one launch == delta_rule.recurrent (GDN's per-head decay, KDA's per-key one; a new
     sequence's zero state or a carried one; K under a warp's 32 lanes and over them: two rows a lane)."""
-    T, H, K, V = (5, 32, 4 * K, 128) if GPU else (3, 2, K, 5)
+    T, H, K, V = (21, 32, 4 * K, 128) if GPU else (10, 2, K, 5)      # T over two staged chunks (DR_TC = 8)
     rng = np.random.default_rng(3)
     q, k = (rng.standard_normal((T, H, K)).astype(np.float32) / np.sqrt(K) for _ in range(2))
     v = rng.standard_normal((T, H, V)).astype(np.float32)

@@ -43,6 +43,8 @@ from quant.cuda.device import warp_sum
 from .kernels import block_sum64
 
 DR_ROWS = 8                 # the delta rule's state rows per lane: K <= 256
+DR_WARPS = 8                # its value columns per block (a warp each)
+DR_TC = 8                   # its tokens staged in shared memory at a time (3 x 8 x 256 floats: 24 KB)
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
 
 
@@ -190,49 +192,66 @@ def _swiglu_clamp(g, u, limit, y):
 
 @cuda.jit(fastmath=False)
 def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
-    """One warp per (head h, value column c): column c of head h's state only meets column c of the values, so
-    the T tokens run in order inside the warp, its 32 lanes holding rows lane, lane + 32, ... of the column in
-    registers (K <= 32 * DR_ROWS) and summing over K with `warp_sum` (the order: each lane's rows ascending, then
-    the butterfly). q, k [T, H, K], v [T, H, V], g [T, H, K] (g_per_key) or [T, H, 1], beta [T, H], S [H, K, V];
-    the steps of `delta_rule.recurrent`: decay, k.S, delta, the rank-one update, q.S."""
-    i = cuda.grid(1)
-    wi = i // 32
-    lane = i - wi * 32
+    """A block of DR_WARPS warps per (head h, DR_WARPS value columns); a warp per column c: column c of head h's
+    state only meets column c of the values, so the T tokens run in order inside the warp, its 32 lanes holding
+    rows lane, lane + 32, ... of the column in registers (K <= 32 * DR_ROWS) and summing over K with `warp_sum`
+    (the order: each lane's rows ascending, then the butterfly). The block stages DR_TC tokens' k, q (and per-key
+    g) of head h in shared memory at a time, read once for all its warps. q, k [T, H, K], v [T, H, V], g [T, H, K]
+    (g_per_key) or [T, H, 1], beta [T, H], S [H, K, V]; the steps of `delta_rule.recurrent`: decay, k.S, delta,
+    the rank-one update, q.S."""
     T, H, K = q.shape
     V = v.shape[2]
-    if wi >= H * V:                                  # (whole warps: the block is a multiple of 32 threads)
-        return
-    h = wi // V
-    c = wi - h * V
+    nb = (V + DR_WARPS - 1) // DR_WARPS
+    h = cuda.blockIdx.x // nb
+    tid = cuda.threadIdx.x
+    wi = tid // 32
+    lane = tid - wi * 32
+    c = (cuda.blockIdx.x - h * nb) * DR_WARPS + wi
+    live = c < V                                     # (a dead warp still stages and syncs with the block)
+    ks = cuda.shared.array((DR_TC, 32 * DR_ROWS), float32)
+    qs = cuda.shared.array((DR_TC, 32 * DR_ROWS), float32)
+    gs = cuda.shared.array((DR_TC, 32 * DR_ROWS), float32)
     s = cuda.local.array(DR_ROWS, float32)
     for r in range(DR_ROWS):
         kk = lane + 32 * r
-        s[r] = S_in[h, kk, c] if has_S and kk < K else float32(0.0)
-    for t in range(T):
-        decay = float32(math.exp(g[t, h, 0]))
-        part = float32(0.0)
+        s[r] = S_in[h, kk, c] if live and has_S and kk < K else float32(0.0)
+    for t0 in range(0, T, DR_TC):
+        n = min(DR_TC, T - t0)
+        cuda.syncthreads()
+        for j in range(tid, n * K, 32 * DR_WARPS):
+            tt = j // K
+            kk = j - tt * K
+            ks[tt, kk] = k[t0 + tt, h, kk]
+            qs[tt, kk] = q[t0 + tt, h, kk]
+            gs[tt, kk] = float32(math.exp(g[t0 + tt, h, kk] if g_per_key else g[t0 + tt, h, 0]))
+        cuda.syncthreads()
+        if live:
+            for tt in range(n):
+                t = t0 + tt
+                part = float32(0.0)
+                for r in range(DR_ROWS):
+                    kk = lane + 32 * r
+                    if kk < K:
+                        sv = s[r] * gs[tt, kk]
+                        s[r] = sv
+                        part += ks[tt, kk] * sv
+                kv = warp_sum(part)
+                delta = (v[t, h, c] - kv) * beta[t, h]
+                part = float32(0.0)
+                for r in range(DR_ROWS):
+                    kk = lane + 32 * r
+                    if kk < K:
+                        sv = s[r] + ks[tt, kk] * delta
+                        s[r] = sv
+                        part += qs[tt, kk] * sv
+                acc = warp_sum(part)
+                if lane == 0:
+                    o[t, h, c] = acc * scale
+    if live:
         for r in range(DR_ROWS):
             kk = lane + 32 * r
             if kk < K:
-                sv = s[r] * (float32(math.exp(g[t, h, kk])) if g_per_key else decay)
-                s[r] = sv
-                part += k[t, h, kk] * sv
-        kv = warp_sum(part)
-        delta = (v[t, h, c] - kv) * beta[t, h]
-        part = float32(0.0)
-        for r in range(DR_ROWS):
-            kk = lane + 32 * r
-            if kk < K:
-                sv = s[r] + k[t, h, kk] * delta
-                s[r] = sv
-                part += q[t, h, kk] * sv
-        acc = warp_sum(part)
-        if lane == 0:
-            o[t, h, c] = acc * scale
-    for r in range(DR_ROWS):
-        kk = lane + 32 * r
-        if kk < K:
-            S_out[h, kk, c] = s[r]
+                S_out[h, kk, c] = s[r]
 
 
 @cuda.jit(fastmath=False)
@@ -581,7 +600,7 @@ def delta_rule_raw(q, k, v, g, g_per_key: bool, beta, S_in, scale: float, o, S_o
     o [T, H, V] and S_out [H, K, V] written."""
     H, V = v.shape[1], v.shape[2]
     has_S = S_in is not None
-    _delta_rule[_grid(H * V * 32, 128), 128, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
+    _delta_rule[H * ((V + DR_WARPS - 1) // DR_WARPS), 32 * DR_WARPS, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
                                                 np.float32(scale), o, S_out)
 
 
