@@ -600,8 +600,9 @@ def delta_rule_raw(q, k, v, g, g_per_key: bool, beta, S_in, scale: float, o, S_o
     o [T, H, V] and S_out [H, K, V] written."""
     H, V = v.shape[1], v.shape[2]
     has_S = S_in is not None
-    _delta_rule[H * ((V + DR_WARPS - 1) // DR_WARPS), 32 * DR_WARPS, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
-                                                np.float32(scale), o, S_out)
+    blocks = H * ((V + DR_WARPS - 1) // DR_WARPS)
+    _delta_rule[blocks, 32 * DR_WARPS, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
+                                               np.float32(scale), o, S_out)
 
 
 def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
