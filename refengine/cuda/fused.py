@@ -44,6 +44,7 @@ from .kernels import block_sum64
 
 DR_ROWS = 8                 # the delta rule's state rows per lane: K <= 256
 DR_WARPS = 8                # its value columns per block (a warp each)
+DR_K = 256                  # 32 * DR_ROWS (a literal: shared arrays need constant shapes)
 DR_TC = 8                   # its tokens staged in shared memory at a time (3 x 8 x 256 floats: 24 KB)
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
 
@@ -208,9 +209,9 @@ def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
     lane = tid - wi * 32
     c = (cuda.blockIdx.x - h * nb) * DR_WARPS + wi
     live = c < V                                     # (a dead warp still stages and syncs with the block)
-    ks = cuda.shared.array((DR_TC, 32 * DR_ROWS), float32)
-    qs = cuda.shared.array((DR_TC, 32 * DR_ROWS), float32)
-    gs = cuda.shared.array((DR_TC, 32 * DR_ROWS), float32)
+    ks = cuda.shared.array((DR_TC, DR_K), float32)
+    qs = cuda.shared.array((DR_TC, DR_K), float32)
+    gs = cuda.shared.array((DR_TC, DR_K), float32)
     s = cuda.local.array(DR_ROWS, float32)
     for r in range(DR_ROWS):
         kk = lane + 32 * r
