@@ -80,8 +80,9 @@ TC = not SIM                       # "auto" takes it on the GPU; the simulator (
                                    # slow) takes the float32 SIMT GEMM, and tests `tc` on its own
 NT_MAX = 8
 # a resident product of at least SGEMM_MIN tokens (2-D or per-head weight) decodes the weight to float32 and runs
-# cuBLAS's SGEMM (`dequant_gemm.py`); 0: never. Measured on the H200 (BENCHMARKS.md, "Prefill on cuBLAS"): at 512
-# tokens the tensor-core kernel ran a DeepSeek-V3 prefill's dense products at ~19 TFLOP/s
+# cuBLAS's SGEMM (`dequant_gemm.py`); 0: never. Measured on the H200 (BENCHMARKS.md, issue 23's section): a
+# DeepSeek-V3 2-block prefill of 512 tokens, dense products 32 ms on the tensor-core kernel, 17 + 5 (decode) here
+# (128 is not tuned: the crossover against the tensor-core kernel between 8 and 512 tokens was not measured)
 SGEMM_MIN = 128
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
