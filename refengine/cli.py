@@ -164,7 +164,8 @@ def cmd_run(args) -> int:
                                     f"moved, {c.load_seconds:.2f} s loading", refresh=False)
     t0 = time.perf_counter()
     if tokens:                                    # the prefill (of the continuation, after --load-state); a bar over
-        last = model.forward(tokens, state, rt, progress=not args.quiet)[-1]   # its ubatches, cleared when done
+        last = model.forward(tokens, state, rt, progress=not args.quiet, last_only=True)[-1]   # its ubatches,
+                                                   # cleared when done; the head on the last position only
     if tok is not None:
         print(tok.decode(tokens), end="", flush=True)
     dec = None

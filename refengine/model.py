@@ -228,7 +228,7 @@ class Model:
         [V] or [T, V]). The last new id is not fed: `state` ends holding every token but that one."""
         state = state if state is not None else self.new_state()
         if len(tokens):
-            logits = self.forward(tokens, state, rt)
+            logits = self.forward(tokens, state, rt, last_only=True)        # (only the last row is read)
         elif logits is None:
             raise ConfigError("generate: no tokens given and no logits to continue from")
         logits = np.asarray(logits).reshape(-1, self.cfg.n_vocab)
