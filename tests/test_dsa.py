@@ -99,6 +99,7 @@ def test_top_k_covering_the_context_equals_dense_mla(synth_model):
     full = Model(synth_model("deepseek32", overrides={"idx_top_k": 64})).forward(TOKENS)
     sparse = Model(synth_model("deepseek32")).forward(TOKENS)
     assert metrics(dense, full)[0] < 1e-12
+    assert np.array_equal(dense, full)       # a prompt of >= DENSE_FROM tokens, every key kept: dense MLA's own path
     assert metrics(dense, sparse)[0] > 1e-3                 # top-k 8 of 40 keys changes the model
 
 
