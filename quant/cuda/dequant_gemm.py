@@ -69,7 +69,7 @@ def decoded_chunks(dw: DeviceWeight, alloc, view, *, rows: int | None = None, st
     """Yield (r0, r1, W) with W [r1 - r0, I] the decoded rows r0..r1 of the weight as [E * O, I], in one scratch
     buffer from alloc(n) (CuPy's or numba's allocator), `view` giving numba's view of a slice of it."""
     R, I = dw.E * dw.O, dw.I
-    rc = rows or rows_per_chunk(dw)
+    rc = min(rows or rows_per_chunk(dw), R)
     buf = _scratch(rc * I, alloc)
     for r0 in range(0, R, rc):
         r1 = min(R, r0 + rc)
