@@ -30,22 +30,27 @@ def test_rows_equal_the_reference(t):
     assert np.array_equal(out.copy_to_host(), dequantize_rows(w, ids)), t.name
 
 
-@pytest.mark.parametrize("shape,rows,grid_y", [((300, 256), 128, 65535), ((3, 40, 256), 50, 7)])
-def test_decoded_chunks_equal_the_reference(shape, rows, grid_y, monkeypatch):
+@pytest.mark.parametrize("decode", ["rows", "staged"])
+@pytest.mark.parametrize("t,shape,rows,grid_y", [("Q4_K", (40, 768), 16, 65535), ("Q4_K", (3, 10, 256), 12, 7),
+                                                 ("Q8_0", (20, 1280), 8, 65535), ("Q6_K", (6, 512), 4, 3)])
+def test_decoded_chunks_equal_the_reference(t, shape, rows, grid_y, decode, monkeypatch):
     """dequant_gemm.decoded_chunks (the prefill's cuBLAS path): a weight decoded `rows` rows at a time into one
     scratch buffer, each launch at most `grid_y` rows (the grid.y limit, made small here), == quant.ref.dequantize bit
-    for bit, chunk by chunk (2-D, and 3-D seen as [E * O, I])."""
+    for bit, chunk by chunk (2-D, and 3-D seen as [E * O, I]); by either decoder (`ops.SGEMM_DECODE`: the staged one
+    with a row of fewer quant blocks than a CUDA block holds, and of more)."""
     if not qc.available():
         pytest.skip("no GPU and no simulator")
     from numba import cuda
 
     from quant import dequantize
-    from quant.cuda import dequant_gemm
+    from quant.cuda import dequant_gemm, ops
     from quant.cuda.testdata import random_qtensor
     from quant.cuda.weights import device_weight
     monkeypatch.setattr(dequant_gemm, "GRID_Y", grid_y)
     monkeypatch.setattr(dequant_gemm, "_SCRATCH", {})
-    w = random_qtensor(GGMLType.Q4_K, shape, np.random.default_rng(9), "blk.0.ffn_up.weight")
+    monkeypatch.setattr(ops, "SGEMM_DECODE", decode)
+    assert decode == "rows" or dequant_gemm.staged_kernel(GGMLType[t]) is not None
+    w = random_qtensor(GGMLType[t], shape, np.random.default_rng(9), "blk.0.ffn_up.weight")
     ref = dequantize(w).reshape(-1, shape[-1])
     seen = []
     for r0, r1, W in dequant_gemm.decoded_chunks(device_weight(w).ensure(), lambda n: cuda.device_array(n, np.float32),

@@ -23,8 +23,9 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32, uint64
 
+from . import ops
 from .decoders import spec
 from .rows import THREADS, rows_kernel
 from .streams import numba_view
@@ -32,6 +33,8 @@ from .weights import DeviceWeight
 
 CHUNK_ELEMS = 1 << 26          # float32 elements of decoded weight held at once (256 MB)
 GRID_Y = 65535                 # a launch's grid.y limit: rows decoded per launch
+STAGE_THREADS = 128            # the staged decoder's block
+STAGE_FLOATS = 4096            # its shared-memory row segment (16 KB)
 
 _SCRATCH: dict = {}
 
@@ -54,15 +57,56 @@ def rows_per_chunk(dw: DeviceWeight, chunk_elems: int | None = None) -> int:
     return max(1, min((chunk_elems or CHUNK_ELEMS) // dw.I, dw.E * dw.O))
 
 
+@functools.lru_cache(maxsize=None)
+def staged_kernel(t):
+    """A block decodes BPB whole quant blocks of one row into shared memory (the decoders' scattered runs), then
+    writes them out as consecutive floats (coalesced): the same values as `rows.rows_kernel`, bit for bit. None
+    when a block's parts do not fit STAGE_THREADS."""
+    s = spec(t)
+    dec, P, NV, R, RL, RS, BS, TS = s.dec, s.P, s.NV, s.R, s.RL, s.RS, s.BS, s.TS
+    BPB = min(STAGE_THREADS // P, STAGE_FLOATS // BS)
+    if BPB < 1:
+        return None
+    N = BPB * BS
+
+    @cuda.jit
+    def decode(w32, w16, tb, out, rowb, NB, r0):
+        sm = cuda.shared.array(N, float32)
+        tid = cuda.threadIdx.x
+        row = cuda.blockIdx.y
+        b0 = cuda.blockIdx.x * BPB                          # the row's first quant block of this CUDA block
+        j = tid // P
+        if j < BPB and b0 + j < NB:
+            v = cuda.local.array((1, NV), float32)
+            base = uint64(r0 + row) * uint64(rowb) + uint64(b0 + j) * uint64(TS)
+            c0 = dec(w32, w16, tb, base, tid - j * P, v, 0)
+            for q in range(R):
+                for k in range(RL):
+                    sm[j * BS + c0 + q * RS + k] = v[0, q * RL + k]
+        cuda.syncthreads()
+        n = min(BPB, NB - b0) * BS
+        for i in range(tid, n, STAGE_THREADS):
+            out[row, b0 * BS + i] = sm[i]
+    return decode, BPB
+
+
 def decode_rows(dw: DeviceWeight, r0: int, r1: int, out, stream=0) -> None:
-    """out [r1 - r0, I] float32 (a numba device array) = rows r0..r1 of the weight seen as [E * O, I], decoded."""
+    """out [r1 - r0, I] float32 (a numba device array) = rows r0..r1 of the weight seen as [E * O, I], decoded:
+    by `rows.rows_kernel` (one thread per block part, each writing its runs of columns) or, with ops.SGEMM_DECODE =
+    "staged" (KernelPolicy.sgemm_decode), by `staged_kernel` (the same values, written coalesced)."""
     s = spec(dw.type)
     NB = dw.I // s.BS
-    ids = _row_ids(dw.E * dw.O)
+    staged = staged_kernel(dw.type) if ops.SGEMM_DECODE == "staged" else None
+    ids = None if staged else _row_ids(dw.E * dw.O)
     for a in range(r0, r1, GRID_Y):
         b = min(r1, a + GRID_Y)
-        rows_kernel(dw.type)[(math.ceil(NB * s.P / THREADS), b - a), THREADS, stream](
-            dw.w32, dw.w16, dw.tab, ids[a:b], out[a - r0:b - r0], dw.rowb, NB)
+        if staged:
+            k, bpb = staged
+            k[(math.ceil(NB / bpb), b - a), STAGE_THREADS, stream](dw.w32, dw.w16, dw.tab, out[a - r0:b - r0],
+                                                                  dw.rowb, NB, a)
+        else:
+            rows_kernel(dw.type)[(math.ceil(NB * s.P / THREADS), b - a), THREADS, stream](
+                dw.w32, dw.w16, dw.tab, ids[a:b], out[a - r0:b - r0], dw.rowb, NB)
 
 
 def decoded_chunks(dw: DeviceWeight, alloc, view, *, rows: int | None = None, stream=0):

@@ -84,6 +84,9 @@ NT_MAX = 8
 # DeepSeek-V3 2-block prefill of 512 tokens, dense products 32 ms on the tensor-core kernel, 17 + 5 (decode) here
 # (128 is not tuned: the crossover against the tensor-core kernel between 8 and 512 tokens was not measured)
 SGEMM_MIN = 128
+# how that path decodes the weight: "rows" (`rows.rows_kernel`, measured ~0.6 TB/s of float32 written on the H200)
+# or "staged" (`dequant_gemm.staged_kernel`: shared memory, coalesced writes; bit-identical, not yet timed on a GPU)
+SGEMM_DECODE = "rows"
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
 # together, one from DRAM and the rest from L2; up to GROUP_AVG on average: one block per group, 8 tokens a

@@ -28,7 +28,7 @@ _SWITCHES = {
     "one_max": (ops, "ONE_MAX"), "one_max_dense": (ops, "ONE_MAX_DENSE"),
     "gemm_shape": (ops, "GEMM_SHAPE"), "tc_shape": (ops, "TC_SHAPE"), "tc_dense_shape": (ops, "TC_DENSE_SHAPE"),
     "tc": (ops, "TC"), "nt_max": (ops, "NT_MAX"), "pairs_avg": (ops, "PAIRS_AVG"),
-    "sgemm_min": (ops, "SGEMM_MIN"), "group_avg": (ops, "GROUP_AVG"),
+    "sgemm_min": (ops, "SGEMM_MIN"), "sgemm_decode": (ops, "SGEMM_DECODE"), "group_avg": (ops, "GROUP_AVG"),
     "pairs_dense": (ops, "PAIRS_DENSE"),
 }
 
@@ -54,6 +54,7 @@ class KernelPolicy:
     group_avg: int
     pairs_dense: int
     sgemm_min: int = 128                  # resident products of this many tokens on cuBLAS (cuda/dequant_gemm.py)
+    sgemm_decode: str = "rows"            # how that path decodes the weight: "rows" or "staged"
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
     fused_ops: bool = True                # a resident runtime's small ops as one-launch kernels (refengine/cuda/fused.py)
 

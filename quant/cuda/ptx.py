@@ -21,6 +21,7 @@ from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .tc import gemm_tc_kernel
+from .dequant_gemm import staged_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
 from .timing import spin_kernel
 
@@ -50,6 +51,8 @@ def kernels(all_variants: bool = False):
             out.append((f"gemv[{n}, NT=8, rw]", gemv_kernel(t, 8, 2, 4, False, True, 2), SIG_GEMV))
             out.append((f"gemm[{n}, rw]", gemm_kernel(t, 64, 32, 4, 4, True), SIG_GEMM))
             out.append((f"tc[{n}, rw]", gemm_tc_kernel(t, 64, 4, 1, True), SIG_TC))
+        if (st := staged_kernel(t)) is not None:        # the cuBLAS path's weight decode (dequant_gemm.py)
+            out.append((f"staged[{n}]", st[0], f"void({A1U32}, {A1F16}, {A1U32}, {A2F32}, {I64}, {I64}, {I64})"))
         if t.name == "F32":                   # the prefill attention's products
             for c in (1, 2):
                 out.append((f"tc[{n}, causal={c}]", gemm_tc_kernel(t, 64, 4, 1, False, -1, 32, c), SIG_TC))
