@@ -3,6 +3,7 @@
 # time limit; everything is appended to $OUT/session.log, tables and figures land in $OUT as JSON / Markdown.
 #   STAGES="info layers matmul prefill gemv1 ncudecode tune tests" bash benchmarks/gpu_session.sh
 #   STAGES="graph graphtiny graphreal prefetch" bash benchmarks/gpu_session.sh   (the decode graph, issue 23; expert prefetch, 24)
+#   PROFPREFILL="glm-dsa:glm-5.2:2" STAGES="profprefill prefillsweep" ...  (a prefill's kernels; the same under policies)
 #   STAGES="llbuild graph" ... then GRAPHLL="arch:preset:layers[:KEY=VALUE] ..." STAGES=graphll: llama-bench and ours on
 #   each file in turn (.dev/ holds ../shared/tools/llamacpp_bench_device.sh and the vendored llama.cpp: see its header)
 set -uo pipefail
@@ -65,8 +66,15 @@ for st in ${STAGES:-info layers matmul tests}; do
     profprefill) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
         stage "prefill profile $A $P L=$L ${X:-}"      # GPU time per kernel + host functions, one prefill
         timeout ${PROF_TIMEOUT:-300} python3 benchmarks/profile_prefill.py --arch $A --preset $P --layers $L \
-          ${X:+--override $X} --tokens ${PROF_TOKENS:-512} --dir /tmp/rs >> "$LOG" 2>&1
+          ${X:+--override $X} --tokens ${PROF_TOKENS:-512} --dir /tmp/rs ${PROF_ARGS:-} >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
+    prefillsweep) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
+        for item in default ${SWEEP:-group_avg=16 sgemm_decode=staged sgemm_min=32}; do   # KEY=V[+KEY=V] each
+          pol=""; [ "$item" != default ] && for kv in ${item//+/ }; do pol="$pol --policy $kv"; done
+          stage "prefill sweep $A $P L=$L ${X:-} $item"   # the same cut under each policy (the file kept between)
+          timeout ${PROF_TIMEOUT:-300} python3 benchmarks/profile_prefill.py --arch $A --preset $P --layers $L \
+            ${X:+--override $X} --tokens ${PROF_TOKENS:-512} --dir /tmp/rs $pol --top 12 >> "$LOG" 2>&1
+          echo "rc=$?" >> "$LOG"; done; rm -f /tmp/rs/*.gguf; done ;;
     llbuild) stage "llama.cpp build (detached)"          # llama-bench from the oracle's vendored source (.dev/)
       STEPS=build bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1 ;;
     graphll) for spec in ${GRAPHLL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"

@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--trace", default=None, help="also write the chrome trace here")
+    ap.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                    help="a KernelPolicy setting, e.g. group_avg=16 or sgemm_decode=staged (repeatable)")
     a = ap.parse_args(argv)
     import cupy as cp
     path = a.model
@@ -65,7 +67,9 @@ def main(argv=None) -> int:
             write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=ov or None)
     m = Model(path)
     ids = [int(t) for t in np.random.default_rng(0).integers(0, m.cfg.n_vocab, a.tokens)]
-    rt = Runtime(backend="cuda")
+    from quant.cuda.policy import KernelPolicy
+    pol = KernelPolicy.default().with_settings(a.policy) if a.policy else None
+    rt = Runtime(backend="cuda", kernel_policy=pol)
 
     def run():
         m.forward(ids, m.new_state(), rt=rt, last_only=True)
@@ -78,7 +82,8 @@ def main(argv=None) -> int:
         run()
         times.append(time.perf_counter() - t0)
     wall = 1e3 * float(np.median(times))
-    print(f"{os.path.basename(path)}: prefill of {a.tokens} tokens {wall:.1f} ms (median of 3)", flush=True)
+    print(f"{os.path.basename(path)}: prefill of {a.tokens} tokens {wall:.1f} ms (median of 3)"
+          + (f", policy {' '.join(a.policy)}" if a.policy else ""), flush=True)
     try:
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
@@ -90,7 +95,7 @@ def main(argv=None) -> int:
             prof_wall = 1e3 * (time.perf_counter() - t0)
         by = collections.defaultdict(lambda: [0.0, 0])
         for ev in prof.events():
-            dt = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0)
+            dt = getattr(ev, "device_time", 0.0)
             if str(getattr(ev, "device_type", "")).endswith("CUDA") and dt:
                 k = short(ev.name)
                 by[k][0] += dt / 1e3

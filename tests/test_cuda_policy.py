@@ -52,6 +52,17 @@ def test_policy_errors():
         Runtime(backend="numpy", kernel_policy=KernelPolicy.default())
 
 
+def test_policy_settings_from_strings():
+    """KEY=VALUE strings (benchmarks' --policy): literals parsed, other text kept as a string, errors named."""
+    pol = KernelPolicy.default().with_settings(["group_avg=16", "sgemm_decode=staged", "gemv_default=(8, 1, 1)",
+                                                "tc=False"])
+    assert (pol.group_avg, pol.sgemm_decode, pol.gemv_default, pol.tc) == (16, "staged", (8, 1, 1), False)
+    with pytest.raises(ValueError, match="no field 'group'"):
+        KernelPolicy.default().with_settings(["group=1"])
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        KernelPolicy.default().with_settings(["group_avg"])
+
+
 def test_policy_turns_the_fused_small_ops_off():
     """KernelPolicy.fused_ops=False: a resident runtime's device runs the small ops as NumPy states them, op by op
     (Device.fused None); the default keeps the one-launch kernels (refengine/cuda/fused.py)."""

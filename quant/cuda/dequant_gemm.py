@@ -6,10 +6,11 @@
 
 Why: at hundreds of tokens a product is bound by arithmetic, not by reading the packed weight. The tensor-core
 kernel of `tc.py` decodes each weight tile once per 32 tokens and multiplies in 3xTF32 (three `mma.sync` a
-product, for float32 accuracy); on the H200 the dense products of a DeepSeek-V3 2-block prefill of 512 tokens took
-32 ms on it and 17 ms this way plus 5 ms of decoding (BENCHMARKS.md, issue 23's section). Decoding the whole matrix once (`rows.rows_kernel`: the products' own decoders, so the float32
-weights are `quant.ref.dequantize`'s bit for bit) and calling cuBLAS's SGEMM (CuPy's matmul, CUBLAS_COMPUTE_32F:
-float32 FMA, no TF32 unless the user sets CUPY_TF32) is the same precision with cuBLAS's tiling. The decoded rows
+product, for float32 accuracy). Decoding the whole matrix once (`rows.rows_kernel`, or `staged_kernel`: the
+products' own decoders, so the float32 weights are `quant.ref.dequantize`'s bit for bit) and calling cuBLAS's SGEMM
+(CuPy's matmul, CUBLAS_COMPUTE_32F: float32 FMA, no TF32 unless the user sets CUPY_TF32) is the same precision with
+cuBLAS's tiling: on the H200 the dense products of a DeepSeek-V3 2-block prefill of 512 tokens took 32 ms on the
+tensor cores and 17 ms this way plus 5 ms of decoding (BENCHMARKS.md, issue 23's section). The decoded rows
 go through one scratch buffer of at most CHUNK_ELEMS floats (256 MB), reused product after product; a larger
 matrix runs as several GEMMs over row chunks, so memory stays bounded whatever the weight.
 

@@ -12,6 +12,7 @@ with two policies can run in one process, one call at a time.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import dataclasses
@@ -54,7 +55,7 @@ class KernelPolicy:
     group_avg: int
     pairs_dense: int
     sgemm_min: int = 128                  # resident products of this many tokens on cuBLAS (cuda/dequant_gemm.py)
-    sgemm_decode: str = "rows"            # how that path decodes the weight: "rows" or "staged"
+    sgemm_decode: str = "rows"            # that path's weight decode: "rows" or "staged"
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
     fused_ops: bool = True                # a resident runtime's small ops as one-launch kernels (refengine/cuda/fused.py)
 
@@ -69,6 +70,21 @@ class KernelPolicy:
             raise ValueError(f"KernelPolicy has no field {sorted(unknown)[0]!r}; fields: "
                              f"{', '.join(f.name for f in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes)
+
+    def with_settings(self, items) -> "KernelPolicy":
+        """The policy with `KEY=VALUE` strings applied (a benchmark's or the command line's `--policy`): the value
+        a Python literal (16, False, (8, 4, 8, 128, 1)) or else a string ("staged"); a key not a field is an error
+        naming the fields."""
+        changes = {}
+        for item in items:
+            key, sep, text = item.partition("=")
+            if not sep:
+                raise ValueError(f"kernel policy setting {item!r}: expected KEY=VALUE")
+            try:
+                changes[key.strip()] = ast.literal_eval(text.strip())
+            except (ValueError, SyntaxError):
+                changes[key.strip()] = text.strip()
+        return self.replace(**changes)
 
     @contextlib.contextmanager
     def applied(self):
