@@ -57,7 +57,7 @@ class KernelPolicy:
     sgemm_min: int = 128                  # resident products of this many tokens on cuBLAS (cuda/dequant_gemm.py)
     sgemm_decode: str = "rows"            # that path's weight decode: "rows" or "staged"
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
-    fused_ops: bool = True                # a resident runtime's small ops as one-launch kernels (refengine/cuda/fused.py)
+    fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
 
     @classmethod
     def default(cls) -> "KernelPolicy":
