@@ -61,6 +61,7 @@ for st in ${STAGES:-info layers matmul tests}; do
         stage "graph real-size $A $P L=$L ${X:-}"     # a real-size cut: eager vs graph per token
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch $A --preset $P --layers $L ${X:+--override $X} \
           --type Q4_K --decode ${GRAPH_DECODE:-24} ${GRAPH_PREFILL:+--prefill $GRAPH_PREFILL} --dir /tmp/rs \
+          ${GRAPH_CHECK:+--check-cpu $GRAPH_CHECK} \
           --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     profprefill) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
@@ -83,7 +84,7 @@ for st in ${STAGES:-info layers matmul tests}; do
         MODELS="$spec" STEPS=models bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
         BENCH_FILES=$F STEPS=bench bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py $F --type Q4_K --decode ${GRAPH_DECODE:-24} \
-          --prefill ${GRAPH_PREFILL:-512} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+          --prefill ${GRAPH_PREFILL:-512} ${GRAPH_CHECK:+--check-cpu $GRAPH_CHECK} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f $F; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf
