@@ -9,6 +9,8 @@ For each arch whose decode step is capturable (tests/test_capture.py), tiny pres
 step's logits equal bit for bit to the eager run of the same fixed shapes; the counters say how many steps were
 replayed. A control: replaying a tape without the driver's position update gives other logits (the check can fail).
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,8 @@ from refengine.cuda.graph_step import GraphDecoder, state_leaves
 from refengine.model import Model
 from refengine.runtime import Runtime
 from test_capture import CAPTURABLE
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PROMPT = [3, 17, 101, 5, 250, 42, 7]
 DECODE = [9, 44, 2, 71, 18, 5, 33, 60, 12, 8, 90, 1, 27, 64, 3, 11, 50, 7, 21, 38]
@@ -110,3 +114,19 @@ def test_run_graph_cli(synth_model, tmp_path, capsys):
     assert main(["run", str(f), "--tokens", "3,17", "-n", "2", "-q", "--graph", "--gpu-expert-budget", "0.5"]) != 0
     err = capsys.readouterr().err
     assert "--graph" in err and "drop --gpu-expert-budget" in err and "Traceback" not in err
+
+
+def test_graph_decode_benchmark_dry_run(tmp_path):
+    """benchmarks/graph_decode.py on the sim device (`--backend numpy`): the script's own checks hold (graph ==
+    eager fixed-shape, GPU-side run == the host backend's prompt row and first two decode steps) and it writes
+    its record, prefill time included."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location("graph_decode", ROOT / "benchmarks" / "graph_decode.py")
+    gd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gd)
+    out = tmp_path / "r.json"
+    rc = gd.main(["--arch", "deepseek2", "--backend", "numpy", "--decode", "5", "--prefill", "16", "--check-cpu",
+                  "numpy", "--dir", str(tmp_path), "--json", str(out)])
+    rec = json.loads(out.read_text())
+    assert rc == 0 and rec["cpu_ok"] and len(rec["cpu_rel_rms"]) == 3 and rec["prefill_ms"] > 0, rec
