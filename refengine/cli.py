@@ -17,7 +17,7 @@ import numpy as np
 
 from quant import QuantError, UnknownTypeError
 
-from .errors import RefengineError
+from .errors import ConfigError, RefengineError
 
 DEFAULT_ARCH = "qwen3moe"
 CORPUS_CTX_DEFAULT = 512              # golden --file without --ctx: llama-perplexity's default -c
@@ -145,7 +145,7 @@ def cmd_run(args) -> int:
         except RefengineError:
             tok = None
     rt = Runtime(mode=args.mode, backend=args.backend, qsa_rule=args.qsa_rule or "authors", **_expert_kw(args, model),
-                 **_graph_kw(args))
+                 **_graph_kw(args), **_policy_kw(args))
     stamps = []                                   # time at each new token (the first comes after the prefill)
     bar = _decode_bar(args, rt)
 
@@ -208,6 +208,19 @@ def cmd_run(args) -> int:
         print(f"[state: {m['n_past']} positions, {os.path.getsize(args.save_state) / 2**20:.2f} MiB -> "
               f"{args.save_state}]", file=sys.stderr)
     return 0
+
+
+def _policy_kw(args) -> dict:
+    """`run --kernel-policy KEY=VALUE ...`: a quant.cuda.policy.KernelPolicy (the cuda backend's kernel choices)."""
+    if not args.kernel_policy:
+        return {}
+    if args.backend != "cuda":
+        raise ConfigError(f"--kernel-policy sets the cuda kernels' choices; the backend is {args.backend!r}")
+    from quant.cuda.policy import KernelPolicy
+    try:
+        return {"kernel_policy": KernelPolicy.default().with_settings(args.kernel_policy)}
+    except ValueError as e:
+        raise ConfigError(f"--kernel-policy: {e}") from None
 
 
 def _graph_kw(args) -> dict:
@@ -523,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--graph", action="store_true", help="decode through one captured CUDA graph replayed every "
                    "token (refengine/cuda/graph_step.py; with --backend cuda, else on the \"sim\" device as a "
                    "check): the device-resident forward with fixed shapes, the same ids; its counters are printed")
+    r.add_argument("--kernel-policy", action="append", default=[], metavar="KEY=VALUE", help="with --backend cuda: "
+                   "a kernel choice (quant/cuda/policy.py KernelPolicy's fields, e.g. sgemm_min=0 to keep prefill "
+                   "products off cuBLAS, fused_ops=False); repeatable")
     r.add_argument("--json", metavar="F", default=None, help="write the run's figures to F: ids, prefill time, "
                    "decode tokens/s, the device counters of a resident run (what crossed between host and device), "
                    "the expert cache's counters per layer")

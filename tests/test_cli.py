@@ -98,3 +98,14 @@ def test_ctx_and_ubatch_flags(tmp_path, capsys):
     assert main(["golden", str(f), "--tokens", toks, "--ubatch", "8", "--ctx", "64", "-q", "-o", str(out)]) == 0
     man = json.loads((out / "manifest.json").read_text())
     assert (man["n_ctx"], man["n_ubatch"], man["intermediates_rows"]) == (64, 8, [0, 8])
+
+
+def test_run_kernel_policy_errors(tmp_path, capsys):
+    """run --kernel-policy: only with --backend cuda, and a setting that is not a KernelPolicy field is named."""
+    f = tmp_path / "m.gguf"
+    main(["synth", "llama", "-q", "-o", str(f)])
+    capsys.readouterr()
+    assert main(["run", str(f), "--tokens", "1,2", "-n", "1", "--kernel-policy", "sgemm_min=0"]) == 2
+    assert "--kernel-policy" in capsys.readouterr().err
+    assert main(["run", str(f), "--tokens", "1,2", "-n", "1", "--backend", "cuda", "--kernel-policy", "nope=1"]) == 2
+    assert "has no field 'nope'" in capsys.readouterr().err     # (checked before the backend looks for a GPU)
