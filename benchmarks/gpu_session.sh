@@ -67,7 +67,7 @@ for st in ${STAGES:-info layers matmul tests}; do
     profprefill) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
         stage "prefill profile $A $P L=$L ${X:-}"      # GPU time per kernel + host functions, one prefill
         timeout ${PROF_TIMEOUT:-300} python3 benchmarks/profile_prefill.py --arch $A --preset $P --layers $L \
-          ${X:+--override $X} --tokens ${PROF_TOKENS:-512} --dir /tmp/rs ${PROF_ARGS:-} >> "$LOG" 2>&1
+          ${X:+--override $X} --tokens ${PROF_TOKENS:-512} --dir /tmp/rs ${PROF_ARGS:---segments} >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     prefillsweep) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
         for item in default ${SWEEP:-group_avg=16 sgemm_decode=staged sgemm_min=32}; do   # KEY=V[+KEY=V] each

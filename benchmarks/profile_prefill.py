@@ -7,7 +7,8 @@ kernel of the process: numba's, CuPy's, cuBLAS's) and the host's part (cProfile)
 Writes the random-packed Q4_K cut (refengine.cuda.randmodel) when no file is given, runs one warm-up prefill of
 `--tokens` random ids (the last position's logits, as graph_decode.py --prefill times it), times three, then
 profiles one: kernels grouped by name (total GPU ms, launches), the sum of kernel time against the wall time (the
-difference is the host's: launches, Python, synchronisations), and the host functions by own time.
+difference is the host's: launches, Python, synchronisations), with --segments the GPU time between the forward's
+named tensors (which part of a block), and the host functions by own time.
 """
 from __future__ import annotations
 
@@ -42,6 +43,39 @@ def short(name: str) -> str:
     return re.split(r"[<(]", name)[0][:70]
 
 
+def segments(run, rt, cp, top: int) -> None:
+    """One prefill with a CUDA event recorded on the current stream at every `rt.record(name, il, ...)` call: the
+    GPU time from one named point to the next is charged to 'previous -> next' (layer indices dropped), summed
+    over the layers, and printed largest first."""
+    marks = []
+    orig = type(rt).record
+
+    def record(self, name, *args, **kw):
+        ev = cp.cuda.Event()
+        ev.record()
+        marks.append((name, ev))
+        return orig(self, name, *args, **kw)
+    type(rt).record = record
+    try:
+        start = cp.cuda.Event()
+        start.record()
+        marks.append(("start", start))
+        run()
+        end = cp.cuda.Event()
+        end.record()
+        marks.append(("end", end))
+        end.synchronize()
+    finally:
+        type(rt).record = orig
+    by = collections.defaultdict(float)
+    for (n0, e0), (n1, e1) in zip(marks, marks[1:]):
+        by[f"{n0} -> {n1}"] += cp.cuda.get_elapsed_time(e0, e1)
+    total = cp.cuda.get_elapsed_time(marks[0][1], marks[-1][1])
+    print(f"segments: {len(marks) - 2} named points, {total:.1f} ms from first to last event")
+    for k, ms in sorted(by.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {k}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default=None)
@@ -54,6 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--trace", default=None, help="also write the chrome trace here")
+    ap.add_argument("--segments", action="store_true", help="also the GPU time between the forward's named tensors "
+                    "(a CUDA event at each `rt.record` point, stream-ordered: e.g. 'ffn_inp-1 .. ffn_out-1' is layer "
+                    "1's FFN), summed by name")
     ap.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                     help="a KernelPolicy setting, e.g. group_avg=16 or sgemm_decode=staged (repeatable)")
     a = ap.parse_args(argv)
@@ -108,6 +145,11 @@ def main(argv=None) -> int:
             print(f"  {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}% {c:6d}x  {k}")
         if a.trace:
             prof.export_chrome_trace(a.trace)
+    if a.segments:
+        try:
+            segments(run, rt, cp, a.top)
+        except Exception as e:                       # an optional view: the rest of the report stands without it
+            print(f"segments: {type(e).__name__}: {e}")
     pr = cProfile.Profile()
     pr.enable()
     run()
