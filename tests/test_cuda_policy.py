@@ -61,6 +61,8 @@ def test_policy_settings_from_strings():
         KernelPolicy.default().with_settings(["group=1"])
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         KernelPolicy.default().with_settings(["group_avg"])
+    with pytest.raises(ValueError, match="sgemm_min expects int"):
+        KernelPolicy.default().with_settings(["sgemm_min=many"])
 
 
 def test_policy_turns_the_fused_small_ops_off():

@@ -81,9 +81,14 @@ class KernelPolicy:
             if not sep:
                 raise ValueError(f"kernel policy setting {item!r}: expected KEY=VALUE")
             try:
-                changes[key.strip()] = ast.literal_eval(text.strip())
+                value = ast.literal_eval(text.strip())
             except (ValueError, SyntaxError):
-                changes[key.strip()] = text.strip()
+                value = text.strip()
+            old = getattr(self, key.strip(), None)
+            if old is not None and type(value) is not type(old):
+                raise ValueError(f"kernel policy setting {item!r}: {key.strip()} expects {type(old).__name__} "
+                                 f"(now {old!r}), got {type(value).__name__}")
+            changes[key.strip()] = value
         return self.replace(**changes)
 
     @contextlib.contextmanager
