@@ -112,3 +112,18 @@ def test_resident_sgemm_prefill_equals_numpy(synth_model, arch):
         a, b = m.forward(toks, st_h, rt=host), m.forward(toks, st_g, rt=gpu)
         assert rel_rms(b, a) <= TOL, (arch, rel_rms(b, a))
         assert np.array_equal(np.argmax(a, -1), np.argmax(b, -1))
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa"])
+def test_resident_dsa_every_key_kept_equals_numpy(synth_model, arch):
+    """The DSA prompt whose selection keeps every key (top-k 64 >= 20 keys: masked-dense, attention/dsa.py) on the
+    GPU against NumPy, then a decode step: within TOL, same argmax."""
+    pytest.importorskip("cupy")
+    m = Model(synth_model(arch, wtype="Q8_0", overrides={"idx_top_k": 64}))
+    host, gpu = Runtime(), Runtime(backend="cuda", resident=True)
+    st_h, st_g = m.new_state(), m.new_state()
+    for toks in (TOKENS, [5]):
+        a, b = m.forward(toks, st_h, rt=host), m.forward(toks, st_g, rt=gpu)
+        assert rel_rms(b, a) <= TOL, (arch, rel_rms(b, a))
+        assert np.array_equal(np.argmax(a, -1), np.argmax(b, -1))

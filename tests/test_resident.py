@@ -118,6 +118,21 @@ def test_resident_ubatches_equal_host(synth_model, arch):
         assert np.array_equal(m.forward(toks[:T], rt=Runtime()), m.forward(toks[:T], rt=Runtime(resident=True))), T
 
 
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa"])
+def test_resident_dsa_every_key_kept_equals_host(synth_model, arch):
+    """A prompt whose DSA selection keeps every key (top-k 64 >= 20 keys, >= dsa.DENSE_FROM queries) attends
+    masked-dense: on the device as on the host (bit-identical, nothing run on the host), then a decode step
+    (gathered again)."""
+    m = Model(synth_model(arch, wtype="Q4_K", overrides={"idx_top_k": 64}))
+    host, dev = Runtime(), Runtime(resident=True)
+    st_h, st_d = m.new_state(), m.new_state()
+    for toks in (TOKENS, [5]):
+        before = dev.device.stats.as_dict()
+        a, b = m.forward(toks, st_h, rt=host), m.forward(toks, st_d, rt=dev)
+        assert np.array_equal(a, b), (arch, len(toks))
+        assert not dev.device.stats.since(before)["fallbacks"]
+
+
 @pytest.mark.parametrize("arch", ["deepseek2", "qwen3next"])
 def test_resident_trace_equals_host_trace(synth_model, arch):
     """`compare --backend cuda` traces a resident run: every recorded tensor is read back and equals the host's."""
