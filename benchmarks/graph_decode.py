@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from refengine.compare import metrics
 from refengine.model import Model
 from refengine.runtime import Runtime
 
@@ -174,7 +175,7 @@ def one(a, recs) -> int:
         host, _ = decode_eager(model, Runtime(backend=a.check_cpu), prompt, tokens[:2], host_first)
         pairs = list(zip(first + plain[:2], host_first + host))
         rec["cpu_backend"] = a.check_cpu
-        rec["cpu_rel_rms"] = [float(np.sqrt(np.mean((g - h) ** 2) / np.mean(h ** 2))) for g, h in pairs]
+        rec["cpu_rel_rms"] = [float(np.sqrt(metrics(h, g)[0])) for g, h in pairs]        # sqrt(NMSE)
         rec["cpu_argmax_equal"] = all(int(np.argmax(g)) == int(np.argmax(h)) for g, h in pairs)
         rec["cpu_ok"] = max(rec["cpu_rel_rms"]) <= 1e-5 and rec["cpu_argmax_equal"]
         print(f"{os.path.basename(path)}: GPU vs {a.check_cpu} (prompt's last row, 2 decode steps) rel-RMS "

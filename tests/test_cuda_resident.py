@@ -117,7 +117,7 @@ def test_resident_sgemm_prefill_equals_numpy(synth_model, arch):
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa"])
 def test_resident_dsa_every_key_kept_equals_numpy(synth_model, arch):
-    """The DSA prompt whose selection keeps every key (top-k 64 >= 20 keys: masked-dense, attention/dsa.py) on the
+    """The DSA prompt whose selection keeps every key (top-k 64 >= 20 keys: masked-dense, mha.attend) on the
     GPU against NumPy, then a decode step: within TOL, same argmax."""
     pytest.importorskip("cupy")
     m = Model(synth_model(arch, wtype="Q8_0", overrides={"idx_top_k": 64}))

@@ -120,7 +120,7 @@ def test_resident_ubatches_equal_host(synth_model, arch):
 
 @pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa"])
 def test_resident_dsa_every_key_kept_equals_host(synth_model, arch):
-    """A prompt whose DSA selection keeps every key (top-k 64 >= 20 keys, >= dsa.DENSE_FROM queries) attends
+    """A prompt whose DSA selection keeps every key (top-k 64 >= 20 keys, >= mha.DENSE_FROM queries) attends
     masked-dense: on the device as on the host (bit-identical, nothing run on the host), then a decode step
     (gathered again)."""
     m = Model(synth_model(arch, wtype="Q4_K", overrides={"idx_top_k": 64}))

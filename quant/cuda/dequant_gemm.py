@@ -42,10 +42,9 @@ _SCRATCH: dict = {}
 
 def _scratch(n: int, alloc):
     """One float32 buffer of at least n elements per allocator (grown, never shrunk)."""
-    key = getattr(alloc, "__module__", "") + getattr(alloc, "__name__", "")
-    buf = _SCRATCH.get(key)
+    buf = _SCRATCH.get(alloc)
     if buf is None or buf.shape[0] < n:
-        buf = _SCRATCH[key] = alloc(n)
+        buf = _SCRATCH[alloc] = alloc(n)
     return buf
 
 

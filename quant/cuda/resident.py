@@ -34,14 +34,8 @@ def _cp():
     return cupy
 
 
-def _stream():
-    """numba's handle on CuPy's current stream (`streams.current_stream`)."""
-    return current_stream()
-
-
-def _nb(a):
-    """A numba view of a CuPy array (no copy, no stream synchronisation)."""
-    return numba_view(a)
+_stream = current_stream            # numba's handle on CuPy's current stream
+_nb = numba_view                    # a numba view of a CuPy array (no copy, no stream synchronisation)
 
 
 def _input(x):

@@ -38,11 +38,6 @@ class DSAConfig:
     indexer: IndexerConfig     # the layer's own indexer (full) or the layer whose selection it shares
 
 
-# queries from which a selection of every key (a prompt no longer than index_topk) attends masked-dense, not gathered:
-# the same keys and mask; a decode step (1 query: the fused gathered kernel on a GPU, a captured graph) keeps gathering
-DENSE_FROM = 9
-
-
 def dsa_table(il: int, dc: DSAConfig) -> list[W]:
     """MLA's tensors, then the indexer's (required where the layer runs its own indexer)."""
     return mla.mla_table(il, dc.mla) + dsa_indexer.indexer_table(il, dc.indexer, q_lora_rank=dc.mla.q_lora_rank)
@@ -90,8 +85,5 @@ def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, s
     S = state.n + T
     assert sel.mask.shape[0] == T and (rt.fixed_shapes or sel.mask.shape[1] == S), \
         f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"     # fixed shapes: S = the capacity
-    if T >= DENSE_FROM and sel.top_k.shape[1] >= sel.mask.shape[1]:
-        gather = False          # every key is selected (top-k >= the keys): the mask is the causal one, and the
-        #                         masked-dense form (llama.cpp's) is cheaper than gathering every key per query
     return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=cos, sin=sin, rt=rt,
                    mask_fn=sparse_mask(sel, S - T, gather, step.pos, rt.fixed_shapes), qr=qr, pos=step.pos)

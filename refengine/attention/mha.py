@@ -109,6 +109,10 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
 
 
 GATHER_ELEMS = 1 << 22      # numbers a gather holds at most (keys and values of one query block): 16 MiB in float32
+# queries from which a selection naming as many slots as there are keys (e.g. DSA's top-k over a prompt no longer than
+# it) attends masked-dense: gathering every key per query costs more than the blocked form over the same mask; a decode
+# step (1 query: the fused gathered kernel on a GPU, a captured graph) keeps gathering
+DENSE_FROM = 9
 
 
 @dataclass(frozen=True)
@@ -203,12 +207,14 @@ def attend(q, k, v, q_pos, kq_scale: float, *, mask_fn=causal_mask, one_shot: bo
     """Softmax attention as the caller needs it: q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], q_pos [T] -> [T, H, V].
 
     one_shot: `attention` over the whole mask_fn(q_pos, arange(S)) [T, S], tracing kq, kq_soft_max and kqv (pass
-    `keeps_scores(rt, il)`); else, for a `SparseMask` that gathers, `attention_gathered` over its selection, and
-    `attention_blocked` for any other mask_fn, both tracing kqv [H, T, V] only."""
+    `keeps_scores(rt, il)`); else, for a `SparseMask` that gathers, `attention_gathered` over its selection (unless
+    it names as many slots as there are keys and the call has DENSE_FROM queries or more), and `attention_blocked`
+    for any other mask_fn (the mask's own tiles), both tracing kqv [H, T, V] only."""
     if one_shot:
         mask = mask_fn(q_pos, np.arange(k.shape[0]))                             # [T, S]
         return attention(q, k, v, mask, kq_scale, record, il, dtype)
-    if isinstance(mask_fn, SparseMask) and mask_fn.gather:
+    if isinstance(mask_fn, SparseMask) and mask_fn.gather and \
+            (q.shape[0] < DENSE_FROM or mask_fn.idx.shape[1] < k.shape[0]):
         o = attention_gathered(q, k, v, *mask_fn.rows(q_pos), kq_scale, dtype=dtype)   # [T, H, V]
     else:
         o = attention_blocked(q, k, v, q_pos, kq_scale, mask_fn=mask_fn, dtype=dtype)  # [T, H, V]

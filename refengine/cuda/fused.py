@@ -42,9 +42,9 @@ from quant.cuda.device import warp_sum
 
 from .kernels import block_sum64
 
-DR_ROWS = 8                 # the delta rule's state rows per lane: K <= 256
+DR_K = 256                  # the delta rule's largest K (its shared arrays' width: a literal, numba-cuda refuses an
+DR_ROWS = DR_K // 32        # expression as a shape), held DR_ROWS state rows per lane
 DR_WARPS = 8                # its value columns per block (a warp each)
-DR_K = 256                  # 32 * DR_ROWS (a literal: shared arrays need constant shapes)
 DR_TC = 8                   # its tokens staged in shared memory at a time (3 x 8 x 256 floats: 24 KB)
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
 
