@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--sort", default="tottime", help="the host profile's order (pstats: tottime, cumulative)")
     ap.add_argument("--trace", default=None, help="also write the chrome trace here")
     ap.add_argument("--segments", action="store_true", help="also the GPU time between the forward's named tensors "
                     "(a CUDA event at each `rt.record` point, stream-ordered: e.g. 'ffn_inp-1 .. ffn_out-1' is layer "
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     run()
     pr.disable()
     st = pstats.Stats(pr)
-    st.sort_stats("tottime").print_stats(a.top)
+    st.sort_stats(a.sort).print_stats(a.top)
     return 0
 
 

@@ -98,15 +98,17 @@ def test_sgemm_products_equal_the_reference(chunk, monkeypatch):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("gemm", ["sgemm", "h3"])
 @pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "kimi-k3"])
-def test_resident_sgemm_prefill_equals_numpy(synth_model, arch):
-    """A whole resident forward with every product of 2+ tokens on the cuBLAS path (KernelPolicy(sgemm_min=2))
-    against NumPy: prefill and a decode step within TOL, same argmax."""
+def test_resident_sgemm_prefill_equals_numpy(synth_model, arch, gemm):
+    """A whole resident forward with every product of 2+ tokens on the cuBLAS path (KernelPolicy(sgemm_min=2)),
+    float32 SGEMM or 3xFP16 (hgemm.py), against NumPy: prefill and a decode step within TOL, same argmax."""
     pytest.importorskip("cupy")
     from quant.cuda.policy import KernelPolicy
     m = Model(synth_model(arch, wtype="Q8_0"))
     host = Runtime()
-    gpu = Runtime(backend="cuda", resident=True, kernel_policy=KernelPolicy.default().replace(sgemm_min=2))
+    pol = KernelPolicy.default().replace(sgemm_min=2, prefill_gemm=gemm)
+    gpu = Runtime(backend="cuda", resident=True, kernel_policy=pol)
     st_h, st_g = m.new_state(), m.new_state()
     for toks in (TOKENS, [5]):
         a, b = m.forward(toks, st_h, rt=host), m.forward(toks, st_g, rt=gpu)

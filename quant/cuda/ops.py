@@ -84,9 +84,13 @@ NT_MAX = 8
 # DeepSeek-V3 2-block prefill of 512 tokens, dense products 32 ms on the tensor-core kernel, 17 + 5 (decode) here
 # (128 is not tuned: the crossover against the tensor-core kernel between 8 and 512 tokens was not measured)
 SGEMM_MIN = 128
-# how that path decodes the weight: "rows" (`rows.rows_kernel`, measured ~0.6 TB/s of float32 written on the H200)
-# or "staged" (`dequant_gemm.staged_kernel`: shared memory, coalesced writes; bit-identical, not yet timed on a GPU)
-SGEMM_DECODE = "rows"
+# how that path decodes the weight: "rows" (`rows.rows_kernel`, one thread per block part) or "staged"
+# (`dequant_gemm.staged_kernel`: shared memory, coalesced writes; bit-identical). Measured on the H200 (session 21,
+# benchmarks/profile_prefill.py, DeepSeek-V3 2 blocks, 512 tokens): decode 5.06 ms rows, 1.88 ms staged
+SGEMM_DECODE = "staged"
+# the GEMM of that path: "sgemm" (cuBLAS float32, CUDA cores) or "h3" (`hgemm.py`: each operand split into two
+# float16 halves, three tensor-core products with float32 sums over K chunks of hgemm.KC, combined in float32)
+PREFILL_GEMM = "sgemm"
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
 # together, one from DRAM and the rest from L2; up to GROUP_AVG on average: one block per group, 8 tokens a

@@ -22,6 +22,7 @@ from .fast8 import CW, igemv1_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .tc import gemm_tc_kernel
 from .dequant_gemm import staged_kernel
+from .hgemm import combine_kernel as h3_combine_kernel, split_kernel as h3_split_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
 from .timing import spin_kernel
 
@@ -79,6 +80,9 @@ def kernels(all_variants: bool = False):
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))
+    out.append(("h3 split", h3_split_kernel, f"void(float32[:, :], float16[:, :, :], {A1I32}, int64)"))
+    out.append(("h3 combine", h3_combine_kernel, "void(float32[:, :, :, ::1], float32[:, :, :, ::1], int32[:, :], "
+                "int32[:, :], float32[:, :, :], int64)"))
     out.append(("spin", spin_kernel, f"void(int64, {A1F32})"))
     return out
 

@@ -23,6 +23,7 @@ from .gemv import GroupTable
 from .moe import BN, EW, bucket_kernel, combine_slots, device_scales, groups_from_ids, moe_ffn_device, one_token_ok
 from . import ops
 from .dequant_gemm import dense_sgemm, heads_sgemm
+from .hgemm import dense_h3, heads_h3
 from .device import SIM
 from .ops import aligned16, dense, fast_ids_ok, grouped, grouped_ids, supported
 from .streams import current_stream, numba_view
@@ -58,7 +59,7 @@ def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto")
     x = _input(x)
     y = cp.empty((x.shape[0], w.shape[0]), dtype=cp.float32)
     if _sgemm(kernel, x.shape[0]):
-        dense_sgemm(device_weight(w).ensure(), x, y, stream=_stream())
+        (dense_h3 if ops.PREFILL_GEMM == "h3" else dense_sgemm)(device_weight(w).ensure(), x, y, stream=_stream())
         return y
     dense(device_weight(w).ensure(), _nb(x), _nb(y), kernel=kernel, stream=_stream())
     return y
@@ -87,7 +88,8 @@ def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "
     O = w.shape[1]
     if _sgemm(kernel, T):
         y = cp.empty((H, T, O), dtype=cp.float32)
-        heads_sgemm(device_weight(w).ensure(), _input(x), y, stream=_stream())
+        (heads_h3 if ops.PREFILL_GEMM == "h3" else heads_sgemm)(device_weight(w).ensure(), _input(x), y,
+                                                                 stream=_stream())
         return y
     xs = _input(x.reshape(H * T, I))
     y = cp.empty((H * T, O), dtype=cp.float32)
