@@ -24,6 +24,13 @@ from .ops import matmul, supported  # noqa: E402
 from .moe import moe_ffn  # noqa: E402
 from .resident import matmul_heads_resident, matmul_resident, moe_ffn_resident  # noqa: E402
 from .rows import get_rows as get_rows_resident  # noqa: E402
+from . import fastlaunch as _fastlaunch  # noqa: E402
+
+import os as _os  # noqa: E402
+
+# the short launch path (fastlaunch.py) on a GPU; REFENGINE_FASTLAUNCH=0 keeps numba's own every time
+if not SIM and _os.environ.get("REFENGINE_FASTLAUNCH", "1") != "0":
+    _fastlaunch.install()
 
 MOE_GATED_ACTS = True    # moe_ffn takes act=(fn, trace name): another gated activation than SwiGLU (Kimi-K3's SiTU)
 

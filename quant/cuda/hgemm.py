@@ -15,12 +15,13 @@ the small elements keep ~2^-24 absolute precision). Then
 
 each product of two float16 values exact in float32. Three products instead of one: "3xFP16", as `tc.py`'s
 3xTF32. The tensor core's float32 sums truncate rather than round (`tc.py`: summed over 14336 columns the result
-drifted by 1e-4, relative RMS), so the large product xh . wh runs as a batched GEMM over K chunks of `KC` columns
-(one partial result each) and `combine` adds the partials and the two small products (whose truncation is
-~2^-11 of theirs) in float32 registers, round to nearest, then scales by 2^-(s_x + s_w) (exact).
+drifted by 1e-4, relative RMS), so the large product xh . wh runs as a batched GEMM over K chunks of `kc` columns
+(ops.H3_KC, KernelPolicy.h3_kc; one partial result each) and `combine` adds the partials and the two small
+products (whose truncation is ~2^-11 of theirs) in float32 registers, round to nearest, then scales by
+2^-(s_x + s_w) (exact).
 
 Memory: the weight is decoded (`dequant_gemm.decoded_chunks`: float32, a chunk of rows at a time), split into one
-float16 buffer [2, rows, K] (lo, hi), and the partials [K / KC, T, rows] are bounded by PARTIAL_ELEMS (the row
+float16 buffer [2, rows, K] (lo, hi), and the partials [K / kc, T, rows] are bounded by PARTIAL_ELEMS (the row
 chunk shrinks when T is large): all scratch reused product after product.
 
 On the simulator (no cuBLAS) `gemm16` multiplies with NumPy in float32 (each fp16 product exact; the sums
@@ -33,6 +34,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from . import ops
 from .dequant_gemm import decoded_chunks, rows_per_chunk
 from .device import SIM
 from .streams import numba_view
@@ -43,7 +45,6 @@ try:
 except ImportError:                                          # pragma: no cover
     float16 = None
 
-KC = 512                        # K columns a tensor-core sum runs over before `combine` adds it in float32
 PARTIAL_ELEMS = 1 << 26         # float32 elements of partial results held at once (256 MB)
 SPLIT_THREADS = 32 if SIM else 256       # (the simulator runs a Python thread per CUDA thread)
 TOP = 15                        # a row's largest |v| scaled into [2^(TOP-1), 2^TOP)
@@ -223,9 +224,10 @@ def _rows_for(dw: DeviceWeight, T: int, kc: int, per: int = 1) -> int:
     return max(per, r // per * per)
 
 
-def dense_h3(dw: DeviceWeight, x, y, *, stream=0, rows: int | None = None, kc: int = KC) -> None:
+def dense_h3(dw: DeviceWeight, x, y, *, stream=0, rows: int | None = None, kc: int | None = None) -> None:
     """y [T, O] = x [T, I] @ W.T (float32 device arrays; W = dw decoded, 2-D)."""
     T, K = x.shape
+    kc = min(K, kc or ops.H3_KC)
     xhl = _buf("xhl", (2, 1, T, K), np.float16)
     ex = _buf("ex", (1, T), np.int32)
     split_rows(x, xhl.reshape(2, T, K), ex.reshape(T), 0, stream)
@@ -237,9 +239,10 @@ def dense_h3(dw: DeviceWeight, x, y, *, stream=0, rows: int | None = None, kc: i
         _products(xhl, ex, whl, ew, y[None], r0, kc, stream)
 
 
-def heads_h3(dw: DeviceWeight, x, y, *, stream=0, rows: int | None = None, kc: int = KC) -> None:
+def heads_h3(dw: DeviceWeight, x, y, *, stream=0, rows: int | None = None, kc: int | None = None) -> None:
     """y [H, T, O] = x [H, T, I] @ W[h].T per head (W = dw decoded, [H, O, I]), whole heads a chunk."""
     H, T, K = x.shape
+    kc = min(K, kc or ops.H3_KC)
     O = dw.O
     xhl = _buf("xhl", (2, H, T, K), np.float16)
     ex = _buf("ex", (H, T), np.int32)

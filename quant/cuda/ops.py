@@ -91,6 +91,7 @@ SGEMM_DECODE = "staged"
 # the GEMM of that path: "sgemm" (cuBLAS float32, CUDA cores) or "h3" (`hgemm.py`: each operand split into two
 # float16 halves, three tensor-core products with float32 sums over K chunks of hgemm.KC, combined in float32)
 PREFILL_GEMM = "sgemm"
+H3_KC = 512                        # "h3": the K columns of one tensor-core sum (hgemm.py)
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
 # together, one from DRAM and the rest from L2; up to GROUP_AVG on average: one block per group, 8 tokens a

@@ -30,7 +30,7 @@ _SWITCHES = {
     "gemm_shape": (ops, "GEMM_SHAPE"), "tc_shape": (ops, "TC_SHAPE"), "tc_dense_shape": (ops, "TC_DENSE_SHAPE"),
     "tc": (ops, "TC"), "nt_max": (ops, "NT_MAX"), "pairs_avg": (ops, "PAIRS_AVG"),
     "sgemm_min": (ops, "SGEMM_MIN"), "sgemm_decode": (ops, "SGEMM_DECODE"),
-    "prefill_gemm": (ops, "PREFILL_GEMM"), "group_avg": (ops, "GROUP_AVG"),
+    "prefill_gemm": (ops, "PREFILL_GEMM"), "h3_kc": (ops, "H3_KC"), "group_avg": (ops, "GROUP_AVG"),
     "pairs_dense": (ops, "PAIRS_DENSE"),
 }
 
@@ -58,6 +58,7 @@ class KernelPolicy:
     sgemm_min: int = 128                  # resident products of this many tokens on cuBLAS (cuda/dequant_gemm.py)
     sgemm_decode: str = "staged"          # that path's weight decode: "rows" or "staged"
     prefill_gemm: str = "sgemm"           # that path's GEMM: "sgemm" (float32) or "h3" (3 float16 products, hgemm.py)
+    h3_kc: int = 512                      # "h3": K columns per tensor-core sum (hgemm.py)
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from numba import cuda
 
+from . import fastlaunch
+
 _STREAMS: dict = {}
 
 
@@ -22,4 +24,6 @@ def current_stream():
 
 
 def numba_view(a):
+    if fastlaunch.INSTALLED_VIEWS:
+        return fastlaunch.numba_view(a)
     return cuda.as_cuda_array(a, sync=False)

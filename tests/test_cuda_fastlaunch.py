@@ -1,0 +1,53 @@
+"""quant/cuda/fastlaunch.py: numba-cuda launches through the short path give what numba's own path gives, and
+whatever the short path does not serve (a strided array, a host array) still goes through numba. Needs a GPU."""
+import numpy as np
+import pytest
+
+pytest.importorskip("numba.cuda")
+qc = pytest.importorskip("quant.cuda")
+
+pytestmark = pytest.mark.cuda
+GPU = not qc.SIM and qc.available()
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_short_path_equals_numba():
+    cp = pytest.importorskip("cupy")
+    from numba import cuda
+
+    from quant.cuda import fastlaunch
+    from quant.cuda.streams import current_stream, numba_view
+
+    @cuda.jit
+    def axpy(x, y, out, a, n):
+        i = cuda.grid(1)
+        if i < n:
+            out[i] = a * x[i] + y[i]
+
+    @cuda.jit
+    def rowsum(m, out, scale):
+        r = cuda.grid(1)
+        if r < m.shape[0]:
+            s = 0.0
+            for j in range(m.shape[1]):
+                s += m[r, j]
+            out[r] = s * scale
+    assert fastlaunch.install()
+    rng = np.random.default_rng(0)
+    st = current_stream()
+    for n in (100, 1000, 37):                  # the first launch compiles (numba's path), the others are short
+        x, y = (cp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+        out = cp.zeros(n, np.float32)
+        before = dict(fastlaunch.stats)
+        axpy[(n + 63) // 64, 64, st](x, numba_view(y), out, np.float32(2.5), n)
+        cp.testing.assert_allclose(out, 2.5 * x + y, rtol=1e-6)
+        if n != 100:
+            assert fastlaunch.stats["short"] == before["short"] + 1
+    m = cp.asarray(rng.standard_normal((8, 12)).astype(np.float32))
+    for a in (m, m[:, ::2], m.T.copy(), m[:, 3:9]):         # C-contiguous, strided, C again, strided
+        out = cp.zeros(a.shape[0], np.float32)
+        rowsum[1, 32, st](a, out, 0.5)
+        cp.testing.assert_allclose(out, 0.5 * a.sum(1), rtol=1e-5)
+    host = np.zeros(8, np.float32)                            # a host array: numba copies it in and back
+    rowsum[1, 32, st](m, host, 1.0)
+    np.testing.assert_allclose(host, m.sum(1).get(), rtol=1e-5)
