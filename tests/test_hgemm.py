@@ -93,8 +93,8 @@ def test_heads_h3_equals_the_reference():
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (cuBLAS's tensor cores)")
-@pytest.mark.parametrize("kc", [256, 512, 2048, 14336])
-def test_h3_long_rows_on_the_tensor_cores(kc, capsys):
+@pytest.mark.parametrize("kc", [256, 512])
+def test_h3_long_rows_on_the_tensor_cores(kc):
     """At a real row length (K = 14336: DeepSeek-V3's expert width x7, Llama's FFN) the tensor core's truncating
     sums are what the K chunks bound: relative RMS <= 2e-6 of the float64 product at each chunk size (the figure
     printed: KernelPolicy.h3_kc is chosen from it)."""
@@ -108,7 +108,4 @@ def test_h3_long_rows_on_the_tensor_cores(kc, capsys):
     y = cp.empty((160, 256), np.float32)
     dense_h3(device_weight(w).ensure(), cp.asarray(x), y, kc=kc)
     err = rel_rms(y.get(), x.astype(np.float64) @ ref.dequantize(w).astype(np.float64).T)
-    with capsys.disabled():
-        print(f"\nh3 K=14336 kc={kc}: rel RMS {err:.2e}")
-    if kc <= 2048:
-        assert err <= 2e-6
+    assert err <= 2e-6, (kc, err)

@@ -18,8 +18,10 @@ C-contiguous take it (numba types them layout "C" whatever else they are): any o
 type, a launch-config-sensitive or debug kernel, goes the whole way through numba every time.
 
 `numba_view` keeps the views it made (at most VIEW_CACHE): a view is only a pointer with a shape, so two CuPy
-arrays at the same address with the same shape share one. The cached view holds no reference to the CuPy array;
-the caller holds the array while the kernel is launched on it.
+arrays at the same address with the same shape share one. The cached view holds no reference to a CuPy array; each
+call returns a shallow copy of it that holds the caller's array (a view of a temporary, `_nb(cp.empty(n))`, keeps
+the memory alive as numba's does; without that, the first version of this cache let CuPy's pool hand the memory
+to the next allocation and four archs' GPU tests failed).
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ stats = {"short": 0, "numba": 0}
 
 
 def numba_view(a):
-    """numba's view of CuPy array a (no copy, no synchronisation), from the cache when one was made for the same
-    pointer, shape, strides and dtype."""
+    """numba's view of CuPy array a (no copy, no synchronisation): a shallow copy of the view made once for the same
+    pointer, shape, strides and dtype, holding a reference to `a` (as numba's own view does: the CuPy array lives as
+    long as the view, whoever drops it first)."""
     key = (a.data.ptr, a.shape, a.strides, a.dtype.char)
     v = _VIEWS.get(key)
     if v is None:
@@ -46,7 +49,10 @@ def numba_view(a):
         if len(_VIEWS) >= VIEW_CACHE:
             _VIEWS.clear()
         v = _VIEWS[key] = cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=None, sync=False)
-    return v
+    out = object.__new__(type(v))
+    out.__dict__.update(v.__dict__)
+    out._refengine_owner = a
+    return out
 
 
 def _c_strides(shape, itemsize):
