@@ -89,7 +89,9 @@ SGEMM_MIN = 128
 # benchmarks/profile_prefill.py, DeepSeek-V3 2 blocks, 512 tokens): decode 5.06 ms rows, 1.88 ms staged
 SGEMM_DECODE = "staged"
 # the GEMM of that path: "sgemm" (cuBLAS float32, CUDA cores) or "h3" (`hgemm.py`: each operand split into two
-# float16 halves, three tensor-core products with float32 sums over K chunks of hgemm.KC, combined in float32)
+# float16 halves, three tensor-core products with float32 sums over K chunks of H3_KC, combined in float32).
+# Measured on the H200 (session 21): one product of K = 14336 h3 1.16 ms vs sgemm 1.45, but a DeepSeek-V3 2-block
+# prefill 71.8 ms vs 54.7 (split and combine passes, a slow batched kernel on the wide products): sgemm stays
 PREFILL_GEMM = "sgemm"
 H3_KC = 512                        # "h3": the K columns of one tensor-core sum (hgemm.py)
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
