@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--wall-only", action="store_true", help="only the prefill's median time (no profiles)")
     ap.add_argument("--sort", default="tottime", help="the host profile's order (pstats: tottime, cumulative)")
     ap.add_argument("--trace", default=None, help="also write the chrome trace here")
     ap.add_argument("--segments", action="store_true", help="also the GPU time between the forward's named tensors "
@@ -122,6 +123,8 @@ def main(argv=None) -> int:
     wall = 1e3 * float(np.median(times))
     print(f"{os.path.basename(path)}: prefill of {a.tokens} tokens {wall:.1f} ms (median of 3)"
           + (f", policy {' '.join(a.policy)}" if a.policy else ""), flush=True)
+    if a.wall_only:
+        return 0
     try:
         from torch.profiler import ProfilerActivity, profile
     except ImportError:

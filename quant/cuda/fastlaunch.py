@@ -35,6 +35,7 @@ _INSTALLED = False
 INSTALLED_VIEWS = False         # streams.numba_view takes the cached views (set by install())
 _ORIG = None
 _CONFIGS: dict = {}
+_launch = None                  # cuda.core's launch (set by install())
 stats = {"short": 0, "numba": 0}
 
 
@@ -49,6 +50,8 @@ def numba_view(a):
         if len(_VIEWS) >= VIEW_CACHE:
             _VIEWS.clear()
         v = _VIEWS[key] = cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=None, sync=False)
+        v._refengine_fields = (key[0], a.shape, a.strides, a.dtype,
+                               a.strides == _c_strides(a.shape, a.dtype.itemsize) and 0 not in a.shape)
     out = object.__new__(type(v))
     out.__dict__.update(v.__dict__)
     out._refengine_owner = a
@@ -64,50 +67,64 @@ def _c_strides(shape, itemsize):
 
 
 def _array_fields(a):
-    """(pointer, shape, strides, dtype) of a CuPy array or a numba device array; None for anything else."""
+    """(pointer, shape, strides, dtype, exactly C-contiguous) of a CuPy array or a numba device array; None for
+    anything else. A view made by `numba_view` carries them already."""
+    f = getattr(a, "_refengine_fields", None)
+    if f is not None:
+        return f
     mod = type(a).__module__
     if mod.startswith("cupy"):
-        return a.data.ptr, a.shape, a.strides, a.dtype
+        shape, strides, dt = a.shape, a.strides, a.dtype
+        return a.data.ptr, shape, strides, dt, strides == _c_strides(shape, dt.itemsize) and 0 not in shape
     if mod.startswith("numba"):
         cai = a.__cuda_array_interface__
-        shape = tuple(cai["shape"])
+        shape, dt = tuple(cai["shape"]), a.dtype
+        c = _c_strides(shape, dt.itemsize)
         st = cai["strides"]
-        return cai["data"][0], shape, tuple(st) if st is not None else _c_strides(shape, a.dtype.itemsize), a.dtype
+        st = c if st is None else tuple(st)
+        return cai["data"][0], shape, st, dt, st == c and 0 not in shape
     return None
 
 
-def _key(args):
-    """The arguments' kinds, or None when a launch must go through numba."""
-    out = []
+def _fields_and_key(args):
+    """(per-argument fields, the arguments' kinds), or (None, None) when a launch must go through numba."""
+    fields, key = [], []
     for a in args:
         t = type(a)
         if t is int:
             if not -(1 << 63) <= a < (1 << 63):
-                return None
-            out.append("i")
+                return None, None
+            key.append("i")
+            fields.append(a)
         elif t is float:
-            out.append("f")
+            key.append("f")
+            fields.append(a)
         elif t is bool:
-            out.append("b")
+            key.append("b")
+            fields.append(a)
         elif isinstance(a, np.generic):
-            out.append(a.dtype.char)
+            key.append(a.dtype.char)
+            fields.append(a)
         else:
             f = _array_fields(a)
-            if f is None:
-                return None
-            _, shape, strides, dt = f
-            if strides != _c_strides(shape, dt.itemsize) or 0 in shape:
-                return None
-            out.append((dt.char, len(shape)))
-    return tuple(out)
+            if f is None or not f[4]:
+                return None, None
+            key.append((f[3].char, len(f[1])))
+            fields.append(f)
+    return fields, tuple(key)
+
+
+def _key(args):
+    """The arguments' kinds, or None when a launch must go through numba."""
+    return _fields_and_key(args)[1]
 
 
 def _packer(ty):
     """A function appending argument v's kernel parameters as numba's `_prepare_args` does, or None."""
     from numba.cuda import types
     if isinstance(ty, types.Array):
-        def pack(v, out):
-            ptr, shape, strides, dt = _array_fields(v)
+        def pack(f, out):
+            ptr, shape, strides, dt, _ = f
             size = 1
             for n in shape:
                 size *= n
@@ -156,17 +173,16 @@ def _entry(disp, args, lc):
 
 
 def _call(self, args, launch_config):
-    key = _key(args)
+    fields, key = _fields_and_key(args)
     cache = self.__dict__.setdefault("_fastlaunch", {})
     ent = cache.get(key) if key is not None else None
     if ent:
-        from cuda.core import launch
         kern, packers = ent
         params: list = []
-        for p, a in zip(packers, args):
-            p(a, params)
+        for p, f in zip(packers, fields):
+            p(f, params)
         stats["short"] += 1
-        launch(launch_config.stream, _config(launch_config), kern, *params)
+        _launch(launch_config.stream, _config(launch_config), kern, *params)
         return
     stats["numba"] += 1
     _ORIG(self, args, launch_config)
@@ -189,6 +205,8 @@ def install() -> bool:
     if not hasattr(CUDADispatcher, "call") or not hasattr(CUDADispatcher, "_select_launch_config_dispatcher"):
         return False
     config.CUDA_LOW_OCCUPANCY_WARNINGS = 0           # a Python warning per small-grid launch: host time too
+    global _launch
+    _launch = launch
     _ORIG = CUDADispatcher.call
     CUDADispatcher.call = _call
     _INSTALLED = INSTALLED_VIEWS = True
