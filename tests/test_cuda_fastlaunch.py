@@ -52,6 +52,10 @@ def test_short_path_equals_numba():
     w = cp.zeros(64, np.float32)
     axpy[1, 64, st](v, w, w, np.float32(1.0), 64)
     cp.testing.assert_array_equal(w, cp.ones(64, np.float32))
+    for scale in (0.5, np.float32(0.5), np.float64(0.25), 0.25):   # a Python float and NumPy scalars: three signatures
+        out = cp.zeros(8, np.float32)
+        rowsum[1, 32, st](m, out, scale)
+        cp.testing.assert_allclose(out, float(scale) * m.sum(1), rtol=1e-5)
     host = np.zeros(8, np.float32)                            # a host array: numba copies it in and back
     rowsum[1, 32, st](m, host, 1.0)
     np.testing.assert_allclose(host, m.sum(1).get(), rtol=1e-5)

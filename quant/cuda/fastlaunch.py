@@ -94,22 +94,22 @@ def _fields_and_key(args):
         if t is int:
             if not -(1 << 63) <= a < (1 << 63):
                 return None, None
-            key.append("i")
+            key.append("int")
             fields.append(a)
         elif t is float:
-            key.append("f")
+            key.append("float")
             fields.append(a)
         elif t is bool:
-            key.append("b")
+            key.append("bool")
             fields.append(a)
-        elif isinstance(a, np.generic):
-            key.append(a.dtype.char)
+        elif isinstance(a, np.generic):             # a NumPy scalar: its dtype (np.float32(1) is not 1.0)
+            key.append(("scalar", a.dtype.char))
             fields.append(a)
         else:
             f = _array_fields(a)
             if f is None or not f[4]:
                 return None, None
-            key.append((f[3].char, len(f[1])))
+            key.append(("array", f[3].char, len(f[1])))
             fields.append(f)
     return fields, tuple(key)
 
