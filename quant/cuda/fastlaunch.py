@@ -35,7 +35,6 @@ _INSTALLED = False
 INSTALLED_VIEWS = False         # streams.numba_view takes the cached views (set by install())
 _ORIG = None
 _CONFIGS: dict = {}
-_launch = None                  # cuda.core's launch (set by install())
 stats = {"short": 0, "numba": 0}
 
 
@@ -50,8 +49,6 @@ def numba_view(a):
         if len(_VIEWS) >= VIEW_CACHE:
             _VIEWS.clear()
         v = _VIEWS[key] = cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=None, sync=False)
-        v._refengine_fields = (key[0], a.shape, a.strides, a.dtype,
-                               a.strides == _c_strides(a.shape, a.dtype.itemsize) and 0 not in a.shape)
     out = object.__new__(type(v))
     out.__dict__.update(v.__dict__)
     out._refengine_owner = a
@@ -67,64 +64,50 @@ def _c_strides(shape, itemsize):
 
 
 def _array_fields(a):
-    """(pointer, shape, strides, dtype, exactly C-contiguous) of a CuPy array or a numba device array; None for
-    anything else. A view made by `numba_view` carries them already."""
-    f = getattr(a, "_refengine_fields", None)
-    if f is not None:
-        return f
+    """(pointer, shape, strides, dtype) of a CuPy array or a numba device array; None for anything else."""
     mod = type(a).__module__
     if mod.startswith("cupy"):
-        shape, strides, dt = a.shape, a.strides, a.dtype
-        return a.data.ptr, shape, strides, dt, strides == _c_strides(shape, dt.itemsize) and 0 not in shape
+        return a.data.ptr, a.shape, a.strides, a.dtype
     if mod.startswith("numba"):
         cai = a.__cuda_array_interface__
-        shape, dt = tuple(cai["shape"]), a.dtype
-        c = _c_strides(shape, dt.itemsize)
+        shape = tuple(cai["shape"])
         st = cai["strides"]
-        st = c if st is None else tuple(st)
-        return cai["data"][0], shape, st, dt, st == c and 0 not in shape
+        return cai["data"][0], shape, tuple(st) if st is not None else _c_strides(shape, a.dtype.itemsize), a.dtype
     return None
-
-
-def _fields_and_key(args):
-    """(per-argument fields, the arguments' kinds), or (None, None) when a launch must go through numba."""
-    fields, key = [], []
-    for a in args:
-        t = type(a)
-        if t is int:
-            if not -(1 << 63) <= a < (1 << 63):
-                return None, None
-            key.append("int")
-            fields.append(a)
-        elif t is float:
-            key.append("float")
-            fields.append(a)
-        elif t is bool:
-            key.append("bool")
-            fields.append(a)
-        elif isinstance(a, np.generic):             # a NumPy scalar: its dtype (np.float32(1) is not 1.0)
-            key.append(("scalar", a.dtype.char))
-            fields.append(a)
-        else:
-            f = _array_fields(a)
-            if f is None or not f[4]:
-                return None, None
-            key.append(("array", f[3].char, len(f[1])))
-            fields.append(f)
-    return fields, tuple(key)
 
 
 def _key(args):
     """The arguments' kinds, or None when a launch must go through numba."""
-    return _fields_and_key(args)[1]
+    out = []
+    for a in args:
+        t = type(a)
+        if t is int:
+            if not -(1 << 63) <= a < (1 << 63):
+                return None
+            out.append("int")
+        elif t is float:
+            out.append("float")
+        elif t is bool:
+            out.append("bool")
+        elif isinstance(a, np.generic):             # a NumPy scalar: its dtype (np.float32(1) is not 1.0)
+            out.append(("scalar", a.dtype.char))
+        else:
+            f = _array_fields(a)
+            if f is None:
+                return None
+            _, shape, strides, dt = f
+            if strides != _c_strides(shape, dt.itemsize) or 0 in shape:
+                return None
+            out.append(("array", dt.char, len(shape)))
+    return tuple(out)
 
 
 def _packer(ty):
     """A function appending argument v's kernel parameters as numba's `_prepare_args` does, or None."""
     from numba.cuda import types
     if isinstance(ty, types.Array):
-        def pack(f, out):
-            ptr, shape, strides, dt, _ = f
+        def pack(v, out):
+            ptr, shape, strides, dt = _array_fields(v)
             size = 1
             for n in shape:
                 size *= n
@@ -173,16 +156,17 @@ def _entry(disp, args, lc):
 
 
 def _call(self, args, launch_config):
-    fields, key = _fields_and_key(args)
+    key = _key(args)
     cache = self.__dict__.setdefault("_fastlaunch", {})
     ent = cache.get(key) if key is not None else None
     if ent:
+        from cuda.core import launch
         kern, packers = ent
         params: list = []
-        for p, f in zip(packers, fields):
-            p(f, params)
+        for p, a in zip(packers, args):
+            p(a, params)
         stats["short"] += 1
-        _launch(launch_config.stream, _config(launch_config), kern, *params)
+        launch(launch_config.stream, _config(launch_config), kern, *params)
         return
     stats["numba"] += 1
     _ORIG(self, args, launch_config)
@@ -205,8 +189,6 @@ def install() -> bool:
     if not hasattr(CUDADispatcher, "call") or not hasattr(CUDADispatcher, "_select_launch_config_dispatcher"):
         return False
     config.CUDA_LOW_OCCUPANCY_WARNINGS = 0           # a Python warning per small-grid launch: host time too
-    global _launch
-    _launch = launch
     _ORIG = CUDADispatcher.call
     CUDADispatcher.call = _call
     _INSTALLED = INSTALLED_VIEWS = True
