@@ -76,3 +76,17 @@ def test_policy_turns_the_fused_small_ops_off():
     assert off.device.fused is None
     from refengine.cuda import fused
     assert on.device.fused is fused
+
+
+def test_tile_size_other_than_the_group_tables_is_refused():
+    """tc_shape / gemm_shape with another BN than the expert group tables' tile (moe.BN) would skip or repeat pairs:
+    an error naming the field, not a silent wrong answer; tc_dense_shape builds its own table and may differ."""
+    from quant.cuda.moe import BN
+    from quant.cuda.policy import KernelPolicy
+    pol = KernelPolicy.default()
+    with pytest.raises(ValueError, match="tc_shape BN=16"):
+        pol.replace(tc_shape=dict(pol.tc_shape, BN=16))
+    with pytest.raises(ValueError, match="gemm_shape BN=64"):
+        pol.with_settings([f"gemm_shape={dict(pol.gemm_shape, BN=64)!r}"])
+    assert pol.replace(tc_dense_shape=dict(pol.tc_dense_shape, BN=64)).tc_dense_shape["BN"] == 64
+    assert pol.replace(tc_shape=dict(pol.tc_shape, BM=32, WM=1)).tc_shape["BN"] == BN

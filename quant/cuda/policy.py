@@ -62,6 +62,19 @@ class KernelPolicy:
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
 
+    def __post_init__(self):
+        # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are
+        # built with tiles of moe.BN pairs, and the tiled kernels take a tile's pairs as [first, first + their BN):
+        # a kernel of a smaller BN would skip pairs, of a larger one repeat them. (tc_dense_shape builds its own
+        # table with its own BN: free.)
+        from .moe import BN
+        for name in ("tc_shape", "gemm_shape"):
+            bn = dict(getattr(self, name) or {}).get("BN", BN)
+            if bn != BN:
+                raise ValueError(f"KernelPolicy.{name} BN={bn}: the expert group tables are built with tiles of "
+                                 f"{BN} pairs (quant/cuda/moe.BN); a tiled kernel of BN={bn} would skip or repeat "
+                                 f"pairs. Other tile sizes: tc_dense_shape (dense products build their own table)")
+
     @classmethod
     def default(cls) -> "KernelPolicy":
         """The choices in force now (at import: the measured defaults), copied."""
