@@ -25,6 +25,10 @@ def main(argv=None) -> int:
     from quant.cuda.hgemm import dense_h3
     from quant.cuda.testdata import random_qtensor
     from quant.cuda.weights import device_weight
+    from refengine.compare import metrics
+
+    def rel_rms(got):                                   # sqrt of compare's NMSE against the float64 product
+        return float(np.sqrt(metrics(want, got)[0]))
     rng = np.random.default_rng(11)
     w = random_qtensor(GGMLType.Q4_K, (a.o, a.k), rng, "blk.0.ffn_down.weight")
     x = rng.standard_normal((a.t, a.k)).astype(np.float32)
@@ -43,11 +47,11 @@ def main(argv=None) -> int:
             ts.append(time.perf_counter() - t0)
         return 1e3 * float(np.median(ts))
     ms = timed(lambda: dense_sgemm(dw, xd, y))
-    err = float(np.sqrt(np.mean((y.get() - want) ** 2) / np.mean(want ** 2)))
+    err = rel_rms(y.get())
     print(f"sgemm            {ms:7.2f} ms  rel RMS {err:.2e}  (decode {ops.SGEMM_DECODE})")
     for kc in (128, 256, 512, 1024, 2048, 4096, a.k):
         ms = timed(lambda: dense_h3(dw, xd, y, kc=kc))
-        err = float(np.sqrt(np.mean((y.get() - want) ** 2) / np.mean(want ** 2)))
+        err = rel_rms(y.get())
         print(f"h3 kc={kc:<6d}    {ms:7.2f} ms  rel RMS {err:.2e}", flush=True)
     return 0
 

@@ -9,6 +9,10 @@ pytest.importorskip("numba.cuda")
 fl = pytest.importorskip("quant.cuda.fastlaunch")
 
 
+def _key(args):
+    return fl._fields_and_key(args)[1]
+
+
 class _Ptr:
     def __init__(self, p):
         self.ptr = p
@@ -25,18 +29,37 @@ class FakeCupy:
 
 
 def test_scalars_of_different_types_never_share_a_key():
-    keys = {fl._key([v]) for v in (1, 1.0, True, np.float32(1), np.float64(1), np.int32(1), np.int64(1))}
+    keys = {_key([v]) for v in (1, 1.0, True, np.float32(1), np.float64(1), np.int32(1), np.int64(1))}
     assert len(keys) == 7
 
 
 def test_arrays_keyed_by_dtype_and_rank_only_when_exactly_c_contiguous():
     a, b = FakeCupy((4, 8)), FakeCupy((4, 8), ptr=8192)
-    assert fl._key([a]) == fl._key([b]) == (("array", "f", 2),)
-    assert fl._key([FakeCupy((4, 8), np.float16)]) != fl._key([a])
-    assert fl._key([FakeCupy((4, 8, 1))]) != fl._key([a])
-    assert fl._key([FakeCupy((4, 8), strides=(64, 4))]) is None          # a row stride of 16 elements
-    assert fl._key([FakeCupy((4, 8), strides=(4, 16))]) is None          # Fortran order
-    assert fl._key([FakeCupy((0, 8))]) is None                           # empty
-    assert fl._key([np.zeros((4, 8), np.float32)]) is None               # a host array: numba copies it
-    assert fl._key([a, 3, FakeCupy((4, 8), strides=(32, 8))]) is None    # one argument out: the whole launch
-    assert fl._key([1 << 63]) is None                                    # numba types it uint64
+    assert _key([a]) == _key([b]) == (("array", "f", 2),)
+    assert _key([FakeCupy((4, 8), np.float16)]) != _key([a])
+    assert _key([FakeCupy((4, 8, 1))]) != _key([a])
+    assert _key([FakeCupy((4, 8), strides=(64, 4))]) is None          # a row stride of 16 elements
+    assert _key([FakeCupy((4, 8), strides=(4, 16))]) is None          # Fortran order
+    assert _key([FakeCupy((0, 8))]) is None                           # empty
+    assert _key([np.zeros((4, 8), np.float32)]) is None               # a host array: numba copies it
+    assert _key([a, 3, FakeCupy((4, 8), strides=(32, 8))]) is None    # one argument out: the whole launch
+    assert _key([1 << 63]) is None                                    # numba types it uint64
+
+
+def test_packed_parameters_are_numbas_layout():
+    """An array packs as numba's `_prepare_args` does (meminfo 0, parent 0, size, itemsize, pointer, shape,
+    strides in bytes), from the fields read once with the key; scalars as their kernel type's ctypes value."""
+    import ctypes
+
+    from numba.cuda import types
+    a = FakeCupy((3, 5), ptr=123456)
+    fields, key = fl._fields_and_key([a, 7, 0.5])
+    assert key == (("array", "f", 2), "int", "float")
+    out: list = []
+    fl._packer(types.Array(types.float32, 2, "C"))(fields[0], out)
+    assert out == [0, 0, 15, 4, 123456, 3, 5, 20, 4]
+    fl._packer(types.int64)(fields[1], out)
+    fl._packer(types.float32)(fields[2], out)
+    assert isinstance(out[-2], ctypes.c_int64) and out[-2].value == 7
+    assert isinstance(out[-1], ctypes.c_float) and out[-1].value == 0.5
+    assert fl._packer(types.complex64) is None            # not served: numba's path

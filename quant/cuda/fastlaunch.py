@@ -31,9 +31,9 @@ import numpy as np
 
 VIEW_CACHE = 4096
 _VIEWS: dict = {}
-_INSTALLED = False
-INSTALLED_VIEWS = False         # streams.numba_view takes the cached views (set by install())
+INSTALLED = False               # install() ran: launches take the short path, streams.numba_view the cached views
 _ORIG = None
+_launch = None                  # cuda.core's launch (set by install())
 _CONFIGS: dict = {}
 stats = {"short": 0, "numba": 0}
 
@@ -76,38 +76,42 @@ def _array_fields(a):
     return None
 
 
-def _key(args):
-    """The arguments' kinds, or None when a launch must go through numba."""
-    out = []
+def _fields_and_key(args):
+    """Each argument's fields (an array's from `_array_fields`, a scalar as it is) and the arguments' kinds, read
+    once for both the cache key and the packing; (None, None) when a launch must go through numba."""
+    fields, key = [], []
     for a in args:
         t = type(a)
         if t is int:
             if not -(1 << 63) <= a < (1 << 63):
-                return None
-            out.append("int")
+                return None, None
+            k = "int"
         elif t is float:
-            out.append("float")
+            k = "float"
         elif t is bool:
-            out.append("bool")
+            k = "bool"
         elif isinstance(a, np.generic):             # a NumPy scalar: its dtype (np.float32(1) is not 1.0)
-            out.append(("scalar", a.dtype.char))
+            k = ("scalar", a.dtype.char)
         else:
-            f = _array_fields(a)
-            if f is None:
-                return None
-            _, shape, strides, dt = f
+            a = _array_fields(a)
+            if a is None:
+                return None, None
+            _, shape, strides, dt = a
             if strides != _c_strides(shape, dt.itemsize) or 0 in shape:
-                return None
-            out.append(("array", dt.char, len(shape)))
-    return tuple(out)
+                return None, None
+            k = ("array", dt.char, len(shape))
+        fields.append(a)
+        key.append(k)
+    return fields, tuple(key)
 
 
 def _packer(ty):
-    """A function appending argument v's kernel parameters as numba's `_prepare_args` does, or None."""
+    """A function appending an argument's kernel parameters as numba's `_prepare_args` does, or None; it takes the
+    argument's fields from `_fields_and_key` (an array's (pointer, shape, strides, dtype), a scalar itself)."""
     from numba.cuda import types
     if isinstance(ty, types.Array):
-        def pack(v, out):
-            ptr, shape, strides, dt = _array_fields(v)
+        def pack(f, out):
+            ptr, shape, strides, dt = f
             size = 1
             for n in shape:
                 size *= n
@@ -156,17 +160,16 @@ def _entry(disp, args, lc):
 
 
 def _call(self, args, launch_config):
-    key = _key(args)
+    fields, key = _fields_and_key(args)
     cache = self.__dict__.setdefault("_fastlaunch", {})
     ent = cache.get(key) if key is not None else None
     if ent:
-        from cuda.core import launch
         kern, packers = ent
         params: list = []
-        for p, a in zip(packers, args):
-            p(a, params)
+        for p, f in zip(packers, fields):
+            p(f, params)
         stats["short"] += 1
-        launch(launch_config.stream, _config(launch_config), kern, *params)
+        _launch(launch_config.stream, _config(launch_config), kern, *params)
         return
     stats["numba"] += 1
     _ORIG(self, args, launch_config)
@@ -177,11 +180,11 @@ def _call(self, args, launch_config):
 def install() -> bool:
     """Route numba-cuda's launches through the short path; False (nothing changed) where numba-cuda's internals
     are not the ones this was written against (no cuda.core launch, no CUDADispatcher.call)."""
-    global _INSTALLED, _ORIG, INSTALLED_VIEWS
-    if _INSTALLED:
+    global INSTALLED, _ORIG, _launch
+    if INSTALLED:
         return True
     try:
-        from cuda.core import LaunchConfig, launch  # noqa: F401
+        from cuda.core import LaunchConfig, launch  # noqa: F401  (LaunchConfig: _config's)
         from numba.cuda.core import config
         from numba.cuda.dispatcher import CUDADispatcher
     except ImportError:
@@ -189,16 +192,15 @@ def install() -> bool:
     if not hasattr(CUDADispatcher, "call") or not hasattr(CUDADispatcher, "_select_launch_config_dispatcher"):
         return False
     config.CUDA_LOW_OCCUPANCY_WARNINGS = 0           # a Python warning per small-grid launch: host time too
-    _ORIG = CUDADispatcher.call
+    _ORIG, _launch = CUDADispatcher.call, launch
     CUDADispatcher.call = _call
-    _INSTALLED = INSTALLED_VIEWS = True
+    INSTALLED = True
     return True
 
 
 def uninstall() -> None:
-    global _INSTALLED, INSTALLED_VIEWS
-    if _INSTALLED:
+    global INSTALLED
+    if INSTALLED:
         from numba.cuda.dispatcher import CUDADispatcher
         CUDADispatcher.call = _ORIG
-        _INSTALLED = INSTALLED_VIEWS = False
-INSTALLED_VIEWS = False         # streams.numba_view takes the cached views (set by install())
+        INSTALLED = False

@@ -35,20 +35,16 @@ import numpy as np
 from numba import cuda, float32
 
 from . import ops
-from .dequant_gemm import decoded_chunks, rows_per_chunk
+from .dequant_gemm import GRID_Y, decoded_chunks, rows_per_chunk
 from .device import SIM
 from .streams import numba_view
 from .weights import DeviceWeight
 
-try:
-    from numba.core.types import float16
-except ImportError:                                          # pragma: no cover
-    float16 = None
+from numba.core.types import float16
 
 PARTIAL_ELEMS = 1 << 26         # float32 elements of partial results held at once (256 MB)
 SPLIT_THREADS = 32 if SIM else 256       # (the simulator runs a Python thread per CUDA thread)
 TOP = 15                        # a row's largest |v| scaled into [2^(TOP-1), 2^TOP)
-GRID_Y = 65535
 
 # cuBLAS / CUDA enum values (cublas_api.h, library_types.h)
 _OP_N, _OP_T = 0, 1

@@ -24,6 +24,6 @@ def current_stream():
 
 
 def numba_view(a):
-    if fastlaunch.INSTALLED_VIEWS:
+    if fastlaunch.INSTALLED:
         return fastlaunch.numba_view(a)
     return cuda.as_cuda_array(a, sync=False)
