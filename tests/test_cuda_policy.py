@@ -90,3 +90,16 @@ def test_tile_size_other_than_the_group_tables_is_refused():
         pol.with_settings([f"gemm_shape={dict(pol.gemm_shape, BN=64)!r}"])
     assert pol.replace(tc_dense_shape=dict(pol.tc_dense_shape, BN=64)).tc_dense_shape["BN"] == 64
     assert pol.replace(tc_shape=dict(pol.tc_shape, BM=32, WM=1)).tc_shape["BN"] == BN
+
+
+def test_unknown_choice_is_refused():
+    """A string switch the code compares with one value (else the other) would take a misspelt value silently."""
+    from quant.cuda.policy import KernelPolicy
+    pol = KernelPolicy.default()
+    with pytest.raises(ValueError, match="prefill_gemm = 'h4'"):
+        pol.with_settings(["prefill_gemm=h4"])
+    with pytest.raises(ValueError, match="sgemm_decode = 'stage'"):
+        pol.replace(sgemm_decode="stage")
+    with pytest.raises(ValueError, match="h3_kc = 0"):
+        pol.replace(h3_kc=0)
+    assert pol.with_settings(["prefill_gemm=h3", "sgemm_decode=rows"]).prefill_gemm == "h3"

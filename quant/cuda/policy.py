@@ -67,6 +67,11 @@ class KernelPolicy:
         # built with tiles of moe.BN pairs, and the tiled kernels take a tile's pairs as [first, first + their BN):
         # a kernel of a smaller BN would skip pairs, of a larger one repeat them. (tc_dense_shape builds its own
         # table with its own BN: free.)
+        for name, allowed in (("prefill_gemm", ("sgemm", "h3")), ("sgemm_decode", ("rows", "staged"))):
+            if getattr(self, name) not in allowed:         # the code compares with one of them, else takes the other
+                raise ValueError(f"KernelPolicy.{name} = {getattr(self, name)!r}: expected one of {allowed}")
+        if not (isinstance(self.h3_kc, int) and self.h3_kc > 0):
+            raise ValueError(f"KernelPolicy.h3_kc = {self.h3_kc!r}: expected a positive number of K columns")
         from .moe import BN
         for name in ("tc_shape", "gemm_shape"):
             bn = dict(getattr(self, name) or {}).get("BN", BN)
