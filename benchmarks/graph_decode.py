@@ -76,6 +76,24 @@ def decode_graph(model, rt, prompt, tokens):
     return out, times, dec
 
 
+def profile_steps(dec, tokens, rec) -> None:
+    """`tokens` more steps of the graph decoder under torch.profiler: the kernels' GPU time per step by name."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from profile_prefill import kernel_table, print_table
+    except ImportError as e:
+        print(f"no kernel profile: {e}")
+        return
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for t in tokens:
+            dec.step(t)
+    by, total, n = kernel_table(prof)
+    k = len(tokens)
+    rec["profile_us_per_step"] = {name: 1e3 * ms / k for name, (ms, _) in by.items()}
+    print(f"kernels of {k} profiled steps: {n / k:.0f} launches, {1e3 * total / k:.1f} us of GPU time a step")
+    print_table({name: [1e3 * ms, c] for name, (ms, c) in by.items()}, 1e3 * total, 40, scale=k, unit="us")
+
+
 def time_prefill(model, ids, reps: int = 3) -> float:
     """Milliseconds of an eager resident forward of `ids` from a new state, the last position's logits read back
     (`last_only`: llama-bench's pp test asks for no other row), median of `reps` after one warm-up."""
@@ -109,6 +127,9 @@ def main(argv=None) -> int:
     ap.add_argument("--check-cpu", default=None, choices=("numpy", "cpu"),
                     help="also run the prompt and the first two decode steps on this host backend and compare the GPU "
                          "eager run's logits with them (issue 23: rel-RMS <= 1e-5, the same argmax)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed steps, N more graph steps under torch.profiler (CUPTI): GPU time per kernel "
+                         "per step, largest first (what one replayed step's time is made of)")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="also time the eager resident prefill of N random tokens (median of 3 after a warm-up)")
     a = ap.parse_args(argv)
@@ -169,6 +190,8 @@ def one(a, recs) -> int:
           f"graph vs eager fixed max |diff| {diff:.3g}, vs eager rel-RMS {rel:.2e}, argmax equal {same_argmax}; "
           f"{dec.eager} eager, {dec.captures} captures, {dec.replays} replays"
           + (f"; capture failed: {dec.failed}" if dec.failed else ""), flush=True)
+    if a.profile and not SIM:
+        profile_steps(dec, [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.profile)], rec)
     if a.check_cpu:
         host_first = []
         t0 = time.perf_counter()

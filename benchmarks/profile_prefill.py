@@ -43,6 +43,24 @@ def short(name: str) -> str:
     return re.split(r"[<(]", name)[0][:70]
 
 
+def kernel_table(prof):
+    """torch.profiler's CUDA events grouped by short kernel name -> ({name: [ms, count]}, total ms, launches)."""
+    by = collections.defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        dt = getattr(ev, "device_time", 0.0)
+        if str(getattr(ev, "device_type", "")).endswith("CUDA") and dt:
+            k = short(ev.name)
+            by[k][0] += dt / 1e3
+            by[k][1] += 1
+    return by, sum(v[0] for v in by.values()), sum(v[1] for v in by.values())
+
+
+def print_table(by, total: float, top: int, scale: float = 1.0, unit: str = "ms") -> None:
+    """The kernel table, largest first (times and counts divided by `scale`: per step)."""
+    for k, (ms, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {ms / scale:9.3f} {unit} {100 * ms / max(total, 1e-9):5.1f}% {c / scale:7.1f}x  {k}")
+
+
 def segments(run, rt, cp, top: int) -> None:
     """One prefill with a CUDA event recorded on the current stream at every `rt.record(name, il, ...)` call: the
     GPU time from one named point to the next is charged to 'previous -> next' (layer indices dropped), summed
@@ -134,19 +152,10 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             run()
             prof_wall = 1e3 * (time.perf_counter() - t0)
-        by = collections.defaultdict(lambda: [0.0, 0])
-        for ev in prof.events():
-            dt = getattr(ev, "device_time", 0.0)
-            if str(getattr(ev, "device_type", "")).endswith("CUDA") and dt:
-                k = short(ev.name)
-                by[k][0] += dt / 1e3
-                by[k][1] += 1
-        total = sum(v[0] for v in by.values())
-        n = sum(v[1] for v in by.values())
+        by, total, n = kernel_table(prof)
         print(f"kernels: {n} launches, {total:.1f} ms of GPU time in a {prof_wall:.1f} ms prefill (profiled); "
               f"host's part ~{prof_wall - total:.1f} ms")
-        for k, (ms, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:a.top]:
-            print(f"  {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}% {c:6d}x  {k}")
+        print_table(by, total, a.top)
         if a.trace:
             prof.export_chrome_trace(a.trace)
     if a.segments:

@@ -212,18 +212,20 @@ class Runtime:
         self.check_deferred()
         return self.device.get(x) if isinstance(x, DeviceArray) else x
 
-    def check_deferred(self, packed=None) -> None:
+    def check_deferred(self, packed=None, host_pages=None) -> None:
         """Resident runs check a product's output for NaN/inf on the device and read the flags back here, once per
         forward (one read): the first weight that produced NaN/inf from a finite input is named, as the host check
         does; then the warnings of `warn_nonfinite` (the logits). `packed`: flags `pack_deferred` gathered (a
         replayed graph's), read instead of the pending ones; an input kept without its flag (`lazy_inputs`) has it
-        computed here, only for an output whose flag says NaN/inf."""
+        computed here, only for an output whose flag says NaN/inf. `host_pages`: the packed pages' values already on
+        the host (a replay's pinned read-back), read instead of the device's."""
         if packed is None:
             packed = self.pack_deferred()
             if packed is None:
                 return
         labels, texts, pages, lazy, rows = packed
-        flags = np.concatenate([self.device.get(pg) for pg in pages])[rows]
+        got = host_pages if host_pages is not None else [self.device.get(pg) for pg in pages]
+        flags = np.concatenate(got)[rows]
         for label, (y_ok, x_ok), x in zip(labels, flags, lazy):
             if not y_ok and x is not None:
                 x_ok = bool(self.device.get(self.device.wrap(self.device.xp.isfinite(x.raw).all())))
