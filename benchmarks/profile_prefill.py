@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=3, help="timed prefills (the median reported)")
     ap.add_argument("--wall-only", action="store_true", help="only the prefill's median time (no profiles)")
     ap.add_argument("--sort", default="tottime", help="the host profile's order (pstats: tottime, cumulative)")
     ap.add_argument("--trace", default=None, help="also write the chrome trace here")
@@ -134,12 +135,13 @@ def main(argv=None) -> int:
 
     run()
     times = []
-    for _ in range(3):
+    for _ in range(a.reps):
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
     wall = 1e3 * float(np.median(times))
-    print(f"{os.path.basename(path)}: prefill of {a.tokens} tokens {wall:.1f} ms (median of 3)"
+    print(f"{os.path.basename(path)}: prefill of {a.tokens} tokens {wall:.1f} ms (median of {a.reps}; "
+          f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f})"
           + (f", policy {' '.join(a.policy)}" if a.policy else ""), flush=True)
     if a.wall_only:
         return 0

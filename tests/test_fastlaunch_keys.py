@@ -63,3 +63,31 @@ def test_packed_parameters_are_numbas_layout():
     assert isinstance(out[-2], ctypes.c_int64) and out[-2].value == 7
     assert isinstance(out[-1], ctypes.c_float) and out[-1].value == 0.5
     assert fl._packer(types.complex64) is None            # not served: numba's path
+
+
+class FakeNumba:
+    """A numba device array's interface (module numba.*), counting its `__cuda_array_interface__` reads."""
+    __module__ = "numba.fake"
+
+    def __init__(self, shape, strides=None, ptr=4096):
+        self.dtype, self.reads = np.dtype(np.float32), 0
+        self._cai = {"shape": tuple(shape), "strides": strides, "data": (ptr, False), "typestr": "<f4", "version": 3}
+
+    @property
+    def __cuda_array_interface__(self):
+        self.reads += 1
+        return self._cai
+
+
+def test_numba_arrays_fields_read_once_and_keyed_as_cupys():
+    """A numba array's fields are read from its interface once and kept on it (they never change); the key, the
+    packed fields and the refusal of a strided array are the same at the first launch and every later one."""
+    a = FakeNumba((3, 5), ptr=777)
+    first = fl._fields_and_key([a, 2])
+    again = fl._fields_and_key([a, 2])
+    assert first == again and a.reads == 1
+    assert first[1] == _key([FakeCupy((3, 5)), 2])
+    assert first[0][0] == (777, (3, 5), (20, 4), np.dtype(np.float32))
+    s = FakeNumba((3, 5), strides=(40, 4))                # every other row
+    assert _key([s]) is None and _key([s]) is None and s.reads == 1
+    assert fl._fields_and_key([FakeNumba((0, 5))]) == (None, None)

@@ -49,6 +49,7 @@ def numba_view(a):
         if len(_VIEWS) >= VIEW_CACHE:
             _VIEWS.clear()
         v = _VIEWS[key] = cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=None, sync=False)
+        _numba_fields(v)                            # (kept in the view's __dict__: every copy below carries them)
     out = object.__new__(type(v))
     out.__dict__.update(v.__dict__)
     out._refengine_owner = a
@@ -63,16 +64,28 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(out))
 
 
+def _numba_fields(a):
+    """(fields, C-contiguous) of a numba device array, computed once and kept in its __dict__ (a numba array's
+    pointer, shape, strides and dtype never change: `__cuda_array_interface__` builds a dict and checks the
+    context at every read, the largest part of a launch's host time with the weights' and the views' arrays)."""
+    got = a.__dict__.get("_refengine_fields")
+    if got is None:
+        cai = a.__cuda_array_interface__
+        shape = tuple(cai["shape"])
+        st = cai["strides"]
+        c = _c_strides(shape, a.dtype.itemsize)
+        st = tuple(st) if st is not None else c
+        got = a.__dict__["_refengine_fields"] = ((cai["data"][0], shape, st, a.dtype), st == c and 0 not in shape)
+    return got
+
+
 def _array_fields(a):
     """(pointer, shape, strides, dtype) of a CuPy array or a numba device array; None for anything else."""
     mod = type(a).__module__
     if mod.startswith("cupy"):
         return a.data.ptr, a.shape, a.strides, a.dtype
     if mod.startswith("numba"):
-        cai = a.__cuda_array_interface__
-        shape = tuple(cai["shape"])
-        st = cai["strides"]
-        return cai["data"][0], shape, tuple(st) if st is not None else _c_strides(shape, a.dtype.itemsize), a.dtype
+        return _numba_fields(a)[0]
     return None
 
 
@@ -92,6 +105,11 @@ def _fields_and_key(args):
             k = "bool"
         elif isinstance(a, np.generic):             # a NumPy scalar: its dtype (np.float32(1) is not 1.0)
             k = ("scalar", a.dtype.char)
+        elif "_refengine_fields" in getattr(a, "__dict__", ()):     # a numba array seen before: no checks again
+            a, c = a.__dict__["_refengine_fields"]
+            if not c:
+                return None, None
+            k = ("array", a[3].char, len(a[1]))
         else:
             a = _array_fields(a)
             if a is None:
