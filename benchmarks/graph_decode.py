@@ -59,11 +59,14 @@ def decode_eager(model, rt, prompt, tokens, first=None):
     return out, times
 
 
+PINNED = True                # --pageable: the graph decoder's copies through CuPy's set / get (A/B)
+
+
 def decode_graph(model, rt, prompt, tokens):
     from refengine.cuda.graph_step import GraphDecoder
     st = model.new_state()
     model.forward(prompt, st, rt=rt)
-    dec = GraphDecoder(model, rt, st, timing=not SIM)
+    dec = GraphDecoder(model, rt, st, timing=not SIM, pinned=PINNED)
     out, times, replayed = [], [], []
     for t in tokens:
         sync()
@@ -92,6 +95,15 @@ def profile_steps(dec, tokens, rec) -> None:
     rec["profile_us_per_step"] = {name: 1e3 * ms / k for name, (ms, _) in by.items()}
     print(f"kernels of {k} profiled steps: {n / k:.0f} launches, {1e3 * total / k:.1f} us of GPU time a step")
     print_table({name: [1e3 * ms, c] for name, (ms, c) in by.items()}, 1e3 * total, 40, scale=k, unit="us")
+    import cProfile
+    import pstats
+    pr = cProfile.Profile()                               # the host's part of the same steps (replays)
+    pr.enable()
+    for t in tokens:
+        dec.step(t)
+    pr.disable()
+    print(f"host functions over {k} more steps (cProfile, by own time):")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
 
 def time_prefill(model, ids, reps: int = 3) -> float:
@@ -130,11 +142,14 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the timed steps, N more graph steps under torch.profiler (CUPTI): GPU time per kernel "
                          "per step, largest first (what one replayed step's time is made of)")
+    ap.add_argument("--pageable", action="store_true", help="the graph decoder's copies through CuPy's set / get "
+                    "(pageable host memory, a wait each), not its pinned buffers: the comparison")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="also time the eager resident prefill of N random tokens (median of 3 after a warm-up)")
     a = ap.parse_args(argv)
-    global SIM
+    global SIM, PINNED
     SIM = a.backend == "numpy"
+    PINNED = not a.pageable
     if "," in a.arch:
         recs, rc = [], 0
         for arch in a.arch.split(","):

@@ -115,7 +115,7 @@ class _Pinned:
     """A replay's host side on a GPU: page-locked host buffers for the captured step's inputs (token ids, positions)
     and outputs (the NaN/inf flag pages, the logits), moved by async copies on the decoder's stream and waited for
     once. (CuPy's `set` / `get` of pageable memory stage through a driver buffer and wait for the device at each
-    copy: four waits a step, the logits' 0.6 MB the slowest.)"""
+    copy: four waits a step.) `GraphDecoder(pinned=False)` keeps those, for a comparison."""
 
     H2D, D2H = 1, 2                                       # cudaMemcpyKind
 
@@ -154,7 +154,7 @@ class GraphDecoder:
     span's ops (`Device.taping`), replayed into the same buffers: the driver's logic (deltas, write-backs, recapture)
     checked in CI. Counters: `eager`, `captures`, `replays`."""
 
-    def __init__(self, model, rt, state, *, timing: bool = False):
+    def __init__(self, model, rt, state, *, timing: bool = False, pinned: bool = True):
         dev = rt.device
         if dev is None or not rt.fixed_shapes or rt.trace is not None:
             raise ConfigError("GraphDecoder needs a resident Runtime with fixed_shapes=True, untraced "
@@ -176,6 +176,7 @@ class GraphDecoder:
         self.failed = None                                # why a capture failed (then every step is eager)
         self.timing = timing and self.stream is not None  # GPU: event-time each replay's graph (`gpu_ms`)
         self.gpu_ms: list[float] = []
+        self.pinned = pinned                              # False: a replay's copies through CuPy's set / get (A/B)
 
     def _context(self):
         if self.cps is None:
@@ -263,7 +264,7 @@ class GraphDecoder:
         self.rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
         self.logits, self.cstep, self.flags = box["logits"], step, box["flags"]
         self.writebacks = box["writebacks"]
-        if dev.kind == "cupy":
+        if dev.kind == "cupy" and self.pinned:
             self.io = _Pinned.make(self.cps, [step.tokens, step.pos],
                                    ([] if self.flags is None else self.flags[2]) + [self.logits])
         if not getattr(graph, "ran_at_capture", False):
