@@ -537,33 +537,52 @@ if SIM:                                                  # no shuffles in the si
         return warp_combine((bv, bj, E), _first_of)
 
 
+@cuda.jit(device=True, inline=True)
+def _own_first(xs, w, lane, E, taken):
+    """The first in `_before`'s order of lane's entries j = lane + 32 i of row xs[w] whose bit i of `taken` is 0."""
+    bv = float32(0.0)
+    bj = int32(E)
+    i = uint64(0)
+    for j in range(lane, E, 32):
+        if (taken >> i) & uint64(1) == uint64(0) and _before(xs[w, j], j, bv, bj, E):
+            bv = xs[w, j]
+            bj = int32(j)
+        i += uint64(1)
+    return bv, bj
+
+
 @cuda.jit(fastmath=False)
 def _top_k(x, k, ids):
-    """Row r = blockIdx.x * TOPK_WARPS + warp, one warp a row: k picks, each the warp's first entry in the stable
-    descending order among those not picked yet (np.argsort(-x, kind="stable")[:k]). Lane l owns the entries
-    j = l + 32 i (bit i of its `taken`); a pick is each lane's best of its own, then a butterfly of shuffles leaves
-    the warp's best in every lane (`_before` is a total order: the same pick whatever the lanes' order). No
-    shared memory and no block barrier (the block-wide reduction it replaced took 12-17 us a launch on the H200)."""
-    lane = cuda.threadIdx.x & 31
-    r = cuda.blockIdx.x * TOPK_WARPS + (cuda.threadIdx.x >> 5)
-    if r >= x.shape[0]:
-        return                                          # (a whole warp: the shuffles below see all 32 lanes)
+    """Rows blockIdx.x * TOPK_WARPS + w, one warp w a row: k picks, each the warp's first entry in the stable
+    descending order among those not picked yet (np.argsort(-x, kind="stable")[:k]). The block's threads copy its
+    rows into shared memory together (a decode's one row: 4 loads a thread, not a lane's whole share one after
+    another); lane l owns the entries j = l + 32 i (bit i of its `taken`) and keeps the best of them; a pick is a
+    butterfly of shuffles over the lanes' bests (`_before` is a total order: the same pick whatever the lanes'
+    order), after which only the lane that owned it looks at its entries again. (The block-wide tree of barriers
+    per pick it replaced took 12-17 us a launch on the H200.)"""
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    w = tid >> 5
+    r0 = cuda.blockIdx.x * TOPK_WARPS
+    R = x.shape[0]
     E = x.shape[1]
+    xs = cuda.shared.array((TOPK_WARPS, TOPK_E), float32)
+    nr = min(TOPK_WARPS, R - r0)
+    for q in range(tid, nr * E, 32 * TOPK_WARPS):
+        rr = q // E
+        xs[rr, q - rr * E] = x[r0 + rr, q - rr * E]
+    cuda.syncthreads()
+    if w >= nr:
+        return                                          # (a whole warp: the shuffles below see all 32 lanes)
     taken = uint64(0)
+    mv, mj = _own_first(xs, w, lane, E, taken)
     for a in range(k):
-        bv = float32(0.0)
-        bj = int32(E)
-        i = uint64(0)
-        for j in range(lane, E, 32):
-            if (taken >> i) & uint64(1) == uint64(0) and _before(x[r, j], j, bv, bj, E):
-                bv = x[r, j]
-                bj = int32(j)
-            i += uint64(1)
-        bv, bj = _warp_first(bv, bj, E)
+        bv, bj = _warp_first(mv, mj, E)
         if lane == 0:
-            ids[r, a] = bj
+            ids[r0 + w, a] = bj
         if bj < E and (bj & 31) == lane:
             taken |= uint64(1) << uint64(bj >> 5)
+            mv, mj = _own_first(xs, w, lane, E, taken)
 
 
 @cuda.jit(fastmath=False)
