@@ -212,9 +212,3 @@ if SIM:
     @cuda.jit(device=True)
     def warp_argmax(v, i):  # noqa: F811
         return _warp_reduce((v, i), _argmax)
-
-    @cuda.jit(device=True)
-    def warp_combine(v, op):
-        """The simulator's model of a shuffle butterfly: op(the 32 lanes' values in lane order), in every lane (a
-        kernel's own SIM twin of a reduction the shuffles compute)."""
-        return _warp_reduce(v, op)

@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int32, uint64
+from numba import boolean, cuda, float32, float64, int32
 
-from quant.cuda.device import SIM, warp_sum
+from quant.cuda.device import warp_sum
 
 from .kernels import block_sum64
 
@@ -486,9 +486,8 @@ def _hc_post(y, X, post, comb, out):
     out[t, dst, d] = acc
 
 
-TOPK_E = 2048              # top_k: entries of a row (64 a lane: one bit each of a uint64)
-TOPK_MAX = 64              # top_k: k (one warp-wide argmax a pick)
-TOPK_WARPS = 4             # top_k: rows (warps) a block
+TOPK_E = 2048              # top_k: entries of a row (a shared flag each)
+TOPK_MAX = 64              # top_k: k (one block-wide argmax a pick)
 
 
 @cuda.jit(device=True, inline=True)
@@ -508,81 +507,40 @@ def _before(v, j, bv, bj, E):
     return v > bv
 
 
-@cuda.jit(device=True, inline=True)
-def _warp_first(bv, bj, E):
-    """The first of the warp's (bv, bj) in `_before`'s order, in every lane (a butterfly of shuffles)."""
-    off = 16
-    while off > 0:
-        ov = cuda.shfl_xor_sync(0xFFFFFFFF, bv, off)
-        oj = cuda.shfl_xor_sync(0xFFFFFFFF, bj, off)
-        if _before(ov, oj, bv, bj, E):
-            bv = ov
-            bj = oj
-        off //= 2
-    return bv, bj
-
-
-if SIM:                                                  # no shuffles in the simulator: the lanes meet at a barrier
-    from quant.cuda.device import warp_combine
-
-    def _first_of(vals):
-        bv, bj, E = vals[0]
-        for v, j, _ in vals[1:]:
-            if _before(v, j, bv, bj, E):
-                bv, bj = v, j
-        return bv, bj
-
-    @cuda.jit(device=True)
-    def _warp_first(bv, bj, E):  # noqa: F811
-        return warp_combine((bv, bj, E), _first_of)
-
-
-@cuda.jit(device=True, inline=True)
-def _own_first(xs, w, lane, E, taken):
-    """The first in `_before`'s order of lane's entries j = lane + 32 i of row xs[w] whose bit i of `taken` is 0."""
-    bv = float32(0.0)
-    bj = int32(E)
-    i = uint64(0)
-    for j in range(lane, E, 32):
-        if (taken >> i) & uint64(1) == uint64(0) and _before(xs[w, j], j, bv, bj, E):
-            bv = xs[w, j]
-            bj = int32(j)
-        i += uint64(1)
-    return bv, bj
-
-
 @cuda.jit(fastmath=False)
 def _top_k(x, k, ids):
-    """Rows blockIdx.x * TOPK_WARPS + w, one warp w a row: k picks, each the warp's first entry in the stable
-    descending order among those not picked yet (np.argsort(-x, kind="stable")[:k]). The block's threads copy its
-    rows into shared memory together (a decode's one row: 4 loads a thread, not a lane's whole share one after
-    another); lane l owns the entries j = l + 32 i (bit i of its `taken`) and keeps the best of them; a pick is a
-    butterfly of shuffles over the lanes' bests (`_before` is a total order: the same pick whatever the lanes'
-    order), after which only the lane that owned it looks at its entries again. (The block-wide tree of barriers
-    per pick it replaced took 12-17 us a launch on the H200.)"""
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    w = tid >> 5
-    r0 = cuda.blockIdx.x * TOPK_WARPS
-    R = x.shape[0]
+    """Row r = blockIdx.x: k picks, each the block's first entry in the stable descending order among those not
+    picked yet (np.argsort(-x, kind="stable")[:k])."""
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
     E = x.shape[1]
-    xs = cuda.shared.array((TOPK_WARPS, TOPK_E), float32)
-    nr = min(TOPK_WARPS, R - r0)
-    for q in range(tid, nr * E, 32 * TOPK_WARPS):
-        rr = q // E
-        xs[rr, q - rr * E] = x[r0 + rr, q - rr * E]
+    taken = cuda.shared.array(TOPK_E, boolean)
+    sv = cuda.shared.array(NT, float32)
+    si = cuda.shared.array(NT, int32)
+    for j in range(t, E, NT):
+        taken[j] = False
     cuda.syncthreads()
-    if w >= nr:
-        return                                          # (a whole warp: the shuffles below see all 32 lanes)
-    taken = uint64(0)
-    mv, mj = _own_first(xs, w, lane, E, taken)
     for a in range(k):
-        bv, bj = _warp_first(mv, mj, E)
-        if lane == 0:
-            ids[r0 + w, a] = bj
-        if bj < E and (bj & 31) == lane:
-            taken |= uint64(1) << uint64(bj >> 5)
-            mv, mj = _own_first(xs, w, lane, E, taken)
+        bv = float32(0.0)
+        bj = E
+        for j in range(t, E, NT):
+            if not taken[j] and _before(x[r, j], j, bv, bj, E):
+                bv = x[r, j]
+                bj = j
+        sv[t] = bv
+        si[t] = bj
+        cuda.syncthreads()
+        s = NT // 2
+        while s > 0:
+            if t < s and _before(sv[t + s], si[t + s], sv[t], si[t], E):
+                sv[t] = sv[t + s]
+                si[t] = si[t + s]
+            cuda.syncthreads()
+            s //= 2
+        if t == 0:
+            ids[r, a] = si[0]
+            taken[si[0]] = True
+        cuda.syncthreads()
 
 
 @cuda.jit(fastmath=False)
@@ -698,7 +656,7 @@ def hc_post_raw(y, X, post, comb, out, stream=0) -> None:
 
 def top_k_raw(x2, k: int, ids, stream=0) -> None:
     """x2 [R, E] float32 (E <= TOPK_E), ids [R, k] int32 (k <= min(E, TOPK_MAX))."""
-    _top_k[_grid(x2.shape[0], TOPK_WARPS), 32 * TOPK_WARPS, stream](x2, k, ids)
+    _top_k[x2.shape[0], NT, stream](x2, k, ids)
 
 
 def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:

@@ -8,8 +8,7 @@ The first call runs the step eagerly (weights uploaded, kernels compiled, the ca
 second captures its whole step (`Model.run_step`: the embedding, whose rows are decoded from the ids on the device,
 every block and the head) on a stream of its own into a graph, then launches it; every later call writes the token
 id and position into the captured step's two device input buffers, launches the graph and reads the logits and the
-step's NaN/inf flags back (gathered into one array at the end of the graph, `Runtime.pack_deferred`: one read; on a
-GPU every copy of a replay goes through page-locked host buffers, async on the decoder's stream, one wait). The
+step's NaN/inf flags back (gathered into one array at the end of the graph, `Runtime.pack_deferred`: one read). The
 modules are not changed: the span is the one `tests/test_capture.py` proves capturable on the "sim" device (no
 upload, no read-back, no host fallback inside, the same op signature at every token), here on the GPU.
 
@@ -114,8 +113,10 @@ class _Tape:
 class _Pinned:
     """A replay's host side on a GPU: page-locked host buffers for the captured step's inputs (token ids, positions)
     and outputs (the NaN/inf flag pages, the logits), moved by async copies on the decoder's stream and waited for
-    once. (CuPy's `set` / `get` of pageable memory stage through a driver buffer and wait for the device at each
-    copy: four waits a step.) `GraphDecoder(pinned=False)` keeps those, for a comparison."""
+    once, instead of CuPy's `set` / `get` of pageable memory (a wait each, four a step). `GraphDecoder(pinned=True)`
+    only: measured on the H200 (Qwen3-Next 4 blocks, graph_decode.py --pinned against without) it was not faster,
+    1.84 against 1.69 ms a step (the GPU's part 1.02 ms both): the host's part of a replay is elsewhere (the graph's
+    launch itself, ~0.25 ms a step by cProfile). Kept for the comparison."""
 
     H2D, D2H = 1, 2                                       # cudaMemcpyKind
 
@@ -154,7 +155,7 @@ class GraphDecoder:
     span's ops (`Device.taping`), replayed into the same buffers: the driver's logic (deltas, write-backs, recapture)
     checked in CI. Counters: `eager`, `captures`, `replays`."""
 
-    def __init__(self, model, rt, state, *, timing: bool = False, pinned: bool = True):
+    def __init__(self, model, rt, state, *, timing: bool = False, pinned: bool = False):
         dev = rt.device
         if dev is None or not rt.fixed_shapes or rt.trace is not None:
             raise ConfigError("GraphDecoder needs a resident Runtime with fixed_shapes=True, untraced "
@@ -176,7 +177,7 @@ class GraphDecoder:
         self.failed = None                                # why a capture failed (then every step is eager)
         self.timing = timing and self.stream is not None  # GPU: event-time each replay's graph (`gpu_ms`)
         self.gpu_ms: list[float] = []
-        self.pinned = pinned                              # False: a replay's copies through CuPy's set / get (A/B)
+        self.pinned = pinned                              # a replay's copies through `_Pinned` (measured: not faster)
 
     def _context(self):
         if self.cps is None:
