@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .ops.arrays import fused_op
+
 CONTAINERS: dict[str, type] = {}          # class name -> class, for the state file (refengine/state_file.py)
 
 
@@ -94,8 +96,9 @@ class Rows:
         else:                                             # at the device's count: no per-call host int baked in
             if self._count is None:
                 self._count = np.full_like(x, self.n, shape=(1,), dtype=np.int64)  # once, from n ((1,): CuPy reads shape=() as None)
-            self._buf[self._count + np.arange(T, like=x)] = x
-            self._count += T
+            if (f := fused_op(x, "append_rows")) is None or not f(self._buf, x, self._count):    # a GPU: one launch
+                self._buf[self._count + np.arange(T, like=x)] = x
+                self._count += T
         self.n += T
         return self._buf if fixed else self._buf[:self.n]
 

@@ -372,3 +372,42 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
         for k, v in stand.hits.items():
             hits[k] = hits.get(k, 0) + v
     assert set(hits) == set(_numpy_twins()) | {"all_finite"}, sorted(set(_numpy_twins()) - set(hits))
+
+
+@pytest.mark.parametrize("one_block", [True, False])
+def test_append_rows(monkeypatch, one_block):
+    """`cache.Rows.append`'s fixed-shape write: rows written at the device count, the rows around them untouched;
+    one block also advances the count (else the caller does, and the count is left as it was)."""
+    if not one_block:
+        monkeypatch.setattr(fused, "APPEND_ONE_BLOCK", 8)          # more values than that: the grid-wide form
+    cap, W, n0 = 9, 100, 4
+    rng = np.random.default_rng(2)
+    buf0, x = _rand(cap, W), rng.standard_normal((3, W)).astype(np.float32)
+    bd, xd, cd = cuda.to_device(buf0), cuda.to_device(x), cuda.to_device(np.array([n0], np.int64))
+    advanced = fused.append_rows_raw(bd, xd, cd)
+    cuda.synchronize()
+    want = buf0.copy()
+    want[n0:n0 + 3] = x
+    assert advanced == one_block
+    assert np.array_equal(bd.copy_to_host(), want)
+    assert cd.copy_to_host()[0] == (n0 + 3 if one_block else n0)
+
+
+@pytest.mark.parametrize("norm_w,scale", [(False, None), (True, None), (True, 2.5), (False, 16.0)])
+def test_expert_weights(norm_w, scale):
+    """The selected probs, normalized by their float64 sum clamped at 2^-14, scaled, in one launch ==
+    moe.router.expert_weights step by step: a row of tiny probs (the clamp) and a row holding NaN (stays NaN)."""
+    from refengine.moe.router import GATING_SOFTMAX, expert_weights, topk_desc
+    T, E, A = (70, 256, 8) if GPU else (5, 24, 4)
+    rng = np.random.default_rng(3)
+    probs = rng.uniform(size=(T, E)).astype(np.float32)
+    probs /= probs.sum(-1, keepdims=True)
+    probs[1] *= np.float32(1e-9)
+    ids = topk_desc(probs, A)
+    probs[2, ids[2, 1]] = np.nan
+    want = expert_weights(probs, ids, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=scale or 0.0)
+    out = cuda.device_array((T, A), np.float32)
+    fused.expert_weights_raw(cuda.to_device(probs), cuda.to_device(ids), norm_w, scale, out)
+    got = out.copy_to_host()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[2]).any()

@@ -40,6 +40,7 @@ from numba import boolean, cuda, float32, float64, int32
 
 from quant.cuda.device import warp_sum
 
+from ..moe.router import F16_MIN_NORMAL as F16_MIN
 from .kernels import block_sum64
 
 DR_K = 256                  # the delta rule's largest K (its shared arrays' width: a literal, numba-cuda refuses an
@@ -554,6 +555,47 @@ def _all_finite(y, page, row, col):
             page[row, col] = False
 
 
+@cuda.jit(fastmath=False)
+def _append_rows(buf, x, count, advance):
+    """buf[count[0] + i, :] = x[i, :] for every row i of x ([T, W] float32 into [capacity, W]); then, when
+    `advance` (a launch of one block), count[0] += T: every thread read the old count before the barrier."""
+    T = x.shape[0]
+    W = x.shape[1]
+    c = count[0]
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for e in range(start, T * W, stride):
+        i = e // W
+        buf[c + i, e - i * W] = x[i, e - i * W]
+    if advance:
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            count[0] = c + T
+
+
+@cuda.jit(fastmath=False)
+def _expert_weights(probs, ids, norm_w, scale, has_scale, out):
+    """Row t per thread: out[t, a] = probs[t, ids[t, a]]; when norm_w divided by max(float32(their float64 sum),
+    2^-14); when has_scale times scale (`moe.router.expert_weights` for the gates that pick from probs)."""
+    t = cuda.grid(1)
+    if t >= ids.shape[0]:
+        return
+    A = ids.shape[1]
+    s = float64(0.0)
+    for a in range(A):
+        w = probs[t, ids[t, a]]
+        out[t, a] = w
+        s += float64(w)
+    if norm_w:
+        d = float32(s)
+        if d < F16_MIN:                                  # (np.maximum: a NaN sum stays NaN)
+            d = F16_MIN
+        for a in range(A):
+            out[t, a] = out[t, a] / d
+    if has_scale:
+        for a in range(A):
+            out[t, a] = out[t, a] * scale
+
+
 # ---------------------------------------------------------------- launches on raw device arrays (numba or CuPy)
 def _grid(n: int, per: int = 256) -> int:
     return max(1, (n + per - 1) // per)
@@ -661,6 +703,24 @@ def top_k_raw(x2, k: int, ids, stream=0) -> None:
 
 def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:
     _all_finite[min(_grid(y1.shape[0], 256 * 8), 1024), 256, stream](y1, page, row, col)
+
+
+APPEND_ONE_BLOCK = 1 << 16  # append_rows: values written by one block, which also advances the count (else 2 launches)
+
+
+def append_rows_raw(buf2, x2, count, stream=0) -> bool:
+    """buf2 [capacity, W], x2 [T, W] float32, count [1] int64 (device): the rows written at the count. True when the
+    count was advanced too (one block); False: the caller advances it."""
+    n = x2.shape[0] * x2.shape[1]
+    one = n <= APPEND_ONE_BLOCK
+    _append_rows[1 if one else min(_grid(n), 1024), 256, stream](buf2, x2, count, one)
+    return one
+
+
+def expert_weights_raw(probs, ids, norm_w: bool, scale, out, stream=0) -> None:
+    """probs [T, E] float32, ids [T, A] int32, out [T, A] float32; scale None or a float."""
+    _expert_weights[_grid(ids.shape[0], 64), 64, stream](probs, ids, bool(norm_w), np.float32(scale or 0.0),
+                                                         scale is not None, out)
 
 
 # ---------------------------------------------------------------- DeviceArray entry points (a GPU's CuPy arrays)
@@ -952,3 +1012,32 @@ def all_finite(y, page, row: int, col: int) -> bool:
         return False
     all_finite_raw(_nv(raw.reshape(-1)), _nv(page), row, col, stream=_stream())
     return True
+
+
+def append_rows(buf, x, count) -> bool:
+    """`cache.Rows.append`'s fixed-shape write on a GPU: x [T, ...] into buf [capacity, ...] at the device count
+    count [1] int64, the count advanced by T; one launch (two above APPEND_ONE_BLOCK values) for the five of
+    `buf[count + arange(T)] = x; count += T`. False (nothing done) for what it does not take: the caller's NumPy."""
+    b, xr, c = buf.raw, x.raw, count.raw
+    if b.dtype != np.float32 or xr.dtype != np.float32 or c.dtype != np.int64 or c.shape != (1,) \
+            or not (b.flags.c_contiguous and xr.flags.c_contiguous) or xr.ndim < 1 or xr.shape[1:] != b.shape[1:] \
+            or xr.size == 0:
+        return False
+    T = xr.shape[0]
+    W = xr.size // T
+    if not append_rows_raw(_nv(b.reshape(b.shape[0], W)), _nv(xr.reshape(T, W)), _nv(c), stream=_stream()):
+        c += T
+    buf.dev.note("fused append_rows", (buf, x, count), (buf, count))
+    return True
+
+
+def expert_weights(probs, ids, norm_w: bool, scale):
+    """`moe.router.expert_weights` (the gates whose weights are the selected probs) in one launch: weights [T, A]
+    float32, or None for what it does not take."""
+    p, i = probs.raw, ids.raw
+    if p.ndim != 2 or i.ndim != 2 or p.shape[0] != i.shape[0] or not _served(p) or i.dtype != np.int32 \
+            or not i.flags.c_contiguous or i.size == 0:
+        return None
+    out = probs.dev.xp.empty(i.shape, dtype=np.float32)
+    expert_weights_raw(_nv(p), _nv(i), norm_w, scale, _nv(out), stream=_stream())
+    return _done(probs.dev, "expert_weights", (probs, ids), out)

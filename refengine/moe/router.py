@@ -123,6 +123,25 @@ def expert_weights(probs: np.ndarray, ids: np.ndarray, *, gating: int, norm_w: b
     """The selected experts' weights: probs [T, E] (unbiased), ids [T, A] -> [T, A] float32 (the tail of
     `build_moe_ffn`'s routing, whichever way the ids were chosen)."""
     rec = record or (lambda *a: None)
+    scale = None if w_scale in (0.0, 1.0) else float(w_scale)
+    if gating != GATING_SOFTMAX_WEIGHT and (f := fused_op(probs, "expert_weights")) is not None \
+            and (weights := f(probs, ids, norm_w, scale)) is not None:       # a GPU: one launch (cuda/fused.py)
+        steps: dict = {}
+
+        def step(name):                       # the steps below, run once, only for a record that keeps one
+            if not steps:
+                _weight_steps(probs, ids, gating, norm_w, w_scale, lambda n, _il, v: steps.__setitem__(n, v), il)
+            return steps[name]
+        for name in ("ffn_moe_weights",) + (("ffn_moe_weights_sum", "ffn_moe_weights_sum_clamped",
+                                              "ffn_moe_weights_norm") if norm_w else ()) \
+                + (("ffn_moe_weights_scaled",) if scale is not None else ()):
+            rec(name, il, lambda n=name: step(n))
+        return weights
+    return _weight_steps(probs, ids, gating, norm_w, w_scale, rec, il)
+
+
+def _weight_steps(probs, ids, gating: int, norm_w: bool, w_scale: float, rec, il: int) -> np.ndarray:
+    """`expert_weights` step by step, each step's tensor recorded under llama.cpp's name."""
     weights = np.take_along_axis(probs, ids, axis=-1)                      # [T, A], unbiased
     rec("ffn_moe_weights", il, weights)
     if gating == GATING_SOFTMAX_WEIGHT:
