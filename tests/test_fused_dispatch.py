@@ -1,0 +1,71 @@
+"""The GPU's fused ops as the modules reach them (`ops.arrays.fused_op`), checked without a GPU: the sim device is
+given a stand-in for `refengine/cuda/fused.py` whose ops compute their NumPy statement on the device's arrays, so
+what a GPU run relies on around the kernel is checked in CI: that the modules call the op where its NumPy steps
+stood (`cache.Rows.append`'s fixed-shape write, `moe.router.expert_weights`), that the state advances as the steps
+would have advanced it, and that a trace still gets every step's tensor under llama.cpp's name (the router computes
+them from the NumPy steps only when a trace keeps one). The kernels themselves: tests/test_fused.py."""
+import collections
+
+import numpy as np
+import pytest
+
+from refengine.model import Model
+from refengine.moe.router import expert_weights
+from refengine.runtime import Runtime
+from refengine.trace import Trace
+
+TOKENS = [3, 17, 101, 5, 250, 42, 7, 9, 44]
+
+
+class StandIn:
+    """The two ops, each its NumPy statement on the host views of the sim device's arrays."""
+
+    def __init__(self):
+        self.calls = collections.Counter()
+
+    def all_finite(self, y, page, row, col):
+        return False                                      # (the runtime's own flag then)
+
+    def expert_weights(self, probs, ids, norm_w, scale):
+        self.calls["expert_weights"] += 1
+        w = expert_weights(probs.raw, ids.raw, gating=1, norm_w=norm_w, w_scale=scale or 0.0)   # host arrays
+        return probs.dev.wrap(w)
+
+    def append_rows(self, buf, x, count):
+        self.calls["append_rows"] += 1
+        n = int(count.raw[0])
+        buf.raw[n:n + x.shape[0]] = x.raw
+        count.raw += x.shape[0]
+        return True
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_expert_weights_dispatch_keeps_the_trace(synth_model, arch):
+    """A traced resident forward with the fused expert weights: the same logits and every tensor the plain run
+    records (ffn_moe_weights, _sum, _sum_clamped, _norm, _scaled where the arch has them), equal."""
+    m = Model(synth_model(arch, wtype="Q8_0"))
+    t_plain, t_fused = Trace(), Trace()
+    a = m.forward(TOKENS, rt=Runtime(trace=t_plain, resident=True))
+    rt = Runtime(trace=t_fused, resident=True)
+    rt.device.fused = stand = StandIn()
+    b = m.forward(TOKENS, rt=rt)
+    assert stand.calls["expert_weights"] > 0
+    assert np.array_equal(a, b)
+    assert list(t_plain) == list(t_fused) and any(k.startswith("ffn_moe_weights") for k in t_plain)
+    for k in t_plain:
+        assert np.array_equal(t_plain[k], t_fused[k]), k
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_append_rows_dispatch_advances_the_cache(synth_model, arch):
+    """Fixed-shape appends through the fused write, a prompt then decode steps past a cache's growth: the same
+    logits as the NumPy steps' run at every step, and the caches' host counts equal."""
+    m = Model(synth_model(arch, wtype="Q8_0"))
+    plain, fused = Runtime(resident=True, fixed_shapes=True), Runtime(resident=True, fixed_shapes=True)
+    fused.device.fused = stand = StandIn()
+    st_p, st_f = m.new_state(), m.new_state()
+    steps = [TOKENS[:7]] + [[t] for t in [5, 9, 12, 40, 3, 77, 18, 2, 61, 30, 8, 14]]    # 7 + 12 > 16 rows
+    for toks in steps:
+        a, b = m.forward(toks, st_p, rt=plain), m.forward(toks, st_f, rt=fused)
+        assert np.array_equal(a, b), len(toks)
+    assert stand.calls["append_rows"] > 0 and st_p.n_past == st_f.n_past
