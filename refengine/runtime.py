@@ -226,6 +226,8 @@ class Runtime:
         labels, texts, pages, lazy, rows = packed
         got = host_pages if host_pages is not None else [self.device.get(pg) for pg in pages]
         flags = np.concatenate(got)[rows]
+        if flags[:, 0].all():                # every output finite: nothing to name or warn of (a replay's 40-odd
+            return                           # flags walked one NumPy scalar at a time cost ~0.2 ms of host time)
         for label, (y_ok, x_ok), x in zip(labels, flags, lazy):
             if not y_ok and x is not None:
                 x_ok = bool(self.device.get(self.device.wrap(self.device.xp.isfinite(x.raw).all())))
