@@ -441,15 +441,18 @@ class Runtime:
     def _moe_ffn_resident(self, x, ids, weights, rec, kw):
         """Routed experts on device arrays. The expert ids stay on the device where its kernels group the pairs
         there: one token (the one-token kernels read its A ids; a gated activation other than SwiGLU runs between
-        the projections as the module's function on device arrays), no expert cache, no trace (a decode step);
-        otherwise they are read back (counted) and the grouping tables built on the host (`groups_from_ids`). The
-        sim device's kernel is the host code on the device's buffers (reading the ids there, as a kernel does)."""
+        the projections as the module's function on device arrays), or several in a fixed-shape run (a ubatch
+        step: the group tables built by a kernel on the device), no expert cache, no trace; otherwise they are read
+        back (counted) and the grouping tables built on the host (`groups_from_ids`: the eager prefill, whose
+        kernel choice sees the groups' real sizes). The sim device's kernel is the host code on the device's
+        buffers (reading the ids there, as a kernel does)."""
         from .devarray import DeviceArray
         dev = self.device
         fn = getattr(self._be, "moe_ffn_resident", None)
         y = None
         cache = self._expert_cache(kw)
-        ids_stay = isinstance(ids, DeviceArray) and ids.shape[0] == 1 and cache is None and self.trace is None
+        ids_stay = isinstance(ids, DeviceArray) and (ids.shape[0] == 1 or self.fixed_shapes) and cache is None \
+            and self.trace is None
         names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)
@@ -466,7 +469,7 @@ class Runtime:
             self._defer_finite(f"routed experts ({names})", y, x)
             return y
         if dev.kind == "sim" and cache is None:
-            if not ids_stay or not _gpu_keeps_ids(kw):
+            if not ids_stay or not _gpu_keeps_ids(kw, ids.shape[0]):
                 ids = dev.get(ids)                        # the grouping tables are built on the host: a read-back
             xh, idh, wh = self._host_args(x, ids, weights)
             y = self._from_host(self._moe_ffn_host(xh, idh, wh, rec, kw))
@@ -606,13 +609,14 @@ class Runtime:
                                      np.asarray(ref, np.float32).reshape(value.shape)))
 
 
-def _gpu_keeps_ids(kw) -> bool:
-    """Whether a GPU serves one token's routed experts from its ids on the device (quant.cuda.resident
-    `_one_token_on_device`): always for SwiGLU (the fast one-token kernels, else group tables built on the device); a
-    gated activation of its own (`act`: Kimi-K3's SiTU, DeepSeek-V4's clamp) needs the fast kernels to take gate, up
-    and down (16-byte rows, one type for gate and up), else the ids are read back. The sim device's model of that
-    refusal; True when numba-cuda is not installed (nothing to ask)."""
-    if kw.get("act") is None:
+def _gpu_keeps_ids(kw, T: int = 1) -> bool:
+    """Whether a GPU serves T tokens' routed experts from their ids on the device (quant.cuda.resident
+    `_one_token_on_device`, `_tables_on_device`): several tokens always (group tables built on the device); one
+    token always for SwiGLU (the fast one-token kernels, else those tables); a gated activation of its own (`act`:
+    Kimi-K3's SiTU, DeepSeek-V4's clamp) needs the fast kernels to take gate, up and down (16-byte rows, one type for
+    gate and up), else the ids are read back. The sim device's model of that refusal; True when numba-cuda is not
+    installed (nothing to ask)."""
+    if kw.get("act") is None or T > 1:
         return True
     try:
         from quant.cuda.fast_specs import fast_supported_tensor

@@ -103,7 +103,8 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
                      il: int = -1, cache=None, read_ids=None, **_):
     """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] -> CuPy [T, D]. ids on the host
     (the grouping tables are built there), or a CuPy array: one token's, which the one-token kernels read on the
-    device (no table, no synchronisation: a decode step that can be captured), else read back by read_ids(ids)
+    device (no table, no synchronisation: a decode step that can be captured); several tokens' (a fixed-shape
+    run's), grouped by a kernel on the device (`_tables_on_device`); with a cache read back by read_ids(ids)
     (the runtime's counted read; None: ids.get()). Without a cache every expert is resident (uploaded on first use);
     with `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
     remapped to slot ids, the same kernels on the same bytes.
@@ -119,8 +120,16 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     T, A = ids.shape
     E = up.shape[0]                  # the model's experts: gmax = min(E, T*A) below, with or without the cache
     if not isinstance(ids, np.ndarray):
-        y = _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel,
-                                 act_device if act is not None else None) if T == 1 and cache is None else None
+        y = None
+        if cache is None and T == 1:
+            y = _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel,
+                                     act_device if act is not None else None)
+        elif cache is None:                               # a fixed-shape step of several tokens: nothing read back
+            xs = _input(x)
+            y = _tables_on_device(_nb(xs), _nb(cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32)), weights, T,
+                                  device_weight(up).ensure(), device_weight(gate).ensure() if gate is not None
+                                  else None, device_weight(down).ensure(), gate_scale, up_scale, down_scale, E, A,
+                                  xs.shape[1], up.shape[1], kernel, act_device if act is not None else None)
         if y is not None:
             return y
         ids = read_ids(ids) if read_ids is not None else ids.get()
@@ -169,14 +178,16 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     return out
 
 
-def _one_token_tables_on_device(xd, idd, weights, dup, dgate, ddown, gate_scale, up_scale, down_scale, E, A, D, I,
-                                kernel):
-    """One token's routed experts through the grouped kernels when the one-token ones do not serve the weights
-    (rows not 16-byte aligned, another kernel asked for): the group tables built from the ids on the device
-    (`bucket_kernel`, as the qwen3moe device model does), not read back. One token's A experts are distinct: one
-    pair per group, so the pairs' order within a group (the kernel's atomics) does not arise."""
+def _tables_on_device(xd, idd, weights, T, dup, dgate, ddown, gate_scale, up_scale, down_scale, E, A, D, I, kernel,
+                      act_device=None):
+    """T tokens' routed experts through the grouped kernels with the group tables built from the ids on the device
+    (`bucket_kernel`, as the qwen3moe device model does), not read back: one token whose weights the one-token
+    kernels do not serve, or a fixed-shape step of several (a prefill's ubatch, captured as the decode step is).
+    A token's A experts are distinct, so a group holds at most T pairs (the kernels' bound); the pairs' order within
+    a group (the kernel's atomics) changes no pair's result. act_device: a gated activation other than SwiGLU,
+    between the grouped gate / up and down launches."""
     cp = _cp()
-    n, gmax = A, min(E, A)
+    n, gmax = T * A, min(E, T * A)
     st = _stream()
     size = GroupTable.size(gmax, n, BN)
     tab_x, tab_p = cp.zeros(size, dtype=cp.int32), cp.zeros(size, dtype=cp.int32)
@@ -184,8 +195,18 @@ def _one_token_tables_on_device(xd, idd, weights, dup, dgate, ddown, gate_scale,
     bucket_kernel[1, EW, st](idd, E, A, n, BN, _nb(tab_x), _nb(tab_p), _nb(cnt), _nb(fill))
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
     sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
-    out = cp.empty((1, D), dtype=cp.float32)
-    moe_ffn_device(xd, _nb(tab_x), _nb(tab_p), gmax, n, 1, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
+    out = cp.empty((T, D), dtype=cp.float32)
+    if act_device is not None:
+        tx, tp = _nb(tab_x), _nb(tab_p)
+        u, g = cp.empty((n, I), dtype=cp.float32), cp.empty((n, I), dtype=cp.float32)
+        grouped(dup, xd, _nb(u), tx, gmax, n, T, sc=sc_gu[E:], kernel=kernel, stream=st)   # pair rows, tab_x order
+        grouped(dgate, xd, _nb(g), tx, gmax, n, T, sc=sc_gu, kernel=kernel, stream=st)
+        a = _input(act_device(g, u))                                                       # [n, I], elementwise
+        dn = cp.empty((n, D), dtype=cp.float32)
+        grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, T, sc=sc_d, rw=_nb(wts), kernel=kernel, stream=st)
+        combine_slots(_nb(dn), A, None, _nb(out), None, T, D, st)
+        return out
+    moe_ffn_device(xd, _nb(tab_x), _nb(tab_p), gmax, n, T, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
                    sc_d=sc_d, kernel=kernel, out=_nb(out), stream=st, scratch=_scratch(n, I, D))
     return out
 
@@ -216,8 +237,8 @@ def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, 
             (act_device is not None and not fast_ids_ok(dup, xd)):
         if act_device is not None:
             return None
-        return _one_token_tables_on_device(xd, idd, weights, dup, dgate, ddown, gate_scale, up_scale, down_scale, E,
-                                           A, xs.shape[1], up.shape[1], kernel)
+        return _tables_on_device(xd, idd, weights, 1, dup, dgate, ddown, gate_scale, up_scale, down_scale, E, A,
+                                 xs.shape[1], up.shape[1], kernel)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
     sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
     out = cp.empty((1, xs.shape[1]), dtype=cp.float32)
