@@ -82,10 +82,7 @@ def test_decode_step_capturable(synth_model, arch, variant):
     check_capturable(m, arch, TOKENS)
 
 
-UBATCH_NOT_YET = {
-    "deepseek4": "the compressor's blocks finished in a ubatch are listed on the host from the host count "
-                 "(kv_compressor.compress_fixed, T > 1) and their rope positions uploaded (ops/rope.py)",
-}
+UBATCH_NOT_YET: dict = {}          # arch -> what its ubatch step stops at (deepseek4's compressor: session 22)
 
 
 @pytest.mark.parametrize("arch", [a for a in CAPTURABLE if a not in UBATCH_NOT_YET] + [
@@ -96,21 +93,27 @@ def test_ubatch_step_capturable(synth_model, arch):
     two consecutive ubatches run the same ops on the same shapes, and its logits equal the host run of the same
     shapes. What a prefill captured once per ubatch size and replayed for every ubatch of that size needs. The
     routed experts' ids stay on the device in a fixed-shape run (their group tables built there on a GPU:
-    quant/cuda/resident.py `_tables_on_device`); before session 22 every MoE arch stopped at their read-back."""
+    quant/cuda/resident.py `_tables_on_device`); before session 22 every MoE arch stopped at their read-back, and
+    deepseek4 also at its compressor's blocks listed on the host (kv_compressor.compress_fixed: now found from the
+    ubatch's first position on the device)."""
     m = Model(synth_model(arch, wtype="Q4_K"))
-    rt, host = Runtime(resident=True, fixed_shapes=True), Runtime(fixed_shapes=True)
-    st_d, st_h = m.new_state(), m.new_state()
-    m.forward(TOKENS, st_d, rt=rt)                             # 20 rows: the caches' capacity 40 holds two more
-    m.forward(TOKENS, st_h, rt=host)
+    rt, host, plain = Runtime(resident=True, fixed_shapes=True), Runtime(fixed_shapes=True), Runtime()
+    st_d, st_h, st_p = m.new_state(), m.new_state(), m.new_state()
+    for r, st in ((rt, st_d), (host, st_h), (plain, st_p)):
+        m.forward(TOKENS, st, rt=r)                            # 20 rows: the caches' capacity 40 holds two more
     dev, sigs = rt.device, []
-    for chunk in (list(range(60, 68)), list(range(80, 88))):
+    for chunk in (list(range(60, 67)), list(range(80, 87))):   # 7 tokens: ubatches that start inside a block
         step = m.prepare_step(chunk, st_d, rt)
         before = dev.stats.as_dict()
         with dev.strict(), dev.recording() as sig:
             out = m.run_step(step, st_d, rt)
         d = dev.stats.since(before)
         assert d["uploads"] == d["downloads"] == 0 and not d["fallbacks"], d
-        assert np.array_equal(rt.to_host(out), m.forward(chunk, st_h, rt=host)), arch
+        got, want = rt.to_host(out), m.forward(chunk, st_h, rt=host)
+        assert np.array_equal(got, want), arch
+        ordinary = m.forward(chunk, st_p, rt=plain)
+        assert_close(f"{arch} ubatch: fixed shapes vs positions so far", want, ordinary, TOL)
+        assert np.array_equal(np.argmax(want, -1), np.argmax(ordinary, -1))
         sigs.append(sig)
     assert sigs[0] == sigs[1] and len(sigs[0]) > 100
 

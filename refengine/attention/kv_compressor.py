@@ -114,6 +114,22 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     return np.zeros((0, norm.shape[0]), np.float32) if got is None else got
 
 
+def _pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
+    """Blocks b [n] (on the device in a resident run) pooled from a fixed-shape run's rows as they are: [n, K]. A
+    block's rows b*r .. b*r + r - 1 (those past the capacity are past every position: not yet the block's), and for
+    the overlapping compressor (c = 2) the block before's first halves (b = 0: r rows of weight 0, where
+    `pool_blocks` has one: the same weights summed in another order)."""
+    cur = np.minimum(b[:, None] * ratio + np.arange(ratio, like=b)[None, :], all_kv.shape[0] - 1)   # [n, r]
+    v, s = all_kv[cur, (c - 1) * K:], all_score[cur, (c - 1) * K:]              # [n, r, K]
+    if c == 2:
+        prev = np.maximum(cur - ratio, 0)                                       # [n, r]
+        first = (b == 0)[:, None, None]
+        v = np.concatenate([np.where(first, np.float32(0), all_kv[prev, :K]), v], axis=1)          # [n, 2r, K]
+        s = np.concatenate([np.where(first, np.float32(-np.inf), all_score[prev, :K]), s], axis=1)
+    v, s = v.transpose(0, 2, 1), s.transpose(0, 2, 1)                           # [n, K, rows]: over the rows, per dim
+    return np.sum(v * softmax(s), axis=-1, dtype=np.float32)                    # [n, K]
+
+
 def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: CompressorRows, ratio: int, eps: float,
                    rope, rt, rotate=None):
     """`compress` with shapes that do not depend on the position (a fixed-shape run): the same projections, kept
@@ -124,8 +140,10 @@ def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: Compressor
     ops (the rows past p are not the block's yet: the key is final at p = b*r + r - 1, where it equals `compress`'s,
     the same rows through the same ops; block 0 of the overlapping compressor is the exception, its "previous
     block" r rows of weight 0 here, one in `pool_blocks`: the same weights summed in another order).
-    More tokens (a prefill; n0 its first position, a host int): the blocks that finish in the call, by `pool_blocks`
-    on every row so far, written at their last positions (the other rows 0). No traces (fixed_shapes refuses one)."""
+    More tokens (a prefill's ubatch): the blocks that finish in the call, found from its first position on the
+    device (the same ops whatever the position: a ubatch step captured once), pooled the same way, written at their
+    last positions (the other rows 0). No traces (fixed_shapes refuses one). n0: the state's count (unused here:
+    kept for the caller's signature)."""
     T, c = h.shape[0], 2 if overlap(ratio) else 1
     K = norm.shape[0]
     kv = rt.matmul(h, w_kv)                                                     # [T, c*K]
@@ -133,22 +151,15 @@ def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: Compressor
     all_kv, all_score = rows.kv.append(kv, fixed=True), rows.score.append(score, fixed=True)   # [S, c*K]
     if T == 1:
         b = as_array(pos) // ratio                                              # [1] (on the device in a resident run)
-        cur = np.minimum(b[:, None] * ratio + np.arange(ratio, like=b)[None, :], all_kv.shape[0] - 1)   # [1, r]
-        #                                 the block's rows (those past the capacity are past p: not yet the block's)
-        v, s = all_kv[cur[0], (c - 1) * K:], all_score[cur[0], (c - 1) * K:]    # [r, K]
-        if c == 2:                                  # + the block before (b = 0: rows that weigh 0, as `pool_blocks`)
-            prev = np.maximum(cur[0] - ratio, 0)                                # [r]
-            first = b[0] == 0
-            v = np.concatenate([np.where(first, np.float32(0), all_kv[prev, :K]), v])               # [2r, K]
-            s = np.concatenate([np.where(first, np.float32(-np.inf), all_score[prev, :K]), s])
-        ck = np.sum(v.T * softmax(s.T), axis=-1, dtype=np.float32)[None]        # [1, K]
-        ck = rope(rms_norm(ck, norm, eps)[:, None, :], b * ratio)              # [1, 1, K]
+        ck = rope(rms_norm(_pool_at(all_kv, all_score, b, ratio, c, K), norm, eps)[:, None, :], b * ratio)  # [1, 1, K]
         ck = ck if rotate is None else rotate(ck)
-    else:
-        done = list(range(n0 // ratio, (n0 + T) // ratio))                      # blocks whose last position is new
-        ck = np.zeros_like(kv, shape=(T, 1, K))                                 # [T, 1, K] (rows other than ends: 0)
-        if done:
-            new = finish(pool_blocks(all_kv, all_score, 0, done, ratio), norm, eps, rope, done, ratio)
-            ck[[b * ratio + ratio - 1 - n0 for b in done]] = new if rotate is None else rotate(new)
+    else:                       # the blocks that end in the call, from its first position on the device (not n0):
+        p0 = as_array(pos)[:1]  # ceil(T / r) candidates, the last one's end past the call when the count is one less
+        t_end = (ratio - 1 - p0 % ratio) + ratio * np.arange(-(-T // ratio), like=p0)          # [nb] rows of the call
+        b = (p0 + t_end) // ratio                                                              # [nb] their blocks
+        new = rope(rms_norm(_pool_at(all_kv, all_score, b, ratio, c, K), norm, eps)[:, None, :], b * ratio)
+        ck = np.zeros_like(kv, shape=(T + 1, 1, K))                 # row T: the candidate past the call's rows, dropped
+        ck[np.where(t_end < T, t_end, T)] = new if rotate is None else rotate(new)
+        ck = ck[:T]                                                             # [T, 1, K] (rows other than ends: 0)
     all_ck = rows.ck.append(ck[:, 0], fixed=True)                               # [S, K]
     return all_ck[ratio - 1::ratio]                                             # [S // r, K]
