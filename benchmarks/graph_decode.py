@@ -59,14 +59,11 @@ def decode_eager(model, rt, prompt, tokens, first=None):
     return out, times
 
 
-PINNED = False               # --pinned: the graph decoder's copies through page-locked buffers (A/B)
-
-
 def decode_graph(model, rt, prompt, tokens):
     from refengine.cuda.graph_step import GraphDecoder
     st = model.new_state()
     model.forward(prompt, st, rt=rt)
-    dec = GraphDecoder(model, rt, st, timing=not SIM, pinned=PINNED)
+    dec = GraphDecoder(model, rt, st, timing=not SIM)
     out, times, replayed = [], [], []
     for t in tokens:
         sync()
@@ -142,14 +139,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the timed steps, N more graph steps under torch.profiler (CUPTI): GPU time per kernel "
                          "per step, largest first (what one replayed step's time is made of)")
-    ap.add_argument("--pinned", action="store_true", help="the graph decoder's copies through page-locked buffers, "
-                    "async, one wait a step (GraphDecoder(pinned=True)), not CuPy's set / get: the comparison")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="also time the eager resident prefill of N random tokens (median of 3 after a warm-up)")
     a = ap.parse_args(argv)
-    global SIM, PINNED
+    global SIM
     SIM = a.backend == "numpy"
-    PINNED = a.pinned
     if "," in a.arch:
         recs, rc = [], 0
         for arch in a.arch.split(","):

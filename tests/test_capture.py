@@ -93,7 +93,7 @@ def test_ubatch_step_capturable(synth_model, arch):
     two consecutive ubatches run the same ops on the same shapes, and its logits equal the host run of the same
     shapes. What a prefill captured once per ubatch size and replayed for every ubatch of that size needs. The
     routed experts' ids stay on the device in a fixed-shape run (their group tables built there on a GPU:
-    quant/cuda/resident.py `_tables_on_device`); before session 22 every MoE arch stopped at their read-back, and
+    quant/cuda/resident.py `_ids_on_device`); before session 22 every MoE arch stopped at their read-back, and
     deepseek4 also at its compressor's blocks listed on the host (kv_compressor.compress_fixed: now found from the
     ubatch's first position on the device)."""
     m = Model(synth_model(arch, wtype="Q4_K"))

@@ -104,7 +104,7 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] -> CuPy [T, D]. ids on the host
     (the grouping tables are built there), or a CuPy array: one token's, which the one-token kernels read on the
     device (no table, no synchronisation: a decode step that can be captured); several tokens' (a fixed-shape
-    run's), grouped by a kernel on the device (`_tables_on_device`); with a cache read back by read_ids(ids)
+    run's), grouped by a kernel on the device (`_ids_on_device`); with a cache read back by read_ids(ids)
     (the runtime's counted read; None: ids.get()). Without a cache every expert is resident (uploaded on first use);
     with `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
     remapped to slot ids, the same kernels on the same bytes.
@@ -116,20 +116,11 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     if mode != "exact" or any(m is not None and not supported(m) for m in (up, gate, down)) or \
             (act is not None and (act_device is None or gate is None)):
         return None
-    cp = _cp()
     T, A = ids.shape
     E = up.shape[0]                  # the model's experts: gmax = min(E, T*A) below, with or without the cache
     if not isinstance(ids, np.ndarray):
-        y = None
-        if cache is None and T == 1:
-            y = _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel,
-                                     act_device if act is not None else None)
-        elif cache is None:                               # a fixed-shape step of several tokens: nothing read back
-            xs = _input(x)
-            y = _tables_on_device(_nb(xs), _nb(cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32)), weights, T,
-                                  device_weight(up).ensure(), device_weight(gate).ensure() if gate is not None
-                                  else None, device_weight(down).ensure(), gate_scale, up_scale, down_scale, E, A,
-                                  xs.shape[1], up.shape[1], kernel, act_device if act is not None else None)
+        y = None if cache is not None else _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale,
+                                                          down_scale, kernel, act_device if act is not None else None)
         if y is not None:
             return y
         ids = read_ids(ids) if read_ids is not None else ids.get()
@@ -149,65 +140,43 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     tab_x, tab_p, mpg = groups_from_ids(ids, E)
     xs = _input(x)
     xd = _nb(xs)
-    wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
+    st = _stream()
     sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, En)
-    out = cp.empty((T, xs.shape[1]), dtype=cp.float32)
-    if act is not None:
-        n, I, D = T * A, up.shape[1], xs.shape[1]
-        st = _stream()
-        tx, tp = cuda.to_device(tab_x, stream=st), cuda.to_device(tab_p, stream=st)
-        gmax = min(E, n)
-        u = cp.empty((n, I), dtype=cp.float32)
-        g = cp.empty((n, I), dtype=cp.float32)
-        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel,
-                stream=st)     # pair rows in tab_x order
-        grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel, stream=st)
-        a = _input(act_device(g, u))                                                # [n, I], elementwise
-        dn = cp.empty((n, D), dtype=cp.float32)
-        grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel, stream=st)
-        combine_slots(_nb(dn), A, None, _nb(out), None, T, D, st)
-    else:
-        st = _stream()
-        idd = cuda.to_device(ids.reshape(-1), stream=st) if T == 1 and kernel in ("auto", "fast") and \
-            one_token_ok(dup, dgate, ddown, xd) else None
-        moe_ffn_device(xd, cuda.to_device(tab_x, stream=st), cuda.to_device(tab_p, stream=st), min(E, T * A), T * A,
-                       mpg, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d, kernel=kernel,
-                       ids=idd, out=_nb(out), stream=st, scratch=_scratch(T * A, up.shape[1], xs.shape[1]))
+    idd = cuda.to_device(ids.reshape(-1), stream=st) if act is None and T == 1 and kernel in ("auto", "fast") and \
+        one_token_ok(dup, dgate, ddown, xd) else None
+    out = _grouped_experts(xd, cuda.to_device(tab_x, stream=st), cuda.to_device(tab_p, stream=st), mpg, T, A, E,
+                           weights, dup, dgate, ddown, sc_gu, sc_d, En, kernel, act_device if act is not None else None,
+                           idd)
     if cache is not None:
         cache.release()              # queued: a later copy into these slots runs after the kernels (same stream)
     return out
 
 
-def _tables_on_device(xd, idd, weights, T, dup, dgate, ddown, gate_scale, up_scale, down_scale, E, A, D, I, kernel,
-                      act_device=None):
-    """T tokens' routed experts through the grouped kernels with the group tables built from the ids on the device
-    (`bucket_kernel`, as the qwen3moe device model does), not read back: one token whose weights the one-token
-    kernels do not serve, or a fixed-shape step of several (a prefill's ubatch, captured as the decode step is).
-    A token's A experts are distinct, so a group holds at most T pairs (the kernels' bound); the pairs' order within
-    a group (the kernel's atomics) changes no pair's result. act_device: a gated activation other than SwiGLU,
-    between the grouped gate / up and down launches."""
+def _grouped_experts(xd, tx, tp, mpg: int, T: int, A: int, E: int, weights, dup, dgate, ddown, sc_gu, sc_d, En: int,
+                     kernel, act_device=None, idd=None):
+    """The routed experts over group tables on the device (tx: x row = token, tp: x row = pair; at most mpg pairs a
+    group) -> out [T, D]: SwiGLU through `moe_ffn_device` (idd: one token's ids, when the one-token kernels serve
+    them, instead of the tables); a gated activation of the arch's own (act_device) as grouped gate and up launches
+    (pair rows in tx order), act_device(g, u) on the device, then the grouped down projection. E: the model's
+    experts (the tables' group bound min(E, T*A)); En: the matrices (E, or an expert cache's slots: sc_gu holds gate
+    then up scales, En each)."""
     cp = _cp()
-    n, gmax = T * A, min(E, T * A)
     st = _stream()
-    size = GroupTable.size(gmax, n, BN)
-    tab_x, tab_p = cp.zeros(size, dtype=cp.int32), cp.zeros(size, dtype=cp.int32)
-    cnt, fill = cp.zeros(E, dtype=cp.int32), cp.zeros(E, dtype=cp.int32)
-    bucket_kernel[1, EW, st](idd, E, A, n, BN, _nb(tab_x), _nb(tab_p), _nb(cnt), _nb(fill))
+    n, I, D = T * A, dup.O, xd.shape[1]
+    gmax = min(E, n)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
-    sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
     out = cp.empty((T, D), dtype=cp.float32)
     if act_device is not None:
-        tx, tp = _nb(tab_x), _nb(tab_p)
         u, g = cp.empty((n, I), dtype=cp.float32), cp.empty((n, I), dtype=cp.float32)
-        grouped(dup, xd, _nb(u), tx, gmax, n, T, sc=sc_gu[E:], kernel=kernel, stream=st)   # pair rows, tab_x order
-        grouped(dgate, xd, _nb(g), tx, gmax, n, T, sc=sc_gu, kernel=kernel, stream=st)
-        a = _input(act_device(g, u))                                                       # [n, I], elementwise
+        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel, stream=st)
+        grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel, stream=st)
+        a = _input(act_device(g, u))                                                        # [n, I], elementwise
         dn = cp.empty((n, D), dtype=cp.float32)
-        grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, T, sc=sc_d, rw=_nb(wts), kernel=kernel, stream=st)
+        grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel, stream=st)
         combine_slots(_nb(dn), A, None, _nb(out), None, T, D, st)
         return out
-    moe_ffn_device(xd, _nb(tab_x), _nb(tab_p), gmax, n, T, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
-                   sc_d=sc_d, kernel=kernel, out=_nb(out), stream=st, scratch=_scratch(n, I, D))
+    moe_ffn_device(xd, tx, tp, gmax, n, mpg, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d,
+                   kernel=kernel, ids=idd, out=_nb(out), stream=st, scratch=_scratch(n, I, D))
     return out
 
 
@@ -219,13 +188,17 @@ def _scratch(n: int, I: int, D: int) -> dict:
     return {k: _nb(cp.empty(shape, dtype=cp.float32)) for k, shape in (("act", (n, I)), ("dn", (n, D)))}
 
 
-def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel, act_device=None):
-    """One token's routed experts with its ids [1, A] read on the device (`moe_ffn_device(ids=...)`, no group
-    table); None when the one-token kernels do not serve these weights (the caller then reads the ids back).
-    act_device: a gated activation other than SwiGLU: gate and up as one launch each over the A ids
-    (`grouped_ids`), act_device(g, u) [A, I] on the device, then the down projection over the A slots."""
+def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel, act_device=None):
+    """Routed experts with their ids [T, A] read on the device, nothing read back. One token: the one-token kernels
+    take its A ids (`moe_ffn_device(ids=...)`, or with act_device gate and up as one launch each over the A ids
+    (`grouped_ids`), act_device(g, u) [A, I], the down projection over the A slots). Otherwise (several tokens, a
+    fixed-shape run's ubatch; one token whose weights the one-token kernels do not serve) the group tables are built
+    there (`bucket_kernel`, as the qwen3moe device model does): a token's A experts are distinct, so a group holds
+    at most T pairs (the kernels' bound), and the pairs' order within a group (the kernel's atomics) changes no
+    pair's result. None (the caller reads the ids back): one token, a gated activation of its own, weights the fast
+    kernels do not serve."""
     cp = _cp()
-    A = ids.shape[1]
+    T, A = ids.shape
     E = up.shape[0]
     dup = device_weight(up).ensure()
     dgate = device_weight(gate).ensure() if gate is not None else None
@@ -233,27 +206,31 @@ def _one_token_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, 
     xs = _input(x)
     xd = _nb(xs)
     idd = _nb(cp.ascontiguousarray(ids.reshape(-1), dtype=cp.int32))
-    if kernel not in ("auto", "fast") or not one_token_ok(dup, dgate, ddown, xd) or \
-            (act_device is not None and not fast_ids_ok(dup, xd)):
-        if act_device is not None:
-            return None
-        return _tables_on_device(xd, idd, weights, 1, dup, dgate, ddown, gate_scale, up_scale, down_scale, E, A,
-                                 xs.shape[1], up.shape[1], kernel)
-    wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
     sc_gu, sc_d = device_scales(gate_scale, up_scale, down_scale, E)
+    one = T == 1 and kernel in ("auto", "fast") and one_token_ok(dup, dgate, ddown, xd) and \
+        (act_device is None or fast_ids_ok(dup, xd))
+    if not one:
+        if T == 1 and act_device is not None:
+            return None
+        n, gmax = T * A, min(E, T * A)
+        size = GroupTable.size(gmax, n, BN)
+        tab_x, tab_p = cp.zeros(size, dtype=cp.int32), cp.zeros(size, dtype=cp.int32)
+        cnt, fill = cp.zeros(E, dtype=cp.int32), cp.zeros(E, dtype=cp.int32)
+        bucket_kernel[1, EW, _stream()](idd, E, A, n, BN, _nb(tab_x), _nb(tab_p), _nb(cnt), _nb(fill))
+        return _grouped_experts(xd, _nb(tab_x), _nb(tab_p), T, T, A, E, weights, dup, dgate, ddown, sc_gu, sc_d, E,
+                                kernel, act_device)
+    if act_device is None:
+        return _grouped_experts(xd, None, None, 1, 1, A, E, weights, dup, dgate, ddown, sc_gu, sc_d, E, kernel,
+                                idd=idd)
+    wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
     out = cp.empty((1, xs.shape[1]), dtype=cp.float32)
-    if act_device is not None:
-        I, D = up.shape[1], xs.shape[1]
-        st = _stream()
-        u, g = cp.empty((A, I), dtype=cp.float32), cp.empty((A, I), dtype=cp.float32)
-        grouped_ids(dup, xd, _nb(u), idd, A, sc=sc_gu[E:], stream=st)              # [A, I], slot a: expert ids[a]
-        grouped_ids(dgate, xd, _nb(g), idd, A, sc=sc_gu, stream=st)
-        a = _input(act_device(g, u))                                                # [A, I], elementwise
-        dn = cp.empty((A, D), dtype=cp.float32)
-        grouped_ids(ddown, _nb(a), _nb(dn), idd, A, sc=sc_d, rw=_nb(wts), slot_rows=True, stream=st)
-        combine_slots(_nb(dn), A, None, _nb(out), None, 1, D, st)
-        return out
-    moe_ffn_device(xd, None, None, min(E, A), A, 1, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu,
-                   sc_d=sc_d, kernel=kernel, ids=idd, out=_nb(out), stream=_stream(),
-                   scratch=_scratch(A, up.shape[1], xs.shape[1]))
+    I, D = up.shape[1], xs.shape[1]
+    st = _stream()
+    u, g = cp.empty((A, I), dtype=cp.float32), cp.empty((A, I), dtype=cp.float32)
+    grouped_ids(dup, xd, _nb(u), idd, A, sc=sc_gu[E:], stream=st)                      # [A, I], slot a: expert ids[a]
+    grouped_ids(dgate, xd, _nb(g), idd, A, sc=sc_gu, stream=st)
+    a = _input(act_device(g, u))                                                        # [A, I], elementwise
+    dn = cp.empty((A, D), dtype=cp.float32)
+    grouped_ids(ddown, _nb(a), _nb(dn), idd, A, sc=sc_d, rw=_nb(wts), slot_rows=True, stream=st)
+    combine_slots(_nb(dn), A, None, _nb(out), None, 1, D, st)
     return out

@@ -110,44 +110,6 @@ class _Tape:
         self.dev.replay(self.tape)
 
 
-class _Pinned:
-    """A replay's host side on a GPU: page-locked host buffers for the captured step's inputs (token ids, positions)
-    and outputs (the NaN/inf flag pages, the logits), moved by async copies on the decoder's stream and waited for
-    once, instead of CuPy's `set` / `get` of pageable memory (a wait each, four a step). `GraphDecoder(pinned=True)`
-    only: measured on the H200 (Qwen3-Next 4 blocks, graph_decode.py --pinned against without) it was not faster,
-    1.84 against 1.69 ms a step (the GPU's part 1.02 ms both): the host's part of a replay is elsewhere (the graph's
-    launch itself, ~0.25 ms a step by cProfile). Kept for the comparison."""
-
-    H2D, D2H = 1, 2                                       # cudaMemcpyKind
-
-    def __init__(self, cps, ins, outs):
-        import cupyx
-        self.cps = cps
-        self.ins = [(a, cupyx.empty_pinned(a.shape, a.dtype)) for a in ins]
-        self.outs = [(a, cupyx.empty_pinned(a.shape, a.dtype)) for a in outs]
-
-    @classmethod
-    def make(cls, cps, ins, outs):
-        """Buffers for these DeviceArrays, or None when one is not one contiguous block (the pageable copies then)."""
-        raws = [a.raw for a in ins], [a.raw for a in outs]
-        if not all(r.flags.c_contiguous for rs in raws for r in rs):
-            return None
-        return cls(cps, *raws)
-
-    def write(self, i: int, values: np.ndarray) -> None:
-        import cupy as cp
-        dev, host = self.ins[i]
-        np.copyto(host, np.asarray(values).reshape(host.shape), casting="unsafe")
-        cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes, self.H2D, self.cps.ptr)
-
-    def read(self) -> list:
-        import cupy as cp
-        for dev, host in self.outs:
-            cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, host.nbytes, self.D2H, self.cps.ptr)
-        self.cps.synchronize()
-        return [host for _, host in self.outs]
-
-
 class GraphDecoder:
     """Decode one sequence a token at a time, the steps after the first replayed from a captured CUDA graph (the
     module docstring). `timing=True` (GPU) event-times each replay's graph into `gpu_ms` (milliseconds: the device's
@@ -155,7 +117,7 @@ class GraphDecoder:
     span's ops (`Device.taping`), replayed into the same buffers: the driver's logic (deltas, write-backs, recapture)
     checked in CI. Counters: `eager`, `captures`, `replays`."""
 
-    def __init__(self, model, rt, state, *, timing: bool = False, pinned: bool = False):
+    def __init__(self, model, rt, state, *, timing: bool = False):
         dev = rt.device
         if dev is None or not rt.fixed_shapes or rt.trace is not None:
             raise ConfigError("GraphDecoder needs a resident Runtime with fixed_shapes=True, untraced "
@@ -171,13 +133,11 @@ class GraphDecoder:
         else:
             self.stream = self.cps = self.pool = None
         self.graph = None
-        self.io = None                                    # a replay's pinned input / output buffers (GPU)
         self.eager = self.captures = self.replays = 0
         self.warm = False
         self.failed = None                                # why a capture failed (then every step is eager)
         self.timing = timing and self.stream is not None  # GPU: event-time each replay's graph (`gpu_ms`)
         self.gpu_ms: list[float] = []
-        self.pinned = pinned                              # a replay's copies through `_Pinned` (measured: not faster)
 
     def _context(self):
         if self.cps is None:
@@ -194,8 +154,6 @@ class GraphDecoder:
                 out = self._eager(token)
             elif self.graph is not None and self._fits(self.rows):
                 out = self._replay(token)
-                if isinstance(out, np.ndarray):           # read back through the pinned buffers (synchronised)
-                    return out[-1]
             elif self.graph is None and self.warm and self._fits(self._all_rows()):
                 out = self._capture_and_launch(token)
             else:                                         # the first step, or a cache full: eager (it grows)
@@ -208,7 +166,7 @@ class GraphDecoder:
 
     def _eager(self, token):
         m, rt, st = self.model, self.rt, self.state
-        self.graph = self.io = None
+        self.graph = None
         self.eager += 1
         return m.run_step(m.prepare_step([token], st, rt), st, rt)
 
@@ -265,9 +223,6 @@ class GraphDecoder:
         self.rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
         self.logits, self.cstep, self.flags = box["logits"], step, box["flags"]
         self.writebacks = box["writebacks"]
-        if dev.kind == "cupy" and self.pinned:
-            self.io = _Pinned.make(self.cps, [step.tokens, step.pos],
-                                   ([] if self.flags is None else self.flags[2]) + [self.logits])
         if not getattr(graph, "ran_at_capture", False):
             graph.launch(self.stream)
         self.rt.check_deferred(self.flags)
@@ -282,17 +237,10 @@ class GraphDecoder:
         return [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows) and v._buf is not None]
 
     def _replay(self, token):
-        """One replayed step: the logits as a host array when the pinned buffers serve it (`io`), else the captured
-        step's device logits (the sim device; a GPU whose buffers could not be pinned)."""
-        m, rt, st, io = self.model, self.rt, self.state, self.io
+        m, rt, st = self.model, self.rt, self.state
         tokens = m._check_tokens([token], st.n_past)      # the ids checked as any step's, then written into the
-        pos = np.arange(st.n_past, st.n_past + tokens.size)   # captured step's input buffers (two small copies)
-        if io is None:
-            self._write(self.cstep.tokens, tokens)
-            self._write(self.cstep.pos, pos)
-        else:
-            io.write(0, tokens)
-            io.write(1, pos)
+        self._write(self.cstep.tokens, tokens)            # captured step's input buffers (two small copies)
+        self._write(self.cstep.pos, np.arange(st.n_past, st.n_past + tokens.size))
         if self.timing:
             from numba import cuda
             ev = cuda.event(), cuda.event()
@@ -300,19 +248,13 @@ class GraphDecoder:
         self.graph.launch(self.stream)
         if self.timing:
             ev[1].record(self.stream)
-        out = None if io is None else io.read()           # flags and logits: async copies, one synchronisation
-        if self.timing:
             ev[1].synchronize()
             self.gpu_ms.append(cuda.event_elapsed_time(*ev))
         for o, k, d in self.deltas:
             _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + d)
+        rt.check_deferred(self.flags)                     # one read of the step's flags
         self.replays += 1
-        if out is None:
-            rt.check_deferred(self.flags)                 # one read of the step's flags
-            return self.logits
-        if self.flags is not None:
-            rt.check_deferred(self.flags, host_pages=out[:-1])
-        return out[-1].copy()                             # (the pinned buffer is the next replay's)
+        return self.logits
 
     def _write(self, buf: DeviceArray, values: np.ndarray) -> None:
         """Host values into a device input buffer of the graph, on the decoder's stream (the sim: in place)."""
