@@ -80,12 +80,14 @@ def _numba_fields(a):
 
 
 def _array_fields(a):
-    """(pointer, shape, strides, dtype) of a CuPy array or a numba device array; None for anything else."""
+    """((pointer, shape, strides, dtype), laid out exactly C-contiguous and not empty) of a CuPy array or a numba
+    device array (its fields kept on it: `_numba_fields`); None for anything else."""
     mod = type(a).__module__
     if mod.startswith("cupy"):
-        return a.data.ptr, a.shape, a.strides, a.dtype
+        return (a.data.ptr, a.shape, a.strides, a.dtype), \
+            a.strides == _c_strides(a.shape, a.dtype.itemsize) and 0 not in a.shape
     if mod.startswith("numba"):
-        return _numba_fields(a)[0]
+        return _numba_fields(a)
     return None
 
 
@@ -105,19 +107,12 @@ def _fields_and_key(args):
             k = "bool"
         elif isinstance(a, np.generic):             # a NumPy scalar: its dtype (np.float32(1) is not 1.0)
             k = ("scalar", a.dtype.char)
-        elif "_refengine_fields" in getattr(a, "__dict__", ()):     # a numba array seen before: no checks again
-            a, c = a.__dict__["_refengine_fields"]
-            if not c:
-                return None, None
-            k = ("array", a[3].char, len(a[1]))
         else:
-            a = _array_fields(a)
-            if a is None:
+            got = _array_fields(a)
+            if got is None or not got[1]:
                 return None, None
-            _, shape, strides, dt = a
-            if strides != _c_strides(shape, dt.itemsize) or 0 in shape:
-                return None, None
-            k = ("array", dt.char, len(shape))
+            a = got[0]
+            k = ("array", a[3].char, len(a[1]))
         fields.append(a)
         key.append(k)
     return fields, tuple(key)
