@@ -187,13 +187,12 @@ def output_groups(w, ac: CompressedKVConfig) -> list[QTensor]:
     return groups
 
 
-def compressor(h, w_kv, w_gate, ape, norm, *, pos, state: CompressedKV, fill, blocks, rows, ratio, eps, rope, rt,
-               name, il, rotate=None):
+def compressor(h, w_kv, w_gate, ape, norm, *, pos, fill, blocks, rows, ratio, eps, rope, rt, name, il, rotate=None):
     """One compressor's pooled keys [N, K]: `kv_compressor.compress` on its fill and blocks, or in a fixed-shape
     run (`rows` given) `compress_fixed` on its rows (N = the capacity's blocks, the visible ones complete)."""
     if rows is not None:
-        return kv_compressor.compress_fixed(h, w_kv, w_gate, ape, norm, pos=pos, n0=state.n, rows=rows, ratio=ratio,
-                                            eps=eps, rope=rope, rt=rt, rotate=rotate)
+        return kv_compressor.compress_fixed(h, w_kv, w_gate, ape, norm, pos=pos, rows=rows, ratio=ratio, eps=eps,
+                                            rope=rope, rt=rt, rotate=rotate)
     return kv_compressor.compress(h, w_kv, w_gate, ape, norm, pos=pos, fill=fill, blocks=blocks, ratio=ratio, eps=eps,
                                   rope=rope, rt=rt, name=name, il=il, rotate=rotate)
 
@@ -229,14 +228,14 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
         if fixed and state.fixed_rows is None:
             state.fixed_rows, state.index_rows = CompressorRows(), CompressorRows() if ac.ratio == 4 else None
         blocks = compressor(h, w.attn_compressor_kv, w.attn_compressor_gate, rows_of(w, "attn_compressor_ape"),
-                            w.attn_compressor_norm, pos=pos, state=state, fill=state.fill, blocks=state.blocks,
+                            w.attn_compressor_norm, pos=pos, fill=state.fill, blocks=state.blocks,
                             rows=state.fixed_rows, ratio=ac.ratio, eps=eps, rope=rope.apply, rt=rt, name=name,
                             il=il)                                              # [N, K]
         chosen = csa_indexer.visible_blocks(pos, blocks.shape[0], ac.ratio)     # [T, N]
         block_ids = np.where(chosen, np.arange(blocks.shape[0], like=pos)[None, :], -1)   # HCA: every finished block
         if ac.ratio == 4:
             ikeys = compressor(h, w.indexer_compressor_kv, w.indexer_compressor_gate,
-                               rows_of(w, "indexer_compressor_ape"), w.indexer_compressor_norm, pos=pos, state=state,
+                               rows_of(w, "indexer_compressor_ape"), w.indexer_compressor_norm, pos=pos,
                                fill=state.index_fill, blocks=state.index_keys, rows=state.index_rows, ratio=4,
                                eps=eps, rope=rope.apply, rt=rt, name="lid", il=il,
                                rotate=csa_indexer.rotate)                       # [N, di]

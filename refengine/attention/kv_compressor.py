@@ -130,7 +130,7 @@ def _pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
     return np.sum(v * softmax(s), axis=-1, dtype=np.float32)                    # [n, K]
 
 
-def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: CompressorRows, ratio: int, eps: float,
+def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, rows: CompressorRows, ratio: int, eps: float,
                    rope, rt, rotate=None):
     """`compress` with shapes that do not depend on the position (a fixed-shape run): the same projections, kept
     per position (`CompressorRows`, row = position, fixed appends); returns the pooled keys [S // r, K] of the
@@ -142,8 +142,7 @@ def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: Compressor
     block" r rows of weight 0 here, one in `pool_blocks`: the same weights summed in another order).
     More tokens (a prefill's ubatch): the blocks that finish in the call, found from its first position on the
     device (the same ops whatever the position: a ubatch step captured once), pooled the same way, written at their
-    last positions (the other rows 0). No traces (fixed_shapes refuses one). n0: the state's count (unused here:
-    kept for the caller's signature)."""
+    last positions (the other rows 0). No traces (fixed_shapes refuses one)."""
     T, c = h.shape[0], 2 if overlap(ratio) else 1
     K = norm.shape[0]
     kv = rt.matmul(h, w_kv)                                                     # [T, c*K]
@@ -153,7 +152,7 @@ def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, n0: int, rows: Compressor
         b = as_array(pos) // ratio                                              # [1] (on the device in a resident run)
         ck = rope(rms_norm(_pool_at(all_kv, all_score, b, ratio, c, K), norm, eps)[:, None, :], b * ratio)  # [1, 1, K]
         ck = ck if rotate is None else rotate(ck)
-    else:                       # the blocks that end in the call, from its first position on the device (not n0):
+    else:                       # the blocks that end in the call, from its first position on the device:
         p0 = as_array(pos)[:1]  # ceil(T / r) candidates, the last one's end past the call when the count is one less
         t_end = (ratio - 1 - p0 % ratio) + ratio * np.arange(-(-T // ratio), like=p0)          # [nb] rows of the call
         b = (p0 + t_end) // ratio                                                              # [nb] their blocks
