@@ -130,6 +130,7 @@ class Runtime:
         self._finite_warn: list = []                    # resident: (warning, its flags' row) (the logits)
         self._pages: list = []                          # resident: this forward's flag pages [PAGE_ROWS, 2] (_flag_row)
         self._page_n = 0                                # rows of them taken
+        self._flag_queue: list = []                     # resident on a GPU: flags not yet written (_write_flag)
         self.lazy_inputs = False                        # a captured step: products' input flags computed on demand
         self._device_models = {}
         self._float_matrices: dict[str, np.ndarray] = {}   # resident on a GPU: small float matrices (_float_matrix)
@@ -240,6 +241,8 @@ class Runtime:
         last one's rows taken), lazy inputs, each label's and text's row) for `check_deferred(packed=)`, or None. A
         captured decode step ends with it: each replay rewrites the pages, read back a copy each; an eager forward's
         check packs its flags the same way after the step."""
+        if self._flag_queue:
+            self._flush_flags()
         checks, warns = self._finite, self._finite_warn
         if not checks and not warns:
             return None
@@ -253,6 +256,7 @@ class Runtime:
     def discard_deferred(self) -> None:
         """Forget the pending NaN/inf flags (a capture that failed: its launches never ran)."""
         self._finite, self._finite_warn, self._pages, self._page_n = [], [], [], 0
+        self._flag_queue.clear()
 
     def _host_args(self, *a):
         """Host views of (possibly device) arrays: the sim device's own buffers, a GPU's read back."""
@@ -324,8 +328,9 @@ class Runtime:
 
     def _flag_row(self) -> int:
         """The next row of this forward's flag pages (y finite, x finite): a page [PAGE_ROWS, 2] of True is made on
-        the device at the first flag and when one fills; the flags are written into it on the device (one launch
-        each on a GPU: `refengine/cuda/fused.py` all_finite) and read back in one copy a page (check_deferred)."""
+        the device at the first flag and when one fills; the flags are written into it on the device (on a GPU in
+        batches, `refengine/cuda/fused.py` all_finite_many: _write_flag) and read back in one copy a page
+        (check_deferred)."""
         if self._page_n == len(self._pages) * self.PAGE_ROWS:
             dev = self.device
             make = lambda: dev.xp.ones((self.PAGE_ROWS, 2), dtype=bool)          # noqa: E731
@@ -337,12 +342,43 @@ class Runtime:
         return self._page_n - 1
 
     def _write_flag(self, row: int, col: int, a) -> None:
-        """pages[row, col] = all of the device array a is finite, written on the device."""
-        dev = self.device
+        """pages[row, col] = all of the device array a is finite, written on the device. On a GPU the flag waits in a
+        queue and `fused.FLAG_BATCH` of them are written by one launch (`fused.all_finite_many`;
+        KernelPolicy.flag_batch = 1: a launch each). A queued array is held until its flag is written (no other op
+        gets its memory) and nothing writes into it meanwhile (the modules make new arrays; tests/test_flag_batch.py
+        compares each array when its flag is written with its copy when it was queued, every arch)."""
         page = self._pages[row // self.PAGE_ROWS]
         r = row % self.PAGE_ROWS
-        if dev.fused is not None and dev.fused.all_finite(a, page, r, col):
+        fused = self.device.fused
+        if fused is not None:
+            q = self._flag_queue
+            q.append((a, page, 2 * r + col))
+            if len(q) >= self._flag_batch(fused):
+                self._flush_flags()
             return
+        self._numpy_flag(page, r, col, a)
+
+    def _flag_batch(self, fused) -> int:
+        return max(1, min(fused.FLAG_BATCH, getattr(self.kernel_policy, "flag_batch", fused.FLAG_BATCH)))
+
+    def _flush_flags(self) -> None:
+        """Write the queued flags: one launch per batch of one page's arrays, the arrays the kernel does not take
+        (not float32, not contiguous) by the NumPy path."""
+        q = list(self._flag_queue)
+        self._flag_queue.clear()                          # (in place: an untraced() copy shares the queue)
+        fused = self.device.fused
+        n = self._flag_batch(fused)
+        while q:
+            page = q[0][1]
+            group = [e for e in q if e[1] is page][:n]
+            q = [e for e in q if not any(e is g for g in group)]
+            taken = fused.all_finite_many([a for a, _, _ in group], page, [c for _, _, c in group])
+            for (a, _, cell), t in zip(group, taken):
+                if not t:
+                    self._numpy_flag(page, cell // 2, cell % 2, a)
+
+    def _numpy_flag(self, page, r: int, col: int, a) -> None:
+        dev = self.device
         xp = dev.xp
         cell = page[r:r + 1, col:col + 1]
         flag = lambda: xp.isfinite(a.raw).all().reshape(1, 1)                   # noqa: E731

@@ -243,13 +243,16 @@ def test_hyper_connections():
 def test_top_k(k):
     """The k largest of each row, descending, ties in index order, NaN after every number, -inf before NaN ==
     router.topk_desc (np.argsort(-x, kind="stable")[:, :k]); on a GPU also k = 40 (rows of 512) and 64 (rows of
-    2048)."""
+    2048). Rows longer than the block (k = 8 on the simulator too): a thread owns several entries and picks again
+    among its own after a pick takes its first (the tie at the top spans two entries of thread 3)."""
     from refengine.moe.router import topk_desc
     if k > 8 and not GPU:
         pytest.skip("the simulator's threads: k over 8 only on a GPU")
-    R, E = (9, 2048 if k == 64 else 512) if GPU else (3, 40)
+    R, E = (9, 2048 if k == 64 else 512) if GPU else (3, 40 if k == 1 else 600)
     x = _rand(R, E)
     x[0, 3] = x[0, 7] = x[0, 11] = 50.0                   # a tie at the top
+    if E > 3 + fused.NT:
+        x[0, 3 + fused.NT] = 50.0                         # (the same thread's next entry)
     x[1, :] = np.nan
     x[1, [2, 5]] = (-np.inf, 1.0)                         # one number, one -inf, NaNs: k = 8 reaches them
     x[2, ::2] = np.float32(0.25)                          # many ties
@@ -262,18 +265,26 @@ def test_top_k(k):
 
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("at", [0, -1])
-def test_all_finite(bad, at):
-    """page[row, col] becomes False exactly when the array holds NaN/inf (first or last element); other cells stay."""
-    y = _rand(ROWS * D)
+@pytest.mark.parametrize("n", [1, 3, fused.FLAG_BATCH])
+def test_all_finite_many(bad, at, n):
+    """One launch over n arrays of different sizes: page.flat[cell] becomes False exactly for the array that holds
+    NaN/inf (its first or last element); the other arrays' cells and the cells no array names stay True."""
+    rng = np.random.default_rng(n)
+    ys = [_rand(int(rng.integers(1, 3 * 256 * 8))) for _ in range(n)]
+    j = n // 2
     if bad is not None:
-        y[at] = bad
-    page = cuda.to_device(np.ones((4, 2), dtype=bool))
-    fused.all_finite_raw(cuda.to_device(y), page, 2, 1)
+        ys[j][at] = bad
+    cells = [2 * i + 1 - (i % 2) for i in range(n)]           # rows i, the columns alternating
+    page = cuda.to_device(np.ones((FLAG_ROWS, 2), dtype=bool))
+    fused.all_finite_many_raw([cuda.to_device(y) for y in ys], page.reshape(FLAG_ROWS * 2), cells)
     cuda.synchronize()
-    got = page.copy_to_host()
-    want = np.ones((4, 2), dtype=bool)
-    want[2, 1] = bool(np.all(np.isfinite(y)))
-    assert np.array_equal(got, want)
+    want = np.ones(FLAG_ROWS * 2, dtype=bool)
+    for y, c in zip(ys, cells):
+        want[c] = bool(np.all(np.isfinite(y)))
+    assert np.array_equal(page.copy_to_host().reshape(-1), want)
+
+
+FLAG_ROWS = 12
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
@@ -327,11 +338,13 @@ class _StandIn:
     def __init__(self, dev):
         self.dev, self.twins, self.hits = dev, _numpy_twins(), {}
 
-    def all_finite(self, *a):
+    FLAG_BATCH = fused.FLAG_BATCH
+
+    def all_finite_many(self, *a):
         import inspect
-        inspect.signature(fused.all_finite).bind(*a)
-        self.hits["all_finite"] = self.hits.get("all_finite", 0) + 1
-        return False                                      # the flag then written by the NumPy path
+        inspect.signature(fused.all_finite_many).bind(*a)
+        self.hits["all_finite_many"] = self.hits.get("all_finite_many", 0) + 1
+        return [False] * len(a[0])                        # the flags then written by the NumPy path
 
     def __getattr__(self, name):
         import inspect
@@ -371,7 +384,7 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
             assert np.array_equal(a, b), arch
         for k, v in stand.hits.items():
             hits[k] = hits.get(k, 0) + v
-    assert set(hits) == set(_numpy_twins()) | {"all_finite"}, sorted(set(_numpy_twins()) - set(hits))
+    assert set(hits) == set(_numpy_twins()) | {"all_finite_many"}, sorted(set(_numpy_twins()) - set(hits))
 
 
 @pytest.mark.parametrize("one_block", [True, False])

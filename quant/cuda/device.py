@@ -156,6 +156,38 @@ def warp_argmax(v, i):
     return v, i
 
 
+def _before_desc(v, j, bv, bj, E):
+    """Whether entry (v, j) comes before (bv, bj) in the stable descending order (NaN after every number, ties and
+    NaNs in index order; np.argsort(-x, kind="stable")); j == E: no entry."""
+    if j == E:
+        return False
+    if bj == E:
+        return True
+    vn = v != v
+    bn = bv != bv
+    if vn != bn:
+        return bn
+    if vn or v == bv:
+        return j < bj
+    return v > bv
+
+
+before_desc = cuda.jit(device=True, inline=True)(_before_desc)
+
+
+@cuda.jit(device=True, inline=True)
+def warp_first_desc(v, j, E):
+    """The warp's first entry (v, j) in `before_desc`'s order, every lane getting it (a strict order: every lane's
+    butterfly ends on the same entry; entries of index E, none, come last)."""
+    for o in (16, 8, 4, 2, 1):
+        ov = cuda.shfl_xor_sync(0xFFFFFFFF, v, o)
+        oj = cuda.shfl_xor_sync(0xFFFFFFFF, j, o)
+        if before_desc(ov, oj, v, j, E):
+            v = ov
+            j = oj
+    return v, j
+
+
 if SIM:
     # The simulator has no warp shuffles: the 32 lanes (Python threads) meet at a barrier instead.
     import threading
@@ -212,3 +244,14 @@ if SIM:
     @cuda.jit(device=True)
     def warp_argmax(v, i):  # noqa: F811
         return _warp_reduce((v, i), _argmax)
+
+    def _first_desc(vals):
+        best = vals[0]
+        for x in vals[1:]:
+            if _before_desc(x[0], x[1], best[0], best[1], x[2]):
+                best = x
+        return best[0], best[1]
+
+    @cuda.jit(device=True)
+    def warp_first_desc(v, j, E):  # noqa: F811
+        return _warp_reduce((v, j, E), _first_desc)

@@ -60,6 +60,8 @@ class KernelPolicy:
     prefill_gemm: str = "sgemm"           # that path's GEMM: "sgemm" (float32) or "h3" (3 float16 products, hgemm.py)
     h3_kc: int = 512                      # "h3": K columns per tensor-core sum (hgemm.py)
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
+    flag_batch: int = 8                   # resident NaN/inf flags written per launch (refengine/cuda/fused.py
+                                          # all_finite_many, its FLAG_BATCH at most; 1: a launch per product)
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
 
     def __post_init__(self):

@@ -18,7 +18,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              attention's selected keys, DeepSeek-V4's sinks), a few queries, the same kernel
     sinkhorn(c, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)   residual/hyper_connections.py (DeepSeek-V4)
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
-    all_finite(y, page, row, col)   page[row, col] = False when y holds a NaN/inf (the NaN checks of a step)
+    all_finite_many(ys, page, cells)   page.flat[cell] = False for each y holding a NaN/inf: up to FLAG_BATCH
+                             flags (the NaN checks of a step's products) in one launch
 
 The NumPy functions stay the statement of the math; each calls its kernel here when its input is a DeviceArray on
 a GPU (`fused_op(x, name)`, refengine/ops/arrays.py) and the kernel takes its shape and dtype (else None is
@@ -38,7 +39,7 @@ import math
 import numpy as np
 from numba import boolean, cuda, float32, float64, int32
 
-from quant.cuda.device import warp_sum
+from quant.cuda.device import before_desc, warp_first_desc, warp_sum
 
 from ..moe.router import F16_MIN_NORMAL as F16_MIN
 from .kernels import block_sum64
@@ -48,6 +49,8 @@ DR_ROWS = DR_K // 32        # expression as a shape), held DR_ROWS state rows pe
 DR_WARPS = 8                # its value columns per block (a warp each)
 DR_TC = 8                   # its tokens staged in shared memory at a time (3 x 8 x 256 floats: 24 KB)
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
+NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
+assert NTW * 32 == NT
 
 
 @cuda.jit(device=True, inline=True)
@@ -492,67 +495,91 @@ TOPK_MAX = 64              # top_k: k (one block-wide argmax a pick)
 
 
 @cuda.jit(device=True, inline=True)
-def _before(v, j, bv, bj, E):
-    """Whether entry (v, j) comes before (bv, bj) in the stable descending order (NaN after every number, ties and
-    NaNs in index order); j == E: no entry."""
-    if j == E:
-        return False
-    if bj == E:
-        return True
-    vn = v != v
-    bn = bv != bv
-    if vn != bn:
-        return bn
-    if vn or v == bv:
-        return j < bj
-    return v > bv
+def _own_first(x, r, t, E, taken):
+    """Thread t's first entry of row r in the stable descending order among its own (j = t, t + NT, ..) not taken:
+    (value, index), index E when none is left."""
+    bv = float32(0.0)
+    bj = E
+    for j in range(t, E, NT):
+        if not taken[j] and before_desc(x[r, j], j, bv, bj, E):
+            bv = x[r, j]
+            bj = j
+    return bv, bj
 
 
 @cuda.jit(fastmath=False)
 def _top_k(x, k, ids):
     """Row r = blockIdx.x: k picks, each the block's first entry in the stable descending order among those not
-    picked yet (np.argsort(-x, kind="stable")[:k])."""
+    picked yet (np.argsort(-x, kind="stable")[:k]). Each thread keeps the first of its own entries (a scan of E / NT
+    of them) and rescans only when the pick was that entry; a pick is the first of the threads' entries, by warp
+    shuffles and then across the warps (two barriers a pick; a tree over shared memory took nine)."""
     r = cuda.blockIdx.x
     t = cuda.threadIdx.x
+    lane = t % 32
+    w = t // 32
     E = x.shape[1]
     taken = cuda.shared.array(TOPK_E, boolean)
-    sv = cuda.shared.array(NT, float32)
-    si = cuda.shared.array(NT, int32)
+    wv = cuda.shared.array(NTW, float32)
+    wj = cuda.shared.array(NTW, int32)
+    pick = cuda.shared.array(1, int32)
     for j in range(t, E, NT):
         taken[j] = False
     cuda.syncthreads()
+    bv, bj = _own_first(x, r, t, E, taken)
     for a in range(k):
-        bv = float32(0.0)
-        bj = E
-        for j in range(t, E, NT):
-            if not taken[j] and _before(x[r, j], j, bv, bj, E):
-                bv = x[r, j]
-                bj = j
-        sv[t] = bv
-        si[t] = bj
+        v, j = warp_first_desc(bv, bj, E)
+        if lane == 0:
+            wv[w] = v
+            wj[w] = j
         cuda.syncthreads()
-        s = NT // 2
-        while s > 0:
-            if t < s and _before(sv[t + s], si[t + s], sv[t], si[t], E):
-                sv[t] = sv[t + s]
-                si[t] = si[t + s]
-            cuda.syncthreads()
-            s //= 2
-        if t == 0:
-            ids[r, a] = si[0]
-            taken[si[0]] = True
+        if w == 0:
+            v = wv[lane] if lane < NTW else float32(0.0)
+            j = wj[lane] if lane < NTW else E
+            v, j = warp_first_desc(v, j, E)
+            if lane == 0:
+                ids[r, a] = j
+                taken[j] = True
+                pick[0] = j
         cuda.syncthreads()
+        if pick[0] == bj:
+            bv, bj = _own_first(x, r, t, E, taken)
+
+
+FLAG_BATCH = 8              # all_finite_many: arrays checked by one launch (its kernel's array arguments)
+
+
+@cuda.jit(device=True, inline=True)
+def _scan_finite(y, page, cell):
+    """page[cell] = False when y (flat) holds a NaN or an inf, the blocks of one grid row striding over y; page was
+    filled with True (a benign race: every writer writes False)."""
+    stride = cuda.gridDim.x * cuda.blockDim.x
+    for i in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, y.shape[0], stride):
+        v = y[i]
+        if v != v or v - v != 0:
+            page[cell] = False
 
 
 @cuda.jit(fastmath=False)
-def _all_finite(y, page, row, col):
-    """page[row, col] = False when y (flat) holds a NaN or an inf; page was filled with True (a benign race: every
-    writer writes False)."""
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for i in range(start, y.shape[0], stride):
-        v = y[i]
-        if v != v or v - v != 0:
-            page[row, col] = False
+def _all_finite_many(y0, y1, y2, y3, y4, y5, y6, y7, page, c0, c1, c2, c3, c4, c5, c6, c7):
+    """Grid row j (blockIdx.y) checks y_j into page[c_j] (page: the flag page flat); as many grid rows as arrays
+    (FLAG_BATCH at most: the slots past them repeat y0 and are never read)."""
+    j = cuda.blockIdx.y
+    if j == 0:
+        _scan_finite(y0, page, c0)
+    elif j == 1:
+        _scan_finite(y1, page, c1)
+    elif j == 2:
+        _scan_finite(y2, page, c2)
+    elif j == 3:
+        _scan_finite(y3, page, c3)
+    elif j == 4:
+        _scan_finite(y4, page, c4)
+    elif j == 5:
+        _scan_finite(y5, page, c5)
+    elif j == 6:
+        _scan_finite(y6, page, c6)
+    elif j == 7:
+        _scan_finite(y7, page, c7)
 
 
 @cuda.jit(fastmath=False)
@@ -701,8 +728,15 @@ def top_k_raw(x2, k: int, ids, stream=0) -> None:
     _top_k[x2.shape[0], NT, stream](x2, k, ids)
 
 
-def all_finite_raw(y1, page, row: int, col: int, stream=0) -> None:
-    _all_finite[min(_grid(y1.shape[0], 256 * 8), 1024), 256, stream](y1, page, row, col)
+def all_finite_many_raw(ys, page1, cells, stream=0) -> None:
+    """ys: 1 .. FLAG_BATCH float32 [n] device arrays, page1 the flag page flat (bool), cells their flat indices."""
+    n = len(ys)
+    if not 0 < n <= FLAG_BATCH or len(cells) != n:
+        raise ValueError(f"all_finite_many: {n} arrays, {len(cells)} cells (1 .. {FLAG_BATCH} of each, as many)")
+    gx = min(max(_grid(y.shape[0], 256 * 8) for y in ys), 1024)
+    ys = list(ys) + [ys[0]] * (FLAG_BATCH - n)
+    cells = [int(c) for c in cells] + [0] * (FLAG_BATCH - n)
+    _all_finite_many[(gx, n), 256, stream](*ys, page1, *cells)
 
 
 APPEND_ONE_BLOCK = 1 << 16  # append_rows: values written by one block, which also advances the count (else 2 launches)
@@ -1004,14 +1038,16 @@ def swiglu_clamp(gate, up, limit: float):
     return _binary(gate, up, "swiglu_clamp", lambda g, u, y, st: swiglu_clamp_raw(g, u, limit, y, stream=st))
 
 
-def all_finite(y, page, row: int, col: int) -> bool:
-    """page[row, col] = False when the device array y holds NaN/inf (page: a CuPy bool array filled with True).
-    False when the kernel does not take y (not float32 / contiguous): the caller checks it another way."""
-    raw = y.raw
-    if raw.dtype != np.float32 or not raw.flags.c_contiguous or raw.size == 0:
-        return False
-    all_finite_raw(_nv(raw.reshape(-1)), _nv(page), row, col, stream=_stream())
-    return True
+def all_finite_many(ys, page, cells) -> list:
+    """page.flat[cell] = False for each device array y of ys (FLAG_BATCH at most) holding a NaN/inf, in one launch
+    (page: a CuPy bool array filled with True, C-contiguous). Returns which arrays it took: one not float32 /
+    contiguous, or empty, is not (the caller checks it another way)."""
+    taken = [y.raw.dtype == np.float32 and y.raw.flags.c_contiguous and y.raw.size > 0 for y in ys]
+    raws = [y.raw.reshape(-1) for y, t in zip(ys, taken) if t]
+    if raws:
+        all_finite_many_raw([_nv(r) for r in raws], _nv(page.reshape(-1)), [c for c, t in zip(cells, taken) if t],
+                            stream=_stream())
+    return taken
 
 
 def append_rows(buf, x, count) -> bool:
