@@ -63,7 +63,7 @@ def decode_graph(model, rt, prompt, tokens):
     from refengine.cuda.graph_step import GraphDecoder
     st = model.new_state()
     model.forward(prompt, st, rt=rt)
-    dec = GraphDecoder(model, rt, st, timing=not SIM)
+    dec = GraphDecoder(model, rt, st, timing=True)     # (the sim: no events, the phases only)
     out, times, replayed = [], [], []
     for t in tokens:
         sync()
@@ -192,13 +192,18 @@ def one(a, recs) -> int:
                graph_gpu_ms=float(np.median(dec.gpu_ms)) if dec.gpu_ms else None, eager_steps=dec.eager,
                captures=dec.captures, replays=dec.replays,
                writebacks=getattr(dec, "writebacks", None), capture_failed=dec.failed,
-               graph_times_ms=[1e3 * t for t in t_graph], graph_replayed=dec.replayed)
+               graph_times_ms=[1e3 * t for t in t_graph], graph_replayed=dec.replayed,
+               graph_phases_ms={k: float(np.median([p[k] for p in dec.phases])) for k in dec.REPLAY_PHASES}
+               if dec.phases else None)
     print(f"{os.path.basename(path)}: decode per token  eager {rec['eager_ms']:.2f} ms, eager fixed-shape "
           f"{rec['eager_fixed_ms']:.2f} ms, graph {rec['graph_ms']:.3f} ms ({rec['eager_ms'] / rec['graph_ms']:.1f}x; "
           f"the graph's GPU time {rec['graph_gpu_ms'] or float('nan'):.3f} ms); "
           f"graph vs eager fixed max |diff| {diff:.3g}, vs eager rel-RMS {rel:.2e}, argmax equal {same_argmax}; "
           f"{dec.eager} eager, {dec.captures} captures, {dec.replays} replays"
           + (f"; capture failed: {dec.failed}" if dec.failed else ""), flush=True)
+    if rec["graph_phases_ms"]:
+        print(f"{os.path.basename(path)}: a replayed step by phase (median ms): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in rec["graph_phases_ms"].items()), flush=True)
     if a.profile and not SIM:
         profile_steps(dec, [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.profile)], rec)
     if a.check_cpu:

@@ -116,6 +116,29 @@ def test_run_graph_cli(synth_model, tmp_path, capsys):
     assert "--graph" in err and "drop --gpu-expert-budget" in err and "Traceback" not in err
 
 
+def test_replay_phases_cover_the_step(synth_model):
+    """timing=True splits each replayed step into REPLAY_PHASES (inputs, launch, GPU wait, flags, logits): one record
+    per replay, none for the eager and capture steps, and together they are the step's wall time (>= 90% of it timed
+    from outside: the phases leave out only the call itself)."""
+    import time
+    m = Model(synth_model("qwen3next", wtype="Q4_K"))
+    rt = Runtime(resident=True, fixed_shapes=True)
+    st = m.new_state()
+    m.forward(PROMPT, st, rt=rt)
+    dec = GraphDecoder(m, rt, st, timing=True)
+    walls = []
+    for tok in DECODE[:6]:
+        n = dec.replays
+        t0 = time.perf_counter()
+        dec.step(tok)
+        if dec.replays > n:
+            walls.append(1e3 * (time.perf_counter() - t0))
+    assert len(dec.phases) == len(walls) == dec.replays == 4
+    for ph, wall in zip(dec.phases, walls):
+        assert tuple(ph) == GraphDecoder.REPLAY_PHASES and min(ph.values()) >= 0
+        assert 0.9 * wall <= sum(ph.values()) <= wall
+
+
 def test_graph_decode_benchmark_dry_run(tmp_path):
     """benchmarks/graph_decode.py on the sim device (`--backend numpy`): the script's own checks hold (graph ==
     eager fixed-shape, GPU-side run == the host backend's prompt row and first two decode steps) and it writes
@@ -130,3 +153,4 @@ def test_graph_decode_benchmark_dry_run(tmp_path):
                   "numpy", "--dir", str(tmp_path), "--json", str(out)])
     rec = json.loads(out.read_text())
     assert rc == 0 and rec["cpu_ok"] and len(rec["cpu_rel_rms"]) == 3 and rec["prefill_ms"] > 0, rec
+    assert set(rec["graph_phases_ms"]) == set(GraphDecoder.REPLAY_PHASES)

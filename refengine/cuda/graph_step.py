@@ -28,6 +28,7 @@ use comes from a CuPy pool of the decoder's own, which no other allocation share
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 
 import numpy as np
@@ -113,7 +114,8 @@ class _Tape:
 class GraphDecoder:
     """Decode one sequence a token at a time, the steps after the first replayed from a captured CUDA graph (the
     module docstring). `timing=True` (GPU) event-times each replay's graph into `gpu_ms` (milliseconds: the device's
-    time for the blocks and head, without the host's part of a step). On the "sim" device the graph is a tape of the
+    time for the blocks and head, without the host's part of a step) and splits each replayed step's wall time into
+    `phases` (a dict of milliseconds a replay, REPLAY_PHASES: the host's part of a step, phase by phase). On the "sim" device the graph is a tape of the
     span's ops (`Device.taping`), replayed into the same buffers: the driver's logic (deltas, write-backs, recapture)
     checked in CI. Counters: `eager`, `captures`, `replays`."""
 
@@ -137,7 +139,10 @@ class GraphDecoder:
         self.warm = False
         self.failed = None                                # why a capture failed (then every step is eager)
         self.timing = timing and self.stream is not None  # GPU: event-time each replay's graph (`gpu_ms`)
+        self.time_phases = timing                         # each replay's wall time by phase (`phases`; the sim too)
         self.gpu_ms: list[float] = []
+        self.phases: list[dict] = []                      # timing: REPLAY_PHASES of each replay, milliseconds
+        self._marks: list | None = None
 
     def _context(self):
         if self.cps is None:
@@ -148,12 +153,24 @@ class GraphDecoder:
         return stack
 
     # ------------------------------------------------------------ the step
+    # a replayed step's wall time, phase by phase (timing=True): the token checked and written into the graph's
+    # inputs; cuGraphLaunch; the wait for the GPU (the events' synchronize: 0 on the sim); the flags read and checked;
+    # the logits read (and the stream synchronised)
+    REPLAY_PHASES = ("inputs", "launch", "gpu_wait", "flags", "logits")
+
+    def _mark(self) -> None:
+        if self._marks is not None:
+            self._marks.append(time.perf_counter())
+
     def step(self, token: int) -> np.ndarray:
+        replay = False
+        self._marks = [time.perf_counter()] if self.time_phases else None
         with self._context():
             if self.failed is not None:                   # a capture failed once: eager from then on
                 out = self._eager(token)
             elif self.graph is not None and self._fits(self.rows):
                 out = self._replay(token)
+                replay = True
             elif self.graph is None and self.warm and self._fits(self._all_rows()):
                 out = self._capture_and_launch(token)
             else:                                         # the first step, or a cache full: eager (it grows)
@@ -162,6 +179,11 @@ class GraphDecoder:
             logits = self.rt.to_host(out)                 # (the deferred NaN/inf flags of an eager step too)
             if self.cps is not None:
                 self.cps.synchronize()
+        self._mark()
+        if replay and self._marks is not None and len(self._marks) == len(self.REPLAY_PHASES) + 1:
+            m = self._marks
+            self.phases.append({k: 1e3 * (m[i + 1] - m[i]) for i, k in enumerate(self.REPLAY_PHASES)})
+        self._marks = None
         return logits[-1]
 
     def _eager(self, token):
@@ -245,14 +267,18 @@ class GraphDecoder:
             from numba import cuda
             ev = cuda.event(), cuda.event()
             ev[0].record(self.stream)
+        self._mark()
         self.graph.launch(self.stream)
+        self._mark()
         if self.timing:
             ev[1].record(self.stream)
             ev[1].synchronize()
             self.gpu_ms.append(cuda.event_elapsed_time(*ev))
+        self._mark()
         for o, k, d in self.deltas:
             _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + d)
         rt.check_deferred(self.flags)                     # one read of the step's flags
+        self._mark()
         self.replays += 1
         return self.logits
 
