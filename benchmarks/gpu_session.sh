@@ -84,7 +84,8 @@ for st in ${STAGES:-info layers matmul tests}; do
         MODELS="$spec" STEPS=models bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
         BENCH_FILES=$F STEPS=bench bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py $F --type Q4_K --decode ${GRAPH_DECODE:-24} \
-          --prefill ${GRAPH_PREFILL:-512} ${GRAPH_CHECK:+--check-cpu $GRAPH_CHECK} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+          --prefill ${GRAPH_PREFILL:-512} ${GRAPH_CHECK:+--check-cpu $GRAPH_CHECK} \
+          ${GRAPH_UBATCH:+--ubatch $GRAPH_UBATCH --ubatches ${GRAPH_UBATCHES:-4}} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f $F; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf

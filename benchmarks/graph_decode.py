@@ -118,6 +118,31 @@ def time_prefill(model, ids, reps: int = 3) -> float:
     return 1e3 * float(np.median(times[1:]))
 
 
+def prefill_ubatches(model, ids, U: int):
+    """A prompt through one GraphDecoder in ubatches of U tokens (room reserved for all of it: no cache grows), and
+    through an eager fixed-shape runtime the same way: per ubatch its milliseconds, its kind (e eager, c capture, r
+    replay) and the last position's logits of both."""
+    from refengine.cuda.graph_step import GraphDecoder
+    chunks = [ids[i:i + U] for i in range(0, len(ids), U)]
+    dec = GraphDecoder(model, runtime(fixed_shapes=True), model.new_state(), timing=True)
+    dec.reserve(len(ids) + 1)
+    rt_e, st_e = runtime(fixed_shapes=True), model.new_state()
+    out = dict(graph=[], eager=[], graph_ms=[], eager_ms=[], kinds=[])
+    for c in chunks:
+        n = (dec.eager, dec.captures, dec.replays)
+        sync()
+        t0 = time.perf_counter()
+        out["graph"].append(dec.step(c))
+        out["graph_ms"].append(1e3 * (time.perf_counter() - t0))
+        out["kinds"].append("ecr"[[a != b for a, b in zip(n, (dec.eager, dec.captures, dec.replays))].index(True)])
+        sync()
+        t0 = time.perf_counter()
+        out["eager"].append(model.forward(c, st_e, rt=rt_e, last_only=True)[-1])
+        out["eager_ms"].append(1e3 * (time.perf_counter() - t0))
+    out["failed"] = dec.failed
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=None)
@@ -139,6 +164,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the timed steps, N more graph steps under torch.profiler (CUPTI): GPU time per kernel "
                          "per step, largest first (what one replayed step's time is made of)")
+    ap.add_argument("--ubatch", type=int, default=0, metavar="U",
+                    help="also prefill --ubatches ubatches of U random tokens through one graph decoder (a graph per "
+                         "ubatch size: eager, capture, replays) and eagerly at fixed shapes, each ubatch timed")
+    ap.add_argument("--ubatches", type=int, default=4, metavar="N")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="also time the eager resident prefill of N random tokens (median of 3 after a warm-up)")
     a = ap.parse_args(argv)
@@ -218,6 +247,22 @@ def one(a, recs) -> int:
         print(f"{os.path.basename(path)}: GPU vs {a.check_cpu} (prompt's last row, 2 decode steps) rel-RMS "
               f"{', '.join(f'{r:.2e}' for r in rec['cpu_rel_rms'])}, argmax equal {rec['cpu_argmax_equal']} "
               f"({time.perf_counter() - t0:.0f} s on the host)", flush=True)
+    if a.ubatch:
+        ub = prefill_ubatches(model, [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.ubatch * a.ubatches)],
+                              a.ubatch)
+        rel = [float(np.sqrt(np.mean((g - e) ** 2) / np.mean(e ** 2))) for g, e in zip(ub["graph"], ub["eager"])]
+        reps = [t for t, k in zip(ub["graph_ms"], ub["kinds"]) if k == "r"]
+        rec.update(ubatch=a.ubatch, ubatch_kinds="".join(ub["kinds"]), ubatch_graph_ms=ub["graph_ms"],
+                   ubatch_eager_fixed_ms=ub["eager_ms"], ubatch_rel_rms=rel, ubatch_capture_failed=ub["failed"],
+                   ubatch_argmax_equal=all(int(np.argmax(g)) == int(np.argmax(e))
+                                           for g, e in zip(ub["graph"], ub["eager"])),
+                   ubatch_replay_ms=float(np.median(reps)) if reps else None)
+        print(f"{os.path.basename(path)}: {a.ubatches} ubatches of {a.ubatch} tokens through a graph decoder "
+              f"({rec['ubatch_kinds']}): " + ", ".join(f"{t:.1f}" for t in ub["graph_ms"]) + " ms; eager "
+              "fixed-shape " + ", ".join(f"{t:.1f}" for t in ub["eager_ms"]) + " ms; a replayed ubatch "
+              + (f"{rec['ubatch_replay_ms']:.1f} ms" if reps else "none") + f"; vs eager rel-RMS <= {max(rel):.2e}, "
+              f"argmax equal {rec['ubatch_argmax_equal']}" + (f"; capture failed: {ub['failed']}" if ub["failed"]
+                                                               else ""), flush=True)
     if a.prefill:
         rec["prefill_tokens"] = a.prefill
         rec["prefill_ms"] = time_prefill(model, [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prefill)])

@@ -74,6 +74,18 @@ class Rows:
         self._buf: np.ndarray | None = None
         self.n = 0
         self._count = None                   # fixed appends on a device: the count there (n, not read back)
+        self.reserved = 0                    # the least capacity an allocation takes (reserve)
+
+    def reserve(self, n: int) -> None:
+        """Room for n rows: the buffer grown to n now if it is smaller, and no allocation below n later (a prompt's
+        ubatches replayed from one captured graph need the capacity the whole prompt reaches: a growth ends the
+        graph)."""
+        self.reserved = max(self.reserved, int(n))
+        if self._buf is not None and self._buf.shape[0] < self.reserved:
+            grown = np.zeros_like(self._buf, shape=(self.reserved, *self._buf.shape[1:]))
+            grown[:self.n] = self._buf[:self.n]
+            self._buf = grown                             # (a device count stays: it is n, the rows kept; made anew
+                                                          # inside a captured step, it would restart there each replay)
 
     def append(self, x: np.ndarray, fixed: bool = False) -> np.ndarray:
         T = x.shape[0]
@@ -83,7 +95,7 @@ class Rows:
                 type(self._buf) is not type(x):
             if self._buf is not None and self._buf.shape[1:] != x.shape[1:]:
                 raise ValueError(f"appending rows of shape {x.shape[1:]} to a buffer of {self._buf.shape[1:]}")
-            cap = max(2 * (self.n + T), 16) if self._buf is None or self.n + T > self._buf.shape[0] \
+            cap = max(2 * (self.n + T), 16, self.reserved) if self._buf is None or self.n + T > self._buf.shape[0] \
                 else self._buf.shape[0]                   # amortized O(1) per position
             grown = np.zeros_like(x, shape=(cap, *x.shape[1:]), dtype=self.dtype)   # where x lives (a device)
             if self._buf is not None:

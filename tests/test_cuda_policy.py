@@ -103,3 +103,16 @@ def test_unknown_choice_is_refused():
     with pytest.raises(ValueError, match="h3_kc = 0"):
         pol.replace(h3_kc=0)
     assert pol.with_settings(["prefill_gemm=h3", "sgemm_decode=rows"]).prefill_gemm == "h3"
+
+
+def test_sgemm_path_is_left_inside_a_capture(monkeypatch):
+    """The cuBLAS path of a resident product (from KernelPolicy.sgemm_min tokens) is not taken while a graph
+    capture records launches (CuPy refuses cuBLAS there): a captured ubatch of 512 tokens multiplies on the
+    project's kernels, an eager one on cuBLAS. (The choice alone, as a GPU would make it: SIM patched off.)"""
+    from quant.cuda import resident, timing
+    monkeypatch.setattr(resident, "SIM", False)
+    monkeypatch.setattr(ops, "SGEMM_MIN", 128)
+    assert resident._sgemm("auto", 512) and not resident._sgemm("auto", 64) and not timing.capturing()
+    monkeypatch.setattr(timing, "_CAPTURING", [1])
+    assert timing.capturing() and not resident._sgemm("auto", 512)
+    assert resident._sgemm("sgemm", 512)                  # (a forced choice stays forced)

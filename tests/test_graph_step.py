@@ -45,6 +45,55 @@ def test_sim_graph_decode_equals_eager(synth_model, arch):
     assert ints(st_g) == ints(st_e)                  # every host counter where the eager run has it
 
 
+UBATCH_ARCHS = ["deepseek2", "qwen3next", "kimi-k3", "deepseek4", "glm-dsa", "qwen4exp"]
+
+
+@pytest.mark.parametrize("arch", UBATCH_ARCHS)
+def test_sim_graph_ubatches_equal_eager(synth_model, arch):
+    """A prompt prefilled in ubatches of 4 tokens, then decoded a token at a time, through one decoder: a graph per
+    token count (4 and 1), each captured at its second step and replayed after; a cache that grows ends every graph.
+    The last position's logits of each ubatch and step equal the eager fixed-shape run's bit for bit, and the host
+    counters end where the eager run's do."""
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    eager, graph = Runtime(resident=True, fixed_shapes=True), Runtime(resident=True, fixed_shapes=True)
+    st_e, st_g = m.new_state(), m.new_state()
+    dec = GraphDecoder(m, graph, st_g)
+    prompt = DECODE[:20]
+    steps = [prompt[i:i + 4] for i in range(0, 20, 4)] + [[t] for t in DECODE[:6]]
+    kinds = []
+    for i, toks in enumerate(steps):
+        want = m.forward(toks, st_e, rt=eager, last_only=True)[-1]
+        n = (dec.eager, dec.captures, dec.replays)
+        got = dec.step(toks if len(toks) > 1 else toks[0])
+        kinds.append("ecr"[[a != b for a, b in zip(n, (dec.eager, dec.captures, dec.replays))].index(True)])
+        assert np.array_equal(got, want), f"{arch} step {i} ({len(toks)} tokens, {kinds[-1]}): " \
+                                          f"max {np.max(np.abs(got - want)):.3g}"
+    assert "".join(kinds) == "ecrre" + "ecrrrr", kinds   # (ubatch 5 outgrows 16 rows; a token's first step eager)
+    ints = lambda st: {p: v for p, (_, _, v) in state_leaves(st).items() if isinstance(v, (int, np.integer))}  # noqa
+    assert ints(st_g) == ints(st_e)
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "deepseek4"])
+def test_sim_graph_ubatches_reserved(synth_model, arch):
+    """With room reserved for the whole sequence (`GraphDecoder.reserve`) no cache grows: the prompt's ubatches go
+    eager, capture, replay, replay, replay and the tokens after it eager, capture, replays; every last position
+    equals the eager fixed-shape run's."""
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    eager, graph = Runtime(resident=True, fixed_shapes=True), Runtime(resident=True, fixed_shapes=True)
+    st_e, st_g = m.new_state(), m.new_state()
+    dec = GraphDecoder(m, graph, st_g)
+    assert dec.reserve(40) > 0
+    steps = [DECODE[i:i + 4] for i in range(0, 20, 4)] + [[t] for t in DECODE[:6]]
+    kinds = []
+    for toks in steps:
+        want = m.forward(toks, st_e, rt=eager, last_only=True)[-1]
+        n = (dec.eager, dec.captures, dec.replays)
+        got = dec.step(toks if len(toks) > 1 else toks[0])
+        kinds.append("ecr"[[a != b for a, b in zip(n, (dec.eager, dec.captures, dec.replays))].index(True)])
+        assert np.array_equal(got, want), (arch, len(kinds))
+    assert "".join(kinds) == "ecrrr" + "ecrrrr", kinds
+
+
 def test_replay_without_the_position_update_differs(synth_model):
     """The control: the same driver with the position buffer left at the captured token's gives other logits."""
     m = Model(synth_model("deepseek2", wtype="Q4_K"))
@@ -57,14 +106,15 @@ def test_replay_without_the_position_update_differs(synth_model):
         m.forward([tok], st_e, rt=eager)
         dec.step(tok)
     real = graph.device.xp.copyto
-    frozen = dec.cstep.pos.raw.copy()
+    g = dec.graphs[1]
+    frozen = g.step.pos.raw.copy()
     want = m.forward([DECODE[3]], st_e, rt=eager)[-1]
     got = dec.step(DECODE[3])
     assert np.array_equal(got, want)
-    graph.device.xp.copyto(dec.cstep.pos.raw, frozen)       # (what a replay with a stale position buffer reads)
+    graph.device.xp.copyto(g.step.pos.raw, frozen)          # (what a replay with a stale position buffer reads)
     assert real is graph.device.xp.copyto
-    dec.graph.launch()
-    stale = graph.to_host(dec.logits)[-1]
+    g.graph.launch()
+    stale = graph.to_host(g.logits)[-1]
     assert not np.array_equal(stale, want)
 
 
@@ -150,7 +200,8 @@ def test_graph_decode_benchmark_dry_run(tmp_path):
     spec.loader.exec_module(gd)
     out = tmp_path / "r.json"
     rc = gd.main(["--arch", "deepseek2", "--backend", "numpy", "--decode", "5", "--prefill", "16", "--check-cpu",
-                  "numpy", "--dir", str(tmp_path), "--json", str(out)])
+                  "numpy", "--ubatch", "4", "--ubatches", "3", "--dir", str(tmp_path), "--json", str(out)])
     rec = json.loads(out.read_text())
     assert rc == 0 and rec["cpu_ok"] and len(rec["cpu_rel_rms"]) == 3 and rec["prefill_ms"] > 0, rec
     assert set(rec["graph_phases_ms"]) == set(GraphDecoder.REPLAY_PHASES)
+    assert rec["ubatch_kinds"] == "ecr" and max(rec["ubatch_rel_rms"]) == 0 and rec["ubatch_replay_ms"] > 0

@@ -56,6 +56,15 @@ class Spinner:
         spin_kernel[GRID, 128, stream](int(us * 1e3 / self.ns_per_iter) + 1, self.out)
 
 
+_CAPTURING = [0]              # Graph.capture spans open now (this process)
+
+
+def capturing() -> bool:
+    """Whether a `Graph.capture` is recording launches now: a library call that a capture refuses (CuPy's cuBLAS
+    matmul) must take a kernel of the project's instead."""
+    return _CAPTURING[0] > 0
+
+
 class Graph:
     """A CUDA graph captured from the launches of one stream (through the CUDA driver API)."""
 
@@ -74,9 +83,11 @@ class Graph:
         from cuda.bindings import driver as cu
         h = cu.CUstream(int(stream.handle))
         cls._check(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "begin capture")
+        _CAPTURING[0] += 1
         try:
             fn()
         finally:
+            _CAPTURING[0] -= 1
             graph = cls._check(cu.cuStreamEndCapture(h), "end capture")
         exe = cls._check(cu.cuGraphInstantiate(graph, 0), "instantiate graph")
         return cls(exe)

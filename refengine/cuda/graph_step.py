@@ -3,6 +3,8 @@ captured once and launched for every later token (issue 23, docs/device_path.md)
 
     dec = GraphDecoder(model, rt, state)       rt: Runtime(backend="cuda", fixed_shapes=True), resident on a GPU
     logits = dec.step(token)                   [V] float32 on the host; the state advanced by one token
+    dec.reserve(n); dec.step(ids[i:i + U])     a prompt in ubatches of U tokens: a graph per token count, the
+                                               last position's logits [V] (the head on that row only)
 
 The first call runs the step eagerly (weights uploaded, kernels compiled, the caches at a fixed capacity); the
 second captures its whole step (`Model.run_step`: the embedding, whose rows are decoded from the ids on the device,
@@ -21,7 +23,10 @@ What a replay does not run is the Python of the step, so the driver repeats its 
 A cache whose next row would not fit its capacity ends the graph: that step runs eagerly (the cache grows) and the
 next one is captured again. A capture that fails (an op the driver refuses while a stream is captured) leaves the
 state as it was (nothing ran on the device; the Python's effects are undone), warns, and every step from then on runs
-eagerly (`failed` says why). Activations are multiplied by the project's batched product (Runtime(fixed_shapes=True)
+eagerly (`failed` says why). Steps of T tokens (a prompt's ubatches) have a graph of their own, kept beside the
+one-token graph: both read the same cache buffers, and an eager step (a cache grown) drops them all. Inside a capture
+the weight products of 128 tokens and more stay on the project's kernels (`quant.cuda.timing.capturing`): CuPy's
+cuBLAS path is refused there. Activations are multiplied by the project's batched product (Runtime(fixed_shapes=True)
 on a GPU sets `Device.products = "kernel"`: CuPy refuses cuBLAS inside a capture). Memory the captured launches
 use comes from a CuPy pool of the decoder's own, which no other allocation shares.
 """
@@ -111,13 +116,23 @@ class _Tape:
         self.dev.replay(self.tape)
 
 
+class _Captured:
+    """One captured step of T tokens: its graph, the step whose input buffers it reads, the logits and flags it
+    rewrites, the host ints it advances (deltas), the caches it writes (rows)."""
+
+    def __init__(self, graph, step, logits, flags, deltas, rows, writebacks):
+        self.graph, self.step, self.logits, self.flags = graph, step, logits, flags
+        self.deltas, self.rows, self.writebacks = deltas, rows, writebacks
+
+
 class GraphDecoder:
-    """Decode one sequence a token at a time, the steps after the first replayed from a captured CUDA graph (the
-    module docstring). `timing=True` (GPU) event-times each replay's graph into `gpu_ms` (milliseconds: the device's
-    time for the blocks and head, without the host's part of a step) and splits each replayed step's wall time into
-    `phases` (a dict of milliseconds a replay, REPLAY_PHASES: the host's part of a step, phase by phase). On the "sim" device the graph is a tape of the
-    span's ops (`Device.taping`), replayed into the same buffers: the driver's logic (deltas, write-backs, recapture)
-    checked in CI. Counters: `eager`, `captures`, `replays`."""
+    """Run one sequence a token (or a prompt's ubatch) at a time, the steps after the first of each token count
+    replayed from a captured CUDA graph (the module docstring). `reserve(n)`: room for n positions in every cache, so
+    that no step grows one (a growth ends every graph). `timing=True` (GPU) event-times each replay's graph into
+    `gpu_ms` (milliseconds: the device's time for the blocks and head, without the host's part of a step) and splits
+    each replayed step's wall time into `phases` (milliseconds a replay by REPLAY_PHASES). On the "sim" device the
+    graph is a tape of the span's ops (`Device.taping`), replayed into the same buffers: the driver's logic (deltas,
+    write-backs, recapture, a graph per token count) checked in CI. Counters: `eager`, `captures`, `replays`."""
 
     def __init__(self, model, rt, state, *, timing: bool = False):
         dev = rt.device
@@ -134,9 +149,11 @@ class GraphDecoder:
             self.pool = cp.cuda.MemoryPool()
         else:
             self.stream = self.cps = self.pool = None
-        self.graph = None
+        self.graphs: dict[int, _Captured] = {}            # T -> the captured step of T tokens
+        self.warm: set[int] = set()                       # token counts run eagerly once (kernels compiled)
         self.eager = self.captures = self.replays = 0
-        self.warm = False
+        self.writebacks = None                            # state arrays written back by the last capture
+        self.reserved = 0                                 # positions every cache has room for (reserve)
         self.failed = None                                # why a capture failed (then every step is eager)
         self.timing = timing and self.stream is not None  # GPU: event-time each replay's graph (`gpu_ms`)
         self.time_phases = timing                         # each replay's wall time by phase (`phases`; the sim too)
@@ -162,20 +179,28 @@ class GraphDecoder:
         if self._marks is not None:
             self._marks.append(time.perf_counter())
 
-    def step(self, token: int) -> np.ndarray:
+    def step(self, tokens) -> np.ndarray:
+        """The next token (an int: a decode step) or ubatch (a sequence of T ids: a prompt's part) of the sequence
+        -> the logits of its last position [V] (a ubatch's head runs on that row only). Steps of each token count
+        have a graph of their own: the first of a count runs eagerly, the next is captured, later ones replay it."""
+        toks = [int(tokens)] if isinstance(tokens, (int, np.integer)) else [int(t) for t in tokens]
+        if not toks:
+            raise ConfigError("GraphDecoder.step: no tokens given")
+        T = len(toks)
         replay = False
         self._marks = [time.perf_counter()] if self.time_phases else None
         with self._context():
+            g = self.graphs.get(T)
             if self.failed is not None:                   # a capture failed once: eager from then on
-                out = self._eager(token)
-            elif self.graph is not None and self._fits(self.rows):
-                out = self._replay(token)
+                out = self._eager(toks)
+            elif g is not None and self._fits(g.rows, T):
+                out = self._replay(g, toks)
                 replay = True
-            elif self.graph is None and self.warm and self._fits(self._all_rows()):
-                out = self._capture_and_launch(token)
-            else:                                         # the first step, or a cache full: eager (it grows)
-                out = self._eager(token)
-                self.warm = True
+            elif g is None and T in self.warm and self._fits(self._all_rows(), T):
+                out = self._capture_and_launch(toks)
+            else:                                         # the first step of T tokens, or a cache full: eager
+                out = self._eager(toks)
+                self.warm.add(T)
             logits = self.rt.to_host(out)                 # (the deferred NaN/inf flags of an eager step too)
             if self.cps is not None:
                 self.cps.synchronize()
@@ -186,23 +211,26 @@ class GraphDecoder:
         self._marks = None
         return logits[-1]
 
-    def _eager(self, token):
+    def _eager(self, toks):
         m, rt, st = self.model, self.rt, self.state
-        self.graph = None
+        self.graphs.clear()                               # (a cache may grow: every graph's buffers may be gone)
         self.eager += 1
-        return m.run_step(m.prepare_step([token], st, rt), st, rt)
+        out = m.run_step(m.prepare_step(toks, st, rt), st, rt, last_only=len(toks) > 1)
+        if self.reserved:
+            self.reserve(self.reserved)                   # (caches the step made)
+        return out
 
-    def _capture_and_launch(self, token):
+    def _capture_and_launch(self, toks):
         m, rt, st, dev = self.model, self.rt, self.state, self.dev
-        step = m.prepare_step([token], st, rt)            # its ids / positions: the graph's input buffers
+        step = m.prepare_step(toks, st, rt)               # its ids / positions: the graph's input buffers
         rt.check_deferred()                               # (nothing pending: an eager step read its flags)
         before = state_leaves(st)
         box = {}
 
         def body():
             rt.lazy_inputs = True                         # products' input flags: only when an output's says NaN
-            try:
-                box["logits"] = m.run_step(step, st, rt)  # embedding (rows decoded from the ids on the device) .. head
+            try:                                          # embedding (rows decoded from the ids on the device) .. head
+                box["logits"] = m.run_step(step, st, rt, last_only=len(toks) > 1)
             finally:
                 rt.lazy_inputs = False
             box["flags"] = rt.pack_deferred()             # the step's NaN/inf flags in one array, rewritten by replays
@@ -234,53 +262,64 @@ class GraphDecoder:
                     _set(o, k, v)
             rt.discard_deferred()
             self.failed = f"{type(e).__name__}: {e} (at {_where(e)})"
-            warnings.warn(f"decode step not captured ({self.failed}): decoding eagerly", RuntimeWarning,
+            warnings.warn(f"{len(toks)}-token step not captured ({self.failed}): running eagerly", RuntimeWarning,
                           stacklevel=3)
-            return self._eager(token)
-        self.graph = graph
+            return self._eager(toks)
         self.captures += 1
         after = state_leaves(st)
-        self.deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()   # n_past, Rows.n, ..
-                       if isinstance(v, (int, np.integer)) and p in before and int(v) != int(before[p][2])]
-        self.rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
-        self.logits, self.cstep, self.flags = box["logits"], step, box["flags"]
-        self.writebacks = box["writebacks"]
+        deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()   # n_past, Rows.n, ..
+                  if isinstance(v, (int, np.integer)) and p in before and int(v) != int(before[p][2])]
+        rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
+        g = _Captured(graph, step, box["logits"], box["flags"], deltas, rows, box["writebacks"])
+        self.graphs[len(toks)] = g
+        self.writebacks = g.writebacks
         if not getattr(graph, "ran_at_capture", False):
             graph.launch(self.stream)
-        self.rt.check_deferred(self.flags)
-        return self.logits
+        self.rt.check_deferred(g.flags)
+        return g.logits
+
+    def reserve(self, n: int) -> int:
+        """Room for n positions in every cache of the state (`Rows.reserve`), and in every cache a later eager step
+        makes (a module may make its caches at its first call): a prompt's ubatches and the tokens after them
+        replay their graphs without a growth in between. Returns the caches reserved now."""
+        self.reserved = max(self.reserved, int(n))
+        rows = [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows)]
+        for r in rows:
+            r.reserve(self.reserved)
+        self.graphs.clear()                               # (a buffer may have grown)
+        return len(rows)
 
     @staticmethod
-    def _fits(rows) -> bool:
-        """Every cache of `rows` has room for the next row."""
-        return all(r.n + 1 <= r._buf.shape[0] for r in rows)
+    def _fits(rows, T: int = 1) -> bool:
+        """Every cache of `rows` has room for the next T rows."""
+        return all(r.n + T <= r._buf.shape[0] for r in rows)
 
     def _all_rows(self) -> list:
         return [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows) and v._buf is not None]
 
-    def _replay(self, token):
+    def _replay(self, g: _Captured, toks):
         m, rt, st = self.model, self.rt, self.state
-        tokens = m._check_tokens([token], st.n_past)      # the ids checked as any step's, then written into the
-        self._write(self.cstep.tokens, tokens)            # captured step's input buffers (two small copies)
-        self._write(self.cstep.pos, np.arange(st.n_past, st.n_past + tokens.size))
+        tokens = m._check_tokens(toks, st.n_past)         # the ids checked as any step's, then written into the
+        self._write(g.step.tokens, tokens)                # captured step's input buffers (two small copies)
+        self._write(g.step.pos, np.arange(st.n_past, st.n_past + tokens.size))
         if self.timing:
             from numba import cuda
             ev = cuda.event(), cuda.event()
             ev[0].record(self.stream)
         self._mark()
-        self.graph.launch(self.stream)
+        g.graph.launch(self.stream)
         self._mark()
         if self.timing:
             ev[1].record(self.stream)
             ev[1].synchronize()
             self.gpu_ms.append(cuda.event_elapsed_time(*ev))
         self._mark()
-        for o, k, d in self.deltas:
+        for o, k, d in g.deltas:
             _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + d)
-        rt.check_deferred(self.flags)                     # one read of the step's flags
+        rt.check_deferred(g.flags)                        # one read of the step's flags
         self._mark()
         self.replays += 1
-        return self.logits
+        return g.logits
 
     def _write(self, buf: DeviceArray, values: np.ndarray) -> None:
         """Host values into a device input buffer of the graph, on the decoder's stream (the sim: in place)."""
