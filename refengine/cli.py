@@ -172,6 +172,7 @@ def cmd_run(args) -> int:
     if args.graph:                                # decode steps replayed from one captured graph (issue 23)
         from .cuda.graph_step import GraphDecoder
         dec = GraphDecoder(model, rt, state)
+        dec.reserve(min(state.n_past + args.n + 1, model.n_ctx))   # no cache grows while decoding: one capture
     try:
         out = model.generate([], args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show, state=state,
                              logits=last, step=None if dec is None else dec.step)
