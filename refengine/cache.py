@@ -106,8 +106,10 @@ class Rows:
             self._buf[self.n:self.n + T] = x
             self._count = None                            # (a device count, if any, is behind now)
         else:                                             # at the device's count: no per-call host int baked in
-            if self._count is None:
-                self._count = np.full_like(x, self.n, shape=(1,), dtype=np.int64)  # once, from n ((1,): CuPy reads shape=() as None)
+            if self._count is None:                       # once, from n: inside a captured span it would restart
+                if (dev := getattr(x, "dev", None)) is not None:          # from the captured n at every replay
+                    dev._sync(lambda: "a cache's device row count made from its host count (an eager step makes it)")
+                self._count = np.full_like(x, self.n, shape=(1,), dtype=np.int64)   # ((1,): CuPy reads () as None)
             if (f := fused_op(x, "append_rows")) is None or not f(self._buf, x, self._count):    # a GPU: one launch
                 self._buf[self._count + np.arange(T, like=x)] = x
                 self._count += T
