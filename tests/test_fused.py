@@ -263,6 +263,41 @@ def test_top_k(k):
     assert np.array_equal(ids.copy_to_host(), want)
 
 
+def _group_limited_np(s, G, n):
+    """router.group_limited's masked scores and the groups it chose (its record)."""
+    from refengine.moe.router import group_limited
+    rec = {}
+    masked = group_limited(s, G, n, record=lambda name, il, v: rec.__setitem__(name, v))
+    return masked, rec["ffn_moe_group_topk"]
+
+
+@pytest.mark.parametrize("E,G,n", [(64, 8, 3), (16, 4, 2), (80, 40, 5)])
+def test_group_limited(E, G, n):
+    """== router.group_limited bit for bit, chosen groups included: a group's score the sum of its two largest
+    (NaN after numbers: a group with one number scores NaN, one of -inf and a number the number's sum with -inf),
+    ties between groups in index order; 40 groups: a lane holds two."""
+    R = 5
+    x = _rand(R, E, scale=2.0)
+    GS = E // G
+    x[0, :GS] = x[0, GS:2 * GS] = np.float32(1.5)             # two tied groups
+    x[1, :GS] = np.nan
+    x[1, 0] = 3.0                                              # one number among NaNs: NaN
+    x[1, GS:2 * GS] = -np.inf                                  # all -inf: -inf
+    x[2, ::2] = np.float32(0.25)                               # many ties
+    x[3, GS - 1] = np.inf
+    x[3, GS - 2] = -np.inf                                     # inf + -inf: NaN
+    x[4, :] = np.nan                                           # NaN groups; group 1 all -inf, ranked first; group 0
+    x[4, GS:2 * GS] = -np.inf                                  # one number: NaN, second (as -inf it would tie with
+    x[4, 0] = 1.0                                              # group 1 and come first)
+    want_m, want_g = _group_limited_np(x, G, n)
+    out = cuda.device_array((R, E), np.float32)
+    groups = cuda.device_array((R, n), np.int32)
+    fused.group_limited_raw(cuda.to_device(x), G, n, out, groups)
+    cuda.synchronize()
+    assert np.array_equal(groups.copy_to_host(), want_g)
+    assert np.array_equal(out.copy_to_host(), want_m, equal_nan=True)
+
+
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("at", [0, -1])
 @pytest.mark.parametrize("n", [1, 3, fused.FLAG_BATCH])
@@ -327,6 +362,7 @@ def _numpy_twins():
                                                                         mask_fn=causal_mask if c else no_mask),
         "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
         "sinkhorn": hcm.sinkhorn, "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
+        "group_limited": _group_limited_np,
         "rope_cos_sin": None,                             # (no one-call NumPy twin: the stand-in declines it)
     }
 
@@ -372,8 +408,9 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
     from refengine.runtime import Runtime
     hits = {}
     for arch in ["qwen3next", "kimi-k3", "deepseek4", "glm-dsa", "deepseek2", "kimi-linear", "qwen4exp", "deepseek32",
-                 "llama", "qwen3moe", "glm5-next"]:
-        m = Model(synth_model(arch, wtype="Q8_0"))
+                 "llama", "qwen3moe", "glm5-next", "deepseek2:tiny-groups"]:
+        arch, _, preset = arch.partition(":")
+        m = Model(synth_model(arch, wtype="Q8_0", preset=preset or "tiny"))
         rts = [Runtime(resident=True, fixed_shapes=True) for _ in range(2)]
         stand = rts[1].device.fused = _StandIn(rts[1].device)
         outs = []

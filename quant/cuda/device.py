@@ -188,6 +188,26 @@ def warp_first_desc(v, j, E):
     return v, j
 
 
+@cuda.jit(device=True, inline=True)
+def top2_merge(a1, a2, b1, b2):
+    """The two largest of {a1, a2, b1, b2}, given a1 >= a2 and b1 >= b2 (numbers: no NaN)."""
+    if b1 > a1:
+        return b1, max(a1, b2)
+    return a1, max(a2, b1)
+
+
+@cuda.jit(device=True, inline=True)
+def warp_top2(a1, a2, n):
+    """Each lane's two largest (a1 >= a2) and count n merged over the warp: every lane gets the warp's two largest
+    and the sum of the counts."""
+    for o in (16, 8, 4, 2, 1):
+        b1 = cuda.shfl_xor_sync(0xFFFFFFFF, a1, o)
+        b2 = cuda.shfl_xor_sync(0xFFFFFFFF, a2, o)
+        n += cuda.shfl_xor_sync(0xFFFFFFFF, n, o)
+        a1, a2 = top2_merge(a1, a2, b1, b2)
+    return a1, a2, n
+
+
 if SIM:
     # The simulator has no warp shuffles: the 32 lanes (Python threads) meet at a barrier instead.
     import threading
@@ -255,3 +275,14 @@ if SIM:
     @cuda.jit(device=True)
     def warp_first_desc(v, j, E):  # noqa: F811
         return _warp_reduce((v, j, E), _first_desc)
+
+    def _top2_all(vals):
+        a1, a2, n = vals[0]
+        for b1, b2, m in vals[1:]:
+            a1, a2 = (b1, max(a1, b2)) if b1 > a1 else (a1, max(a2, b1))
+            n = n + m
+        return a1, a2, n
+
+    @cuda.jit(device=True)
+    def warp_top2(a1, a2, n):  # noqa: F811
+        return _warp_reduce((a1, a2, n), _top2_all)

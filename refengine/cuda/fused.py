@@ -18,6 +18,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              attention's selected keys, DeepSeek-V4's sinks), a few queries, the same kernel
     sinkhorn(c, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)   residual/hyper_connections.py (DeepSeek-V4)
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
+    group_limited(s, G, n)   moe/router.py `group_limited`: the experts of the n best of G groups kept, the rest -inf
     all_finite_many(ys, page, cells)   page.flat[cell] = False for each y holding a NaN/inf: up to FLAG_BATCH
                              flags (the NaN checks of a step's products) in one launch
 
@@ -39,7 +40,7 @@ import math
 import numpy as np
 from numba import boolean, cuda, float32, float64, int32
 
-from quant.cuda.device import before_desc, warp_first_desc, warp_sum
+from quant.cuda.device import before_desc, top2_merge, warp_first_desc, warp_sum, warp_top2
 
 from ..moe.router import F16_MIN_NORMAL as F16_MIN
 from .kernels import block_sum64
@@ -545,6 +546,67 @@ def _top_k(x, k, ids):
             bv, bj = _own_first(x, r, t, E, taken)
 
 
+GL_G = 64                   # group_limited: groups of a row at most (a shared score and flag each; two a lane)
+
+
+@cuda.jit(fastmath=False)
+def _group_limited(s, G, n_used, out, groups):
+    """Row r = blockIdx.x of s [R, E]: the score of each of the G groups of E / G experts is the float32 sum of its
+    two largest (as -np.sort(-g)[..., :2] orders them: NaN last, so a group with fewer than two numbers scores
+    NaN); the n_used best groups in the stable descending order (router.topk_desc) into groups [R, n_used]; out
+    [R, E] = s where the expert's group is one of them, else -inf (router.group_limited). A warp a group, lanes
+    striding over it, the top two merged by shuffles (warp_top2); warp 0 picks the groups, a lane holding two."""
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    lane = t % 32
+    w = t // 32
+    E = s.shape[1]
+    GS = E // G
+    gsc = cuda.shared.array(GL_G, float32)
+    sel = cuda.shared.array(GL_G, boolean)
+    ninf = float32(-math.inf)
+    for g in range(w, G, NTW):
+        a1 = ninf
+        a2 = ninf
+        nn = 0
+        for j in range(g * GS + lane, (g + 1) * GS, 32):
+            v = s[r, j]
+            if v == v:
+                nn += 1
+                a1, a2 = top2_merge(a1, a2, v, ninf)
+        a1, a2, nn = warp_top2(a1, a2, nn)
+        if lane == 0:
+            gsc[g] = float32(a1 + a2) if nn >= 2 else float32(math.nan)
+    cuda.syncthreads()
+    if w == 0:                                            # lane l holds groups l and l + 32 (G <= GL_G = 64)
+        tk0 = False
+        tk1 = False
+        for a in range(n_used):
+            bv = float32(0.0)
+            bj = G
+            if lane < G and not tk0:
+                bv = gsc[lane]
+                bj = lane
+            g = lane + 32
+            if g < G and not tk1 and before_desc(gsc[g], g, bv, bj, G):
+                bv = gsc[g]
+                bj = g
+            v, j = warp_first_desc(bv, bj, G)
+            if j == lane:
+                tk0 = True
+            if j == lane + 32:
+                tk1 = True
+            if lane == 0:
+                groups[r, a] = j
+        if lane < G:
+            sel[lane] = tk0
+        if lane + 32 < G:
+            sel[lane + 32] = tk1
+    cuda.syncthreads()
+    for j in range(t, E, NT):
+        out[r, j] = s[r, j] if sel[j // GS] else ninf
+
+
 FLAG_BATCH = 8              # all_finite_many: arrays checked by one launch (its kernel's array arguments)
 
 
@@ -726,6 +788,11 @@ def hc_post_raw(y, X, post, comb, out, stream=0) -> None:
 def top_k_raw(x2, k: int, ids, stream=0) -> None:
     """x2 [R, E] float32 (E <= TOPK_E), ids [R, k] int32 (k <= min(E, TOPK_MAX))."""
     _top_k[x2.shape[0], NT, stream](x2, k, ids)
+
+
+def group_limited_raw(s2, G: int, n_used: int, out, groups, stream=0) -> None:
+    """s2, out [R, E] float32 (E % G == 0, G <= GL_G), groups [R, n_used] int32 (n_used <= G)."""
+    _group_limited[s2.shape[0], NT, stream](s2, G, n_used, out, groups)
 
 
 def all_finite_many_raw(ys, page1, cells, stream=0) -> None:
@@ -963,6 +1030,20 @@ def top_k(x, k: int):
     ids = x.dev.xp.empty((raw.shape[0], k), dtype=np.int32)
     top_k_raw(_nv(raw), k, _nv(ids), stream=_stream())
     return _done(x.dev, "top_k", (x,), ids)
+
+
+def group_limited(scores, n_groups: int, n_used: int):
+    """`router.group_limited` in one launch: (masked [T, E] float32, the chosen groups [T, n_used] int32), or None
+    for what it does not take (the caller's NumPy runs)."""
+    raw = scores.raw
+    if raw.ndim != 2 or not _served(raw) or not 0 < n_groups <= GL_G or raw.shape[1] % n_groups \
+            or raw.shape[1] // n_groups < 2 or not 0 < n_used <= n_groups:
+        return None
+    xp = scores.dev.xp
+    out = xp.empty_like(raw)
+    groups = xp.empty((raw.shape[0], n_used), dtype=np.int32)
+    group_limited_raw(_nv(raw), n_groups, n_used, _nv(out), _nv(groups), stream=_stream())
+    return _done(scores.dev, "group_limited", (scores,), out, groups)
 
 
 def _binary(gate, up, op, launch):

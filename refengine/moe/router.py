@@ -79,6 +79,12 @@ def group_limited(scores: np.ndarray, n_groups: int, n_used: int, record=None, i
     T, E = scores.shape
     if E % n_groups or E // n_groups < 2:
         raise ValueError(f"group routing needs E % G == 0 and at least 2 experts per group: E = {E}, G = {n_groups}")
+    if (f := fused_op(scores, "group_limited")) is not None \
+            and (res := f(scores, n_groups, n_used)) is not None:            # a GPU: one launch (cuda/fused.py)
+        masked, groups = res
+        rec("ffn_moe_group_topk", il, groups)
+        rec("ffn_moe_probs_masked", il, masked)
+        return masked
     g = scores.reshape(T, n_groups, E // n_groups)                         # [T, G, E/G]
     top2 = -np.sort(-g, axis=-1)[..., :2]                                  # [T, G, 2]
     group_scores = top2.sum(axis=-1, dtype=np.float32)                     # [T, G]
