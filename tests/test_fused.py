@@ -21,7 +21,7 @@ from refengine.attention.mha import attention_blocked, causal_mask, no_mask  # n
 from refengine.attention.short_conv import causal_conv  # noqa: E402
 from refengine.ops.rope import apply_rope, rope_cos_sin  # noqa: E402
 from refengine.ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp  # noqa: E402
-from refengine.ops.norm import layer_norm, rms_norm  # noqa: E402
+from refengine.ops.norm import add_rms_norm, layer_norm, rms_norm  # noqa: E402
 from refengine.ops.softmax import softmax  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -50,6 +50,19 @@ def test_rms_norm_rows(with_w):
     want = rms_norm(x, w, 1e-6)
     (got,) = _run(lambda xd, wd, y: fused.rms_norm_raw(xd, wd, 1e-6, y), x, w, out_shapes=[x.shape])
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("with_w", [True, False])
+def test_add_rms_norm_rows(with_w):
+    """(x + a, rms_norm(x + a)): the sum bit for bit (one float32 add), the norm as the plain norm's kernel."""
+    x, a = _rand(ROWS, D), _rand(ROWS, D, seed=2)
+    a[1] *= 1e-3
+    w = _rand(D, seed=1) if with_w else None
+    want_s, want_y = add_rms_norm(x, a, w, 1e-6)
+    got_s, got_y = _run(lambda xd, ad, wd, s_, y: fused.add_rms_norm_raw(xd, ad, wd, 1e-6, s_, y), x, a, w,
+                        out_shapes=[x.shape, x.shape])
+    assert np.array_equal(got_s, want_s)
+    np.testing.assert_allclose(got_y, want_y, rtol=2e-6, atol=0)
 
 
 @pytest.mark.parametrize("wb", [(True, True), (True, False), (False, False)])
@@ -354,7 +367,8 @@ def _numpy_twins():
     from refengine.moe.router import topk_desc
     from refengine.residual import hyper_connections as hcm
     return {
-        "rms_norm": rms_norm, "layer_norm": layer_norm, "softmax": softmax, "silu": silu, "sigmoid": sigmoid,
+        "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "layer_norm": layer_norm, "softmax": softmax,
+        "silu": silu, "sigmoid": sigmoid,
         "softplus": softplus, "swiglu": swiglu, "situ": situ, "swiglu_clamp": swiglu_clamp,
         "delta_rule": lambda q, k, v, g, b, S, scale: delta_rule.recurrent(q, k, v, g, b, S, scale=scale),
         "causal_conv": causal_conv, "apply_rope": apply_rope,

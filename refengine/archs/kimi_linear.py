@@ -125,10 +125,10 @@ def block(x, w, *, cfg, il, state, step, rt):
     """x [T, D] -> [T, D]."""
     spec = cfg.layers[il]
     legacy = spec.attn == "mla" and spec.attn_cfg.legacy
-    x = x + fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES,
-                          mla_graph=LEGACY_MLA_GRAPH if legacy else None, pos=step.pos)
-    rt.record("ffn_inp", il, x)
-    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=MOE_TENSORS, dense_scales=False)
+    a = fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES,
+                      mla_graph=LEGACY_MLA_GRAPH if legacy else None, pos=step.pos)
+    return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=MOE_TENSORS, dense_scales=False,
+                        a=a)                                             # x + a (ffn_inp), then the FFN half
 
 
 def head(x, g, cfg, rt):

@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..ffn import dense_ffn, dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head, rope_factors
 from ..moe.block import MoEConfig, MoETensors, moe_block, moe_matmul_inputs, moe_table
-from ..ops import rms_norm
+from ..ops import add_rms_norm, rms_norm
 from ..ops.rope import context_rope
 from ..weights import load_tensors, norm_table
 
@@ -221,9 +221,8 @@ class Variant:
                                    rt=rt, out_gate=self.q_gate)
             if self.trace_attn_out:
                 rt.record(self.trace_attn_out, il, a)
-        x = x + a
+        x, h = add_rms_norm(x, a, getattr(w, self.ffn_norm), cfg.rms_eps)     # x + a and its norm
         rt.record(self.trace_ffn_inp, il, x)
-        h = rms_norm(x, getattr(w, self.ffn_norm), cfg.rms_eps)
         rt.record(self.trace_ffn_norm, il, h)
         if spec.ffn == "dense":
             f = dense_ffn(h, w, il=il, rt=rt)

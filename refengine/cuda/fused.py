@@ -2,6 +2,7 @@
 on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is mostly launches, not bytes).
 
     rms_norm(x, w, eps)      ops/norm.py `rms_norm`: [..., D] float32 rows, w [D] or None
+    add_rms_norm(x, a, w, eps)   ops/norm.py `add_rms_norm`: (x + a, its rms_norm), one launch
     layer_norm(x, w, b, eps) ops/norm.py `layer_norm`, w and b [D] or None
     softmax(x)               ops/softmax.py `softmax` over the last axis, float32
     silu(x), sigmoid(x)      ops/activations.py, float32
@@ -88,6 +89,27 @@ def _rms_rows(x, w, has_w, eps, y):
     scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
     for j in range(t, D, NT):
         v = x[r, j] * scale
+        if has_w:
+            v = v * w[j]
+        y[r, j] = v
+
+
+@cuda.jit(fastmath=False)
+def _add_rms_rows(x, a, w, has_w, eps, s, y):
+    """Row r = blockIdx.x: s = x + a (float32), then y = rms_norm(s) (* w) as `_rms_rows` (`ops.add_rms_norm`)."""
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    D = x.shape[1]
+    buf = cuda.shared.array(32, float64)
+    acc = float64(0.0)
+    for j in range(t, D, NT):
+        v = x[r, j] + a[r, j]
+        s[r, j] = v
+        acc += float64(v) * float64(v)
+    mean = float32(block_sum64(acc, buf) / D)
+    scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
+    for j in range(t, D, NT):
+        v = s[r, j] * scale
         if has_w:
             v = v * w[j]
         y[r, j] = v
@@ -697,6 +719,12 @@ def rms_norm_raw(x2, w, eps: float, y2, stream=0) -> None:
     _rms_rows[x2.shape[0], NT, stream](x2, wv, has_w, np.float32(eps), y2)
 
 
+def add_rms_norm_raw(x2, a2, w, eps: float, s2, y2, stream=0) -> None:
+    """x2, a2, s2, y2 [R, D] float32 (device), w [D] float32 or None."""
+    has_w = w is not None
+    _add_rms_rows[x2.shape[0], NT, stream](x2, a2, w if has_w else x2[0, :1], has_w, np.float32(eps), s2, y2)
+
+
 def layer_norm_raw(x2, w, b, eps: float, y2, stream=0) -> None:
     """x2, y2 [R, D] float32 (device), w, b [D] float32 or None."""
     dummy = x2[0, :1]
@@ -871,6 +899,21 @@ def _rows(x, op: str, params, launch):
 
 def rms_norm(x, w, eps: float):
     return _rows(x, "rms_norm", (w,), lambda x2, wv, y, st: rms_norm_raw(x2, wv, eps, y, stream=st))
+
+
+def add_rms_norm(x, a, w, eps: float):
+    """`ops.add_rms_norm`: (x + a, rms_norm(x + a, w, eps)) in one launch, or None (shapes differ, not float32)."""
+    if not _on(a, x.dev) or a.shape != x.shape or x.raw.ndim < 1 or not _served(x.raw, a.raw):
+        return None
+    D = x.shape[-1]
+    wr = None if w is None else x.dev.unwrap(w, "add_rms_norm weight")
+    if wr is not None and (getattr(wr, "shape", None) != (D,) or not _served(wr)):
+        return None
+    xp = x.dev.xp
+    s_, y = xp.empty_like(x.raw), xp.empty_like(x.raw)
+    add_rms_norm_raw(_nv(x.raw.reshape(-1, D)), _nv(a.raw.reshape(-1, D)), _nv(wr), eps, _nv(s_.reshape(-1, D)),
+                     _nv(y.reshape(-1, D)), stream=_stream())
+    return _done(x.dev, "add_rms_norm", (x, a, w), s_, y)
 
 
 def layer_norm(x, w, b, eps: float):

@@ -199,12 +199,17 @@ def moe_block(h, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt):
     return y
 
 
-def ffn_sublayer(x, w, *, cfg, spec, il, rt, moe_tensors: MoETensors, dense_scales: bool = True):
+def ffn_sublayer(x, w, *, cfg, spec, il, rt, moe_tensors: MoETensors, dense_scales: bool = True, a=None):
     """The second half of a pre-norm block: x + FFN(rms_norm(x) * ffn_norm), dense or MoE by the layer's kind.
     x [T, D] -> [T, D]; traces ffn_norm, ffn_out (dense) / the MoE block's names, and l_out. dense_scales: the
-    dense FFN applies its `.scale` tensors; moe_tensors: the arch's MoETensors."""
-    from ..ops import rms_norm
-    h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
+    dense FFN applies its `.scale` tensors; moe_tensors: the arch's MoETensors. a: the token mixer's output, added
+    to x here first (traced as ffn_inp) with the norm after it (`add_rms_norm`: one launch on a GPU)."""
+    from ..ops import add_rms_norm, rms_norm
+    if a is None:
+        h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
+    else:
+        x, h = add_rms_norm(x, a, w.ffn_norm, cfg.rms_eps)
+        rt.record("ffn_inp", il, x)
     rt.record("ffn_norm", il, h)
     if spec.ffn == "dense":
         f = dense_ffn(h, w, il=il, rt=rt, scales=dense_scales)

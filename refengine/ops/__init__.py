@@ -1,8 +1,8 @@
 """Small numerical building blocks shared by every architecture."""
 from .arrays import as_array, contiguous
 from .activations import sigmoid, silu, softplus, swiglu
-from .norm import layer_norm, rms_norm
+from .norm import add_rms_norm, layer_norm, rms_norm
 from .rope import apply_rope, rope_cos_sin
 from .softmax import softmax
 
-__all__ = ["as_array", "contiguous", "sigmoid", "silu", "softplus", "swiglu", "layer_norm", "rms_norm", "apply_rope", "rope_cos_sin", "softmax"]
+__all__ = ["add_rms_norm", "as_array", "contiguous", "sigmoid", "silu", "softplus", "swiglu", "layer_norm", "rms_norm", "apply_rope", "rope_cos_sin", "softmax"]

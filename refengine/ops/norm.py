@@ -22,6 +22,15 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     return y if w is None else y * w
 
 
+def add_rms_norm(x: np.ndarray, a: np.ndarray, w: np.ndarray | None, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """A pre-norm block's residual add and the next norm: s = x + a, then rms_norm(s, w, eps) -> (s, the norm).
+    x, a: [..., D] of one shape. (On a GPU one launch where the two take two.)"""
+    if (k := fused_op(x, "add_rms_norm")) is not None and (res := k(x, a, w, eps)) is not None:
+        return res
+    s = x + a
+    return s, rms_norm(s, w, eps)
+
+
 def layer_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: float) -> np.ndarray:
     """y = (x - mean(x)) / sqrt(var(x) + eps) * w + b   over the last axis.   x: [..., D], w, b: [D] -> [..., D]
 
