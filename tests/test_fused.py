@@ -59,10 +59,20 @@ def test_add_rms_norm_rows(with_w):
     a[1] *= 1e-3
     w = _rand(D, seed=1) if with_w else None
     want_s, want_y = add_rms_norm(x, a, w, 1e-6)
-    got_s, got_y = _run(lambda xd, ad, wd, s_, y: fused.add_rms_norm_raw(xd, ad, wd, 1e-6, s_, y), x, a, w,
+    got_s, got_y = _run(lambda xd, ad, wd, s_, y: fused.rms_norm_raw(xd, wd, 1e-6, y, a2=ad, s2=s_), x, a, w,
                         out_shapes=[x.shape, x.shape])
     assert np.array_equal(got_s, want_s)
     np.testing.assert_allclose(got_y, want_y, rtol=2e-6, atol=0)
+
+
+def test_l2_norm_rows():
+    """delta_rule.l2_norm (the norm with eps / D, then 1 / sqrt(D), each rounded): the norm kernel with `post`."""
+    x = _rand(ROWS, 128)
+    x[1] *= 1e-3
+    want = delta_rule.l2_norm(x, 1e-6)
+    (got,) = _run(lambda xd, y: fused.rms_norm_raw(xd, None, 1e-6 / 128, y, post=np.float32(1.0 / np.sqrt(128))),
+                  x, out_shapes=[x.shape])
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
 
 
 @pytest.mark.parametrize("wb", [(True, True), (True, False), (False, False)])
@@ -367,7 +377,8 @@ def _numpy_twins():
     from refengine.moe.router import topk_desc
     from refengine.residual import hyper_connections as hcm
     return {
-        "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "layer_norm": layer_norm, "softmax": softmax,
+        "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "l2_norm": delta_rule.l2_norm, "layer_norm": layer_norm,
+        "softmax": softmax,
         "silu": silu, "sigmoid": sigmoid,
         "softplus": softplus, "swiglu": swiglu, "situ": situ, "swiglu_clamp": swiglu_clamp,
         "delta_rule": lambda q, k, v, g, b, S, scale: delta_rule.recurrent(q, k, v, g, b, S, scale=scale),

@@ -96,5 +96,8 @@ def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(sum(x^2) + eps) over the last axis, as llama.cpp's delta-net layers compute it:
     `rms_norm(x, eps / n) * 1/sqrt(n)` (src/models/models.h:14-18), not `ggml_l2_norm` (eps outside the sqrt)."""
     from ..ops import rms_norm
+    from ..ops.arrays import fused_op
+    if (k := fused_op(x, "l2_norm")) is not None and (y := k(x, eps)) is not None:
+        return y                                                         # a GPU: the same, in one launch
     n = x.shape[-1]
     return rms_norm(x, None, eps / n) * x.dtype.type(1.0 / np.sqrt(n))

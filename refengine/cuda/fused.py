@@ -3,6 +3,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
 
     rms_norm(x, w, eps)      ops/norm.py `rms_norm`: [..., D] float32 rows, w [D] or None
     add_rms_norm(x, a, w, eps)   ops/norm.py `add_rms_norm`: (x + a, its rms_norm), one launch
+    l2_norm(x, eps)          attention/delta_rule.py `l2_norm` (the norm and its 1 / sqrt(D)), one launch
     layer_norm(x, w, b, eps) ops/norm.py `layer_norm`, w and b [D] or None
     softmax(x)               ops/softmax.py `softmax` over the last axis, float32
     silu(x), sigmoid(x)      ops/activations.py, float32
@@ -76,43 +77,28 @@ def _block_max(v, sh):
 
 
 @cuda.jit(fastmath=False)
-def _rms_rows(x, w, has_w, eps, y):
+def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
+    """Row r = blockIdx.x: v = x (has_a: v = x + a in float32, written to s), the mean of v^2 summed in float64,
+    y = v * (1 / sqrt(mean + eps)) (* w) * post, each product rounded to float32 as `ops.rms_norm` rounds it
+    (`ops.add_rms_norm`; post: `delta_rule.l2_norm`'s 1 / sqrt(D), 1 for the others: exact)."""
     r = cuda.blockIdx.x
     t = cuda.threadIdx.x
     D = x.shape[1]
     buf = cuda.shared.array(32, float64)
     acc = float64(0.0)
     for j in range(t, D, NT):
-        v = float64(x[r, j])
-        acc += v * v
-    mean = float32(block_sum64(acc, buf) / D)
-    scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
-    for j in range(t, D, NT):
-        v = x[r, j] * scale
-        if has_w:
-            v = v * w[j]
-        y[r, j] = v
-
-
-@cuda.jit(fastmath=False)
-def _add_rms_rows(x, a, w, has_w, eps, s, y):
-    """Row r = blockIdx.x: s = x + a (float32), then y = rms_norm(s) (* w) as `_rms_rows` (`ops.add_rms_norm`)."""
-    r = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    D = x.shape[1]
-    buf = cuda.shared.array(32, float64)
-    acc = float64(0.0)
-    for j in range(t, D, NT):
-        v = x[r, j] + a[r, j]
-        s[r, j] = v
+        v = x[r, j]
+        if has_a:
+            v = v + a[r, j]
+            s[r, j] = v
         acc += float64(v) * float64(v)
     mean = float32(block_sum64(acc, buf) / D)
     scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
     for j in range(t, D, NT):
-        v = s[r, j] * scale
+        v = (s[r, j] if has_a else x[r, j]) * scale
         if has_w:
             v = v * w[j]
-        y[r, j] = v
+        y[r, j] = v * post
 
 
 @cuda.jit(fastmath=False)
@@ -712,17 +698,12 @@ def _grid(n: int, per: int = 256) -> int:
     return max(1, (n + per - 1) // per)
 
 
-def rms_norm_raw(x2, w, eps: float, y2, stream=0) -> None:
-    """x2, y2 [R, D] float32 (device), w [D] float32 or None."""
-    has_w = w is not None
-    wv = w if has_w else x2[0, :1]
-    _rms_rows[x2.shape[0], NT, stream](x2, wv, has_w, np.float32(eps), y2)
-
-
-def add_rms_norm_raw(x2, a2, w, eps: float, s2, y2, stream=0) -> None:
-    """x2, a2, s2, y2 [R, D] float32 (device), w [D] float32 or None."""
-    has_w = w is not None
-    _add_rms_rows[x2.shape[0], NT, stream](x2, a2, w if has_w else x2[0, :1], has_w, np.float32(eps), s2, y2)
+def rms_norm_raw(x2, w, eps: float, y2, stream=0, *, a2=None, s2=None, post: float = 1.0) -> None:
+    """x2, y2 [R, D] float32 (device), w [D] float32 or None; a2, s2 [R, D]: x2 + a2 is normed (and written to s2);
+    post: a factor after the norm (rounded after it)."""
+    has_w, has_a = w is not None, a2 is not None
+    _rms_rows[x2.shape[0], NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
+                                       np.float32(eps), np.float32(post), s2 if has_a else y2, y2)
 
 
 def layer_norm_raw(x2, w, b, eps: float, y2, stream=0) -> None:
@@ -901,6 +882,13 @@ def rms_norm(x, w, eps: float):
     return _rows(x, "rms_norm", (w,), lambda x2, wv, y, st: rms_norm_raw(x2, wv, eps, y, stream=st))
 
 
+def l2_norm(x, eps: float):
+    """`delta_rule.l2_norm`: rms_norm(x, None, eps / D) * (1 / sqrt(D)) in one launch, or None."""
+    D = x.shape[-1] if x.raw.ndim else 0
+    post = np.float32(1.0 / np.sqrt(D)) if D else 1.0
+    return _rows(x, "l2_norm", (), lambda x2, y, st: rms_norm_raw(x2, None, eps / D, y, stream=st, post=post))
+
+
 def add_rms_norm(x, a, w, eps: float):
     """`ops.add_rms_norm`: (x + a, rms_norm(x + a, w, eps)) in one launch, or None (shapes differ, not float32)."""
     if not _on(a, x.dev) or a.shape != x.shape or x.raw.ndim < 1 or not _served(x.raw, a.raw):
@@ -911,8 +899,8 @@ def add_rms_norm(x, a, w, eps: float):
         return None
     xp = x.dev.xp
     s_, y = xp.empty_like(x.raw), xp.empty_like(x.raw)
-    add_rms_norm_raw(_nv(x.raw.reshape(-1, D)), _nv(a.raw.reshape(-1, D)), _nv(wr), eps, _nv(s_.reshape(-1, D)),
-                     _nv(y.reshape(-1, D)), stream=_stream())
+    rms_norm_raw(_nv(x.raw.reshape(-1, D)), _nv(wr), eps, _nv(y.reshape(-1, D)), stream=_stream(),
+                 a2=_nv(a.raw.reshape(-1, D)), s2=_nv(s_.reshape(-1, D)))
     return _done(x.dev, "add_rms_norm", (x, a, w), s_, y)
 
 

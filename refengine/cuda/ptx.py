@@ -29,8 +29,7 @@ KERNELS = [
 ]
 A1, A2, A3 = "float32[:]", "float32[:, :]", "float32[:, :, :]"     # the fused kernels take strided views too
 KERNELS += [
-    ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F1}, boolean, float32, {F2})"),
-    ("fused_add_rms_norm", fz._add_rms_rows, f"void({F2}, {F2}, {F1}, boolean, float32, {F2}, {F2})"),
+    ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F2}, boolean, {F1}, boolean, float32, float32, {F2}, {F2})"),
     ("fused_softmax", fz._softmax_rows, f"void({F2}, {F2})"),
     ("fused_layer_norm", fz._layer_rows, f"void({F2}, {F1}, boolean, {F1}, boolean, float32, {F2})"),
     ("fused_silu", fz._silu, f"void({F1}, {F1})"),
