@@ -56,13 +56,14 @@ def _with_stand_in(monkeypatch, rt, stand):
     monkeypatch.setattr(Runtime, "_write_flag", write_flag)
 
 
+@pytest.mark.parametrize("fixed", [True, False])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_batched_flags_see_each_product_as_it_was(synth_model, monkeypatch, arch):
-    """A prompt and two decode steps (fixed shapes, as a captured step runs them): every queued output equals, when
-    its batch is written, what its product wrote; every flag is written by the end of each forward; the logits equal
-    a run with a flag written at each product bit for bit."""
+def test_batched_flags_see_each_product_as_it_was(synth_model, monkeypatch, arch, fixed):
+    """A prompt and two decode steps (fixed shapes, as a captured step runs them, and the eager forward's own):
+    every queued output equals, when its batch is written, what its product wrote; every flag is written by the end
+    of each forward; the logits equal a run with a flag written at each product bit for bit."""
     m = Model(synth_model(arch, wtype="Q8_0"))
-    plain, batched = Runtime(resident=True, fixed_shapes=True), Runtime(resident=True, fixed_shapes=True)
+    plain, batched = Runtime(resident=True, fixed_shapes=fixed), Runtime(resident=True, fixed_shapes=fixed)
     stand = FlagStandIn(batch=8, write=False)
     _with_stand_in(monkeypatch, batched, stand)
     st_p, st_b = m.new_state(), m.new_state()
