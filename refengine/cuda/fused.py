@@ -634,22 +634,11 @@ def _all_finite_many(y0, y1, y2, y3, y4, y5, y6, y7, page, c0, c1, c2, c3, c4, c
     """Grid row j (blockIdx.y) checks y_j into page[c_j] (page: the flag page flat); as many grid rows as arrays
     (FLAG_BATCH at most: the slots past them repeat y0 and are never read)."""
     j = cuda.blockIdx.y
-    if j == 0:
-        _scan_finite(y0, page, c0)
-    elif j == 1:
-        _scan_finite(y1, page, c1)
-    elif j == 2:
-        _scan_finite(y2, page, c2)
-    elif j == 3:
-        _scan_finite(y3, page, c3)
-    elif j == 4:
-        _scan_finite(y4, page, c4)
-    elif j == 5:
-        _scan_finite(y5, page, c5)
-    elif j == 6:
-        _scan_finite(y6, page, c6)
-    elif j == 7:
-        _scan_finite(y7, page, c7)
+    y = y0 if j == 0 else y1 if j == 1 else y2 if j == 2 else y3 if j == 3 else \
+        y4 if j == 4 else y5 if j == 5 else y6 if j == 6 else y7
+    c = c0 if j == 0 else c1 if j == 1 else c2 if j == 2 else c3 if j == 3 else \
+        c4 if j == 4 else c5 if j == 5 else c6 if j == 6 else c7
+    _scan_finite(y, page, c)
 
 
 @cuda.jit(fastmath=False)
