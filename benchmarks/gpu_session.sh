@@ -4,7 +4,8 @@
 #   STAGES="info layers matmul prefill gemv1 ncudecode tune tests" bash benchmarks/gpu_session.sh
 #   STAGES="graph graphtiny graphreal prefetch" bash benchmarks/gpu_session.sh   (the decode graph, issue 23; expert prefetch, 24)
 #   GRAPHREAL="qwen3moe:qwen3-30b-a3b:1 qwen3next:qwen3-next-80b:4" GRAPH_DECODE=32 STAGES=graphreal ...  (a replay's
-#     phases: graph_decode.py prints them; GRAPH_UBATCH=512 GRAPH_PREFILL=512 adds a prompt's ubatches through the graph)
+#     phases: graph_decode.py prints them; GRAPH_UBATCH=512 GRAPH_PREFILL=512 adds a prompt's ubatches through the graph;
+#     GRAPH_GREEDY=64: a greedy decode fed on the device, replays launched back to back)
 #   PROFPREFILL="glm-dsa:glm-5.2:2" STAGES="profprefill prefillsweep" ...  (a prefill's kernels; the same under policies)
 #   STAGES="llbuild graph" ... then GRAPHLL="arch:preset:layers[:KEY=VALUE] ..." STAGES=graphll: llama-bench and ours on
 #   each file in turn (.dev/ holds ../shared/tools/llamacpp_bench_device.sh and the vendored llama.cpp: see its header)
@@ -64,7 +65,7 @@ for st in ${STAGES:-info layers matmul tests}; do
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py --arch $A --preset $P --layers $L ${X:+--override $X} \
           --type Q4_K --decode ${GRAPH_DECODE:-24} ${GRAPH_PREFILL:+--prefill $GRAPH_PREFILL} --dir /tmp/rs \
           ${GRAPH_CHECK:+--check-cpu $GRAPH_CHECK} ${GRAPH_UBATCH:+--ubatch $GRAPH_UBATCH --ubatches ${GRAPH_UBATCHES:-4}} \
-          --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+          ${GRAPH_GREEDY:+--greedy $GRAPH_GREEDY} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f /tmp/rs/*.gguf; done ;;
     profprefill) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
         stage "prefill profile $A $P L=$L ${X:-}"      # GPU time per kernel + host functions, one prefill
@@ -87,7 +88,8 @@ for st in ${STAGES:-info layers matmul tests}; do
         BENCH_FILES=$F STEPS=bench bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py $F --type Q4_K --decode ${GRAPH_DECODE:-24} \
           --prefill ${GRAPH_PREFILL:-512} ${GRAPH_CHECK:+--check-cpu $GRAPH_CHECK} \
-          ${GRAPH_UBATCH:+--ubatch $GRAPH_UBATCH --ubatches ${GRAPH_UBATCHES:-4}} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+          ${GRAPH_UBATCH:+--ubatch $GRAPH_UBATCH --ubatches ${GRAPH_UBATCHES:-4}} ${GRAPH_GREEDY:+--greedy $GRAPH_GREEDY} \
+          --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f $F; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf

@@ -143,6 +143,26 @@ def prefill_ubatches(model, ids, U: int):
     return out
 
 
+def greedy_pipelined(model, prompt, n: int, chunk: int):
+    """Greedy ids through GraphDecoder.greedy (each replay feeding its argmax to the next on the device, `chunk`
+    launched back to back), room reserved: (ids, milliseconds a token over the pipelined run, the decoder), against
+    Model.generate on an eager fixed-shape runtime (its ids)."""
+    from refengine.cuda.graph_step import GraphDecoder
+    rt = runtime(fixed_shapes=True)
+    st = model.new_state()
+    first = int(np.argmax(model.forward(prompt, st, rt=rt, last_only=True)[-1]))
+    dec = GraphDecoder(model, rt, st)
+    dec.reserve(len(prompt) + n + 8)
+    warm = dec.greedy(first, 4)                           # eager, capture, a first pipelined run
+    sync()
+    t0 = time.perf_counter()
+    rest = dec.greedy(warm[-1], n, chunk=chunk)
+    sync()
+    ms = 1e3 * (time.perf_counter() - t0) / max(n - 1, 1)
+    want = model.generate(prompt, len(warm) + n - 1, rt=runtime(fixed_shapes=True))
+    return warm + rest[1:], ms, want, dec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=None)
@@ -164,6 +184,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the timed steps, N more graph steps under torch.profiler (CUPTI): GPU time per kernel "
                          "per step, largest first (what one replayed step's time is made of)")
+    ap.add_argument("--greedy", type=int, default=0, metavar="N",
+                    help="also decode N greedy tokens with each replay feeding its own argmax to the next on the "
+                         "device, --chunk replays launched back to back (GraphDecoder.greedy): ms a token")
+    ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--ubatch", type=int, default=0, metavar="U",
                     help="also prefill --ubatches ubatches of U random tokens through one graph decoder (a graph per "
                          "ubatch size: eager, capture, replays) and eagerly at fixed shapes, each ubatch timed")
@@ -249,6 +273,13 @@ def one(a, recs) -> int:
         print(f"{os.path.basename(path)}: GPU vs {a.check_cpu} (prompt's last row, 2 decode steps) rel-RMS "
               f"{', '.join(f'{r:.2e}' for r in rec['cpu_rel_rms'])}, argmax equal {rec['cpu_argmax_equal']} "
               f"({time.perf_counter() - t0:.0f} s on the host)", flush=True)
+    if a.greedy:
+        ids, ms, want, gdec = greedy_pipelined(model, prompt, a.greedy, a.chunk)
+        rec.update(greedy_tokens=a.greedy, greedy_chunk=a.chunk, greedy_ms=ms, greedy_ids_equal=ids == want,
+                   greedy_capture_failed=gdec.failed)
+        print(f"{os.path.basename(path)}: greedy decode fed on the device, {a.chunk} replays a launch run: {ms:.3f} ms "
+              f"a token over {a.greedy}; ids == the eager fixed-shape generate: {ids == want}"
+              + (f"; capture failed: {gdec.failed}" if gdec.failed else ""), flush=True)
     if a.ubatch:
         ub = prefill_ubatches(model, [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.ubatch * a.ubatches)],
                               a.ubatch)

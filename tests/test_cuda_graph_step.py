@@ -68,3 +68,23 @@ def test_graph_ubatches_equal_eager(synth_model, arch):
         assert np.array_equal(got, want), f"{arch} step {i}: max {np.max(np.abs(got - want)):.3g} ({dec.failed})"
         assert rel_rms(got, ref) <= 1e-5 and np.argmax(got) == np.argmax(ref), f"{arch} step {i} vs numpy"
     assert dec.failed is None and dec.replays == 3 + 4, (dec.eager, dec.captures, dec.replays)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "kimi-k3", "deepseek4", "llama"])
+def test_graph_greedy_feeds_itself(synth_model, arch):
+    """`GraphDecoder.greedy` on the GPU (each replay's argmax fed to the next on the device, replays launched back to
+    back, ids read once a chunk): the ids of `Model.generate` on the eager fixed-shape runtime, with and without
+    room reserved (a cache growing mid-run: an eager step and a new capture)."""
+    pytest.importorskip("cupy")
+    from refengine.cuda.graph_step import GraphDecoder
+    m = Model(synth_model(arch, wtype="Q8_0"))
+    want = m.generate(PROMPT, 24, rt=Runtime(backend="cuda", fixed_shapes=True))
+    for reserve in (True, False):
+        rt, st = Runtime(backend="cuda", fixed_shapes=True), m.new_state()
+        first = int(np.argmax(m.forward(PROMPT, st, rt=rt, last_only=True)[-1]))
+        dec = GraphDecoder(m, rt, st)
+        if reserve:
+            dec.reserve(len(PROMPT) + 24)
+        got = dec.greedy(first, 24, chunk=5)
+        assert got == want and dec.failed is None and dec.replays >= 16, (arch, reserve, got, want, dec.failed)

@@ -94,6 +94,47 @@ def test_sim_graph_ubatches_reserved(synth_model, arch):
     assert "".join(kinds) == "ecrrr" + "ecrrrr", kinds
 
 
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "kimi-k3", "deepseek4"])
+@pytest.mark.parametrize("reserve", [True, False])
+def test_sim_greedy_feeds_itself(synth_model, arch, reserve):
+    """`GraphDecoder.greedy`: each replay feeds its argmax to the next on the device, chunks of replays read back
+    once: the same ids as `Model.generate` on the eager fixed-shape runtime; without room reserved a cache grows
+    mid-run (an eager step, a new capture) and the ids still agree; the host counters end where generate's do."""
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    eager, graph = Runtime(resident=True, fixed_shapes=True), Runtime(resident=True, fixed_shapes=True)
+    st_e, st_g = m.new_state(), m.new_state()
+    want = m.generate(PROMPT, 24, rt=eager, state=st_e)
+    first = int(np.argmax(m.forward(PROMPT, st_g, rt=graph, last_only=True)[-1]))
+    dec = GraphDecoder(m, graph, st_g)
+    if reserve:
+        dec.reserve(len(PROMPT) + 24)
+    got = dec.greedy(first, 24, chunk=5)
+    assert got == want, (arch, got, want)
+    ints = lambda st: {p: v for p, (_, _, v) in state_leaves(st).items()                         # noqa: E731
+                       if isinstance(v, (int, np.integer)) and not p.endswith(".reserved")}  # (a capacity hint)
+    assert ints(st_g) == ints(st_e)
+    assert dec.replays >= 16 and (dec.captures == 1 if reserve else dec.captures >= 2), \
+        (dec.eager, dec.captures, dec.replays)
+
+
+def test_sim_greedy_sees_every_steps_flags(synth_model):
+    """NaN put into a visible cache row before a greedy run reaches the logits of its first pipelined step only
+    through that step's replay; the flags of all its replays, ANDed on the device, still warn after the run."""
+    from refengine.cache import Rows
+    m = Model(synth_model("deepseek2", wtype="Q4_K"))
+    rt = Runtime(resident=True, fixed_shapes=True)
+    st = m.new_state()
+    first = int(np.argmax(m.forward(PROMPT, st, rt=rt, last_only=True)[-1]))
+    dec = GraphDecoder(m, rt, st)
+    dec.reserve(64)
+    ids = dec.greedy(first, 4)                            # eager, capture: the greedy graph exists now
+    rows = [v for _, _, v in state_leaves(st).values() if isinstance(v, Rows) and v._buf is not None]
+    rows[0]._buf.raw[0] = np.nan
+    with pytest.warns(RuntimeWarning, match="NaN|nan|inf"):
+        dec.greedy(ids[-1], 6, chunk=5)
+    assert dec.replays >= 5
+
+
 def test_replay_without_the_position_update_differs(synth_model):
     """The control: the same driver with the position buffer left at the captured token's gives other logits."""
     m = Model(synth_model("deepseek2", wtype="Q4_K"))
@@ -201,8 +242,10 @@ def test_graph_decode_benchmark_dry_run(tmp_path):
     spec.loader.exec_module(gd)
     out = tmp_path / "r.json"
     rc = gd.main(["--arch", "deepseek2", "--backend", "numpy", "--decode", "5", "--prefill", "16", "--check-cpu",
-                  "numpy", "--ubatch", "4", "--ubatches", "3", "--dir", str(tmp_path), "--json", str(out)])
+                  "numpy", "--ubatch", "4", "--ubatches", "3", "--greedy", "6", "--chunk", "3", "--dir", str(tmp_path),
+                  "--json", str(out)])
     rec = json.loads(out.read_text())
     assert rc == 0 and rec["cpu_ok"] and len(rec["cpu_rel_rms"]) == 3 and rec["prefill_ms"] > 0, rec
     assert set(rec["graph_phases_ms"]) == set(GraphDecoder.REPLAY_PHASES)
     assert rec["ubatch_kinds"] == "ecr" and max(rec["ubatch_rel_rms"]) == 0 and rec["ubatch_replay_ms"] > 0
+    assert rec["greedy_ids_equal"] and rec["greedy_ms"] > 0 and rec["greedy_capture_failed"] is None

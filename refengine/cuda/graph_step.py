@@ -120,9 +120,10 @@ class _Captured:
     """One captured step of T tokens: its graph, the step whose input buffers it reads, the logits and flags it
     rewrites, the host ints it advances (deltas), the caches it writes (rows)."""
 
-    def __init__(self, graph, step, logits, flags, deltas, rows, writebacks):
+    def __init__(self, graph, step, logits, flags, deltas, rows, writebacks, feed=None):
         self.graph, self.step, self.logits, self.flags = graph, step, logits, flags
         self.deltas, self.rows, self.writebacks = deltas, rows, writebacks
+        self.feed = feed                                  # a greedy graph's (ring of ids, its count, flag pages)
 
 
 class GraphDecoder:
@@ -220,12 +221,15 @@ class GraphDecoder:
             self.reserve(self.reserved)                   # (caches the step made)
         return out
 
-    def _capture_and_launch(self, toks):
+    def _capture_and_launch(self, toks, feed: bool = False):
         m, rt, st, dev = self.model, self.rt, self.state, self.dev
         step = m.prepare_step(toks, st, rt)               # its ids / positions: the graph's input buffers
         rt.check_deferred()                               # (nothing pending: an eager step read its flags)
         before = state_leaves(st)
         box = {}
+        if feed:                                          # made outside the graph: the replays keep what they hold
+            box["ring"] = DeviceArray(dev.xp.zeros(self.RING, dtype=np.int64), dev)
+            box["count"] = DeviceArray(dev.xp.zeros(1, dtype=np.int64), dev)
 
         def body():
             rt.lazy_inputs = True                         # products' input flags: only when an output's says NaN
@@ -234,6 +238,8 @@ class GraphDecoder:
             finally:
                 rt.lazy_inputs = False
             box["flags"] = rt.pack_deferred()             # the step's NaN/inf flags in one array, rewritten by replays
+            if feed:
+                box["acc"] = self._feed_ops(step, box["logits"], box["flags"], box["ring"], box["count"])
             after = state_leaves(st)
             wb = []
             for p, (o, k, v) in after.items():            # replaced arrays: written back into the old ones
@@ -270,13 +276,87 @@ class GraphDecoder:
         deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()   # n_past, Rows.n, ..
                   if isinstance(v, (int, np.integer)) and p in before and int(v) != int(before[p][2])]
         rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
-        g = _Captured(graph, step, box["logits"], box["flags"], deltas, rows, box["writebacks"])
-        self.graphs[len(toks)] = g
+        g = _Captured(graph, step, box["logits"], box["flags"], deltas, rows, box["writebacks"],
+                      (box["ring"], box["count"], box["acc"]) if feed else None)
+        self.graphs[self.GREEDY if feed else len(toks)] = g
         self.writebacks = g.writebacks
         if not getattr(graph, "ran_at_capture", False):
             graph.launch(self.stream)
         self.rt.check_deferred(g.flags)
         return g.logits
+
+    GREEDY = "greedy"          # graphs' key of the one-token step that also feeds its own argmax back (greedy)
+    RING = 256                 # ids a greedy run's replays write before the host reads them
+
+    def _feed_ops(self, step, logits, packed, ring, count):
+        """The end of a greedy graph, on the device: the step's argmax becomes the next step's token and its position
+        the next (the step's input buffers), it is written to ring[count] (count advanced), and the step's NaN/inf
+        flag pages are ANDed into pages of their own (made here without a launch, filled with True before a run),
+        so that a run of replays read back once still sees every step's flags."""
+        nxt = np.argmax(logits[-1])                       # (NumPy's and CuPy's: the first largest, NaN first)
+        step.tokens[...] = nxt
+        step.pos[...] = step.pos + 1
+        ring[count] = nxt
+        count[...] = count + 1
+        accs = []
+        if packed is not None:
+            for pg in packed[2]:
+                acc = DeviceArray(self.dev.xp.empty(pg.shape, dtype=bool), self.dev)
+                acc[...] = acc & pg
+                accs.append(acc)
+        return accs
+
+    def greedy(self, token: int, n: int, *, chunk: int = RING) -> list[int]:
+        """`Model.generate`'s greedy loop from `token` (the first new id, from the prompt's logits): n ids, every one
+        but the last fed. Once its graph is captured, each replay feeds its own argmax to the next on the device:
+        `chunk` replays are launched back to back (the host does not wait for a step's logits before launching the
+        next) and their ids read back once. No eos: the n ids are decoded whatever they are. Returns the ids."""
+        if n < 1:
+            return []
+        m_, st = self.model, self.state
+        ids, t = [int(token)], int(token)
+        chunk = max(1, min(int(chunk), self.RING))
+        with self._context():
+            while len(ids) < n:
+                g = self.graphs.get(self.GREEDY)
+                room = min((r._buf.shape[0] - r.n for r in g.rows), default=n) if g is not None else 0
+                if g is not None and self.failed is None and room >= 1:
+                    k = min(chunk, n - len(ids), room, m_.n_ctx - st.n_past)
+                    if k < 1:
+                        m_._check_tokens([t], st.n_past)  # (raises: the context is full)
+                    new = self._pipelined(g, t, k)
+                else:
+                    if self.failed is None and 1 in self.warm and self._fits(self._all_rows(), 1):
+                        out = self._capture_and_launch([t], feed=True)
+                    else:
+                        out = self._eager([t])
+                        self.warm.add(1)
+                    logits = self.rt.to_host(out)
+                    if self.cps is not None:
+                        self.cps.synchronize()
+                    new = [int(np.argmax(logits[-1]))]
+                ids += new
+                t = ids[-1]
+        return ids[:n]
+
+    def _pipelined(self, g: _Captured, t: int, k: int) -> list[int]:
+        """k replays of the greedy graph from token t, launched back to back; the k ids they chose, read once."""
+        m_, rt, st = self.model, self.rt, self.state
+        ring, count, accs = g.feed
+        self._write(g.step.tokens, m_._check_tokens([t], st.n_past))
+        self._write(g.step.pos, np.array([st.n_past]))
+        self._write(count, np.zeros(1))
+        for acc in accs:
+            self._write(acc, np.ones(acc.shape, dtype=bool))
+        for _ in range(k):
+            g.graph.launch(self.stream)
+        for o, key, d in g.deltas:
+            _set(o, key, (o[key] if isinstance(o, (list, dict)) else getattr(o, key)) + k * d)
+        if g.flags is not None:                           # every step's flags, ANDed on the device
+            labels, texts, _, lazy, rows = g.flags
+            rt.check_deferred((labels, texts, accs, lazy, rows))
+        self.replays += k
+        return [int(i) for i in self.dev.get(ring)[:k]]
 
     def reserve(self, n: int) -> int:
         """Room for n positions in every cache of the state (`Rows.reserve`), and in every cache a later eager step
