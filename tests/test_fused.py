@@ -486,3 +486,32 @@ def test_expert_weights(norm_w, scale):
     got = out.copy_to_host()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[2]).any()
+
+
+@pytest.mark.skipif(not qc.SIM, reason="the simulator's arrays stand in for CuPy's (on a GPU: the tests above)")
+def test_entries_on_numpy_arrays(monkeypatch):
+    """The entry points of this session's kernels as the modules call them (DeviceArrays in, DeviceArrays out),
+    run in the simulator with NumPy arrays standing in for CuPy's: add_rms_norm, l2_norm, group_limited and
+    all_finite_many give what their NumPy statements give (the sum and the groups bit for bit)."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    from refengine.devarray import Device
+    from refengine.moe.router import group_limited
+    monkeypatch.setattr(fused, "_nv", lambda a: a if a is None or isinstance(a, FakeCUDAArray) else FakeCUDAArray(a))
+    monkeypatch.setattr(fused, "_stream", lambda: 0)
+    dev = Device("sim")
+    x, a, w = _rand(3, 40), _rand(3, 40, seed=2), _rand(40, seed=1)
+    s_, y = fused.add_rms_norm(dev.wrap(x), dev.wrap(a), w, 1e-6)
+    want_s, want_y = add_rms_norm(x, a, w, 1e-6)
+    assert np.array_equal(s_.raw, want_s)
+    np.testing.assert_allclose(y.raw, want_y, rtol=2e-6, atol=0)
+    q = _rand(2, 3, 16)
+    np.testing.assert_allclose(fused.l2_norm(dev.wrap(q), 1e-6).raw, delta_rule.l2_norm(q, 1e-6), rtol=2e-6, atol=0)
+    sc = _rand(2, 16)
+    masked, groups = fused.group_limited(dev.wrap(sc), 4, 2)
+    rec = {}
+    assert np.array_equal(masked.raw, group_limited(sc, 4, 2, record=lambda n, il, v: rec.__setitem__(n, v)))
+    assert np.array_equal(groups.raw, rec["ffn_moe_group_topk"])
+    page = np.ones((4, 2), dtype=bool)
+    ys = [dev.wrap(_rand(5)), dev.wrap(np.array([1.0, np.nan], np.float32)), dev.wrap(np.zeros(3, np.int32))]
+    assert fused.all_finite_many(ys, page, [0, 3, 5]) == [True, True, False]       # (int32: not taken)
+    assert page.reshape(-1).tolist() == [True, True, True, False, True, True, True, True]
