@@ -286,6 +286,34 @@ def test_top_k(k):
     assert np.array_equal(ids.copy_to_host(), want)
 
 
+def _gdn_gates_np(b, a, r, bias, A):
+    """gated_deltanet.decay_gates from the kernel's inputs (the fused projection [T, Hk, 2r] when r > 0)."""
+    from refengine.attention.gated_deltanet import decay_gates
+    if r > 0:
+        b, a = b[..., :r], b[..., r:]
+    T = b.shape[0]
+    return decay_gates(b, a, bias, A, T, b.size // T)
+
+
+@pytest.mark.parametrize("r", [0, 2])
+def test_gdn_gates(r):
+    """beta, softplus(a + bias) and its product with A == gated_deltanet.decay_gates within the activations'
+    tolerance (the softplus branch above 20 included), read from the fused projection (r = 2) or two arrays."""
+    T, Hk = 3, 4
+    Hv = Hk * 2
+    src = _rand(T, Hk, 4, scale=8.0) if r else _rand(T, Hv, scale=8.0)
+    src[0, 0] = 25.0
+    a = None if r else _rand(T, Hv, seed=3, scale=8.0)
+    bias, A = _rand(Hv, seed=4), -np.abs(_rand(Hv, seed=5))
+    want = _gdn_gates_np(src, a, r, bias, A)
+    got = _run(lambda s_, a_, b_, A_, o1, o2, o3: fused.gdn_gates_raw(s_.reshape(T, -1) if r else s_, a_, r, b_, A_,
+                                                                       o1, o2, o3),
+               src, a, bias, A, out_shapes=[(T, Hv)] * 3)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-30)                       # beta
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=2.5e-7)                      # softplus's ulp of exp
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-6, atol=2.5e-7 * float(np.max(np.abs(A))))   # (times A)
+
+
 def _group_limited_np(s, G, n):
     """router.group_limited's masked scores and the groups it chose (its record)."""
     from refengine.moe.router import group_limited
@@ -387,7 +415,7 @@ def _numpy_twins():
                                                                         mask_fn=causal_mask if c else no_mask),
         "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
         "sinkhorn": hcm.sinkhorn, "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
-        "group_limited": _group_limited_np,
+        "group_limited": _group_limited_np, "gdn_gates": _gdn_gates_np,
         "rope_cos_sin": None,                             # (no one-call NumPy twin: the stand-in declines it)
     }
 
@@ -491,8 +519,8 @@ def test_expert_weights(norm_w, scale):
 @pytest.mark.skipif(not qc.SIM, reason="the simulator's arrays stand in for CuPy's (on a GPU: the tests above)")
 def test_entries_on_numpy_arrays(monkeypatch):
     """The entry points of this session's kernels as the modules call them (DeviceArrays in, DeviceArrays out),
-    run in the simulator with NumPy arrays standing in for CuPy's: add_rms_norm, l2_norm, group_limited and
-    all_finite_many give what their NumPy statements give (the sum and the groups bit for bit)."""
+    run in the simulator with NumPy arrays standing in for CuPy's: add_rms_norm, l2_norm, group_limited, gdn_gates
+    and all_finite_many give what their NumPy statements give (the sum and the groups bit for bit)."""
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
     from refengine.devarray import Device
     from refengine.moe.router import group_limited
@@ -511,6 +539,9 @@ def test_entries_on_numpy_arrays(monkeypatch):
     rec = {}
     assert np.array_equal(masked.raw, group_limited(sc, 4, 2, record=lambda n, il, v: rec.__setitem__(n, v)))
     assert np.array_equal(groups.raw, rec["ffn_moe_group_topk"])
+    ba, bias, A = _rand(2, 3, 4), _rand(6, seed=4), -np.abs(_rand(6, seed=5))
+    for got, want in zip(fused.gdn_gates(dev.wrap(ba), None, 2, bias, A), _gdn_gates_np(ba, None, 2, bias, A)):
+        np.testing.assert_allclose(got.raw, want, rtol=1e-6, atol=1e-6)
     page = np.ones((4, 2), dtype=bool)
     ys = [dev.wrap(_rand(5)), dev.wrap(np.array([1.0, np.nan], np.float32)), dev.wrap(np.zeros(3, np.int32))]
     assert fused.all_finite_many(ys, page, [0, 3, 5]) == [True, True, False]       # (int32: not taken)

@@ -30,6 +30,7 @@ import numpy as np
 from ..cache import RecurrentState
 from ..errors import ConfigError, MissingTensorError
 from ..ops import contiguous, rms_norm, sigmoid, silu, softplus
+from ..ops.arrays import fused_op
 from ..ops.linear import linear
 from ..weights import W
 from . import delta_rule
@@ -37,6 +38,13 @@ from .delta_rule import l2_norm  # noqa: F401  (the norm the layers apply to q a
 from .short_conv import causal_conv
 
 CHUNK = 64
+
+
+def decay_gates(b, a, dt_bias, A, T: int, Hv: int):
+    """beta = sigmoid(b), softplus(a + dt_bias) and the log decay g = that * A (<= 0), [T, Hv] each."""
+    beta = sigmoid(b.reshape(T, Hv))
+    sp = softplus(a.reshape(T, Hv) + dt_bias)
+    return beta, sp, sp * A
 
 
 def expand_heads(x: np.ndarray, r: int) -> np.ndarray:
@@ -218,17 +226,19 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
         b, a = ba[..., :r], ba[..., r:]                                  # [T, Hk, r]
         rt.record("b", il, b)
         rt.record("a", il, a)
+        src = (ba, None, r)
     else:
         b = linear(h, w.ssm_beta, _scale(w, "ssm_beta", gc), None, rt)    # [T, Hv]
         rt.record("beta", il, b)
         a = linear(h, w.ssm_alpha, _scale(w, "ssm_alpha", gc), None, rt)  # [T, Hv]
-    beta = sigmoid(b.reshape(T, Hv))                                     # [T, Hv]
+        src = (b, a, 0)
+    if (k := fused_op(b, "gdn_gates")) is None or (gates := k(*src, w.ssm_dt_bias, w.ssm_a)) is None:
+        gates = decay_gates(b, a, w.ssm_dt_bias, w.ssm_a, T, Hv)        # (a GPU: one launch, cuda/fused.py)
+    beta, sp, g = gates                                                  # [T, Hv] each
     if gc.ba != "fused":
         rt.record("beta_sigmoid", il, beta)
         rt.record("alpha", il, a)
-    sp = softplus(a.reshape(T, Hv) + w.ssm_dt_bias)                      # [T, Hv]
     rt.record("a_softplus", il, sp)
-    g = sp * w.ssm_a                                                     # [T, Hv]  log decay, <= 0
     rt.record("gate", il, g)
 
     tail = state.conv if state.conv is not None else np.zeros_like(g, shape=(Kc - 1, C), dtype=np.float32)  # [Kc-1, C]

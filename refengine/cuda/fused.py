@@ -4,6 +4,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     rms_norm(x, w, eps)      ops/norm.py `rms_norm`: [..., D] float32 rows, w [D] or None
     add_rms_norm(x, a, w, eps)   ops/norm.py `add_rms_norm`: (x + a, its rms_norm), one launch
     l2_norm(x, eps)          attention/delta_rule.py `l2_norm` (the norm and its 1 / sqrt(D)), one launch
+    gdn_gates(b, a, r, bias, A)   attention/gated_deltanet.py's beta, softplus(a + bias) and its product with A
     layer_norm(x, w, b, eps) ops/norm.py `layer_norm`, w and b [D] or None
     softmax(x)               ops/softmax.py `softmax` over the last axis, float32
     silu(x), sigmoid(x)      ops/activations.py, float32
@@ -178,6 +179,32 @@ def _softplus(x, y):
     if i < x.shape[0]:
         v = x[i]
         y[i] = v if v > float32(20.0) else float32(math.log(float32(float32(1.0) + float32(math.exp(v)))))
+
+
+@cuda.jit(fastmath=False)
+def _gdn_gates(bsrc, asrc, r, bias, A, beta, sp, g):
+    """A gated-delta-net layer's gates, element (t, h) of [T, Hv] a thread: beta = sigmoid(b), sp = softplus(a +
+    bias), g = sp * A, each step rounded to float32 as `activations.sigmoid` / `softplus` and the NumPy products
+    round them. r > 0: b and a read from the fused projection bsrc [T, Hk * 2r] (group hk: r betas, then r alphas);
+    r == 0: from bsrc and asrc [T, Hv]."""
+    Hv = beta.shape[1]
+    i = cuda.grid(1)
+    if i < beta.shape[0] * Hv:
+        t = i // Hv
+        h = i - t * Hv
+        if r > 0:
+            hk = h // r
+            j = h - hk * r
+            bv = bsrc[t, hk * 2 * r + j]
+            av = bsrc[t, hk * 2 * r + r + j]
+        else:
+            bv = bsrc[t, h]
+            av = asrc[t, h]
+        beta[t, h] = float32(1.0) / float32(float32(1.0) + float32(math.exp(-bv)))
+        x = float32(av + bias[h])
+        v = x if x > float32(20.0) else float32(math.log(float32(float32(1.0) + float32(math.exp(x)))))
+        sp[t, h] = v
+        g[t, h] = v * A[h]
 
 
 @cuda.jit(fastmath=False)
@@ -740,6 +767,12 @@ def delta_rule_raw(q, k, v, g, g_per_key: bool, beta, S_in, scale: float, o, S_o
                                                np.float32(scale), o, S_out)
 
 
+def gdn_gates_raw(bsrc, asrc, r: int, bias, A, beta, sp, g, stream=0) -> None:
+    """bsrc [T, Hk * 2r] (r > 0) or bsrc, asrc [T, Hv] (r == 0); bias, A [Hv]; beta, sp, g [T, Hv] written."""
+    _gdn_gates[_grid(beta.shape[0] * beta.shape[1]), 256, stream](bsrc, bsrc if asrc is None else asrc, r, bias, A,
+                                                                  beta, sp, g)
+
+
 def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
     """x [T, C], w [C, Kc], tail [Kc-1, C] or None; y [T, C] and new_tail [Kc-1, C] written."""
     has_tail = tail is not None
@@ -869,6 +902,31 @@ def _rows(x, op: str, params, launch):
 
 def rms_norm(x, w, eps: float):
     return _rows(x, "rms_norm", (w,), lambda x2, wv, y, st: rms_norm_raw(x2, wv, eps, y, stream=st))
+
+
+def gdn_gates(b, a, r: int, bias, A):
+    """A gated-delta-net layer's (beta, softplus(a + bias), its product with A) [T, Hv] each, one launch; b the
+    fused projection [T, Hk, 2r] when r > 0 (a None), else b and a [T, Hv]; or None for what it does not take."""
+    dev = b.dev
+    br = b.raw
+    if r > 0:
+        if a is not None or br.ndim != 3 or br.shape[2] != 2 * r or not _served(br):
+            return None
+        T, Hv = br.shape[0], br.shape[1] * r
+        src_b, src_a = br.reshape(T, -1), None
+    else:
+        if not _on(a, dev) or br.ndim != 2 or a.shape != br.shape or not _served(br, a.raw):
+            return None
+        T, Hv = br.shape
+        src_b, src_a = br, a.raw
+    params = [dev.unwrap(p, "gdn_gates weight") for p in (bias, A)]
+    if any(getattr(p, "shape", None) != (Hv,) or not _served(p) for p in params):
+        return None
+    xp = dev.xp
+    beta, sp, g = (xp.empty((T, Hv), dtype=np.float32) for _ in range(3))
+    gdn_gates_raw(_nv(src_b), _nv(src_a), r, _nv(params[0]), _nv(params[1]), _nv(beta), _nv(sp), _nv(g),
+                  stream=_stream())
+    return _done(dev, "gdn_gates", (b, a, bias, A), beta, sp, g)
 
 
 def l2_norm(x, eps: float):

@@ -35,6 +35,7 @@ KERNELS += [
     ("fused_silu", fz._silu, f"void({F1}, {F1})"),
     ("fused_sigmoid", fz._sigmoid, f"void({F1}, {F1})"),
     ("fused_softplus", fz._softplus, f"void({F1}, {F1})"),
+    ("fused_gdn_gates", fz._gdn_gates, f"void({F2}, {F2}, int64, {F1}, {F1}, {F2}, {F2}, {F2})"),
     ("fused_swiglu", fz._swiglu, f"void({F1}, {F1}, {F1})"),
     ("fused_situ", fz._situ, f"void({F1}, {F1}, float32, float32, {F1})"),
     ("fused_swiglu_clamp", fz._swiglu_clamp, f"void({F1}, {F1}, float32, {F1})"),
