@@ -188,12 +188,14 @@ def warp_first_desc(v, j, E):
     return v, j
 
 
-@cuda.jit(device=True, inline=True)
-def top2_merge(a1, a2, b1, b2):
+def _top2_merge(a1, a2, b1, b2):
     """The two largest of {a1, a2, b1, b2}, given a1 >= a2 and b1 >= b2 (numbers: no NaN)."""
     if b1 > a1:
         return b1, max(a1, b2)
     return a1, max(a2, b1)
+
+
+top2_merge = cuda.jit(device=True, inline=True)(_top2_merge)
 
 
 @cuda.jit(device=True, inline=True)
@@ -279,7 +281,7 @@ if SIM:
     def _top2_all(vals):
         a1, a2, n = vals[0]
         for b1, b2, m in vals[1:]:
-            a1, a2 = (b1, max(a1, b2)) if b1 > a1 else (a1, max(a2, b1))
+            a1, a2 = _top2_merge(a1, a2, b1, b2)
             n = n + m
         return a1, a2, n
 

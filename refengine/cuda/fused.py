@@ -158,11 +158,23 @@ def _silu(x, y):
         y[i] = v / float32(float32(1.0) + float32(math.exp(-v)))
 
 
+@cuda.jit(device=True, inline=True)
+def _sigmoid1(v):
+    """`activations.sigmoid` of one float32 value, in its float32 steps."""
+    return float32(1.0) / float32(float32(1.0) + float32(math.exp(-v)))
+
+
+@cuda.jit(device=True, inline=True)
+def _softplus1(v):
+    """`activations.softplus` of one float32 value (v itself above 20), in its float32 steps."""
+    return v if v > float32(20.0) else float32(math.log(float32(float32(1.0) + float32(math.exp(v)))))
+
+
 @cuda.jit(fastmath=False)
 def _sigmoid(x, y):
     i = cuda.grid(1)
     if i < x.shape[0]:
-        y[i] = float32(1.0) / float32(float32(1.0) + float32(math.exp(-x[i])))
+        y[i] = _sigmoid1(x[i])
 
 
 @cuda.jit(fastmath=False)
@@ -177,8 +189,7 @@ def _swiglu(g, u, y):
 def _softplus(x, y):
     i = cuda.grid(1)
     if i < x.shape[0]:
-        v = x[i]
-        y[i] = v if v > float32(20.0) else float32(math.log(float32(float32(1.0) + float32(math.exp(v)))))
+        y[i] = _softplus1(x[i])
 
 
 @cuda.jit(fastmath=False)
@@ -200,9 +211,8 @@ def _gdn_gates(bsrc, asrc, r, bias, A, beta, sp, g):
         else:
             bv = bsrc[t, h]
             av = asrc[t, h]
-        beta[t, h] = float32(1.0) / float32(float32(1.0) + float32(math.exp(-bv)))
-        x = float32(av + bias[h])
-        v = x if x > float32(20.0) else float32(math.log(float32(float32(1.0) + float32(math.exp(x)))))
+        beta[t, h] = _sigmoid1(bv)
+        v = _softplus1(float32(av + bias[h]))
         sp[t, h] = v
         g[t, h] = v * A[h]
 
@@ -214,7 +224,7 @@ def _situ(g, u, beta, lb, y):
     if i < g.shape[0]:
         gv = g[i]
         a = float32(math.tanh(float32(gv * float32(float32(1.0) / beta)))) * beta
-        a = a * float32(float32(1.0) / float32(float32(1.0) + float32(math.exp(-gv))))
+        a = a * _sigmoid1(gv)
         uv = u[i]
         if lb > float32(0.0):
             uv = float32(math.tanh(float32(uv * float32(float32(1.0) / lb)))) * lb
@@ -881,6 +891,15 @@ def _done(dev, op: str, args, *outs):
     return res
 
 
+def _vectors(dev, op: str, params, n: int):
+    """params (host or device arrays [n], or None) as the device's float32 buffers (None stays None), or None when
+    one is not a float32 vector of n."""
+    bufs = [None if a is None else dev.unwrap(a, f"{op} weight") for a in params]
+    if any(b is not None and (getattr(b, "shape", None) != (n,) or not _served(b)) for b in bufs):
+        return None
+    return bufs
+
+
 def _rows(x, op: str, params, launch):
     """A row op over the last axis of x ([..., D] float32): params (host or device arrays [D], or None) as the
     device's float32 buffers, launch(x2 [R, D], *params, out [R, D], stream) -> [..., D], or None."""
@@ -888,12 +907,9 @@ def _rows(x, op: str, params, launch):
     if raw.ndim < 1 or not _served(raw):
         return None
     D = raw.shape[-1]
-    bufs = []
-    for a in params:
-        ar = None if a is None else x.dev.unwrap(a, f"{op} weight")
-        if ar is not None and (getattr(ar, "shape", None) != (D,) or not _served(ar)):
-            return None
-        bufs.append(ar)
+    bufs = _vectors(x.dev, op, params, D)
+    if bufs is None:
+        return None
     x2 = raw.reshape(-1, D)
     out = x.dev.xp.empty_like(x2)
     launch(_nv(x2), *[_nv(a) for a in bufs], _nv(out), _stream())
@@ -919,8 +935,8 @@ def gdn_gates(b, a, r: int, bias, A):
             return None
         T, Hv = br.shape
         src_b, src_a = br, a.raw
-    params = [dev.unwrap(p, "gdn_gates weight") for p in (bias, A)]
-    if any(getattr(p, "shape", None) != (Hv,) or not _served(p) for p in params):
+    params = _vectors(dev, "gdn_gates", (bias, A), Hv)
+    if params is None or any(p is None for p in params):
         return None
     xp = dev.xp
     beta, sp, g = (xp.empty((T, Hv), dtype=np.float32) for _ in range(3))
@@ -941,9 +957,10 @@ def add_rms_norm(x, a, w, eps: float):
     if not _on(a, x.dev) or a.shape != x.shape or x.raw.ndim < 1 or not _served(x.raw, a.raw):
         return None
     D = x.shape[-1]
-    wr = None if w is None else x.dev.unwrap(w, "add_rms_norm weight")
-    if wr is not None and (getattr(wr, "shape", None) != (D,) or not _served(wr)):
+    wv = _vectors(x.dev, "add_rms_norm", (w,), D)
+    if wv is None:
         return None
+    wr = wv[0]
     xp = x.dev.xp
     s_, y = xp.empty_like(x.raw), xp.empty_like(x.raw)
     rms_norm_raw(_nv(x.raw.reshape(-1, D)), _nv(wr), eps, _nv(y.reshape(-1, D)), stream=_stream(),
