@@ -187,30 +187,37 @@ class GraphDecoder:
         toks = [int(tokens)] if isinstance(tokens, (int, np.integer)) else [int(t) for t in tokens]
         if not toks:
             raise ConfigError("GraphDecoder.step: no tokens given")
-        T = len(toks)
-        replay = False
         self._marks = [time.perf_counter()] if self.time_phases else None
         with self._context():
-            g = self.graphs.get(T)
-            if self.failed is not None:                   # a capture failed once: eager from then on
-                out = self._eager(toks)
-            elif g is not None and self._fits(g.rows, T):
-                out = self._replay(g, toks)
-                replay = True
-            elif g is None and T in self.warm and self._fits(self._all_rows(), T):
-                out = self._capture_and_launch(toks)
-            else:                                         # the first step of T tokens, or a cache full: eager
-                out = self._eager(toks)
-                self.warm.add(T)
-            logits = self.rt.to_host(out)                 # (the deferred NaN/inf flags of an eager step too)
-            if self.cps is not None:
-                self.cps.synchronize()
+            logits, replay = self._one(toks, len(toks), feed=False)
         self._mark()
         if replay and self._marks is not None and len(self._marks) == len(self.REPLAY_PHASES) + 1:
             m = self._marks
             self.phases.append({k: 1e3 * (m[i + 1] - m[i]) for i, k in enumerate(self.REPLAY_PHASES)})
         self._marks = None
         return logits[-1]
+
+    def _one(self, toks, key, feed: bool):
+        """One step of toks through the graph under `key` (its token count, or GREEDY: the graph that feeds itself):
+        replayed when it exists and the caches have room, captured at the second step of a token count, else eager
+        (a cache grows). -> (the logits on the host, whether it was a replay)."""
+        T = len(toks)
+        g = self.graphs.get(key)
+        replay = False
+        if self.failed is not None:                       # a capture failed once: eager from then on
+            out = self._eager(toks)
+        elif g is not None and self._room(g.rows) >= T:
+            out = self._replay(g, toks)
+            replay = True
+        elif g is None and T in self.warm and self._room(self._all_rows()) >= T:
+            out = self._capture_and_launch(toks, feed=feed)
+        else:                                             # the first step of T tokens, or a cache full: eager
+            out = self._eager(toks)
+            self.warm.add(T)
+        logits = self.rt.to_host(out)                     # (the deferred NaN/inf flags of an eager step too)
+        if self.cps is not None:
+            self.cps.synchronize()
+        return logits, replay
 
     def _eager(self, toks):
         m, rt, st = self.model, self.rt, self.state
@@ -319,21 +326,14 @@ class GraphDecoder:
         with self._context():
             while len(ids) < n:
                 g = self.graphs.get(self.GREEDY)
-                room = min((r._buf.shape[0] - r.n for r in g.rows), default=n) if g is not None else 0
-                if g is not None and self.failed is None and room >= 1:
+                room = self._room(g.rows) if g is not None and self.failed is None else 0
+                if room >= 1:
                     k = min(chunk, n - len(ids), room, m_.n_ctx - st.n_past)
                     if k < 1:
                         m_._check_tokens([t], st.n_past)  # (raises: the context is full)
                     new = self._pipelined(g, t, k)
-                else:
-                    if self.failed is None and 1 in self.warm and self._fits(self._all_rows(), 1):
-                        out = self._capture_and_launch([t], feed=True)
-                    else:
-                        out = self._eager([t])
-                        self.warm.add(1)
-                    logits = self.rt.to_host(out)
-                    if self.cps is not None:
-                        self.cps.synchronize()
+                else:                                     # eager, or the capture of the greedy graph
+                    logits, _ = self._one([t], self.GREEDY, feed=True)
                     new = [int(np.argmax(logits[-1]))]
                 ids += new
                 t = ids[-1]
@@ -350,8 +350,7 @@ class GraphDecoder:
             self._write(acc, np.ones(acc.shape, dtype=bool))
         for _ in range(k):
             g.graph.launch(self.stream)
-        for o, key, d in g.deltas:
-            _set(o, key, (o[key] if isinstance(o, (list, dict)) else getattr(o, key)) + k * d)
+        self._advance(g, k)
         if g.flags is not None:                           # every step's flags, ANDed on the device
             labels, texts, _, lazy, rows = g.flags
             rt.check_deferred((labels, texts, accs, lazy, rows))
@@ -370,9 +369,15 @@ class GraphDecoder:
         return len(rows)
 
     @staticmethod
-    def _fits(rows, T: int = 1) -> bool:
-        """Every cache of `rows` has room for the next T rows."""
-        return all(r.n + T <= r._buf.shape[0] for r in rows)
+    def _room(rows) -> int:
+        """The rows every cache of `rows` has free (unbounded when there are none)."""
+        return min((r._buf.shape[0] - r.n for r in rows), default=1 << 62)
+
+    @staticmethod
+    def _advance(g: _Captured, times: int) -> None:
+        """The state's ints (n_past, Rows.n, ..) moved as `times` replays of g move them on the device."""
+        for o, k, d in g.deltas:
+            _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + times * d)
 
     def _all_rows(self) -> list:
         return [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows) and v._buf is not None]
@@ -394,8 +399,7 @@ class GraphDecoder:
             ev[1].synchronize()
             self.gpu_ms.append(cuda.event_elapsed_time(*ev))
         self._mark()
-        for o, k, d in g.deltas:
-            _set(o, k, (o[k] if isinstance(o, (list, dict)) else getattr(o, k)) + d)
+        self._advance(g, 1)
         rt.check_deferred(g.flags)                        # one read of the step's flags
         self._mark()
         self.replays += 1
