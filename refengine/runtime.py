@@ -368,10 +368,15 @@ class Runtime:
         self._flag_queue.clear()                          # (in place: an untraced() copy shares the queue)
         fused = self.device.fused
         n = self._flag_batch(fused)
-        while q:
-            page = q[0][1]
-            group = [e for e in q if e[1] is page][:n]
-            q = [e for e in q if not any(e is g for g in group)]
+        batches = [[]]
+        for e in q:                                       # in order, a batch ending at n arrays or a new page
+            if batches[-1] and (len(batches[-1]) == n or e[1] is not batches[-1][0][1]):
+                batches.append([])
+            batches[-1].append(e)
+        for group in batches:
+            if not group:
+                continue
+            page = group[0][1]
             taken = fused.all_finite_many([a for a, _, _ in group], page, [c for _, _, c in group])
             for (a, _, cell), t in zip(group, taken):
                 if not t:
