@@ -213,18 +213,19 @@ class Runtime:
         self.check_deferred()
         return self.device.get(x) if isinstance(x, DeviceArray) else x
 
-    def check_deferred(self, packed=None) -> None:
+    def check_deferred(self, packed=None, host_pages=None) -> None:
         """Resident runs check a product's output for NaN/inf on the device and read the flags back here, once per
         forward (one read): the first weight that produced NaN/inf from a finite input is named, as the host check
         does; then the warnings of `warn_nonfinite` (the logits). `packed`: flags `pack_deferred` gathered (a
         replayed graph's), read instead of the pending ones; an input kept without its flag (`lazy_inputs`) has it
-        computed here, only for an output whose flag says NaN/inf."""
+        computed here, only for an output whose flag says NaN/inf. `host_pages`: the packed pages already read back
+        (a graph decoder reads them with the logits, one wait for both)."""
         if packed is None:
             packed = self.pack_deferred()
             if packed is None:
                 return
         labels, texts, pages, lazy, rows = packed
-        flags = np.concatenate([self.device.get(pg) for pg in pages])[rows]
+        flags = np.concatenate(host_pages if host_pages is not None else [self.device.get(pg) for pg in pages])[rows]
         if flags[:, 0].all():                # every output finite: nothing to name or warn of (42 flags walked one
             return                           # NumPy scalar at a time: 20.8 us; this: 0.9 us, the project machine)
         for label, (y_ok, x_ok), x in zip(labels, flags, lazy):

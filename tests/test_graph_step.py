@@ -209,7 +209,7 @@ def test_run_graph_cli(synth_model, tmp_path, capsys):
 
 
 def test_replay_phases_cover_the_step(synth_model):
-    """timing=True splits each replayed step into REPLAY_PHASES (inputs, launch, GPU wait, flags, logits): one record
+    """timing=True splits each replayed step into REPLAY_PHASES (inputs, launch, GPU wait, read back, copy): one record
     per replay, none for the eager and capture steps, and together they are the step's wall time (>= 90% of it timed
     from outside: the phases leave out only the call itself)."""
     import time
