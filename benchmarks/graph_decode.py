@@ -64,12 +64,13 @@ def decode_graph(model, rt, prompt, tokens):
     st = model.new_state()
     model.forward(prompt, st, rt=rt)
     dec = GraphDecoder(model, rt, st, timing=True)     # (the sim: no events, the phases only)
-    out, times, replayed = [], [], []
-    for t in tokens:
+    rows = np.empty((len(tokens), model.cfg.n_vocab), dtype=np.float32)   # the caller's memory (`out=`), as a
+    out, times, replayed = [], [], []                                     # generate loop's reused buffer
+    for i, t in enumerate(tokens):
         sync()
         n = dec.replays
         t0 = time.perf_counter()
-        out.append(dec.step(t))
+        out.append(dec.step(t, out=rows[i]))
         times.append(time.perf_counter() - t0)
         replayed.append(dec.replays > n)
     dec.replayed = replayed                  # which steps were replays (not an eager step or a (re)capture)

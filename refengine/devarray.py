@@ -201,6 +201,7 @@ class Device:
         self.tables: dict[tuple, tuple] = {}
         self._recorders: list[list] = []                 # the open `recording()` spans' op lists
         self._tapes: list[list] = []                     # the open `taping()` spans (the sim device's graphs)
+        self.probes: list = []                           # called with each op's name after it ran (a capture's check)
 
     # ------------------------------------------------------------ capture checks
     @contextlib.contextmanager
@@ -238,6 +239,8 @@ class Device:
                 r.append(entry)
         if self._tapes:
             self.tape(op, redo, buffers(result), buffers(args))
+        for p in self.probes:
+            p(op)
 
     # ------------------------------------------------------------ tapes: the sim device's CUDA graphs
     def taping(self):

@@ -130,6 +130,8 @@ class Runtime:
         self._finite_warn: list = []                    # resident: (warning, its flags' row) (the logits)
         self._pages: list = []                          # resident: this forward's flag pages [PAGE_ROWS, 2] (_flag_row)
         self._page_n = 0                                # rows of them taken
+        self.page_stock: list | None = None             # pages made ahead (GraphDecoder.greedy): taken, not made
+        self.flag_rows = 0                              # rows the last packed forward took (pack_deferred)
         self._flag_queue: list = []                     # resident on a GPU: flags not yet written (_write_flag)
         self.lazy_inputs = False                        # a captured step: products' input flags computed on demand
         self._device_models = {}
@@ -248,6 +250,7 @@ class Runtime:
         if not checks and not warns:
             return None
         pages, n = self._pages, self._page_n
+        self.flag_rows = n
         self.discard_deferred()
         last = n - (len(pages) - 1) * self.PAGE_ROWS
         views = [self.device.wrap(pg) for pg in pages[:-1]] + [self.device.wrap(pages[-1][:last])]
@@ -334,10 +337,13 @@ class Runtime:
         (check_deferred)."""
         if self._page_n == len(self._pages) * self.PAGE_ROWS:
             dev = self.device
-            make = lambda: dev.xp.ones((self.PAGE_ROWS, 2), dtype=bool)          # noqa: E731
-            page = make()
-            if dev._tapes:                                # a sim graph fills it again at every replay
-                dev.tape("flags page", make, [page], [])
+            if self.page_stock:                           # made ahead, outside a graph: no replay refills it, so a
+                page = self.page_stock.pop(0)             # run of replays ANDs every step's flags into it
+            else:
+                make = lambda: dev.xp.ones((self.PAGE_ROWS, 2), dtype=bool)      # noqa: E731
+                page = make()
+                if dev._tapes:                            # a sim graph fills it again at every replay
+                    dev.tape("flags page", make, [page], [])
             self._pages.append(page)
         self._page_n += 1
         return self._page_n - 1
@@ -387,7 +393,8 @@ class Runtime:
         dev = self.device
         xp = dev.xp
         cell = page[r:r + 1, col:col + 1]
-        flag = lambda: xp.isfinite(a.raw).all().reshape(1, 1)                   # noqa: E731
+        # ANDed into the cell, as the GPU's kernel writes False only: a page says what every write since its fill said
+        flag = lambda: cell & xp.isfinite(a.raw).all().reshape(1, 1)            # noqa: E731
         cell[...] = flag()
         if dev._tapes:
             dev.tape("finite flag", flag, [cell], [])

@@ -86,9 +86,12 @@ class Graph:
         _CAPTURING[0] += 1
         try:
             fn()
+        except BaseException:
+            cu.cuStreamEndCapture(h)                      # (the stream leaves capture mode; fn's error is the one told)
+            raise
         finally:
             _CAPTURING[0] -= 1
-            graph = cls._check(cu.cuStreamEndCapture(h), "end capture")
+        graph = cls._check(cu.cuStreamEndCapture(h), "end capture")
         exe = cls._check(cu.cuGraphInstantiate(graph, 0), "instantiate graph")
         return cls(exe)
 

@@ -161,6 +161,7 @@ class GraphDecoder:
         self.gpu_ms: list[float] = []
         self.phases: list[dict] = []                      # timing: REPLAY_PHASES of each replay, milliseconds
         self._marks: list | None = None
+        self._events = None                               # timing: the two events around a replay's launch
         self._pinned: dict = {}                           # (device pointer, shape, dtype) -> its pinned host buffer
 
     def _context(self):
@@ -181,22 +182,27 @@ class GraphDecoder:
         if self._marks is not None:
             self._marks.append(time.perf_counter())
 
-    def step(self, tokens) -> np.ndarray:
+    def step(self, tokens, out: np.ndarray | None = None) -> np.ndarray:
         """The next token (an int: a decode step) or ubatch (a sequence of T ids: a prompt's part) of the sequence
-        -> the logits of its last position [V] (a ubatch's head runs on that row only). Steps of each token count
-        have a graph of their own: the first of a count runs eagerly, the next is captured, later ones replay it."""
+        -> the logits of its last position [V] (a ubatch's head runs on that row only), a new array, or written into
+        `out` (float32 [V], the caller's: no new memory a step) and `out` returned. Steps of each token count have a
+        graph of their own: the first of a count runs eagerly, the next is captured, later ones replay it."""
         toks = [int(tokens)] if isinstance(tokens, (int, np.integer)) else [int(t) for t in tokens]
         if not toks:
             raise ConfigError("GraphDecoder.step: no tokens given")
         self._marks = [time.perf_counter()] if self.time_phases else None
         with self._context():
             logits, replay = self._one(toks, len(toks), feed=False)
+        if out is None:                                   # (a replay's logits are the pinned staging buffer, which
+            out = logits[-1].copy() if replay else logits[-1]             # the next replay rewrites)
+        else:
+            np.copyto(out, logits[-1])
         self._mark()
         if replay and self._marks is not None and len(self._marks) == len(self.REPLAY_PHASES) + 1:
             m = self._marks
             self.phases.append({k: 1e3 * (m[i + 1] - m[i]) for i, k in enumerate(self.REPLAY_PHASES)})
         self._marks = None
-        return logits[-1]
+        return out
 
     def _one(self, toks, key, feed: bool):
         """One step of toks through the graph under `key` (its token count, or GREEDY: the graph that feeds itself):
@@ -236,6 +242,9 @@ class GraphDecoder:
         if feed:                                          # made outside the graph: the replays keep what they hold
             box["ring"] = DeviceArray(dev.xp.zeros(self.RING, dtype=np.int64), dev)
             box["count"] = DeviceArray(dev.xp.zeros(1, dtype=np.int64), dev)
+            n = -(-max(rt.flag_rows, 1) // rt.PAGE_ROWS) + 1            # the eager step's pages, and one to spare
+            box["stock"] = [dev.xp.ones((rt.PAGE_ROWS, 2), dtype=bool) for _ in range(n)]
+            rt.page_stock = list(box["stock"])            # flag pages no replay refills: a run's flags ANDed
 
         def body():
             rt.lazy_inputs = True                         # products' input flags: only when an output's says NaN
@@ -245,7 +254,12 @@ class GraphDecoder:
                 rt.lazy_inputs = False
             box["flags"] = rt.pack_deferred()             # the step's NaN/inf flags in one array, rewritten by replays
             if feed:
-                box["acc"] = self._feed_ops(step, box["logits"], box["flags"], box["ring"], box["count"])
+                used = len(box["stock"]) - len(rt.page_stock)
+                if box["flags"] is not None and len(box["flags"][2]) != used:
+                    raise ConfigError(f"greedy graph: its step took {len(box['flags'][2])} flag pages, {used} of "
+                                      f"them made ahead (a page made in the graph is refilled by every replay)")
+                box["pages"] = [DeviceArray(p, dev) for p in box["stock"][:used]]
+                self._feed_ops(step, box["logits"], box["ring"], box["count"])
             after = state_leaves(st)
             wb = []
             for p, (o, k, v) in after.items():            # replaced arrays: written back into the old ones
@@ -263,10 +277,15 @@ class GraphDecoder:
         try:
             if dev.kind == "cupy":
                 from quant.cuda.timing import Graph
-                graph = Graph.capture(body, self.stream)
+                dev.probes.append(self._capture_probe())
+                try:
+                    graph = Graph.capture(body, self.stream)
+                finally:
+                    dev.probes.pop()
             else:
                 graph = _Tape(dev, body)
-        except Exception as e:                            # (GPU: nothing ran on the device) undo the Python's effects
+        except Exception as e:
+            rt.page_stock = None                            # (GPU: nothing ran on the device) undo the Python's effects
             if dev.kind != "cupy":
                 raise                                     # the sim ran part of the span: no state to go back to
             for p, (o, k, v) in before.items():
@@ -277,13 +296,14 @@ class GraphDecoder:
             warnings.warn(f"{len(toks)}-token step not captured ({self.failed}): running eagerly", RuntimeWarning,
                           stacklevel=3)
             return self._eager(toks)
+        rt.page_stock = None
         self.captures += 1
         after = state_leaves(st)
         deltas = [(o, k, int(v) - int(before[p][2])) for p, (o, k, v) in after.items()   # n_past, Rows.n, ..
                   if isinstance(v, (int, np.integer)) and p in before and int(v) != int(before[p][2])]
         rows = [v for _, _, v in after.values() if isinstance(v, Rows) and v._count is not None]
         g = _Captured(graph, step, box["logits"], box["flags"], deltas, rows, box["writebacks"],
-                      (box["ring"], box["count"], box["acc"]) if feed else None)
+                      (box["ring"], box["count"], box["pages"]) if feed else None)
         self.graphs[self.GREEDY if feed else len(toks)] = g
         self.writebacks = g.writebacks
         if not getattr(graph, "ran_at_capture", False):
@@ -291,26 +311,35 @@ class GraphDecoder:
         self.rt.check_deferred(g.flags)
         return g.logits
 
+    def _capture_probe(self):
+        """A check run after every op of a capture (`Device.probes`): an op the capture cannot record (work on the
+        legacy default stream, a synchronous copy) invalidates it without an error of its own, and the capture then
+        fails only at its end; this names the first op after which the stream's capture is invalidated."""
+        from cuda.bindings import driver as cu
+        h = cu.CUstream(int(self.stream.handle))
+        bad = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED
+        last = ["the step's start"]
+
+        def probe(op: str) -> None:
+            err, status = cu.cuStreamIsCapturing(h)
+            if status == bad:
+                raise ConfigError(f"the stream capture was invalidated by {op!r} or an op between it and "
+                                  f"{last[0]!r} (work outside the capturing stream, or a synchronous call)")
+            last[0] = op
+        return probe
+
     GREEDY = "greedy"          # graphs' key of the one-token step that also feeds its own argmax back (greedy)
     RING = 256                 # ids a greedy run's replays write before the host reads them
 
-    def _feed_ops(self, step, logits, packed, ring, count):
+    def _feed_ops(self, step, logits, ring, count) -> None:
         """The end of a greedy graph, on the device: the step's argmax becomes the next step's token and its position
-        the next (the step's input buffers), it is written to ring[count] (count advanced), and the step's NaN/inf
-        flag pages are ANDed into pages of their own (made here without a launch, filled with True before a run),
-        so that a run of replays read back once still sees every step's flags."""
+        the next (the step's input buffers), and it is written to ring[count] (count advanced). (Its flag pages were
+        made ahead, outside the graph: no replay refills them, so a run of replays leaves every step's flags ANDed.)"""
         nxt = np.argmax(logits[-1])                       # (NumPy's and CuPy's: the first largest, NaN first)
         step.tokens[...] = nxt
         step.pos[...] = step.pos + 1
         ring[count] = nxt
         count[...] = count + 1
-        accs = []
-        if packed is not None:
-            for pg in packed[2]:
-                acc = DeviceArray(self.dev.xp.zeros(pg.shape, dtype=bool), self.dev)
-                acc[...] = acc & pg
-                accs.append(acc)
-        return accs
 
     def greedy(self, token: int, n: int, *, chunk: int = RING) -> list[int]:
         """`Model.generate`'s greedy loop from `token` (the first new id, from the prompt's logits): n ids, every one
@@ -341,18 +370,16 @@ class GraphDecoder:
     def _pipelined(self, g: _Captured, t: int, k: int) -> list[int]:
         """k replays of the greedy graph from token t, launched back to back; the k ids they chose, read once."""
         m_, rt, st = self.model, self.rt, self.state
-        ring, count, accs = g.feed
+        ring, count, pages = g.feed
         self._write(g.step.tokens, m_._check_tokens([t], st.n_past))
         self._write(g.step.pos, np.array([st.n_past]))
         self._write(count, np.zeros(1))
-        for acc in accs:
-            self._write(acc, np.ones(acc.shape, dtype=bool))
+        for pg in pages:                                  # filled once a run: its steps' flags ANDed into them
+            self._write(pg, np.ones(pg.shape, dtype=bool))
         for _ in range(k):
             g.graph.launch(self.stream)
         self._advance(g, k)
-        if g.flags is not None:                           # every step's flags, ANDed on the device
-            labels, texts, _, lazy, rows = g.flags
-            rt.check_deferred((labels, texts, accs, lazy, rows))
+        rt.check_deferred(g.flags)                        # (the views of those pages)
         self.replays += k
         return [int(i) for i in self.dev.get(ring)[:k]]
 
@@ -388,7 +415,9 @@ class GraphDecoder:
         self._write(g.step.pos, np.arange(st.n_past, st.n_past + tokens.size))
         if self.timing:
             from numba import cuda
-            ev = cuda.event(), cuda.event()
+            if self._events is None:                      # (made once: making them is a host cost of its own)
+                self._events = cuda.event(), cuda.event()
+            ev = self._events
             ev[0].record(self.stream)
         self._mark()
         g.graph.launch(self.stream)
@@ -403,7 +432,7 @@ class GraphDecoder:
         rt.check_deferred(g.flags, host_pages=pages)
         self._mark()
         self.replays += 1
-        return logits.copy()                              # (the staging buffer is rewritten by the next replay)
+        return logits                                     # (the staging buffer: step copies it out)
 
     def _host(self, raw) -> np.ndarray:
         """The page-locked host buffer (made once) that a device array of this decoder is read into or written
