@@ -34,6 +34,7 @@ from .fast import fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .fast_specs import FSPECS, fast_supported
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
+from .streams import upload
 from .tc import gemm_tc_kernel
 from .weights import DeviceWeight, device_weight
 
@@ -121,17 +122,17 @@ def _nt(n: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _ones(n: int):
-    return cuda.to_device(np.ones(n, dtype=np.float32))
+    return upload(np.ones(n, dtype=np.float32))
 
 
 @functools.lru_cache(maxsize=None)
 def _izero():
-    return cuda.to_device(np.zeros(1, dtype=np.int32))
+    return upload(np.zeros(1, dtype=np.int32))
 
 
 @functools.lru_cache(maxsize=64)
 def _dense_groups_dev(T: int, bn: int = GEMM_SHAPE["BN"]):
-    return cuda.to_device(dense_groups(T, bn))
+    return upload(dense_groups(T, bn))
 
 
 def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_group: int, *, sc=None, rw=None,

@@ -27,7 +27,7 @@ from .hgemm import dense_h3, heads_h3
 from .timing import capturing
 from .device import SIM
 from .ops import aligned16, dense, fast_ids_ok, grouped, grouped_ids, supported
-from .streams import current_stream, numba_view
+from .streams import current_stream, numba_view, upload
 from .weights import device_weight
 
 
@@ -78,7 +78,7 @@ def _head_groups(H: int, T: int):
     """Row h*T + t goes to "expert" h (the head): the grouped dispatch tables of a per-head product."""
     ids = np.repeat(np.arange(H, dtype=np.int32), T)[:, None]                 # [H*T, 1]
     tab_x, _, mpg = groups_from_ids(ids, H)
-    return cuda.to_device(tab_x), mpg
+    return upload(tab_x), mpg
 
 
 def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto"):

@@ -2,6 +2,7 @@
 
     current_stream()    numba's handle on CuPy's current stream (0: the legacy default stream, which both share)
     numba_view(a)       a numba view of a CuPy array: no copy, no stream synchronisation (`sync=False`)
+    upload(a)           cuda.to_device(a), also while a stream is being captured into a graph
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from numba import cuda
 from . import fastlaunch
 
 _STREAMS: dict = {}
+_SIDE: list = []
 
 
 def current_stream():
@@ -27,3 +29,18 @@ def numba_view(a):
     if fastlaunch.INSTALLED:
         return fastlaunch.numba_view(a)
     return cuda.as_cuda_array(a, sync=False)
+
+
+def upload(a):
+    """A host array copied to a new device array, whether or not a stream is being captured (`timing.capturing`):
+    there the copy runs on a stream of its own and is waited for, since a copy on the legacy default stream (numba's
+    plain `to_device`) would invalidate the capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: a dispatch table made at a
+    captured ubatch's first product). For tables made once and kept (lru_cache): the graph reads them as constants."""
+    from .timing import capturing
+    if not capturing():
+        return cuda.to_device(a)
+    if not _SIDE:
+        _SIDE.append(cuda.stream())
+    d = cuda.to_device(a, stream=_SIDE[0])
+    _SIDE[0].synchronize()
+    return d
