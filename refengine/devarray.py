@@ -370,9 +370,12 @@ class Device:
     # ------------------------------------------------------------ products of activations ("kernel")
     def _bmm(self, a, b):
         if self.kind == "cupy":
-            from quant.cuda.bmm import bmm, fits
+            from quant.cuda.bmm import bmm, bmm_parts, fits
+            from quant.cuda.timing import graph_like
             if fits(a.shape[0], a.shape[1]):
                 return bmm(a, b)
+            if graph_like():                              # (CuPy's cuBLAS is refused in a capture: the kernel in
+                return bmm_parts(a, b)                    # parts that fit its grid, in a capture's eager step too)
         return self.xp.matmul(a, b)
 
     def kernel_matmul(self, a, b, out=None, **kw):

@@ -116,3 +116,19 @@ def test_sgemm_path_is_left_inside_a_capture(monkeypatch):
     monkeypatch.setattr(timing, "_CAPTURING", [1])
     assert timing.capturing() and not resident._sgemm("auto", 512)
     assert resident._sgemm("sgemm", 512)                  # (a forced choice stays forced)
+
+
+def test_sgemm_path_is_left_in_a_captures_eager_step(monkeypatch):
+    """A graph decoder's eager step of T tokens (`timing.graph_kernels()`, the step before that T's capture) takes
+    the capture's kernels, not cuBLAS: their kernels are compiled and their tables made there, outside the capture,
+    and the replays compute what it computed. Outside the span the choice is as before."""
+    from quant.cuda import resident, timing
+    monkeypatch.setattr(resident, "SIM", False)
+    monkeypatch.setattr(ops, "SGEMM_MIN", 128)
+    assert resident._sgemm("auto", 512) and not timing.graph_like()
+    with timing.graph_kernels():
+        assert timing.graph_like() and not timing.capturing() and not resident._sgemm("auto", 512)
+        with timing.graph_kernels():                      # (nested spans)
+            assert not resident._sgemm("auto", 512)
+        assert not resident._sgemm("auto", 512)
+    assert resident._sgemm("auto", 512) and not timing.graph_like()

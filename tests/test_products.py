@@ -82,6 +82,24 @@ def test_bmm_kernel_equals_numpy(dtype):
     assert got.dtype == dtype and rel_rms(got, a @ b) <= (1e-6 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.cuda
+def test_bmm_parts_split_what_one_grid_cannot_hold(monkeypatch):
+    """bmm_parts (a captured prefill's large products): batches and rows past one launch grid are multiplied in
+    parts into one result, equal to the one-launch product (each element is one thread's sum either way). GPU
+    (CuPy): the grid's limit patched down to 3 so that toy shapes take 2 x 3 parts."""
+    cp = pytest.importorskip("cupy")
+    from quant.cuda import bmm as kb
+    if not cp.cuda.is_available():
+        pytest.skip("no GPU")
+    rng = np.random.default_rng(4)
+    a = cp.asarray(rng.standard_normal((5, 7, 9)).astype(np.float32))
+    b = cp.asarray(rng.standard_normal((5, 9, 11)).astype(np.float32))
+    whole = kb.bmm(a, b).get()
+    monkeypatch.setattr(kb, "MAX_GRID_YZ", 3)
+    got = kb.bmm_parts(a, b).get()
+    assert np.array_equal(got, whole) and rel_rms(got, a.get() @ b.get()) <= 1e-6
+
+
 @pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "llama", "kimi-linear"])
 def test_resident_forward_with_kernel_products(synth_model, arch):
     """The sim device with products="kernel" (as a GPU runs a fixed-shape forward): every np.matmul / np.einsum of

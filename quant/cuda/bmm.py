@@ -2,6 +2,7 @@
 
     bmm_device(a, b, c)      numba device arrays a [B, M, K], b [B, K, N], c [B, M, N] (one dtype), on a stream
     bmm(a, b)                CuPy arrays in, a CuPy array out, launched on CuPy's current stream
+    bmm_parts(a, b)          the same for any batch count and rows (launches in parts where the grid is too small)
 
 CuPy refuses to call cuBLAS while a stream is being captured into a CUDA graph, so a captured decode step
 (refengine/cuda/graph_step.py) multiplies its activations (attention scores and values, the delta rule's state) here:
@@ -52,6 +53,23 @@ def bmm_device(a, b, c, stream=0) -> None:
     if not (0 < B <= MAX_GRID_YZ and 0 < M <= MAX_GRID_YZ):
         raise ValueError(f"bmm: {B} batches of {M} rows do not fit one launch grid")
     _bmm_kernel[(math.ceil(N / THREADS), M, B), THREADS, stream](a, b, c, c.dtype.type(0))
+
+
+def bmm_parts(a, b):
+    """`bmm` for any B and M (`fits` keeps the kernel to a decode step's shapes): one launch when the grid holds B
+    and M, else parts of at most MAX_GRID_YZ batches and rows, each its own launch into the one result. For a
+    captured prefill's large products of activations, which cuBLAS takes outside a capture; each output element is
+    still one thread's sum over K in order."""
+    B, M = a.shape[0], a.shape[1]
+    if B <= MAX_GRID_YZ and M <= MAX_GRID_YZ:
+        return bmm(a, b)
+    import cupy as cp
+    c = cp.empty((B, M, b.shape[2]), dtype=np.result_type(a.dtype, b.dtype))
+    for z in range(0, B, MAX_GRID_YZ):
+        for m in range(0, M, MAX_GRID_YZ):
+            c[z:z + MAX_GRID_YZ, m:m + MAX_GRID_YZ] = bmm(a[z:z + MAX_GRID_YZ, m:m + MAX_GRID_YZ],
+                                                          b[z:z + MAX_GRID_YZ])
+    return c
 
 
 def bmm(a, b):

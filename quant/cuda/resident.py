@@ -24,7 +24,7 @@ from .moe import BN, EW, bucket_kernel, combine_slots, device_scales, groups_fro
 from . import ops
 from .dequant_gemm import dense_sgemm, heads_sgemm
 from .hgemm import dense_h3, heads_h3
-from .timing import capturing
+from .timing import graph_like
 from .device import SIM
 from .ops import aligned16, dense, fast_ids_ok, grouped, grouped_ids, supported
 from .streams import current_stream, numba_view, upload
@@ -68,9 +68,10 @@ def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto")
 
 def _sgemm(kernel: str, T: int) -> bool:
     """A product of T tokens on cuBLAS after decoding the weight (`dequant_gemm`): kernel "sgemm", or "auto" from
-    ops.SGEMM_MIN tokens (KernelPolicy.sgemm_min; 0: never) on a GPU, outside a graph capture (CuPy refuses cuBLAS
-    while a stream is captured: a captured ubatch multiplies on the project's kernels)."""
-    return kernel == "sgemm" or (kernel == "auto" and not SIM and 0 < ops.SGEMM_MIN <= T and not capturing())
+    ops.SGEMM_MIN tokens (KernelPolicy.sgemm_min; 0: never) on a GPU, outside a graph capture and the eager step
+    before one (`timing.graph_like`: CuPy refuses cuBLAS while a stream is captured, so a captured ubatch
+    multiplies on the project's kernels, and so does the eager step of its token count)."""
+    return kernel == "sgemm" or (kernel == "auto" and not SIM and 0 < ops.SGEMM_MIN <= T and not graph_like())
 
 
 @functools.lru_cache(maxsize=64)

@@ -14,6 +14,7 @@ spin loads the whole chip so that its clocks stay up (a one-thread spin let them
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -63,6 +64,27 @@ def capturing() -> bool:
     """Whether a `Graph.capture` is recording launches now: a library call that a capture refuses (CuPy's cuBLAS
     matmul) must take a kernel of the project's instead."""
     return _CAPTURING[0] > 0
+
+
+_GRAPH_KERNELS = [0]          # graph_kernels() spans open now
+
+
+@contextlib.contextmanager
+def graph_kernels():
+    """A span whose launches take the kernels a capture would (`graph_like`), though nothing is captured: a graph
+    decoder's eager step of T tokens, the step before the capture of the same T. Its kernels are compiled and its
+    tables made there, outside the capture (a capture that compiles or uploads is slow or invalidated), and it
+    computes what the replays compute, bit for bit."""
+    _GRAPH_KERNELS[0] += 1
+    try:
+        yield
+    finally:
+        _GRAPH_KERNELS[0] -= 1
+
+
+def graph_like() -> bool:
+    """Whether launches now take a capture's kernels: inside a `Graph.capture` or a `graph_kernels()` span."""
+    return _CAPTURING[0] > 0 or _GRAPH_KERNELS[0] > 0
 
 
 class Graph:

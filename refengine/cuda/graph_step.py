@@ -228,7 +228,8 @@ class GraphDecoder:
         m, rt, st = self.model, self.rt, self.state
         self.graphs.clear()                               # (a cache may grow: every graph's buffers may be gone)
         self.eager += 1
-        out = m.run_step(m.prepare_step(toks, st, rt), st, rt, last_only=len(toks) > 1)
+        with self._graph_kernels():                       # the capture's kernels (compiled, tables made here)
+            out = m.run_step(m.prepare_step(toks, st, rt), st, rt, last_only=len(toks) > 1)
         if self.reserved:
             self.reserve(self.reserved)                   # (caches the step made)
         return out
@@ -310,6 +311,14 @@ class GraphDecoder:
             graph.launch(self.stream)
         self.rt.check_deferred(g.flags)
         return g.logits
+
+    def _graph_kernels(self):
+        """GPU: `quant.cuda.timing.graph_kernels` (an eager step takes the kernels its capture will: no compile
+        and no upload inside the capture, and the replays compute what it computed); the sim: nothing to choose."""
+        if self.cps is None:
+            return contextlib.nullcontext()
+        from quant.cuda.timing import graph_kernels
+        return graph_kernels()
 
     def _capture_probe(self):
         """A check run after every op of a capture (`Device.probes`): an op the capture cannot record (work on the
