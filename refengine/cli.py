@@ -173,9 +173,14 @@ def cmd_run(args) -> int:
         from .cuda.graph_step import GraphDecoder
         dec = GraphDecoder(model, rt, state)
         dec.reserve(min(state.n_past + args.n + 1, model.n_ctx))   # no cache grows while decoding: one capture
+    eos = tok.eos() if tok else None
     try:
-        out = model.generate([], args.n, rt=rt, eos=tok.eos() if tok else None, on_token=show, state=state,
-                             logits=last, step=None if dec is None else dec.step)
+        if dec is not None and last is not None and (eos is None or args.save_state is None):
+            out = dec.generate(last, args.n, eos=eos, on_token=show)      # each replay feeds its own argmax: runs
+        else:                                                             # of 16 launched back to back
+            buf = np.empty(model.cfg.n_vocab, dtype=np.float32)          # (the step's logits, reused)
+            out = model.generate([], args.n, rt=rt, eos=eos, on_token=show, state=state, logits=last,
+                                 step=None if dec is None else (lambda t: dec.step(t, out=buf)))
     finally:
         if bar is not None:
             bar.close()

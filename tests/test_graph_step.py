@@ -117,6 +117,29 @@ def test_sim_greedy_feeds_itself(synth_model, arch, reserve):
         (dec.eager, dec.captures, dec.replays)
 
 
+@pytest.mark.parametrize("arch", ["qwen3next", "deepseek2"])
+def test_sim_graph_generate_stops_at_eos(synth_model, arch):
+    """`GraphDecoder.generate` (what `run --graph` decodes with): Model.generate's ids through runs of the
+    self-feeding graph, ending at the first eos as generate does (an eos inside a run: the ids after it are
+    dropped, `overshoot` counts them), every id given to on_token once in order; with no eos the state's counters
+    end where generate's do."""
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    plain = m.generate(PROMPT, 20, rt=Runtime(resident=True, fixed_shapes=True))
+    eos = plain[9]                                        # (inside the second run of 8)
+    cut = plain[:plain.index(eos) + 1]
+    for stop, want in ((None, plain), (eos, cut)):
+        rt, st = Runtime(resident=True, fixed_shapes=True), m.new_state()
+        last = m.forward(PROMPT, st, rt=rt, last_only=True)
+        dec = GraphDecoder(m, rt, st)
+        dec.reserve(len(PROMPT) + 20)
+        seen = []
+        got = dec.generate(last, 20, eos=stop, on_token=seen.append, chunk=8)
+        assert got == want == seen, (stop, got, want)
+        fed = len(PROMPT) + len(got) - 1 + dec.overshoot
+        assert st.n_past == fed and (dec.overshoot == 0) == (stop is None or len(cut) in (1, 9, 17)), \
+            (st.n_past, fed, dec.overshoot)
+
+
 def test_sim_greedy_sees_every_steps_flags(synth_model):
     """NaN put into a visible cache row before a greedy run reaches the logits of its first pipelined step only
     through that step's replay; the flags of all its replays, ANDed on the device, still warn after the run."""

@@ -153,6 +153,7 @@ class GraphDecoder:
         self.graphs: dict[int, _Captured] = {}            # T -> the captured step of T tokens
         self.warm: set[int] = set()                       # token counts run eagerly once (kernels compiled)
         self.eager = self.captures = self.replays = 0
+        self.overshoot = 0                                # generate: ids fed past an eos in the last run
         self.writebacks = None                            # state arrays written back by the last capture
         self.reserved = 0                                 # positions every cache has room for (reserve)
         self.failed = None                                # why a capture failed (then every step is eager)
@@ -375,6 +376,30 @@ class GraphDecoder:
                 ids += new
                 t = ids[-1]
         return ids[:n]
+
+    GEN_CHUNK = 16             # generate's replays a launch run: at most 15 steps past an eos
+
+    def generate(self, logits, n: int, *, eos: int | None = None, on_token=None, chunk: int = GEN_CHUNK) -> list[int]:
+        """`Model.generate`'s greedy loop after a prefill (`logits`: its last position's, [V] or [T, V]), through
+        `greedy`'s self-feeding graph in runs of `chunk` replays: the same ids, up to n, ending at the first `eos`;
+        `on_token(id)` for each as it is read back (a run's ids come together). Without an eos in the middle the state
+        ends as generate leaves it (every id fed but the last); a run that meets an eos has fed the ids after it in
+        that run too (`overshoot` says how many), so a caller that keeps the state (a saved state file) decodes an
+        eos-terminated sequence with `step` instead."""
+        first = int(np.argmax(np.asarray(logits).reshape(-1, self.model.cfg.n_vocab)[-1]))
+        out, self.overshoot = [first], 0
+        if on_token is not None:
+            on_token(first)
+        while len(out) < n and out[-1] != eos:
+            new = self.greedy(out[-1], min(chunk, n - len(out)) + 1)[1:]    # (k new ids: the last one not fed)
+            for i, t in enumerate(new):
+                out.append(t)
+                if on_token is not None:
+                    on_token(t)
+                if t == eos:
+                    self.overshoot = len(new) - 1 - i
+                    break
+        return out
 
     def _pipelined(self, g: _Captured, t: int, k: int) -> list[int]:
         """k replays of the greedy graph from token t, launched back to back; the k ids they chose, read once."""
