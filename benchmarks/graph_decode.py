@@ -64,8 +64,8 @@ def decode_graph(model, rt, prompt, tokens):
     st = model.new_state()
     model.forward(prompt, st, rt=rt)
     dec = GraphDecoder(model, rt, st, timing=True)     # (the sim: no events, the phases only)
-    rows = np.empty((len(tokens), model.cfg.n_vocab), dtype=np.float32)   # the caller's memory (`out=`), as a
-    out, times, replayed = [], [], []                                     # generate loop's reused buffer
+    rows = np.ones((len(tokens), model.cfg.n_vocab), dtype=np.float32)    # the caller's memory (`out=`), touched
+    out, times, replayed = [], [], []                                     # once: as a generate loop's reused buffer
     for i, t in enumerate(tokens):
         sync()
         n = dec.replays

@@ -228,6 +228,7 @@ class GraphDecoder:
     def _eager(self, toks):
         m, rt, st = self.model, self.rt, self.state
         self.graphs.clear()                               # (a cache may grow: every graph's buffers may be gone)
+        self._pinned.clear()                              # (their staging too)
         self.eager += 1
         with self._graph_kernels():                       # the capture's kernels (compiled, tables made here)
             out = m.run_step(m.prepare_step(toks, st, rt), st, rt, last_only=len(toks) > 1)
@@ -286,8 +287,8 @@ class GraphDecoder:
                     dev.probes.pop()
             else:
                 graph = _Tape(dev, body)
-        except Exception as e:
-            rt.page_stock = None                            # (GPU: nothing ran on the device) undo the Python's effects
+        except Exception as e:                            # (GPU: nothing ran on the device) undo the Python's effects
+            rt.page_stock = None
             if dev.kind != "cupy":
                 raise                                     # the sim ran part of the span: no state to go back to
             for p, (o, k, v) in before.items():
@@ -426,6 +427,7 @@ class GraphDecoder:
         for r in rows:
             r.reserve(self.reserved)
         self.graphs.clear()                               # (a buffer may have grown)
+        self._pinned.clear()
         return len(rows)
 
     @staticmethod
