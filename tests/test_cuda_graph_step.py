@@ -88,3 +88,47 @@ def test_graph_greedy_feeds_itself(synth_model, arch):
             dec.reserve(len(PROMPT) + 24)
         got = dec.greedy(first, 24, chunk=5)
         assert got == want and dec.failed is None and dec.replays >= 16, (arch, reserve, got, want, dec.failed)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["qwen3next", "deepseek2"])
+def test_graph_generate_stops_at_eos(synth_model, arch):
+    """`GraphDecoder.generate` on the GPU (what `run --graph` decodes with: runs of greedy replays): Model.generate's
+    ids on the eager fixed-shape runtime, ending at an eos met inside a run as generate ends there."""
+    pytest.importorskip("cupy")
+    from refengine.cuda.graph_step import GraphDecoder
+    m = Model(synth_model(arch, wtype="Q8_0"))
+    plain = m.generate(PROMPT, 20, rt=Runtime(backend="cuda", fixed_shapes=True))
+    eos = plain[9]
+    for stop, want in ((None, plain), (eos, plain[:plain.index(eos) + 1])):
+        rt, st = Runtime(backend="cuda", fixed_shapes=True), m.new_state()
+        last = m.forward(PROMPT, st, rt=rt, last_only=True)
+        dec = GraphDecoder(m, rt, st)
+        dec.reserve(len(PROMPT) + 20)
+        got = dec.generate(last, 20, eos=stop, chunk=8)
+        assert got == want and dec.failed is None, (arch, stop, got, want, dec.failed)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["qwen3next", "deepseek2"])
+def test_graph_large_ubatches_capture(synth_model, arch):
+    """Ubatches past the cuBLAS threshold (136 tokens) through one decoder: the eager step takes the capture's
+    kernels (`timing.graph_kernels`: no cuBLAS, the tensor-core products and their tables made outside the capture),
+    the second ubatch is captured and the third replays it, nothing invalidates the capture, and each last position
+    stays within rel-RMS 1e-5 of the NumPy backend with the same argmax."""
+    pytest.importorskip("cupy")
+    from refengine.cuda.graph_step import GraphDecoder
+    m = Model(synth_model(arch, wtype="Q8_0"))
+    U = 136
+    if m.n_ctx < 3 * U + 8:
+        pytest.skip(f"n_ctx {m.n_ctx}")
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, m.cfg.n_vocab, 3 * U)]
+    st_g, st_h = m.new_state(), m.new_state()
+    dec = GraphDecoder(m, Runtime(backend="cuda", fixed_shapes=True), st_g)
+    dec.reserve(3 * U + 8)
+    for i in range(3):
+        got = dec.step(ids[i * U:(i + 1) * U])
+        ref = m.forward(ids[i * U:(i + 1) * U], st_h, rt=Runtime(), last_only=True)[-1]
+        assert dec.failed is None, dec.failed
+        assert rel_rms(got, ref) <= 1e-5 and np.argmax(got) == np.argmax(ref), f"{arch} ubatch {i}"
+    assert (dec.eager, dec.captures, dec.replays) == (1, 1, 1)
