@@ -541,7 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_expert_flags(r)
     r.add_argument("--graph", action="store_true", help="decode through one captured CUDA graph replayed every "
                    "token (refengine/cuda/graph_step.py; with --backend cuda, else on the \"sim\" device as a "
-                   "check): the device-resident forward with fixed shapes, the same ids; its counters are printed")
+                   "check): the device-resident forward with fixed shapes, the same ids; each replay feeds its argmax "
+                   "to the next on the device, 16 launched back to back (with --save-state and an eos: one token at "
+                   "a time, so that the saved state ends at the eos); its counters are printed")
     r.add_argument("--kernel-policy", action="append", default=[], metavar="KEY=VALUE", help="with --backend cuda: "
                    "a kernel choice (quant/cuda/policy.py KernelPolicy's fields, e.g. sgemm_min=0 to keep prefill "
                    "products off cuBLAS, fused_ops=False); repeatable")
