@@ -82,10 +82,16 @@ class Rows:
         graph)."""
         self.reserved = max(self.reserved, int(n))
         if self._buf is not None and self._buf.shape[0] < self.reserved:
-            grown = np.zeros_like(self._buf, shape=(self.reserved, *self._buf.shape[1:]))
+            self._buf = self._grown(self.reserved, self._buf)   # (a device count stays: it is n, the rows kept;
+                                                                # made anew inside a captured step, it would
+                                                                # restart there at each replay)
+
+    def _grown(self, cap: int, like) -> np.ndarray:
+        """A buffer of cap rows where `like` lives (host or device), the rows so far copied in."""
+        grown = np.zeros_like(like, shape=(cap, *like.shape[1:]), dtype=self.dtype)
+        if self._buf is not None:
             grown[:self.n] = self._buf[:self.n]
-            self._buf = grown                             # (a device count stays: it is n, the rows kept; made anew
-                                                          # inside a captured step, it would restart there each replay)
+        return grown
 
     def append(self, x: np.ndarray, fixed: bool = False) -> np.ndarray:
         T = x.shape[0]
@@ -97,10 +103,7 @@ class Rows:
                 raise ValueError(f"appending rows of shape {x.shape[1:]} to a buffer of {self._buf.shape[1:]}")
             cap = max(2 * (self.n + T), 16, self.reserved) if self._buf is None or self.n + T > self._buf.shape[0] \
                 else self._buf.shape[0]                   # amortized O(1) per position
-            grown = np.zeros_like(x, shape=(cap, *x.shape[1:]), dtype=self.dtype)   # where x lives (a device)
-            if self._buf is not None:
-                grown[:self.n] = self._buf[:self.n]
-            self._buf = grown
+            self._buf = self._grown(cap, x)               # where x lives (a device)
             self._count = None
         if not fixed or isinstance(x, np.ndarray):
             self._buf[self.n:self.n + T] = x

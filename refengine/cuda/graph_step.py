@@ -227,8 +227,7 @@ class GraphDecoder:
 
     def _eager(self, toks):
         m, rt, st = self.model, self.rt, self.state
-        self.graphs.clear()                               # (a cache may grow: every graph's buffers may be gone)
-        self._pinned.clear()                              # (their staging too)
+        self._drop_graphs()                               # (a cache may grow: every graph's buffers may be gone)
         self.eager += 1
         with self._graph_kernels():                       # the capture's kernels (compiled, tables made here)
             out = m.run_step(m.prepare_step(toks, st, rt), st, rt, last_only=len(toks) > 1)
@@ -426,9 +425,13 @@ class GraphDecoder:
         rows = [v for _, _, v in state_leaves(self.state).values() if isinstance(v, Rows)]
         for r in rows:
             r.reserve(self.reserved)
-        self.graphs.clear()                               # (a buffer may have grown)
-        self._pinned.clear()
+        self._drop_graphs()                               # (a buffer may have grown)
         return len(rows)
+
+    def _drop_graphs(self) -> None:
+        """Every captured graph forgotten, and the pinned staging of their buffers."""
+        self.graphs.clear()
+        self._pinned.clear()
 
     @staticmethod
     def _room(rows) -> int:
@@ -487,15 +490,19 @@ class GraphDecoder:
         pages = g.flags[2] if g.flags is not None else []
         if self.cps is None:
             return [p.raw for p in pages], g.logits.raw
-        import cupy as cp
         out = []
         for a in [p.raw for p in pages] + [g.logits.raw]:
             h = self._host(a)
-            cp.cuda.runtime.memcpyAsync(h.ctypes.data, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
-                                        self.cps.ptr)
+            self._copy_async(h.ctypes.data, a.data.ptr, a.nbytes, to_host=True)
             out.append(h)
         self.cps.synchronize()
         return out[:-1], out[-1]
+
+    def _copy_async(self, dst: int, src: int, nbytes: int, *, to_host: bool) -> None:
+        """cudaMemcpyAsync between a pinned host buffer and a device array on the decoder's stream."""
+        import cupy as cp
+        rt = cp.cuda.runtime
+        rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToHost if to_host else rt.memcpyHostToDevice, self.cps.ptr)
 
     def _write(self, buf: DeviceArray, values: np.ndarray) -> None:
         """Host values into a device input buffer of the graph, on the decoder's stream (the sim: in place)."""
@@ -503,9 +510,7 @@ class GraphDecoder:
         if self.cps is None:
             np.copyto(buf.raw, values)
             return
-        import cupy as cp
         a = buf.raw
         h = self._host(a)                                 # pinned: the copy is queued, not staged (the buffer is
         np.copyto(h, values)                              # rewritten only after the stream's next wait)
-        cp.cuda.runtime.memcpyAsync(a.data.ptr, h.ctypes.data, a.nbytes, cp.cuda.runtime.memcpyHostToDevice,
-                                    self.cps.ptr)
+        self._copy_async(a.data.ptr, h.ctypes.data, a.nbytes, to_host=False)
