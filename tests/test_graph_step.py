@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from refengine.cuda.graph_step import GraphDecoder, state_leaves
+from refengine.errors import ConfigError
 from refengine.model import Model
 from refengine.runtime import Runtime
 from test_capture import CAPTURABLE
@@ -138,6 +139,9 @@ def test_sim_graph_generate_stops_at_eos(synth_model, arch):
         fed = len(PROMPT) + len(got) - 1 + dec.overshoot
         assert st.n_past == fed and (dec.overshoot == 0) == (stop is None or len(cut) in (1, 9, 17)), \
             (st.n_past, fed, dec.overshoot)
+    assert dec.generate(last, 0) == [] == m.generate([], 0, logits=last, state=m.new_state())
+    with pytest.raises(ConfigError, match="expected \\[V\\] or \\[T, V\\]"):
+        dec.generate(last[..., :-1], 4)
 
 
 def test_sim_greedy_sees_every_steps_flags(synth_model):
@@ -183,7 +187,6 @@ def test_replay_without_the_position_update_differs(synth_model):
 
 
 def test_decoder_refuses_a_runtime_it_cannot_capture(synth_model):
-    from refengine.errors import ConfigError
     m = Model(synth_model("deepseek2", wtype="Q4_K"))
     for rt in (Runtime(), Runtime(resident=True)):                 # host; resident without fixed shapes
         with pytest.raises(ConfigError, match="fixed_shapes=True"):

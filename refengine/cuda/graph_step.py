@@ -386,8 +386,16 @@ class GraphDecoder:
         ends as generate leaves it (every id fed but the last); a run that meets an eos has fed the ids after it in
         that run too (`overshoot` says how many), so a caller that keeps the state (a saved state file) decodes an
         eos-terminated sequence with `step` instead."""
-        first = int(np.argmax(np.asarray(logits).reshape(-1, self.model.cfg.n_vocab)[-1]))
-        out, self.overshoot = [first], 0
+        V = self.model.cfg.n_vocab
+        logits = np.asarray(logits)
+        if logits.size == 0 or logits.shape[-1] != V:
+            raise ConfigError(f"GraphDecoder.generate: logits of shape {logits.shape}, expected [V] or [T, V] with V "
+                              f"= {V} (the model's vocabulary)")
+        self.overshoot = 0
+        if n < 1:
+            return []
+        first = int(np.argmax(logits.reshape(-1, V)[-1]))
+        out = [first]
         if on_token is not None:
             on_token(first)
         while len(out) < n and out[-1] != eos:
