@@ -16,6 +16,8 @@ Launch shapes (documented here, used below):
 - pairs: grid (n_pairs, ceil(O / RW)), block 32 * KS: one block per pair and RW rows, the pair fastest.
 - gemm:  grid (ceil(O / BM), n_tiles_max), block (BM / TM) * (BN / TN): one block per BM x BN tile.
 - tc:    grid (ceil(O / BM), n_tiles_max), block 32 * WM * WN: one block per BM x 32 tile, on the tensor cores.
+- tcq:   grid (ceil(O / (16 MT WM)), n_tiles_max), block 32 * WM: the tensor cores on the quants (`tcq.py`, Q4_K),
+         after one launch splitting the activations (`tcq.split_rows`).
 """
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ from .fast import fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .fast_specs import FSPECS, fast_supported
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
-from .streams import upload
+from .streams import scratch, upload
 from .tc import gemm_tc_kernel
+from .tcq import gemm_tcq_kernel, split_rows
+from .tcq import supported as tcq_supported
 from .weights import DeviceWeight, device_weight
 
 # (RW rows per block, KS warps splitting K, U parts in flight per lane) of the warp GEMV, per type;
@@ -77,6 +81,10 @@ TC_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
 # a dense product (one group of T tokens): 64-token tiles (BN=64, each decoded weight tile serving twice the
 # tokens) measured slower on the H200 (Q4_K 4096 x 14336 at 512 tokens: 2879 us at best against 2439 us with 32)
 TC_DENSE_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
+# the quant-domain tensor-core GEMM (`tcq.py`: Q4_K's 4-bit integers unsplit, two mma a fragment): MT 16-row tiles a
+# warp, WM warps a block, BN pairs a tile (the group table's tile: moe.BN for expert dispatch)
+TCQ_SHAPE = dict(MT=2, WM=4, BN=32)
+TCQ = False                        # "auto" takes tcq where it would take tc and the type has it (tcq.TYPES)
 TC = not SIM                       # "auto" takes it on the GPU; the simulator (no tensor cores: an emulation,
                                    # slow) takes the float32 SIMT GEMM, and tests `tc` on its own
 NT_MAX = 8
@@ -207,10 +215,21 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
         k[(math.ceil(O / sh["BM"]), ntiles), 32 * sh["WM"] * sh["WN"], stream](
             dw.w32, dw.w16, tab, xd, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs, E,
             cpos if cpos is not None else _izero(), ch)
+    elif kernel == "tcq":
+        if not tcq_supported(dw.type, I):
+            raise QuantError(f"tcq kernel: no quant-domain kernel for {dw.type.name} rows of {I} columns "
+                             "(Q4_K, I % 256 == 0)")
+        sh = dict(TCQ_SHAPE, **(shape or {}))
+        xh, xl, sx = split_rows(xd, stream, lambda n, dt: scratch(n, dt, stream))
+        k = gemm_tcq_kernel(dw.type, sh["MT"], sh["WM"], sh["BN"], rw is not None, sh.get("MR", 0),
+                            bool(sh.get("PW", 0)), bool(sh.get("PF", 0)))
+        ntiles = gmax + n_pairs // sh["BN"] + 1
+        k[(math.ceil(O / (16 * sh["MT"] * sh["WM"])), ntiles), 32 * sh["WM"], stream](
+            dw.w32, dw.w16, xh, xl, sx, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs)
     elif causal:
         raise QuantError("causal skips: the tc kernel only")
     else:
-        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, pairs, gemm, tc, auto)")
+        raise ValueError(f"unknown kernel {kernel!r} (naive, gemv, fast, pairs, gemm, tc, tcq, auto)")
 
 
 def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, glu: bool = False, *,
@@ -224,6 +243,8 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
         return "pairs"
     if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= group_avg * gmax):
         return "fast" if fast else "gemv"
+    if TC and TCQ and tcq_supported(dw.type, dw.I):
+        return "tcq"
     return "tc" if TC else "gemm"
 
 
@@ -292,7 +313,11 @@ def dense(dw: DeviceWeight, xd, yd, *, kernel: str = "auto", shape=None, stream=
     """yd [T, O] = xd [T, I] @ W^T on the device."""
     T = xd.shape[0]
     if kernel == "auto" and TC and T > NT_MAX and dw.I % 128 == 0:
-        kernel = "tc"
+        kernel = "tcq" if TCQ and tcq_supported(dw.type, dw.I) else "tc"
+    if kernel == "tcq":
+        sh = dict(TCQ_SHAPE, **(shape or {}))
+        grouped(dw, xd, yd, _dense_groups_dev(T, sh["BN"]), 1, T, T, kernel="tcq", shape=sh, stream=stream)
+        return
     if kernel == "tc":
         sh = dict(TC_DENSE_SHAPE, **(shape or {}))
         grouped(dw, xd, yd, _dense_groups_dev(T, sh["BN"]), 1, T, T, kernel="tc", shape=sh, stream=stream)

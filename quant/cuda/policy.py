@@ -31,7 +31,7 @@ _SWITCHES = {
     "tc": (ops, "TC"), "nt_max": (ops, "NT_MAX"), "pairs_avg": (ops, "PAIRS_AVG"),
     "sgemm_min": (ops, "SGEMM_MIN"), "sgemm_decode": (ops, "SGEMM_DECODE"),
     "prefill_gemm": (ops, "PREFILL_GEMM"), "h3_kc": (ops, "H3_KC"), "group_avg": (ops, "GROUP_AVG"),
-    "pairs_dense": (ops, "PAIRS_DENSE"),
+    "pairs_dense": (ops, "PAIRS_DENSE"), "tcq": (ops, "TCQ"), "tcq_shape": (ops, "TCQ_SHAPE"),
 }
 
 
@@ -63,6 +63,9 @@ class KernelPolicy:
     flag_batch: int = 8                   # resident NaN/inf flags written per launch (refengine/cuda/fused.py
                                           # all_finite_many, its FLAG_BATCH at most; 1: a launch per product)
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
+    tcq: bool = False                     # "auto" takes the quant-domain tensor-core GEMM where it takes tc and the
+                                          # type has it (quant/cuda/tcq.py: Q4_K)
+    tcq_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=2, WM=4, BN=32))   # its launch (ops.TCQ_SHAPE)
 
     def __post_init__(self):
         # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are
@@ -75,7 +78,7 @@ class KernelPolicy:
         if not (isinstance(self.h3_kc, int) and self.h3_kc > 0):
             raise ValueError(f"KernelPolicy.h3_kc = {self.h3_kc!r}: expected a positive number of K columns")
         from .moe import BN
-        for name in ("tc_shape", "gemm_shape"):
+        for name in ("tc_shape", "gemm_shape", "tcq_shape"):
             bn = dict(getattr(self, name) or {}).get("BN", BN)
             if bn != BN:
                 raise ValueError(f"KernelPolicy.{name} BN={bn}: the expert group tables are built with tiles of "

@@ -3,12 +3,15 @@
     current_stream()    numba's handle on CuPy's current stream (0: the legacy default stream, which both share)
     numba_view(a)       a numba view of a CuPy array: no copy, no stream synchronisation (`sync=False`)
     upload(a)           cuda.to_device(a), also while a stream is being captured into a graph
+    scratch(n, dtype)   a work buffer of n elements for one launch: CuPy's pool where CuPy is (a captured step's
+                        memory stays in the capturing pool), numba's device_array otherwise
 """
 from __future__ import annotations
 
 from numba import cuda
 
 from . import fastlaunch
+from .device import SIM
 
 _STREAMS: dict = {}
 _SIDE: list = []
@@ -44,3 +47,17 @@ def upload(a):
     d = cuda.to_device(a, stream=_SIDE[0])
     _SIDE[0].synchronize()
     return d
+
+
+def scratch(n: int, dtype, stream=0):
+    """A device buffer of n elements for work inside one launch sequence (numba array or view). From CuPy's pool on
+    a GPU with CuPy (freed back to it when dropped: reused only by work queued after, as every resident buffer), so
+    that a launch captured into a graph keeps its memory in the capturing pool; numba's allocator otherwise."""
+    if not SIM:
+        try:
+            import cupy
+        except ImportError:
+            cupy = None
+        if cupy is not None:
+            return numba_view(cupy.empty(n, dtype=dtype))
+    return cuda.device_array(n, dtype=dtype, stream=stream)

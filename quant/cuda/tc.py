@@ -21,7 +21,7 @@ Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k8", .tf32), lane = 4 
     A (16 x 8, row-major):  a[r] = A[g + 8 (r % 2), q + 4 (r // 2)]          r < 4
     B (8 x 8, column):      b[r] = B[q + 4 r, g]                              r < 2
     C, D (16 x 8):          c[r] = C[g + 8 (r // 2), 2 q + r % 2]             r < 4
-In the CUDA simulator (no tensor cores, one Python thread per lane) `_mma` gathers the fragments of
+In the CUDA simulator (no tensor cores, one Python thread per lane) `warp_mma` gathers the fragments of
 the warp through shared memory by these same layouts and multiplies them with NumPy.
 
 Shared memory (static, under 48 KB): W tile [128][BM + 8] float32 (the pad of 8 makes a fragment's 32
@@ -53,7 +53,7 @@ if SIM:
     C_COL = 2 * (_L[:, None] & 3) + np.arange(4)[None, :] % 2
 
     @cuda.jit(device=True)
-    def _mma(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    def warp_mma(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """Simulator twin of `vec.mma_tf32`: the lanes' fragments meet in shared memory, lane 0 multiplies
         the 16 x 8 x 8 tile by the layouts above (TF32 operands: low 13 bits dropped), every lane reads its
         four results back. Block-wide barriers: all threads of the block call it equally often."""
@@ -75,7 +75,7 @@ else:
     from .vec import mma_tf32
 
     @cuda.jit(device=True, inline=True)
-    def _mma(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    def warp_mma(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         return mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
 
@@ -217,7 +217,7 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
                                 else:
                                     a0, a1, a2, a3 = ahi[i, 0], ahi[i, 1], ahi[i, 2], ahi[i, 3]
                                     b0, b1 = bhi[jj, 0], bhi[jj, 1]
-                                d0, d1, d2, d3 = _mma(scr, wi, lane, a0, a1, a2, a3, b0, b1,
+                                d0, d1, d2, d3 = warp_mma(scr, wi, lane, a0, a1, a2, a3, b0, b1,
                                                       tac[i, jj, 0], tac[i, jj, 1], tac[i, jj, 2], tac[i, jj, 3])
                                 tac[i, jj, 0] = d0
                                 tac[i, jj, 1] = d1
@@ -244,4 +244,4 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
     return gemm
 
 
-__all__ = ["gemm_tc_kernel", "KT", "BN"]
+__all__ = ["gemm_tc_kernel", "warp_mma", "KT", "BN"]

@@ -6,6 +6,7 @@
     f = h2f(u)                     the low 16 bits of u as an IEEE half -> float32 (cvt.f32.f16)
     c = dp4a(a, b, c)              c + the dot product of the four signed bytes of a and of b (dp4a.s32.s32)
     hi, lo = tf32_split(v)         hi = v rounded to TF32 (cvt.rna.tf32.f32), lo = v - hi, both as bits
+    u = f32_bits(v)                the bits of a float32 as uint32 (mov.b32: no instruction once compiled)
     d0..d3 = mma_tf32(a0..a3, b0, b1, c0..c3)
                                    one warp-wide mma.sync.m16n8k8 (TF32 fragments, float32 accumulators);
                                    no simulator twin (a warp collective: `tc.py` emulates it there)
@@ -54,6 +55,9 @@ if SIM:
         va = np.array([int(a) & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.int64)
         vb = np.array([int(b) & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.int64)
         return np.int32(int(c) + int((va * vb).sum()))
+
+    def f32_bits(v):
+        return np.float32(v).view(np.uint32)
 
     def tf32_split(v):
         b = int(np.float32(v).view(np.uint32))
@@ -159,6 +163,18 @@ else:
         return _tf32_split(float32(v))
 
     @intrinsic
+    def _f32_bits(typingctx, v):
+        sig = types.uint32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], _I32)
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def f32_bits(v):
+        return _f32_bits(float32(v))
+
+    @intrinsic
     def _mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
 
@@ -177,4 +193,4 @@ else:
                          float32(c0), float32(c1), float32(c2), float32(c3))
 
 
-__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a", "tf32_split", "mma_tf32"]
+__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a", "tf32_split", "f32_bits", "mma_tf32"]

@@ -1,0 +1,261 @@
+"""Tensor-core GEMM on the quants themselves: the weights never decoded to float32, two `mma.sync` a fragment.
+
+    split_rows(xd, stream)                       -> (xh, xl, sx): the activations split once per launch
+    gemm_tcq_kernel(t, MT, WM, BN, rwt)          same group table and outputs as `tc.gemm_tc_kernel`
+    TYPES                                        the types it reads (Q4_K)
+
+A Q4_K weight is w = a * q - b with q a 4-bit integer and (a, b) = (d * sc, dmin * m) per 32-column sub-block. So a
+row's product with x over one sub-block is
+
+    sum_c w_c x_c = a * sum_c q_c x_c  -  b * sum_c x_c
+
+q is exact in TF32 (10 mantissa bits), so the tensor core multiplies it unsplit: only the activations are split
+into x = hi + lo (TF32 each; `split_rows`, once per launch, with sx = each row's sum of x per sub-block), and a
+fragment takes two `mma.sync.m16n8k8` (q . hi + q . lo) where `tc.py`'s 3xTF32 takes three on a decoded and split
+float32 weight. The tensor core sums one sub-block (32 columns, 4 steps) into fresh accumulators (its float32
+additions truncate: `tc.py`), then the lanes add a * that - b * sx into float32 registers, rounded.
+
+No shared memory and no barrier on the GPU: lane 4g + q of a warp loads its A fragments from the packed bytes
+itself (rows g and g + 8 of each of its MT 16-row tiles) and its B fragments from hi / lo (tokens g of each 8-token
+column tile, through L1). The k order inside a sub-block is permuted so that both are contiguous: mma step s (0..3),
+k-slot kk (0..7) takes column 8 (kk % 4) + 2 s + kk // 4, so over the four steps lane q holds columns 8q .. 8q + 7:
+8 bytes of the sub-block pair's qs (low nibbles: sub-block 2j, high: 2j + 1) and two 16-byte loads of hi and of lo.
+A block is WM warps of MT x 16 rows each (BM = 16 MT WM) and one BN-pair tile of the group table; 8-token column
+tiles past the tile's pairs are skipped (the count is the block's: uniform).
+
+Fragment layouts as in `tc.py` (PTX ISA, mma.m16n8k8 .tf32). In the CUDA simulator `tc.warp_mma` multiplies the
+fragments through shared memory (block-wide barriers: every warp runs every step).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, int64, uint32, uint64
+
+from ..formats import GGMLType
+from .decoders import scale_min_k4
+from .device import SIM, hf, ld32a, u2f, warp_sum
+from .gemv import tile_of
+from .tc import warp_mma
+from .vec import f32_bits, ld4u, tf32_split
+
+TYPES = (GGMLType.Q4_K,)
+SUB = 32                     # columns of a sub-block: one (a, b) pair, one tensor-core sum
+
+
+@cuda.jit
+def split_kernel(x, xh, xl, sx, R, K):
+    """x [R, K] float32 -> xh, xl (uint32 [R * K]: TF32 hi and lo bits), sx (float32 [R * K / 32]: each 32-column
+    sub-block's sum of x). A thread an element, a warp a sub-block (K % 32 == 0)."""
+    i = cuda.grid(1)
+    n = R * K
+    v = float32(0.0)
+    if i < n:
+        v = x[i // K, i % K]
+    hi, lo = tf32_split(v)
+    if i < n:
+        xh[i] = hi
+        xl[i] = lo
+    s = warp_sum(v)
+    if i < n and i % SUB == 0:
+        sx[i // SUB] = s
+
+
+def split_rows(xd, stream=0, alloc=None):
+    """(xh, xl, sx) of xd [R, K] (a device array, K % 32 == 0): one launch. alloc(n, dtype): the scratch allocator
+    (default numba's device_array)."""
+    R, K = xd.shape
+    alloc = alloc or (lambda n, dt: cuda.device_array(n, dtype=dt, stream=stream))
+    xh, xl, sx = alloc(R * K, np.uint32), alloc(R * K, np.uint32), alloc(R * K // SUB, np.float32)
+    n = R * K
+    if n:
+        split_kernel[math.ceil(n / 256), 256, stream](xd, xh, xl, sx, R, K)
+    return xh, xl, sx
+
+
+@cuda.jit(device=True, inline=True)
+def _load_b(xh, xl, xr, I, col, bh, bl, k):
+    """B fragments of one 8-token tile into buffer k: hi and lo bits of x row xr, columns col .. col + 7 (zeros for
+    no row: xr < 0)."""
+    if xr >= 0:
+        o = uint64(xr) * uint64(I) + uint64(col)
+        bh[k, 0], bh[k, 1], bh[k, 2], bh[k, 3] = ld4u(xh, o)
+        bh[k, 4], bh[k, 5], bh[k, 6], bh[k, 7] = ld4u(xh, o + uint64(4))
+        bl[k, 0], bl[k, 1], bl[k, 2], bl[k, 3] = ld4u(xl, o)
+        bl[k, 4], bl[k, 5], bl[k, 6], bl[k, 7] = ld4u(xl, o + uint64(4))
+    else:
+        for c in range(8):
+            bh[k, c] = uint32(0)
+            bl[k, c] = uint32(0)
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False, MR: int = 0, PW: bool = False,
+                    PF: bool = False):
+    """Grouped GEMM on the quants (see the module docstring): block (row tile of 16 MT WM rows, BN-pair tile).
+
+    Arguments (w32, w16, xh, xl, sx, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP): the weight's bytes as uint32 /
+    float16, the split activations of `split_rows` (rows of I columns), y [*, O], per-matrix scales sc, row
+    weights rw (rwt), the group table of BN-pair tiles. I % 256 == 0.
+
+    Latency (a warp waits on its own loads: few warps fit beside ~240 registers): MR caps the registers a thread (0:
+    the compiler's choice); PW loads a super-block's words for all four sub-block pairs at once (one wait a
+    super-block, not four); PF loads the next 8-token tile's activations while the tensor cores work on this one."""
+    if t not in TYPES:
+        raise ValueError(f"gemm_tcq_kernel: no quant-domain kernel for {GGMLType(t).name} (has: "
+                         f"{', '.join(x.name for x in TYPES)})")
+    if BN % 8 or MT < 1 or WM < 1:
+        raise ValueError(f"gemm_tcq_kernel: BN={BN} must be a multiple of 8, MT={MT} and WM={WM} positive")
+    NT = BN // 8
+    NW = WM
+    BM = 16 * MT * WM
+    RWT = rwt
+    SCR = (NW, 32, 14) if SIM else (1, 1, 1)
+    U = uint64
+    TS = 144
+
+    @cuda.jit(**({"max_registers": MR} if MR and not SIM else {}))
+    def gemm(w32, w16, xh, xl, sx, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP):
+        scr = cuda.shared.array(SCR, float32)
+        e, j0, j1 = tile_of(grp, GMAX, NP, cuda.blockIdx.y, BN)
+        if e < 0:
+            return
+        tid = cuda.threadIdx.x
+        wi = tid // 32
+        lane = tid % 32
+        g = lane >> 2
+        q = lane & 3
+        row0 = cuda.blockIdx.x * BM + wi * (16 * MT)
+        if not SIM and row0 >= O:
+            return
+        cnt = j1 - j0
+        njt = (cnt + 7) // 8                                 # 8-token column tiles holding pairs (block-uniform)
+        rb = cuda.local.array((MT, 2), uint64)               # byte offset of each of the lane's rows
+        for i in range(MT):
+            for h in range(2):
+                rb[i, h] = U(e) * U(estride) + U(min(row0 + 16 * i + g + 8 * h, O - 1)) * U(rowb)
+        xb = cuda.local.array(NT, int64)                     # x row of token 8 jj + g (B fragments), -1: none
+        xc = cuda.local.array((NT, 2), int64)                # x rows of tokens 8 jj + 2 q + t (C fragments)
+        for jj in range(NT):
+            n = 8 * jj + g
+            xb[jj] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
+            for tt in range(2):
+                n = 8 * jj + 2 * q + tt
+                xc[jj, tt] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
+        acc = cuda.local.array((MT, NT, 4), float32)
+        for i in range(MT):
+            for jj in range(NT):
+                for r in range(4):
+                    acc[i, jj, r] = float32(0.0)
+        dd = cuda.local.array((MT, 2), float32)
+        dm = cuda.local.array((MT, 2), float32)
+        s0 = cuda.local.array((MT, 2), uint32)
+        s1 = cuda.local.array((MT, 2), uint32)
+        s2 = cuda.local.array((MT, 2), uint32)
+        qa = cuda.local.array((MT, 2), uint32)
+        qb = cuda.local.array((MT, 2), uint32)
+        sa = cuda.local.array((MT, 2), float32)
+        sm = cuda.local.array((MT, 2), float32)
+        af = cuda.local.array((MT, 16), uint32)              # A fragments of the 4 steps, 4 registers each
+        wq = cuda.local.array((MT, 2, 8 if PW else 1), uint32)
+        bh = cuda.local.array((2, 8), uint32)                # B fragments: hi / lo bits of the tile (PF: two tiles)
+        bl = cuda.local.array((2, 8), uint32)
+        tac = cuda.local.array((MT, 4), float32)
+        nsb = I // SUB
+        for kb in range(I // 256):
+            for i in range(MT):
+                for h in range(2):
+                    base = rb[i, h] + U(kb * TS)
+                    dd[i, h] = hf(w16, base, 0)
+                    dm[i, h] = hf(w16, base, 2)
+                    s0[i, h] = ld32a(w32, base, 4)
+                    s1[i, h] = ld32a(w32, base, 8)
+                    s2[i, h] = ld32a(w32, base, 12)
+            if PW:
+                for i in range(MT):
+                    for h in range(2):
+                        base = rb[i, h] + U(kb * TS)
+                        for j in range(4):
+                            wq[i, h, 2 * j] = ld32a(w32, base, 16 + 32 * j + 8 * q)
+                            wq[i, h, 2 * j + 1] = ld32a(w32, base, 20 + 32 * j + 8 * q)
+            for j in range(4):
+                for i in range(MT):
+                    for h in range(2):
+                        if PW:
+                            qa[i, h] = wq[i, h, 2 * j]
+                            qb[i, h] = wq[i, h, 2 * j + 1]
+                        else:
+                            base = rb[i, h] + U(kb * TS)
+                            qa[i, h] = ld32a(w32, base, 16 + 32 * j + 8 * q)
+                            qb[i, h] = ld32a(w32, base, 20 + 32 * j + 8 * q)
+                for half in range(2):
+                    sbk = 2 * j + half                      # sub-block of the super-block
+                    for i in range(MT):
+                        for h in range(2):
+                            c, m = scale_min_k4(s0[i, h], s1[i, h], s2[i, h], sbk)
+                            sa[i, h] = dd[i, h] * u2f(c)
+                            sm[i, h] = dm[i, h] * u2f(m)
+                    for i in range(MT):
+                        for s in range(4):
+                            for tt in range(2):             # column 8q + 2s + tt: byte 2 (s % 2) + tt of qa / qb
+                                sh = uint32(8 * (2 * (s % 2) + tt) + 4 * half)
+                                for h in range(2):
+                                    wd = qa[i, h] if s < 2 else qb[i, h]
+                                    af[i, 4 * s + 2 * tt + h] = f32_bits(u2f((wd >> sh) & uint32(15)))
+                    col = kb * 256 + SUB * sbk + 8 * q
+                    if PF:
+                        _load_b(xh, xl, xb[0], I, col, bh, bl, 0)
+                    for jj in range(NT):
+                        if jj < njt:
+                            if not PF:
+                                _load_b(xh, xl, xb[jj], I, col, bh, bl, 0)
+                            elif jj + 1 < NT:
+                                if jj + 1 < njt:
+                                    _load_b(xh, xl, xb[jj + 1], I, col, bh, bl, (jj + 1) % 2)
+                            bu = jj % 2 if PF else 0
+                            for i in range(MT):
+                                for r in range(4):
+                                    tac[i, r] = float32(0.0)
+                            for s in range(4):
+                                for i in range(MT):
+                                    d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1],
+                                                              af[i, 4 * s + 2], af[i, 4 * s + 3], bh[bu, 2 * s],
+                                                              bh[bu, 2 * s + 1], tac[i, 0], tac[i, 1], tac[i, 2],
+                                                              tac[i, 3])
+                                    d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1],
+                                                              af[i, 4 * s + 2], af[i, 4 * s + 3], bl[bu, 2 * s],
+                                                              bl[bu, 2 * s + 1], d0, d1, d2, d3)
+                                    tac[i, 0] = d0
+                                    tac[i, 1] = d1
+                                    tac[i, 2] = d2
+                                    tac[i, 3] = d3
+                            sxi = kb * 8 + sbk
+                            x0 = sx[U(xc[jj, 0]) * U(nsb) + U(sxi)] if xc[jj, 0] >= 0 else float32(0.0)
+                            x1 = sx[U(xc[jj, 1]) * U(nsb) + U(sxi)] if xc[jj, 1] >= 0 else float32(0.0)
+                            for i in range(MT):
+                                for r in range(4):
+                                    xs = x0 if r % 2 == 0 else x1
+                                    acc[i, jj, r] += sa[i, r // 2] * tac[i, r] - sm[i, r // 2] * xs
+        # C fragment c[r]: row g + 8 (r // 2), token 2 q + r % 2 of each 16 x 8 tile
+        for i in range(MT):
+            for jj in range(NT):
+                for r in range(4):
+                    row = row0 + 16 * i + g + 8 * (r // 2)
+                    n = 8 * jj + 2 * q + r % 2
+                    if row < O and n < cnt:
+                        orow = grp[2 + 2 * GMAX + NP + j0 + n]
+                        val = acc[i, jj, r] * sc[e]
+                        if RWT:
+                            val = val * rw[orow]
+                        y[orow, row] = val
+    return gemm
+
+
+def supported(t, I: int) -> bool:
+    """Whether `gemm_tcq_kernel` reads a weight of type t with rows of I columns."""
+    return t in TYPES and I % 256 == 0
+
+
+__all__ = ["gemm_tcq_kernel", "split_rows", "split_kernel", "supported", "TYPES"]
