@@ -83,8 +83,14 @@ TC_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
 TC_DENSE_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
 # the quant-domain tensor-core GEMM (`tcq.py`: Q4_K's 4-bit integers unsplit, two mma a fragment): MT 16-row tiles a
 # warp, WM warps a block, BN pairs a tile (the group table's tile: moe.BN for expert dispatch)
-TCQ_SHAPE = dict(MT=2, WM=4, BN=32)
-TCQ = False                        # "auto" takes tcq where it would take tc and the type has it (tcq.TYPES)
+# (MT=4, WM=2 measured best of 17 shapes and latency variants: benchmarks/expert_prefill.py, BENCHMARKS.md session 25)
+TCQ_SHAPE = dict(MT=4, WM=2, BN=32)
+# "auto" takes tcq where it would take tc, the type has it (tcq.TYPES) and the groups average at most one tile of
+# pairs (expert dispatch at prefill: DeepSeek-V3's 256 experts see ~16 of 512 tokens' pairs each). Measured on the
+# H200 (session 25): V3's experts at 512 tokens 5.7 / 5.5 ms (gate / down) against tc's 8.5 / 9.2, a whole
+# deepseek2 prefill 53.3 -> 48.1 ms; full tiles (a dense 4096 x 14336 product at 512 tokens) 2.97 ms against tc's
+# 2.48: dense and per-head products stay on tc
+TCQ = True
 TC = not SIM                       # "auto" takes it on the GPU; the simulator (no tensor cores: an emulation,
                                    # slow) takes the float32 SIMT GEMM, and tests `tc` on its own
 NT_MAX = 8
@@ -243,7 +249,7 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
         return "pairs"
     if max_per_group <= NT_MAX or dw.I % 128 or glu or (fast and gmax > 1 and n_pairs <= group_avg * gmax):
         return "fast" if fast else "gemv"
-    if TC and TCQ and tcq_supported(dw.type, dw.I):
+    if TC and TCQ and tcq_supported(dw.type, dw.I) and n_pairs <= TCQ_SHAPE["BN"] * gmax:
         return "tcq"
     return "tc" if TC else "gemm"
 
@@ -313,7 +319,7 @@ def dense(dw: DeviceWeight, xd, yd, *, kernel: str = "auto", shape=None, stream=
     """yd [T, O] = xd [T, I] @ W^T on the device."""
     T = xd.shape[0]
     if kernel == "auto" and TC and T > NT_MAX and dw.I % 128 == 0:
-        kernel = "tcq" if TCQ and tcq_supported(dw.type, dw.I) else "tc"
+        kernel = "tc"
     if kernel == "tcq":
         sh = dict(TCQ_SHAPE, **(shape or {}))
         grouped(dw, xd, yd, _dense_groups_dev(T, sh["BN"]), 1, T, T, kernel="tcq", shape=sh, stream=stream)

@@ -63,9 +63,9 @@ class KernelPolicy:
     flag_batch: int = 8                   # resident NaN/inf flags written per launch (refengine/cuda/fused.py
                                           # all_finite_many, its FLAG_BATCH at most; 1: a launch per product)
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
-    tcq: bool = False                     # "auto" takes the quant-domain tensor-core GEMM where it takes tc and the
-                                          # type has it (quant/cuda/tcq.py: Q4_K)
-    tcq_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=2, WM=4, BN=32))   # its launch (ops.TCQ_SHAPE)
+    tcq: bool = True                      # "auto" takes the quant-domain tensor-core GEMM for small groups where it
+                                          # takes tc and the type has it (quant/cuda/tcq.py: Q4_K; ops.TCQ)
+    tcq_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=4, WM=2, BN=32))   # its launch (ops.TCQ_SHAPE)
 
     def __post_init__(self):
         # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are
