@@ -3,8 +3,8 @@
 Runs on the GPU at real tile sizes when there is one, else in numba's CUDA simulator on toy sizes (one warp, 16-pair
 tiles: `tc.warp_mma` emulates the tensor core there). The routed groups hold 0, a partial 8-pair column tile, and
 more than a tile; rows not a multiple of the warp's 16 (the clamped rows' outputs must not be written); scales and
-row weights as the expert dispatch passes them; the latency variants (weight burst, activation prefetch) compute
-the same numbers.
+row weights as the expert dispatch passes them; the latency variants (weight burst, activation prefetch, the weights
+staged through shared memory by cp.async: `gemm_tcq_staged_kernel`) compute the same numbers.
 """
 import numpy as np
 import pytest
@@ -23,11 +23,11 @@ pytestmark = pytest.mark.cuda
 GPU = not qc.SIM and qc.available()
 TOL = 1e-5
 # experts, rows, columns, tokens; pairs of each expert; the launch shape (the simulator: one warp of 16 rows)
-E, O, I, T = (6, 200, 2048, 96) if GPU else (3, 20, 256, 12)
+E, O, I, T = (6, 200, 2048, 96) if GPU else (3, 20, 512, 12)      # two super-blocks: the staged kernel's buffers
 COUNTS = (0, 5, 41, 30, 17, 64) if GPU else (0, 3, 9)
 BN = 32 if GPU else 16
-SHAPES = [dict(MT=4, WM=2, BN=BN), dict(MT=2, WM=4, BN=BN, PW=1, PF=1)] if GPU else \
-    [dict(MT=1, WM=1, BN=BN), dict(MT=1, WM=1, BN=BN, PW=1, PF=1)]
+SHAPES = [dict(MT=4, WM=2, BN=BN), dict(MT=2, WM=4, BN=BN, PW=1, PF=1), dict(MT=2, WM=4, BN=BN, ST=1)] if GPU else \
+    [dict(MT=1, WM=1, BN=BN), dict(MT=1, WM=1, BN=BN, PW=1, PF=1), dict(MT=1, WM=1, BN=BN, ST=1)]
 
 
 def _case(rng):

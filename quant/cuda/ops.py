@@ -38,7 +38,7 @@ from .fast_specs import FSPECS, fast_supported
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .streams import scratch, upload
 from .tc import gemm_tc_kernel
-from .tcq import gemm_tcq_kernel, split_rows
+from .tcq import gemm_tcq_kernel, gemm_tcq_staged_kernel, split_rows
 from .tcq import supported as tcq_supported
 from .weights import DeviceWeight, device_weight
 
@@ -227,8 +227,11 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
                              "(Q4_K, I % 256 == 0)")
         sh = dict(TCQ_SHAPE, **(shape or {}))
         xh, xl, sx = split_rows(xd, stream, lambda n, dt: scratch(n, dt, stream))
-        k = gemm_tcq_kernel(dw.type, sh["MT"], sh["WM"], sh["BN"], rw is not None, sh.get("MR", 0),
-                            bool(sh.get("PW", 0)), bool(sh.get("PF", 0)))
+        if sh.get("ST", 0):              # weights staged through shared memory (tcq.gemm_tcq_staged_kernel)
+            k = gemm_tcq_staged_kernel(dw.type, sh["MT"], sh["WM"], sh["BN"], rw is not None)
+        else:
+            k = gemm_tcq_kernel(dw.type, sh["MT"], sh["WM"], sh["BN"], rw is not None, sh.get("MR", 0),
+                                bool(sh.get("PW", 0)), bool(sh.get("PF", 0)))
         ntiles = gmax + n_pairs // sh["BN"] + 1
         k[(math.ceil(O / (16 * sh["MT"] * sh["WM"])), ntiles), 32 * sh["WM"], stream](
             dw.w32, dw.w16, xh, xl, sx, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs)

@@ -21,7 +21,7 @@ from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .tc import gemm_tc_kernel
-from .tcq import gemm_tcq_kernel, split_kernel as tcq_split_kernel
+from .tcq import gemm_tcq_kernel, gemm_tcq_staged_kernel, split_kernel as tcq_split_kernel
 from .dequant_gemm import staged_kernel
 from .hgemm import combine_kernel as h3_combine_kernel, split_kernel as h3_split_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
@@ -82,6 +82,7 @@ def kernels(all_variants: bool = False):
             out.append((f"fast1[{n}, DB]", fgemv1_kernel(t, 8, 4, False, False, 2, 0, 128, None, True), SIG_GEMV))
     out.append(("tcq[Q4_K]", gemm_tcq_kernel(GGMLType.Q4_K, 4, 2, 32), SIG_TCQ))
     out.append(("tcq[Q4_K, rw]", gemm_tcq_kernel(GGMLType.Q4_K, 4, 2, 32, True), SIG_TCQ))
+    out.append(("tcq[Q4_K, staged]", gemm_tcq_staged_kernel(GGMLType.Q4_K, 2, 4, 32), SIG_TCQ))
     out.append(("tcq split", tcq_split_kernel, f"void({A2F32}, uint32[::1], uint32[::1], {A1F32}, int64, int64)"))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))

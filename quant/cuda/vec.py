@@ -7,6 +7,11 @@
     c = dp4a(a, b, c)              c + the dot product of the four signed bytes of a and of b (dp4a.s32.s32)
     hi, lo = tf32_split(v)         hi = v rounded to TF32 (cvt.rna.tf32.f32), lo = v - hi, both as bits
     u = f32_bits(v)                the bits of a float32 as uint32 (mov.b32: no instruction once compiled)
+    cp_async16(dst, i, src, j)     dst[i : i + 4] = src[j : j + 4] (uint32; dst in shared, src in global memory), as
+                                   one asynchronous 16-byte copy (cp.async.cg); both 16-byte aligned
+    cp_async_commit()              closes the group of copies issued since the last commit (cp.async.commit_group)
+    cp_async_wait1(), _wait0()     waits until at most 1 / 0 groups are pending (cp.async.wait_group); a barrier
+                                   after it makes the copies visible to the other threads
     d0..d3 = mma_tf32(a0..a3, b0, b1, c0..c3)
                                    one warp-wide mma.sync.m16n8k8 (TF32 fragments, float32 accumulators);
                                    no simulator twin (a warp collective: `tc.py` emulates it there)
@@ -58,6 +63,21 @@ if SIM:
 
     def f32_bits(v):
         return np.float32(v).view(np.uint32)
+
+    def cp_async16(dst, i, src, j):
+        i, j = int(i), int(j)
+        assert i % 4 == 0 and j % 4 == 0, "cp_async16: unaligned index"
+        for k in range(4):
+            dst[i + k] = src[j + k]
+
+    def cp_async_commit():
+        pass
+
+    def cp_async_wait1():
+        pass
+
+    def cp_async_wait0():
+        pass
 
     def tf32_split(v):
         b = int(np.float32(v).view(np.uint32))
@@ -174,6 +194,41 @@ else:
     def f32_bits(v):
         return _f32_bits(float32(v))
 
+    def _idx64(builder, idx, signed):
+        if idx.type.width < 64:
+            return builder.sext(idx, _I64) if signed else builder.zext(idx, _I64)
+        return idx
+
+    @intrinsic
+    def cp_async16(typingctx, dst, i, src, j):
+        if not all(isinstance(a, types.Array) and a.dtype == types.uint32 for a in (dst, src)):
+            return None
+        sig = types.void(dst, i, src, j)
+
+        def codegen(context, builder, signature, args):
+            sa = signature.args
+            d = elem_addr(context, builder, sa[0], args[0], _idx64(builder, args[1], sa[1].signed))
+            g = elem_addr(context, builder, sa[2], args[2], _idx64(builder, args[3], sa[3].signed))
+            text = ("{ .reg .u64 s, g; .reg .u32 s32; cvta.to.shared.u64 s, $0; cvt.u32.u64 s32, s; "
+                    "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [s32], [g], 16; }")
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I64]), text, "l,l,~{memory}", side_effect=True)
+            builder.call(asm, [d, g])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    def _asm_void(text):
+        @intrinsic
+        def f(typingctx):
+            def codegen(context, builder, signature, args):
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return f
+
+    cp_async_commit = _asm_void("cp.async.commit_group;")
+    cp_async_wait1 = _asm_void("cp.async.wait_group 1;")
+    cp_async_wait0 = _asm_void("cp.async.wait_group 0;")
+
     @intrinsic
     def _mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
@@ -193,4 +248,5 @@ else:
                          float32(c0), float32(c1), float32(c2), float32(c3))
 
 
-__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a", "tf32_split", "f32_bits", "mma_tf32"]
+__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a", "tf32_split", "f32_bits", "mma_tf32", "cp_async16",
+           "cp_async_commit", "cp_async_wait1", "cp_async_wait0"]
