@@ -112,6 +112,9 @@ def main(argv=None) -> int:
     ap.add_argument("--segments", action="store_true", help="also the GPU time between the forward's named tensors "
                     "(a CUDA event at each `rt.record` point, stream-ordered: e.g. 'ffn_inp-1 .. ffn_out-1' is layer "
                     "1's FFN), summed by name")
+    ap.add_argument("--fixed-shapes", action="store_true", help="the fixed-shape runtime a captured ubatch runs "
+                    "(Runtime(fixed_shapes=True)) with a capture's kernels (timing.graph_kernels: no cuBLAS), "
+                    "as a graph decoder's eager ubatch step: where a 512-token ubatch graph's time goes")
     ap.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                     help="a KernelPolicy setting, e.g. group_avg=16 or sgemm_decode=staged (repeatable)")
     a = ap.parse_args(argv)
@@ -127,10 +130,14 @@ def main(argv=None) -> int:
     ids = [int(t) for t in np.random.default_rng(0).integers(0, m.cfg.n_vocab, a.tokens)]
     from quant.cuda.policy import KernelPolicy
     pol = KernelPolicy.default().with_settings(a.policy) if a.policy else None
-    rt = Runtime(backend="cuda", kernel_policy=pol)
+    rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes)
+    from contextlib import nullcontext
+
+    from quant.cuda.timing import graph_kernels
 
     def run():
-        m.forward(ids, m.new_state(), rt=rt, last_only=True)
+        with graph_kernels() if a.fixed_shapes else nullcontext():
+            m.forward(ids, m.new_state(), rt=rt, last_only=True)
         cp.cuda.Device().synchronize()
 
     run()
@@ -142,7 +149,8 @@ def main(argv=None) -> int:
     wall = 1e3 * float(np.median(times))
     print(f"{os.path.basename(path)}: prefill of {a.tokens} tokens {wall:.1f} ms (median of {a.reps}; "
           f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f})"
-          + (f", policy {' '.join(a.policy)}" if a.policy else ""), flush=True)
+          + (f", policy {' '.join(a.policy)}" if a.policy else "")
+          + (", fixed shapes with a capture's kernels" if a.fixed_shapes else ""), flush=True)
     if a.wall_only:
         return 0
     try:
