@@ -91,6 +91,79 @@ def _load_b(xh, xl, xr, I, col, bh, bl, k):
             bl[k, c] = uint32(0)
 
 
+@cuda.jit(device=True, inline=True)
+def _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT):
+    """x rows of the tile's tokens a lane needs: xb[jj] of token 8 jj + g (B fragments), xc[jj, t] of tokens
+    8 jj + 2 q + t (C fragments); -1 past the tile's pairs."""
+    for jj in range(NT):
+        n = 8 * jj + g
+        xb[jj] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
+        for tt in range(2):
+            n = 8 * jj + 2 * q + tt
+            xc[jj, tt] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
+
+
+@cuda.jit(device=True, inline=True)
+def _a_frags(qa, qb, half, af, MT):
+    """A fragments of one sub-block (low nibbles: half 0, high: 1) for the 4 mma steps: column 8q + 2s + tt is byte
+    2 (s % 2) + tt of qa (s < 2) or qb; registers a0..a3 = rows g / g + 8 x columns tt = 0 / 1; q as TF32 bits."""
+    for i in range(MT):
+        for s in range(4):
+            for tt in range(2):
+                sh = uint32(8 * (2 * (s % 2) + tt) + 4 * half)
+                for h in range(2):
+                    wd = qa[i, h] if s < 2 else qb[i, h]
+                    af[i, 4 * s + 2 * tt + h] = f32_bits(u2f((wd >> sh) & uint32(15)))
+
+
+@cuda.jit(device=True, inline=True)
+def _tile(scr, wi, lane, af, bh, bl, bu, tac, MT):
+    """tac[i] = one sub-block's q . (hi + lo) for the 8-token tile in B buffer bu: 4 steps of two mma, summed on the
+    tensor cores from zero."""
+    for i in range(MT):
+        for r in range(4):
+            tac[i, r] = float32(0.0)
+    for s in range(4):
+        for i in range(MT):
+            d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1], af[i, 4 * s + 2],
+                                      af[i, 4 * s + 3], bh[bu, 2 * s], bh[bu, 2 * s + 1],
+                                      tac[i, 0], tac[i, 1], tac[i, 2], tac[i, 3])
+            d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1], af[i, 4 * s + 2],
+                                      af[i, 4 * s + 3], bl[bu, 2 * s], bl[bu, 2 * s + 1], d0, d1, d2, d3)
+            tac[i, 0] = d0
+            tac[i, 1] = d1
+            tac[i, 2] = d2
+            tac[i, 3] = d3
+
+
+@cuda.jit(device=True, inline=True)
+def _accumulate(acc, jj, tac, sa, sm, sx, xc, nsb, sxi, MT):
+    """acc[:, jj] += a * tac - b * (the tokens' sums of x over sub-block sxi), rounded in float32."""
+    x0 = sx[uint64(xc[jj, 0]) * uint64(nsb) + uint64(sxi)] if xc[jj, 0] >= 0 else float32(0.0)
+    x1 = sx[uint64(xc[jj, 1]) * uint64(nsb) + uint64(sxi)] if xc[jj, 1] >= 0 else float32(0.0)
+    for i in range(MT):
+        for r in range(4):
+            xs = x0 if r % 2 == 0 else x1
+            acc[i, jj, r] += sa[i, r // 2] * tac[i, r] - sm[i, r // 2] * xs
+
+
+@cuda.jit(device=True, inline=True)
+def _store(y, grp, GMAX, NP, j0, cnt, O, row0, g, q, acc, sc, e, rw, RWT, MT, NT):
+    """The C fragments to the pairs' output rows: c[r] is row g + 8 (r // 2), token 2 q + r % 2 of each 16 x 8 tile;
+    times the matrix's scale (and the pair's row weight: RWT)."""
+    for i in range(MT):
+        for jj in range(NT):
+            for r in range(4):
+                row = row0 + 16 * i + g + 8 * (r // 2)
+                n = 8 * jj + 2 * q + r % 2
+                if row < O and n < cnt:
+                    orow = grp[2 + 2 * GMAX + NP + j0 + n]
+                    val = acc[i, jj, r] * sc[e]
+                    if RWT:
+                        val = val * rw[orow]
+                    y[orow, row] = val
+
+
 @functools.lru_cache(maxsize=None)
 def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False, MR: int = 0, PW: bool = False,
                     PF: bool = False):
@@ -136,14 +209,9 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
         for i in range(MT):
             for h in range(2):
                 rb[i, h] = U(e) * U(estride) + U(min(row0 + 16 * i + g + 8 * h, O - 1)) * U(rowb)
-        xb = cuda.local.array(NT, int64)                     # x row of token 8 jj + g (B fragments), -1: none
-        xc = cuda.local.array((NT, 2), int64)                # x rows of tokens 8 jj + 2 q + t (C fragments)
-        for jj in range(NT):
-            n = 8 * jj + g
-            xb[jj] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
-            for tt in range(2):
-                n = 8 * jj + 2 * q + tt
-                xc[jj, tt] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
+        xb = cuda.local.array(NT, int64)
+        xc = cuda.local.array((NT, 2), int64)
+        _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT)
         acc = cuda.local.array((MT, NT, 4), float32)
         for i in range(MT):
             for jj in range(NT):
@@ -197,13 +265,7 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
                             c, m = scale_min_k4(s0[i, h], s1[i, h], s2[i, h], sbk)
                             sa[i, h] = dd[i, h] * u2f(c)
                             sm[i, h] = dm[i, h] * u2f(m)
-                    for i in range(MT):
-                        for s in range(4):
-                            for tt in range(2):             # column 8q + 2s + tt: byte 2 (s % 2) + tt of qa / qb
-                                sh = uint32(8 * (2 * (s % 2) + tt) + 4 * half)
-                                for h in range(2):
-                                    wd = qa[i, h] if s < 2 else qb[i, h]
-                                    af[i, 4 * s + 2 * tt + h] = f32_bits(u2f((wd >> sh) & uint32(15)))
+                    _a_frags(qa, qb, half, af, MT)
                     col = kb * 256 + SUB * sbk + 8 * q
                     if PF:
                         _load_b(xh, xl, xb[0], I, col, bh, bl, 0)
@@ -214,42 +276,9 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
                             elif jj + 1 < NT:
                                 if jj + 1 < njt:
                                     _load_b(xh, xl, xb[jj + 1], I, col, bh, bl, (jj + 1) % 2)
-                            bu = jj % 2 if PF else 0
-                            for i in range(MT):
-                                for r in range(4):
-                                    tac[i, r] = float32(0.0)
-                            for s in range(4):
-                                for i in range(MT):
-                                    d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1],
-                                                              af[i, 4 * s + 2], af[i, 4 * s + 3], bh[bu, 2 * s],
-                                                              bh[bu, 2 * s + 1], tac[i, 0], tac[i, 1], tac[i, 2],
-                                                              tac[i, 3])
-                                    d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1],
-                                                              af[i, 4 * s + 2], af[i, 4 * s + 3], bl[bu, 2 * s],
-                                                              bl[bu, 2 * s + 1], d0, d1, d2, d3)
-                                    tac[i, 0] = d0
-                                    tac[i, 1] = d1
-                                    tac[i, 2] = d2
-                                    tac[i, 3] = d3
-                            sxi = kb * 8 + sbk
-                            x0 = sx[U(xc[jj, 0]) * U(nsb) + U(sxi)] if xc[jj, 0] >= 0 else float32(0.0)
-                            x1 = sx[U(xc[jj, 1]) * U(nsb) + U(sxi)] if xc[jj, 1] >= 0 else float32(0.0)
-                            for i in range(MT):
-                                for r in range(4):
-                                    xs = x0 if r % 2 == 0 else x1
-                                    acc[i, jj, r] += sa[i, r // 2] * tac[i, r] - sm[i, r // 2] * xs
-        # C fragment c[r]: row g + 8 (r // 2), token 2 q + r % 2 of each 16 x 8 tile
-        for i in range(MT):
-            for jj in range(NT):
-                for r in range(4):
-                    row = row0 + 16 * i + g + 8 * (r // 2)
-                    n = 8 * jj + 2 * q + r % 2
-                    if row < O and n < cnt:
-                        orow = grp[2 + 2 * GMAX + NP + j0 + n]
-                        val = acc[i, jj, r] * sc[e]
-                        if RWT:
-                            val = val * rw[orow]
-                        y[orow, row] = val
+                            _tile(scr, wi, lane, af, bh, bl, jj % 2 if PF else 0, tac, MT)
+                            _accumulate(acc, jj, tac, sa, sm, sx, xc, nsb, kb * 8 + sbk, MT)
+        _store(y, grp, GMAX, NP, j0, cnt, O, row0, g, q, acc, sc, e, rw, RWT, MT, NT)
     return gemm
 
 
@@ -306,12 +335,7 @@ def gemm_tcq_staged_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool 
         njt = (cnt + 7) // 8
         xb = cuda.local.array(NT, int64)
         xc = cuda.local.array((NT, 2), int64)
-        for jj in range(NT):
-            n = 8 * jj + g
-            xb[jj] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
-            for tt in range(2):
-                n = 8 * jj + 2 * q + tt
-                xc[jj, tt] = grp[2 + 2 * GMAX + j0 + n] if n < cnt else -1
+        _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT)
         acc = cuda.local.array((MT, NT, 4), float32)
         for i in range(MT):
             for jj in range(NT):
@@ -352,52 +376,15 @@ def gemm_tcq_staged_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool 
                             c, m = scale_min_k4(Ws[o + 1], Ws[o + 2], Ws[o + 3], sbk)
                             sa[i, h] = h2f(dw) * u2f(c)
                             sm[i, h] = h2f(dw >> uint32(16)) * u2f(m)
-                    for i in range(MT):
-                        for s in range(4):
-                            for tt in range(2):
-                                sh = uint32(8 * (2 * (s % 2) + tt) + 4 * half)
-                                for h in range(2):
-                                    wd = qa[i, h] if s < 2 else qb[i, h]
-                                    af[i, 4 * s + 2 * tt + h] = f32_bits(u2f((wd >> sh) & uint32(15)))
+                    _a_frags(qa, qb, half, af, MT)
                     col = kb * 256 + SUB * sbk + 8 * q
                     for jj in range(NT):
                         if jj < njt:
                             _load_b(xh, xl, xb[jj], I, col, bh, bl, 0)
-                            for i in range(MT):
-                                for r in range(4):
-                                    tac[i, r] = float32(0.0)
-                            for s in range(4):
-                                for i in range(MT):
-                                    d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1],
-                                                              af[i, 4 * s + 2], af[i, 4 * s + 3], bh[0, 2 * s],
-                                                              bh[0, 2 * s + 1], tac[i, 0], tac[i, 1], tac[i, 2],
-                                                              tac[i, 3])
-                                    d0, d1, d2, d3 = warp_mma(scr, wi, lane, af[i, 4 * s], af[i, 4 * s + 1],
-                                                              af[i, 4 * s + 2], af[i, 4 * s + 3], bl[0, 2 * s],
-                                                              bl[0, 2 * s + 1], d0, d1, d2, d3)
-                                    tac[i, 0] = d0
-                                    tac[i, 1] = d1
-                                    tac[i, 2] = d2
-                                    tac[i, 3] = d3
-                            sxi = kb * 8 + sbk
-                            x0 = sx[U(xc[jj, 0]) * U(nsb) + U(sxi)] if xc[jj, 0] >= 0 else float32(0.0)
-                            x1 = sx[U(xc[jj, 1]) * U(nsb) + U(sxi)] if xc[jj, 1] >= 0 else float32(0.0)
-                            for i in range(MT):
-                                for r in range(4):
-                                    xs = x0 if r % 2 == 0 else x1
-                                    acc[i, jj, r] += sa[i, r // 2] * tac[i, r] - sm[i, r // 2] * xs
+                            _tile(scr, wi, lane, af, bh, bl, 0, tac, MT)
+                            _accumulate(acc, jj, tac, sa, sm, sx, xc, nsb, kb * 8 + sbk, MT)
             cuda.syncthreads()                                # buffer kb % 2 is refilled at kb + 2
-        for i in range(MT):
-            for jj in range(NT):
-                for r in range(4):
-                    row = blk0 + lr0 + 16 * i + g + 8 * (r // 2)
-                    n = 8 * jj + 2 * q + r % 2
-                    if row < O and n < cnt:
-                        orow = grp[2 + 2 * GMAX + NP + j0 + n]
-                        val = acc[i, jj, r] * sc[e]
-                        if RWT:
-                            val = val * rw[orow]
-                        y[orow, row] = val
+        _store(y, grp, GMAX, NP, j0, cnt, O, blk0 + lr0, g, q, acc, sc, e, rw, RWT, MT, NT)
     return gemm
 
 
