@@ -83,6 +83,30 @@ def test_bmm_kernel_equals_numpy(dtype):
 
 
 @pytest.mark.cuda
+def test_bmm_tiled_kernel_gives_the_one_thread_kernels_bits():
+    """The tiled kernel (a fixed-shape ubatch's large products) sums each output in the one-thread kernel's order
+    with the same multiply-adds: the same bits, on tiles cut by every edge (rows, columns, k past a multiple of 16)."""
+    qc = pytest.importorskip("quant.cuda")
+    from numba import cuda
+
+    from quant.cuda import bmm as kb
+    if not qc.available():
+        pytest.skip("no GPU and no simulator")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((2, 70, 37)).astype(np.float32)
+    b = rng.standard_normal((2, 37, 81)).astype(np.float32)
+    out = {}
+    for k in ("thread", "tiled"):
+        c = cuda.device_array((2, 70, 81), dtype=np.float32)
+        kb.bmm_device(cuda.to_device(a), cuda.to_device(b), c, kernel=k)
+        out[k] = c.copy_to_host()
+    assert np.array_equal(out["tiled"].view(np.uint32), out["thread"].view(np.uint32))
+    assert rel_rms(out["tiled"], a @ b) <= 1e-6
+    assert kb.tiled(512, 2048, np.float32) and not kb.tiled(128, 2048, np.float32) and \
+        not kb.tiled(512, 2048, np.float64)
+
+
+@pytest.mark.cuda
 def test_bmm_parts_split_what_one_grid_cannot_hold(monkeypatch):
     """bmm_parts (a captured prefill's large products): batches and rows past one launch grid are multiplied in
     parts into one result, equal to the one-launch product (each element is one thread's sum either way). GPU

@@ -10,13 +10,19 @@ refengine/ops/products.py writes NumPy's matmul and einsum as this one product. 
 threads of a block along N (consecutive columns: the reads of b coalesce, a's row is shared), the sum over K in the
 inputs' dtype in order k = 0, 1, ... (float summation order differs from cuBLAS's; NumPy's tests bound it). Sized
 for a decode step's products (a few rows per batch); a prefill's large ones keep the library's product.
+
+Products of float32 with at least TILED_MIN_M rows and TILED_MIN_N columns a batch (a fixed-shape ubatch's attention:
+512 queries, the cache's capacity) take `_tiled_kernel`: a 64 x 64 output tile a block of 256 threads, each thread
+4 x 4 outputs, the inputs staged 16 k-columns at a time through shared memory. Each output is still one thread's sum
+in order k = 0, 1, ... with the same multiply-adds as `_bmm_kernel`: the two give the same bits (tests/test_products.py
+compares them bit for bit). Decode steps (a token's rows: fewer than TILED_MIN_M) keep the one-thread kernel.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 THREADS = 128
 MAX_GRID_YZ = 65535
@@ -34,6 +40,56 @@ def _bmm_kernel(a, b, c, zero):
         c[z, m, n] = acc
 
 
+TB, TK = 64, 16                 # the tiled kernel's output tile (TB x TB) and k-columns staged at once
+TBP = TB + 1                    # its shared rows, padded (a's tile is stored k-major: no bank conflicts)
+TILED_MIN_M = 256               # float32 products of at least these rows and columns take it (a decode step's rows:
+TILED_MIN_N = 64                # heads x 1 token, at most 128 on the registered archs, stay on `_bmm_kernel`)
+
+
+@cuda.jit
+def _tiled_kernel(a, b, c):
+    """c[z] = a[z] @ b[z], float32: block (column tile, row tile, batch) of 16 x 16 threads, thread (tx, ty) the
+    outputs rows ty + 16 i, columns tx + 16 j (i, j < 4); each output summed in order over k as `_bmm_kernel`."""
+    As = cuda.shared.array((TK, TBP), float32)             # [k][row]
+    Bs = cuda.shared.array((TK, TBP), float32)             # [k][col]
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    tid = ty * 16 + tx
+    z = cuda.blockIdx.z
+    m0 = cuda.blockIdx.y * TB
+    n0 = cuda.blockIdx.x * TB
+    M, K, N = a.shape[1], a.shape[2], b.shape[2]
+    acc = cuda.local.array((4, 4), float32)
+    for i in range(4):
+        for j in range(4):
+            acc[i, j] = float32(0.0)
+    for k0 in range(0, K, TK):
+        for r in range(4):                                  # 1024 elements of each tile, 4 a thread
+            e = tid + 256 * r
+            ra, ka = e // TK, e % TK                        # a: consecutive threads along k (a's rows are k-major)
+            kb, cb = e // TB, e % TB                        # b: consecutive threads along n (coalesced)
+            As[ka, ra] = a[z, m0 + ra, k0 + ka] if m0 + ra < M and k0 + ka < K else float32(0.0)
+            Bs[kb, cb] = b[z, k0 + kb, n0 + cb] if k0 + kb < K and n0 + cb < N else float32(0.0)
+        cuda.syncthreads()
+        for kk in range(min(TK, K - k0)):                   # (no padded k: each sum has exactly K terms, in order)
+            for i in range(4):
+                av = As[kk, ty + 16 * i]
+                for j in range(4):
+                    acc[i, j] += av * Bs[kk, tx + 16 * j]
+        cuda.syncthreads()
+    for i in range(4):
+        for j in range(4):
+            m = m0 + ty + 16 * i
+            n = n0 + tx + 16 * j
+            if m < M and n < N:
+                c[z, m, n] = acc[i, j]
+
+
+def tiled(M: int, N: int, dtype) -> bool:
+    """Whether `bmm_device` takes the tiled kernel for a product of M rows x N columns a batch."""
+    return np.dtype(dtype) == np.float32 and M >= TILED_MIN_M and N >= TILED_MIN_N
+
+
 MAX_ROWS = 1024          # a decode step's products have few rows per batch (MLA's scores: heads x 1 token)
 
 
@@ -43,7 +99,9 @@ def fits(B: int, M: int) -> bool:
     return 0 < B <= MAX_GRID_YZ and 0 < M <= MAX_ROWS
 
 
-def bmm_device(a, b, c, stream=0) -> None:
+def bmm_device(a, b, c, stream=0, kernel: str = "auto") -> None:
+    """c = a @ b per batch on the device. kernel: "auto" (the tiled kernel where `tiled` says so), "tiled" (float32
+    only), "thread" (one thread an output)."""
     B, M, K = a.shape
     N = b.shape[2]
     if b.shape[:2] != (B, K) or c.shape != (B, M, N):
@@ -52,6 +110,13 @@ def bmm_device(a, b, c, stream=0) -> None:
         return
     if not (0 < B <= MAX_GRID_YZ and 0 < M <= MAX_GRID_YZ):
         raise ValueError(f"bmm: {B} batches of {M} rows do not fit one launch grid")
+    if kernel not in ("auto", "tiled", "thread"):
+        raise ValueError(f"bmm: kernel {kernel!r} (auto, tiled, thread)")
+    if kernel == "tiled" and c.dtype != np.float32:
+        raise ValueError(f"bmm: the tiled kernel is float32 only, got {c.dtype}")
+    if kernel == "tiled" or (kernel == "auto" and tiled(M, N, c.dtype)):
+        _tiled_kernel[(math.ceil(N / TB), math.ceil(M / TB), B), (16, 16), stream](a, b, c)
+        return
     _bmm_kernel[(math.ceil(N / THREADS), M, B), THREADS, stream](a, b, c, c.dtype.type(0))
 
 
