@@ -25,26 +25,17 @@ import quant.cuda  # noqa: F401                (the numpy shim before numba load
 from numba import cuda
 # isort: on
 
+from cuda_matmul import rel_rms
+
 from quant import GGMLType, QTensor, ref
 from quant.cuda import ops
-from quant.cuda.gemv import GroupTable
+from quant.cuda.moe import groups_from_ids
 from quant.cuda.testdata import random_raw
 from quant.cuda.weights import device_weight
 
 
-def tables(ids: np.ndarray, E: int, bn: int):
-    """(x row = token, x row = pair) group tables with bn-pair tiles, as `moe.groups_from_ids` builds them."""
-    T, A = ids.shape
-    flat = ids.reshape(-1).astype(np.int64)
-    order = np.argsort(flat, kind="stable")
-    gexp, counts = np.unique(flat, return_counts=True)
-    gmax = min(E, T * A)
-    tx = GroupTable.build(gexp, counts, order // A, order, gmax, bn)
-    tp = GroupTable.build(gexp, counts, order, order, gmax, bn)
-    return tx, tp, int(counts.max()), gmax
-
-
 def timed(run, reps: int) -> float:
+    """Median milliseconds of run() over reps launches (CUDA events on the default stream), after two warm-ups."""
     ev = [cuda.event() for _ in range(reps + 1)]
     for _ in range(2):
         run()
@@ -72,8 +63,7 @@ def dense(a, t, O: int, I: int, rng) -> dict:
                       ("sgemm", lambda: dense_sgemm(dw, x, y))):
         y.fill(cp.nan)
         run()
-        got = cp.asnumpy(y)
-        err = float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)))
+        err = rel_rms(cp.asnumpy(y), want)
         row[name] = dict(ms=timed(run, a.reps), rel_rms=err, ok=err <= 1e-5)
     print(json.dumps(row), flush=True)
     return row
@@ -123,8 +113,8 @@ def main():
     configs += [(k, {}) for k in a.kernels.split(",") if k]
     res = []
     for kern, sh in configs:
-        bn = sh.get("BN", 32)
-        tx, tp, mpg, gmax = tables(ids, E, bn)
+        tx, tp, mpg = groups_from_ids(ids, E, sh.get("BN", 32))
+        gmax = min(E, T * A)
         txd, tpd = cuda.to_device(tx), cuda.to_device(tp)
         name = kern + ("" if not sh else " " + "x".join(str(v) for v in sh.values()))
 
@@ -144,17 +134,8 @@ def main():
             if a.ncu:
                 continue
             got = y.copy_to_host()
-            err = max(float(np.sqrt(np.mean((got[w[0]] - w[col]) ** 2) / np.mean(w[col] ** 2))) for w in want.values())
-            ev = [cuda.event() for _ in range(a.reps + 1)]
-            for _ in range(2):
-                run(which)
-            ev[0].record()
-            for i in range(a.reps):
-                run(which)
-                ev[i + 1].record()
-            ev[-1].synchronize()
-            ms = [cuda.event_elapsed_time(ev[i], ev[i + 1]) for i in range(a.reps)]
-            row[which] = dict(ms=statistics.median(ms), rel_rms=err, ok=err <= 1e-5)
+            err = max(rel_rms(got[w[0]], w[col]) for w in want.values())
+            row[which] = dict(ms=timed(lambda: run(which), a.reps), rel_rms=err, ok=err <= 1e-5)
         print(json.dumps(row), flush=True)
         res.append(row)
     for od in a.dense.split(","):

@@ -22,22 +22,23 @@ from numba import cuda, int32
 from ..ref import QuantError
 from .device import SIM, silu
 from .gemv import GroupTable
-from .ops import GEMM_SHAPE, auto_kernel, fast_ids_ok, grouped, grouped_ids, supported
+from .ops import GEMM_SHAPE, auto_kernel, fast_ids_ok, grouped, grouped_ids, shared_split, supported
 from .weights import DeviceWeight, device_weight
 
 BN = GEMM_SHAPE["BN"]
 
 
 # ------------------------------------------------------------------ groups
-def groups_from_ids(ids: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Host: ids [T, A] -> (table with x row = token, table with x row = pair, max pairs of one group)."""
+def groups_from_ids(ids: np.ndarray, E: int, bn: int = BN) -> tuple[np.ndarray, np.ndarray, int]:
+    """Host: ids [T, A] -> (table with x row = token, table with x row = pair, max pairs of one group); tiles of bn
+    pairs (the tiled kernels' BN: moe.BN for the engine's dispatch)."""
     T, A = ids.shape
     flat = ids.reshape(-1).astype(np.int64)
     order = np.argsort(flat, kind="stable")                  # pairs sorted by expert, then by (t, a)
     gexp, counts = np.unique(flat, return_counts=True)
     gmax = min(E, T * A)
-    tab_x = GroupTable.build(gexp, counts, order // A, order, gmax, BN)
-    tab_p = GroupTable.build(gexp, counts, order, order, gmax, BN)
+    tab_x = GroupTable.build(gexp, counts, order // A, order, gmax, bn)
+    tab_p = GroupTable.build(gexp, counts, order, order, gmax, bn)
     return tab_x, tab_p, int(counts.max())
 
 
@@ -240,11 +241,13 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     else:
         E = up.E
         u = buf("u", (n_pairs, I))
-        grouped(up, xd, u, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu[E:], kernel=kernel, stream=stream)
+        sp = shared_split(gate or up, xd, gmax, n_pairs, max_per_group, kernel, stream)   # (tcq: one split for both)
+        grouped(up, xd, u, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu[E:], kernel=kernel, stream=stream, split=sp)
         g = u
         if gate is not None:
             g = buf("g", (n_pairs, I))
-            grouped(gate, xd, g, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, kernel=kernel, stream=stream)
+            grouped(gate, xd, g, tab_x, gmax, n_pairs, max_per_group, sc=sc_gu, kernel=kernel, stream=stream,
+                    split=sp)
         swiglu_kernel[_grid(n_pairs * I), EW, stream](g, u, act, gate is not None)
     mark("experts_down")
     grouped(down, act, dn, tab_p, gmax, n_pairs, max_per_group, sc=sc_d, rw=wts, kernel=kernel, stream=stream)
@@ -339,13 +342,14 @@ def _moe_ffn_dispatch(x, ids, weights, dup, dgate, ddown, up_scale, gate_scale, 
     record = record or (lambda *a: None)
     I = dup.O
     u = cuda.device_array((n, I), np.float32)
-    grouped(dup, xd, u, tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel)
+    sp = shared_split(dgate or dup, xd, gmax, n, mpg, kernel)          # (tcq: one split for gate and up)
+    grouped(dup, xd, u, tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel, split=sp)
     # llama.cpp renames a scaled expert output `*_scaled` (build_moe_ffn), as the loop oracle does
     record("ffn_moe_up" + ("_scaled" if up_scale is not None else ""), il, u.copy_to_host().reshape(T, A, I))
     g = u
     if dgate is not None:
         g = cuda.device_array((n, I), np.float32)
-        grouped(dgate, xd, g, tx, gmax, n, mpg, sc=sc_gu, kernel=kernel)
+        grouped(dgate, xd, g, tx, gmax, n, mpg, sc=sc_gu, kernel=kernel, split=sp)
         record("ffn_moe_gate" + ("_scaled" if gate_scale is not None else ""), il, g.copy_to_host().reshape(T, A, I))
     if act is not None:                                  # pair rows follow tab_x: the same [n, I] layout as
         fn, act_name = act                               # u and g, so the host activation is elementwise

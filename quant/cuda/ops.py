@@ -7,7 +7,8 @@ Kernel choice (`kernel="auto"`, `auto_kernel`): expert dispatch with at most PAI
 average -> one block per pair on the fast one-token kernel ("pairs"); T <= 8 tokens per group, or expert
 dispatch with at most GROUP_AVG pairs per group on average -> warp GEMV (the fast kernels where the type has one);
 more tokens and I % 128 == 0 -> tiled GEMM on the tensor cores (`tc.py`; `TC = False`: the float32 SIMT
-one); otherwise warp GEMV, 8 tokens per pass.
+one), or for Q4_K groups of at most a tile of pairs on average the tensor cores on the quants (`tcq.py`, `TCQ`);
+otherwise warp GEMV, 8 tokens per pass.
 
 Launch shapes (documented here, used below):
 - naive: grid (ceil(O / 128), n_pairs), block 128: one thread per (pair, row).
@@ -151,7 +152,7 @@ def _dense_groups_dev(T: int, bn: int = GEMM_SHAPE["BN"]):
 
 def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_group: int, *, sc=None, rw=None,
             up: DeviceWeight | None = None, kernel: str = "auto", shape=None, stream=0, causal: int = 0, cpos=None,
-            ch: int = 1) -> None:
+            ch: int = 1, split=None) -> None:
     """yd[out(j)] = sc[e] * xd[tok(j)] @ W_e^T for every pair j of every group, in one launch.
 
     dw: the weights ([E, O, I] or [O, I]); xd [*, I], yd [*, O] float32 device arrays; grp the group
@@ -159,6 +160,8 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
     sc: float32 [E] (or [2E] with `up`) per-matrix scales, default 1; rw: float32 [n_out] row weights.
     up: a second matrix of the same type and shape: writes silu(gate) * up instead (gemv only).
     causal, cpos, ch: the attention products' causal skips (tc only, see `tc.gemm_tc_kernel`).
+    split: xd already split for tcq (`tcq_split` / `shared_split`: one split for the products of one input); tcq
+    only, the other kernels ignore it.
     """
     O, I, E = dw.O, dw.I, dw.E
     if sc is None:
@@ -226,7 +229,7 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
             raise QuantError(f"tcq kernel: no quant-domain kernel for {dw.type.name} rows of {I} columns "
                              "(Q4_K, I % 256 == 0)")
         sh = dict(TCQ_SHAPE, **(shape or {}))
-        xh, xl, sx = split_rows(xd, stream, lambda n, dt: scratch(n, dt, stream))
+        xh, xl, sx = split if split is not None else tcq_split(xd, stream)
         if sh.get("ST", 0):              # weights staged through shared memory (tcq.gemm_tcq_staged_kernel)
             k = gemm_tcq_staged_kernel(dw.type, sh["MT"], sh["WM"], sh["BN"], rw is not None)
         else:
@@ -255,6 +258,18 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
     if TC and TCQ and tcq_supported(dw.type, dw.I) and n_pairs <= TCQ_SHAPE["BN"] * gmax:
         return "tcq"
     return "tc" if TC else "gemm"
+
+
+def tcq_split(xd, stream=0):
+    """xd split for tcq (`tcq.split_rows`: TF32 hi / lo bits and the sub-block sums) into scratch memory."""
+    return split_rows(xd, stream, lambda n, dt: scratch(n, dt, stream))
+
+
+def shared_split(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, kernel: str = "auto", stream=0):
+    """The split of xd when `grouped` would multiply it by dw on tcq, else None: made once for the several products
+    of one input (an expert's gate and up) and passed to each as `grouped(..., split=)`."""
+    k = auto_kernel(dw, xd, gmax, n_pairs, max_per_group) if kernel == "auto" else kernel
+    return tcq_split(xd, stream) if k == "tcq" else None
 
 
 def fast_ids_ok(dw: DeviceWeight, xd) -> bool:
@@ -362,4 +377,5 @@ def matmul(x: np.ndarray, w: QTensor, *, mode: str = "exact", kernel: str = "aut
     return yd.copy_to_host()
 
 
-__all__ = ["matmul", "dense", "grouped", "grouped_ids", "fast_ids_ok", "supported", "GroupTable", "GEMV_SHAPE", "GEMM_SHAPE"]
+__all__ = ["matmul", "dense", "grouped", "grouped_ids", "fast_ids_ok", "supported", "tcq_split", "shared_split",
+           "GroupTable", "GEMV_SHAPE", "GEMM_SHAPE"]

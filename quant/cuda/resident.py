@@ -171,8 +171,9 @@ def _grouped_experts(xd, tx, tp, mpg: int, T: int, A: int, E: int, weights, dup,
     out = cp.empty((T, D), dtype=cp.float32)
     if act_device is not None:
         u, g = cp.empty((n, I), dtype=cp.float32), cp.empty((n, I), dtype=cp.float32)
-        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel, stream=st)
-        grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel, stream=st)
+        sp = ops.shared_split(dgate, xd, gmax, n, mpg, kernel, st)               # (tcq: one split for gate and up)
+        grouped(dup, xd, _nb(u), tx, gmax, n, mpg, sc=sc_gu[En:], kernel=kernel, stream=st, split=sp)
+        grouped(dgate, xd, _nb(g), tx, gmax, n, mpg, sc=sc_gu, kernel=kernel, stream=st, split=sp)
         a = _input(act_device(g, u))                                                        # [n, I], elementwise
         dn = cp.empty((n, D), dtype=cp.float32)
         grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel, stream=st)

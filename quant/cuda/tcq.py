@@ -2,6 +2,7 @@
 
     split_rows(xd, stream)                       -> (xh, xl, sx): the activations split once per launch
     gemm_tcq_kernel(t, MT, WM, BN, rwt)          same group table and outputs as `tc.gemm_tc_kernel`
+    gemm_tcq_staged_kernel(t, MT, WM, BN, rwt)   the same with the weights staged through shared memory
     TYPES                                        the types it reads (Q4_K)
 
 A Q4_K weight is w = a * q - b with q a 4-bit integer and (a, b) = (d * sc, dmin * m) per 32-column sub-block. So a
@@ -35,7 +36,7 @@ import numpy as np
 from numba import cuda, float32, int64, uint32, uint64
 
 from ..formats import GGMLType
-from .decoders import scale_min_k4
+from .decoders import SPECS, scale_min_k4
 from .device import SIM, hf, ld32a, u2f, warp_sum
 from .gemv import tile_of
 from .tc import warp_mma
@@ -43,6 +44,7 @@ from .vec import cp_async16, cp_async_commit, cp_async_wait1, f32_bits, h2f, ld4
 
 TYPES = (GGMLType.Q4_K,)
 SUB = 32                     # columns of a sub-block: one (a, b) pair, one tensor-core sum
+TS = SPECS[GGMLType.Q4_K].TS  # bytes of a 256-column super-block (144)
 
 
 @cuda.jit
@@ -164,6 +166,23 @@ def _store(y, grp, GMAX, NP, j0, cnt, O, row0, g, q, acc, sc, e, rw, RWT, MT, NT
                     y[orow, row] = val
 
 
+def _check(name: str, t, MT: int, WM: int, BN: int) -> None:
+    """A kernel factory's arguments: a type the kernels read, BN a multiple of 8, MT and WM positive."""
+    if t not in TYPES:
+        raise ValueError(f"{name}: no quant-domain kernel for {GGMLType(t).name} (has: "
+                         f"{', '.join(x.name for x in TYPES)})")
+    if BN % 8 or MT < 1 or WM < 1:
+        raise ValueError(f"{name}: BN={BN} must be a multiple of 8, MT={MT} and WM={WM} positive")
+
+
+@cuda.jit(device=True, inline=True)
+def _zero(acc, MT, NT):
+    for i in range(MT):
+        for jj in range(NT):
+            for r in range(4):
+                acc[i, jj, r] = float32(0.0)
+
+
 @functools.lru_cache(maxsize=None)
 def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False, MR: int = 0, PW: bool = False,
                     PF: bool = False):
@@ -176,18 +195,12 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
     Latency (a warp waits on its own loads: few warps fit beside ~240 registers): MR caps the registers a thread (0:
     the compiler's choice); PW loads a super-block's words for all four sub-block pairs at once (one wait a
     super-block, not four); PF loads the next 8-token tile's activations while the tensor cores work on this one."""
-    if t not in TYPES:
-        raise ValueError(f"gemm_tcq_kernel: no quant-domain kernel for {GGMLType(t).name} (has: "
-                         f"{', '.join(x.name for x in TYPES)})")
-    if BN % 8 or MT < 1 or WM < 1:
-        raise ValueError(f"gemm_tcq_kernel: BN={BN} must be a multiple of 8, MT={MT} and WM={WM} positive")
+    _check("gemm_tcq_kernel", t, MT, WM, BN)
     NT = BN // 8
-    NW = WM
     BM = 16 * MT * WM
     RWT = rwt
-    SCR = (NW, 32, 14) if SIM else (1, 1, 1)
+    SCR = (WM, 32, 14) if SIM else (1, 1, 1)
     U = uint64
-    TS = 144
 
     @cuda.jit(**({"max_registers": MR} if MR and not SIM else {}))
     def gemm(w32, w16, xh, xl, sx, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP):
@@ -213,10 +226,7 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
         xc = cuda.local.array((NT, 2), int64)
         _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT)
         acc = cuda.local.array((MT, NT, 4), float32)
-        for i in range(MT):
-            for jj in range(NT):
-                for r in range(4):
-                    acc[i, jj, r] = float32(0.0)
+        _zero(acc, MT, NT)
         dd = cuda.local.array((MT, 2), float32)
         dm = cuda.local.array((MT, 2), float32)
         s0 = cuda.local.array((MT, 2), uint32)
@@ -282,16 +292,17 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
     return gemm
 
 
-RW = 36                      # words of one row's super-block (144 bytes) in the staged kernel's shared memory
+RW = TS // 4                 # words of one row's super-block in the staged kernel's shared memory
+CH = TS // 16                # its 16-byte chunks (cp.async's unit)
 
 
 @cuda.jit(device=True, inline=True)
 def _stage(w32, Ws, wb, eb, blk0, O, rowb, kb, tid, BM, NTH):
     """Queue the asynchronous copy of super-block kb of the block's BM rows (rows past O: row O - 1) into Ws[wb:]."""
-    for c in range(tid, BM * 9, NTH):
-        r = c // 9
-        k = c - 9 * r
-        src = (eb + uint64(min(blk0 + r, O - 1)) * uint64(rowb) + uint64(kb * 144)) >> uint64(2)
+    for c in range(tid, BM * CH, NTH):
+        r = c // CH
+        k = c - CH * r
+        src = (eb + uint64(min(blk0 + r, O - 1)) * uint64(rowb) + uint64(kb * TS)) >> uint64(2)
         cp_async16(Ws, wb + r * RW + 4 * k, w32, src + uint64(4 * k))
 
 
@@ -301,10 +312,7 @@ def gemm_tcq_staged_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool 
     buffers of BM x 144 bytes): the warps read their A fragments and scales from shared memory while the next
     super-block's bytes are in flight, instead of each lane waiting on its own loads from L2 (measured: 48% of the
     cycles between issues, session 25). Same arguments, outputs and numbers (the same sums in the same order)."""
-    if t not in TYPES:
-        raise ValueError(f"gemm_tcq_staged_kernel: no quant-domain kernel for {GGMLType(t).name}")
-    if BN % 8 or MT < 1 or WM < 1:
-        raise ValueError(f"gemm_tcq_staged_kernel: BN={BN} must be a multiple of 8, MT={MT} and WM={WM} positive")
+    _check("gemm_tcq_staged_kernel", t, MT, WM, BN)
     NT = BN // 8
     BM = 16 * MT * WM
     NTH = 32 * WM
@@ -337,10 +345,7 @@ def gemm_tcq_staged_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool 
         xc = cuda.local.array((NT, 2), int64)
         _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT)
         acc = cuda.local.array((MT, NT, 4), float32)
-        for i in range(MT):
-            for jj in range(NT):
-                for r in range(4):
-                    acc[i, jj, r] = float32(0.0)
+        _zero(acc, MT, NT)
         qa = cuda.local.array((MT, 2), uint32)
         qb = cuda.local.array((MT, 2), uint32)
         sa = cuda.local.array((MT, 2), float32)

@@ -96,6 +96,12 @@ else:
         data = context.make_array(aryty)(context, builder, ary).data
         return builder.ptrtoint(builder.gep(data, [idx]), _I64)
 
+    def _idx64(builder, idx, signed):
+        """An integer index widened to 64 bits (sign- or zero-extended as its type says)."""
+        if idx.type.width < 64:
+            return builder.sext(idx, _I64) if signed else builder.zext(idx, _I64)
+        return idx
+
     def _ld4(elem, suffix, cons):
         asm_ty = ir.LiteralStructType([elem] * 4)
         text = ("{ .reg .u64 g; cvta.to.global.u64 g, $4; "
@@ -111,9 +117,7 @@ else:
             sig = types.UniTuple(nbtype, 4)(a, i)
 
             def codegen(context, builder, signature, args):
-                idx = args[1]
-                if idx.type.width < 64:
-                    idx = builder.sext(idx, _I64) if signature.args[1].signed else builder.zext(idx, _I64)
+                idx = _idx64(builder, args[1], signature.args[1].signed)
                 res = builder.call(_ld4(elem, suffix, cons), [elem_addr(context, builder, signature.args[0], args[0], idx)])
                 vals = [builder.extract_value(res, k) for k in range(4)]
                 return context.make_tuple(builder, signature.return_type, vals)
@@ -193,11 +197,6 @@ else:
     @cuda.jit(device=True, inline=True)
     def f32_bits(v):
         return _f32_bits(float32(v))
-
-    def _idx64(builder, idx, signed):
-        if idx.type.width < 64:
-            return builder.sext(idx, _I64) if signed else builder.zext(idx, _I64)
-        return idx
 
     @intrinsic
     def cp_async16(typingctx, dst, i, src, j):
