@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -182,6 +183,11 @@ def main(argv=None) -> int:
     ap.add_argument("--check-cpu", default=None, choices=("numpy", "cpu"),
                     help="also run the prompt and the first two decode steps on this host backend and compare the GPU "
                          "eager run's logits with them (issue 23: rel-RMS <= 1e-5, the same argmax)")
+    ap.add_argument("--save-logits", default=None, metavar="NPZ",
+                    help="with --prefill: also save the GPU eager run's logits of that prompt's last row and of two "
+                         "decode steps after it, with the ids and the file's fingerprint, for "
+                         "benchmarks/check_logits.py to compare on a host backend elsewhere (GPU == CPU on a "
+                         "real-size cut without the GPU machine's time)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the timed steps, N more graph steps under torch.profiler (CUPTI): GPU time per kernel "
                          "per step, largest first (what one replayed step's time is made of)")
@@ -299,7 +305,18 @@ def one(a, recs) -> int:
                                                                else ""), flush=True)
     if a.prefill:
         rec["prefill_tokens"] = a.prefill
-        rec["prefill_ms"] = time_prefill(model, [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prefill)])
+        ids = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prefill)]
+        rec["prefill_ms"] = time_prefill(model, ids)
+        if a.save_logits:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # (benchmarks/check_logits.py)
+            from check_logits import fingerprint
+            rows, _ = decode_eager(model, runtime(), ids, tokens[:2], head := [])
+            np.savez_compressed(a.save_logits, prompt=np.asarray(ids, np.int32),
+                                tokens=np.asarray(tokens[:2], np.int32),
+                                logits=np.stack(head + rows).astype(np.float32),
+                                model=os.path.basename(path), fingerprint=fingerprint(path))
+            print(f"{os.path.basename(path)}: the GPU's logits of the {a.prefill}-token prompt and 2 decode steps "
+                  f"saved to {a.save_logits}", flush=True)
         print(f"{os.path.basename(path)}: prefill of {a.prefill} tokens (eager resident) {rec['prefill_ms']:.1f} ms",
               flush=True)
     recs.append(rec)

@@ -275,3 +275,36 @@ def test_graph_decode_benchmark_dry_run(tmp_path):
     assert set(rec["graph_phases_ms"]) == set(GraphDecoder.REPLAY_PHASES)
     assert rec["ubatch_kinds"] == "ecr" and max(rec["ubatch_rel_rms"]) == 0 and rec["ubatch_replay_ms"] > 0
     assert rec["greedy_ids_equal"] and rec["greedy_ms"] > 0 and rec["greedy_capture_failed"] is None
+
+
+def test_saved_gpu_logits_checked_on_a_host_backend(tmp_path):
+    """graph_decode.py --save-logits (the sim device here) then benchmarks/check_logits.py on the host backends: the
+    same ids through the same file agree (rel-RMS <= 1e-5, same argmax); a changed row fails, a different file is
+    refused by its fingerprint."""
+    import importlib.util
+    import json
+    import numpy as np
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    gd, cl = load("graph_decode"), load("check_logits")
+    saved = tmp_path / "g.npz"
+    assert gd.main(["--arch", "deepseek2", "--backend", "numpy", "--decode", "3", "--prefill", "12",
+                    "--save-logits", str(saved), "--dir", str(tmp_path)]) == 0
+    model = str(tmp_path / "deepseek2-tiny-LNone-Q8_0.gguf")
+    for backend in ("numpy", "cpu"):
+        out = tmp_path / f"{backend}.json"
+        assert cl.main([str(saved), model, "--backend", backend, "--json", str(out)]) == 0
+        rec = json.loads(out.read_text())
+        assert rec["ok"] and len(rec["rel_rms"]) == 3 and rec["prompt_tokens"] == 12, rec
+    z = dict(np.load(saved))
+    z["logits"] = z["logits"].copy()
+    z["logits"][1] *= 1.001                               # one row off by 1e-3: over the bar
+    np.savez(tmp_path / "bad.npz", **z)
+    assert cl.main([str(tmp_path / "bad.npz"), model, "--backend", "numpy"]) == 1
+    z["fingerprint"] = np.asarray("1:00")
+    np.savez(tmp_path / "other.npz", **z)
+    assert cl.main([str(tmp_path / "other.npz"), model, "--backend", "numpy"]) == 2
