@@ -488,18 +488,19 @@ class Runtime:
     def _moe_ffn_resident(self, x, ids, weights, rec, kw):
         """Routed experts on device arrays. The expert ids stay on the device where its kernels group the pairs
         there: one token (the one-token kernels read its A ids; a gated activation other than SwiGLU runs between
-        the projections as the module's function on device arrays), or several in a fixed-shape run (a ubatch
-        step: the group tables built by a kernel on the device), no expert cache, no trace; otherwise they are read
-        back (counted) and the grouping tables built on the host (`groups_from_ids`: the eager prefill, whose
-        kernel choice sees the groups' real sizes). The sim device's kernel is the host code on the device's
-        buffers (reading the ids there, as a kernel does)."""
+        the projections as the module's function on device arrays), or several (a prefill, eager or a fixed-shape
+        ubatch: the group tables built by a kernel on the device, the kernel chosen by the average pairs a group and
+        T as the bound, which at a prefill's sizes is the choice the real sizes give), no expert cache, no trace;
+        otherwise they are read back (counted) and the grouping tables built on the host (`groups_from_ids`). A
+        read-back in an eager prefill stops the host until the GPU has drained: a host-bound prefill pays it per MoE
+        layer (`benchmarks/host_syncs.py`). The sim device's kernel is the host code on the device's buffers
+        (reading the ids there, as a kernel does)."""
         from .devarray import DeviceArray
         dev = self.device
         fn = getattr(self._be, "moe_ffn_resident", None)
         y = None
         cache = self._expert_cache(kw)
-        ids_stay = isinstance(ids, DeviceArray) and (ids.shape[0] == 1 or self.fixed_shapes) and cache is None \
-            and self.trace is None
+        ids_stay = isinstance(ids, DeviceArray) and cache is None and self.trace is None
         names = ", ".join(repr(kw[k].name) for k in ("gate", "up", "down") if kw.get(k) is not None)
         if dev.kind == "cupy" and fn is not None and self.trace is None:
             x = self.to_device(x)

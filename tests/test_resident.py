@@ -215,3 +215,26 @@ def test_lazy_input_flags(x_finite):
             rt.check_deferred(packed)
     else:
         rt.check_deferred(packed)
+
+
+# the archs of issue 23's GPU table: a prefill on the device reads back the NaN/inf flags and the logits, nothing else
+# (the seed archs' selection rules still run on the host: deepseek4's compressor, qwen4exp's QSA, glm5-next's pools)
+SYNC_FREE = ("llama", "qwen3moe", "deepseek2", "deepseek32", "glm-dsa", "qwen3next", "kimi-linear", "kimi-k3")
+
+
+@pytest.mark.parametrize("arch", SYNC_FREE)
+@pytest.mark.parametrize("T", [24, 3])
+def test_resident_prefill_reads_back_flags_and_logits_only(synth_model, arch, T):
+    """A read-back stops the host until the GPU has drained (benchmarks/host_syncs.py): an eager resident prefill
+    keeps the routing ids (group tables built on the device), the DSA selection (whole rows sorted) and the mask
+    checks on the device. 24 tokens: glm-dsa / deepseek32 gather (their top-k below the keys); 3: the small-batch
+    kernels. Two read-backs: the flags, then the logits; the logits equal the host run's."""
+    m = Model(synth_model(arch, wtype="Q8_0"))
+    rt = Runtime(resident=True)
+    ids = [(7 * i + 3) % m.cfg.n_vocab for i in range(T)]
+    m.forward(ids[:2], m.new_state(), rt=rt)                              # weights uploaded
+    before = rt.device.stats.as_dict()
+    y = m.forward(ids, m.new_state(), rt=rt, last_only=True)
+    moved = rt.device.stats.since(before)
+    assert moved["downloads"] == 2 and not moved["fallbacks"], (arch, moved)
+    assert np.array_equal(y, m.forward(ids, m.new_state(), rt=Runtime(), last_only=True)), arch

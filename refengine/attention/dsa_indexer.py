@@ -194,10 +194,13 @@ def top_k_positions(score: np.ndarray, n: int) -> np.ndarray:
     """score [T, S] -> [T, n]: np.argsort(-score, kind="stable")[:, :n] (the n largest, ties: earlier position
     first), without sorting whole rows: a row's candidates are the scores >= its n-th largest (np.partition);
     where that is exactly n of them (no tie at the boundary, some finite) only those n are sorted, other rows
-    (ties at the boundary, fewer than n finite scores) take the full stable sort."""
+    (ties at the boundary, fewer than n finite scores) take the full stable sort. A device array's rows are
+    sorted whole: the candidates' count per row would be read back to size the arrays."""
     T, S = score.shape
     if n >= S:
         return np.argsort(-score, axis=-1, kind="stable")                            # [T, S]
+    if not isinstance(score, np.ndarray):      # on a device: whole rows sorted (the same order), no count read back
+        return np.argsort(-score, axis=-1, kind="stable")[:, :n]                     # [T, n]
     thr = np.partition(score, S - n, axis=-1)[:, S - n:S - n + 1]                    # [T, 1] the n-th largest
     cand = score >= thr                                                              # [T, S]
     exact = (cand.sum(axis=-1) == n) & np.isfinite(thr[:, 0])                        # [T]
