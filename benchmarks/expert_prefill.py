@@ -7,7 +7,8 @@
 The gate (ff x dim) and the down (dim x ff) projection of E experts, T tokens routed uniformly at random to A
 distinct experts each (~T A / E pairs an expert: 16 for V3 at 512 tokens), one grouped launch each, timed with
 CUDA events (median of --reps after a warm-up). Tensor-core shapes BM x WM x WN x BN (BN: the pairs of a tile,
-the group table built with it); quant-domain shapes (`tcq.py`) MT x WM x BN[x MR x PW x PF x ST]. --dense OxI,...:
+the group table built with it); quant-domain shapes (`tcq.py`) MT x WM x BN[x MR x PW x PF x ST x H] (H=1: the
+half-precision variant on mma.m16n8k16, `gemm_tcq16_kernel`). --dense OxI,...:
 one dense product of T tokens each, by tc, tcq and cuBLAS after the weight's decode (`dequant_gemm.dense_sgemm`).
 Every configuration is checked against the NumPy oracle on --check experts (rel-RMS <= 1e-5). --ncu: one launch
 per configuration, nothing timed (for `ncu -k regex:gemm`).
@@ -108,7 +109,7 @@ def main():
           flush=True)
     configs = [("tc", dict(zip(("BM", "WM", "WN", "BN"), (int(v) for v in s.split("x")))))
                for s in a.shapes.split(",") if s]
-    configs += [("tcq", dict(zip(("MT", "WM", "BN", "MR", "PW", "PF", "ST"), (int(v) for v in s.split("x")))))
+    configs += [("tcq", dict(zip(("MT", "WM", "BN", "MR", "PW", "PF", "ST", "H"), (int(v) for v in s.split("x")))))
                 for s in a.tcq.split(",") if s]
     configs += [(k, {}) for k in a.kernels.split(",") if k]
     res = []

@@ -7,7 +7,7 @@
 #     phases: graph_decode.py prints them; GRAPH_UBATCH=512 GRAPH_PREFILL=512 adds a prompt's ubatches through the graph;
 #     GRAPH_GREEDY=64: a greedy decode fed on the device, replays launched back to back)
 #   PROFPREFILL="glm-dsa:glm-5.2:2" STAGES="profprefill prefillsweep" ...  (a prefill's kernels; the same under policies)
-#   STAGES="experts proffixed" ...  (the experts' tc / tcq shapes incl. the staged ST=1 and 16-pair tiles; the kernels of a
+#   STAGES="experts proffixed" ...  (the experts' tc / tcq shapes incl. the staged ST=1, the f16 H=1 and 16-pair tiles; the kernels of a
 #     fixed-shape 512-token prefill with a capture's kernels: why a replayed ubatch took 526 ms, session 25)
 #   STAGES="llbuild graph" ... then GRAPHLL="arch:preset:layers[:KEY=VALUE] ..." STAGES=graphll: llama-bench and ours on
 #   each file in turn (.dev/ holds ../shared/tools/llamacpp_bench_device.sh and the vendored llama.cpp: see its header)
@@ -104,7 +104,7 @@ for st in ${STAGES:-info layers matmul tests}; do
           --json "$OUT/prefetch${pf:+_on}.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done ;;
     experts) stage "experts' prefill products by kernel"   # tc vs tcq shapes at DeepSeek-V3's expert shapes (session 25)
       timeout ${EXPERTS_TIMEOUT:-300} python3 benchmarks/expert_prefill.py --shapes ${EXPERTS_TC:-64x4x1x32} --kernels "" \
-        --tcq ${EXPERTS_TCQ:-4x2x32,2x4x32x0x0x0x1,4x2x32x0x0x0x1,1x4x32x0x0x0x1,2x4x16,1x4x16,1x4x16x0x0x0x1,2x4x16x0x0x0x1} \
+        --tcq ${EXPERTS_TCQ:-4x2x32,2x4x32x0x0x0x1,4x2x32x0x0x0x1,1x4x32x0x0x0x1,2x4x16,1x4x16,1x4x16x0x0x0x1,2x4x16x0x0x0x1,4x2x32x0x0x0x0x1,2x4x32x0x0x0x0x1,2x2x32x0x0x0x0x1,2x4x16x0x0x0x0x1,1x4x32x0x0x0x0x1} \
         ${EXPERTS_ARGS:-} --json "$OUT/experts.json" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG" ;;
     proffixed) for spec in ${PROFPREFILL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
         stage "fixed-shape prefill profile $A $P L=$L ${X:-}"   # where a 512-token ubatch graph's time goes

@@ -342,7 +342,8 @@ def test_backend_contract(rng):
 # stay in registers): the fast / tc ones are also checked for local memory. About 40 s on 2 cores.
 PTX_FAMILIES = ["naive[Q8_0]", "gemv[Q8_0, NT=8, glu]", "gemm[Q8_0, rw]", "tc[Q8_0]", "tc[F32, causal=2]",
                 "fast1[Q8_0, pairs, rw]", "fast1[Q4_K]", "fast[Q8_0, NT=8, glu]", "fast8[Q8_0, ids]", "bucket",
-                "swiglu", "combine", "staged[Q4_K]", "h3 split", "h3 combine", "tcq[Q4_K]", "tcq split"]
+                "swiglu", "combine", "staged[Q4_K]", "h3 split", "h3 combine", "tcq[Q4_K]", "tcq split", "tcq16[Q4_K]",
+                "tcq16 split"]
 
 
 def test_ptx_sm90_one_per_family():

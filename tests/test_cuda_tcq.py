@@ -4,7 +4,8 @@ Runs on the GPU at real tile sizes when there is one, else in numba's CUDA simul
 tiles: `tc.warp_mma` emulates the tensor core there). The routed groups hold 0, a partial 8-pair column tile, and
 more than a tile; rows not a multiple of the warp's 16 (the clamped rows' outputs must not be written); scales and
 row weights as the expert dispatch passes them; the latency variants (weight burst, activation prefetch, the weights
-staged through shared memory by cp.async: `gemm_tcq_staged_kernel`) compute the same numbers.
+staged through shared memory by cp.async: `gemm_tcq_staged_kernel`) compute the same numbers, and so does the
+half-precision variant on mma.m16n8k16 (`gemm_tcq16_kernel`, H=1: f16 halves of row-scaled activations).
 """
 import numpy as np
 import pytest
@@ -27,8 +28,10 @@ TOL = 1e-5
 E, O, I, T = (6, 200, 2048, 96) if GPU else (3, 20, 512, 12)      # two super-blocks: the staged kernel's buffers
 COUNTS = (0, 5, 41, 30, 17, 64) if GPU else (0, 3, 9)
 BN = 32 if GPU else 16
-SHAPES = [dict(MT=4, WM=2, BN=BN), dict(MT=2, WM=4, BN=BN, PW=1, PF=1), dict(MT=2, WM=4, BN=BN, ST=1)] if GPU else \
-    [dict(MT=1, WM=1, BN=BN), dict(MT=1, WM=1, BN=BN, PW=1, PF=1), dict(MT=1, WM=1, BN=BN, ST=1)]
+SHAPES = [dict(MT=4, WM=2, BN=BN), dict(MT=2, WM=4, BN=BN, PW=1, PF=1), dict(MT=2, WM=4, BN=BN, ST=1),
+          dict(MT=4, WM=2, BN=BN, H=1), dict(MT=2, WM=4, BN=BN, H=1)] if GPU else \
+    [dict(MT=1, WM=1, BN=BN), dict(MT=1, WM=1, BN=BN, PW=1, PF=1), dict(MT=1, WM=1, BN=BN, ST=1),
+     dict(MT=1, WM=1, BN=BN, H=1)]
 
 
 def _case(rng):
@@ -55,7 +58,8 @@ def test_tcq_grouped_matches_numpy(shape):
     dw = device_weight(w).ensure()
     yd = cuda_mod.to_device(np.full((n, O), np.nan, np.float32))
     xd = cuda_mod.to_device(x)
-    split = ops.tcq_split(xd) if shape.get("PW") else None        # (one variant: a split made ahead, as gate / up)
+    split = ops.tcq_split(xd, half=bool(shape.get("H"))) if shape.get("PW") or shape.get("H") else None
+    # (a split made ahead for some variants, as gate / up share one)
     ops.grouped(dw, xd, yd, cuda_mod.to_device(tab), min(E, n), n, mpg, sc=cuda_mod.to_device(sc),
                 rw=cuda_mod.to_device(rw), kernel="tcq", shape=shape, split=split)
     assert_close(f"tcq {shape}", yd.copy_to_host(), want, TOL)       # (NaN left in an unwritten output fails it)
@@ -94,9 +98,11 @@ def test_tcq_auto_choice(monkeypatch):
 
 
 @pytest.mark.skipif(not GPU, reason="three 256-row products on the tensor-core emulation: minutes in the simulator")
-def test_tcq_experts_match_the_loop_oracle():
+@pytest.mark.parametrize("half", [0, 1])
+def test_tcq_experts_match_the_loop_oracle(monkeypatch, half):
     """The routed experts (gate and up sharing one split, SwiGLU, down with row weights) on tcq against the loop
-    oracle, fused and traced."""
+    oracle, fused and traced; half: the f16 variant as the default shape (TCQ_SHAPE H=1)."""
+    monkeypatch.setattr(ops, "TCQ_SHAPE", dict(ops.TCQ_SHAPE, H=half))
     from quant.cuda import moe as cmoe
     from refengine.moe.experts import moe_ffn as loop_moe
     rng = np.random.default_rng(11)

@@ -39,7 +39,7 @@ from .fast_specs import FSPECS, fast_supported
 from .gemv import GroupTable, dense_groups, gemm_kernel, gemv_kernel, naive_kernel
 from .streams import scratch, upload
 from .tc import gemm_tc_kernel
-from .tcq import gemm_tcq_kernel, gemm_tcq_staged_kernel, split_rows
+from .tcq import gemm_tcq16_kernel, gemm_tcq_kernel, gemm_tcq_staged_kernel, split16_rows, split_rows
 from .tcq import supported as tcq_supported
 from .weights import DeviceWeight, device_weight
 
@@ -84,7 +84,8 @@ TC_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
 TC_DENSE_SHAPE = dict(BM=64, WM=4, WN=1, CV=-1, BN=32)
 # the quant-domain tensor-core GEMM (`tcq.py`: Q4_K's 4-bit integers unsplit, two mma a fragment): MT 16-row tiles a
 # warp, WM warps a block, BN pairs a tile (the group table's tile: moe.BN for expert dispatch)
-# (MT=4, WM=2 measured best of 17 shapes and latency variants: benchmarks/expert_prefill.py, BENCHMARKS.md session 25)
+# (MT=4, WM=2 measured best of 17 shapes and latency variants: benchmarks/expert_prefill.py, BENCHMARKS.md session 25);
+# H=1 (not timed yet): the f16 variant on mma.m16n8k16 (`tcq.gemm_tcq16_kernel`: half the mma and A-fragment work)
 TCQ_SHAPE = dict(MT=4, WM=2, BN=32)
 # "auto" takes tcq where it would take tc, the type has it (tcq.TYPES) and the groups average at most one tile of
 # pairs (expert dispatch at prefill: DeepSeek-V3's 256 experts see ~16 of 512 tokens' pairs each). Measured on the
@@ -229,7 +230,15 @@ def grouped(dw: DeviceWeight, xd, yd, grp, gmax: int, n_pairs: int, max_per_grou
             raise QuantError(f"tcq kernel: no quant-domain kernel for {dw.type.name} rows of {I} columns "
                              "(Q4_K, I % 256 == 0)")
         sh = dict(TCQ_SHAPE, **(shape or {}))
-        xh, xl, sx = split if split is not None else tcq_split(xd, stream)
+        half = bool(sh.get("H", 0))
+        if split is None or len(split) != (4 if half else 3):     # (a split made for the other variant: anew)
+            split = tcq_split(xd, stream, half)
+        if half:                         # on mma.m16n8k16 (tcq.gemm_tcq16_kernel)
+            k = gemm_tcq16_kernel(dw.type, sh["MT"], sh["WM"], sh["BN"], rw is not None)
+            k[(math.ceil(O / (16 * sh["MT"] * sh["WM"])), gmax + n_pairs // sh["BN"] + 1), 32 * sh["WM"], stream](
+                dw.w32, dw.w16, *split, yd, sc, rwa, grp, O, I, dw.rowb, dw.estride, gmax, n_pairs)
+            return
+        xh, xl, sx = split
         if sh.get("ST", 0):              # weights staged through shared memory (tcq.gemm_tcq_staged_kernel)
             k = gemm_tcq_staged_kernel(dw.type, sh["MT"], sh["WM"], sh["BN"], rw is not None)
         else:
@@ -260,9 +269,11 @@ def auto_kernel(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: in
     return "tc" if TC else "gemm"
 
 
-def tcq_split(xd, stream=0):
-    """xd split for tcq (`tcq.split_rows`: TF32 hi / lo bits and the sub-block sums) into scratch memory."""
-    return split_rows(xd, stream, lambda n, dt: scratch(n, dt, stream))
+def tcq_split(xd, stream=0, half: bool | None = None):
+    """xd split for tcq into scratch memory: `tcq.split_rows` (TF32 hi / lo bits and the sub-block sums) or, for the
+    half-precision variant (half; None: TCQ_SHAPE's H), `tcq.split16_rows` (f16 halves, scaled sums, row scales)."""
+    half = bool(TCQ_SHAPE.get("H", 0)) if half is None else half
+    return (split16_rows if half else split_rows)(xd, stream, lambda n, dt: scratch(n, dt, stream))
 
 
 def shared_split(dw: DeviceWeight, xd, gmax: int, n_pairs: int, max_per_group: int, kernel: str = "auto", stream=0):

@@ -65,7 +65,8 @@ class KernelPolicy:
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
     tcq: bool = True                      # "auto" takes the quant-domain tensor-core GEMM for small groups where it
                                           # takes tc and the type has it (quant/cuda/tcq.py: Q4_K; ops.TCQ)
-    tcq_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=4, WM=2, BN=32))   # its launch (ops.TCQ_SHAPE)
+    tcq_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=4, WM=2, BN=32))   # its launch (ops.TCQ_SHAPE;
+                                          # ST=1 the weights staged through shared memory, H=1 the f16 variant)
 
     def __post_init__(self):
         # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are

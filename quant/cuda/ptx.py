@@ -21,7 +21,8 @@ from .fast import FSPECS, fgemv1_kernel, fgemv_kernel
 from .fast8 import CW, igemv1_kernel
 from .gemv import gemm_kernel, gemv_kernel, naive_kernel
 from .tc import gemm_tc_kernel
-from .tcq import gemm_tcq_kernel, gemm_tcq_staged_kernel, split_kernel as tcq_split_kernel
+from .tcq import gemm_tcq16_kernel, gemm_tcq_kernel, gemm_tcq_staged_kernel, split16_kernel as tcq16_split_kernel
+from .tcq import split_kernel as tcq_split_kernel
 from .dequant_gemm import staged_kernel
 from .hgemm import combine_kernel as h3_combine_kernel, split_kernel as h3_split_kernel
 from .moe import bucket_kernel, combine_kernel, swiglu_kernel
@@ -37,6 +38,8 @@ SIG_GEMM = f"void({A1U32}, {A1F16}, {A1U32}, {A2F32}, {A2F32}, {A1F32}, {A1F32},
 SIG_TC = SIG_GEMM[:-1] + f", {A1I32}, {I64})"
 SIG_TCQ = (f"void({A1U32}, {A1F16}, {A1U32}, {A1U32}, {A1F32}, {A2F32}, {A1F32}, {A1F32}, {A1I32}, "
            + ", ".join([I64] * 6) + ")")
+SIG_TCQ16 = (f"void({A1U32}, {A1F16}, {A1U32}, {A1U32}, {A1F32}, {A1F32}, {A2F32}, {A1F32}, {A1F32}, {A1I32}, "
+             + ", ".join([I64] * 6) + ")")
 
 
 def kernels(all_variants: bool = False):
@@ -84,6 +87,9 @@ def kernels(all_variants: bool = False):
     out.append(("tcq[Q4_K, rw]", gemm_tcq_kernel(GGMLType.Q4_K, 4, 2, 32, True), SIG_TCQ))
     out.append(("tcq[Q4_K, staged]", gemm_tcq_staged_kernel(GGMLType.Q4_K, 2, 4, 32), SIG_TCQ))
     out.append(("tcq split", tcq_split_kernel, f"void({A2F32}, uint32[::1], uint32[::1], {A1F32}, int64, int64)"))
+    out.append(("tcq16[Q4_K]", gemm_tcq16_kernel(GGMLType.Q4_K, 4, 2, 32), SIG_TCQ16))
+    out.append(("tcq16[Q4_K, rw]", gemm_tcq16_kernel(GGMLType.Q4_K, 2, 4, 32, True), SIG_TCQ16))
+    out.append(("tcq16 split", tcq16_split_kernel, f"void({A2F32}, {A1F16}, {A1F16}, {A1F32}, {A1F32}, int64)"))
     out.append(("bucket", bucket_kernel, f"void({A1I32}, int64, int64, int64, int64, {A1I32}, {A1I32}, {A1I32}, {A1I32})"))
     out.append(("swiglu", swiglu_kernel, f"void({A2F32}, {A2F32}, {A2F32}, boolean)"))
     out.append(("combine", combine_kernel, f"void({A2F32}, int64, {A2F32}, boolean, {A2F32})"))

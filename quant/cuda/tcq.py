@@ -3,6 +3,8 @@
     split_rows(xd, stream)                       -> (xh, xl, sx): the activations split once per launch
     gemm_tcq_kernel(t, MT, WM, BN, rwt)          same group table and outputs as `tc.gemm_tc_kernel`
     gemm_tcq_staged_kernel(t, MT, WM, BN, rwt)   the same with the weights staged through shared memory
+    split16_rows(xd, stream)                     -> (xh, xl, sx, rs): f16 halves of row-scaled activations
+    gemm_tcq16_kernel(t, MT, WM, BN, rwt)        the same sums on mma.m16n8k16 (tcq_shape H=1; notes below)
     TYPES                                        the types it reads (Q4_K)
 
 A Q4_K weight is w = a * q - b with q a 4-bit integer and (a, b) = (d * sc, dmin * m) per 32-column sub-block. So a
@@ -33,14 +35,15 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
+from numba.core.types import float16
 
 from ..formats import GGMLType
 from .decoders import SPECS, scale_min_k4
 from .device import SIM, hf, ld32a, u2f, warp_sum
 from .gemv import tile_of
 from .tc import warp_mma
-from .vec import cp_async16, cp_async_commit, cp_async_wait1, f32_bits, h2f, ld4u, tf32_split
+from .vec import cp_async16, cp_async_commit, cp_async_wait1, f32_bits, h2f, hsub2, ld4u, prmt, tf32_split
 
 TYPES = (GGMLType.Q4_K,)
 SUB = 32                     # columns of a sub-block: one (a, b) pair, one tensor-core sum
@@ -393,9 +396,248 @@ def gemm_tcq_staged_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool 
     return gemm
 
 
+# ---------------------------------------------------------------- the half-precision variant (tcq_shape H=1)
+#
+# The same quant-domain sum on mma.m16n8k16 (f16 operands, float32 accumulators): q (0..15) is exact in f16 too and
+# a k16 step holds twice a TF32 step's columns, so a 32-column sub-block takes 2 steps of two mma (q . hi, q . lo)
+# where the TF32 kernel takes 4 of two. The activations are split into f16 halves after a power-of-two scale per
+# row (`split16_rows`: the row's largest |x| brought into [2^14, 2^15), so neither half overflows and the small
+# elements keep ~2^-24 of the row's largest in absolute terms, `hgemm.py`'s split); the row's sums of x per
+# sub-block are scaled alike, and the outputs are scaled back (exactly: a power of two) before the store.
+# A fragment: lane 4g + q's k slots (2q, 2q + 1, 2q + 8, 2q + 9) of step s take columns 8q + 4s + (0, 1, 2, 3) of
+# the sub-block, so a lane again holds its own 8 contiguous columns: 4 bytes of qs a step, and its B fragments
+# are one 16-byte load of hi and one of lo (8 halves: steps 0 and 1). A byte pair's nibbles become two f16
+# integers without a conversion: prmt moves the bytes to the halves' low bytes, an and / or makes 1024 + n
+# (0x6400 | n), one sub.f16x2 of 1024 leaves n exactly.
+SPLIT16 = 32 if SIM else 256   # threads of a split block (a row)
+TOP = 15                       # a row's largest |x| scaled into [2^(TOP-1), 2^TOP) (as hgemm.py)
+
+if SIM:
+    _L16 = np.arange(32)
+    _R16 = np.arange(16)[:, None]
+    _K16 = np.arange(16)[None, :]
+    # A[row, k] of mma.m16n8k16: lane 4 (row % 8) + (k % 8) // 2, register row // 8 + 2 (k // 8), half k % 2
+    A16_LANE, A16_REG, A16_HALF = (_R16 % 8) * 4 + (_K16 % 8) // 2, _R16 // 8 + 2 * (_K16 // 8), _K16 % 2
+    # B[k, col]: lane 4 col + (k % 8) // 2, register 4 + k // 8, half k % 2
+    _KK, _CC = np.arange(16)[:, None], np.arange(8)[None, :]
+    B16_LANE, B16_REG, B16_HALF = 4 * _CC + (_KK % 8) // 2, 4 + _KK // 8 + 0 * _CC, _KK % 2 + 0 * _CC
+    C16_ROW = (_L16[:, None] >> 2) + 8 * (np.arange(4)[None, :] // 2)
+    C16_COL = 2 * (_L16[:, None] & 3) + np.arange(4)[None, :] % 2
+
+    def _halves(words):
+        """uint32 words [..] -> their two IEEE halves [.., 2] as float64 (low half first)."""
+        return np.asarray(words, np.uint32)[..., None].view(np.float16).astype(np.float64)
+
+    @cuda.jit(device=True)
+    def warp_mma16(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Simulator twin of `vec.mma_f16`: the fragments meet in shared memory (as bits), lane 0 multiplies the
+        16 x 8 x 16 tile by the layouts above, every lane reads its four results back. Block-wide barriers."""
+        frag = (a0, a1, a2, a3, b0, b1)
+        for j in range(6):
+            scr[wi, lane, j] = np.uint32(int(frag[j]) & 0xFFFFFFFF).view(np.float32)
+        for j, c in enumerate((c0, c1, c2, c3)):
+            scr[wi, lane, 6 + j] = c
+        cuda.syncthreads()
+        if lane == 0:
+            f = np.asarray(scr[wi], dtype=np.float32)
+            h = _halves(f[:, :6].view(np.uint32))                   # [32 lanes, 6 registers, 2 halves]
+            a = h[A16_LANE, A16_REG, A16_HALF]                       # [16, 16]
+            b = h[B16_LANE, B16_REG, B16_HALF]                       # [16, 8]
+            c = np.zeros((16, 8))
+            c[C16_ROW, C16_COL] = f[:, 6:10]
+            scr[wi, :, 10:14] = (c + a @ b)[C16_ROW, C16_COL].astype(np.float32)
+        cuda.syncthreads()
+        return scr[wi, lane, 10], scr[wi, lane, 11], scr[wi, lane, 12], scr[wi, lane, 13]
+else:
+    from .vec import mma_f16
+
+    @cuda.jit(device=True, inline=True)
+    def warp_mma16(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        return mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+
+@cuda.jit
+def split16_kernel(x, xh, xl, sx, rs, K):
+    """Row r of x [R, K] (a block) -> xh, xl [R * K] (f16 halves of x * 2^s), sx [R * K / 32] (each sub-block's sum
+    of x * 2^s), rs[r] = 2^-s; s from the row's largest |x| (0 for a row of zeros; NaN / inf carry through)."""
+    sm = cuda.shared.array(SPLIT16, float32)
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    m = float32(0.0)
+    for i in range(tid, K, SPLIT16):
+        m = max(m, abs(x[r, i]))
+    sm[tid] = m
+    cuda.syncthreads()
+    step = SPLIT16 // 2
+    while step > 0:
+        if tid < step:
+            sm[tid] = max(sm[tid], sm[tid + step])
+        cuda.syncthreads()
+        step //= 2
+    mx = sm[0]
+    s = 0
+    if mx > float32(0.0) and mx < float32(math.inf):
+        _, ex = math.frexp(mx)
+        s = TOP - int(ex)
+    base = r * K
+    for i0 in range(0, K, SPLIT16):                        # K % 32 == 0: every warp sums whole sub-blocks
+        i = i0 + tid
+        v = float32(0.0)
+        if i < K:
+            v = float32(math.ldexp(x[r, i], s))
+            h = float16(v)
+            xh[base + i] = h
+            xl[base + i] = float16(v - float32(h))
+        t = warp_sum(v)
+        if i < K and i % SUB == 0:
+            sx[(base + i) // SUB] = t
+    if tid == 0:
+        rs[r] = float32(math.ldexp(float32(1.0), -s))
+
+
+def split16_rows(xd, stream=0, alloc=None):
+    """(xh, xl, sx, rs) of xd [R, K] (a device array, K % 32 == 0) for the half-precision kernel: xh / xl as uint32
+    words (two halves each), one launch. alloc(n, dtype): the scratch allocator (default numba's device_array)."""
+    R, K = xd.shape
+    alloc = alloc or (lambda n, dt: cuda.device_array(n, dtype=dt, stream=stream))
+    xh, xl = alloc(R * K // 2, np.uint32), alloc(R * K // 2, np.uint32)
+    sx, rs = alloc(R * K // SUB, np.float32), alloc(max(R, 1), np.float32)
+    if R:
+        split16_kernel[R, SPLIT16, stream](xd, xh.view(np.float16), xl.view(np.float16), sx, rs, K)
+    return xh, xl, sx, rs
+
+
+@cuda.jit(device=True, inline=True)
+def _a_frags16(qa, qb, half, af, MT):
+    """A fragments of one sub-block (nibble half `half` of the pair's bytes) for the 2 mma steps: step s register
+    h + 2p (row g + 8 h, k slots 2q + 8p + {0, 1}) = columns 8q + 4s + 2p + {0, 1}: bytes 2p, 2p + 1 of qa (s = 0) or
+    qb, as two f16 integers."""
+    for i in range(MT):
+        for h in range(2):
+            for s in range(2):
+                w = (qa[i, h] if s == 0 else qb[i, h]) >> uint32(4 * half)
+                for p in range(2):
+                    t = prmt(w, uint32(0), uint32(0x4140 if p == 0 else 0x4342))
+                    t = (t & uint32(0x000F000F)) | uint32(0x64006400)
+                    af[i, 4 * s + h + 2 * p] = hsub2(t, uint32(0x64006400))
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_tcq16_kernel(t, MT: int = 4, WM: int = 2, BN: int = 32, rwt: bool = False):
+    """`gemm_tcq_kernel` on mma.m16n8k16 (see the notes above): the activations from `split16_rows`.
+
+    Arguments (w32, w16, xh, xl, sx, rs, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP): as `gemm_tcq_kernel` with
+    xh / xl the f16 halves as uint32 words and rs each activation row's 2^-s."""
+    _check("gemm_tcq16_kernel", t, MT, WM, BN)
+    NT = BN // 8
+    BM = 16 * MT * WM
+    RWT = rwt
+    SCR = (WM, 32, 14) if SIM else (1, 1, 1)
+    U = uint64
+
+    @cuda.jit
+    def gemm(w32, w16, xh, xl, sx, rs, y, sc, rw, grp, O, I, rowb, estride, GMAX, NP):
+        scr = cuda.shared.array(SCR, float32)
+        e, j0, j1 = tile_of(grp, GMAX, NP, cuda.blockIdx.y, BN)
+        if e < 0:
+            return
+        tid = cuda.threadIdx.x
+        wi = tid // 32
+        lane = tid % 32
+        g = lane >> 2
+        q = lane & 3
+        row0 = cuda.blockIdx.x * BM + wi * (16 * MT)
+        if not SIM and row0 >= O:
+            return
+        cnt = j1 - j0
+        njt = (cnt + 7) // 8
+        rb = cuda.local.array((MT, 2), uint64)
+        for i in range(MT):
+            for h in range(2):
+                rb[i, h] = U(e) * U(estride) + U(min(row0 + 16 * i + g + 8 * h, O - 1)) * U(rowb)
+        xb = cuda.local.array(NT, int32)
+        xc = cuda.local.array((NT, 2), int32)
+        _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT)
+        acc = cuda.local.array((MT, NT, 4), float32)
+        _zero(acc, MT, NT)
+        dd = cuda.local.array((MT, 2), float32)
+        dm = cuda.local.array((MT, 2), float32)
+        s0 = cuda.local.array((MT, 2), uint32)
+        s1 = cuda.local.array((MT, 2), uint32)
+        s2 = cuda.local.array((MT, 2), uint32)
+        qa = cuda.local.array((MT, 2), uint32)
+        qb = cuda.local.array((MT, 2), uint32)
+        sa = cuda.local.array((MT, 2), float32)
+        sm = cuda.local.array((MT, 2), float32)
+        af = cuda.local.array((MT, 8), uint32)               # A fragments of the 2 steps, 4 registers each
+        bh = cuda.local.array(4, uint32)                     # B fragments: 8 halves of hi, of lo
+        bl = cuda.local.array(4, uint32)
+        tac = cuda.local.array((MT, 4), float32)
+        nsb = I // SUB
+        for kb in range(I // 256):
+            for i in range(MT):
+                for h in range(2):
+                    base = rb[i, h] + U(kb * TS)
+                    dd[i, h] = hf(w16, base, 0)
+                    dm[i, h] = hf(w16, base, 2)
+                    s0[i, h] = ld32a(w32, base, 4)
+                    s1[i, h] = ld32a(w32, base, 8)
+                    s2[i, h] = ld32a(w32, base, 12)
+            for j in range(4):
+                for i in range(MT):
+                    for h in range(2):
+                        base = rb[i, h] + U(kb * TS)
+                        qa[i, h] = ld32a(w32, base, 16 + 32 * j + 8 * q)
+                        qb[i, h] = ld32a(w32, base, 20 + 32 * j + 8 * q)
+                for half in range(2):
+                    sbk = 2 * j + half
+                    for i in range(MT):
+                        for h in range(2):
+                            c, m = scale_min_k4(s0[i, h], s1[i, h], s2[i, h], sbk)
+                            sa[i, h] = dd[i, h] * u2f(c)
+                            sm[i, h] = dm[i, h] * u2f(m)
+                    _a_frags16(qa, qb, half, af, MT)
+                    col = kb * 256 + SUB * sbk + 8 * q
+                    for jj in range(NT):
+                        if jj < njt:
+                            xr = xb[jj]
+                            if xr >= 0:
+                                o = (U(xr) * U(I) + U(col)) >> U(1)
+                                bh[0], bh[1], bh[2], bh[3] = ld4u(xh, o)
+                                bl[0], bl[1], bl[2], bl[3] = ld4u(xl, o)
+                            else:
+                                for k in range(4):
+                                    bh[k] = uint32(0)
+                                    bl[k] = uint32(0)
+                            for i in range(MT):
+                                d0 = d1 = d2 = d3 = float32(0.0)
+                                for st in range(2):
+                                    d0, d1, d2, d3 = warp_mma16(scr, wi, lane, af[i, 4 * st], af[i, 4 * st + 1],
+                                                                af[i, 4 * st + 2], af[i, 4 * st + 3], bh[2 * st],
+                                                                bh[2 * st + 1], d0, d1, d2, d3)
+                                    d0, d1, d2, d3 = warp_mma16(scr, wi, lane, af[i, 4 * st], af[i, 4 * st + 1],
+                                                                af[i, 4 * st + 2], af[i, 4 * st + 3], bl[2 * st],
+                                                                bl[2 * st + 1], d0, d1, d2, d3)
+                                tac[i, 0] = d0
+                                tac[i, 1] = d1
+                                tac[i, 2] = d2
+                                tac[i, 3] = d3
+                            _accumulate(acc, jj, tac, sa, sm, sx, xc, nsb, kb * 8 + sbk, MT)
+        for jj in range(NT):                                  # the rows' scale back (a power of two: exact)
+            for tt in range(2):
+                if xc[jj, tt] >= 0:
+                    f = rs[xc[jj, tt]]
+                    for i in range(MT):
+                        for h in range(2):
+                            acc[i, jj, 2 * h + tt] *= f
+        _store(y, grp, GMAX, NP, j0, cnt, O, row0, g, q, acc, sc, e, rw, RWT, MT, NT)
+    return gemm
+
+
 def supported(t, I: int) -> bool:
     """Whether `gemm_tcq_kernel` reads a weight of type t with rows of I columns."""
     return t in TYPES and I % 256 == 0
 
 
-__all__ = ["gemm_tcq_kernel", "gemm_tcq_staged_kernel", "split_rows", "split_kernel", "supported", "TYPES"]
+__all__ = ["gemm_tcq_kernel", "gemm_tcq_staged_kernel", "gemm_tcq16_kernel", "split_rows", "split_kernel",
+           "split16_rows", "split16_kernel", "supported", "TYPES"]

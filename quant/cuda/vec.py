@@ -15,6 +15,10 @@
     d0..d3 = mma_tf32(a0..a3, b0, b1, c0..c3)
                                    one warp-wide mma.sync.m16n8k8 (TF32 fragments, float32 accumulators);
                                    no simulator twin (a warp collective: `tc.py` emulates it there)
+    d0..d3 = mma_f16(a0..a3, b0, b1, c0..c3)
+                                   one warp-wide mma.sync.m16n8k16 (f16x2 fragments, float32 accumulators); no
+                                   simulator twin (`tcq.py` emulates it there)
+    r = hsub2(a, b)                the two halves of a minus those of b, each an IEEE half (sub.rn.f16x2)
 
 Why: numba indexes one element per load, so a lane reading 16 contiguous bytes issues 4 loads (and a
 float32 activation run of 4 issues 4), which is what capped the first kernels; and a byte turned into a
@@ -78,6 +82,11 @@ if SIM:
 
     def cp_async_wait0():
         pass
+
+    def hsub2(a, b):
+        ha = np.array([int(a) & 0xFFFFFFFF], np.uint32).view(np.float16)
+        hb = np.array([int(b) & 0xFFFFFFFF], np.uint32).view(np.float16)
+        return np.uint32((ha - hb).view(np.uint32)[0])
 
     def tf32_split(v):
         b = int(np.float32(v).view(np.uint32))
@@ -246,6 +255,38 @@ else:
         return _mma_tf32(uint32(a0), uint32(a1), uint32(a2), uint32(a3), uint32(b0), uint32(b1),
                          float32(c0), float32(c1), float32(c2), float32(c3))
 
+    @intrinsic
+    def _mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
 
-__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a", "tf32_split", "f32_bits", "mma_tf32", "cp_async16",
-           "cp_async_commit", "cp_async_wait1", "cp_async_wait0"]
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+            text = ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+            asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=False)
+            res = builder.call(asm, list(args))
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(4)])
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        return _mma_f16(uint32(a0), uint32(a1), uint32(a2), uint32(a3), uint32(b0), uint32(b1),
+                        float32(c0), float32(c1), float32(c2), float32(c3))
+
+    @intrinsic
+    def _hsub2(typingctx, a, b):
+        sig = types.uint32(types.uint32, types.uint32)
+
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [_I32, _I32]), "sub.rn.f16x2 $0, $1, $2;", "=r,r,r",
+                               side_effect=False)
+            return builder.call(asm, list(args))
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def hsub2(a, b):
+        return _hsub2(uint32(a), uint32(b))
+
+
+__all__ = ["ld4u", "ld4f", "prmt", "h2f", "dp4a", "tf32_split", "f32_bits", "mma_tf32", "mma_f16", "hsub2",
+           "cp_async16", "cp_async_commit", "cp_async_wait1", "cp_async_wait0"]
