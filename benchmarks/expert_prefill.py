@@ -9,7 +9,7 @@ distinct experts each (~T A / E pairs an expert: 16 for V3 at 512 tokens), one g
 CUDA events (median of --reps after a warm-up). Tensor-core shapes BM x WM x WN x BN (BN: the pairs of a tile,
 the group table built with it); quant-domain shapes (`tcq.py`) MT x WM x BN[x MR x PW x PF x ST x H] (H=1: the
 half-precision variant on mma.m16n8k16, `gemm_tcq16_kernel`). --dense OxI,...:
-one dense product of T tokens each, by tc, tcq and cuBLAS after the weight's decode (`dequant_gemm.dense_sgemm`).
+one dense product of T tokens each, by tc, tcq, tcq16 and cuBLAS after the weight's decode (`dequant_gemm.dense_sgemm`).
 Every configuration is checked against the NumPy oracle on --check experts (rel-RMS <= 1e-5). --ncu: one launch
 per configuration, nothing timed (for `ncu -k regex:gemm`).
 """
@@ -49,7 +49,8 @@ def timed(run, reps: int) -> float:
 
 
 def dense(a, t, O: int, I: int, rng) -> dict:
-    """One dense product [T, I] x [O, I]^T by tc, tcq and cuBLAS (decode + SGEMM), checked against NumPy."""
+    """One dense product [T, I] x [O, I]^T by tc, tcq (TF32 and f16) and cuBLAS (decode + SGEMM), checked against
+    NumPy."""
     import cupy as cp
     from quant.cuda.dequant_gemm import dense_sgemm
     from quant.cuda.streams import numba_view
@@ -61,6 +62,8 @@ def dense(a, t, O: int, I: int, rng) -> dict:
     row = dict(config=f"dense {O}x{I} T={a.tokens}")
     for name, run in (("tc", lambda: ops.dense(dw, numba_view(x), numba_view(y), kernel="tc")),
                       ("tcq", lambda: ops.dense(dw, numba_view(x), numba_view(y), kernel="tcq")),
+                      ("tcq16", lambda: ops.dense(dw, numba_view(x), numba_view(y), kernel="tcq",
+                                                  shape=dict(MT=2, WM=4, BN=32, H=1))),
                       ("sgemm", lambda: dense_sgemm(dw, x, y))):
         y.fill(cp.nan)
         run()
