@@ -98,6 +98,24 @@ def test_sgemm_products_equal_the_reference(chunk, monkeypatch):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_tcq16_prefill_products_equal_the_reference(monkeypatch):
+    """KernelPolicy(prefill_gemm="tcq16"): a Q4_K product of SGEMM_MIN tokens or more on tcq's f16 kernel (no decode,
+    no cuBLAS) == quant.ref's within 1e-5; a Q8_0 weight stays on the cuBLAS path (same check)."""
+    cp = pytest.importorskip("cupy")
+    from quant import GGMLType, ref
+    from quant.cuda import ops
+    from quant.cuda.resident import matmul_resident
+    from quant.cuda.testdata import random_qtensor
+    monkeypatch.setattr(ops, "PREFILL_GEMM", "tcq16")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((200, 512)).astype(np.float32)
+    for t in (GGMLType.Q4_K, GGMLType.Q8_0):
+        w = random_qtensor(t, (300, 512), rng, "blk.0.ffn_up.weight")
+        y = cp.asnumpy(matmul_resident(cp.asarray(x), w))
+        assert rel_rms(y, ref.matmul(x, w)) <= 1e-5, t.name
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("gemm", ["sgemm", "h3"])
 @pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "kimi-k3"])
 def test_resident_sgemm_prefill_equals_numpy(synth_model, arch, gemm):

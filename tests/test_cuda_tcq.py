@@ -116,3 +116,17 @@ def test_tcq_experts_match_the_loop_oracle(monkeypatch, half):
     assert_close("fused", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, kernel="tcq"), want, TOL)
     assert_close("traced", cmoe.moe_ffn(x, ids, wts, up=up, gate=gate, down=down, kernel="tcq",
                                         record=lambda *a: None), want, TOL)
+
+
+def test_tcq16_dense_matches_numpy():
+    """A dense product (one group of every token, `ops.dense`) on the f16 variant, as KernelPolicy(prefill_gemm=
+    "tcq16") runs a prefill's Q4_K products: rows not a multiple of 16, tokens not a multiple of the tile."""
+    rng = np.random.default_rng(9)
+    O_, I_, T_ = (300, 1024, 200) if GPU else (20, 256, 19)
+    w = QTensor.from_raw("w", GGMLType.Q4_K, (O_, I_), random_raw(GGMLType.Q4_K, (O_, I_), rng, centered=True))
+    x = rng.standard_normal((T_, I_)).astype(np.float32)
+    yd = cuda_mod.to_device(np.full((T_, O_), np.nan, np.float32))
+    shape = dict(MT=2, WM=4, BN=32, H=1) if GPU else dict(MT=1, WM=1, BN=16, H=1)
+    ops.dense(device_weight(w).ensure(), cuda_mod.to_device(x), yd, kernel="tcq", shape=shape)
+    assert_close("tcq16 dense", yd.copy_to_host(), x.astype(np.float64) @ ref.dequantize(w).astype(np.float64).T,
+                 TOL)

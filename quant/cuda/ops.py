@@ -109,8 +109,12 @@ SGEMM_DECODE = "staged"
 # float16 halves, three tensor-core products with float32 sums over K chunks of H3_KC, combined in float32).
 # Measured on the H200 (session 21): one product of K = 14336 h3 1.16 ms vs sgemm 1.45, but a DeepSeek-V3 2-block
 # prefill 71.8 ms vs 54.7 (split and combine passes, a slow batched kernel on the wide products): sgemm stays
+# "tcq16" (not timed yet): a Q4_K weight's product of SGEMM_MIN tokens or more on the quant-domain f16 kernel
+# (`tcq.gemm_tcq16_kernel`, TCQ_DENSE_SHAPE): no decode, no cuBLAS, so inside a graph capture too; other types and
+# per-head weights stay on sgemm
 PREFILL_GEMM = "sgemm"
 H3_KC = 512                        # "h3": the K columns of one tensor-core sum (hgemm.py)
+TCQ_DENSE_SHAPE = dict(MT=2, WM=4, BN=32, H=1)   # "tcq16": its launch (a dense table of BN-token tiles: any BN)
 # expert dispatch (several groups) with at most PAIRS_AVG pairs per group on average (n_pairs <= PAIRS_AVG *
 # gmax): one block per pair (`fgemv1_kernel(IDM=3)`, kernel "pairs"): the pairs of one expert read its rows
 # together, one from DRAM and the rest from L2; up to GROUP_AVG on average: one block per group, 8 tokens a

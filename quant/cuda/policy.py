@@ -32,6 +32,7 @@ _SWITCHES = {
     "sgemm_min": (ops, "SGEMM_MIN"), "sgemm_decode": (ops, "SGEMM_DECODE"),
     "prefill_gemm": (ops, "PREFILL_GEMM"), "h3_kc": (ops, "H3_KC"), "group_avg": (ops, "GROUP_AVG"),
     "pairs_dense": (ops, "PAIRS_DENSE"), "tcq": (ops, "TCQ"), "tcq_shape": (ops, "TCQ_SHAPE"),
+    "tcq_dense_shape": (ops, "TCQ_DENSE_SHAPE"),
 }
 
 
@@ -57,7 +58,8 @@ class KernelPolicy:
     pairs_dense: int
     sgemm_min: int = 128                  # resident products of this many tokens on cuBLAS (cuda/dequant_gemm.py)
     sgemm_decode: str = "staged"          # that path's weight decode: "rows" or "staged"
-    prefill_gemm: str = "sgemm"           # that path's GEMM: "sgemm" (float32) or "h3" (3 float16 products, hgemm.py)
+    prefill_gemm: str = "sgemm"           # that path's GEMM: "sgemm" (float32), "h3" (3 float16 products, hgemm.py)
+                                          # or "tcq16" (Q4_K on tcq's f16 kernel, no decode; ops.PREFILL_GEMM)
     h3_kc: int = 512                      # "h3": K columns per tensor-core sum (hgemm.py)
     tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
     flag_batch: int = 8                   # resident NaN/inf flags written per launch (refengine/cuda/fused.py
@@ -67,13 +69,15 @@ class KernelPolicy:
                                           # takes tc and the type has it (quant/cuda/tcq.py: Q4_K; ops.TCQ)
     tcq_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=4, WM=2, BN=32))   # its launch (ops.TCQ_SHAPE;
                                           # ST=1 the weights staged through shared memory, H=1 the f16 variant)
+    tcq_dense_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=2, WM=4, BN=32, H=1))   # "tcq16"'s
+                                          # launch (ops.TCQ_DENSE_SHAPE: a dense product's own table, any BN)
 
     def __post_init__(self):
         # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are
         # built with tiles of moe.BN pairs, and the tiled kernels take a tile's pairs as [first, first + their BN):
         # a kernel of a smaller BN would skip pairs, of a larger one repeat them. (tc_dense_shape builds its own
         # table with its own BN: free.)
-        for name, allowed in (("prefill_gemm", ("sgemm", "h3")), ("sgemm_decode", ("rows", "staged"))):
+        for name, allowed in (("prefill_gemm", ("sgemm", "h3", "tcq16")), ("sgemm_decode", ("rows", "staged"))):
             if getattr(self, name) not in allowed:         # the code compares with one of them, else takes the other
                 raise ValueError(f"KernelPolicy.{name} = {getattr(self, name)!r}: expected one of {allowed}")
         if not (isinstance(self.h3_kc, int) and self.h3_kc > 0):

@@ -28,6 +28,7 @@ from .timing import graph_like
 from .device import SIM
 from .ops import aligned16, dense, fast_ids_ok, grouped, grouped_ids, supported
 from .streams import current_stream, numba_view, upload
+from .tcq import supported as tcq_supported
 from .weights import device_weight
 
 
@@ -59,6 +60,9 @@ def matmul_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto")
     cp = _cp()
     x = _input(x)
     y = cp.empty((x.shape[0], w.shape[0]), dtype=cp.float32)
+    if _tcq16(kernel, w, x.shape[0]):
+        dense(device_weight(w).ensure(), _nb(x), _nb(y), kernel="tcq", shape=ops.TCQ_DENSE_SHAPE, stream=_stream())
+        return y
     if _sgemm(kernel, x.shape[0]):
         (dense_h3 if ops.PREFILL_GEMM == "h3" else dense_sgemm)(device_weight(w).ensure(), x, y, stream=_stream())
         return y
@@ -72,6 +76,13 @@ def _sgemm(kernel: str, T: int) -> bool:
     before one (`timing.graph_like`: CuPy refuses cuBLAS while a stream is captured, so a captured ubatch
     multiplies on the project's kernels, and so does the eager step of its token count)."""
     return kernel == "sgemm" or (kernel == "auto" and not SIM and 0 < ops.SGEMM_MIN <= T and not graph_like())
+
+
+def _tcq16(kernel: str, w: QTensor, T: int) -> bool:
+    """A product of T tokens on tcq's f16 kernel (`KernelPolicy.prefill_gemm = "tcq16"`): kernel "auto", T from
+    ops.SGEMM_MIN, a weight it reads (Q4_K, I % 256 == 0); no cuBLAS, so in a graph capture as well."""
+    return kernel == "auto" and ops.PREFILL_GEMM == "tcq16" and 0 < ops.SGEMM_MIN <= T and \
+        tcq_supported(w.type, w.shape[-1])
 
 
 @functools.lru_cache(maxsize=64)
