@@ -251,7 +251,7 @@ class WindowKV:
             keys = self.rows.append(k, fixed=True)                                   # [cap, K]
             return keys, np.arange(keys.shape[0], like=k)
         keys = k if self.k.size == 0 else np.concatenate([self.k, k])
-        kpos = np.concatenate([self.pos, np.asarray(pos, dtype=np.int64)])
+        kpos = np.concatenate([self.pos, pos.astype(np.int64, copy=False)])   # (where pos lives: no read-back)
         self.k, self.pos = keys, kpos
         return keys, kpos
 

@@ -315,6 +315,5 @@ def head(X, g, cfg, rt):
     rt.record("result_norm", -1, h)
     logits = rt.matmul(h, g.output)                                         # [T, V]
     rt.record("result_output", -1, logits)
-    if rt.check_finite and not np.all(np.isfinite(logits)):
-        warnings.warn(f"{cfg.name or ARCH}: logits contain NaN/inf", RuntimeWarning, stacklevel=3)
+    rt.warn_nonfinite(logits, f"{cfg.name or ARCH}: logits contain NaN/inf")    # (a device's: read after the step)
     return logits

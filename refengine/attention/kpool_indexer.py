@@ -147,7 +147,8 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     pools by descending score. Without a tie at the k-th score the set is the k largest whichever way it is found
     (a stable sort, faster than the heap's steps). `slots` / `live`: the cells llama.cpp's gather form reads (glm5-next.cpp:871-878,
     llama-memory-hybrid-idx.cpp:1180-1283: a padded pool and a missing tail cell read the call's first cell)."""
-    T, P = score.shape
+    score, q_pos = np.asarray(score), np.asarray(q_pos)   # a device's scores read back once: the rule runs per row
+    T, P = score.shape                                    # on the host (each row's test read back a sync apiece)
     kp = kc.kpool
     n_pad = n_pool_padded(P)
     n, n_top = min(kc.n_top, P), min(kc.n_top, n_pad)

@@ -92,7 +92,9 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     rt.record(f"{name}_state_score_ape", il, score)
     rows_kv, rows_score, start = fill.extend(kv, score)
     end = start + rows_kv.shape[0]                                              # positions start .. end - 1 held
-    done = list(range(int(pos[0]) // ratio, end // ratio))                     # blocks whose last position is new
+    first = end - kv.shape[0]                       # this call's first position (= pos[0], known on the host: a
+    assert not isinstance(pos, np.ndarray) or int(pos[0]) == first, (pos, first)   # device's pos is not read back)
+    done = list(range(first // ratio, end // ratio))                            # blocks whose last position is new
     if done:
         ck = finish(pool_blocks(rows_kv, rows_score, start, done, ratio), norm, eps, rope, done, ratio)   # [n, 1, K]
         blocks.append((ck if rotate is None else rotate(ck))[:, 0])

@@ -224,10 +224,14 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     if fixed:                                                            # (no trace: fixed_shapes refuses one)
         idx, live, mask = select_authors_fixed(scores, pos, S, qc)
         return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=True)
-    sel = select_authors(scores, pos, S, qc) if rule == "authors" else select_llamacpp(cells, qc)
+    pos_h = np.arange(S - T, S)                          # this call's positions: the index holds every one from 0
+    assert not isinstance(pos, np.ndarray) or np.array_equal(pos, pos_h), (pos, S)
+    sel = select_authors(np.asarray(scores), pos_h, S, qc) if rule == "authors" else \
+        select_llamacpp(np.asarray(cells), qc)           # a device's rows read back once: the rules walk them per
+    # query on the host (each row's read was a sync apiece)
     width = max([qc.top_k + r - 1] + [len(s) for s in sel])
     picked = np.full((T, width), -1, np.int64)
     for t, s in enumerate(sel):
         picked[t, :len(s)] = s
     rt.record("indexer_top_k", il, picked)
-    return sparse_mask(sel, pos, S, gather)
+    return sparse_mask(sel, pos_h, S, gather)
