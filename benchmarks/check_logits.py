@@ -72,12 +72,9 @@ def main(argv=None) -> int:
     if path is None:
         if not (a.arch and a.preset and a.layers):
             ap.error("give the model file, or --arch, --preset and --layers of the random-packed cut")
-        from refengine.cuda.randmodel import override_tag, parse_overrides, write_random_model
-        ov = parse_overrides(a.arch, a.preset, a.override)
-        path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{override_tag(ov)}.gguf")
-        if not os.path.exists(path):
-            print(f"writing {path}", flush=True)
-            write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=ov or None)
+        from refengine.cuda.randmodel import cut_file
+        print(f"the {a.arch} {a.preset} cut of {a.layers} layers (written if missing, in {a.dir})", flush=True)
+        path = cut_file(a.dir, a.arch, a.preset, a.layers, a.type, a.override)
     fp = fingerprint(path)
     if fp != str(saved["fingerprint"]):
         print(f"{path}: fingerprint {fp} is not the saved file's {saved['fingerprint']} ({saved['model']}): "

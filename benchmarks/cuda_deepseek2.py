@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 import quant.cuda  # noqa: F401  (numpy shim before numba)
-from refengine.cuda.randmodel import override_tag, parse_overrides, write_random_model
+from refengine.cuda.randmodel import cut_file
 from refengine.model import Model
 from refengine.runtime import Runtime
 
@@ -104,15 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="replace a preset entry, e.g. idx_top_k=8 so a short prompt drops keys (DSA)")
     a = ap.parse_args(argv)
+    t0 = time.perf_counter()
     try:
-        overrides = parse_overrides(a.arch, a.preset, a.override)
+        path = cut_file(a.dir, a.arch, a.preset, a.layers, a.type, a.override, suffix="-random")
     except ValueError as e:
         ap.error(str(e))
-    tag = override_tag(overrides)
-    path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}-random.gguf")
-    t0 = time.perf_counter()
-    if not os.path.exists(path):
-        write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=overrides or None)
     print(f"model {path}: {os.path.getsize(path) / 1e9:.2f} GB, written in {time.perf_counter() - t0:.1f} s", flush=True)
     model = Model(path)
     print("layers:", [(s.attn, s.ffn) for s in model.cfg.layers], flush=True)

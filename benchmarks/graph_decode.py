@@ -222,17 +222,8 @@ def main(argv=None) -> int:
 def one(a, recs) -> int:
     path = a.model
     if path is None:
-        from refengine.cuda.randmodel import override_tag, parse_overrides
-        overrides = parse_overrides(a.arch, a.preset, a.override)
-        tag = override_tag(overrides)
-        path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{tag}.gguf")
-        if not os.path.exists(path):
-            if a.preset == "tiny":
-                from refengine.synth import write_synth
-                write_synth(a.arch, path, wtype=a.type)
-            else:
-                from refengine.cuda.randmodel import write_random_model
-                write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=overrides or None)
+        from refengine.cuda.randmodel import cut_file
+        path = cut_file(a.dir, a.arch, a.preset, a.layers, a.type, a.override)
     model = Model(path)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prompt)]

@@ -121,11 +121,8 @@ def main(argv=None) -> int:
     import cupy as cp
     path = a.model
     if path is None:
-        from refengine.cuda.randmodel import override_tag, parse_overrides, write_random_model
-        ov = parse_overrides(a.arch, a.preset, a.override)
-        path = os.path.join(a.dir, f"{a.arch}-{a.preset}-L{a.layers}-{a.type}{override_tag(ov)}.gguf")
-        if not os.path.exists(path):
-            write_random_model(path, a.type, a.layers, arch=a.arch, preset=a.preset, overrides=ov or None)
+        from refengine.cuda.randmodel import cut_file
+        path = cut_file(a.dir, a.arch, a.preset, a.layers, a.type, a.override)
     m = Model(path)
     ids = [int(t) for t in np.random.default_rng(0).integers(0, m.cfg.n_vocab, a.tokens)]
     from quant.cuda.policy import KernelPolicy

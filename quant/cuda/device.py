@@ -288,3 +288,27 @@ if SIM:
     @cuda.jit(device=True)
     def warp_top2(a1, a2, n):  # noqa: F811
         return _warp_reduce((a1, a2, n), _top2_all)
+
+
+@cuda.jit(device=True, inline=True)
+def row_scale_exp(src, r, K, sm, tid, nth, top):
+    """s such that row r of src [R, K] times 2^s has its largest |v| in [2^(top-1), 2^top) (0 for a row of zeros or
+    one with NaN / inf): the block's nth threads reduce through sm [nth] (all of them must call it)."""
+    m = float32(0.0)
+    for i in range(tid, K, nth):
+        m = max(m, abs(src[r, i]))
+    sm[tid] = m
+    cuda.syncthreads()
+    step = nth // 2
+    while step > 0:
+        if tid < step:
+            sm[tid] = max(sm[tid], sm[tid + step])
+        cuda.syncthreads()
+        step //= 2
+    mx = sm[0]
+    s = 0
+    if mx > float32(0.0) and mx < float32(math.inf):
+        _, ex = math.frexp(mx)
+        s = top - int(ex)
+    return s
+

@@ -36,7 +36,7 @@ from numba import cuda, float32
 
 from . import ops
 from .dequant_gemm import GRID_Y, decoded_chunks, rows_per_chunk
-from .device import SIM
+from .device import SIM, row_scale_exp
 from .streams import numba_view
 from .weights import DeviceWeight
 
@@ -62,22 +62,7 @@ def split_kernel(src, hl, e, hi_at):
     r = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     K = src.shape[1]
-    m = float32(0.0)
-    for i in range(tid, K, SPLIT_THREADS):
-        m = max(m, abs(src[r, i]))
-    sm[tid] = m
-    cuda.syncthreads()
-    step = SPLIT_THREADS // 2
-    while step > 0:
-        if tid < step:
-            sm[tid] = max(sm[tid], sm[tid + step])
-        cuda.syncthreads()
-        step //= 2
-    mx = sm[0]
-    s = 0
-    if mx > float32(0.0) and mx < float32(math.inf):
-        _, ex = math.frexp(mx)
-        s = TOP - int(ex)
+    s = row_scale_exp(src, r, K, sm, tid, SPLIT_THREADS, TOP)
     lo_at = 1 - hi_at
     for i in range(tid, K, SPLIT_THREADS):
         v = float32(math.ldexp(src[r, i], s))

@@ -40,7 +40,7 @@ from numba.core.types import float16
 
 from ..formats import GGMLType
 from .decoders import SPECS, scale_min_k4
-from .device import SIM, hf, ld32a, u2f, warp_sum
+from .device import SIM, hf, ld32a, row_scale_exp, u2f, warp_sum
 from .gemv import tile_of
 from .tc import warp_mma
 from .vec import cp_async16, cp_async_commit, cp_async_wait1, f32_bits, h2f, hsub2, ld4u, prmt, tf32_split
@@ -169,6 +169,47 @@ def _store(y, grp, GMAX, NP, j0, cnt, O, row0, g, q, acc, sc, e, rw, RWT, MT, NT
                     y[orow, row] = val
 
 
+@cuda.jit(device=True, inline=True)
+def _row_bytes(rb, e, estride, row0, g, O, rowb, MT):
+    """rb[i, h]: the byte offset of the lane's row g + 8 h of its 16-row tile i (rows past O: row O - 1)."""
+    for i in range(MT):
+        for h in range(2):
+            rb[i, h] = uint64(e) * uint64(estride) + uint64(min(row0 + 16 * i + g + 8 * h, O - 1)) * uint64(rowb)
+
+
+@cuda.jit(device=True, inline=True)
+def _super_scales(w32, w16, rb, kb, dd, dm, s0, s1, s2, MT):
+    """Super-block kb's d, dmin and the three words of packed 6-bit scales of each of the lane's rows."""
+    for i in range(MT):
+        for h in range(2):
+            base = rb[i, h] + uint64(kb * TS)
+            dd[i, h] = hf(w16, base, 0)
+            dm[i, h] = hf(w16, base, 2)
+            s0[i, h] = ld32a(w32, base, 4)
+            s1[i, h] = ld32a(w32, base, 8)
+            s2[i, h] = ld32a(w32, base, 12)
+
+
+@cuda.jit(device=True, inline=True)
+def _qs_words(w32, rb, kb, j, q, qa, qb, MT):
+    """The lane's 8 bytes (2 words) of sub-block pair j's qs in super-block kb, each of its rows."""
+    for i in range(MT):
+        for h in range(2):
+            base = rb[i, h] + uint64(kb * TS)
+            qa[i, h] = ld32a(w32, base, 16 + 32 * j + 8 * q)
+            qb[i, h] = ld32a(w32, base, 20 + 32 * j + 8 * q)
+
+
+@cuda.jit(device=True, inline=True)
+def _sub_scales(s0, s1, s2, dd, dm, sbk, sa, sm, MT):
+    """(a, b) = (d * sc, dmin * m) of sub-block sbk, each of the lane's rows."""
+    for i in range(MT):
+        for h in range(2):
+            c, m = scale_min_k4(s0[i, h], s1[i, h], s2[i, h], sbk)
+            sa[i, h] = dd[i, h] * u2f(c)
+            sm[i, h] = dm[i, h] * u2f(m)
+
+
 def _check(name: str, t, MT: int, WM: int, BN: int) -> None:
     """A kernel factory's arguments: a type the kernels read, BN a multiple of 8, MT and WM positive."""
     if t not in TYPES:
@@ -222,9 +263,7 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
         cnt = j1 - j0
         njt = (cnt + 7) // 8                                 # 8-token column tiles holding pairs (block-uniform)
         rb = cuda.local.array((MT, 2), uint64)               # byte offset of each of the lane's rows
-        for i in range(MT):
-            for h in range(2):
-                rb[i, h] = U(e) * U(estride) + U(min(row0 + 16 * i + g + 8 * h, O - 1)) * U(rowb)
+        _row_bytes(rb, e, estride, row0, g, O, rowb, MT)
         xb = cuda.local.array(NT, int64)
         xc = cuda.local.array((NT, 2), int64)
         _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT)
@@ -246,14 +285,7 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
         tac = cuda.local.array((MT, 4), float32)
         nsb = I // SUB
         for kb in range(I // 256):
-            for i in range(MT):
-                for h in range(2):
-                    base = rb[i, h] + U(kb * TS)
-                    dd[i, h] = hf(w16, base, 0)
-                    dm[i, h] = hf(w16, base, 2)
-                    s0[i, h] = ld32a(w32, base, 4)
-                    s1[i, h] = ld32a(w32, base, 8)
-                    s2[i, h] = ld32a(w32, base, 12)
+            _super_scales(w32, w16, rb, kb, dd, dm, s0, s1, s2, MT)
             if PW:
                 for i in range(MT):
                     for h in range(2):
@@ -262,22 +294,16 @@ def gemm_tcq_kernel(t, MT: int = 2, WM: int = 4, BN: int = 32, rwt: bool = False
                             wq[i, h, 2 * j] = ld32a(w32, base, 16 + 32 * j + 8 * q)
                             wq[i, h, 2 * j + 1] = ld32a(w32, base, 20 + 32 * j + 8 * q)
             for j in range(4):
-                for i in range(MT):
-                    for h in range(2):
-                        if PW:
-                            qa[i, h] = wq[i, h, 2 * j]
-                            qb[i, h] = wq[i, h, 2 * j + 1]
-                        else:
-                            base = rb[i, h] + U(kb * TS)
-                            qa[i, h] = ld32a(w32, base, 16 + 32 * j + 8 * q)
-                            qb[i, h] = ld32a(w32, base, 20 + 32 * j + 8 * q)
-                for half in range(2):
-                    sbk = 2 * j + half                      # sub-block of the super-block
+                if PW:
                     for i in range(MT):
                         for h in range(2):
-                            c, m = scale_min_k4(s0[i, h], s1[i, h], s2[i, h], sbk)
-                            sa[i, h] = dd[i, h] * u2f(c)
-                            sm[i, h] = dm[i, h] * u2f(m)
+                            qa[i, h] = wq[i, h, 2 * j]
+                            qb[i, h] = wq[i, h, 2 * j + 1]
+                else:
+                    _qs_words(w32, rb, kb, j, q, qa, qb, MT)
+                for half in range(2):
+                    sbk = 2 * j + half                      # sub-block of the super-block
+                    _sub_scales(s0, s1, s2, dd, dm, sbk, sa, sm, MT)
                     _a_frags(qa, qb, half, af, MT)
                     col = kb * 256 + SUB * sbk + 8 * q
                     if PF:
@@ -463,22 +489,7 @@ def split16_kernel(x, xh, xl, sx, rs, K):
     sm = cuda.shared.array(SPLIT16, float32)
     r = cuda.blockIdx.x
     tid = cuda.threadIdx.x
-    m = float32(0.0)
-    for i in range(tid, K, SPLIT16):
-        m = max(m, abs(x[r, i]))
-    sm[tid] = m
-    cuda.syncthreads()
-    step = SPLIT16 // 2
-    while step > 0:
-        if tid < step:
-            sm[tid] = max(sm[tid], sm[tid + step])
-        cuda.syncthreads()
-        step //= 2
-    mx = sm[0]
-    s = 0
-    if mx > float32(0.0) and mx < float32(math.inf):
-        _, ex = math.frexp(mx)
-        s = TOP - int(ex)
+    s = row_scale_exp(x, r, K, sm, tid, SPLIT16, TOP)
     base = r * K
     for i0 in range(0, K, SPLIT16):                        # K % 32 == 0: every warp sums whole sub-blocks
         i = i0 + tid
@@ -552,9 +563,7 @@ def gemm_tcq16_kernel(t, MT: int = 4, WM: int = 2, BN: int = 32, rwt: bool = Fal
         cnt = j1 - j0
         njt = (cnt + 7) // 8
         rb = cuda.local.array((MT, 2), uint64)
-        for i in range(MT):
-            for h in range(2):
-                rb[i, h] = U(e) * U(estride) + U(min(row0 + 16 * i + g + 8 * h, O - 1)) * U(rowb)
+        _row_bytes(rb, e, estride, row0, g, O, rowb, MT)
         xb = cuda.local.array(NT, int32)
         xc = cuda.local.array((NT, 2), int32)
         _token_rows(grp, GMAX, j0, cnt, g, q, xb, xc, NT)
@@ -575,27 +584,12 @@ def gemm_tcq16_kernel(t, MT: int = 4, WM: int = 2, BN: int = 32, rwt: bool = Fal
         tac = cuda.local.array((MT, 4), float32)
         nsb = I // SUB
         for kb in range(I // 256):
-            for i in range(MT):
-                for h in range(2):
-                    base = rb[i, h] + U(kb * TS)
-                    dd[i, h] = hf(w16, base, 0)
-                    dm[i, h] = hf(w16, base, 2)
-                    s0[i, h] = ld32a(w32, base, 4)
-                    s1[i, h] = ld32a(w32, base, 8)
-                    s2[i, h] = ld32a(w32, base, 12)
+            _super_scales(w32, w16, rb, kb, dd, dm, s0, s1, s2, MT)
             for j in range(4):
-                for i in range(MT):
-                    for h in range(2):
-                        base = rb[i, h] + U(kb * TS)
-                        qa[i, h] = ld32a(w32, base, 16 + 32 * j + 8 * q)
-                        qb[i, h] = ld32a(w32, base, 20 + 32 * j + 8 * q)
+                _qs_words(w32, rb, kb, j, q, qa, qb, MT)
                 for half in range(2):
                     sbk = 2 * j + half
-                    for i in range(MT):
-                        for h in range(2):
-                            c, m = scale_min_k4(s0[i, h], s1[i, h], s2[i, h], sbk)
-                            sa[i, h] = dd[i, h] * u2f(c)
-                            sm[i, h] = dm[i, h] * u2f(m)
+                    _sub_scales(s0, s1, s2, dd, dm, sbk, sa, sm, MT)
                     _a_frags16(qa, qb, half, af, MT)
                     col = kb * 256 + SUB * sbk + 8 * q
                     for jj in range(NT):

@@ -237,36 +237,31 @@ else:
     cp_async_wait1 = _asm_void("cp.async.wait_group 1;")
     cp_async_wait0 = _asm_void("cp.async.wait_group 0;")
 
-    @intrinsic
-    def _mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
+    def _mma_intrinsic(shape_types: str):
+        """A warp-wide mma.sync.aligned.<shape_types> with four 32-bit A and two B registers, float32 C and D."""
+        text = (f"mma.sync.aligned.{shape_types} "
+                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
 
-        def codegen(context, builder, signature, args):
-            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
-            text = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-            asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=False)
-            res = builder.call(asm, list(args))
-            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(4)])
-        return sig, codegen
+        @intrinsic
+        def f(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
+
+            def codegen(context, builder, signature, args):
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+                asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=False)
+                res = builder.call(asm, list(args))
+                return context.make_tuple(builder, signature.return_type,
+                                          [builder.extract_value(res, k) for k in range(4)])
+            return sig, codegen
+        return f
+
+    _mma_tf32 = _mma_intrinsic("m16n8k8.row.col.f32.tf32.tf32.f32")
+    _mma_f16 = _mma_intrinsic("m16n8k16.row.col.f32.f16.f16.f32")
 
     @cuda.jit(device=True, inline=True)
     def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         return _mma_tf32(uint32(a0), uint32(a1), uint32(a2), uint32(a3), uint32(b0), uint32(b1),
                          float32(c0), float32(c1), float32(c2), float32(c3))
-
-    @intrinsic
-    def _mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
-
-        def codegen(context, builder, signature, args):
-            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
-            text = ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-            asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=False)
-            res = builder.call(asm, list(args))
-            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(4)])
-        return sig, codegen
 
     @cuda.jit(device=True, inline=True)
     def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):

@@ -10,6 +10,7 @@ that every matrix has mean 0 and synth's standard deviation (1/sqrt(fan_in); emb
 """
 from __future__ import annotations
 
+import os
 
 import numpy as np
 
@@ -49,6 +50,20 @@ def parse_overrides(arch: str, preset: str, items) -> dict:
 def override_tag(overrides: dict) -> str:
     """A file-name tag of a preset's overrides: -full_attn2, -n_expert16 (sorted; a tuple's items joined by _)."""
     return "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in sorted(overrides.items()))
+
+
+def cut_file(directory: str, arch: str, preset: str, layers: int | None, wtype: str, items=(), suffix: str = "") -> str:
+    """A benchmark's model file, written if it is not there: `directory/ARCH-PRESET-LLAYERS-TYPE[-overrides][suffix]
+    .gguf`, the tiny synthetic preset (refengine.synth) or a random-packed cut of a published one (seed 0, so the
+    same bytes on every machine: what `benchmarks/check_logits.py` relies on). items: --override KEY=VALUE strings."""
+    ov = parse_overrides(arch, preset, items)
+    path = os.path.join(directory, f"{arch}-{preset}-L{layers}-{wtype}{override_tag(ov)}{suffix}.gguf")
+    if not os.path.exists(path):
+        if preset == "tiny":
+            synth.write_synth(arch, path, wtype=wtype)
+        else:
+            write_random_model(path, wtype, layers, arch=arch, preset=preset, overrides=ov or None)
+    return path
 
 
 def write_random_model(path: str, wtype: str, layers: int | None = None, seed: int = 0, arch="qwen3moe",
