@@ -224,11 +224,12 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     if fixed:                                                            # (no trace: fixed_shapes refuses one)
         idx, live, mask = select_authors_fixed(scores, pos, S, qc)
         return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=True)
-    pos_h = np.arange(S - T, S)                          # this call's positions: the index holds every one from 0
+    # the rules walk the rows per query on the host: a device's scores read back once (a read per row was a sync
+    # apiece); this call's positions from the index, which holds every one from position 0
+    pos_h = np.arange(S - T, S)
     assert not isinstance(pos, np.ndarray) or np.array_equal(pos, pos_h), (pos, S)
     sel = select_authors(np.asarray(scores), pos_h, S, qc) if rule == "authors" else \
-        select_llamacpp(np.asarray(cells), qc)           # a device's rows read back once: the rules walk them per
-    # query on the host (each row's read was a sync apiece)
+        select_llamacpp(np.asarray(cells), qc)
     width = max([qc.top_k + r - 1] + [len(s) for s in sel])
     picked = np.full((T, width), -1, np.int64)
     for t, s in enumerate(sel):
