@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Written in session 26, for the next lease, right after call1.sh (the machine warm: llama-bench built there): the
 # one-session table, part 2: deepseek2, glm-dsa, kimi-k3, GPU logits saved. Then on the host, per cut:
-#   python3 benchmarks/check_logits.py logits_ARCH.npz --arch ARCH --preset P --layers L [--override full_attn=2]
+#   python3 benchmarks/check_logits.py logits_ARCH.npz --arch ARCH --preset P --layers L [--override full_attn=2] \
+#     --json checks/check_ARCH.json
+# and the table: python3 benchmarks/table.py DIR1 DIR2 --checks checks   (the calls' unpacked output)
 O=/tmp/o2; mkdir -p $O $OUT; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 inner() {
   date >> $O/t.log
