@@ -11,7 +11,8 @@
 #     fixed-shape 512-token prefill with a capture's kernels: why a replayed ubatch took 526 ms, session 25)
 #   STAGES="llbuild graph" ... then GRAPHLL="arch:preset:layers[:KEY=VALUE] ..." STAGES=graphll: llama-bench and ours on
 #   each file in turn (.dev/ holds ../shared/tools/llamacpp_bench_device.sh and the vendored llama.cpp: see its header)
-#     (GRAPH_SAVE=1: each cut's GPU logits saved as $OUT/logits_ARCH.npz, to compare on a host: benchmarks/check_logits.py)
+#     (GRAPH_SAVE=1: each cut's GPU logits saved as $OUT/logits_ARCH.npz, to compare on a host: benchmarks/check_logits.py;
+#     GRAPH_POLICY=KEY=VALUE: our runs under that KernelPolicy setting, e.g. prefill_gemm=tcq16)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/rs
@@ -92,7 +93,8 @@ for st in ${STAGES:-info layers matmul tests}; do
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py $F --type Q4_K --decode ${GRAPH_DECODE:-24} \
           --prefill ${GRAPH_PREFILL:-512} ${GRAPH_CHECK:+--check-cpu $GRAPH_CHECK} \
           ${GRAPH_UBATCH:+--ubatch $GRAPH_UBATCH --ubatches ${GRAPH_UBATCHES:-4}} ${GRAPH_GREEDY:+--greedy $GRAPH_GREEDY} \
-          ${GRAPH_SAVE:+--save-logits "$OUT/logits_$A.npz"} --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
+          ${GRAPH_SAVE:+--save-logits "$OUT/logits_$A.npz"} ${GRAPH_POLICY:+--policy $GRAPH_POLICY} \
+          --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
         echo "rc=$?" >> "$LOG"; rm -f $F; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf

@@ -31,6 +31,7 @@ from refengine.runtime import Runtime
 
 
 SIM = False                  # --backend numpy: the sim device (a tape for a graph): a dry run of this script
+POLICY = None                # --policy KEY=VALUE ...: the GPU runs' KernelPolicy (None: the defaults)
 
 
 def sync():
@@ -41,7 +42,7 @@ def sync():
 
 
 def runtime(**kw):
-    return Runtime(resident=True, **kw) if SIM else Runtime(backend="cuda", **kw)
+    return Runtime(resident=True, **kw) if SIM else Runtime(backend="cuda", kernel_policy=POLICY, **kw)
 
 
 def decode_eager(model, rt, prompt, tokens, first=None):
@@ -201,9 +202,15 @@ def main(argv=None) -> int:
     ap.add_argument("--ubatches", type=int, default=4, metavar="N")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="also time the eager resident prefill of N random tokens (median of 3 after a warm-up)")
+    ap.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                    help="a KernelPolicy setting for the GPU runs, e.g. prefill_gemm=tcq16 (repeatable)")
     a = ap.parse_args(argv)
-    global SIM
+    global SIM, POLICY
     SIM = a.backend == "numpy"
+    POLICY = None
+    if a.policy and not SIM:
+        from quant.cuda.policy import KernelPolicy
+        POLICY = KernelPolicy.default().with_settings(a.policy)
     if "," in a.arch:
         recs, rc = [], 0
         for arch in a.arch.split(","):
