@@ -160,6 +160,7 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     slots = np.full((T, n_top * kp + n_tail_slots), dummy, dtype=np.int64)      # [T, n_sel]
     live = np.zeros(slots.shape, dtype=bool)
     exact_order = T <= GATHER_MAX_UB          # the slots' order matters only where the gather form reads them
+    members = np.arange(kp)                   # a pool's positions from its first
     for t in range(T):
         row[:P] = score[t]
         srt = None if exact_order else np.argsort(-row, kind="stable")
@@ -168,15 +169,17 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
             order = [int(i) for i in srt[:n_top]]                                  # no tie at the k-th score: one set
         else:
             order = sorted(ggml_top_k(row, n_top), key=lambda i: -row[i])         # stable: argsort after top_k
-        chosen = [i for i in order if i < P and np.isfinite(row[i])]              # visible: first in the order
-        rest = [i for i in np.argsort(-score[t], kind="stable") if i not in chosen]
+        fin = np.isfinite(row)
+        chosen = [i for i in order if i < P and fin[i]]                           # visible: first in the order
+        kept = set(chosen)
+        rest = [int(i) for i in np.argsort(-score[t], kind="stable") if int(i) not in kept]
         top[t] = (chosen + rest)[:n]
-        for j, pi in enumerate(order):
-            if pi < P:
-                slots[t, j * kp:(j + 1) * kp] = np.arange(pi * kp, (pi + 1) * kp)
+        o = np.asarray(order, dtype=np.int64)
+        j = np.flatnonzero(o < P)                                                 # the order's real pools
+        slots[t, (j[:, None] * kp + members).ravel()] = (o[j][:, None] * kp + members).ravel()
         live[t, :len(chosen) * kp] = True
-        for pi in chosen:                                                         # finished pools the query keeps
-            mask[t, pi * kp:(pi + 1) * kp] = 0.0
+        c = np.asarray(chosen, dtype=np.int64)                                    # finished pools the query keeps
+        mask[t, (c[:, None] * kp + members).ravel()] = 0.0
         if kc.select_tail:
             p = int(q_pos[t])
             n_tail = (p + 1) % kp                                                 # positions from pos0 = 0
