@@ -21,7 +21,7 @@ Containers (each attention module creates its own; an arch never builds one by h
 | `QSAState`       | `attention/qsa.py`          | a `KVCache` and the QSA indexer's raw (unpooled) keys `IndexerKeys` [S, di] |
 | `NGramState`     | `embed/ngram.py`            | the last N-1 token ids and the n-gram conv's history [(Kc-1)*N, P*D] (fixed size) |
 | `WithNGram`      | `embed/ngram.py`            | a layer's attention container plus its `NGramState` (the PLE layer)  |
-| `KPoolKeys`      | `attention/kpool_indexer.py` | the k-pool indexer's pooled keys [n_pools, di] and the key / gate rows of the pool being filled |
+| `KPoolKeys`      | `attention/kpool_indexer.py` | the k-pool indexer's key / gate rows [S, di] and pooled keys [n_pools, di] (a fixed-shape run: [S, di], at each pool's last row) |
 
 A container of an attention with several forms carries the form its sequence runs (`form`: MLA's "absorbed" /
 "naive", a delta rule's "recurrent" / "chunked"); the attention module reads it, so an arch passes the state and
@@ -121,6 +121,11 @@ class Rows:
 
     def view(self) -> np.ndarray | None:
         return None if self._buf is None else self._buf[:self.n]
+
+    @property
+    def capacity(self) -> int:
+        """Rows the buffer holds (a fixed append returns them all)."""
+        return 0 if self._buf is None else self._buf.shape[0]
 
     @classmethod
     def holding(cls, rows: np.ndarray | None, dtype) -> Rows:
@@ -357,16 +362,22 @@ class WithNGram:
 
 @state_container
 class KPoolKeys:
-    """The k-pool indexer's state (GLM-5.3-Flash): one pooled key per finished pool of `kpool` positions, and the
-    projected key and gate rows of the pool being filled (fewer than kpool). llama.cpp keeps key | gate | pooled in
-    one f32 row per position of its indexer cache (src/llama-memory-hybrid-idx.cpp:57, the pooled key in the row
-    of the pool's last member); the pooled keys and the rows not yet pooled are what it reads again."""
+    """The k-pool indexer's state (GLM-5.3-Flash): every position's projected key and gate rows (k, g [S, di]) and
+    one pooled key per finished pool of `kpool` positions (pooled [n_pools, di]). llama.cpp keeps key | gate | pooled
+    in one f32 row per position of its indexer cache (src/llama-memory-hybrid-idx.cpp:57, the pooled key in the row
+    of the pool's last member). A fixed-shape run (`Runtime.fixed_shapes`) keeps the pooled keys that way, in `pk`
+    [S, di] (row p: p's pool as of p, so the key of a finished pool sits in the row of its last member), and
+    `pooled` catches up from the rows when an ordinary run continues the sequence (and `pk` in the other case)."""
 
     def __init__(self, dtype=np.float32):
-        self.pooled = Rows(dtype)                        # [n_pools, di]
-        self.fill_k: np.ndarray | None = None            # [m, di], m < kpool
-        self.fill_g: np.ndarray | None = None            # [m, di]
-        self.n = 0                                       # positions seen
+        self.k, self.g = Rows(dtype), Rows(dtype)        # [S, di] each
+        self.pooled = Rows(dtype)                        # [n_pools, di]   an ordinary run's
+        self.pk = Rows(dtype)                            # [S, di]         a fixed-shape run's
+
+    @property
+    def n(self) -> int:
+        """Positions seen."""
+        return self.k.n
 
 
 @dataclass

@@ -368,6 +368,29 @@ class Device:
         self.stats.fallbacks[name] = self.stats.fallbacks.get(name, 0) + 1
         return self.put_tree(func(*self._host(args, op), **self._host(kwargs, op)))
 
+    # ------------------------------------------------------------ ops with a row-walking statement
+    def row_kernel(self, op: str, fn, args, kw):
+        """fn(*args, **kw) for an op whose NumPy statement walks rows on the host (`ops.arrays.row_kernel`): a GPU
+        runs `self.fused.<op>` (one kernel, the statement's steps; None: it does not take these arguments); the sim
+        device runs fn on its own arrays, not counted as a read-back (the kernel's work, on the device), noted with
+        a redo (a tape replays it). Where no kernel takes it, the arguments are read back (counted; strict()
+        raises) and the result put on the device."""
+        self.stats.calls += 1
+        name = f"kernel {op}"
+        if self.kind == "sim":
+            def redo():
+                return fn(*[a.raw if isinstance(a, DeviceArray) else a for a in args], **kw)
+            out = self.wrap(redo())
+            self.note(name, args, out, redo)
+            return out
+        f = None if self.fused is None else getattr(self.fused, op, None)
+        out = None if f is None else f(*args, **kw)
+        if out is not None:
+            return out
+        self._sync(lambda: f"{name} has no GPU kernel for these arguments: its rows are walked on the host")
+        self.stats.fallbacks[op] = self.stats.fallbacks.get(op, 0) + 1
+        return self.put_tree(fn(*self._host(args, name), **kw))
+
     # ------------------------------------------------------------ products of activations ("kernel")
     def _bmm(self, a, b):
         if self.kind == "cupy":

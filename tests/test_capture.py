@@ -34,13 +34,9 @@ TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))
 TOL = 1e-6              # float summation order only (tests/test_backends.py)
 
 CAPTURABLE = ["deepseek2", "llama", "qwen3moe", "qwen3next", "kimi-linear", "kimi-k3", "deepseek32", "glm-dsa",
-              "qwen4exp", "deepseek4"]
+              "qwen4exp", "deepseek4", "glm5-next"]
 # arch -> the first thing its decode step's strict span stops at (docs/device_path.md, "What is capturable")
-NOT_YET = {
-    "glm5-next": "k-pool indexer: its visibility mask made from host positions (kpool_indexer.py), a pool finished "
-                 "every kp tokens (other ops on those tokens), its selection replaying ggml_top_k's order among "
-                 "tied scores on the host (obstacle 4)",
-}
+NOT_YET: dict = {}
 
 
 def decode_checked(m, rt, st, tokens):
@@ -118,13 +114,14 @@ def test_ubatch_step_capturable(synth_model, arch):
     assert sigs[0] == sigs[1] and len(sigs[0]) > 100
 
 
-@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa", "qwen4exp", "deepseek4"])
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa", "qwen4exp", "deepseek4", "glm5-next"])
 def test_fewer_keys_than_top_k(synth_model, arch):
     """A sparse decode step at a context shorter than its indexer's budget (top-k 8 in the tiny presets; 5 and 6
     positions here): the fixed-shape selection fills its slots with rows past the last position (DSA: scored -inf
     by the causal mask, sorted last; QSA: blocks not complete, dead slots; DeepSeek-V4: blocks not finished, window
-    slots before position 0), which stay hidden: the same checks as above. (DeepSeek-V4's first CSA block is pooled
-    by the warm-up decode here: `kv_compressor.compress_fixed`'s block 0.)"""
+    slots before position 0; the k-pool indexer: no pool finished, the tail alone), which stay hidden: the same
+    checks as above. (DeepSeek-V4's first CSA block is pooled by the warm-up decode here:
+    `kv_compressor.compress_fixed`'s block 0.)"""
     m = Model(synth_model(arch, wtype="Q4_K"))
     budgets = {getattr(getattr(s.attn_cfg, "indexer", s.attn_cfg), "top_k", getattr(s.attn_cfg, "idx_top_k", None))
                for s in m.cfg.layers}

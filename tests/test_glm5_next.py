@@ -45,7 +45,7 @@ def test_pools_in_chunks_equal_one_call():
     st = KPoolKeys()
     for a, b in ((0, 3), (3, 4), (4, 9), (9, 16), (16, 23)):
         parts = kpi.pool_keys(ik[a:b], ig[a:b], w, kc=kc, state=st, rt=rt, il=0)
-    assert one.shape == (5, 8) and st.n == 23 and st.fill_k.shape == (3, 8)
+    assert one.shape == (5, 8) and st.n == 23 and st.pooled.n == 5
     np.testing.assert_array_equal(parts, one)
 
 
@@ -82,27 +82,85 @@ def test_ggml_top_k_ties():
         assert set(ggml_top_k(x, 7)) == set(np.argsort(-x)[:7])
 
 
+def test_fixed_pools_equal_the_ordinary():
+    """A fixed-shape run's pooled keys (each position's pool as of it, at the capacity's rows; `pool_keys_fixed`)
+    at the pools' last members == the ordinary run's finished pools, bit for bit, whatever the calls' sizes, and
+    when one kind of run continues the other's sequence."""
+    rng = np.random.default_rng(5)
+    ik, ig = (rng.standard_normal((23, 8)).astype(np.float32) for _ in range(2))
+    w = type("W", (), {"indexer_kpool_ape": rng.standard_normal((4, 8)).astype(np.float32)})()
+    kc, rt = _config(), Runtime()
+    want = kpi.pool_keys(ik, ig, w, kc=kc, state=KPoolKeys(), rt=rt, il=0)             # [5, 8]
+    calls = ((0, 3), (3, 4), (4, 9), (9, 16), (16, 23))
+    for first_fixed in (None, 2, 3):              # all fixed; 2 / 3 calls one way, then the other way
+        st = KPoolKeys()
+        for c, (a, b) in enumerate(calls):
+            fixed = first_fixed is None or (c < first_fixed) == (first_fixed == 2)
+            if fixed:
+                got = kpi.pool_keys_fixed(ik[a:b], ig[a:b], w, kc=kc, state=st, pos=np.arange(a, b))
+            else:
+                got = kpi.pool_keys(ik[a:b], ig[a:b], w, kc=kc, state=st, rt=rt, il=0)
+            np.testing.assert_array_equal(got[:b // 4], want[:b // 4])
+        assert got.shape[0] >= 5 and st.n == 23
+
+
+@pytest.mark.parametrize("T, S, cap, top_k, tail", [(1, 23, 40, 8, True), (7, 23, 40, 8, True),
+                                                    (3, 30, 64, 12, False), (2, 300, 512, 40, True),
+                                                    (4, 21, 21, 400, True)])
+def test_select_fixed_equals_select(T, S, cap, top_k, tail):
+    """`select_fixed` (a fixed-shape run: the capacity's pools, the positions and llama.cpp's padded pool count on
+    the device, the heap replayed by `ggml_top_k_rows`) attends what `select` attends, slot for slot in the same
+    order, on scores full of exact ties (sums of ReLUs: 0 where every head is negative); the mask past the positions
+    so far hides every key. Cases: one query, a ubatch, no tail, over 64 pools (a padded axis of 128), a budget
+    above the pools (k/kp = 100: every visible pool kept)."""
+    kc = _config(top_k=top_k, select_tail=tail)
+    rng = np.random.default_rng(S + T)
+    P, Pc = S // 4, cap // 4
+    q_pos = np.arange(S - T, S)
+    score = rng.choice(np.array([0.0, 0.0, 0.25, 1.0], np.float32), size=(T, P))
+    ends = (np.arange(P) + 1) * 4 - 1
+    score[ends[None, :] > q_pos[:, None]] = -np.inf
+    top, mask, slots, live = kpi.select(score, q_pos, S, kc)
+    wide = np.concatenate([score, np.full((T, Pc - P), -np.inf, np.float32)], axis=1)
+    order, mask_f, slots_f, live_f = kpi.select_fixed(wide, q_pos, cap, kc)
+    assert mask_f.shape == (T, cap) and slots_f.shape == live_f.shape == (T, kc.n_top * 4 + (3 if tail else 0))
+    np.testing.assert_array_equal(mask_f[:, :S], mask)
+    assert (mask_f[:, S:] == -np.inf).all()
+    for t in range(T):
+        assert list(slots_f[t][live_f[t]]) == list(slots[t][live[t]]), t
+        n_seen = int(live[t, :kc.n_top * 4].sum()) // 4
+        assert list(order[t, :n_seen]) == list(top[t, :n_seen]), t
+    n = slots.shape[1] - (3 if tail else 0)                 # select's pool slots: min(k/kp, padded) pools
+    np.testing.assert_array_equal(slots_f[:, :n], slots[:, :n])                 # dead ones included
+    np.testing.assert_array_equal(slots_f[:, kc.n_top * 4:], slots[:, n:])      # the tail's
+    assert (slots_f[:, n:kc.n_top * 4] == q_pos[0]).all() and not live_f[:, n:kc.n_top * 4].any()
+    assert any(len(set(score[t][np.isfinite(score[t])])) < np.isfinite(score[t]).sum() for t in range(T))  # ties
+
+
 def test_hc_mean_adds_streams_in_order():
     X = np.random.default_rng(4).standard_normal((3, 4, 8)).astype(np.float32)
     want = (((X[:, 0] + X[:, 1]) + X[:, 2]) + X[:, 3]) * np.float32(0.25)
     np.testing.assert_array_equal(hc_head.hc_mean(X, Runtime()), want)
 
 
-@pytest.mark.parametrize("form", [None, "naive", "chunked"])
-def test_decode_across_pool_boundaries(synth_model, form):
+@pytest.mark.parametrize("form, fixed", [(None, False), ("naive", False), ("chunked", False), (None, True)])
+def test_decode_across_pool_boundaries(synth_model, form, fixed):
     """Calls of 10, 1 x 6, 4, 1, 1, 3, 5, 1, 9 tokens through the carried state (pools finished inside a call and
-    by a single token, the tail carried) == one prefill of the 40; MLA absorbed / naive, KDA chunked."""
+    by a single token, the tail carried) == one prefill of the 40; MLA absorbed / naive, KDA chunked; and the calls
+    with fixed shapes (`Runtime(fixed_shapes=True)`: the capacity's pools, `select_fixed`)."""
     m = Model(synth_model("glm5-next"))
     full = m.forward(TOKENS, m.new_state(form))
     st, pos, parts = m.new_state(form), 0, []
+    rt = Runtime(fixed_shapes=True) if fixed else None
     for c in CHUNKS:
-        parts.append(m.forward(TOKENS[pos:pos + c], st))
+        parts.append(m.forward(TOKENS[pos:pos + c], st, rt=rt))
         pos += c
     got = np.concatenate(parts)
     assert metrics(full, got)[0] <= 1e-10
     assert np.array_equal(full.argmax(-1), got.argmax(-1))
     idx = st.layers[1].index                                                      # block 1 runs its indexer
-    assert idx.pooled.n == 10 and idx.fill_k.shape[0] == 0 and st.layers[3].index is None
+    assert idx.n == 40 and (idx.pk.n if fixed else idx.pooled.n) == (40 if fixed else 10)
+    assert st.layers[3].index is None
 
 
 def test_no_tail_is_warned(synth_model, tmp_path):

@@ -25,8 +25,11 @@ its inputs :1086-1283):
 A query whose own pool is finished (p + 1 a multiple of kp) has no tail: it sees itself only when its pool is
 among the top ones (llama.cpp's rule, measured: position 63 of a 64-token prompt, kp 4, attends 28-31, 56-59).
 
-A pool's key is computed once, when its last member arrives, and kept: the state carries the pooled keys and
-the key / gate rows of the pool being filled (`KPoolKeys`). A layer of `attention.indexer.types` 0 (shared)
+A pool's key is computed once, when its last member arrives, and kept: the state carries every position's key /
+gate rows and the pooled keys (`KPoolKeys`). A fixed-shape run (a decode step captured as a CUDA graph) pools each
+new position's pool as of it into the row of that position, scores the capacity's pools and selects on the device
+(`pool_keys_fixed`, `select_fixed`: the same set, tied scores included, through `ops.top_k.ggml_top_k_rows`, a
+kernel on a GPU). A layer of `attention.indexer.types` 0 (shared)
 runs no indexer and attends with the selection of the most recent full layer (glm5-next.cpp:956-964).
 The score op is llama.cpp's fused `ggml_lightning_indexer` (or its unfused twin): float32, as `index_scores`.
 """
@@ -39,8 +42,9 @@ import numpy as np
 from ..cache import KPoolKeys
 from ..errors import ConfigError
 from ..ops import contiguous, layer_norm
+from ..ops.arrays import as_array, row_kernel
 from ..ops.softmax import softmax
-from ..ops.top_k import ggml_top_k
+from ..ops.top_k import ggml_top_k, ggml_top_k_rows
 from ..weights import W
 from . import mla
 from .dsa_indexer import index_scores, index_weights
@@ -101,21 +105,44 @@ def pool(ik: np.ndarray, ig: np.ndarray, ape: np.ndarray) -> np.ndarray:
 
 
 def pool_keys(ik: np.ndarray, ig: np.ndarray, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il) -> np.ndarray:
-    """Append the new positions' key / gate rows [T, di]; pool every pool they finish. Returns every finished
-    pool's key [P, di] (the state's, after the append)."""
+    """Append the new positions' key / gate rows [T, di]; pool every pool finished since the last pooled one.
+    Returns every finished pool's key [P, di] (the state's, after the append)."""
     kp = kc.kpool
-    rows_k = ik if state.fill_k is None else np.concatenate([state.fill_k, ik])  # [m + T, di]
-    rows_g = ig if state.fill_g is None else np.concatenate([state.fill_g, ig])
-    n_done = rows_k.shape[0] // kp
-    if n_done:
-        new = pool(rows_k[:n_done * kp].reshape(n_done, kp, -1), rows_g[:n_done * kp].reshape(n_done, kp, -1),
-                   np.asarray(w.indexer_kpool_ape, np.float32))                   # [n_done, di]
+    all_k, all_g = state.k.append(ik), state.g.append(ig)                        # [S, di]
+    a, n_done = state.pooled.n, state.n // kp
+    if n_done > a:
+        new = pool(all_k[a * kp:n_done * kp].reshape(n_done - a, kp, -1),
+                   all_g[a * kp:n_done * kp].reshape(n_done - a, kp, -1),
+                   np.asarray(w.indexer_kpool_ape, np.float32))                   # [n_done - a, di]
         rt.record("indexer_pool_k_new", il, new)
         state.pooled.append(new)
-    state.fill_k, state.fill_g = rows_k[n_done * kp:], rows_g[n_done * kp:]
-    state.n += ik.shape[0]
     pooled = state.pooled.view()
-    return np.zeros((0, ik.shape[1]), np.float32) if pooled is None else pooled
+    return np.zeros_like(ik, shape=(0, ik.shape[1])) if pooled is None else pooled
+
+
+def _pools_of(all_k, all_g, ape, pos, kp: int) -> np.ndarray:
+    """Positions pos [T] (on the device in a resident run) -> the key of each one's pool pooled from the rows as they
+    are [T, di] (its members past the last written row are zeros: a pool not finished yet, which no query sees;
+    members past the capacity are read at its last row, for the same reason)."""
+    b = as_array(pos) // kp                                                       # [T]
+    cur = np.minimum(b[:, None] * kp + np.arange(kp, like=b)[None, :], all_k.shape[0] - 1)   # [T, kp]
+    return pool(all_k[cur], all_g[cur], ape)                                      # [T, di]
+
+
+def pool_keys_fixed(ik: np.ndarray, ig: np.ndarray, w, *, kc: KPoolConfig, state: KPoolKeys, pos) -> np.ndarray:
+    """`pool_keys` with shapes that do not depend on the position (a fixed-shape run): the key / gate rows appended
+    at the device's count, each new position's pool as of it (`_pools_of`: the same rows through the same ops as
+    `pool`, so a finished pool's key equals the ordinary run's) appended to `state.pk`; returns pk's rows at the
+    pools' last members [capacity // kp, di]: pool b's key once b is finished (the caller hides the others).
+    No traces (fixed_shapes refuses one)."""
+    kp = kc.kpool
+    ape = np.asarray(w.indexer_kpool_ape, np.float32)
+    if state.pk.n < state.k.n:               # an ordinary run before: its positions' pools, once (an eager step)
+        k0, g0 = state.k.view(), state.g.view()
+        state.pk.append(_pools_of(k0, g0, ape, np.arange(state.pk.n, state.k.n), kp))
+    all_k, all_g = state.k.append(ik, fixed=True), state.g.append(ig, fixed=True)   # [cap, di]
+    all_pk = state.pk.append(_pools_of(all_k, all_g, ape, pos, kp), fixed=True)       # [cap, di]
+    return all_pk[kp - 1::kp]                                                     # [cap // kp, di]
 
 
 @dataclass
@@ -189,29 +216,76 @@ def select(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     return top, mask, slots, live
 
 
-def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il) -> PoolSelection:
+def select_fixed(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
+    """`select` with shapes that do not depend on the data (a fixed-shape run: score [T, Pc] over the capacity's
+    pools, S the capacity, q_pos [T] on the device in a resident run) -> (order [T, k/kp], mask [T, S], slots [T,
+    n_sel], live [T, n_sel]) with k/kp = kc.n_top.
+
+    llama.cpp's pool count P (the pools finished by the call's last position) and its padded axis (`n_pool_padded`)
+    are made from q_pos; `ggml_top_k_rows` (a kernel on a GPU: the heap's steps per row, `ops.top_k`) takes the
+    row's top min(k/kp, padded) pools as `select` does, tied scores included, in the same order; -1 past them. The
+    padded axis is longer here (the capacity's pools, all -inf past P): the heap never takes one of those (only a
+    strictly larger score enters it), so the set and its order are `select`'s. Then per pool of the order: its kp
+    slots (a pool past P: the call's first position, dead), live where the query sees the pool (finite score; they
+    come first, as `select`'s); the tail's kp - 1 slots; the mask 0 at the live slots. `order` stands for
+    `select`'s `top` (the visible pools first; here without the other pools after them: a trace, which would
+    show it, refuses fixed shapes)."""
+    T, Pc = score.shape
+    kp = kc.kpool
+    P = (q_pos[-1:] + 1) // kp                                                    # [1]
+    n_pad = np.maximum(64, -(-(P + 1) // 64) * 64)                                # [1] n_pool_padded(P)
+    order = row_kernel("ggml_top_k_rows", ggml_top_k_rows, score, n_pad, kc.n_top)   # [T, n] int32
+    score1 = np.concatenate([score, np.full_like(score, -np.inf, shape=(T, 1))], axis=-1)   # [T, Pc + 1]
+    real = (order >= 0) & (order < P)                                             # [T, n]
+    at = np.where(real, order, Pc)                                                # [T, n] (Pc: a -inf column)
+    chosen = np.isfinite(np.take_along_axis(score1, at, axis=-1))                 # [T, n] a prefix of each row
+    members = np.arange(kp, like=q_pos)                                           # [kp]
+    dummy = q_pos[:1]                                                             # [1]
+    slots = np.where(real[:, :, None], at[:, :, None] * kp + members, dummy).reshape(T, -1)   # [T, n * kp]
+    live = np.broadcast_to(chosen[:, :, None], (*chosen.shape, kp)).reshape(T, -1)
+    seen = np.zeros_like(chosen, shape=(T, Pc + 1))                               # [T, Pc + 1] pools attended
+    np.put_along_axis(seen, np.where(chosen, at, Pc), chosen, axis=-1)            # (column Pc: the rest)
+    j = np.arange(S, like=q_pos)                                                  # [S]
+    sel = seen[:, np.minimum(j // kp, Pc)]                                        # [T, S]
+    if kc.select_tail:
+        jt = np.arange(kp - 1, like=q_pos)                                        # [kp - 1]
+        tail = (jt[None, :] < ((q_pos + 1) % kp)[:, None])                        # [T, kp - 1]
+        slots = np.concatenate([slots, np.where(tail, q_pos[:, None] - jt[None, :], dummy)], axis=-1)
+        live = np.concatenate([live, tail], axis=-1)
+        sel = sel | ((j[None, :] >= ((q_pos + 1) // kp * kp)[:, None]) & (j[None, :] <= q_pos[:, None]))
+    mask = np.where(sel, np.float32(0.0), np.float32(-np.inf))                    # [T, S]
+    return order, mask, slots, live
+
+
+def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il, pos=None) -> PoolSelection:
     """One layer's indexer: h [T, D] (attn_norm output), qr [T, Dq] (MLA's normed q-LoRA latent) -> the
-    selection over the S = state.n + T positions. `state` is updated in place."""
+    selection over the S = state.n + T positions. `state` is updated in place. pos: the T positions (`step.pos`,
+    on the device in a resident run), read by a fixed-shape run (`rt.fixed_shapes`: S the capacity, `select_fixed`);
+    an ordinary one selects on the host from state.n."""
     T, Hi, di = h.shape[0], kc.n_head, kc.head_dim
-    q_pos = state.n + np.arange(T)                                                # [T]
+    fixed = rt.fixed_shapes
+    q_pos = pos if fixed else state.n + np.arange(T)                              # [T]
     iq = rt.matmul(qr, w.indexer_attn_q_b).reshape(T, Hi, di)                     # [T, Hi*di] -> [T, Hi, di]
     rt.record("indexer_q", il, iq)
     ik = layer_norm(rt.matmul(h, w.indexer_attn_k), w.indexer_k_norm, w.indexer_k_norm_b, kc.k_norm_eps)   # [T, di]
     rt.record("indexer_k", il, ik)
     ig = rt.matmul(h, w.indexer_kpool_gate)                                       # [T, di]
     rt.record("indexer_gate", il, ig)
-    pooled = pool_keys(ik, ig, w, kc=kc, state=state, rt=rt, il=il)               # [P, di]
+    if fixed:
+        pooled = pool_keys_fixed(ik, ig, w, kc=kc, state=state, pos=q_pos)        # [Pc, di] the capacity's
+    else:
+        pooled = pool_keys(ik, ig, w, kc=kc, state=state, rt=rt, il=il)           # [P, di]
     rt.record("indexer_pool_k", il, pooled[:, None, :])                           # [P, 1, di]
     iw = index_weights(h, w, ic=kc, rt=rt, il=il)                                 # [T, Hi]
     P = pooled.shape[0]
-    ends = (np.arange(P) + 1) * kc.kpool - 1                                      # [P] each pool's last position
+    ends = (np.arange(P, like=q_pos) + 1) * kc.kpool - 1                          # [P] each pool's last position
     visible = np.where(ends[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf))   # [T, P]
     score = index_scores(iq, pooled, iw, visible.astype(np.float32))              # [T, P]
     rt.record("indexer_score", il, score)
-    S = state.n
-    top, mask, slots, live = select(score, q_pos, S, kc)
+    S = state.k.capacity if fixed else state.n                                     # fixed: the capacity
+    top, mask, slots, live = (select_fixed if fixed else select)(score, q_pos, S, kc)
     rt.record("indexer_top_k", il, lambda: top.astype(np.int32))
-    causal = np.where(np.arange(S)[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf))
+    causal = np.where(np.arange(S, like=q_pos)[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf))
     mask = (mask + causal).astype(np.float32)                                     # [T, S]
     rt.record("indexer_sel", il, mask)
     return PoolSelection(top=top, mask=mask, score=score, slots=slots, live=live)
@@ -223,10 +297,11 @@ def selection_key(il: int) -> tuple[str, int]:
     return ("kpool_selection", il)
 
 
-def sparse_mask(sel: PoolSelection, q0: int, gather: bool = True) -> SparseMask:
+def sparse_mask(sel: PoolSelection, q0: int, gather: bool = True, fixed: bool = False) -> SparseMask:
     """The selection as MLA's mask, both forms: query row t (position q0 + t) attends its live slots (the chosen
-    pools' members and its tail, each position once, all causal: `select`), which are where sel.mask is 0."""
-    return SparseMask(mask=sel.mask, idx=sel.slots, live=sel.live, q0=q0, gather=gather)
+    pools' members and its tail, each position once, all causal: `select`), which are where sel.mask is 0.
+    fixed: the mask spans the cache's capacity (`SparseMask.fixed`, `select_fixed`)."""
+    return SparseMask(mask=sel.mask, idx=sel.slots, live=sel.live, q0=q0, gather=gather, fixed=fixed)
 
 
 def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=None,
@@ -245,18 +320,21 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     T = h.shape[0]
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="q_resid")                  # [T, Dq]
     if kc.full:
-        sel = step.memo(selection_key(il), lambda: kpool_indexer(h, qr, w, kc=kc, state=state.index, rt=rt, il=il))
+        sel = step.memo(selection_key(il), lambda: kpool_indexer(h, qr, w, kc=kc, state=state.index, rt=rt, il=il,
+                                                                 pos=step.pos))
     else:
         def missing():
             raise ConfigError(f"layer {il} shares the indexer of layer {kc.source}, which has not run in this step")
         sel = step.memo(selection_key(kc.source), missing)
+    fixed = rt.fixed_shapes
     S = state.n + T
-    assert sel.mask.shape == (T, S), f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"
-    if state.kv.form == "absorbed" and gathers(T, S, sel.slots.shape[1]):
+    assert sel.mask.shape[0] == T and (fixed or sel.mask.shape[1] == S), \
+        f"layer {il}: selection mask {sel.mask.shape}, expected {(T, S)}"         # fixed shapes: S = the capacity
+    if state.kv.form == "absorbed" and gathers(T, sel.mask.shape[1], sel.slots.shape[1]):
         return gathered_mla(h, qr, w, mc=mc, kc=kc, sel=sel, state=state.kv, rt=rt, il=il, names=names)
     rt.record("kq_mask_dsa", il, sel.mask)                                        # [T, S]
     return mla.mla(h, w, mc=mc, il=il, state=state.kv, cos=None, sin=None, rt=rt,
-                   mask_fn=sparse_mask(sel, S - T, gather), qr=qr, names=names)
+                   mask_fn=sparse_mask(sel, S - T, gather, fixed), qr=qr, names=names, pos=step.pos)
 
 
 def gathers(T: int, S: int, n_sel: int) -> bool:
@@ -274,7 +352,7 @@ def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt
     c, _ = mla.project_kv_a(h, w, mc=mc, cos=None, sin=None, rt=rt, il=il)        # [T, C]
     q_abs = mla.absorb_query(q.transpose(1, 0, 2), w, mc=mc, rt=rt)              # [H, T, C]
     rt.record("q_absorbed", il, q_abs.transpose(1, 0, 2))                         # [T, H, C]
-    c_all, _ = state.append(c, np.zeros_like(c, shape=(T, 0)))                      # [S, C]
+    c_all, _ = state.append(c, np.zeros_like(c, shape=(T, 0)), rt.fixed_shapes)   # [S, C] (fixed: the capacity)
     if kc.full:
         rt.record("indexer_sel_idx", il, lambda: sel.slots.astype(np.int32))             # [T, n_sel]
     kv = c_all[sel.slots]                                                         # [T, n_sel, C]

@@ -21,6 +21,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              attention's selected keys, DeepSeek-V4's sinks), a few queries, the same kernel
     sinkhorn(c, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)   residual/hyper_connections.py (DeepSeek-V4)
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
+    ggml_top_k_rows(x, n, k) ops/top_k.py `ggml_top_k_rows` (libstdc++'s heap select replayed, a thread a row: the
+                             k-pool indexer's fixed-shape selection; reached through `ops.arrays.row_kernel`)
     group_limited(s, G, n)   moe/router.py `group_limited`: the experts of the n best of G groups kept, the rest -inf
     all_finite_many(ys, page, cells)   page.flat[cell] = False for each y holding a NaN/inf: up to FLAG_BATCH
                              flags (the NaN checks of a step's products) in one launch
@@ -591,6 +593,86 @@ def _top_k(x, k, ids):
             bv, bj = _own_first(x, r, t, E, taken)
 
 
+@cuda.jit(device=True, inline=True)
+def _hv(x, t, N, j):
+    """Row t's score at j of a padded axis: -inf past the row's N entries."""
+    return x[t, j] if j < N else float32(-math.inf)
+
+
+@cuda.jit(device=True)
+def _push_heap(x, t, N, o, hole, top, value):
+    parent = (hole - 1) // 2
+    while hole > top and _hv(x, t, N, o[parent]) > _hv(x, t, N, value):
+        o[hole] = o[parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    o[hole] = value
+
+
+@cuda.jit(device=True)
+def _adjust_heap(x, t, N, o, hole, length, value):
+    top = hole
+    second = hole
+    while second < (length - 1) // 2:
+        second = 2 * (second + 1)
+        if _hv(x, t, N, o[second]) > _hv(x, t, N, o[second - 1]):
+            second -= 1
+        o[hole] = o[second]
+        hole = second
+    if length % 2 == 0 and second == (length - 2) // 2:
+        second = 2 * (second + 1)
+        o[hole] = o[second - 1]
+        hole = second - 1
+    _push_heap(x, t, N, o, hole, top, value)
+
+
+@cuda.jit(fastmath=False)
+def _ggml_top_k_rows(x, n_arr, k, out):
+    """Row t = one thread: ops/top_k.py `ggml_top_k_rows`, step for step: the heap select of libstdc++'s
+    partial_sort (the heap in out[t, :kk]; an index past it is still itself when read, as there), sort_heap, the
+    swap of entries 0 and 1, a stable insertion sort by descending score (Python's sorted on the same keys), -1
+    past kk."""
+    t = cuda.grid(1)
+    if t >= x.shape[0]:
+        return
+    N = x.shape[1]
+    L = n_arr[0]
+    kk = min(k, L)
+    o = out[t]
+    for i in range(kk):
+        o[i] = i
+    if kk >= 2:                                  # make_heap
+        parent = (kk - 2) // 2
+        while True:
+            _adjust_heap(x, t, N, o, parent, kk, o[parent])
+            if parent == 0:
+                break
+            parent -= 1
+    for i in range(kk, L):                       # select: a strictly larger score replaces the top
+        if _hv(x, t, N, i) > _hv(x, t, N, o[0]):
+            _adjust_heap(x, t, N, o, 0, kk, i)
+    last = kk - 1
+    while last > 0:                              # sort_heap
+        value = o[last]
+        o[last] = o[0]
+        _adjust_heap(x, t, N, o, 0, last, value)
+        last -= 1
+    if kk > 1:
+        a = o[0]
+        o[0] = o[1]
+        o[1] = a
+    for i in range(1, kk):                       # stable, descending
+        key = o[i]
+        vk = _hv(x, t, N, key)
+        j = i - 1
+        while j >= 0 and _hv(x, t, N, o[j]) < vk:
+            o[j + 1] = o[j]
+            j -= 1
+        o[j + 1] = key
+    for i in range(kk, k):
+        o[i] = -1
+
+
 GL_G = 64                   # group_limited: groups of a row at most (a shared score and flag each; two a lane)
 
 
@@ -829,6 +911,11 @@ def hc_post_raw(y, X, post, comb, out, stream=0) -> None:
 def top_k_raw(x2, k: int, ids, stream=0) -> None:
     """x2 [R, E] float32 (E <= TOPK_E), ids [R, k] int32 (k <= min(E, TOPK_MAX))."""
     _top_k[x2.shape[0], NT, stream](x2, k, ids)
+
+
+def ggml_top_k_rows_raw(x2, n, k: int, out, stream=0) -> None:
+    """x2 [T, N] float32, n [1] int64 (device), out [T, k] int32."""
+    _ggml_top_k_rows[_grid(x2.shape[0], 64), 64, stream](x2, n, k, out)
 
 
 def group_limited_raw(s2, G: int, n_used: int, out, groups, stream=0) -> None:
@@ -1125,6 +1212,20 @@ def top_k(x, k: int):
     ids = x.dev.xp.empty((raw.shape[0], k), dtype=np.int32)
     top_k_raw(_nv(raw), k, _nv(ids), stream=_stream())
     return _done(x.dev, "top_k", (x,), ids)
+
+
+def ggml_top_k_rows(score, n, k: int):
+    """ops/top_k.py `ggml_top_k_rows` (the k-pool indexer's selection) in one launch, a thread a row: [T, k] int32,
+    or None (n not a device int64 [1], k < 1)."""
+    raw, nr = score.raw, getattr(n, "raw", None)
+    if raw.ndim != 2 or raw.dtype != np.float32 or raw.shape[0] == 0 or k < 1 or nr is None \
+            or nr.dtype != np.int64 or nr.shape != (1,):
+        return None
+    xp = score.dev.xp
+    raw = xp.ascontiguousarray(raw)
+    out = xp.empty((raw.shape[0], k), dtype=np.int32)
+    ggml_top_k_rows_raw(_nv(raw), _nv(nr), int(k), _nv(out), stream=_stream())
+    return _done(score.dev, "ggml_top_k_rows", (score, n), out)
 
 
 def group_limited(scores, n_groups: int, n_used: int):

@@ -16,6 +16,15 @@ def fused_op(x, name: str):
     return None if fused is None else getattr(fused, name, None)
 
 
+def row_kernel(op: str, fn, *args, **kw):
+    """fn(*args, **kw) for an op whose NumPy statement `fn` walks rows on the host (a heap, a scan: no array form),
+    where args live: host arrays -> fn itself; device arrays -> one kernel there (`Device.row_kernel`: a GPU's
+    refengine/cuda/fused.py `op`; the sim device runs fn on its own arrays, as that kernel would, without a
+    read-back). The first argument says where."""
+    dev = getattr(args[0], "dev", None)
+    return fn(*args, **kw) if dev is None else dev.row_kernel(op, fn, args, kw)
+
+
 def as_array(x, dtype=None):
     """x as an array of `dtype` (None: its own), not copied when it already is one, on the device it lives on."""
     if not hasattr(x, "astype"):

@@ -14,6 +14,25 @@ from __future__ import annotations
 import numpy as np
 
 
+def ggml_top_k_rows(score: np.ndarray, n: np.ndarray, k: int) -> np.ndarray:
+    """Rows of `ggml_top_k` on a padded axis, each ordered by descending score: score [T, N] float32, n [1] int (the
+    axis llama.cpp sorts over: entries j >= N of it score -inf, entries past n are not in it), k the most kept ->
+    [T, k] int32: per row `sorted(ggml_top_k(row, min(k, n)), key=-score)` (a stable sort: tied scores in the heap's
+    order), -1 past min(k, n). The statement of a GPU kernel (refengine/cuda/fused.py `ggml_top_k_rows`, one thread
+    a row: the same steps), reached through `ops.arrays.row_kernel` with n on the device (the k-pool indexer's
+    fixed-shape selection: its padded pool count is made from the step's positions there)."""
+    score = np.asarray(score, dtype=np.float32)
+    T, N = score.shape
+    L = int(np.asarray(n).reshape(-1)[0])
+    kk = min(k, L)
+    row = np.full(L, -np.inf, dtype=np.float32)
+    out = np.full((T, k), -1, dtype=np.int32)
+    for t in range(T):
+        row[:min(L, N)] = score[t, :L]
+        out[t, :kk] = sorted(ggml_top_k(row, kk), key=lambda i: -row[i])
+    return out
+
+
 def heap_select(scores: np.ndarray, k: int) -> list[int]:
     """scores [n] -> the k indices std::partial_sort(.., greater) leaves in front (as a set; heap order)."""
     return _partial_sort(scores, k, sort=False)
