@@ -338,7 +338,7 @@ def test_ptx_sm90_device_kernels_one_per_family():
     ptx_sm90("refengine.cuda.ptx", ["rms_norm", "add", "add_rms_norm", "qk_rope", "attention", "attention_gqa[G=8]",
                                     "softmax_causal", "route[E=128]", "fused_rms_norm", "fused_softmax", "fused_silu",
                                     "fused_delta_rule", "fused_causal_conv", "fused_rope", "fused_attention",
-                                    "fused_all_finite"])
+                                    "fused_all_finite", "fused_ggml_top_k_rows"])
 
 
 @exhaustive

@@ -599,7 +599,7 @@ def _hv(x, t, N, j):
     return x[t, j] if j < N else float32(-math.inf)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline=True)
 def _push_heap(x, t, N, o, hole, top, value):
     parent = (hole - 1) // 2
     while hole > top and _hv(x, t, N, o[parent]) > _hv(x, t, N, value):
@@ -609,7 +609,7 @@ def _push_heap(x, t, N, o, hole, top, value):
     o[hole] = value
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline=True)
 def _adjust_heap(x, t, N, o, hole, length, value):
     top = hole
     second = hole
