@@ -286,22 +286,26 @@ def test_top_k(k):
     assert np.array_equal(ids.copy_to_host(), want)
 
 
+@pytest.mark.parametrize("clean_stable", [False, True])
 @pytest.mark.parametrize("n, k", [(64, 2), (64, 8), (128, 24), (70, 90)])
-def test_ggml_top_k_rows(n, k):
+def test_ggml_top_k_rows(n, k, clean_stable):
     """The k-pool indexer's selection kernel (libstdc++'s heap select replayed, a thread a row) == its statement
     ops/top_k.py `ggml_top_k_rows`, index for index: rows of many exact ties (scores 0 / 0.5 / 1 and -inf, as the
     indexer's sums of ReLUs give), a padded axis n longer than the row (entries past it -inf: n = 70 on 40 scores),
-    k above n (the rest -1)."""
+    k above n (the rest -1); clean_stable: rows without a tie at the k-th score ordered with ties by index (a row of
+    distinct scores among them)."""
     from refengine.ops.top_k import ggml_top_k_rows
     rng = np.random.default_rng(n + k)
     T, N = 5, min(n, 40) if n == 70 else n
     x = rng.choice(np.array([0.0, 0.5, 1.0, -np.inf], np.float32), size=(T, N), p=[0.5, 0.2, 0.1, 0.2])
     x[1] = 0.0                                            # a row all tied
     x[2, N // 2:] = -np.inf                               # a row half past the visible pools
+    x[3] = rng.permutation(N).astype(np.float32)          # distinct scores: a clean boundary
+    x[3, :4] = x[3, 4]                                    # ... with a tie at the top
     nd = np.array([n], np.int64)
-    want = ggml_top_k_rows(x, nd, k)
+    want = ggml_top_k_rows(x, nd, k, clean_stable)
     out = cuda.device_array((T, k), np.int32)
-    fused.ggml_top_k_rows_raw(cuda.to_device(x), cuda.to_device(nd), k, out)
+    fused.ggml_top_k_rows_raw(cuda.to_device(x), cuda.to_device(nd), k, out, clean_stable=clean_stable)
     cuda.synchronize()
     assert np.array_equal(out.copy_to_host(), want)
     assert (want[:, min(k, n):] == -1).all() and (want[:, :min(k, n)] >= 0).all()

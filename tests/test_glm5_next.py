@@ -106,13 +106,15 @@ def test_fixed_pools_equal_the_ordinary():
 
 @pytest.mark.parametrize("T, S, cap, top_k, tail", [(1, 23, 40, 8, True), (7, 23, 40, 8, True),
                                                     (3, 30, 64, 12, False), (2, 300, 512, 40, True),
-                                                    (4, 21, 21, 400, True)])
+                                                    (4, 21, 21, 400, True), (20, 60, 64, 8, True),
+                                                    (24, 300, 512, 40, True)])
 def test_select_fixed_equals_select(T, S, cap, top_k, tail):
     """`select_fixed` (a fixed-shape run: the capacity's pools, the positions and llama.cpp's padded pool count on
     the device, the heap replayed by `ggml_top_k_rows`) attends what `select` attends, slot for slot in the same
     order, on scores full of exact ties (sums of ReLUs: 0 where every head is negative); the mask past the positions
     so far hides every key. Cases: one query, a ubatch, no tail, over 64 pools (a padded axis of 128), a budget
-    above the pools (k/kp = 100: every visible pool kept)."""
+    above the pools (k/kp = 100: every visible pool kept), calls of more than 16 tokens (select's order there:
+    ties by index where the k-th score is not tied)."""
     kc = _config(top_k=top_k, select_tail=tail)
     rng = np.random.default_rng(S + T)
     P, Pc = S // 4, cap // 4

@@ -217,10 +217,11 @@ def test_lazy_input_flags(x_finite):
         rt.check_deferred(packed)
 
 
-# a prefill on the device reads back the NaN/inf flags and the logits, nothing else (qwen4exp's QSA and glm5-next's
-# pool selection replay llama.cpp's per-row rules on the host: their scores are read back once a layer, below)
+# a prefill on the device reads back the NaN/inf flags and the logits, nothing else (qwen4exp's QSA replays its
+# rules per row on the host: its scores are read back once a layer, below; glm5-next's pool selection, llama.cpp's
+# heap replayed per row, runs as a kernel: `ops.top_k.ggml_top_k_rows`)
 SYNC_FREE = ("llama", "qwen3moe", "deepseek2", "deepseek32", "glm-dsa", "qwen3next", "kimi-linear", "kimi-k3",
-             "deepseek4")
+             "deepseek4", "glm5-next")
 
 
 @pytest.mark.parametrize("arch", SYNC_FREE)
@@ -241,10 +242,11 @@ def test_resident_prefill_reads_back_flags_and_logits_only(synth_model, arch, T)
     assert np.array_equal(y, m.forward(ids, m.new_state(), rt=Runtime(), last_only=True)), arch
 
 
-@pytest.mark.parametrize("arch", ["qwen4exp", "glm5-next"])
+@pytest.mark.parametrize("arch", ["qwen4exp"])
 def test_resident_prefill_reads_host_rules_inputs_once_a_layer(synth_model, arch):
-    """qwen4exp's QSA and glm5-next's k-pool selection walk their rows on the host (llama.cpp's tie rules): the scores
-    are read back once for the layer (before: every row's tests, 290 and 513 read-backs in a 24-token prefill);
+    """qwen4exp's QSA walks its rows on the host (llama.cpp's tie rules): the scores are read back once for the
+    layer (before: every row's tests, 290 read-backs in a 24-token prefill; glm5-next's 513 went the same way, and
+    its selection now runs on the device: SYNC_FREE);
     at most one read-back a layer besides the flags and the logits; logits equal to the host run."""
     m = Model(synth_model(arch, wtype="Q8_0"))
     rt = Runtime(resident=True)

@@ -225,7 +225,8 @@ def select_fixed(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     are made from q_pos; `ggml_top_k_rows` (a kernel on a GPU: the heap's steps per row, `ops.top_k`) takes the
     row's top min(k/kp, padded) pools as `select` does, tied scores included, in the same order; -1 past them. The
     padded axis is longer here (the capacity's pools, all -inf past P): the heap never takes one of those (only a
-    strictly larger score enters it), so the set and its order are `select`'s. Then per pool of the order: its kp
+    strictly larger score enters it), so the set and its order are `select`'s (a call of more than 16 tokens:
+    ties by index where the k-th score is not tied, as `select` orders there). Then per pool of the order: its kp
     slots (a pool past P: the call's first position, dead), live where the query sees the pool (finite score; they
     come first, as `select`'s); the tail's kp - 1 slots; the mask 0 at the live slots. `order` stands for
     `select`'s `top` (the visible pools first; here without the other pools after them: a trace, which would
@@ -234,7 +235,8 @@ def select_fixed(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
     kp = kc.kpool
     P = (q_pos[-1:] + 1) // kp                                                    # [1]
     n_pad = np.maximum(64, -(-(P + 1) // 64) * 64)                                # [1] n_pool_padded(P)
-    order = row_kernel("ggml_top_k_rows", ggml_top_k_rows, score, n_pad, kc.n_top)   # [T, n] int32
+    order = row_kernel("ggml_top_k_rows", ggml_top_k_rows, score, n_pad, kc.n_top,
+                       clean_stable=T > GATHER_MAX_UB)                            # [T, n] int32 (select's order)
     score1 = np.concatenate([score, np.full_like(score, -np.inf, shape=(T, 1))], axis=-1)   # [T, Pc + 1]
     real = (order >= 0) & (order < P)                                             # [T, n]
     at = np.where(real, order, Pc)                                                # [T, n] (Pc: a -inf column)
@@ -260,11 +262,14 @@ def select_fixed(score: np.ndarray, q_pos: np.ndarray, S: int, kc: KPoolConfig):
 def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il, pos=None) -> PoolSelection:
     """One layer's indexer: h [T, D] (attn_norm output), qr [T, Dq] (MLA's normed q-LoRA latent) -> the
     selection over the S = state.n + T positions. `state` is updated in place. pos: the T positions (`step.pos`,
-    on the device in a resident run), read by a fixed-shape run (`rt.fixed_shapes`: S the capacity, `select_fixed`);
-    an ordinary one selects on the host from state.n."""
+    on the device in a resident run), read by a fixed-shape run (`rt.fixed_shapes`: S the capacity) and an untraced
+    resident one, which select on the device (`select_fixed`); a host run selects from state.n (`select`)."""
     T, Hi, di = h.shape[0], kc.n_head, kc.head_dim
     fixed = rt.fixed_shapes
-    q_pos = pos if fixed else state.n + np.arange(T)                              # [T]
+    # on a device the selection runs there (`select_fixed` over the pools so far: no scores read back) unless a
+    # trace keeps `indexer_top_k` (select's whole order of the pools)
+    on_device = fixed or (not isinstance(h, np.ndarray) and pos is not None and rt.trace is None)
+    q_pos = pos if on_device else state.n + np.arange(T)                         # [T]
     iq = rt.matmul(qr, w.indexer_attn_q_b).reshape(T, Hi, di)                     # [T, Hi*di] -> [T, Hi, di]
     rt.record("indexer_q", il, iq)
     ik = layer_norm(rt.matmul(h, w.indexer_attn_k), w.indexer_k_norm, w.indexer_k_norm_b, kc.k_norm_eps)   # [T, di]
@@ -283,7 +288,7 @@ def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il, pos=No
     score = index_scores(iq, pooled, iw, visible.astype(np.float32))              # [T, P]
     rt.record("indexer_score", il, score)
     S = state.k.capacity if fixed else state.n                                     # fixed: the capacity
-    top, mask, slots, live = (select_fixed if fixed else select)(score, q_pos, S, kc)
+    top, mask, slots, live = (select_fixed if on_device else select)(score, q_pos, S, kc)
     rt.record("indexer_top_k", il, lambda: top.astype(np.int32))
     causal = np.where(np.arange(S, like=q_pos)[None, :] <= q_pos[:, None], np.float32(0.0), np.float32(-np.inf))
     mask = (mask + causal).astype(np.float32)                                     # [T, S]

@@ -627,11 +627,12 @@ def _adjust_heap(x, t, N, o, hole, length, value):
 
 
 @cuda.jit(fastmath=False)
-def _ggml_top_k_rows(x, n_arr, k, out):
+def _ggml_top_k_rows(x, n_arr, k, clean_stable, out):
     """Row t = one thread: ops/top_k.py `ggml_top_k_rows`, step for step: the heap select of libstdc++'s
     partial_sort (the heap in out[t, :kk]; an index past it is still itself when read, as there), sort_heap, the
-    swap of entries 0 and 1, a stable insertion sort by descending score (Python's sorted on the same keys), -1
-    past kk."""
+    swap of entries 0 and 1, a stable insertion sort by descending score (Python's sorted on the same keys), with
+    clean_stable and no tie at the k-th score (a count of the row's scores at or above it) ties by index, -1 past
+    kk."""
     t = cuda.grid(1)
     if t >= x.shape[0]:
         return
@@ -669,6 +670,24 @@ def _ggml_top_k_rows(x, n_arr, k, out):
             o[j + 1] = o[j]
             j -= 1
         o[j + 1] = key
+    if clean_stable and kk > 0:
+        m = _hv(x, t, N, o[kk - 1])
+        clean = kk >= L or m == float32(-math.inf)
+        if not clean:
+            c = 0
+            for i in range(L):
+                if _hv(x, t, N, i) >= m:
+                    c += 1
+            clean = c == kk
+        if clean:                                # ties by index: the heap's order among them undone
+            for i in range(1, kk):
+                key = o[i]
+                vk = _hv(x, t, N, key)
+                j = i - 1
+                while j >= 0 and _hv(x, t, N, o[j]) == vk and o[j] > key:
+                    o[j + 1] = o[j]
+                    j -= 1
+                o[j + 1] = key
     for i in range(kk, k):
         o[i] = -1
 
@@ -913,9 +932,9 @@ def top_k_raw(x2, k: int, ids, stream=0) -> None:
     _top_k[x2.shape[0], NT, stream](x2, k, ids)
 
 
-def ggml_top_k_rows_raw(x2, n, k: int, out, stream=0) -> None:
+def ggml_top_k_rows_raw(x2, n, k: int, out, stream=0, clean_stable: bool = False) -> None:
     """x2 [T, N] float32, n [1] int64 (device), out [T, k] int32."""
-    _ggml_top_k_rows[_grid(x2.shape[0], 64), 64, stream](x2, n, k, out)
+    _ggml_top_k_rows[_grid(x2.shape[0], 64), 64, stream](x2, n, k, bool(clean_stable), out)
 
 
 def group_limited_raw(s2, G: int, n_used: int, out, groups, stream=0) -> None:
@@ -1214,7 +1233,7 @@ def top_k(x, k: int):
     return _done(x.dev, "top_k", (x,), ids)
 
 
-def ggml_top_k_rows(score, n, k: int):
+def ggml_top_k_rows(score, n, k: int, clean_stable: bool = False):
     """ops/top_k.py `ggml_top_k_rows` (the k-pool indexer's selection) in one launch, a thread a row: [T, k] int32,
     or None (n not a device int64 [1], k < 1)."""
     raw, nr = score.raw, getattr(n, "raw", None)
@@ -1224,7 +1243,7 @@ def ggml_top_k_rows(score, n, k: int):
     xp = score.dev.xp
     raw = xp.ascontiguousarray(raw)
     out = xp.empty((raw.shape[0], k), dtype=np.int32)
-    ggml_top_k_rows_raw(_nv(raw), _nv(nr), int(k), _nv(out), stream=_stream())
+    ggml_top_k_rows_raw(_nv(raw), _nv(nr), int(k), _nv(out), stream=_stream(), clean_stable=clean_stable)
     return _done(score.dev, "ggml_top_k_rows", (score, n), out)
 
 

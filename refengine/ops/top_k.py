@@ -14,13 +14,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def ggml_top_k_rows(score: np.ndarray, n: np.ndarray, k: int) -> np.ndarray:
+def ggml_top_k_rows(score: np.ndarray, n: np.ndarray, k: int, clean_stable: bool = False) -> np.ndarray:
     """Rows of `ggml_top_k` on a padded axis, each ordered by descending score: score [T, N] float32, n [1] int (the
     axis llama.cpp sorts over: entries j >= N of it score -inf, entries past n are not in it), k the most kept ->
     [T, k] int32: per row `sorted(ggml_top_k(row, min(k, n)), key=-score)` (a stable sort: tied scores in the heap's
-    order), -1 past min(k, n). The statement of a GPU kernel (refengine/cuda/fused.py `ggml_top_k_rows`, one thread
-    a row: the same steps), reached through `ops.arrays.row_kernel` with n on the device (the k-pool indexer's
-    fixed-shape selection: its padded pool count is made from the step's positions there)."""
+    order), -1 past min(k, n). clean_stable: a row whose k-th score is not tied by a score outside the set (or is
+    -inf, or whose set is the whole axis) is ordered with ties by index instead (np.argsort(-row, kind="stable"):
+    the same set; the order the k-pool indexer's `select` gives a call of more than 16 tokens, where llama.cpp does
+    not read the order). The statement of a GPU kernel (refengine/cuda/fused.py `ggml_top_k_rows`, one thread a
+    row: the same steps), reached through `ops.arrays.row_kernel` with n on the device (the k-pool indexer's
+    selection on a device: its padded pool count is made from the step's positions there)."""
     score = np.asarray(score, dtype=np.float32)
     T, N = score.shape
     L = int(np.asarray(n).reshape(-1)[0])
@@ -29,7 +32,10 @@ def ggml_top_k_rows(score: np.ndarray, n: np.ndarray, k: int) -> np.ndarray:
     out = np.full((T, k), -1, dtype=np.int32)
     for t in range(T):
         row[:min(L, N)] = score[t, :L]
-        out[t, :kk] = sorted(ggml_top_k(row, kk), key=lambda i: -row[i])
+        top = sorted(ggml_top_k(row, kk), key=lambda i: -row[i])
+        if clean_stable and kk and (kk >= L or row[top[-1]] == -np.inf or np.sum(row >= row[top[-1]]) == kk):
+            top = sorted(top, key=lambda i: (-row[i], i))
+        out[t, :kk] = top
     return out
 
 
