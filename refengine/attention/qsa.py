@@ -221,18 +221,25 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     rt.record("indexer_score", il, scores)
     cells = cell_values(scores, pos, S, r)                               # [T, S]
     rt.record("indexer_score_tokens", il, cells)
-    if fixed:                                                            # (no trace: fixed_shapes refuses one)
-        idx, live, mask = select_authors_fixed(scores, pos, S, qc)
-        return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=True)
-    # the rules walk the rows per query on the host: a device's scores read back once (a read per row was a sync
-    # apiece); this call's positions from the index, which holds every one from position 0
+    if rule == "authors":       # one form for every run, its shapes not the data's: a device selects there (no
+        idx, live, mask = select_authors_fixed(scores, pos, S, qc)     # read-back), a fixed-shape run the same way
+        rt.record("indexer_top_k", il, lambda: picked_positions(
+            [i[v] for i, v in zip(np.asarray(idx), np.asarray(live))], qc))
+        return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=fixed)
+    # llama.cpp's rule walks the rows per query on the host: a device's scores read back once (a read per row was a
+    # sync apiece); this call's positions from the index, which holds every one from position 0
     pos_h = np.arange(S - T, S)
     assert not isinstance(pos, np.ndarray) or np.array_equal(pos, pos_h), (pos, S)
-    sel = select_authors(np.asarray(scores), pos_h, S, qc) if rule == "authors" else \
-        select_llamacpp(np.asarray(cells), qc)
-    width = max([qc.top_k + r - 1] + [len(s) for s in sel])
-    picked = np.full((T, width), -1, np.int64)
+    sel = select_llamacpp(np.asarray(cells), qc)
+    rt.record("indexer_top_k", il, picked_positions(sel, qc))
+    return sparse_mask(sel, pos_h, S, gather)
+
+
+def picked_positions(sel: list[np.ndarray], qc: QSAConfig) -> np.ndarray:
+    """T arrays of selected positions -> `indexer_top_k` [T, width]: each row's positions, then -1 (width: the
+    budget's B + r - 1 slots, or the longest row)."""
+    width = max([qc.top_k + qc.ratio - 1] + [len(s) for s in sel])
+    picked = np.full((len(sel), width), -1, np.int64)
     for t, s in enumerate(sel):
         picked[t, :len(s)] = s
-    rt.record("indexer_top_k", il, picked)
-    return sparse_mask(sel, pos_h, S, gather)
+    return picked
