@@ -59,6 +59,25 @@ def test_ggml_top_k_is_the_top_k_set():
             assert set(qsa.ggml_top_k(v, k)) == set(np.argsort(-v)[:k])
 
 
+@pytest.mark.parametrize("S, T, top_k, r", [(30, 30, 8, 4), (64, 5, 12, 8), (40, 1, 64, 4)])
+def test_llamacpp_rule_as_arrays_equals_the_lists(S, T, top_k, r):
+    """`select_llamacpp_rows` (the form every run takes: the heap per row in `ggml_top_k_rows`, a kernel on a GPU)
+    keeps the cells `select_llamacpp` keeps, in ascending order, and its mask is `sparse_mask`'s; on scores with
+    exact ties between blocks (which cells of a tied block the heap keeps is the rule's point); a budget over the
+    context (every visible cell)."""
+    qc = qsa.QSAConfig(n_head=2, head_dim=8, top_k=top_k, ratio=r)
+    rng = np.random.default_rng(S + T)
+    pos = np.arange(S - T, S)
+    scores = rng.choice(np.array([0.0, 0.5, 2.0], np.float32), size=(T, S // r + 1))
+    cells = qsa.cell_values(scores, pos, S, r)
+    want = qsa.select_llamacpp(cells, qc)
+    idx, live, mask = qsa.select_llamacpp_rows(cells, pos, qc)
+    assert idx.shape == live.shape == (T, min(S, top_k + r - 1))
+    for t in range(T):
+        assert list(idx[t][live[t]]) == list(want[t]), t
+    np.testing.assert_array_equal(mask, qsa.sparse_mask(want, pos, S).mask)
+
+
 def test_budget_over_the_context_is_dense(synth_model):
     """A budget of at least the context selects every visible cell under both rules: the logits of dense attention
     (compress_ratios 0: the same layers without an indexer)."""

@@ -36,7 +36,8 @@ import numpy as np
 from ..cache import IndexerKeys, KVCache, QSAState
 from ..errors import ConfigError
 from ..ops import rms_norm
-from ..ops.top_k import heap_select
+from ..ops.arrays import row_kernel
+from ..ops.top_k import ggml_top_k_rows, heap_select
 from ..weights import W
 from .mha import SparseMask, causal_mask
 
@@ -168,6 +169,27 @@ def select_llamacpp(cells: np.ndarray, qc: QSAConfig) -> list[np.ndarray]:
             for t in range(T)]
 
 
+def select_llamacpp_rows(cells: np.ndarray, pos: np.ndarray, qc: QSAConfig):
+    """`select_llamacpp` as arrays, its shapes not the data's: cells [T, S] (`cell_values`), pos [T] -> (idx [T, n],
+    live [T, n], mask [T, S]) with n = min(S, B + r - 1): per query the cells `ggml_top_k` keeps in ascending
+    order, the masked (-inf) ones and the rest dead (position 0), the mask 0 at the kept ones plus the causal one.
+    The heap runs per row in `ggml_top_k_rows` (reached through `row_kernel`: a GPU kernel for device arrays), so a
+    device selects where its scores are."""
+    T, S = cells.shape
+    n = min(S, qc.top_k + qc.ratio - 1)
+    order = row_kernel("ggml_top_k_rows", ggml_top_k_rows, cells,
+                       np.full_like(cells, S, shape=(1,), dtype=np.int64), n)            # [T, n] the set
+    cells1 = np.concatenate([cells, np.full_like(cells, -np.inf, shape=(T, 1))], axis=-1)   # [T, S + 1]
+    kept = np.isfinite(np.take_along_axis(cells1, np.where(order >= 0, order, S), axis=-1))  # [T, n]
+    at = np.sort(np.where(kept, order, S), axis=-1)                                # [T, n] kept first, ascending
+    live = at < S
+    idx = np.where(live, at, 0)
+    seen = np.zeros_like(live, shape=(T, S + 1))
+    np.put_along_axis(seen, at, live, axis=-1)                                    # (column S: the dead ones)
+    mask = np.where(seen[:, :S], np.float32(0), np.float32(-np.inf)) + causal_mask(pos, np.arange(S, like=pos))
+    return idx, live, mask
+
+
 def selection_mask(sel: list[np.ndarray], S: int) -> np.ndarray:
     """T arrays of positions -> [T, S] 0 where selected, -inf elsewhere."""
     m = np.full((len(sel), S), -np.inf, np.float32)
@@ -226,13 +248,11 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
         rt.record("indexer_top_k", il, lambda: picked_positions(
             [i[v] for i, v in zip(np.asarray(idx), np.asarray(live))], qc))
         return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=fixed)
-    # llama.cpp's rule walks the rows per query on the host: a device's scores read back once (a read per row was a
-    # sync apiece); this call's positions from the index, which holds every one from position 0
-    pos_h = np.arange(S - T, S)
-    assert not isinstance(pos, np.ndarray) or np.array_equal(pos, pos_h), (pos, S)
-    sel = select_llamacpp(np.asarray(cells), qc)
-    rt.record("indexer_top_k", il, picked_positions(sel, qc))
-    return sparse_mask(sel, pos_h, S, gather)
+    # llama.cpp's rule: ggml_top_k's heap per query (`ops.top_k.ggml_top_k_rows`: a kernel on a GPU, no read-back)
+    idx, live, mask = select_llamacpp_rows(cells, pos, qc)
+    rt.record("indexer_top_k", il, lambda: picked_positions(
+        [i[v] for i, v in zip(np.asarray(idx), np.asarray(live))], qc))
+    return SparseMask(mask=mask, idx=idx, live=live, q0=S - T, gather=gather)
 
 
 def picked_positions(sel: list[np.ndarray], qc: QSAConfig) -> np.ndarray:
