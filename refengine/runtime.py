@@ -425,8 +425,28 @@ class Runtime:
                     y = x.dev.wrap(y)
                     self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
                     return y
+            if x.dev.kind == "sim" and not self._forced and self._heads_serve(w):
+                return self._heads_sim(x, w)              # a GPU's one launch: one product, one NaN/inf flag
             return np.stack([self.matmul(x[h], w[h]) for h in range(x.shape[0])])
         return np.stack([self.matmul(np.ascontiguousarray(x[h]), w[h]) for h in range(x.shape[0])])
+
+    def _heads_serve(self, w: QTensor) -> bool:
+        """The sim device's model of `matmul_heads_resident` taking w (True without numba-cuda: nothing to ask)."""
+        try:
+            from quant.cuda.resident import serves_heads
+        except Exception:                                 # noqa: BLE001
+            return True
+        return serves_heads(w, self.mode)
+
+    def _heads_sim(self, x, w: QTensor):
+        def host():
+            (xh,) = self._host_args(x)
+            return np.stack([self._be.matmul(np.ascontiguousarray(xh[h]), w[h], mode=self.mode)
+                             for h in range(xh.shape[0])])
+        y = self._from_host(host())
+        x.dev.note(f"matmul_heads {w.name}", x, y, host)
+        self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
+        return y
 
     def matmul(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""

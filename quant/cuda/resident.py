@@ -93,9 +93,14 @@ def _head_groups(H: int, T: int):
     return upload(tab_x), mpg
 
 
+def serves_heads(w: QTensor, mode: str = "exact") -> bool:
+    """Whether `matmul_heads_resident` takes w (a 3-D weight, its heads as one grouped launch)."""
+    return mode == "exact" and w.ndim == 3 and supported(w)
+
+
 def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "auto"):
     """Per-head products in one launch: x [H, T, I], w [H, O, I] -> [H, T, O]; None as matmul_resident."""
-    if mode != "exact" or w.ndim != 3 or not supported(w) or x.shape[0] != w.shape[0]:
+    if not serves_heads(w, mode) or x.shape[0] != w.shape[0]:
         return None
     cp = _cp()
     H, T, I = x.shape
