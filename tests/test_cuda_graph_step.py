@@ -47,7 +47,7 @@ def test_graph_decode_equals_eager(synth_model, arch):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "kimi-k3", "deepseek4"])
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3next", "kimi-k3", "deepseek4", "glm5-next"])
 def test_graph_ubatches_equal_eager(synth_model, arch):
     """A prompt in ubatches of 4 tokens through one decoder with room reserved (a graph per token count: eager,
     capture, replays), then decoded tokens: each last position equals the eager fixed-shape run's bit for bit (the
