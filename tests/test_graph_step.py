@@ -46,7 +46,7 @@ def test_sim_graph_decode_equals_eager(synth_model, arch):
     assert ints(st_g) == ints(st_e)                  # every host counter where the eager run has it
 
 
-UBATCH_ARCHS = ["deepseek2", "qwen3next", "kimi-k3", "deepseek4", "glm-dsa", "qwen4exp"]
+UBATCH_ARCHS = ["deepseek2", "qwen3next", "kimi-k3", "deepseek4", "glm-dsa", "qwen4exp", "glm5-next"]
 
 
 @pytest.mark.parametrize("arch", UBATCH_ARCHS)
