@@ -129,8 +129,14 @@ def test_fewer_keys_than_top_k(synth_model, arch):
     check_capturable(m, arch, TOKENS[:3])
 
 
-def check_capturable(m, arch, prompt):
-    rt, host, plain = Runtime(resident=True, fixed_shapes=True), Runtime(fixed_shapes=True), Runtime()
+def test_qsa_under_llamacpps_rule_capturable(synth_model):
+    """qwen4exp's QSA under llama.cpp's selection rule (`Runtime(qsa_rule="llamacpp")`: ggml_top_k's heap per query,
+    `ops.top_k.ggml_top_k_rows`, over the capacity's cells): the same checks as the default rule's."""
+    check_capturable(Model(synth_model("qwen4exp", wtype="Q4_K")), "qwen4exp", TOKENS, qsa_rule="llamacpp")
+
+
+def check_capturable(m, arch, prompt, **kw):
+    rt, host, plain = Runtime(resident=True, fixed_shapes=True, **kw), Runtime(fixed_shapes=True, **kw), Runtime(**kw)
     st_d, st_h, st_p = prefilled(m, rt, prompt), prefilled(m, host, prompt), prefilled(m, plain, prompt)
     got, sigs, inside = decode_checked(m, rt, st_d, (9, 11))
     for k, (tok, g) in enumerate(zip((9, 11), got)):

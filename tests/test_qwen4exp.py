@@ -16,9 +16,9 @@ TOKENS = [7, 200, 13, 55, 1, 99, 144, 3, 250, 31, 8, 77, 19, 64, 128, 2, 240, 11
 SCHEDULE = [9, 1, 1, 1, 4, 1, 3, 5, 1, 2, 2]
 
 
-def _run(m, schedule, rule, form=None):
+def _run(m, schedule, rule, form=None, fixed=False):
     st = m.new_state(form)
-    rt = Runtime(qsa_rule=rule)
+    rt = Runtime(qsa_rule=rule, fixed_shapes=fixed)
     out, i = [], 0
     for n in schedule:
         out.append(m.forward(TOKENS[i:i + n], st, rt))
@@ -26,13 +26,15 @@ def _run(m, schedule, rule, form=None):
     return np.concatenate(out)
 
 
+@pytest.mark.parametrize("fixed", [False, True])
 @pytest.mark.parametrize("rule", qsa.RULES)
-def test_decode_in_pieces_equals_one_prefill(synth_model, rule):
+def test_decode_in_pieces_equals_one_prefill(synth_model, rule, fixed):
     """Calls of 1..9 tokens through the carried state (KV, raw indexer keys, conv tails, delta state, n-gram token
-    and conv history) == one prefill of 30, under either QSA rule: only float summation order differs."""
+    and conv history) == one prefill of 30, under either QSA rule, and with fixed shapes (the capacity's blocks and
+    cells): only float summation order differs."""
     m = Model(synth_model("qwen4exp"))
     full = _run(m, [len(TOKENS)], rule)
-    step = _run(m, SCHEDULE, rule)
+    step = _run(m, SCHEDULE, rule, fixed=fixed)
     nmse, max_abs, _ = metrics(full, step)
     assert nmse <= 1e-10, (rule, nmse, max_abs)
     assert np.array_equal(full.argmax(-1), step.argmax(-1))

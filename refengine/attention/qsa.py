@@ -174,7 +174,10 @@ def select_llamacpp_rows(cells: np.ndarray, pos: np.ndarray, qc: QSAConfig):
     live [T, n], mask [T, S]) with n = min(S, B + r - 1): per query the cells `ggml_top_k` keeps in ascending
     order, the masked (-inf) ones and the rest dead (position 0), the mask 0 at the kept ones plus the causal one.
     The heap runs per row in `ggml_top_k_rows` (reached through `row_kernel`: a GPU kernel for device arrays), so a
-    device selects where its scores are."""
+    device selects where its scores are. Over a fixed-shape run's capacity (S the capacity, the cells past the
+    positions -inf) the kept cells are the same: a -inf cell never enters the heap, a budget over the positions keeps
+    every visible cell either way, and the tail's cells (its own block's score + 1e9 here, the dead block's there)
+    are all kept, above every other cell, in both."""
     T, S = cells.shape
     n = min(S, qc.top_k + qc.ratio - 1)
     order = row_kernel("ggml_top_k_rows", ggml_top_k_rows, cells,
@@ -226,7 +229,7 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     r, di = qc.ratio, qc.head_dim
     kraw = rt.matmul(h, w.indexer_k_proj)                                # [T, di]
     rt.record("indexer_k_raw", il, kraw[:, None, :])
-    fixed = rt.fixed_shapes and rule == "authors"
+    fixed = rt.fixed_shapes
     k_all = state.index.append(kraw, fixed)                              # [S, di] (fixed: S = the capacity)
     S = k_all.shape[0]
     pooled = pool(k_all, r)                                              # [nb, di]  complete blocks + dead
@@ -248,11 +251,12 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
         rt.record("indexer_top_k", il, lambda: picked_positions(
             [i[v] for i, v in zip(np.asarray(idx), np.asarray(live))], qc))
         return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=fixed)
-    # llama.cpp's rule: ggml_top_k's heap per query (`ops.top_k.ggml_top_k_rows`: a kernel on a GPU, no read-back)
+    # llama.cpp's rule: ggml_top_k's heap per query (`ops.top_k.ggml_top_k_rows`: a kernel on a GPU, no read-back);
+    # over a fixed-shape run's capacity the same cells (`select_llamacpp_rows`)
     idx, live, mask = select_llamacpp_rows(cells, pos, qc)
     rt.record("indexer_top_k", il, lambda: picked_positions(
         [i[v] for i, v in zip(np.asarray(idx), np.asarray(live))], qc))
-    return SparseMask(mask=mask, idx=idx, live=live, q0=S - T, gather=gather)
+    return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=fixed)
 
 
 def picked_positions(sel: list[np.ndarray], qc: QSAConfig) -> np.ndarray:
