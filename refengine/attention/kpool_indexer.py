@@ -269,7 +269,7 @@ def kpool_indexer(h, qr, w, *, kc: KPoolConfig, state: KPoolKeys, rt, il, pos=No
     # on a device the selection runs there (`select_fixed` over the pools so far: no scores read back) unless a
     # trace keeps `indexer_top_k` (select's whole order of the pools)
     on_device = fixed or (not isinstance(h, np.ndarray) and pos is not None and rt.trace is None)
-    q_pos = pos if on_device else state.n + np.arange(T)                         # [T]
+    q_pos = pos if on_device and pos is not None else state.n + np.arange(T)      # [T]
     iq = rt.matmul(qr, w.indexer_attn_q_b).reshape(T, Hi, di)                     # [T, Hi*di] -> [T, Hi, di]
     rt.record("indexer_q", il, iq)
     ik = layer_norm(rt.matmul(h, w.indexer_attn_k), w.indexer_k_norm, w.indexer_k_norm_b, kc.k_norm_eps)   # [T, di]

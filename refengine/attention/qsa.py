@@ -21,9 +21,12 @@ positions >= (p_t+1)//r*r) is always visible. Then the two selection rules (`RUL
   Which ones is decided by `std::partial_sort` among equal scores: `ggml_top_k` below replays libstdc++'s
   heap-select exactly, so the same cells are kept.
 
-The selection is the mask of the layer's gated attention (attention/gqa.py) in both forms (`sparse_mask`): per
-query its selected positions, gathered (O(T x B)), or as a 0 / -inf mask [T, S] with the causal one added (the
-masked-dense oracle, and the form that runs when a trace keeps the scores `kq`, `kq_soft_max`). The layer's
+The selection is the mask of the layer's gated attention (attention/gqa.py) in both forms: per query its selected
+positions, gathered (O(T x B)), or as a 0 / -inf mask [T, S] with the causal one added (the masked-dense oracle,
+and the form that runs when a trace keeps the scores `kq`, `kq_soft_max`). Every run selects in array form, its
+shapes not the data's (`select_authors_fixed`, `select_llamacpp_rows`: a device selects where its scores are, and a
+fixed-shape run over the capacity); the per-query lists (`select_authors`, `select_llamacpp`, `sparse_mask`) are
+the rules as first written, which the tests hold the array forms to. The layer's
 state is a `QSAState`: its KV cache and the raw indexer keys (blocks are pooled again at each call, as llama.cpp
 pools its "idx" cache).
 """
