@@ -129,10 +129,12 @@ def test_fewer_keys_than_top_k(synth_model, arch):
     check_capturable(m, arch, TOKENS[:3])
 
 
-def test_qsa_under_llamacpps_rule_capturable(synth_model):
+@pytest.mark.parametrize("n_prompt", [len(TOKENS), 3])
+def test_qsa_under_llamacpps_rule_capturable(synth_model, n_prompt):
     """qwen4exp's QSA under llama.cpp's selection rule (`Runtime(qsa_rule="llamacpp")`: ggml_top_k's heap per query,
-    `ops.top_k.ggml_top_k_rows`, over the capacity's cells): the same checks as the default rule's."""
-    check_capturable(Model(synth_model("qwen4exp", wtype="Q4_K")), "qwen4exp", TOKENS, qsa_rule="llamacpp")
+    `ops.top_k.ggml_top_k_rows`, over the capacity's cells): the same checks as the default rule's, after 20 tokens
+    and at a context shorter than the budget's B + r - 1 cells (every visible cell kept)."""
+    check_capturable(Model(synth_model("qwen4exp", wtype="Q4_K")), "qwen4exp", TOKENS[:n_prompt], qsa_rule="llamacpp")
 
 
 def check_capturable(m, arch, prompt, **kw):
