@@ -4,7 +4,8 @@
 # saved for benchmarks/check_logits.py. Two cuts a call (a cut ~3-4 min; the 10-minute limit):
 #   bash benchmarks/results/h200/s27/call5.sh                     glm5-next (KDA dense, nope MLA + k-pool MoE, KDA MoE),
 #                                                                 deepseek4 (window, CSA, HCA)
-#   CUTS="qwen4exp:qwen3.8-flash-next:4 deepseek32:deepseek-v3.2:2" TAG=5b bash benchmarks/results/h200/s27/call5.sh
+#   CUTS="qwen4exp:qwen3.8-flash-next:4:ngram_vocab_base=1000000 deepseek32:deepseek-v3.2:2" TAG=5b \
+#     bash benchmarks/results/h200/s27/call5.sh      (the n-gram table shrunk: PLAN.md)
 # The vendored llama.cpp (0.3.36's sdist) has src/models/glm5-next.cpp, deepseek4.cpp, qwen4exp.cpp, deepseek32.cpp:
 # whether its CUDA back end runs every op of them (the lightning indexer, the k-pool, QSA) is what this finds out.
 # First (TAG 5 only, ~30 s): the heap kernel alone, what a decode / prefill selection costs (benchmarks/heap_top_k.py).
