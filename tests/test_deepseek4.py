@@ -55,6 +55,21 @@ def test_overlapping_pool_by_hand():
         np.testing.assert_allclose(got[b], (p * rows_v).sum(0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("ratio, start, blocks", [(4, 0, [0, 1, 2, 3]), (4, 4, [2, 3, 4]), (128, 0, [0, 1]),
+                                                  (128, 128, [1, 2, 3])])
+def test_blocks_pooled_together_equal_one_by_one(ratio, start, blocks):
+    """`pool_blocks` pools a call's finished blocks in one [n, K, rows] softmax and sum (a prefill's 128 CSA blocks
+    were 128 launches each of several ops on a GPU): bit for bit what it gives pooling them one at a time."""
+    c = 2 if ratio == 4 else 1
+    K = 8
+    rng = np.random.default_rng(ratio + start)
+    rows = (blocks[-1] + 1) * ratio - start
+    kv, sc = (rng.standard_normal((rows, c * K)).astype(np.float32) for _ in range(2))
+    got = kv_compressor.pool_blocks(kv, sc, start, blocks, ratio)
+    one = np.concatenate([kv_compressor.pool_blocks(kv, sc, start, [b], ratio) for b in blocks])
+    np.testing.assert_array_equal(got, one)
+
+
 @pytest.mark.parametrize("ratio", [4, 128])
 def test_compressor_in_chunks_equals_one_call(ratio):
     """The block being filled carried between calls: any split of the positions pools the same blocks."""

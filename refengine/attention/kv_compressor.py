@@ -39,24 +39,40 @@ def pool_blocks(kv: np.ndarray, score: np.ndarray, start: int, blocks: list[int]
     """The softmax-pooled values of finished blocks, before the norm.
 
     kv, score: [n, c*K], the rows of positions start .. start + n - 1 (for the overlapping compressor they include
-    the block before the first one pooled, when it exists); blocks: the block indices to pool -> [len(blocks), K]."""
+    the block before the first one pooled, when it exists); blocks: the block indices to pool (consecutive, as
+    `compress` finishes them) -> [len(blocks), K]. Per block b (its rows cur = b*r .. b*r + r - 1):
+
+        v, s = kv[cur], score[cur]                                   c = 1
+        v, s = [kv[cur - r, :K]; kv[cur, K:]], the same of score     c = 2 (block 0: one row of 0 with score -inf
+                                                                            in place of the block before)
+        out[b] = sum over the rows of v * softmax_rows(s), per dimension
+
+    The blocks are pooled together (one [n, K, rows] softmax and sum: each block's row the same ops, so the same
+    numbers as block by block), block 0 of the overlapping compressor on its own."""
     c = 2 if overlap(ratio) else 1
     K = kv.shape[1] // c
     out = np.empty_like(kv, shape=(len(blocks), K), dtype=np.float32)            # where kv lives (a device)
-    for i, b in enumerate(blocks):
-        cur = slice(b * ratio - start, (b + 1) * ratio - start)
+    if not blocks:
+        return out
+    assert list(blocks) == list(range(blocks[0], blocks[0] + len(blocks))), blocks
+    i0 = 0
+    if c == 2 and blocks[0] == 0:                        # no block before: one zero value with score -inf
+        v = np.concatenate([np.zeros((1, K), np.float32), kv[-start:ratio - start, K:]])         # [1 + r, K]
+        s = np.concatenate([np.full((1, K), -np.inf, np.float32), score[-start:ratio - start, K:]])
+        out[0] = np.sum(v.T * softmax(s.T), axis=-1, dtype=np.float32)          # [K]
+        i0 = 1
+    n = len(blocks) - i0
+    if n:
+        b0 = blocks[i0]
+        cur = slice(b0 * ratio - start, (b0 + n) * ratio - start)               # the blocks' own rows, in order
         if c == 1:
-            v, s = kv[cur], score[cur]                                          # [r, K]
+            v, s = kv[cur].reshape(n, ratio, K), score[cur].reshape(n, ratio, K)          # [n, r, K]
         else:
-            if b == 0:                                   # no block before: one zero value with score -inf
-                pv, ps = np.zeros((1, K), np.float32), np.full((1, K), -np.inf, np.float32)
-            else:
-                prev = slice((b - 1) * ratio - start, b * ratio - start)
-                pv, ps = kv[prev, :K], score[prev, :K]                          # [r, K]
-            v = np.concatenate([pv, kv[cur, K:]])                               # [r (+ r), K]
-            s = np.concatenate([ps, score[cur, K:]])
-        w = softmax(s.T)                                                        # [K, rows]: over the rows, per dim
-        out[i] = np.sum(v.T * w, axis=-1, dtype=np.float32)                     # [K]
+            prev = slice((b0 - 1) * ratio - start, (b0 - 1 + n) * ratio - start)           # each block's before
+            v = np.concatenate([kv[prev, :K].reshape(n, ratio, K), kv[cur, K:].reshape(n, ratio, K)], axis=1)
+            s = np.concatenate([score[prev, :K].reshape(n, ratio, K), score[cur, K:].reshape(n, ratio, K)], axis=1)
+        v, s = v.transpose(0, 2, 1), s.transpose(0, 2, 1)                        # [n, K, rows]: per dim
+        out[i0:] = np.sum(v * softmax(s), axis=-1, dtype=np.float32)            # [n, K]
     return out
 
 
