@@ -300,15 +300,15 @@ class Runtime:
         self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
         return y
 
-    def _kernels_serve(self, w: QTensor) -> bool:
-        """Whether a GPU's kernels would multiply by w on the device: the sim device's model of the cupy branch above,
-        so that strict() on the sim names a fallback a capture on the GPU would meet. True when numba-cuda is not
-        installed (nothing to ask)."""
+    def _kernels_serve(self, w: QTensor, heads: bool = False) -> bool:
+        """Whether a GPU's kernels would multiply by w on the device: the sim device's model of the cupy branch above
+        (heads: of `matmul_heads_resident`, a 3-D weight's heads in one launch), so that strict() on the sim names a
+        fallback a capture on the GPU would meet. True when numba-cuda is not installed (nothing to ask)."""
         try:
-            from quant.cuda.resident import serves_matmul
+            from quant.cuda.resident import serves_heads, serves_matmul
         except Exception:                                 # noqa: BLE001  (no numba-cuda: cannot tell)
             return True
-        return serves_matmul(w, self.mode)
+        return (serves_heads if heads else serves_matmul)(w, self.mode)
 
     FLOAT_MATRIX_MAX = 64 << 20          # bytes of float32: larger float matrices keep the host fallback
 
@@ -425,18 +425,10 @@ class Runtime:
                     y = x.dev.wrap(y)
                     self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
                     return y
-            if x.dev.kind == "sim" and not self._forced and self._heads_serve(w):
+            if x.dev.kind == "sim" and not self._forced and self._kernels_serve(w, heads=True):
                 return self._heads_sim(x, w)              # a GPU's one launch: one product, one NaN/inf flag
             return np.stack([self.matmul(x[h], w[h]) for h in range(x.shape[0])])
         return np.stack([self.matmul(np.ascontiguousarray(x[h]), w[h]) for h in range(x.shape[0])])
-
-    def _heads_serve(self, w: QTensor) -> bool:
-        """The sim device's model of `matmul_heads_resident` taking w (True without numba-cuda: nothing to ask)."""
-        try:
-            from quant.cuda.resident import serves_heads
-        except Exception:                                 # noqa: BLE001
-            return True
-        return serves_heads(w, self.mode)
 
     def _heads_sim(self, x, w: QTensor):
         def host():

@@ -53,24 +53,34 @@ if SIM:
     C_COL = 2 * (_L[:, None] & 3) + np.arange(4)[None, :] % 2
 
     @cuda.jit(device=True)
-    def warp_mma(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """Simulator twin of `vec.mma_tf32`: the lanes' fragments meet in shared memory, lane 0 multiplies
-        the 16 x 8 x 8 tile by the layouts above (TF32 operands: low 13 bits dropped), every lane reads its
-        four results back. Block-wide barriers: all threads of the block call it equally often."""
-        frag = (a0, a1, a2, a3, b0, b1)
+    def warp_exchange(scr, wi, lane, frag, acc, mask, product):
+        """What the simulator twins of the mma intrinsics share: each lane's six fragment registers (their bits and
+        `mask`) and four accumulators meet in shared memory, lane 0 adds product(f) (f: the warp's scratch [32, 14]
+        float32; -> the 16 x 8 tile A @ B, float64) to the accumulators by the C layout, every lane reads its four
+        results back. Block-wide barriers: all threads of the block call it equally often."""
         for j in range(6):
-            scr[wi, lane, j] = np.uint32(int(frag[j]) & 0xFFFFE000).view(np.float32)
-        for j, c in enumerate((c0, c1, c2, c3)):
-            scr[wi, lane, 6 + j] = c
+            scr[wi, lane, j] = np.uint32(int(frag[j]) & mask).view(np.float32)
+        for j in range(4):
+            scr[wi, lane, 6 + j] = acc[j]
         cuda.syncthreads()
         if lane == 0:
-            f = np.asarray(scr[wi], dtype=np.float64)
-            d = f[A_LANE, A_REG] @ f[B_LANE, B_REG]
+            f = np.asarray(scr[wi], dtype=np.float32)
             c = np.zeros((16, 8))
             c[C_ROW, C_COL] = f[:, 6:10]
-            scr[wi, :, 10:14] = (c + d)[C_ROW, C_COL].astype(np.float32)
+            scr[wi, :, 10:14] = (c + product(f))[C_ROW, C_COL].astype(np.float32)
         cuda.syncthreads()
         return scr[wi, lane, 10], scr[wi, lane, 11], scr[wi, lane, 12], scr[wi, lane, 13]
+
+    def _tf32_tile(f):
+        f = f.astype(np.float64)
+        return f[A_LANE, A_REG] @ f[B_LANE, B_REG]
+
+    @cuda.jit(device=True)
+    def warp_mma(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Simulator twin of `vec.mma_tf32`: `warp_exchange` with the 16 x 8 x 8 tile by the layouts above (TF32
+        operands: low 13 bits dropped)."""
+        return warp_exchange(scr, wi, lane, (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3), 0xFFFFE000, _tf32_tile)
+
 else:
     from .vec import mma_tf32
 

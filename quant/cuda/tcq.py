@@ -43,6 +43,8 @@ from .decoders import SPECS, scale_min_k4
 from .device import SIM, hf, ld32a, row_scale_exp, u2f, warp_sum
 from .gemv import tile_of
 from .tc import warp_mma
+if SIM:
+    from .tc import warp_exchange
 from .vec import cp_async16, cp_async_commit, cp_async_wait1, f32_bits, h2f, hsub2, ld4u, prmt, tf32_split
 
 TYPES = (GGMLType.Q4_K,)
@@ -439,7 +441,6 @@ SPLIT16 = 32 if SIM else 256   # threads of a split block (a row)
 TOP = 15                       # a row's largest |x| scaled into [2^(TOP-1), 2^TOP) (as hgemm.py)
 
 if SIM:
-    _L16 = np.arange(32)
     _R16 = np.arange(16)[:, None]
     _K16 = np.arange(16)[None, :]
     # A[row, k] of mma.m16n8k16: lane 4 (row % 8) + (k % 8) // 2, register row // 8 + 2 (k // 8), half k % 2
@@ -447,33 +448,22 @@ if SIM:
     # B[k, col]: lane 4 col + (k % 8) // 2, register 4 + k // 8, half k % 2
     _KK, _CC = np.arange(16)[:, None], np.arange(8)[None, :]
     B16_LANE, B16_REG, B16_HALF = 4 * _CC + (_KK % 8) // 2, 4 + _KK // 8 + 0 * _CC, _KK % 2 + 0 * _CC
-    C16_ROW = (_L16[:, None] >> 2) + 8 * (np.arange(4)[None, :] // 2)
-    C16_COL = 2 * (_L16[:, None] & 3) + np.arange(4)[None, :] % 2
+    # C: the f32 accumulators of m16n8k16 lie as m16n8k8's (tc.C_ROW, tc.C_COL)
 
     def _halves(words):
         """uint32 words [..] -> their two IEEE halves [.., 2] as float64 (low half first)."""
         return np.asarray(words, np.uint32)[..., None].view(np.float16).astype(np.float64)
 
+    def _f16_tile(f):
+        h = _halves(f[:, :6].view(np.uint32))                       # [32 lanes, 6 registers, 2 halves]
+        return h[A16_LANE, A16_REG, A16_HALF] @ h[B16_LANE, B16_REG, B16_HALF]     # [16, 16] @ [16, 8]
+
     @cuda.jit(device=True)
     def warp_mma16(scr, wi, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """Simulator twin of `vec.mma_f16`: the fragments meet in shared memory (as bits), lane 0 multiplies the
-        16 x 8 x 16 tile by the layouts above, every lane reads its four results back. Block-wide barriers."""
-        frag = (a0, a1, a2, a3, b0, b1)
-        for j in range(6):
-            scr[wi, lane, j] = np.uint32(int(frag[j]) & 0xFFFFFFFF).view(np.float32)
-        for j, c in enumerate((c0, c1, c2, c3)):
-            scr[wi, lane, 6 + j] = c
-        cuda.syncthreads()
-        if lane == 0:
-            f = np.asarray(scr[wi], dtype=np.float32)
-            h = _halves(f[:, :6].view(np.uint32))                   # [32 lanes, 6 registers, 2 halves]
-            a = h[A16_LANE, A16_REG, A16_HALF]                       # [16, 16]
-            b = h[B16_LANE, B16_REG, B16_HALF]                       # [16, 8]
-            c = np.zeros((16, 8))
-            c[C16_ROW, C16_COL] = f[:, 6:10]
-            scr[wi, :, 10:14] = (c + a @ b)[C16_ROW, C16_COL].astype(np.float32)
-        cuda.syncthreads()
-        return scr[wi, lane, 10], scr[wi, lane, 11], scr[wi, lane, 12], scr[wi, lane, 13]
+        """Simulator twin of `vec.mma_f16`: `tc.warp_exchange` with the 16 x 8 x 16 tile by the layouts above (the
+        registers' bits as they are, two f16 halves each)."""
+        return warp_exchange(scr, wi, lane, (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3), 0xFFFFFFFF, _f16_tile)
+
 else:
     from .vec import mma_f16
 

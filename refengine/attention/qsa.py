@@ -249,14 +249,11 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     rt.record("indexer_score", il, scores)
     cells = cell_values(scores, pos, S, r)                               # [T, S]
     rt.record("indexer_score_tokens", il, cells)
-    if rule == "authors":       # one form for every run, its shapes not the data's: a device selects there (no
-        idx, live, mask = select_authors_fixed(scores, pos, S, qc)     # read-back), a fixed-shape run the same way
-        rt.record("indexer_top_k", il, lambda: picked_positions(
-            [i[v] for i, v in zip(np.asarray(idx), np.asarray(live))], qc))
-        return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=fixed)
-    # llama.cpp's rule: ggml_top_k's heap per query (`ops.top_k.ggml_top_k_rows`: a kernel on a GPU, no read-back);
-    # over a fixed-shape run's capacity the same cells (`select_llamacpp_rows`)
-    idx, live, mask = select_llamacpp_rows(cells, pos, qc)
+    # either rule in one form for every run, its shapes not the data's: a device selects there (no read-back), a
+    # fixed-shape run over the capacity; llama.cpp's walks ggml_top_k's heap per query (`ops.top_k.ggml_top_k_rows`:
+    # a kernel on a GPU)
+    idx, live, mask = select_authors_fixed(scores, pos, S, qc) if rule == "authors" else \
+        select_llamacpp_rows(cells, pos, qc)
     rt.record("indexer_top_k", il, lambda: picked_positions(
         [i[v] for i, v in zip(np.asarray(idx), np.asarray(live))], qc))
     return SparseMask(mask=mask, idx=idx, live=live, q0=state.index.n - T, gather=gather, fixed=fixed)
