@@ -246,20 +246,25 @@ def test_attention_gathered(with_sinks, T):
 
 
 def test_hyper_connections():
-    """DeepSeek-V4's stream mixing: sinkhorn (20 iterations), collapse and hc_post, each one launch, ==
+    """DeepSeek-V4's stream mixing: collapse, hc_post and the gates (Sinkhorn's 20 iterations), each one launch, ==
     residual/hyper_connections.py."""
     from refengine.residual import hyper_connections as hcm
     T, n, D = (3, 4, 4096) if GPU else (2, 4, 7)
     rng = np.random.default_rng(5)
     c = rng.standard_normal((T, n, n)).astype(np.float32) * 3
-    (got,) = _run(lambda cd, out: fused.sinkhorn_raw(cd, 20, 1e-6, out), c, out_shapes=[c.shape])
-    np.testing.assert_allclose(got, hcm.sinkhorn(c, 20, 1e-6), rtol=2e-6, atol=1e-7)
     X, pre, y = _rand(T, n, D), rng.uniform(size=(T, n)).astype(np.float32), _rand(T, D, seed=2)
     comb = hcm.sinkhorn(c, 20, 1e-6)
     (got,) = _run(fused.collapse_raw, X, pre, out_shapes=[(T, D)])
     np.testing.assert_allclose(got, hcm.collapse(X, pre), rtol=1e-6, atol=1e-6)
     (got,) = _run(fused.hc_post_raw, y, X, pre, comb, out_shapes=[(T, n, D)])
     np.testing.assert_allclose(got, hcm.hc_post(y, X, pre, comb), rtol=1e-6, atol=1e-6)
+    M = (2 + n) * n                                       # a sub-layer's gates from its mixes, one launch
+    m, base, scale = _rand(T, M, seed=3), _rand(M, seed=4, scale=0.5), np.array([0.7, 1.3, 2.1], np.float32)
+    want = hcm.gates(m, scale, base, hcm.HCConfig(n, 20, 1e-6, 0.0))
+    got = _run(lambda md, sd, bd, p, q, c: fused.hc_gates_raw(md, sd, bd, 20, 1e-6, p, q, c), m, scale, base,
+               out_shapes=[(T, n), (T, n), (T, n, n)])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("k", [1, 8, 40, 64])
@@ -439,7 +444,8 @@ def _numpy_twins():
         "attention_causal": lambda q, k, v, p, s, c: attention_blocked(q, k, v, p, s,
                                                                         mask_fn=causal_mask if c else no_mask),
         "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
-        "sinkhorn": hcm.sinkhorn, "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
+        "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
+        "hc_gates": lambda m, s, b, n, it, eps: hcm.gates(m, s, b, hcm.HCConfig(n, it, eps, 0.0)),
         "group_limited": _group_limited_np, "gdn_gates": _gdn_gates_np,
         "rope_cos_sin": None,                             # (no one-call NumPy twin: the stand-in declines it)
     }

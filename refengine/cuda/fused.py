@@ -19,7 +19,10 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              (or none), a few queries (a decode step): one block per (query, head)
     attention_gathered(q, k, v, idx, live, kq_scale, sinks)   attention/mha.py `attention_gathered` (sparse
                              attention's selected keys, DeepSeek-V4's sinks), a few queries, the same kernel
-    sinkhorn(c, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)   residual/hyper_connections.py (DeepSeek-V4)
+    hc_gates(m, scale, base, n, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)
+                             residual/hyper_connections.py (DeepSeek-V4): a sub-layer's pre, post and Sinkhorn comb
+                             from its mixes (one launch; the NumPy statement: eleven and the iterations'), the
+                             streams read and written back
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
     ggml_top_k_rows(x, n, k) ops/top_k.py `ggml_top_k_rows` (libstdc++'s heap select replayed, a thread a row: the
                              k-pool indexer's fixed-shape selection; reached through `ops.arrays.row_kernel`)
@@ -460,27 +463,23 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         out[t, h, c] = a / den
 
 
-HC_MAX = 8                 # hyper-connections: streams (sinkhorn holds an n x n matrix per thread)
+HC_MAX = 8                 # hyper-connections: streams (the gates hold an n x n matrix per thread)
 HC_CELLS = 64              # HC_MAX ** 2 (a local array's size must be a literal constant)
 
 
-@cuda.jit(fastmath=False)
-def _sinkhorn(c, iters, eps, out):
-    """One thread per token t: softmax over dst (float64 sum) + eps, then column and row normalisations in
-    float32, sums in index order, as `hyper_connections.sinkhorn`. c, out [T, n, n]."""
-    t = cuda.grid(1)
-    T, n = c.shape[0], c.shape[1]
-    if t >= T:
-        return
-    a = cuda.local.array(HC_CELLS, float32)
+@cuda.jit(device=True, inline=True)
+def _sinkhorn_cells(a, n, iters, eps):
+    """A local [n * n] array of logits (row s, column d at s * n + d) made doubly stochastic in place: softmax over
+    dst (float64 sum) + eps, then column and row normalisations in float32, sums in index order, as
+    `hyper_connections.sinkhorn`."""
     for s in range(n):
-        m = c[t, s, 0]
+        m = a[s * n]
         for d in range(1, n):
-            if c[t, s, d] > m:
-                m = c[t, s, d]
+            if a[s * n + d] > m:
+                m = a[s * n + d]
         tot = float64(0.0)
         for d in range(n):
-            e = float32(math.exp(c[t, s, d] - m))
+            e = float32(math.exp(a[s * n + d] - m))
             a[s * n + d] = e
             tot += float64(e)
         for d in range(n):
@@ -501,9 +500,28 @@ def _sinkhorn(c, iters, eps, out):
             col = float32(col + eps)
             for s in range(n):
                 a[s * n + d] = float32(a[s * n + d] / col)
+
+
+@cuda.jit(fastmath=False)
+def _hc_gates(m, scale, base, iters, eps, pre, post, comb):
+    """One thread per token t, from its mixes m[t] [(2 + n) * n] (`hyper_connections.gates`):
+    pre = sigmoid(m[:n] scale[0] + base[:n]) + eps, post = 2 sigmoid(m[n:2n] scale[1] + base[n:2n]),
+    comb = `_sinkhorn_cells` of m[2n:] scale[2] + base[2n:] as [n, n]; each product and sum rounded to float32."""
+    t = cuda.grid(1)
+    T, n = pre.shape[0], pre.shape[1]
+    if t >= T:
+        return
+    for s in range(n):
+        pre[t, s] = float32(_sigmoid1(float32(float32(m[t, s] * scale[0]) + base[s])) + eps)
+        v = float32(float32(m[t, n + s] * scale[1]) + base[n + s])
+        post[t, s] = float32(_sigmoid1(v) * float32(2.0))
+    a = cuda.local.array(HC_CELLS, float32)
+    for i in range(n * n):
+        a[i] = float32(float32(m[t, 2 * n + i] * scale[2]) + base[2 * n + i])
+    _sinkhorn_cells(a, n, iters, eps)
     for s in range(n):
         for d in range(n):
-            out[t, s, d] = a[s * n + d]
+            comb[t, s, d] = a[s * n + d]
 
 
 @cuda.jit(fastmath=False)
@@ -915,8 +933,8 @@ def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, l
                                                      sinks is not None, p, out)
 
 
-def sinkhorn_raw(c, iters: int, eps: float, out, stream=0) -> None:
-    _sinkhorn[_grid(c.shape[0], 64), 64, stream](c, iters, np.float32(eps), out)
+def hc_gates_raw(m, scale, base, iters: int, eps: float, pre, post, comb, stream=0) -> None:
+    _hc_gates[_grid(m.shape[0], 64), 64, stream](m, scale, base, iters, np.float32(eps), pre, post, comb)
 
 
 def collapse_raw(X, pre, out, stream=0) -> None:
@@ -1187,15 +1205,21 @@ def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
     return _done(dev, "attention", (q, k, v, q_pos), out)
 
 
-def sinkhorn(c, iters: int, eps: float):
-    """`hyper_connections.sinkhorn`: c [T, n, n] -> [T, n, n] float32, or None."""
-    dev = c.dev
-    if not _same_dev(dev, c) or c.raw.ndim != 3 or c.shape[1] != c.shape[2] or not 0 < c.shape[1] <= HC_MAX \
-            or iters < 1:
+def hc_gates(m, scale, base, n: int, iters: int, eps: float):
+    """`hyper_connections.gates`: m [T, (2 + n) * n] -> (pre [T, n], post [T, n], comb [T, n, n]) float32, or
+    None."""
+    dev = m.dev
+    if not _same_dev(dev, m) or m.raw.ndim != 2 or not 0 < n <= HC_MAX or m.shape[1] != (2 + n) * n \
+            or not m.raw.flags.c_contiguous or iters < 1:
         return None
-    out = dev.xp.empty(c.shape, dtype=np.float32)
-    sinkhorn_raw(_nv(c.raw), int(iters), eps, _nv(out), stream=_stream())
-    return _done(dev, "sinkhorn", (c,), out)
+    sv, bv = _vectors(dev, "hc_gates", (scale,), 3), _vectors(dev, "hc_gates", (base,), m.shape[1])
+    if sv is None or bv is None or sv[0] is None or bv[0] is None:
+        return None
+    T, xp = m.shape[0], dev.xp
+    pre, post, comb = xp.empty((T, n), np.float32), xp.empty((T, n), np.float32), xp.empty((T, n, n), np.float32)
+    hc_gates_raw(_nv(m.raw), _nv(sv[0]), _nv(bv[0]), int(iters), eps, _nv(pre), _nv(post), _nv(comb),
+                 stream=_stream())
+    return _done(dev, "hc_gates", (m, scale, base), pre, post, comb)
 
 
 def collapse(X, pre):

@@ -49,7 +49,7 @@ KERNELS += [
                                         f"boolean, {F1}, boolean, {F2}, {F3})"),
     ("fused_attention_gathered", fz._attention, f"void({A3}, {A3}, {A3}, int64[::1], float32, boolean, int64[:, :], "
                                                  f"boolean[:, :], boolean, {F1}, boolean, {F2}, {F3})"),
-    ("fused_sinkhorn", fz._sinkhorn, f"void({A3}, int64, float32, {F3})"),
+    ("fused_hc_gates", fz._hc_gates, f"void({F2}, {F1}, {F1}, int64, float32, {F2}, {F2}, {F3})"),
     ("fused_collapse", fz._collapse, f"void({A3}, {A2}, {F2})"),
     ("fused_hc_post", fz._hc_post, f"void({A2}, {A3}, {A2}, {A3}, {F3})"),
     ("fused_top_k", fz._top_k, f"void({A2}, int64, int32[:, ::1])"),

@@ -63,8 +63,6 @@ def mixes(X: np.ndarray, fn, hc: HCConfig, rt) -> np.ndarray:
 
 def sinkhorn(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
     """c [T, src, dst] (logits) -> an (almost) doubly-stochastic [T, src, dst] (`build_hc_sinkhorn`)."""
-    if (k := fused_op(c, "sinkhorn")) is not None and (y := k(c, iters, eps)) is not None:
-        return y                                                                # a GPU: one launch (cuda/fused.py)
     e = np.float32(eps)
     c = softmax(c, axis=-1) + e                                                 # over dst
     c = c / (np.sum(c, axis=1, keepdims=True, dtype=np.float32) + e)            # "cols": over src
@@ -84,16 +82,24 @@ def collapse(X: np.ndarray, pre: np.ndarray) -> np.ndarray:
     return out
 
 
+def gates(m: np.ndarray, scale: np.ndarray, base: np.ndarray, hc: HCConfig):
+    """The mixes m [T, M] -> (pre [T, n], post [T, n], comb [T, src, dst]): how a sub-layer reads and writes back."""
+    if (k := fused_op(m, "hc_gates")) is not None and (r := k(m, scale, base, hc.n, hc.iters, hc.eps)) is not None:
+        return r                                                                # a GPU: one launch (cuda/fused.py)
+    T, n = m.shape[0], hc.n
+    pre = sigmoid(m[:, :n] * scale[0] + base[:n]) + np.float32(hc.eps)        # [T, n]
+    post = sigmoid(m[:, n:2 * n] * scale[1] + base[n:2 * n]) * np.float32(2.0)  # [T, n]
+    comb = sinkhorn((m[:, 2 * n:] * scale[2] + base[2 * n:]).reshape(T, n, n), hc.iters, hc.eps)
+    return pre, post, comb
+
+
 def hc_pre(X: np.ndarray, fn, scale: np.ndarray, base: np.ndarray, hc: HCConfig, *, rt, il: int):
     """X [T, n, D] -> (h [T, D], post [T, n], comb [T, n, n]): the sub-layer's input and how to write back."""
-    T, n, _ = X.shape
     m = mixes(X, fn, hc, rt)                                                    # [T, M]
     rt.record("hc_mixes", il, m)
-    pre = sigmoid(m[:, :n] * scale[0] + base[:n]) + np.float32(hc.eps)        # [T, n]
+    pre, post, comb = gates(m, scale, base, hc)
     rt.record("hc_pre", il, pre)
-    post = sigmoid(m[:, n:2 * n] * scale[1] + base[n:2 * n]) * np.float32(2.0)  # [T, n]
     rt.record("hc_post", il, post)
-    comb = sinkhorn((m[:, 2 * n:] * scale[2] + base[2 * n:]).reshape(T, n, n), hc.iters, hc.eps)   # [T, src, dst]
     rt.record("hc_comb", il, comb)
     return collapse(X, pre), post, comb
 
