@@ -16,6 +16,7 @@ qc = pytest.importorskip("quant.cuda")
 from numba import cuda  # noqa: E402
 
 from refengine.cuda import fused  # noqa: E402
+from refengine.cuda.standin import StandIn, _gdn_gates_np, _group_limited_np, numpy_twins  # noqa: E402
 from refengine.attention import delta_rule  # noqa: E402
 from refengine.attention.mha import attention_blocked, causal_mask, no_mask  # noqa: E402
 from refengine.attention.short_conv import causal_conv  # noqa: E402
@@ -316,15 +317,6 @@ def test_ggml_top_k_rows(n, k, clean_stable):
     assert (want[:, min(k, n):] == -1).all() and (want[:, :min(k, n)] >= 0).all()
 
 
-def _gdn_gates_np(b, a, r, bias, A):
-    """gated_deltanet.decay_gates from the kernel's inputs (the fused projection [T, Hk, 2r] when r > 0)."""
-    from refengine.attention.gated_deltanet import decay_gates
-    if r > 0:
-        b, a = b[..., :r], b[..., r:]
-    T = b.shape[0]
-    return decay_gates(b, a, bias, A, T, b.size // T)
-
-
 @pytest.mark.parametrize("r", [0, 2])
 def test_gdn_gates(r):
     """beta, softplus(a + bias) and its product with A == gated_deltanet.decay_gates within the activations'
@@ -342,14 +334,6 @@ def test_gdn_gates(r):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-30)                       # beta
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=2.5e-7)                      # softplus's ulp of exp
     np.testing.assert_allclose(got[2], want[2], rtol=1e-6, atol=2.5e-7 * float(np.max(np.abs(A))))   # (times A)
-
-
-def _group_limited_np(s, G, n):
-    """router.group_limited's masked scores and the groups it chose (its record)."""
-    from refengine.moe.router import group_limited
-    rec = {}
-    masked = group_limited(s, G, n, record=lambda name, il, v: rec.__setitem__(name, v))
-    return masked, rec["ffn_moe_group_topk"]
 
 
 @pytest.mark.parametrize("E,G,n", [(64, 8, 3), (16, 4, 2), (80, 40, 5)])
@@ -429,60 +413,6 @@ def test_ops_take_the_kernels_on_a_gpu(synth_model, arch):
     assert len(ops_on) < len(ops_off)
 
 
-def _numpy_twins():
-    """Each fused kernel's entry point -> the NumPy function it stands for (its arguments in the entry's order)."""
-    from refengine.attention import mha
-    from refengine.moe.router import topk_desc
-    from refengine.residual import hyper_connections as hcm
-    return {
-        "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "l2_norm": delta_rule.l2_norm, "layer_norm": layer_norm,
-        "softmax": softmax,
-        "silu": silu, "sigmoid": sigmoid,
-        "softplus": softplus, "swiglu": swiglu, "situ": situ, "swiglu_clamp": swiglu_clamp,
-        "delta_rule": lambda q, k, v, g, b, S, scale: delta_rule.recurrent(q, k, v, g, b, S, scale=scale),
-        "causal_conv": causal_conv, "apply_rope": apply_rope,
-        "attention_causal": lambda q, k, v, p, s, c: attention_blocked(q, k, v, p, s,
-                                                                        mask_fn=causal_mask if c else no_mask),
-        "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
-        "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
-        "hc_gates": lambda m, s, b, n, it, eps: hcm.gates(m, s, b, hcm.HCConfig(n, it, eps, 0.0)),
-        "group_limited": _group_limited_np, "gdn_gates": _gdn_gates_np,
-        "rope_cos_sin": None,                             # (no one-call NumPy twin: the stand-in declines it)
-    }
-
-
-class _StandIn:
-    """Device.fused for the sim device: each op a call checked against the real entry point's signature
-    (inspect.signature(fused.NAME).bind), then computed by the op's NumPy function on the device's buffers."""
-
-    def __init__(self, dev):
-        self.dev, self.twins, self.hits = dev, _numpy_twins(), {}
-
-    FLAG_BATCH = fused.FLAG_BATCH
-
-    def all_finite_many(self, *a):
-        import inspect
-        inspect.signature(fused.all_finite_many).bind(*a)
-        self.hits["all_finite_many"] = self.hits.get("all_finite_many", 0) + 1
-        return [False] * len(a[0])                        # the flags then written by the NumPy path
-
-    def __getattr__(self, name):
-        import inspect
-        if name not in self.twins:
-            raise AttributeError(name)
-        sig = inspect.signature(getattr(fused, name))
-
-        def run(*args):
-            sig.bind(*args)                               # the call site passes what the kernel's entry takes
-            self.hits[name] = self.hits.get(name, 0) + 1
-            twin = self.twins[name]
-            if twin is None:
-                return None
-            raw = [a.raw if hasattr(a, "raw") and getattr(a, "dev", None) is self.dev else a for a in args]
-            return self.dev.wrap(twin(*raw))
-        return run
-
-
 def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
     """Every call site of a fused kernel (ops/, attention/, moe/, residual/) passes the arguments its entry point
     takes, and a resident forward through stand-ins that compute the ops' own NumPy functions equals the forward
@@ -496,7 +426,7 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
         arch, _, preset = arch.partition(":")
         m = Model(synth_model(arch, wtype="Q8_0", preset=preset or "tiny"))
         rts = [Runtime(resident=True, fixed_shapes=True) for _ in range(2)]
-        stand = rts[1].device.fused = _StandIn(rts[1].device)
+        stand = rts[1].device.fused = StandIn(rts[1].device)
         outs = []
         for rt in rts:
             st = m.new_state()
@@ -505,7 +435,7 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
             assert np.array_equal(a, b), arch
         for k, v in stand.hits.items():
             hits[k] = hits.get(k, 0) + v
-    assert set(hits) == set(_numpy_twins()) | {"all_finite_many"}, sorted(set(_numpy_twins()) - set(hits))
+    assert set(hits) == set(numpy_twins()) | {"all_finite_many"}, sorted(set(numpy_twins()) - set(hits))
 
 
 @pytest.mark.parametrize("one_block", [True, False])

@@ -64,27 +64,30 @@ def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: 
         return tables[0][positions], tables[1][positions]
     half = n_rot // 2
     theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
-    if (k := fused_op(positions, "rope_cos_sin")) is not None:               # a GPU: one launch (cuda/fused.py)
-        yarn = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor) if ext_factor != 0.0 else None
-        mscale = np.float32(attn_factor) if ext_factor == 0.0 else \
-            np.float32(np.float32(attn_factor) * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
-        ff = None if freq_factors is None else as_array(freq_factors, np.float32)
-        if (r := k(positions, half, theta_scale, ff, freq_scale, yarn, mscale)) is not None:
-            return r
-    # theta_i = p * theta_scale^i, by repeated float32 multiplication as ggml does
+    yarn = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor) if ext_factor != 0.0 else None
+    mscale = np.float32(attn_factor) if ext_factor == 0.0 else \
+        np.float32(np.float32(attn_factor) * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
+    ff = None if freq_factors is None else as_array(freq_factors, np.float32)
+    if (k := fused_op(positions, "rope_cos_sin")) is not None and \
+            (r := k(positions, half, theta_scale, ff, freq_scale, yarn, mscale)) is not None:
+        return r                                                                # a GPU: one launch (cuda/fused.py)
+    return cos_sin(positions, half, theta_scale, ff, freq_scale, yarn, mscale)
+
+
+def cos_sin(positions, half: int, theta_scale, ff, freq_scale: float, yarn, mscale) -> tuple[np.ndarray, np.ndarray]:
+    """`rope_cos_sin` from its constants: theta_scale = base^(-2/n_rot), ff [half] or None, yarn = (keep, mix)
+    [half] each or None, mscale the magnitude (float32)."""
     acc = as_array(positions, np.float32)                                      # [T]
     theta_ext = np.empty_like(acc, shape=(len(positions), half))               # [T, half]
-    for i in range(half):
+    for i in range(half):             # theta_i = p * theta_scale^i, by repeated float32 multiplication as ggml does
         theta_ext[:, i] = acc
         acc = (acc * theta_scale).astype(np.float32)
-    if freq_factors is not None:
-        theta_ext = theta_ext / as_array(freq_factors, np.float32)[None, :]
+    if ff is not None:
+        theta_ext = theta_ext / ff[None, :]
     theta = np.float32(freq_scale) * theta_ext
-    mscale = np.float32(attn_factor)
-    if ext_factor != 0.0:
-        keep, mix = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor)   # [half] each
+    if yarn is not None:
+        keep, mix = yarn
         theta = theta * keep + theta_ext * mix
-        mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
     th = theta.astype(np.float64)
     return (np.cos(th) * mscale).astype(np.float32), (np.sin(th) * mscale).astype(np.float32)
 

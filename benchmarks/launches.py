@@ -1,0 +1,115 @@
+"""How many kernels a decode step launches on a GPU, counted without one: the sim device with the fused kernels'
+stand-ins (refengine/cuda/standin.py, `note=True`: each fused op one launch, as on a GPU).
+
+    python benchmarks/launches.py [--arch A ...] [--tokens 1] [--sites 20] [--json out.json]
+
+A captured decode step replays every launch of its span in order; on the H200 a small kernel takes a few us in a
+graph, so a step of a few hundred launches spends most of a millisecond on them whatever its bytes (session 27:
+glm5-next and deepseek4, DeepSeek-V4's hyper-connections, the two decodes over 2x llama.cpp). Each arch's tiny
+preset (Q4_K), a 20-token prefill and a warm-up decode, then one fixed-shape step of --tokens tokens (the span
+`Model.run_step` that graph_decode.py captures) recorded on the device (`Device.recording`). Counted as launches:
+every recorded op but views (basic indexing, reshape, transpose, an astype to its own dtype, empty_like); an
+indexing by an array (a gather) is one. The layer counts of the tiny presets differ from the real cuts': the
+per-layer figure is the comparable one.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")           # (the stand-ins import the kernels' module)
+
+from refengine.archs import ARCHS                             # noqa: E402
+from refengine.cuda.standin import StandIn                   # noqa: E402
+from refengine.model import Model                            # noqa: E402
+from refengine.runtime import Runtime                        # noqa: E402
+from refengine.synth import write_synth                      # noqa: E402
+
+TOKENS = [3, 17, 101, 5, 250, 42, 7] + list(range(40, 53))
+VIEWS = {".reshape", ".transpose", ".view", "np.shape", "np.empty_like", "np.empty", ".ravel", "np.reshape",
+         "np.transpose", "np.squeeze", "np.expand_dims"}
+
+
+def _has_array(sig) -> bool:
+    if isinstance(sig, tuple):
+        if len(sig) == 3 and sig[0] in ("dev", "host") and isinstance(sig[1], tuple):
+            return True
+        return any(_has_array(e) for e in sig)
+    return False
+
+
+def launches(op: str, args, result) -> bool:
+    """Whether a recorded op (name, its arguments' and result's signatures) is a kernel launch on a GPU."""
+    if op in VIEWS:
+        return False
+    if op == "getitem":
+        return _has_array(args[1:])                          # x[i] by an array: a gather; else a view
+    if op == ".astype":
+        return not (isinstance(args, tuple) and isinstance(result, tuple) and len(args) and
+                    isinstance(args[0], tuple) and args[0][-1] == result[-1])
+    return True
+
+
+def count(arch: str, directory: str, tokens: int = 1, sites: bool = False) -> dict:
+    """The launches of one fixed-shape step of `tokens` tokens of arch's tiny preset: total, by op, by call site."""
+    m = Model(write_synth(arch, os.path.join(directory, f"{arch}.gguf"), wtype="Q4_K"))
+    rt = Runtime(resident=True, fixed_shapes=True)
+    dev = rt.device
+    dev.fused = StandIn(dev, note=True)
+    st = m.new_state()
+    m.forward(TOKENS, st, rt=rt)
+    m.forward([5], st, rt=rt)
+    step = m.prepare_step(list(range(60, 60 + tokens)), st, rt)
+    where: list = []
+    if sites:
+        def probe(op):
+            fr = [f for f in traceback.extract_stack()[:-1] if "/refengine/" in f.filename
+                  and not f.filename.endswith(("devarray.py", "standin.py"))]
+            where.append(" <- ".join(f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno}" for f in fr[-2:][::-1]))
+        dev.probes.append(probe)
+    with dev.recording() as sig:
+        m.run_step(step, st, rt)
+    if sites:
+        dev.probes.clear()
+    kept = [k for k, (op, a, r) in enumerate(sig) if launches(op, a, r)]
+    by_op = collections.Counter(sig[k][0].split(" blk.")[0] for k in kept)
+    out = {"arch": arch, "layers": len(m.cfg.layers), "tokens": tokens, "ops": len(sig), "launches": len(kept),
+           "per_layer": round(len(kept) / len(m.cfg.layers), 1), "by_op": dict(by_op.most_common())}
+    if sites:
+        out["by_site"] = dict(collections.Counter(where[k] for k in kept if k < len(where)).most_common())
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--arch", nargs="*", default=None, help="archs (default: every registered one)")
+    ap.add_argument("--tokens", type=int, default=1, help="tokens of the step (1: decode; 8: a small ubatch)")
+    ap.add_argument("--sites", type=int, default=0, help="also the N call sites launching most")
+    ap.add_argument("--top", type=int, default=12, help="ops listed per arch")
+    ap.add_argument("--json", help="write the counts here")
+    a = ap.parse_args(argv)
+    archs = a.arch or list(ARCHS)
+    res = []
+    with tempfile.TemporaryDirectory() as d:
+        for arch in archs:
+            r = count(arch, d, a.tokens, bool(a.sites))
+            res.append(r)
+            print(f"{arch:12s} {r['launches']:5d} launches ({r['ops']} ops recorded), {r['layers']} layers: "
+                  f"{r['per_layer']} a layer")
+            print("    " + ", ".join(f"{k} {v}" for k, v in list(r["by_op"].items())[:a.top]))
+            for s, v in list(r.get("by_site", {}).items())[:a.sites]:
+                print(f"    {v:5d}  {s}")
+            sys.stdout.flush()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

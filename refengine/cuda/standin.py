@@ -1,0 +1,107 @@
+"""The sim device's stand-in for refengine/cuda/fused.py: `Device.fused` on a machine without a GPU.
+
+    dev.fused = StandIn(dev)                every fused call site reaches an entry of the same name here
+    StandIn(dev, note=True)                 ... and each call is noted on the device as the one launch it is on a GPU
+
+Each entry checks its arguments against the real entry point's signature (`inspect.signature(fused.NAME).bind`),
+then computes the op by the NumPy function it stands for on the device's buffers (`numpy_twins`). Two uses:
+tests/test_fused.py proves that every call site passes what its kernel takes and that the dispatch adds nothing
+(a forward through the stand-ins equals the forward without them bit for bit); benchmarks/launches.py counts a
+step's launches as a GPU makes them (`note=True`: the twin's own NumPy ops are not recorded, one `fused NAME` op is).
+"""
+from __future__ import annotations
+
+import inspect
+
+from . import fused
+
+
+def _gdn_gates_np(b, a, r, bias, A):
+    """gated_deltanet.decay_gates from the kernel's inputs (the fused projection [T, Hk, 2r] when r > 0)."""
+    from ..attention.gated_deltanet import decay_gates
+    if r > 0:
+        b, a = b[..., :r], b[..., r:]
+    T = b.shape[0]
+    return decay_gates(b, a, bias, A, T, b.size // T)
+
+
+def _group_limited_np(s, G, n):
+    """router.group_limited's masked scores and the groups it chose (its record)."""
+    from ..moe.router import group_limited
+    rec = {}
+    masked = group_limited(s, G, n, record=lambda name, il, v: rec.__setitem__(name, v))
+    return masked, rec["ffn_moe_group_topk"]
+
+
+def _append_rows_np(buf, x, count):
+    """cache.Rows.append's fixed-shape write at the device count, the count advanced (the one-block kernel's)."""
+    import numpy as np
+    buf[count + np.arange(x.shape[0])] = x
+    count += x.shape[0]
+    return True
+
+
+def _expert_weights_np(probs, ids, norm_w, scale):
+    """router.expert_weights' steps (any gating but the weights' softmax) from the kernel's arguments."""
+    from ..moe.router import GATING_SOFTMAX, _weight_steps
+    return _weight_steps(probs, ids, GATING_SOFTMAX, norm_w, 0.0 if scale is None else scale, lambda *a: None, -1)
+
+
+def numpy_twins() -> dict:
+    """Each fused kernel's entry point -> the NumPy function it stands for (its arguments in the entry's order)."""
+    from ..attention import delta_rule, mha
+    from ..attention.short_conv import causal_conv
+    from ..moe.router import topk_desc
+    from ..ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp
+    from ..ops.norm import add_rms_norm, layer_norm, rms_norm
+    from ..ops.rope import apply_rope, cos_sin
+    from ..ops.softmax import softmax
+    from ..residual import hyper_connections as hcm
+    return {
+        "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "l2_norm": delta_rule.l2_norm, "layer_norm": layer_norm,
+        "softmax": softmax,
+        "silu": silu, "sigmoid": sigmoid,
+        "softplus": softplus, "swiglu": swiglu, "situ": situ, "swiglu_clamp": swiglu_clamp,
+        "delta_rule": lambda q, k, v, g, b, S, scale: delta_rule.recurrent(q, k, v, g, b, S, scale=scale),
+        "causal_conv": causal_conv, "apply_rope": apply_rope,
+        "attention_causal": lambda q, k, v, p, s, c: mha.attention_blocked(
+            q, k, v, p, s, mask_fn=mha.causal_mask if c else mha.no_mask),
+        "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
+        "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
+        "hc_gates": lambda m, s, b, n, it, eps: hcm.gates(m, s, b, hcm.HCConfig(n, it, eps, 0.0)),
+        "group_limited": _group_limited_np, "gdn_gates": _gdn_gates_np,
+        "append_rows": _append_rows_np, "expert_weights": _expert_weights_np,
+        "rope_cos_sin": cos_sin,
+    }
+
+
+class StandIn:
+    """Device.fused for the sim device (above); `hits` counts the calls per entry."""
+
+    FLAG_BATCH = fused.FLAG_BATCH
+
+    def __init__(self, dev, note: bool = False):
+        self.dev, self.twins, self.hits, self.noting = dev, numpy_twins(), {}, note
+
+    def all_finite_many(self, *a):
+        inspect.signature(fused.all_finite_many).bind(*a)
+        self.hits["all_finite_many"] = self.hits.get("all_finite_many", 0) + 1
+        return [False] * len(a[0])                        # the flags then written by the NumPy path
+
+    def __getattr__(self, name):
+        if name not in self.twins:
+            raise AttributeError(name)
+        sig = inspect.signature(getattr(fused, name))
+
+        def run(*args):
+            sig.bind(*args)                               # the call site passes what the kernel's entry takes
+            self.hits[name] = self.hits.get(name, 0) + 1
+            twin = self.twins[name]
+            if twin is None:
+                return None
+            raw = [a.raw if hasattr(a, "raw") and getattr(a, "dev", None) is self.dev else a for a in args]
+            res = self.dev.wrap(twin(*raw))               # (on raw buffers: nothing of the twin is noted)
+            if self.noting:
+                self.dev.note(f"fused {name}", args, res, lambda: twin(*raw))
+            return res
+        return run
