@@ -196,8 +196,9 @@ class Device:
                 pass
         self._cache: dict[tuple, tuple[np.ndarray, object]] = {}   # key -> (the host array, kept alive; its copy)
         self._strict = 0                                 # depth of `strict()` spans
-        # the current step's positions (Model._step): (their DeviceArray, n_ctx, the bound they are checked below);
-        # tables indexed by position (refengine/ops/rope.py) are gathered at them: key -> (keep-alive, tables)
+        # the current step's positions (Model._step): (their DeviceArray, n_ctx: the bound they are checked below,
+        # {key: the tables' rows gathered at them this step}); tables indexed by position (refengine/ops/rope.py):
+        # key -> (keep-alive, tables)
         self.step_positions = None
         self.tables: dict[tuple, tuple] = {}
         self._recorders: list[list] = []                 # the open `recording()` spans' op lists

@@ -115,7 +115,8 @@ class Model:
         pos = np.arange(n_past, n_past + tokens.size)
         if device is not None:
             tokens, pos = device.put(tokens), device.put(pos)
-            device.step_positions = (pos, self.n_ctx)    # checked < n_ctx: tables by position may be gathered at them
+            device.step_positions = (pos, self.n_ctx, {})   # checked < n_ctx: tables by position may be gathered
+                                                         # at them (once a step: the dict)
         return Step(tokens=tokens, pos=pos, n_ctx=self.n_ctx, g=self.g, device=device)
 
     def prepare_step(self, tokens, state: ModelState, rt: Runtime) -> Step:

@@ -170,7 +170,9 @@ def test_float_matrix_for_the_device(synth_model):
 def test_rope_tables_gathered_at_the_steps_positions(yarn):
     """On a device, rope for the step's own positions (`Device.step_positions`, checked < n_ctx) is two gathers from
     tables of every position made once by the same code: bit-identical to computing it at those positions (YaRN and
-    frequency factors included), far fewer device ops a step; other positions keep the per-step computation."""
+    frequency factors included), far fewer device ops a step, and gathered once a step (a second call of the same
+    parameters in the step launches nothing; a new step gathers again); other positions keep the per-step
+    computation."""
     from refengine.ops import rope
     dev = Device("sim")
     kw = dict(n_rot=64, base=10000.0, freq_scale=0.025 if yarn else 1.0, ext_factor=1.0 if yarn else 0.0,
@@ -178,14 +180,18 @@ def test_rope_tables_gathered_at_the_steps_positions(yarn):
     pos_h = np.array([0, 5, 4095, 777], np.int64)
     want = rope.rope_cos_sin(pos_h, **kw)                                   # the host, per position
     pos = dev.put(pos_h)
-    dev.step_positions = (pos, 4096)
+    dev.step_positions = (pos, 4096, {})
     rope.rope_cos_sin(pos, **kw)                                            # first use: the tables made
     assert len(dev.tables) == 1
+    dev.step_positions = (pos, 4096, {})                                    # the next step
     with dev.recording() as ops:
         got = rope.rope_cos_sin(pos, **kw)
     assert len(ops) == 2, [op for op, _, _ in ops]                         # two gathers
     for g, w in zip(got, want):
         assert np.array_equal(dev.get(g), w)
+    with dev.recording() as ops:
+        again = rope.rope_cos_sin(pos, **kw)                                # the same step: the rows it has
+    assert ops == [] and all(a is g for a, g in zip(again, got))
     other = dev.put(pos_h[:2])                                              # not the step's positions: per step
     with dev.recording() as ops:
         got = rope.rope_cos_sin(other, **kw)

@@ -61,7 +61,7 @@ def rope_cos_sin(positions: np.ndarray, *, n_rot: int, base: float, freq_scale: 
               n_ctx_orig=n_ctx_orig, beta_fast=beta_fast, beta_slow=beta_slow, freq_factors=freq_factors)
     tables = _position_tables(positions, kw)
     if tables is not None:
-        return tables[0][positions], tables[1][positions]
+        return tables
     half = n_rot // 2
     theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
     yarn = yarn_mix(n_rot, n_ctx_orig, base, beta_fast, beta_slow, ext_factor) if ext_factor != 0.0 else None
@@ -96,8 +96,9 @@ TABLE_MAX_BYTES = 64 << 20     # cos + sin of every position: larger (a long n_c
 
 
 def _position_tables(positions, kw):
-    """(cos, sin) [n_ctx, n_rot/2] on positions' device for the step's own positions, made once per parameters (the
-    device's `tables`), or None: host positions, other positions than the step's, or tables past TABLE_MAX_BYTES."""
+    """(cos, sin) [T, n_rot/2] on positions' device for the step's own positions: the rows of every position's
+    tables [n_ctx, n_rot/2] (made once per parameters, the device's `tables`) at them, gathered once a step per
+    parameters; or None: host positions, other positions than the step's, or tables past TABLE_MAX_BYTES."""
     dev = getattr(positions, "dev", None)
     if dev is None or dev.step_positions is None or dev.step_positions[0] is not positions:
         return None
@@ -109,7 +110,10 @@ def _position_tables(positions, kw):
     hit = dev.tables.get(key)
     if hit is None:                               # (the arange is not the step's positions: computed per pair)
         hit = dev.tables[key] = (ff, rope_cos_sin(np.arange(n_ctx, like=positions), **kw))   # ff kept alive
-    return hit[1]
+    gathered = dev.step_positions[2]              # this step's rows of them, gathered once a step (2 launches)
+    if key not in gathered:
+        gathered[key] = (hit[1][0][positions], hit[1][1][positions])
+    return gathered[key]
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode: int) -> np.ndarray:
