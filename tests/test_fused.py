@@ -176,6 +176,21 @@ def test_rope(mode):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope_tail(inverse):
+    """DeepSeek-V4's rope of the last n_rot dims of a head (by -theta: inverse), the first ones copied, in one
+    launch: == rope_tail.rotate_tail (as test_rope: the GPU contracts a product and a sum into an FMA), the copied
+    dims bit for bit."""
+    from refengine.attention.rope_tail import rotate_tail
+    T, H, K, n_rot = (3, 64, 512, 64) if GPU else (2, 3, 10, 6)
+    x = _rand(T, H, K)
+    cos, sin = rope_cos_sin(np.arange(5, 5 + T), n_rot=n_rot, base=10000.0)
+    (got,) = _run(lambda xd, c, s_, y: fused.rope_raw(xd, c, s_, n_rot, False, y, off=K - n_rot, inverse=inverse),
+                  x, cos, sin, out_shapes=[(T, H, K)])
+    np.testing.assert_allclose(got, rotate_tail(x, cos, sin, n_rot, inverse), rtol=1e-6, atol=1e-6)
+    assert np.array_equal(got[..., :K - n_rot], x[..., :K - n_rot]) and not np.allclose(got, x)
+
+
 @pytest.mark.parametrize("yarn", [False, True])
 def test_rope_cos_sin(yarn):
     """The tables at arbitrary positions (YaRN and frequency factors included) == rope.rope_cos_sin."""

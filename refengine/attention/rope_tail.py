@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ROPE_NORM
-from ..ops.arrays import as_array
+from ..ops.arrays import as_array, fused_op
 from ..ops.rope import apply_rope, rope_cos_sin
 
 
@@ -43,10 +43,18 @@ class TailRope:
     def apply(self, x: np.ndarray, pos, *, inverse: bool = False) -> np.ndarray:
         """x [T, H, K], pos [T] -> x with its last R dims rotated by +theta (or -theta: `inverse`)."""
         cos, sin = self.cos_sin(pos)
-        off = x.shape[-1] - self.n_rot
-        out = as_array(x, np.float32).copy()
-        out[..., off:] = apply_rope(x[..., off:], cos, -sin if inverse else sin, self.n_rot, ROPE_NORM)
-        return out
+        return rotate_tail(x, cos, sin, self.n_rot, inverse)
+
+
+def rotate_tail(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, inverse: bool = False) -> np.ndarray:
+    """x [T, H, K], cos / sin [T, R/2] -> x with its last R = n_rot dims rotated in NORM pairs by +theta (or -theta:
+    `inverse`), float32."""
+    if (k := fused_op(x, "rope_tail")) is not None and (y := k(x, cos, sin, n_rot, inverse)) is not None:
+        return y                                                                # a GPU: one launch (cuda/fused.py)
+    off = x.shape[-1] - n_rot
+    out = as_array(x, np.float32).copy()
+    out[..., off:] = apply_rope(x[..., off:], cos, -sin if inverse else sin, n_rot, ROPE_NORM)
+    return out
 
 
 def layer_rope(cfg, compress_base: float | None) -> TailRope:

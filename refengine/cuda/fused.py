@@ -14,6 +14,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     delta_rule(q, k, v, g, beta, S, scale)   attention/delta_rule.py `recurrent`: every token of a call, one launch
     causal_conv(x, w, tail)  attention/short_conv.py: the output and the new tail, one launch
     apply_rope(x, cos, sin, n_rot, mode)    ops/rope.py `apply_rope`, NORM and NEOX
+    rope_tail(x, cos, sin, n_rot, inverse)  attention/rope_tail.py (DeepSeek-V4): the last n_rot dims, +-theta
     rope_cos_sin(positions, ...)   ops/rope.py `rope_cos_sin` at positions other than the step's own (tables)
     attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
                              (or none), a few queries (a decode step): one block per (query, head)
@@ -338,9 +339,9 @@ def _causal_conv(x, w, tail, has_tail, y, new_tail):
 
 
 @cuda.jit(fastmath=False)
-def _rope(x, cos, sin, n_rot, neox, y):
-    """One thread per element of y [T, H, K]: the first n_rot dims rotated in pairs ((j, j + n_rot/2) NEOX, (2i,
-    2i + 1) NORM) by the row's cos/sin [T, n_rot/2], the rest copied."""
+def _rope(x, cos, sin, n_rot, neox, off, sgn, y):
+    """One thread per element of y [T, H, K]: the n_rot dims from `off` rotated in pairs ((j, j + n_rot/2) NEOX,
+    (2i, 2i + 1) NORM) by the row's cos / sin * sgn [T, n_rot/2] (sgn -1: by -theta, exactly -sin), the rest copied."""
     i = cuda.grid(1)
     T, H, K = x.shape
     if i >= T * H * K:
@@ -348,27 +349,27 @@ def _rope(x, cos, sin, n_rot, neox, y):
     t = i // (H * K)
     r = i - t * H * K
     h = r // K
-    j = r - h * K
-    if j >= n_rot:
-        y[t, h, j] = x[t, h, j]
+    j = r - h * K - off
+    if j < 0 or j >= n_rot:
+        y[t, h, j + off] = x[t, h, j + off]
         return
     half = n_rot // 2
     if neox:
         pr = j if j < half else j - half
-        a = x[t, h, pr]
-        b = x[t, h, pr + half]
+        a = x[t, h, off + pr]
+        b = x[t, h, off + pr + half]
         first = j < half
     else:
         pr = j // 2
-        a = x[t, h, 2 * pr]
-        b = x[t, h, 2 * pr + 1]
+        a = x[t, h, off + 2 * pr]
+        b = x[t, h, off + 2 * pr + 1]
         first = j % 2 == 0
     c = cos[t, pr]
-    s = sin[t, pr]
+    s = sin[t, pr] * sgn
     if first:
-        y[t, h, j] = float32(a * c) - float32(b * s)
+        y[t, h, j + off] = float32(a * c) - float32(b * s)
     else:
-        y[t, h, j] = float32(a * s) + float32(b * c)
+        y[t, h, j + off] = float32(a * s) + float32(b * c)
 
 
 @cuda.jit(fastmath=False)
@@ -909,8 +910,9 @@ def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
     _causal_conv[_grid(n, 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, y, new_tail)
 
 
-def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
-    _rope[_grid(y.shape[0] * y.shape[1] * y.shape[2]), 256, stream](x, cos, sin, n_rot, neox, y)
+def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0, off: int = 0, inverse: bool = False) -> None:
+    _rope[_grid(y.shape[0] * y.shape[1] * y.shape[2]), 256, stream](x, cos, sin, n_rot, neox, off,
+                                                                    np.float32(-1.0 if inverse else 1.0), y)
 
 
 def rope_cos_sin_raw(pos, theta_scale, ff, freq_scale, keep, mix, mscale, cos, sin, stream=0) -> None:
@@ -1180,6 +1182,21 @@ def apply_rope(x, cos, sin, n_rot: int, mode: int):
     y = dev.xp.empty((T, H, K), dtype=np.float32)
     rope_raw(_nv(x.raw), _nv(cos.raw), _nv(sin.raw), int(n_rot), mode == 2, _nv(y), stream=_stream())
     return _done(dev, "rope", (x, cos, sin), y)
+
+
+def rope_tail(x, cos, sin, n_rot: int, inverse: bool):
+    """`rope_tail.TailRope.apply`: the last n_rot dims of x [T, H, K] rotated in NORM pairs (by -theta: inverse),
+    the rest copied -> [T, H, K] float32, or None."""
+    dev = x.dev
+    if not _same_dev(dev, x, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
+        return None
+    T, H, K = x.shape
+    if cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2:
+        return None
+    y = dev.xp.empty((T, H, K), dtype=np.float32)
+    rope_raw(_nv(x.raw), _nv(cos.raw), _nv(sin.raw), int(n_rot), False, _nv(y), stream=_stream(), off=K - n_rot,
+             inverse=bool(inverse))
+    return _done(dev, "rope_tail", (x, cos, sin), y)
 
 
 ATTN_MAX_T = 8                      # queries: more (a prefill) keep the batched products

@@ -50,6 +50,7 @@ def _expert_weights_np(probs, ids, norm_w, scale):
 def numpy_twins() -> dict:
     """Each fused kernel's entry point -> the NumPy function it stands for (its arguments in the entry's order)."""
     from ..attention import delta_rule, mha
+    from ..attention.rope_tail import rotate_tail
     from ..attention.short_conv import causal_conv
     from ..moe.router import topk_desc
     from ..ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp
@@ -72,6 +73,7 @@ def numpy_twins() -> dict:
         "group_limited": _group_limited_np, "gdn_gates": _gdn_gates_np,
         "append_rows": _append_rows_np, "expert_weights": _expert_weights_np,
         "rope_cos_sin": cos_sin,
+        "rope_tail": rotate_tail,
     }
 
 
