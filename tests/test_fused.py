@@ -403,6 +403,27 @@ FLAG_ROWS = 12
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_attention_gathered_entry_takes_a_prefill(monkeypatch):
+    """The entry point on device arrays takes a prefill's queries (DeepSeek-V4's shapes: 64 heads, keys of 512, the
+    window's 128 and 512 selected), in launches of at most ATTN_MAX_SCRATCH scores (shrunk here: 3 launches, the
+    last one short) == mha.attention_gathered on the host."""
+    pytest.importorskip("cupy")
+    from refengine.attention.mha import attention_gathered
+    from refengine.devarray import Device
+    T, H, K, S, n = 77, 64, 512, 700, 640
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((T, H, K)).astype(np.float32), rng.standard_normal((S, 1, K)).astype(np.float32)
+    idx = np.stack([rng.permutation(S)[:n] for _ in range(T)]).astype(np.int64)
+    live = rng.uniform(size=(T, n)) < 0.8
+    sinks = rng.standard_normal(H).astype(np.float32)
+    want = attention_gathered(q, k, k, idx, live, 1 / np.sqrt(K), sinks=sinks)
+    monkeypatch.setattr(fused, "ATTN_MAX_SCRATCH", 30 * H * n)
+    dev = Device("cupy")
+    got = fused.attention_gathered(*(dev.put(a) for a in (q, k, k, idx, live)), 1 / np.sqrt(K), sinks)
+    np.testing.assert_allclose(dev.get(got), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch", ["qwen3next", "kimi-linear", "deepseek2"])
 def test_ops_take_the_kernels_on_a_gpu(synth_model, arch):
     """On a GPU the ops reach the kernels through `Device.fused`: a resident forward with them equals NumPy's

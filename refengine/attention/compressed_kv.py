@@ -176,15 +176,15 @@ def rows_of(w, field: str) -> np.ndarray:
     return getattr(w, key)
 
 
-def output_groups(w, ac: CompressedKVConfig) -> list[QTensor]:
-    """attn_output_a's groups [Ro, I] each (views of the packed rows, made once per loaded layer)."""
+def output_groups(w, ac: CompressedKVConfig) -> QTensor:
+    """attn_output_a [G * Ro, I] as its G groups [G, Ro, I] (a view of the packed rows, made once per loaded layer):
+    one per-head product (`Runtime.matmul_heads`: on a GPU one launch, else a product per group)."""
     groups = getattr(w, "attn_output_a_groups", None)
     if groups is None:
         t, Ro = w.attn_output_a, ac.o_lora
         raw = np.asarray(t.raw)
-        groups = w.attn_output_a_groups = [
-            QTensor(f"{t.name}[{g}]", t.type, (Ro, t.shape[1]), np.ascontiguousarray(raw[g * Ro:(g + 1) * Ro]))
-            for g in range(ac.o_groups)]
+        groups = w.attn_output_a_groups = QTensor(t.name, t.type, (ac.o_groups, Ro, t.shape[1]),
+                                                  raw.reshape(ac.o_groups, Ro, raw.shape[-1]))
     return groups
 
 
@@ -267,9 +267,8 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
 
     o = rope.apply(o, pos, inverse=True)                                        # [T, H, K]
     rt.record("attn_derope", il, o)
-    og = o.reshape(T, ac.o_groups, H * K // ac.o_groups)                        # [T, G, I]
-    oa = np.stack([rt.matmul(contiguous(og[:, g]), wg)
-                   for g, wg in enumerate(output_groups(w, ac))])               # [G, T, Ro]
+    og = o.reshape(T, ac.o_groups, H * K // ac.o_groups).transpose(1, 0, 2)     # [T, G, I] -> [G, T, I]
+    oa = rt.matmul_heads(contiguous(og), output_groups(w, ac))                  # [G, T, Ro]
     rt.record("attn_wo_a", il, oa)
     out = rt.matmul(oa.transpose(1, 0, 2).reshape(T, -1), w.attn_output_b)     # [T, G*Ro] -> [T, D]
     rt.record("attn_out", il, out)

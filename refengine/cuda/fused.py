@@ -19,7 +19,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
                              (or none), a few queries (a decode step): one block per (query, head)
     attention_gathered(q, k, v, idx, live, kq_scale, sinks)   attention/mha.py `attention_gathered` (sparse
-                             attention's selected keys, DeepSeek-V4's sinks), a few queries, the same kernel
+                             attention's selected keys, DeepSeek-V4's sinks), the same kernel, any number of queries
     hc_gates(m, scale, base, n, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)
                              residual/hyper_connections.py (DeepSeek-V4): a sub-layer's pre, post and Sinkhorn comb
                              from its mixes (one launch; the NumPy statement: eleven and the iterations'), the
@@ -49,7 +49,7 @@ import math
 import numpy as np
 from numba import boolean, cuda, float32, float64, int32
 
-from quant.cuda.device import before_desc, top2_merge, warp_first_desc, warp_sum, warp_top2
+from quant.cuda.device import SIM, before_desc, top2_merge, warp_first_desc, warp_sum, warp_top2
 
 from ..moe.router import F16_MIN_NORMAL as F16_MIN
 from .kernels import block_sum64
@@ -397,7 +397,8 @@ def _rope_cos_sin(pos, theta_scale, ff, has_ff, freq_scale, keep, mix, has_yarn,
     sin[t, j] = float32(math.sin(th) * float64(mscale))
 
 
-ANT = 128                   # threads of an attention block (4 warps)
+ANT = 512                   # threads of an attention block (16 warps: a decode step has only T x H blocks)
+ANT_SIM = 64                # in the CUDA simulator (a Python thread each)
 
 
 @cuda.jit(fastmath=False)
@@ -415,13 +416,14 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     h = b - t * H
     n = h // (H // Hkv)
     tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x                             # ANT (the simulator: ANT_SIM, the same steps)
     lane = tid % 32
     warp = tid // 32
     qp = qpos[t]
     S_on = S                                         # keys that can take part: causal, not gathered, key s is
     if causal and not gathered and qp + 1 < S:       # position s: none past the query's (a fixed-shape cache's
         S_on = qp + 1                                # capacity beyond its rows: no product, p 0, as before)
-    for s0 in range(0, S_on, ANT // 32):             # (every lane runs every round: warp_sum needs all 32)
+    for s0 in range(0, S_on, nt // 32):             # (every lane runs every round: warp_sum needs all 32)
         s = s0 + warp
         acc = float32(0.0)
         if s < S_on:
@@ -434,13 +436,13 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
             if (causal and s > qp) or (gathered and not live[t, s]):
                 x = float32(-math.inf)
             p[b, s] = x
-    for s in range(S_on + tid, S, ANT):
+    for s in range(S_on + tid, S, nt):
         p[b, s] = float32(-math.inf)
     cuda.syncthreads()                               # every score written before any thread reads the row
     shm = cuda.shared.array(ANT, float32)
     buf = cuda.shared.array(32, float64)
     m = float32(-math.inf)
-    for s in range(tid, S, ANT):
+    for s in range(tid, S, nt):
         if p[b, s] > m:
             m = p[b, s]
     m = _block_max(m, shm)
@@ -449,7 +451,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     if m == float32(-math.inf):
         m = float32(0.0)                           # a row with no key: every p 0, the sum 0, the output NaN
     acc64 = float64(0.0)
-    for s in range(tid, S, ANT):
+    for s in range(tid, S, nt):
         e = float32(math.exp(p[b, s] - m))
         p[b, s] = e
         acc64 += float64(e)
@@ -457,72 +459,82 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     if has_sink:
         tot += float64(float32(math.exp(sinks[h] - m)))
     den = float32(tot)
-    for c in range(tid, V, ANT):
+    for c in range(tid, V, nt):
         a = float32(0.0)
         for s in range(S_on):                        # (p is 0 past S_on)
             a += p[b, s] * v[idx[t, s] if gathered else s, n, c]
         out[t, h, c] = a / den
 
 
-HC_MAX = 8                 # hyper-connections: streams (the gates hold an n x n matrix per thread)
-HC_CELLS = 64              # HC_MAX ** 2 (a local array's size must be a literal constant)
-
-
-@cuda.jit(device=True, inline=True)
-def _sinkhorn_cells(a, n, iters, eps):
-    """A local [n * n] array of logits (row s, column d at s * n + d) made doubly stochastic in place: softmax over
-    dst (float64 sum) + eps, then column and row normalisations in float32, sums in index order, as
-    `hyper_connections.sinkhorn`."""
-    for s in range(n):
-        m = a[s * n]
-        for d in range(1, n):
-            if a[s * n + d] > m:
-                m = a[s * n + d]
-        tot = float64(0.0)
-        for d in range(n):
-            e = float32(math.exp(a[s * n + d] - m))
-            a[s * n + d] = e
-            tot += float64(e)
-        for d in range(n):
-            a[s * n + d] = float32(float32(float64(a[s * n + d]) / tot) + eps)
-    for it in range(iters):
-        if it > 0:                                   # rows (over dst), then columns
-            for s in range(n):
-                r = float32(0.0)
-                for d in range(n):
-                    r = float32(r + a[s * n + d])
-                r = float32(r + eps)
-                for d in range(n):
-                    a[s * n + d] = float32(a[s * n + d] / r)
-        for d in range(n):
-            col = float32(0.0)
-            for s in range(n):
-                col = float32(col + a[s * n + d])
-            col = float32(col + eps)
-            for s in range(n):
-                a[s * n + d] = float32(a[s * n + d] / col)
+HC_MAX = 8                 # hyper-connections: streams (the gates: an n x n matrix a block, a cell a thread)
+HC_CELLS = 64              # HC_MAX ** 2 (a shared array's size must be a literal constant)
 
 
 @cuda.jit(fastmath=False)
 def _hc_gates(m, scale, base, iters, eps, pre, post, comb):
-    """One thread per token t, from its mixes m[t] [(2 + n) * n] (`hyper_connections.gates`):
-    pre = sigmoid(m[:n] scale[0] + base[:n]) + eps, post = 2 sigmoid(m[n:2n] scale[1] + base[n:2n]),
-    comb = `_sinkhorn_cells` of m[2n:] scale[2] + base[2n:] as [n, n]; each product and sum rounded to float32."""
-    t = cuda.grid(1)
-    T, n = pre.shape[0], pre.shape[1]
-    if t >= T:
-        return
-    for s in range(n):
-        pre[t, s] = float32(_sigmoid1(float32(float32(m[t, s] * scale[0]) + base[s])) + eps)
-        v = float32(float32(m[t, n + s] * scale[1]) + base[n + s])
-        post[t, s] = float32(_sigmoid1(v) * float32(2.0))
-    a = cuda.local.array(HC_CELLS, float32)
-    for i in range(n * n):
+    """One block per token t (HC_CELLS threads, thread i the cell (i // n, i % n) of its n x n matrix), from its
+    mixes m[t] [(2 + n) * n] (`hyper_connections.gates`): pre = sigmoid(m[:n] scale[0] + base[:n]) + eps,
+    post = 2 sigmoid(m[n:2n] scale[1] + base[n:2n]) (threads i < n), and comb = Sinkhorn of m[2n:] scale[2] +
+    base[2n:] as [n, n]: softmax over dst (float64 sum) + eps, then column and row normalisations in float32, as
+    `hyper_connections.sinkhorn`. Each row's or column's sum is one thread's, in index order (thread i < n: row i,
+    column i); the cells divide in parallel. Every product and sum rounded to float32 as NumPy's."""
+    t = cuda.blockIdx.x
+    i = cuda.threadIdx.x
+    n = pre.shape[1]
+    a = cuda.shared.array(HC_CELLS, float32)
+    red = cuda.shared.array(HC_MAX, float32)
+    red64 = cuda.shared.array(HC_MAX, float64)
+    s = i // n
+    d = i - s * n
+    live = i < n * n
+    if i < n:
+        pre[t, i] = float32(_sigmoid1(float32(float32(m[t, i] * scale[0]) + base[i])) + eps)
+        v = float32(float32(m[t, n + i] * scale[1]) + base[n + i])
+        post[t, i] = float32(_sigmoid1(v) * float32(2.0))
+    if live:
         a[i] = float32(float32(m[t, 2 * n + i] * scale[2]) + base[2 * n + i])
-    _sinkhorn_cells(a, n, iters, eps)
-    for s in range(n):
-        for d in range(n):
-            comb[t, s, d] = a[s * n + d]
+    cuda.syncthreads()
+    if i < n:                                        # row i's max
+        mx = a[i * n]
+        for dd in range(1, n):
+            if a[i * n + dd] > mx:
+                mx = a[i * n + dd]
+        red[i] = mx
+    cuda.syncthreads()
+    if live:
+        a[i] = float32(math.exp(a[i] - red[s]))
+    cuda.syncthreads()
+    if i < n:                                        # row i's float64 sum
+        tot = float64(0.0)
+        for dd in range(n):
+            tot += float64(a[i * n + dd])
+        red64[i] = tot
+    cuda.syncthreads()
+    if live:
+        a[i] = float32(float32(float64(a[i]) / red64[s]) + eps)
+    cuda.syncthreads()
+    for it in range(iters):
+        if it > 0:                                   # rows (over dst), then columns
+            if i < n:
+                r = float32(0.0)
+                for dd in range(n):
+                    r = float32(r + a[i * n + dd])
+                red[i] = float32(r + eps)
+            cuda.syncthreads()
+            if live:
+                a[i] = float32(a[i] / red[s])
+            cuda.syncthreads()
+        if i < n:
+            col = float32(0.0)
+            for ss in range(n):
+                col = float32(col + a[ss * n + i])
+            red[i] = float32(col + eps)
+        cuda.syncthreads()
+        if live:
+            a[i] = float32(a[i] / red[d])
+        cuda.syncthreads()
+    if live:
+        comb[t, s, d] = a[i]
 
 
 @cuda.jit(fastmath=False)
@@ -929,14 +941,14 @@ def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, l
     idx / live [T, n] (int, bool): the gathered form (each query's n keys; causal then False); sinks [H] float32."""
     gathered = idx is not None
     dummy = None if gathered else qpos.reshape(1, qpos.shape[0])   # (not read: the dense form's idx / live)
-    _attention[q.shape[0] * q.shape[1], ANT, stream](q, k, v, qpos, np.float32(scale), causal,
+    _attention[q.shape[0] * q.shape[1], ANT_SIM if SIM else ANT, stream](q, k, v, qpos, np.float32(scale), causal,
                                                      idx if gathered else dummy, live if gathered else dummy,
                                                      gathered, sinks if sinks is not None else out[0, :, 0],
                                                      sinks is not None, p, out)
 
 
 def hc_gates_raw(m, scale, base, iters: int, eps: float, pre, post, comb, stream=0) -> None:
-    _hc_gates[_grid(m.shape[0], 64), 64, stream](m, scale, base, iters, np.float32(eps), pre, post, comb)
+    _hc_gates[m.shape[0], HC_CELLS, stream](m, scale, base, iters, np.float32(eps), pre, post, comb)
 
 
 def collapse_raw(X, pre, out, stream=0) -> None:
@@ -1315,8 +1327,10 @@ def _binary(gate, up, op, launch):
 
 
 def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
-    """`mha.attention_gathered` (each query's n keys through idx / live; sinks [H] or None) for at most ATTN_MAX_T
-    queries -> [T, H, V] float32, or None."""
+    """`mha.attention_gathered` (each query's n keys through idx / live; sinks [H] or None) -> [T, H, V] float32, or
+    None. Any number of queries: a prefill's too (its NumPy form gathers a few queries' keys at a time, ~13 launches
+    a block of ~6 queries at DeepSeek-V4's 640 keys of 512: 3000 launches a 512-token prefill, the host's time),
+    in launches of at most ATTN_MAX_SCRATCH scores."""
     dev = q.dev
     if not _same_dev(dev, q, k, v) or not (_on(idx, dev) and _on(live, dev)) \
             or idx.raw.dtype.kind not in "iu" or live.raw.dtype != np.bool_ or q.raw.ndim != 3:
@@ -1324,7 +1338,7 @@ def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
     T, H, K = q.shape
     S, Hkv = k.shape[0], k.shape[1]
     n = idx.shape[1] if idx.raw.ndim == 2 else -1
-    if T > ATTN_MAX_T or n <= 0 or T * H * n > ATTN_MAX_SCRATCH or idx.shape != (T, n) or live.shape != (T, n) \
+    if n <= 0 or H * n > ATTN_MAX_SCRATCH or idx.shape != (T, n) or live.shape != (T, n) \
             or k.shape[2] != K or v.shape[:2] != (S, Hkv) or H % Hkv:
         return None
     sr = None
@@ -1333,11 +1347,15 @@ def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
         if getattr(sr, "shape", None) != (H,) or sr.dtype != np.float32:
             return None
     xp = dev.xp
-    p, out = xp.empty((T * H, n), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
-    qpos = idx.raw[:, 0]                                  # (not read: the gathered form has no causal test)
-    attention_raw(_nv(q.raw), _nv(k.raw), _nv(v.raw), _nv(qpos), float(kq_scale), False, _nv(p), _nv(out),
-                  idx=_nv(idx.raw), live=_nv(live.raw), sinks=_nv(sr), stream=_stream())
-    return _done(dev, "attention (gathered)", (q, k, v, idx, live), out)
+    tb = min(T, ATTN_MAX_SCRATCH // (H * n))             # queries a launch
+    p, out = xp.empty((tb * H, n), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
+    qr, ir, lr = q.raw, idx.raw, live.raw
+    for t0 in range(0, T, tb):
+        t1 = min(T, t0 + tb)
+        attention_raw(_nv(qr[t0:t1]), _nv(k.raw), _nv(v.raw), _nv(ir[t0:t1, 0]), float(kq_scale), False,
+                      _nv(p[:(t1 - t0) * H]), _nv(out[t0:t1]), idx=_nv(ir[t0:t1]), live=_nv(lr[t0:t1]),
+                      sinks=_nv(sr), stream=_stream())    # (qpos idx[:, 0]: not read, the gathered form has no
+    return _done(dev, "attention (gathered)", (q, k, v, idx, live), out)     # causal test)
 
 
 def rope_cos_sin(positions, half: int, theta_scale, freq_factors, freq_scale, yarn, mscale):
