@@ -16,7 +16,7 @@ qc = pytest.importorskip("quant.cuda")
 from numba import cuda  # noqa: E402
 
 from refengine.cuda import fused  # noqa: E402
-from refengine.cuda.standin import StandIn, _gdn_gates_np, _group_limited_np, numpy_twins  # noqa: E402
+from refengine.cuda.standin import StandIn, gdn_gates_np, group_limited_np, numpy_twins  # noqa: E402
 from refengine.attention import delta_rule  # noqa: E402
 from refengine.attention.mha import attention_blocked, causal_mask, no_mask  # noqa: E402
 from refengine.attention.short_conv import causal_conv  # noqa: E402
@@ -342,7 +342,7 @@ def test_gdn_gates(r):
     src[0, 0] = 25.0
     a = None if r else _rand(T, Hv, seed=3, scale=8.0)
     bias, A = _rand(Hv, seed=4), -np.abs(_rand(Hv, seed=5))
-    want = _gdn_gates_np(src, a, r, bias, A)
+    want = gdn_gates_np(src, a, r, bias, A)
     got = _run(lambda s_, a_, b_, A_, o1, o2, o3: fused.gdn_gates_raw(s_.reshape(T, -1) if r else s_, a_, r, b_, A_,
                                                                        o1, o2, o3),
                src, a, bias, A, out_shapes=[(T, Hv)] * 3)
@@ -369,7 +369,7 @@ def test_group_limited(E, G, n):
     x[4, :] = np.nan                                           # NaN groups; group 1 all -inf, ranked first; group 0
     x[4, GS:2 * GS] = -np.inf                                  # one number: NaN, second (as -inf it would tie with
     x[4, 0] = 1.0                                              # group 1 and come first)
-    want_m, want_g = _group_limited_np(x, G, n)
+    want_m, want_g = group_limited_np(x, G, n)
     out = cuda.device_array((R, E), np.float32)
     groups = cuda.device_array((R, n), np.int32)
     fused.group_limited_raw(cuda.to_device(x), G, n, out, groups)
@@ -537,7 +537,7 @@ def test_entries_on_numpy_arrays(monkeypatch):
     assert np.array_equal(masked.raw, group_limited(sc, 4, 2, record=lambda n, il, v: rec.__setitem__(n, v)))
     assert np.array_equal(groups.raw, rec["ffn_moe_group_topk"])
     ba, bias, A = _rand(2, 3, 4), _rand(6, seed=4), -np.abs(_rand(6, seed=5))
-    for got, want in zip(fused.gdn_gates(dev.wrap(ba), None, 2, bias, A), _gdn_gates_np(ba, None, 2, bias, A)):
+    for got, want in zip(fused.gdn_gates(dev.wrap(ba), None, 2, bias, A), gdn_gates_np(ba, None, 2, bias, A)):
         np.testing.assert_allclose(got.raw, want, rtol=1e-6, atol=1e-6)
     page = np.ones((4, 2), dtype=bool)
     ys = [dev.wrap(_rand(5)), dev.wrap(np.array([1.0, np.nan], np.float32)), dev.wrap(np.zeros(3, np.int32))]

@@ -16,7 +16,7 @@ import inspect
 from . import fused
 
 
-def _gdn_gates_np(b, a, r, bias, A):
+def gdn_gates_np(b, a, r, bias, A):
     """gated_deltanet.decay_gates from the kernel's inputs (the fused projection [T, Hk, 2r] when r > 0)."""
     from ..attention.gated_deltanet import decay_gates
     if r > 0:
@@ -25,7 +25,7 @@ def _gdn_gates_np(b, a, r, bias, A):
     return decay_gates(b, a, bias, A, T, b.size // T)
 
 
-def _group_limited_np(s, G, n):
+def group_limited_np(s, G, n):
     """router.group_limited's masked scores and the groups it chose (its record)."""
     from ..moe.router import group_limited
     rec = {}
@@ -33,7 +33,7 @@ def _group_limited_np(s, G, n):
     return masked, rec["ffn_moe_group_topk"]
 
 
-def _append_rows_np(buf, x, count):
+def append_rows_np(buf, x, count):
     """cache.Rows.append's fixed-shape write at the device count, the count advanced (the one-block kernel's)."""
     import numpy as np
     buf[count + np.arange(x.shape[0])] = x
@@ -41,10 +41,10 @@ def _append_rows_np(buf, x, count):
     return True
 
 
-def _expert_weights_np(probs, ids, norm_w, scale):
+def expert_weights_np(probs, ids, norm_w, scale):
     """router.expert_weights' steps (any gating but the weights' softmax) from the kernel's arguments."""
-    from ..moe.router import GATING_SOFTMAX, _weight_steps
-    return _weight_steps(probs, ids, GATING_SOFTMAX, norm_w, 0.0 if scale is None else scale, lambda *a: None, -1)
+    from ..moe.router import GATING_SOFTMAX, expert_weights
+    return expert_weights(probs, ids, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=0.0 if scale is None else scale)
 
 
 def numpy_twins() -> dict:
@@ -70,8 +70,8 @@ def numpy_twins() -> dict:
         "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
         "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
         "hc_gates": lambda m, s, b, n, it, eps: hcm.gates(m, s, b, hcm.HCConfig(n, it, eps, 0.0)),
-        "group_limited": _group_limited_np, "gdn_gates": _gdn_gates_np,
-        "append_rows": _append_rows_np, "expert_weights": _expert_weights_np,
+        "group_limited": group_limited_np, "gdn_gates": gdn_gates_np,
+        "append_rows": append_rows_np, "expert_weights": expert_weights_np,
         "rope_cos_sin": cos_sin,
         "rope_tail": rotate_tail,
     }
