@@ -1,7 +1,7 @@
 """How many kernels a decode step launches on a GPU, counted without one: the sim device with the fused kernels'
 stand-ins (refengine/cuda/standin.py, `note=True`: each fused op one launch, as on a GPU).
 
-    python benchmarks/launches.py [--arch A ...] [--tokens 1] [--sites 20] [--json out.json]
+    python benchmarks/launches.py [--arch A ...] [--tokens 1 | --prefill 512] [--sites 20] [--json out.json]
 
 A captured decode step replays every launch of its span in order; on the H200 a small kernel takes a few us in a
 graph, so a step of a few hundred launches spends most of a millisecond on them whatever its bytes (session 27:
@@ -21,6 +21,8 @@ import os
 import sys
 import tempfile
 import traceback
+
+import numpy as np
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")           # (the stand-ins import the kernels' module)
 
@@ -55,16 +57,23 @@ def launches(op: str, args, result) -> bool:
     return True
 
 
-def count(arch: str, directory: str, tokens: int = 1, sites: bool = False) -> dict:
-    """The launches of one fixed-shape step of `tokens` tokens of arch's tiny preset: total, by op, by call site."""
+def count(arch: str, directory: str, tokens: int = 1, sites: bool = False, prefill: int = 0) -> dict:
+    """The launches of one fixed-shape step of `tokens` tokens of arch's tiny preset (prefill: instead, an ordinary
+    resident forward of a `prefill`-token prompt, as graph_decode.py times one): total, by op, by call site."""
     m = Model(write_synth(arch, os.path.join(directory, f"{arch}.gguf"), wtype="Q4_K"))
-    rt = Runtime(resident=True, fixed_shapes=True)
+    rt = Runtime(resident=True, fixed_shapes=not prefill)
     dev = rt.device
     dev.fused = StandIn(dev, note=True)
     st = m.new_state()
-    m.forward(TOKENS, st, rt=rt)
-    m.forward([5], st, rt=rt)
-    step = m.prepare_step(list(range(60, 60 + tokens)), st, rt)
+    if prefill:
+        m.forward(TOKENS[:8], st, rt=rt, last_only=True)     # a warm-up: the weights uploaded
+        st = m.new_state()
+        ids = [int(i) for i in np.random.default_rng(0).integers(0, m.cfg.n_vocab, prefill)]
+        step = m.prepare_step(ids, st, rt)
+    else:
+        m.forward(TOKENS, st, rt=rt)
+        m.forward([5], st, rt=rt)
+        step = m.prepare_step(list(range(60, 60 + tokens)), st, rt)
     where: list = []
     if sites:
         def probe(op):
@@ -73,12 +82,12 @@ def count(arch: str, directory: str, tokens: int = 1, sites: bool = False) -> di
             where.append(" <- ".join(f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno}" for f in fr[-2:][::-1]))
         dev.probes.append(probe)
     with dev.recording() as sig:
-        m.run_step(step, st, rt)
+        m.run_step(step, st, rt, last_only=bool(prefill))
     if sites:
         dev.probes.clear()
     kept = [k for k, (op, a, r) in enumerate(sig) if launches(op, a, r)]
     by_op = collections.Counter(sig[k][0].split(" blk.")[0] for k in kept)
-    out = {"arch": arch, "layers": len(m.cfg.layers), "tokens": tokens, "ops": len(sig), "launches": len(kept),
+    out = {"arch": arch, "layers": len(m.cfg.layers), "tokens": prefill or tokens, "prefill": bool(prefill), "ops": len(sig), "launches": len(kept),
            "per_layer": round(len(kept) / len(m.cfg.layers), 1), "by_op": dict(by_op.most_common())}
     if sites:
         out["by_site"] = dict(collections.Counter(where[k] for k in kept if k < len(where)).most_common())
@@ -89,6 +98,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--arch", nargs="*", default=None, help="archs (default: every registered one)")
     ap.add_argument("--tokens", type=int, default=1, help="tokens of the step (1: decode; 8: a small ubatch)")
+    ap.add_argument("--prefill", type=int, default=0, help="count an ordinary resident prefill of N tokens instead")
     ap.add_argument("--sites", type=int, default=0, help="also the N call sites launching most")
     ap.add_argument("--top", type=int, default=12, help="ops listed per arch")
     ap.add_argument("--json", help="write the counts here")
@@ -97,7 +107,7 @@ def main(argv=None) -> int:
     res = []
     with tempfile.TemporaryDirectory() as d:
         for arch in archs:
-            r = count(arch, d, a.tokens, bool(a.sites))
+            r = count(arch, d, a.tokens, bool(a.sites), a.prefill)
             res.append(r)
             print(f"{arch:12s} {r['launches']:5d} launches ({r['ops']} ops recorded), {r['layers']} layers: "
                   f"{r['per_layer']} a layer")
