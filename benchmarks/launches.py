@@ -87,8 +87,8 @@ def count(arch: str, directory: str, tokens: int = 1, sites: bool = False, prefi
         dev.probes.clear()
     kept = [k for k, (op, a, r) in enumerate(sig) if launches(op, a, r)]
     by_op = collections.Counter(sig[k][0].split(" blk.")[0] for k in kept)
-    out = {"arch": arch, "layers": len(m.cfg.layers), "tokens": prefill or tokens, "prefill": bool(prefill), "ops": len(sig), "launches": len(kept),
-           "per_layer": round(len(kept) / len(m.cfg.layers), 1), "by_op": dict(by_op.most_common())}
+    out = {"arch": arch, "layers": len(m.cfg.layers), "tokens": prefill or tokens, "prefill": bool(prefill),
+           "ops": len(sig), "launches": len(kept), "per_layer": round(len(kept) / len(m.cfg.layers), 1), "by_op": dict(by_op.most_common())}
     if sites:
         out["by_site"] = dict(collections.Counter(where[k] for k in kept if k < len(where)).most_common())
     return out
