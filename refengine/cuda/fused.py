@@ -470,6 +470,22 @@ HC_MAX = 8                 # hyper-connections: streams (the gates: an n x n mat
 HC_CELLS = 64              # HC_MAX ** 2 (a shared array's size must be a literal constant)
 
 
+@cuda.jit(device=True, inline=True)
+def _normalise_lines(a, red, n, i, stride, step, line, live, eps):
+    """The n x n matrix a (shared, a cell a thread) divided by its lines' sums + eps: thread i < n sums line i
+    (cells i * stride + j * step, j = 0 .. n-1, in order, float32), then each cell divides by its own line's (`line`):
+    rows: stride n, step 1; columns: stride 1, step n. Block-wide barriers."""
+    if i < n:
+        r = float32(0.0)
+        for j in range(n):
+            r = float32(r + a[i * stride + j * step])
+        red[i] = float32(r + eps)
+    cuda.syncthreads()
+    if live:
+        a[i] = float32(a[i] / red[line])
+    cuda.syncthreads()
+
+
 @cuda.jit(fastmath=False)
 def _hc_gates(m, scale, base, iters, eps, pre, post, comb):
     """One block per token t (HC_CELLS threads, thread i the cell (i // n, i % n) of its n x n matrix), from its
@@ -515,24 +531,8 @@ def _hc_gates(m, scale, base, iters, eps, pre, post, comb):
     cuda.syncthreads()
     for it in range(iters):
         if it > 0:                                   # rows (over dst), then columns
-            if i < n:
-                r = float32(0.0)
-                for dd in range(n):
-                    r = float32(r + a[i * n + dd])
-                red[i] = float32(r + eps)
-            cuda.syncthreads()
-            if live:
-                a[i] = float32(a[i] / red[s])
-            cuda.syncthreads()
-        if i < n:
-            col = float32(0.0)
-            for ss in range(n):
-                col = float32(col + a[ss * n + i])
-            red[i] = float32(col + eps)
-        cuda.syncthreads()
-        if live:
-            a[i] = float32(a[i] / red[d])
-        cuda.syncthreads()
+            _normalise_lines(a, red, n, i, n, 1, s, live, eps)
+        _normalise_lines(a, red, n, i, 1, n, d, live, eps)
     if live:
         comb[t, s, d] = a[i]
 
