@@ -61,6 +61,8 @@ DR_TC = 8                   # its tokens staged in shared memory at a time (3 x 
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
 NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
 assert NTW * 32 == NT
+NT_FEW, FEW_ROWS = 1024, 16  # rms_norm of at most FEW_ROWS long rows (a decode step's: one block a row) takes blocks
+                            # of NT_FEW threads (session 28's profile: 6.4 us a 16384-wide row at NT)
 
 
 @cuda.jit(device=True, inline=True)
@@ -90,10 +92,11 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
     (`ops.add_rms_norm`; post: `delta_rule.l2_norm`'s 1 / sqrt(D), 1 for the others: exact)."""
     r = cuda.blockIdx.x
     t = cuda.threadIdx.x
+    nt = cuda.blockDim.x                             # NT, or NT_FEW for a few long rows
     D = x.shape[1]
     buf = cuda.shared.array(32, float64)
     acc = float64(0.0)
-    for j in range(t, D, NT):
+    for j in range(t, D, nt):
         v = x[r, j]
         if has_a:
             v = v + a[r, j]
@@ -101,7 +104,7 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
         acc += float64(v) * float64(v)
     mean = float32(block_sum64(acc, buf) / D)
     scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
-    for j in range(t, D, NT):
+    for j in range(t, D, nt):
         v = (s[r, j] if has_a else x[r, j]) * scale
         if has_w:
             v = v * w[j]
@@ -860,7 +863,8 @@ def rms_norm_raw(x2, w, eps: float, y2, stream=0, *, a2=None, s2=None, post: flo
     """x2, y2 [R, D] float32 (device), w [D] float32 or None; a2, s2 [R, D]: x2 + a2 is normed (and written to s2);
     post: a factor after the norm (rounded after it)."""
     has_w, has_a = w is not None, a2 is not None
-    _rms_rows[x2.shape[0], NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
+    nt = NT_FEW if not SIM and x2.shape[0] <= FEW_ROWS and x2.shape[1] >= 4 * NT_FEW else NT
+    _rms_rows[x2.shape[0], nt, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
                                        np.float32(eps), np.float32(post), s2 if has_a else y2, y2)
 
 
