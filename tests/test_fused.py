@@ -516,8 +516,9 @@ def test_expert_weights(norm_w, scale):
 @pytest.mark.skipif(not qc.SIM, reason="the simulator's arrays stand in for CuPy's (on a GPU: the tests above)")
 def test_entries_on_numpy_arrays(monkeypatch):
     """The entry points of this session's kernels as the modules call them (DeviceArrays in, DeviceArrays out),
-    run in the simulator with NumPy arrays standing in for CuPy's: add_rms_norm, l2_norm, group_limited, gdn_gates
-    and all_finite_many give what their NumPy statements give (the sum and the groups bit for bit)."""
+    run in the simulator with NumPy arrays standing in for CuPy's: add_rms_norm, l2_norm, group_limited, gdn_gates,
+    hc_gates, rope_tail, attention_gathered (a prefill's queries in several launches) and all_finite_many give what
+    their NumPy statements give (the sum and the groups bit for bit)."""
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
     from refengine.devarray import Device
     from refengine.moe.router import group_limited
@@ -539,6 +540,27 @@ def test_entries_on_numpy_arrays(monkeypatch):
     ba, bias, A = _rand(2, 3, 4), _rand(6, seed=4), -np.abs(_rand(6, seed=5))
     for got, want in zip(fused.gdn_gates(dev.wrap(ba), None, 2, bias, A), gdn_gates_np(ba, None, 2, bias, A)):
         np.testing.assert_allclose(got.raw, want, rtol=1e-6, atol=1e-6)
+    from refengine.attention.mha import attention_gathered
+    from refengine.attention.rope_tail import rotate_tail
+    from refengine.residual import hyper_connections as hcm
+    mx, base, scale = _rand(2, 24, seed=6), _rand(24, seed=7, scale=0.5), np.array([0.7, 1.3, 2.1], np.float32)
+    for got, want in zip(fused.hc_gates(dev.wrap(mx), scale, base, 4, 20, 1e-6),
+                         hcm.gates(mx, scale, base, hcm.HCConfig(4, 20, 1e-6, 0.0))):
+        np.testing.assert_allclose(got.raw, want, rtol=2e-6, atol=1e-7)
+    xr = _rand(2, 3, 10)
+    cs = rope_cos_sin(np.arange(2), n_rot=6, base=10000.0)
+    for inverse in (False, True):
+        np.testing.assert_allclose(fused.rope_tail(dev.wrap(xr), *map(dev.wrap, cs), 6, inverse).raw,
+                                   rotate_tail(xr, *cs, 6, inverse), rtol=1e-6, atol=1e-6)
+    T, H, S, n = 5, 2, 9, 4                              # a prefill's queries in launches of 2, 2 and 1
+    rng = np.random.default_rng(8)
+    qg, kg = _rand(T, H, 6, seed=9), _rand(S, 1, 6, seed=10)
+    idx = np.stack([rng.permutation(S)[:n] for _ in range(T)]).astype(np.int64)
+    live = rng.uniform(size=(T, n)) < 0.8
+    live[:, 0] = True
+    monkeypatch.setattr(fused, "ATTN_MAX_SCRATCH", 2 * H * n)
+    got = fused.attention_gathered(*map(dev.wrap, (qg, kg, kg, idx, live)), 0.4, None)
+    np.testing.assert_allclose(got.raw, attention_gathered(qg, kg, kg, idx, live, 0.4), rtol=1e-5, atol=1e-6)
     page = np.ones((4, 2), dtype=bool)
     ys = [dev.wrap(_rand(5)), dev.wrap(np.array([1.0, np.nan], np.float32)), dev.wrap(np.zeros(3, np.int32))]
     assert fused.all_finite_many(ys, page, [0, 3, 5]) == [True, True, False]       # (int32: not taken)

@@ -173,7 +173,7 @@ def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndar
         f"gather positions outside 0 .. {S - 1}"                                    # (checked on the host only)
     if dtype == np.float32 and (kf := fused_op(q, "attention_gathered")) is not None \
             and (o := kf(q, k, v, idx, live, kq_scale, sinks)) is not None:
-        return o                                          # a GPU, a decode step: one launch (cuda/fused.py)
+        return o                                          # a GPU: one launch a decode step (cuda/fused.py)
     g = H // Hkv
     qb_n = q_block or max(1, GATHER_ELEMS // max(1, n * Hkv * (K + V)))
     sink = None if sinks is None else sinks.astype(dtype, copy=False).reshape(Hkv, g, 1)    # [Hkv, g, 1]

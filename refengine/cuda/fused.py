@@ -945,10 +945,9 @@ def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, l
     idx / live [T, n] (int, bool): the gathered form (each query's n keys; causal then False); sinks [H] float32."""
     gathered = idx is not None
     dummy = None if gathered else qpos.reshape(1, qpos.shape[0])   # (not read: the dense form's idx / live)
-    _attention[q.shape[0] * q.shape[1], ANT_SIM if SIM else ANT, stream](q, k, v, qpos, np.float32(scale), causal,
-                                                     idx if gathered else dummy, live if gathered else dummy,
-                                                     gathered, sinks if sinks is not None else out[0, :, 0],
-                                                     sinks is not None, p, out)
+    _attention[q.shape[0] * q.shape[1], ANT_SIM if SIM else ANT, stream](
+        q, k, v, qpos, np.float32(scale), causal, idx if gathered else dummy, live if gathered else dummy, gathered,
+        sinks if sinks is not None else out[0, :, 0], sinks is not None, p, out)
 
 
 def hc_gates_raw(m, scale, base, iters: int, eps: float, pre, post, comb, stream=0) -> None:
@@ -1187,22 +1186,9 @@ def causal_conv(x, w, tail):
     return _done(dev, "causal_conv", (x, w, tail), y, new_tail)
 
 
-def apply_rope(x, cos, sin, n_rot: int, mode: int):
-    """`rope.apply_rope` (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
-    dev = x.dev
-    if mode not in (0, 2) or not _same_dev(dev, x, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
-        return None
-    T, H, K = x.shape
-    if cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2:
-        return None
-    y = dev.xp.empty((T, H, K), dtype=np.float32)
-    rope_raw(_nv(x.raw), _nv(cos.raw), _nv(sin.raw), int(n_rot), mode == 2, _nv(y), stream=_stream())
-    return _done(dev, "rope", (x, cos, sin), y)
-
-
-def rope_tail(x, cos, sin, n_rot: int, inverse: bool):
-    """`rope_tail.TailRope.apply`: the last n_rot dims of x [T, H, K] rotated in NORM pairs (by -theta: inverse),
-    the rest copied -> [T, H, K] float32, or None."""
+def _rope_entry(x, cos, sin, n_rot: int, neox: bool, tail: bool, inverse: bool, op: str):
+    """x [T, H, K] with n_rot dims rotated by cos / sin [T, n_rot/2] (the first ones; tail: the last ones; inverse:
+    by -theta), the rest copied -> [T, H, K] float32, or None."""
     dev = x.dev
     if not _same_dev(dev, x, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
         return None
@@ -1210,9 +1196,20 @@ def rope_tail(x, cos, sin, n_rot: int, inverse: bool):
     if cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2:
         return None
     y = dev.xp.empty((T, H, K), dtype=np.float32)
-    rope_raw(_nv(x.raw), _nv(cos.raw), _nv(sin.raw), int(n_rot), False, _nv(y), stream=_stream(), off=K - n_rot,
-             inverse=bool(inverse))
-    return _done(dev, "rope_tail", (x, cos, sin), y)
+    rope_raw(_nv(x.raw), _nv(cos.raw), _nv(sin.raw), int(n_rot), neox, _nv(y), stream=_stream(),
+             off=K - n_rot if tail else 0, inverse=inverse)
+    return _done(dev, op, (x, cos, sin), y)
+
+
+def apply_rope(x, cos, sin, n_rot: int, mode: int):
+    """`rope.apply_rope` (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
+    return None if mode not in (0, 2) else _rope_entry(x, cos, sin, n_rot, mode == 2, False, False, "rope")
+
+
+def rope_tail(x, cos, sin, n_rot: int, inverse: bool):
+    """`rope_tail.rotate_tail`: the last n_rot dims of x [T, H, K] rotated in NORM pairs (by -theta: inverse), the
+    rest copied -> [T, H, K] float32, or None."""
+    return _rope_entry(x, cos, sin, n_rot, False, True, bool(inverse), "rope_tail")
 
 
 ATTN_MAX_T = 8                      # queries: more (a prefill) keep the batched products
