@@ -57,13 +57,15 @@ def launches(op: str, args, result) -> bool:
     return True
 
 
-def count(arch: str, directory: str, tokens: int = 1, sites: bool = False, prefill: int = 0) -> dict:
+def count(arch: str, directory: str, tokens: int = 1, sites: bool = False, prefill: int = 0,
+          stand_in: bool = True) -> dict:
     """The launches of one fixed-shape step of `tokens` tokens of arch's tiny preset (prefill: instead, an ordinary
-    resident forward of a `prefill`-token prompt, as graph_decode.py times one): total, by op, by call site."""
+    resident forward of a `prefill`-token prompt, as graph_decode.py times one): total, by op, by call site.
+    stand_in False: without the fused kernels' stand-ins (every op as NumPy states it, a launch each)."""
     m = Model(write_synth(arch, os.path.join(directory, f"{arch}.gguf"), wtype="Q4_K"))
     rt = Runtime(resident=True, fixed_shapes=not prefill)
     dev = rt.device
-    dev.fused = StandIn(dev, note=True)
+    dev.fused = StandIn(dev, note=True) if stand_in else None
     st = m.new_state()
     if prefill:
         m.forward(TOKENS[:8], st, rt=rt, last_only=True)     # a warm-up: the weights uploaded
@@ -88,7 +90,8 @@ def count(arch: str, directory: str, tokens: int = 1, sites: bool = False, prefi
     kept = [k for k, (op, a, r) in enumerate(sig) if launches(op, a, r)]
     by_op = collections.Counter(sig[k][0].split(" blk.")[0] for k in kept)
     out = {"arch": arch, "layers": len(m.cfg.layers), "tokens": prefill or tokens, "prefill": bool(prefill),
-           "ops": len(sig), "launches": len(kept), "per_layer": round(len(kept) / len(m.cfg.layers), 1), "by_op": dict(by_op.most_common())}
+           "ops": len(sig), "launches": len(kept), "per_layer": round(len(kept) / len(m.cfg.layers), 1),
+           "by_op": dict(by_op.most_common())}
     if sites:
         out["by_site"] = dict(collections.Counter(where[k] for k in kept if k < len(where)).most_common())
     return out
@@ -104,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the counts here")
     a = ap.parse_args(argv)
     archs = a.arch or list(ARCHS)
+    if unknown := [x for x in archs if x not in ARCHS]:
+        ap.error(f"unknown arch {', '.join(unknown)} (registered: {', '.join(ARCHS)})")
     res = []
     with tempfile.TemporaryDirectory() as d:
         for arch in archs:
