@@ -27,6 +27,7 @@ import numpy as np
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")           # (the stand-ins import the kernels' module)
 
 from refengine.archs import ARCHS                             # noqa: E402
+from refengine.cuda.randmodel import cut_file                # noqa: E402
 from refengine.cuda.standin import StandIn                   # noqa: E402
 from refengine.model import Model                            # noqa: E402
 from refengine.runtime import Runtime                        # noqa: E402
@@ -58,11 +59,15 @@ def launches(op: str, args, result) -> bool:
 
 
 def count(arch: str, directory: str, tokens: int = 1, sites: bool = False, prefill: int = 0,
-          stand_in: bool = True) -> dict:
+          stand_in: bool = True, preset: str = "tiny", layers: int | None = None) -> dict:
     """The launches of one fixed-shape step of `tokens` tokens of arch's tiny preset (prefill: instead, an ordinary
     resident forward of a `prefill`-token prompt, as graph_decode.py times one): total, by op, by call site.
-    stand_in False: without the fused kernels' stand-ins (every op as NumPy states it, a launch each)."""
-    m = Model(write_synth(arch, os.path.join(directory, f"{arch}.gguf"), wtype="Q4_K"))
+    stand_in False: without the fused kernels' stand-ins (every op as NumPy states it, a launch each). preset / layers:
+    a random-packed cut of a published config instead (refengine.cuda.randmodel.cut_file, in directory)."""
+    if preset == "tiny":
+        m = Model(write_synth(arch, os.path.join(directory, f"{arch}.gguf"), wtype="Q4_K"))
+    else:
+        m = Model(cut_file(directory, arch, preset, layers, "Q4_K"))
     rt = Runtime(resident=True, fixed_shapes=not prefill)
     dev = rt.device
     dev.fused = StandIn(dev, note=True) if stand_in else None
@@ -104,15 +109,23 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=int, default=0, help="count an ordinary resident prefill of N tokens instead")
     ap.add_argument("--sites", type=int, default=0, help="also the N call sites launching most")
     ap.add_argument("--top", type=int, default=12, help="ops listed per arch")
+    ap.add_argument("--preset", default="tiny", help="a published config's random-packed cut instead of the tiny "
+                    "preset (one --arch; the file is written in --dir, kept)")
+    ap.add_argument("--layers", type=int, default=None, help="blocks of that cut")
+    ap.add_argument("--dir", default=None, help="where that cut is written (default: a temporary folder)")
     ap.add_argument("--json", help="write the counts here")
     a = ap.parse_args(argv)
     archs = a.arch or list(ARCHS)
     if unknown := [x for x in archs if x not in ARCHS]:
         ap.error(f"unknown arch {', '.join(unknown)} (registered: {', '.join(ARCHS)})")
+    if a.preset != "tiny" and len(archs) != 1:
+        ap.error("--preset names one published config: give one --arch")
     res = []
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = a.dir or tmp
+        os.makedirs(d, exist_ok=True)
         for arch in archs:
-            r = count(arch, d, a.tokens, bool(a.sites), a.prefill)
+            r = count(arch, d, a.tokens, bool(a.sites), a.prefill, preset=a.preset, layers=a.layers)
             res.append(r)
             print(f"{arch:12s} {r['launches']:5d} launches ({r['ops']} ops recorded), {r['layers']} layers: "
                   f"{r['per_layer']} a layer")

@@ -188,6 +188,7 @@ class Device:
         # a GPU's fused kernels for small ops (refengine/cuda/fused.py, reached through ops.arrays.fused_op): one
         # launch each where the NumPy statement takes several; None: the NumPy code runs on the device op by op
         self.fused = None
+        self.gathered_prefill = None    # a prefill's gathered attention: "batched" / "fused" (None: fused.py's choice)
         if kind == "cupy":
             try:
                 from .cuda import fused

@@ -105,6 +105,28 @@ def test_unknown_choice_is_refused():
     assert pol.with_settings(["prefill_gemm=h3", "sgemm_decode=rows"]).prefill_gemm == "h3"
 
 
+def test_gathered_prefill_choice_on_the_device():
+    """KernelPolicy.gathered_prefill is the runtime's device's choice (refengine/cuda/fused.py takes_gathered: a
+    prefill's gathered attention in the fused kernel or in mha's batched blocks); None leaves fused.py's default; a
+    misspelt value is refused."""
+    from refengine.cuda import fused
+    pol = KernelPolicy.default()
+    assert pol.gathered_prefill is None
+    T = fused.ATTN_MAX_T + 1
+    for choice in ("fused", "batched"):
+        rt = Runtime(backend="cuda", resident=True, kernel_policy=pol.replace(gathered_prefill=choice))
+        dev = rt.device
+        if dev is None:
+            pytest.skip("no device-resident runtime here (CuPy or its stand-in)")
+        assert dev.gathered_prefill == choice
+        assert fused.takes_gathered(T, dev) == (choice == "fused") and fused.takes_gathered(1, dev)
+    rt = Runtime(backend="cuda", resident=True, kernel_policy=pol)
+    assert rt.device.gathered_prefill is None
+    assert fused.takes_gathered(T, rt.device) == (fused.GATHERED_PREFILL == "fused")
+    with pytest.raises(ValueError, match="gathered_prefill = 'fuse'"):
+        pol.with_settings(["gathered_prefill=fuse"])
+
+
 def test_sgemm_path_is_left_inside_a_capture(monkeypatch):
     """The cuBLAS path of a resident product (from KernelPolicy.sgemm_min tokens) is not taken while a graph
     capture records launches (CuPy refuses cuBLAS there): a captured ubatch of 512 tokens multiplies on the

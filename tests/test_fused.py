@@ -418,6 +418,7 @@ def test_attention_gathered_entry_takes_a_prefill(monkeypatch):
     sinks = rng.standard_normal(H).astype(np.float32)
     want = attention_gathered(q, k, k, idx, live, 1 / np.sqrt(K), sinks=sinks)
     monkeypatch.setattr(fused, "ATTN_MAX_SCRATCH", 30 * H * n)
+    monkeypatch.setattr(fused, "GATHERED_PREFILL", "fused")
     dev = Device("cupy")
     got = fused.attention_gathered(*(dev.put(a) for a in (q, k, k, idx, live)), 1 / np.sqrt(K), sinks)
     np.testing.assert_allclose(dev.get(got), want, rtol=1e-5, atol=1e-6)
@@ -561,6 +562,20 @@ def test_entries_on_numpy_arrays(monkeypatch):
     monkeypatch.setattr(fused, "ATTN_MAX_SCRATCH", 2 * H * n)
     got = fused.attention_gathered(*map(dev.wrap, (qg, kg, kg, idx, live)), 0.4, None)
     np.testing.assert_allclose(got.raw, attention_gathered(qg, kg, kg, idx, live, 0.4), rtol=1e-5, atol=1e-6)
+    # more than ATTN_MAX_T queries (a prefill): declined where the device multiplies activations in the library
+    # ("batched": mha's NumPy blocks run), taken under "fused" and where a capture's products are the kernel's
+    T = fused.ATTN_MAX_T + 3
+    qg = _rand(T, H, 6, seed=11)
+    idx = np.stack([rng.permutation(S)[:n] for _ in range(T)]).astype(np.int64)
+    live = rng.uniform(size=(T, n)) < 0.8
+    live[:, 0] = True
+    args = lambda: (*map(dev.wrap, (qg, kg, kg, idx, live)), 0.4, None)             # noqa: E731
+    assert fused.GATHERED_PREFILL == "batched" and fused.attention_gathered(*args()) is None
+    for gp, products in (("fused", "library"), ("batched", "kernel")):
+        monkeypatch.setattr(dev, "gathered_prefill", gp)
+        monkeypatch.setattr(dev, "products", products)
+        want = attention_gathered(qg, kg, kg, idx, live, 0.4)
+        np.testing.assert_allclose(fused.attention_gathered(*args()).raw, want, rtol=1e-5, atol=1e-6)
     page = np.ones((4, 2), dtype=bool)
     ys = [dev.wrap(_rand(5)), dev.wrap(np.array([1.0, np.nan], np.float32)), dev.wrap(np.zeros(3, np.int32))]
     assert fused.all_finite_many(ys, page, [0, 3, 5]) == [True, True, False]       # (int32: not taken)

@@ -71,12 +71,19 @@ class KernelPolicy:
                                           # ST=1 the weights staged through shared memory, H=1 the f16 variant)
     tcq_dense_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=2, WM=4, BN=32, H=1))   # "tcq16"'s
                                           # launch (ops.TCQ_DENSE_SHAPE: a dense product's own table, any BN)
+    gathered_prefill: str | None = None   # a prefill's gathered attention (DSA, CSA, k-pool) on a resident GPU
+                                          # run: "batched" (mha's query blocks, batched products) or "fused" (one
+                                          # kernel, a block per query and head); None: refengine/cuda/fused.py's
+                                          # GATHERED_PREFILL. Set on the runtime's device (Device.gathered_prefill)
 
     def __post_init__(self):
         # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are
         # built with tiles of moe.BN pairs, and the tiled kernels take a tile's pairs as [first, first + their BN):
         # a kernel of a smaller BN would skip pairs, of a larger one repeat them. (tc_dense_shape builds its own
         # table with its own BN: free.)
+        if self.gathered_prefill not in (None, "batched", "fused"):
+            raise ValueError(f"KernelPolicy.gathered_prefill = {self.gathered_prefill!r}: expected None, 'batched' or "
+                             f"'fused'")
         for name, allowed in (("prefill_gemm", ("sgemm", "h3", "tcq16")), ("sgemm_decode", ("rows", "staged"))):
             if getattr(self, name) not in allowed:         # the code compares with one of them, else takes the other
                 raise ValueError(f"KernelPolicy.{name} = {getattr(self, name)!r}: expected one of {allowed}")

@@ -109,6 +109,9 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
 
 
 GATHER_ELEMS = 1 << 22      # numbers a gather holds at most (keys and values of one query block): 16 MiB in float32
+# on a device: 256 MiB, a prefill's queries in a few blocks (DeepSeek-V4's 640 keys of 512: ~100 queries a block, ~13
+# launches each; at GATHER_ELEMS ~6 queries, ~1100 launches a layer, the host's time, session 28)
+GATHER_ELEMS_DEVICE = 1 << 26
 # queries from which a selection naming as many slots as there are keys (e.g. DSA's top-k over a prompt no longer than
 # it) attends masked-dense: gathering every key per query costs more than the blocked form over the same mask; a decode
 # step (1 query: the fused gathered kernel on a GPU, a captured graph) keeps gathering
@@ -163,7 +166,8 @@ def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndar
     `attention` under the mask that is 0 exactly at the live (t, idx[t, j]) (each once) up to float summation order.
     sinks [H]: learned per-head softmax sinks (DeepSeek-V4): the max runs over x and the sink, and exp(sink_h - max)
     joins the denominator only (ggml_soft_max_ext with sinks, as attention/compressed_kv.py's dense form).
-    q_block: queries gathered at once (default: about GATHER_ELEMS gathered numbers; an argument for the tests)."""
+    q_block: queries gathered at once (default: about GATHER_ELEMS gathered numbers, GATHER_ELEMS_DEVICE on a device;
+    an argument for the tests)."""
     T, H, K = q.shape
     S, Hkv, _ = k.shape
     V, n = v.shape[-1], idx.shape[1]
@@ -174,8 +178,10 @@ def attention_gathered(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: np.ndar
     if dtype == np.float32 and (kf := fused_op(q, "attention_gathered")) is not None \
             and (o := kf(q, k, v, idx, live, kq_scale, sinks)) is not None:
         return o                                          # a GPU: one launch a decode step (cuda/fused.py)
+    # (a GPU's eager prefill: the blocks below, each a gather and one batched product per key head)
     g = H // Hkv
-    qb_n = q_block or max(1, GATHER_ELEMS // max(1, n * Hkv * (K + V)))
+    elems = GATHER_ELEMS if isinstance(q, np.ndarray) else GATHER_ELEMS_DEVICE
+    qb_n = q_block or max(1, elems // max(1, n * Hkv * (K + V)))
     sink = None if sinks is None else sinks.astype(dtype, copy=False).reshape(Hkv, g, 1)    # [Hkv, g, 1]
     out = np.empty_like(q, shape=(T, Hkv, g, V), dtype=dtype)                   # (like q: where q lives)
     for t0 in range(0, T, qb_n):

@@ -431,8 +431,18 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         acc = float32(0.0)
         if s < S_on:
             ks = idx[t, s] if gathered else s
-            for kk in range(lane, K, 32):
+            kk = lane                                # four columns' loads issued before their products, which
+            while kk + 96 < K:                       # add into acc in the same order as one at a time
+                q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
+                k0, k1, k2, k3 = k[ks, n, kk], k[ks, n, kk + 32], k[ks, n, kk + 64], k[ks, n, kk + 96]
+                acc += q0 * k0
+                acc += q1 * k1
+                acc += q2 * k2
+                acc += q3 * k3
+                kk += 128
+            while kk < K:
                 acc += q[t, h, kk] * k[ks, n, kk]
+                kk += 32
         acc = warp_sum(acc)
         if lane == 0 and s < S_on:
             x = float32(acc * scale)
@@ -464,8 +474,22 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     den = float32(tot)
     for c in range(tid, V, nt):
         a = float32(0.0)
-        for s in range(S_on):                        # (p is 0 past S_on)
+        s = 0                                        # (p is 0 past S_on) four keys' loads before their products,
+        while s + 3 < S_on:                          # which add into a in key order as one at a time: a thread's
+            r0 = idx[t, s] if gathered else s        # chain waited on each key's load in turn (a decode step's
+            r1 = idx[t, s + 1] if gathered else s + 1     # attention is this loop's latency)
+            r2 = idx[t, s + 2] if gathered else s + 2
+            r3 = idx[t, s + 3] if gathered else s + 3
+            p0, p1, p2, p3 = p[b, s], p[b, s + 1], p[b, s + 2], p[b, s + 3]
+            v0, v1, v2, v3 = v[r0, n, c], v[r1, n, c], v[r2, n, c], v[r3, n, c]
+            a += p0 * v0
+            a += p1 * v1
+            a += p2 * v2
+            a += p3 * v3
+            s += 4
+        while s < S_on:
             a += p[b, s] * v[idx[t, s] if gathered else s, n, c]
+            s += 1
         out[t, h, c] = a / den
 
 
@@ -1214,6 +1238,21 @@ def rope_tail(x, cos, sin, n_rot: int, inverse: bool):
 
 ATTN_MAX_T = 8                      # queries: more (a prefill) keep the batched products
 ATTN_MAX_SCRATCH = 1 << 26          # scores held at once (T * H * S float32)
+# A prefill's gathered attention (more than ATTN_MAX_T queries) where the device multiplies activations in the
+# library (an eager run): "batched" leaves it to `mha.attention_gathered`'s NumPy form, each block of queries' keys
+# gathered once and multiplied by all the query heads of a key head in one batched product (cuBLAS), in blocks of
+# mha.GATHER_ELEMS_DEVICE numbers (a few launches a layer); "fused" takes `_attention`, a block per (query, head),
+# which reads the query's gathered keys and values once per head: DeepSeek-V4 (64 heads over one key head of 512,
+# 640 keys a query at ratio 4) 64 times the bytes. A device's own choice (Device.gathered_prefill, from
+# KernelPolicy.gathered_prefill) comes first. A capture's products (Device.products "kernel") keep the fused form.
+GATHERED_PREFILL = "batched"
+
+
+def takes_gathered(T: int, dev) -> bool:
+    """Whether `attention_gathered` (the fused kernel) takes T queries on the device dev (its `products`:
+    "library" / "kernel", its `gathered_prefill`)."""
+    choice = getattr(dev, "gathered_prefill", None) or GATHERED_PREFILL
+    return T <= ATTN_MAX_T or dev.products == "kernel" or choice == "fused"
 
 
 def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
@@ -1329,12 +1368,12 @@ def _binary(gate, up, op, launch):
 
 def attention_gathered(q, k, v, idx, live, kq_scale: float, sinks):
     """`mha.attention_gathered` (each query's n keys through idx / live; sinks [H] or None) -> [T, H, V] float32, or
-    None. Any number of queries: a prefill's too (its NumPy form gathers a few queries' keys at a time, ~13 launches
-    a block of ~6 queries at DeepSeek-V4's 640 keys of 512: 3000 launches a 512-token prefill, the host's time),
-    in launches of at most ATTN_MAX_SCRATCH scores."""
+    None. A decode step, a small ubatch, or a prefill where `takes_gathered` says so (GATHERED_PREFILL), in launches
+    of at most ATTN_MAX_SCRATCH scores."""
     dev = q.dev
     if not _same_dev(dev, q, k, v) or not (_on(idx, dev) and _on(live, dev)) \
-            or idx.raw.dtype.kind not in "iu" or live.raw.dtype != np.bool_ or q.raw.ndim != 3:
+            or idx.raw.dtype.kind not in "iu" or live.raw.dtype != np.bool_ or q.raw.ndim != 3 \
+            or not takes_gathered(q.shape[0], dev):
         return None
     T, H, K = q.shape
     S, Hkv = k.shape[0], k.shape[1]
