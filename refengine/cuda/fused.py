@@ -266,11 +266,14 @@ def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
     tid = cuda.threadIdx.x
     wi = tid // 32
     lane = tid - wi * 32
-    c = (cuda.blockIdx.x - h * nb) * DR_WARPS + wi
+    c0 = (cuda.blockIdx.x - h * nb) * DR_WARPS
+    c = c0 + wi
     live = c < V                                     # (a dead warp still stages and syncs with the block)
     ks = cuda.shared.array((DR_TC, DR_K), float32)
     qs = cuda.shared.array((DR_TC, DR_K), float32)
     gs = cuda.shared.array((DR_TC, DR_K), float32)
+    vs = cuda.shared.array((DR_TC, DR_WARPS), float32)
+    bs = cuda.shared.array(DR_TC, float32)
     s = cuda.local.array(DR_ROWS, float32)
     for r in range(DR_ROWS):
         kk = lane + 32 * r
@@ -284,6 +287,12 @@ def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
             ks[tt, kk] = k[t0 + tt, h, kk]
             qs[tt, kk] = q[t0 + tt, h, kk]
             gs[tt, kk] = float32(math.exp(g[t0 + tt, h, kk] if g_per_key else g[t0 + tt, h, 0]))
+        for j in range(tid, n * DR_WARPS, 32 * DR_WARPS):     # the tokens' values of the block's columns and their
+            tt = j // DR_WARPS                               # betas: the token loop below reads no global memory
+            cc = j - tt * DR_WARPS
+            vs[tt, cc] = v[t0 + tt, h, c0 + cc] if c0 + cc < V else float32(0.0)
+        if tid < n:
+            bs[tid] = beta[t0 + tid, h]
         cuda.syncthreads()
         if live:
             for tt in range(n):
@@ -296,7 +305,7 @@ def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
                         s[r] = sv
                         part += ks[tt, kk] * sv
                 kv = warp_sum(part)
-                delta = (v[t, h, c] - kv) * beta[t, h]
+                delta = (vs[tt, wi] - kv) * bs[tt]
                 part = float32(0.0)
                 for r in range(DR_ROWS):
                     kk = lane + 32 * r
