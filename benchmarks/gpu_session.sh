@@ -12,7 +12,9 @@
 #   STAGES="llbuild graph" ... then GRAPHLL="arch:preset:layers[:KEY=VALUE] ..." STAGES=graphll: llama-bench and ours on
 #   each file in turn (.dev/ holds ../shared/tools/llamacpp_bench_device.sh and the vendored llama.cpp: see its header)
 #     (GRAPH_SAVE=1: each cut's GPU logits saved as $OUT/logits_ARCH.npz, to compare on a host: benchmarks/check_logits.py;
-#     GRAPH_POLICY=KEY=VALUE: our runs under that KernelPolicy setting, e.g. prefill_gemm=tcq16)
+#     GRAPH_POLICY=KEY=VALUE: our runs under that KernelPolicy setting, e.g. prefill_gemm=tcq16;
+#     GRAPH_PROFILE=1: the prefill's kernels and segments on the same file after; GRAPH_ALT="K=V ...": the prefill's
+#     wall under each of those settings too, e.g. GRAPH_ALT=gathered_prefill=fused)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/rs
@@ -95,7 +97,14 @@ for st in ${STAGES:-info layers matmul tests}; do
           ${GRAPH_UBATCH:+--ubatch $GRAPH_UBATCH --ubatches ${GRAPH_UBATCHES:-4}} ${GRAPH_GREEDY:+--greedy $GRAPH_GREEDY} \
           ${GRAPH_SAVE:+--save-logits "$OUT/logits_$A.npz"} ${GRAPH_POLICY:+--policy $GRAPH_POLICY} \
           --json "$OUT/graph_$A.json" >> "$LOG" 2>&1
-        echo "rc=$?" >> "$LOG"; rm -f $F; done ;;
+        echo "rc=$?" >> "$LOG"
+        if [ -n "${GRAPH_PROFILE:-}" ]; then stage "prefill profile $A"       # the same file: kernels, segments
+          timeout ${PROF_TIMEOUT:-240} python3 benchmarks/profile_prefill.py $F --tokens ${GRAPH_PREFILL:-512} \
+            --segments --top 25 >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; fi
+        for alt in ${GRAPH_ALT:-}; do stage "prefill under $alt $A"          # another KernelPolicy setting's wall
+          timeout ${PROF_TIMEOUT:-240} python3 benchmarks/profile_prefill.py $F --tokens ${GRAPH_PREFILL:-512} \
+            --wall-only --policy $alt >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done
+        rm -f $F; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf
       python3 -c "from refengine.cuda.randmodel import write_random_model as w; w('$F', 'Q4_K', 4, arch='qwen3next', preset='qwen3-next-80b')" >> "$LOG" 2>&1
