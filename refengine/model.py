@@ -127,14 +127,16 @@ class Model:
     def run_step(self, step: Step, state: ModelState, rt: Runtime, *, last_only: bool = False):
         """Embedding, every block and the head on one step -> logits [T, V] where the residual lives (a device
         array in a resident run: `rt.to_host` reads it and the deferred NaN checks), appended to `state`.
-        last_only: the head on the last position only -> [1, V] (what a prompt needs for the next token, and what
-        llama.cpp computes for a batch whose logits are not asked for row by row).
+        last_only: the last block's FFN half and the head on the last position only -> [1, V] (what a prompt needs
+        for the next token, and what llama.cpp computes for a batch whose logits are not asked for row by row: its
+        graphs gather `inp_out_ids` before the last block's FFN); the state is the same.
 
         In a resident run, after a warm-up step has uploaded the weights, a decode step (T = 1) of an arch whose
         modules keep to the device (deepseek2: tests/test_capture.py) runs all of this under `rt.device.strict()`
         with the same op signature from one token to the next: the span a CUDA graph captures
         (docs/device_path.md)."""
         a, cfg = self.arch, self.cfg
+        step.last_out = bool(last_only)                         # the last block's FFN half on the last row only
         x = rt.to_device(a.embed(self.g, cfg, step, rt))        # the residual, e.g. [T, D] (on the device if resident)
         for il in range(cfg.n_layer):
             x = a.block(x, self.layer(il), cfg=cfg, il=il, state=state.layers[il], step=step, rt=rt)
@@ -145,8 +147,9 @@ class Model:
     def forward(self, tokens, state: ModelState | None = None, rt: Runtime | None = None, *,
                 n_ubatch: int | None = None, progress: bool = False, last_only: bool = False) -> np.ndarray:
         """tokens [T] -> logits [T, V]; appends the tokens to `state` (a fresh one when None).
-        last_only: logits of the last token only, [1, V] (the head runs on that row alone: a prompt's work as
-        llama.cpp does it when only the next token is wanted).
+        last_only: logits of the last token only, [1, V]: each ubatch's last block runs its FFN half and the head
+        on its last row alone (`Step.out_rows`; a prompt's work as llama.cpp does it when only the next token is
+        wanted: its `inp_out_ids`); the state is the same as without.
 
         The tokens run as successive ubatches of `n_ubatch` through the per-layer state, as llama.cpp splits a batch
         into ubatches: decode equals prefill, so the logits are one prefill's (up to float32 summation order).
@@ -177,8 +180,9 @@ class Model:
             bar = tqdm(total=tokens.size, unit="tok", desc="prefill", leave=False)
         out = []
         for i in starts:
-            last = last_only and i + ub >= tokens.size
-            logits = self._forward_ubatch(tokens[i:i + ub], state, rt if i == 0 else quiet, last_only=last)
+            last = last_only and i + ub >= tokens.size             # (every ubatch of a last_only prompt computes its
+            logits = self._forward_ubatch(tokens[i:i + ub], state, rt if i == 0 else quiet,      # last row only: its
+                                          last_only=last_only)     # last block's FFN half and the head on one row)
             if not last_only or last:
                 out.append(logits)
             if bar is not None:

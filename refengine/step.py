@@ -9,6 +9,7 @@
                                 a block asks for its own rope parameters, so layers may differ
     step.device                 the Device a resident forward runs on (refengine.devarray), or None: a memoized
                                 tuple of host arrays is put there once, not uploaded by every layer
+    step.out_rows(il, n, x)     x cut to the rows whose output is asked for, at the last block (below)
 A memo holds values of this step's positions: a step is made per forward call (a captured graph replays the ops
 that computed them, reading the positions' buffer, so a replay with new positions recomputes them).
 """
@@ -27,6 +28,7 @@ class Step:
     n_ctx: int
     g: Any = None
     device: Any = None
+    last_out: bool = False     # only the last row's output is asked for (Model.run_step(last_only=True))
     _memo: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -36,6 +38,20 @@ class Step:
     @property
     def n_past(self) -> int:
         return int(self.pos[0])
+
+    def out_rows(self, il: int, n_layer: int, x):
+        """x [T, ...] cut to its last row at the last block (il == n_layer - 1) of a step whose last row's output
+        only is asked for (`last_out`), else x as it is; a list or tuple: each of its arrays. Every arch's block calls
+        it between its attention half and its FFN half (lists nested, e.g. Kimi-K3's bank of checkpoints), where llama.cpp gathers the output rows (`inp_out_ids`, e.g.
+        deepseek2.cpp:636-639): a prompt's last block then runs its FFN half on one row, as llama.cpp's does when
+        only the next token's logits are wanted. Nothing after that point writes the state (the caches were written
+        by the attention half), so the state is the same either way, and so is the last row's output up to the
+        products' summation order over 1 row instead of T."""
+        if not self.last_out or il != n_layer - 1:
+            return x
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.out_rows(il, n_layer, v) for v in x)
+        return x[-1:]
 
     def memo(self, key, fn: Callable[[], Any]):
         if key not in self._memo:

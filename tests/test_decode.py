@@ -98,11 +98,18 @@ def test_ubatched_prefill_equals_one_batch(synth_model, arch, kw, form):
 @pytest.mark.parametrize("arch,kw,form", ubatch_cases(),
                          ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={w}" for k, w in (v or {}).items()))
 def test_last_only_is_the_last_row(synth_model, arch, kw, form):
-    """forward(last_only=True): the head on the last position alone == the last row of the whole batch's logits, in
-    one batch and over ubatches of 5 (the last ubatch's last row), and the state carries on the same."""
+    """forward(last_only=True): the last block's FFN half and the head on the last position alone (`Step.out_rows`,
+    llama.cpp's inp_out_ids) == the last row of the whole batch's logits, in one batch and over ubatches of 5 (the
+    last ubatch's last row); the state is the same (the next decode step's logits equal bit for bit); and the cut is
+    made: the last block's last traced tensor has one row, its attention half's tensors all of them."""
+    from refengine.runtime import Runtime
+    from refengine.trace import Trace
     m = Model(synth_model(arch, **kw))
     full = m.forward(TOKENS, m.new_state(form))                               # [12, V]
     for ub in (None, 5):
+        full_state = m.new_state(form)
+        m.forward(TOKENS, full_state, n_ubatch=ub)                            # every row, the same ubatches
+        after_full = m.forward([7], full_state)
         state = m.new_state(form)
         last = m.forward(TOKENS, state, n_ubatch=ub, last_only=True)
         assert last.shape == (1, full.shape[1])
@@ -110,6 +117,12 @@ def test_last_only_is_the_last_row(synth_model, arch, kw, form):
         assert nmse <= 1e-10, (ub, nmse, max_abs)      # a 1-row product against a 12-row one: summation order only
         assert int(last.argmax()) == int(full[-1].argmax())
         assert state.n_past == len(TOKENS)
+        assert np.array_equal(m.forward([7], state), after_full), ub           # the same state
+    tr = Trace()
+    m.forward(TOKENS, m.new_state(form), Runtime(trace=tr), last_only=True)
+    names = [k for k in tr if k.endswith(f"-{m.cfg.n_layer - 1}")]
+    assert any(np.shape(tr[k])[0] == len(TOKENS) for k in names) and np.shape(tr[names[-1]])[0] == 1, \
+        [(k, np.shape(tr[k])) for k in names]
 
 
 def test_ubatch_default_and_trace(synth_model):

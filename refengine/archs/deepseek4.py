@@ -197,8 +197,8 @@ def block(X, w, *, cfg, il, state, step, rt):
     X = mhc.sublayer(X, w, "attn", lambda h: ckv.compressed_kv_attention(h, w, ac=spec.attn_cfg, il=il, state=state,
                                                                          pos=step.pos, rt=rt),
                      out_name="hc_attn_post", **sub)
-    return mhc.sublayer(X, w, "ffn", lambda h: hash_routing.hash_moe(h, w, mc=spec.moe, tokens=step.tokens, il=il,
-                                                                     rt=rt),
+    X, tokens = step.out_rows(il, cfg.n_layer, (X, step.tokens))         # the output rows (llama.cpp inp_out_ids)
+    return mhc.sublayer(X, w, "ffn", lambda h: hash_routing.hash_moe(h, w, mc=spec.moe, tokens=tokens, il=il, rt=rt),
                         out_name="l_last", **sub)
 
 

@@ -178,6 +178,7 @@ def block(x, w, *, cfg, il, state, step, rt, ffn_scales: bool, moe_tensors: MoET
         a = dsa.sparse_mla(h, w, dc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, step=step)
     else:
         a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, pos=step.pos)
+    x, a = step.out_rows(il, cfg.n_layer, (x, a))                        # the output rows (llama.cpp inp_out_ids)
     return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=moe_tensors, dense_scales=ffn_scales,
                         a=a)                                             # x + a (ffn_inp), then the FFN half
 

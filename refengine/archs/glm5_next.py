@@ -302,10 +302,11 @@ def block(X, w, *, cfg, il, state, step, rt):
                                                                                         "ffn_swiglu"))
             rt.record("ffn_out", il, f)
             return f
-        return hash_routing.hash_moe(h, w, mc=spec.moe, tokens=step.tokens, il=il, rt=rt)
+        return hash_routing.hash_moe(h, w, mc=spec.moe, tokens=tokens, il=il, rt=rt)
 
     sub = dict(hc=cfg.hc, eps=cfg.rms_eps, rt=rt, il=il)
     X = mhc.sublayer(X, w, "attn", attention, out_name="hc_attn_post", **sub)
+    X, tokens = step.out_rows(il, cfg.n_layer, (X, step.tokens))         # the output rows (llama.cpp inp_out_ids)
     return mhc.sublayer(X, w, "ffn", ffn, out_name="l_out", **sub)
 
 

@@ -186,6 +186,7 @@ def block(x: ResidualStream, w, *, cfg, il, state, step, rt) -> ResidualStream:
                       mla_out_gate=True, pos=step.pos)                   # [T, D]
     ps = a if banked else ps + a                                         # the sum restarts on bank layers
     rt.record("prefix_sum_attn", il, ps)
+    ps, bank = step.out_rows(il, cfg.n_layer, (ps, bank))                # the output rows (llama.cpp inp_out_ids)
     cur = res_mix(ps, bank, w.ffn_res_score, eps, rt=rt, il=il) if bs else ps
     f = rms_norm(cur, w.ffn_norm, eps)
     rt.record("ffn_norm", il, f)

@@ -127,6 +127,7 @@ def block(x, w, *, cfg, il, state, step, rt):
     legacy = spec.attn == "mla" and spec.attn_cfg.legacy
     a = fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES,
                       mla_graph=LEGACY_MLA_GRAPH if legacy else None, pos=step.pos)
+    x, a = step.out_rows(il, cfg.n_layer, (x, a))                        # the output rows (llama.cpp inp_out_ids)
     return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=MOE_TENSORS, dense_scales=False,
                         a=a)                                             # x + a (ffn_inp), then the FFN half
 

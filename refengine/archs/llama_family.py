@@ -221,6 +221,7 @@ class Variant:
                                    rt=rt, out_gate=self.q_gate)
             if self.trace_attn_out:
                 rt.record(self.trace_attn_out, il, a)
+        x, a = step.out_rows(il, cfg.n_layer, (x, a))                    # the output rows (llama.cpp inp_out_ids)
         x, h = add_rms_norm(x, a, getattr(w, self.ffn_norm), cfg.rms_eps)     # x + a and its norm
         rt.record(self.trace_ffn_inp, il, x)
         rt.record(self.trace_ffn_norm, il, h)

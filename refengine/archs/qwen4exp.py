@@ -281,6 +281,7 @@ def block(R, w, *, cfg: Q4Config, il, state, step, rt):
         a = _attention(h, w, cfg=cfg, spec=spec, il=il, state=state, step=step, rt=rt)
     R = gs.combine(R, a, inj)
     rt.record("hc_combine", il, R)
+    R = step.out_rows(il, cfg.n_layer, R)                                # the output rows (llama.cpp inp_out_ids)
     h, inj = gs.mix(R, w.hc_ffn_norm, w.hc_ffn_down, w.hc_ffn_up, w.hc_ffn_inject, eps=eps, rt=rt, il=il)
     f = moe_block(h, w, mc=spec.moe, tensors=MOE_TENSORS, spec=spec, il=il, rt=rt)
     rt.record("ffn_out", il, f)
