@@ -41,12 +41,12 @@ class Step:
 
     def out_rows(self, il: int, n_layer: int, x):
         """x [T, ...] cut to its last row at the last block (il == n_layer - 1) of a step whose last row's output
-        only is asked for (`last_out`), else x as it is; a list or tuple: each of its arrays. Every arch's block calls
-        it between its attention half and its FFN half (lists nested, e.g. Kimi-K3's bank of checkpoints), where llama.cpp gathers the output rows (`inp_out_ids`, e.g.
-        deepseek2.cpp:636-639): a prompt's last block then runs its FFN half on one row, as llama.cpp's does when
-        only the next token's logits are wanted. Nothing after that point writes the state (the caches were written
-        by the attention half), so the state is the same either way, and so is the last row's output up to the
-        products' summation order over 1 row instead of T."""
+        only is asked for (`last_out`), else x as it is; a list or tuple: each of its members (nested: Kimi-K3's bank
+        of checkpoints). Every arch's block calls it between its attention half and its FFN half, where llama.cpp
+        gathers the output rows (`inp_out_ids`, e.g. deepseek2.cpp:636-639): a prompt's last block then runs its FFN
+        half on one row, as llama.cpp's does when only the next token's logits are wanted. Nothing after that point
+        writes the state (the caches were written by the attention half), so the state is the same either way, and
+        so is the last row's output up to the products' summation order over 1 row instead of T."""
         if not self.last_out or il != n_layer - 1:
             return x
         if isinstance(x, (list, tuple)):
