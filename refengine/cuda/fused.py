@@ -413,6 +413,16 @@ ANT = 512                   # threads of an attention block (16 warps: a decode 
 ANT_SIM = 64                # in the CUDA simulator (a Python thread each)
 
 
+@cuda.jit(device=True, inline=True)
+def _dot4(acc, x0, y0, x1, y1, x2, y2, x3, y3):
+    """acc + x0 y0 + x1 y1 + x2 y2 + x3 y3, added one product at a time in that order (as a loop over the four)."""
+    acc += x0 * y0
+    acc += x1 * y1
+    acc += x2 * y2
+    acc += x3 * y3
+    return acc
+
+
 @cuda.jit(fastmath=False)
 def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sink, p, out):
     """One block per (query t, head h), kv head h // (H / Hkv): the scores x_s = (q . k_s) * scale (-inf past the
@@ -444,10 +454,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
             while kk + 96 < K:                       # add into acc in the same order as one at a time
                 q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
                 k0, k1, k2, k3 = k[ks, n, kk], k[ks, n, kk + 32], k[ks, n, kk + 64], k[ks, n, kk + 96]
-                acc += q0 * k0
-                acc += q1 * k1
-                acc += q2 * k2
-                acc += q3 * k3
+                acc = _dot4(acc, q0, k0, q1, k1, q2, k2, q3, k3)
                 kk += 128
             while kk < K:
                 acc += q[t, h, kk] * k[ks, n, kk]
@@ -491,10 +498,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
             r3 = idx[t, s + 3] if gathered else s + 3
             p0, p1, p2, p3 = p[b, s], p[b, s + 1], p[b, s + 2], p[b, s + 3]
             v0, v1, v2, v3 = v[r0, n, c], v[r1, n, c], v[r2, n, c], v[r3, n, c]
-            a += p0 * v0
-            a += p1 * v1
-            a += p2 * v2
-            a += p3 * v3
+            a = _dot4(a, p0, v0, p1, v1, p2, v2, p3, v3)
             s += 4
         while s < S_on:
             a += p[b, s] * v[idx[t, s] if gathered else s, n, c]
