@@ -59,6 +59,7 @@ def cut_file(directory: str, arch: str, preset: str, layers: int | None, wtype: 
     ov = parse_overrides(arch, preset, items)
     path = os.path.join(directory, f"{arch}-{preset}-L{layers}-{wtype}{override_tag(ov)}{suffix}.gguf")
     if not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
         if preset == "tiny":
             synth.write_synth(arch, path, wtype=wtype)
         else:
