@@ -77,6 +77,14 @@ def numpy_twins() -> dict:
     }
 
 
+# The real entries' declines that depend on sizes a tiny preset reaches (a prefill's queries): the stand-in declines
+# them too, so that a count sees the NumPy form's launches where a GPU runs that form.
+DECLINES = {
+    "attention_gathered": lambda dev, q, *a: not fused.takes_gathered(q.shape[0], dev),
+    "attention_causal": lambda dev, q, *a: q.shape[0] > fused.ATTN_MAX_T,
+}
+
+
 class StandIn:
     """Device.fused for the sim device (above); `hits` counts the calls per entry."""
 
@@ -97,8 +105,8 @@ class StandIn:
 
         def run(*args):
             sig.bind(*args)                               # the call site passes what the kernel's entry takes
-            if name == "attention_gathered" and not fused.takes_gathered(args[0].shape[0], self.dev):
-                return None                               # the real entry declines a prefill: the NumPy form runs
+            if name in DECLINES and DECLINES[name](self.dev, *args):
+                return None                               # the real entry declines it: the NumPy form runs
             self.hits[name] = self.hits.get(name, 0) + 1
             twin = self.twins[name]
             if twin is None:
