@@ -10,7 +10,9 @@ Legend: L layers, E experts of a layer, A active experts per token, T tokens of 
 
 The file (`.npz`): `layer` int32 [n] (one entry per call), `shape` int32 [n, 2] (T, A of each call), `n_expert`
 int32 [n], `ids` int32 [sum of T*A] (each call's [T, A] ids, row-major, one after another). Calls come in the
-order the forward made them: a batch's layers one after another, then the next batch (a decode step is T = 1).
+order the forward made them: a batch's layers one after another, then the next batch (a decode step is T = 1). A
+prompt run for its last logits only (`forward(last_only=True)`: `refengine run`'s prefill) routes its last block for
+its last token only, as llama.cpp does (its output rows, `Step.out_rows`): that call has T = 1.
 """
 from __future__ import annotations
 
