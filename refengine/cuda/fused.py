@@ -428,7 +428,8 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     """One block per (query t, head h), kv head h // (H / Hkv): the scores x_s = (q . k_s) * scale (-inf past the
     query's position when causal; gathered: key s is row idx[t, s], -inf where not live[t, s]) into p's row, a warp
     per key, lanes along K (`warp_sum`); then softmax's max, exp and float64 sum (as ops/softmax.py); then
-    out = (sum_s p_s v_s) / sum, threads along V."""
+    out = (sum_s p_s v_s) / sum, threads along V. A dead slot (gathered, not live) reads neither its key nor its
+    value: its p is exactly 0 (a finite value row would add exactly 0; a non-finite one is ignored, as its key is)."""
     b = cuda.blockIdx.x
     T, H, K = q.shape
     S = idx.shape[1] if gathered else k.shape[0]
@@ -448,7 +449,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     for s0 in range(0, S_on, nt // 32):             # (every lane runs every round: warp_sum needs all 32)
         s = s0 + warp
         acc = float32(0.0)
-        if s < S_on:
+        if s < S_on and (not gathered or live[t, s]):     # (a dead slot's score is -inf whatever its key: not read)
             ks = idx[t, s] if gathered else s
             kk = lane                                # four columns' loads issued before their products, which
             while kk + 96 < K:                       # add into acc in the same order as one at a time
@@ -492,16 +493,18 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         a = float32(0.0)
         s = 0                                        # (p is 0 past S_on) four keys' loads before their products,
         while s + 3 < S_on:                          # which add into a in key order as one at a time: a thread's
-            r0 = idx[t, s] if gathered else s        # chain waited on each key's load in turn (a decode step's
-            r1 = idx[t, s + 1] if gathered else s + 1     # attention is this loop's latency)
-            r2 = idx[t, s + 2] if gathered else s + 2
-            r3 = idx[t, s + 3] if gathered else s + 3
-            p0, p1, p2, p3 = p[b, s], p[b, s + 1], p[b, s + 2], p[b, s + 3]
-            v0, v1, v2, v3 = v[r0, n, c], v[r1, n, c], v[r2, n, c], v[r3, n, c]
-            a = _dot4(a, p0, v0, p1, v1, p2, v2, p3, v3)
+            if not gathered or live[t, s] or live[t, s + 1] or live[t, s + 2] or live[t, s + 3]:   # chain waited on
+                r0 = idx[t, s] if gathered else s    # each key's load in turn (a decode step's attention is this
+                r1 = idx[t, s + 1] if gathered else s + 1     # loop's latency). Four dead slots (p exactly 0:
+                r2 = idx[t, s + 2] if gathered else s + 2     # e.g. a fixed-shape selection's min(k, capacity)
+                r3 = idx[t, s + 3] if gathered else s + 3     # slots past the context) add nothing: skipped
+                p0, p1, p2, p3 = p[b, s], p[b, s + 1], p[b, s + 2], p[b, s + 3]
+                v0, v1, v2, v3 = v[r0, n, c], v[r1, n, c], v[r2, n, c], v[r3, n, c]
+                a = _dot4(a, p0, v0, p1, v1, p2, v2, p3, v3)
             s += 4
         while s < S_on:
-            a += p[b, s] * v[idx[t, s] if gathered else s, n, c]
+            if not gathered or live[t, s]:
+                a += p[b, s] * v[idx[t, s] if gathered else s, n, c]
             s += 1
         out[t, h, c] = a / den
 
