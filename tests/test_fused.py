@@ -239,8 +239,9 @@ def test_attention(causal, T):
 @pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("T", [1, 3])
 def test_attention_gathered(with_sinks, T):
-    """Each query's n selected keys (idx, some slots dead, one query with every slot dead: NaN as NumPy), with and
-    without DeepSeek-V4's sinks, in one launch == mha.attention_gathered."""
+    """Each query's n selected keys (idx, some slots dead, one query with every slot dead: NaN as NumPy, one with its
+    live slots first and the rest dead: a fixed-shape selection's slots past the context, which the kernel skips),
+    with and without DeepSeek-V4's sinks, in one launch == mha.attention_gathered."""
     from refengine.attention.mha import attention_gathered
     H, Hkv, K, V, S, n = (16, 1, 576, 512, 64, 24) if GPU else (4, 2, 20, 6, 9, 5)
     rng = np.random.default_rng(T + 10)
@@ -251,6 +252,8 @@ def test_attention_gathered(with_sinks, T):
     live[0, 0] = True
     if T > 1:
         live[1] = False
+    if T > 2:
+        live[2] = np.arange(n) < n // 3
     sinks = rng.standard_normal(H).astype(np.float32) if with_sinks else None
     scale = 1 / np.sqrt(K)
     want = attention_gathered(q, k, v, idx, live, scale, sinks=sinks)
