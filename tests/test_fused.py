@@ -176,6 +176,26 @@ def test_rope(mode):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", [0, 2])
+@pytest.mark.parametrize("with_w", [True, False])
+def test_norm_rope(mode, with_w):
+    """A head's rms_norm then its rotation in one launch (Qwen3's q / k norms) == rope.rms_norm_rope's NumPy
+    statement (apply_rope of rms_norm), on a strided input (a gated q is a slice of a wider row), rows of other
+    scales, n_rot < K (the rest copied normed); the norm as the norm kernel's (2e-6), the rotation as test_rope's."""
+    from refengine.ops.norm import rms_norm as rms
+    T, H, K, n_rot = (3, 16, 128, 64) if GPU else (2, 3, 10, 6)
+    wide = _rand(T, H, 2 * K)
+    wide[1] *= 1e-3
+    x = wide[:, :, :K]
+    w = _rand(K, seed=3) if with_w else None
+    cos, sin = rope_cos_sin(np.arange(5, 5 + T), n_rot=n_rot, base=10000.0)
+    want = apply_rope(rms(x, w, 1e-6), cos, sin, n_rot, mode)
+    (got,) = _run(lambda xd, wd, c, s_, y: fused.norm_rope_raw(xd[:, :, :K], wd, 1e-6, c, s_, n_rot, mode == 2, y),
+                  wide, w, cos, sin, out_shapes=[(T, H, K)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[..., n_rot:], rms(x, w, 1e-6)[..., n_rot:], rtol=2e-6, atol=0)
+
+
 @pytest.mark.parametrize("inverse", [False, True])
 def test_rope_tail(inverse):
     """DeepSeek-V4's rope of the last n_rot dims of a head (by -theta: inverse), the first ones copied, in one

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache import KVCache
-from ..ops import apply_rope, rms_norm, sigmoid
+from ..ops import apply_rope, rms_norm, rms_norm_rope, sigmoid
 from ..ops.linear import linear
 from ..weights import W
 from .mha import SparseMask, attend, causal_mask, keeps_scores, no_mask
@@ -122,13 +122,15 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
         q, gate = q[..., :K], q[..., K:]                                 # [T, H, K] each
         rt.record(view_names[0], il, q)
         rt.record(view_names[1], il, gate)
-    if getattr(w, "attn_q_norm", None) is not None:
-        q = rms_norm(q, w.attn_q_norm, cfg.rms_eps)                      # [T, H, K]
-        rt.record("Qcur_normed", il, q)
-        k = rms_norm(k, w.attn_k_norm, cfg.rms_eps)                      # [T, Hkv, K]
-        rt.record("Kcur_normed", il, k)
-    q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_type)                # [T, H, K]
-    k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_type)                # [T, Hkv, K]
+    if getattr(w, "attn_q_norm", None) is not None:                      # per-head norms, then the rotation
+        eps = cfg.rms_eps                                                # (the normed ones made for a trace only)
+        rt.record("Qcur_normed", il, lambda: rms_norm(q, w.attn_q_norm, eps))
+        rt.record("Kcur_normed", il, lambda: rms_norm(k, w.attn_k_norm, eps))
+        q = rms_norm_rope(q, w.attn_q_norm, eps, cos, sin, cfg.n_rot, cfg.rope_type)    # [T, H, K]
+        k = rms_norm_rope(k, w.attn_k_norm, eps, cos, sin, cfg.n_rot, cfg.rope_type)    # [T, Hkv, K]
+    else:
+        q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_type)            # [T, H, K]
+        k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_type)            # [T, Hkv, K]
     rt.record("Qcur", il, q)
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)

@@ -384,6 +384,58 @@ def _rope(x, cos, sin, n_rot, neox, off, sgn, y):
         y[t, h, j + off] = float32(a * s) + float32(b * c)
 
 
+NR_K = 512                  # norm + rope: the largest head dim (its shared row's size, a literal)
+
+
+@cuda.jit(fastmath=False)
+def _norm_rope(x, w, has_w, eps, cos, sin, n_rot, neox, y):
+    """One block per (t, h) of x [T, H, K] (strided): the row's rms_norm as `_rms_rows` computes it (float64 sum of
+    squares, v = x * (1 / sqrt(mean + eps)) (* w), each product rounded to float32) into shared memory, then its first
+    n_rot dims rotated in pairs as `_rope` rotates them (NEOX (j, j + n_rot/2), NORM (2i, 2i + 1)) by the row's
+    cos / sin [T, n_rot/2], the rest copied: `rope.rms_norm_rope`, one launch where the two take two."""
+    b = cuda.blockIdx.x
+    T, H, K = x.shape
+    t = b // H
+    h = b - t * H
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    buf = cuda.shared.array(32, float64)
+    v = cuda.shared.array(NR_K, float32)
+    acc = float64(0.0)
+    for j in range(tid, K, nt):
+        xv = x[t, h, j]
+        acc += float64(xv) * float64(xv)
+    mean = float32(block_sum64(acc, buf) / K)
+    scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
+    for j in range(tid, K, nt):
+        u = x[t, h, j] * scale
+        if has_w:
+            u = u * w[j]
+        v[j] = u
+    cuda.syncthreads()
+    half = n_rot // 2
+    for j in range(tid, K, nt):
+        if j >= n_rot:
+            y[t, h, j] = v[j]
+        else:
+            if neox:
+                pr = j if j < half else j - half
+                a = v[pr]
+                c2 = v[pr + half]
+                first = j < half
+            else:
+                pr = j // 2
+                a = v[2 * pr]
+                c2 = v[2 * pr + 1]
+                first = j % 2 == 0
+            c = cos[t, pr]
+            s = sin[t, pr]
+            if first:
+                y[t, h, j] = float32(a * c) - float32(c2 * s)
+            else:
+                y[t, h, j] = float32(a * s) + float32(c2 * c)
+
+
 @cuda.jit(fastmath=False)
 def _rope_cos_sin(pos, theta_scale, ff, has_ff, freq_scale, keep, mix, has_yarn, mscale, cos, sin):
     """One thread per (t, i) of cos/sin [T, n_rot/2]: theta_i = p * theta_scale^i by i float32 multiplications in
@@ -971,6 +1023,13 @@ def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0, off: int = 0, inv
                                                                     np.float32(-1.0 if inverse else 1.0), y)
 
 
+def norm_rope_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
+    """x [T, H, K] float32 (strided), w [K] float32 or None, cos / sin [T, n_rot/2]; y [T, H, K] written."""
+    has_w = w is not None
+    _norm_rope[x.shape[0] * x.shape[1], NT, stream](x, w if has_w else cos[0], has_w, np.float32(eps), cos, sin,
+                                                    int(n_rot), bool(neox), y)
+
+
 def rope_cos_sin_raw(pos, theta_scale, ff, freq_scale, keep, mix, mscale, cos, sin, stream=0) -> None:
     """pos [T] (device ints or floats); ff, keep, mix [n_rot/2] float32 or None; cos, sin [T, n_rot/2] written."""
     dummy = cos[0]
@@ -1244,6 +1303,26 @@ def _rope_entry(x, cos, sin, n_rot: int, neox: bool, tail: bool, inverse: bool, 
 def apply_rope(x, cos, sin, n_rot: int, mode: int):
     """`rope.apply_rope` (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
     return None if mode not in (0, 2) else _rope_entry(x, cos, sin, n_rot, mode == 2, False, False, "rope")
+
+
+def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int):
+    """`rope.rms_norm_rope`: x [T, H, K] (a strided view too) normed over K (by w [K] or None) and its first n_rot
+    dims rotated (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
+    dev = x.dev
+    if mode not in (0, 2) or not (_on(x, dev) and x.raw.dtype == np.float32 and x.raw.size > 0) \
+            or not _same_dev(dev, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
+        return None
+    T, H, K = x.shape
+    if K > NR_K or cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2 \
+            or not (cos.raw.flags.c_contiguous and sin.raw.flags.c_contiguous):
+        return None
+    wv = _vectors(dev, "norm_rope", (w,), K)
+    if wv is None:
+        return None
+    y = dev.xp.empty((T, H, K), dtype=np.float32)
+    norm_rope_raw(_nv(x.raw), _nv(wv[0]), eps, _nv(cos.raw), _nv(sin.raw), n_rot, mode == 2, _nv(y),
+                  stream=_stream())
+    return _done(dev, "norm_rope", (x, w, cos, sin), y)
 
 
 def rope_tail(x, cos, sin, n_rot: int, inverse: bool):

@@ -74,6 +74,7 @@ def numpy_twins() -> dict:
         "append_rows": append_rows_np, "expert_weights": expert_weights_np,
         "rope_cos_sin": cos_sin,
         "rope_tail": rotate_tail,
+        "norm_rope": lambda x, w, eps, c, s, n, mode: apply_rope(rms_norm(x, w, eps), c, s, n, mode),
     }
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..config import ROPE_NEOX, ROPE_NORM
 from .arrays import as_array, fused_op
+from .norm import rms_norm
 
 
 def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
@@ -134,6 +135,15 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode
     else:
         raise ValueError(f"rope mode {mode} is not NORM (0) or NEOX (2)")
     return out
+
+
+def rms_norm_rope(x: np.ndarray, w: np.ndarray | None, eps: float, cos: np.ndarray, sin: np.ndarray, n_rot: int,
+                  mode: int) -> np.ndarray:
+    """apply_rope(rms_norm(x, w, eps), cos, sin, n_rot, mode): a head's norm then its rotation (Qwen3's q / k norms),
+    x [T, H, K] -> [T, H, K]. On a GPU one launch where the two take two (refengine/cuda/fused.py)."""
+    if (k := fused_op(x, "norm_rope")) is not None and (y := k(x, w, eps, cos, sin, n_rot, mode)) is not None:
+        return y
+    return apply_rope(rms_norm(x, w, eps), cos, sin, n_rot, mode)
 
 
 def context_rope(cfg, pos: np.ndarray, *, freq_factors=None, attn_factor: float | None = None):
