@@ -537,6 +537,25 @@ def test_expert_weights(norm_w, scale):
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[2]).any()
 
 
+@pytest.mark.parametrize("norm_w,scale", [(False, None), (True, 2.5)])
+def test_route_softmax(norm_w, scale):
+    """Softmax routing in one launch (softmax, its k largest, their weights) == moe.router.route with softmax gating:
+    the ids equal (a tie at the top, rows longer than the block), the probs and weights as the three kernels' tests
+    hold theirs."""
+    from refengine.moe.router import GATING_SOFTMAX, route
+    T, E, k = (9, 512, 10) if GPU else (3, 300, 3)
+    x = _rand(T, E, scale=3.0)
+    x[0, 5] = x[0, 9] = x[0, 5 + fused.NT] = np.float32(8.0)   # a tie at the top, one of it the same thread's next
+    want_ids, want_w = route(x, k, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=scale or 0.0)
+    probs, ids, w = (cuda.device_array((T, E), np.float32), cuda.device_array((T, k), np.int32),
+                     cuda.device_array((T, k), np.float32))
+    fused.route_softmax_raw(cuda.to_device(x), k, norm_w, scale, probs, ids, w)
+    cuda.synchronize()
+    assert np.array_equal(ids.copy_to_host(), want_ids)
+    np.testing.assert_allclose(w.copy_to_host(), want_w, rtol=2e-6, atol=0)
+    np.testing.assert_allclose(probs.copy_to_host(), softmax(x), rtol=2e-6, atol=0)
+
+
 @pytest.mark.skipif(not qc.SIM, reason="the simulator's arrays stand in for CuPy's (on a GPU: the tests above)")
 def test_entries_on_numpy_arrays(monkeypatch):
     """The entry points of this session's kernels as the modules call them (DeviceArrays in, DeviceArrays out),

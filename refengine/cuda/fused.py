@@ -140,11 +140,17 @@ def _layer_rows(x, w, has_w, b, has_b, eps, y):
 
 @cuda.jit(fastmath=False)
 def _softmax_rows(x, y):
-    r = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    D = x.shape[1]
     shm = cuda.shared.array(NT, float32)
     buf = cuda.shared.array(32, float64)
+    _softmax_row(x, cuda.blockIdx.x, y, shm, buf)
+
+
+@cuda.jit(device=True, inline=True)
+def _softmax_row(x, r, y, shm, buf):
+    """Row r of y = `ops.softmax` of row r of x (max, exp, float64 sum, divide), the block's NT threads (shm: NT
+    float32, buf: 32 float64 shared)."""
+    t = cuda.threadIdx.x
+    D = x.shape[1]
     m = float32(-math.inf)
     for j in range(t, D, NT):
         v = x[r, j]
@@ -683,19 +689,25 @@ def _own_first(x, r, t, E, taken):
 
 @cuda.jit(fastmath=False)
 def _top_k(x, k, ids):
-    """Row r = blockIdx.x: k picks, each the block's first entry in the stable descending order among those not
-    picked yet (np.argsort(-x, kind="stable")[:k]). Each thread keeps the first of its own entries (a scan of E / NT
-    of them) and rescans only when the pick was that entry; a pick is the first of the threads' entries, by warp
-    shuffles and then across the warps (two barriers a pick; a tree over shared memory took nine)."""
-    r = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    lane = t % 32
-    w = t // 32
-    E = x.shape[1]
+    """Row r = blockIdx.x: `_top_k_row`."""
     taken = cuda.shared.array(TOPK_E, boolean)
     wv = cuda.shared.array(NTW, float32)
     wj = cuda.shared.array(NTW, int32)
     pick = cuda.shared.array(1, int32)
+    _top_k_row(x, cuda.blockIdx.x, k, ids, taken, wv, wj, pick)
+
+
+@cuda.jit(device=True, inline=True)
+def _top_k_row(x, r, k, ids, taken, wv, wj, pick):
+    """Row r of ids: k picks, each the block's first entry in the stable descending order among those not picked
+    yet (np.argsort(-x, kind="stable")[:k]). Each thread keeps the first of its own entries (a scan of E / NT of
+    them) and rescans only when the pick was that entry; a pick is the first of the threads' entries, by warp
+    shuffles and then across the warps (two barriers a pick; a tree over shared memory took nine). Shared: taken
+    [TOPK_E] bool, wv / wj [NTW], pick [1]."""
+    t = cuda.threadIdx.x
+    lane = t % 32
+    w = t // 32
+    E = x.shape[1]
     for j in range(t, E, NT):
         taken[j] = False
     cuda.syncthreads()
@@ -924,11 +936,36 @@ def _append_rows(buf, x, count, advance):
 
 @cuda.jit(fastmath=False)
 def _expert_weights(probs, ids, norm_w, scale, has_scale, out):
-    """Row t per thread: out[t, a] = probs[t, ids[t, a]]; when norm_w divided by max(float32(their float64 sum),
-    2^-14); when has_scale times scale (`moe.router.expert_weights` for the gates that pick from probs)."""
+    """Row t per thread: `_weights_row`."""
     t = cuda.grid(1)
-    if t >= ids.shape[0]:
-        return
+    if t < ids.shape[0]:
+        _weights_row(probs, ids, t, norm_w, scale, has_scale, out)
+
+
+@cuda.jit(fastmath=False)
+def _route_softmax(x, k, norm_w, scale, has_scale, probs, ids, out):
+    """Row r = blockIdx.x of a softmax router (`moe.router.route`, gating softmax, no bias, no groups): probs =
+    softmax of the logits' row (`_softmax_row`), ids its k largest (`_top_k_row`), out their weights
+    (`_weights_row`, thread 0): one launch where the three take three."""
+    r = cuda.blockIdx.x
+    shm = cuda.shared.array(NT, float32)
+    buf = cuda.shared.array(32, float64)
+    taken = cuda.shared.array(TOPK_E, boolean)
+    wv = cuda.shared.array(NTW, float32)
+    wj = cuda.shared.array(NTW, int32)
+    pick = cuda.shared.array(1, int32)
+    _softmax_row(x, r, probs, shm, buf)
+    cuda.syncthreads()                               # the row's probs written before any thread reads them
+    _top_k_row(probs, r, k, ids, taken, wv, wj, pick)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        _weights_row(probs, ids, r, norm_w, scale, has_scale, out)
+
+
+@cuda.jit(device=True, inline=True)
+def _weights_row(probs, ids, t, norm_w, scale, has_scale, out):
+    """Row t: out[t, a] = probs[t, ids[t, a]]; when norm_w divided by max(float32(their float64 sum), 2^-14); when
+    has_scale times scale (`moe.router.expert_weights` for the gates that pick from probs)."""
     A = ids.shape[1]
     s = float64(0.0)
     for a in range(A):
@@ -1097,6 +1134,13 @@ def append_rows_raw(buf2, x2, count, stream=0) -> bool:
     one = n <= APPEND_ONE_BLOCK
     _append_rows[1 if one else min(_grid(n), 1024), 256, stream](buf2, x2, count, one)
     return one
+
+
+def route_softmax_raw(x2, k: int, norm_w: bool, scale, probs, ids, out, stream=0) -> None:
+    """x2, probs [T, E] float32 (E <= TOPK_E), ids [T, k] int32 (k <= TOPK_MAX), out [T, k] float32; scale None or
+    a float."""
+    _route_softmax[x2.shape[0], NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0), scale is not None,
+                                            probs, ids, out)
 
 
 def expert_weights_raw(probs, ids, norm_w: bool, scale, out, stream=0) -> None:
@@ -1419,6 +1463,19 @@ def top_k(x, k: int):
     ids = x.dev.xp.empty((raw.shape[0], k), dtype=np.int32)
     top_k_raw(_nv(raw), k, _nv(ids), stream=_stream())
     return _done(x.dev, "top_k", (x,), ids)
+
+
+def route_softmax(logits, k: int, norm_w: bool, scale):
+    """`router.route` with softmax gating, no selection bias, no groups: (probs [T, E], ids [T, k] int32, weights
+    [T, k]) in one launch, or None."""
+    raw = logits.raw
+    if raw.ndim != 2 or not _served(raw) or not 0 < raw.shape[1] <= TOPK_E or not 0 < k <= min(TOPK_MAX, raw.shape[1]):
+        return None
+    xp = logits.dev.xp
+    T = raw.shape[0]
+    probs, ids, out = xp.empty_like(raw), xp.empty((T, k), np.int32), xp.empty((T, k), np.float32)
+    route_softmax_raw(_nv(raw), k, norm_w, scale, _nv(probs), _nv(ids), _nv(out), stream=_stream())
+    return _done(logits.dev, "route_softmax", (logits,), probs, ids, out)
 
 
 def ggml_top_k_rows(score, n, k: int, clean_stable: bool = False):

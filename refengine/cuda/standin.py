@@ -47,6 +47,15 @@ def expert_weights_np(probs, ids, norm_w, scale):
     return expert_weights(probs, ids, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=0.0 if scale is None else scale)
 
 
+def route_softmax_np(logits, k, norm_w, scale):
+    """router.route's softmax steps from the kernel's arguments: (probs, ids, weights)."""
+    from ..moe.router import GATING_SOFTMAX, expert_weights, gate_probs, topk_desc
+    probs = gate_probs(logits, GATING_SOFTMAX)
+    ids = topk_desc(probs, k)
+    return probs, ids, expert_weights(probs, ids, gating=GATING_SOFTMAX, norm_w=norm_w,
+                                      w_scale=0.0 if scale is None else scale)
+
+
 def numpy_twins() -> dict:
     """Each fused kernel's entry point -> the NumPy function it stands for (its arguments in the entry's order)."""
     from ..attention import delta_rule, mha
@@ -75,6 +84,7 @@ def numpy_twins() -> dict:
         "rope_cos_sin": cos_sin,
         "rope_tail": rotate_tail,
         "norm_rope": lambda x, w, eps, c, s, n, mode: apply_rope(rms_norm(x, w, eps), c, s, n, mode),
+        "route_softmax": route_softmax_np,
     }
 
 

@@ -109,6 +109,15 @@ def route(logits: np.ndarray, k: int, *, gating: int = GATING_SOFTMAX, bias: np.
     T, E = logits.shape
     if not 0 < k <= E:
         raise ValueError(f"routing: {k} active experts out of {E}")
+    if gating == GATING_SOFTMAX and bias is None and not (n_groups > 1 and T > 0) \
+            and (f := fused_op(logits, "route_softmax")) is not None \
+            and (res := f(logits, k, norm_w, None if w_scale in (0.0, 1.0) else float(w_scale))) is not None:
+        probs, ids, weights = res                                          # a GPU: the steps below in one launch
+        rec("ffn_moe_probs", il, probs)
+        rec("ffn_moe_argsort", il, lambda: np.argsort(-probs, axis=-1, kind="stable").astype(np.int32))
+        rec("ffn_moe_topk", il, ids)
+        _record_weight_steps(probs, ids, gating, norm_w, w_scale, rec, il)
+        return ids, weights
     probs = gate_probs(logits, gating)                                     # [T, E]
     rec("ffn_moe_probs", il, probs)
     selection = probs
@@ -132,18 +141,24 @@ def expert_weights(probs: np.ndarray, ids: np.ndarray, *, gating: int, norm_w: b
     scale = None if w_scale in (0.0, 1.0) else float(w_scale)
     if gating != GATING_SOFTMAX_WEIGHT and (f := fused_op(probs, "expert_weights")) is not None \
             and (weights := f(probs, ids, norm_w, scale)) is not None:       # a GPU: one launch (cuda/fused.py)
-        steps: dict = {}
-
-        def step(name):                       # the steps below, run once, only for a record that keeps one
-            if not steps:
-                _weight_steps(probs, ids, gating, norm_w, w_scale, lambda n, _il, v: steps.__setitem__(n, v), il)
-            return steps[name]
-        for name in ("ffn_moe_weights",) + (("ffn_moe_weights_sum", "ffn_moe_weights_sum_clamped",
-                                              "ffn_moe_weights_norm") if norm_w else ()) \
-                + (("ffn_moe_weights_scaled",) if scale is not None else ()):
-            rec(name, il, lambda n=name: step(n))
+        _record_weight_steps(probs, ids, gating, norm_w, w_scale, rec, il)
         return weights
     return _weight_steps(probs, ids, gating, norm_w, w_scale, rec, il)
+
+
+def _record_weight_steps(probs, ids, gating: int, norm_w: bool, w_scale: float, rec, il: int) -> None:
+    """The steps of `_weight_steps` recorded lazily (a fused kernel made the weights): run once, only for a record
+    that keeps one of them."""
+    steps: dict = {}
+
+    def step(name):
+        if not steps:
+            _weight_steps(probs, ids, gating, norm_w, w_scale, lambda n, _il, v: steps.__setitem__(n, v), il)
+        return steps[name]
+    for name in ("ffn_moe_weights",) + (("ffn_moe_weights_sum", "ffn_moe_weights_sum_clamped",
+                                          "ffn_moe_weights_norm") if norm_w else ()) \
+            + (("ffn_moe_weights_scaled",) if w_scale not in (0.0, 1.0) else ()):
+        rec(name, il, lambda n=name: step(n))
 
 
 def _weight_steps(probs, ids, gating: int, norm_w: bool, w_scale: float, rec, il: int) -> np.ndarray:
