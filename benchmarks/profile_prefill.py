@@ -137,6 +137,19 @@ def main(argv=None) -> int:
             m.forward(ids, m.new_state(), rt=rt, last_only=True)
         cp.cuda.Device().synchronize()
 
+    def launch_paths():
+        """One more prefill's numba launches by path (quant/cuda/fastlaunch.py): the short one, or numba's whole
+        way (~170-260 us of host each: a strided array or another argument type), by kernel."""
+        from quant.cuda import fastlaunch
+        if not fastlaunch.INSTALLED:
+            print("numba launches: fastlaunch not installed (every launch numba's whole way)")
+            return
+        fastlaunch.reset_stats()
+        run()
+        slow = ", ".join(f"{k} {v}" for k, v in sorted(fastlaunch.slow_by.items(), key=lambda kv: -kv[1])[:12])
+        print(f"numba launches: {fastlaunch.stats['short']} short, {fastlaunch.stats['numba']} numba's whole way"
+              + (f" ({slow})" if slow else ""), flush=True)
+
     run()
     times = []
     for _ in range(a.reps):
@@ -148,6 +161,7 @@ def main(argv=None) -> int:
           f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f})"
           + (f", policy {' '.join(a.policy)}" if a.policy else "")
           + (", fixed shapes with a capture's kernels" if a.fixed_shapes else ""), flush=True)
+    launch_paths()
     if a.wall_only:
         return 0
     try:

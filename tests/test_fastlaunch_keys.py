@@ -91,3 +91,35 @@ def test_numba_arrays_fields_read_once_and_keyed_as_cupys():
     s = FakeNumba((3, 5), strides=(40, 4))                # every other row
     assert _key([s]) is None and _key([s]) is None and s.reads == 1
     assert fl._fields_and_key([FakeNumba((0, 5))]) == (None, None)
+
+
+def test_whole_way_launches_counted_by_kernel(monkeypatch):
+    """A launch with no key (a strided array) goes numba's whole way every time, counted under the kernel's name in
+    `slow_by` (benchmarks/profile_prefill.py prints them: where a prefill's host time per launch is ~10x); a keyed
+    launch's first goes that way too, later ones the short path; reset_stats zeroes both."""
+    seen = []
+    monkeypatch.setattr(fl, "_ORIG", lambda self, args, cfg: seen.append(args))
+    monkeypatch.setattr(fl, "_entry", lambda self, args, cfg: ("kernel", [lambda f, p: p.append(f)]))
+    monkeypatch.setattr(fl, "_launch", lambda *a: seen.append("short"))
+    monkeypatch.setattr(fl, "_config", lambda cfg: cfg)
+
+    class Kernel:
+        def py_func(self):
+            pass
+
+    class Cfg:
+        stream = 0
+
+    k = Kernel()
+    fl.reset_stats()
+    strided = FakeCupy((3, 5), strides=(40, 4))
+    for _ in range(3):
+        fl._call(k, [strided], Cfg())
+    name = Kernel.py_func.__qualname__                  # (a factory's kernel: make.<locals>.kern, told apart)
+    assert fl.stats == {"short": 0, "numba": 3} and fl.slow_by == {name: 3}
+    fl.reset_stats()
+    for _ in range(3):
+        fl._call(k, [FakeCupy((3, 5))], Cfg())
+    assert fl.stats == {"short": 2, "numba": 1} and fl.slow_by == {name: 1}
+    fl.reset_stats()
+    assert fl.stats == {"short": 0, "numba": 0} and fl.slow_by == {}
