@@ -85,6 +85,14 @@ def _block_max(v, sh):
     return m
 
 
+@cuda.jit(device=True, inline=True)
+def _inv_rms(acc, buf, D, eps):
+    """1 / sqrt(mean + eps) in `ops.rms_norm`'s float32 steps, the mean from every thread's float64 sum of squares
+    acc over the block (buf: 32 float64 shared)."""
+    mean = float32(block_sum64(acc, buf) / D)
+    return float32(1.0) / float32(math.sqrt(float32(mean + eps)))
+
+
 @cuda.jit(fastmath=False)
 def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
     """Row r = blockIdx.x: v = x (has_a: v = x + a in float32, written to s), the mean of v^2 summed in float64,
@@ -102,8 +110,7 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
             v = v + a[r, j]
             s[r, j] = v
         acc += float64(v) * float64(v)
-    mean = float32(block_sum64(acc, buf) / D)
-    scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
+    scale = _inv_rms(acc, buf, D, eps)
     for j in range(t, D, nt):
         v = (s[r, j] if has_a else x[r, j]) * scale
         if has_w:
@@ -371,23 +378,27 @@ def _rope(x, cos, sin, n_rot, neox, off, sgn, y):
     if j < 0 or j >= n_rot:
         y[t, h, j + off] = x[t, h, j + off]
         return
-    half = n_rot // 2
+    ia, ib, pr, first = _rope_pair(j, n_rot // 2, neox)
+    y[t, h, j + off] = _rotated(x[t, h, off + ia], x[t, h, off + ib], cos[t, pr], sin[t, pr] * sgn, first)
+
+
+@cuda.jit(device=True, inline=True)
+def _rope_pair(j, half, neox):
+    """Dim j's pair among the rotated ones: (its two dims, the pair's index, whether j is the pair's first):
+    NEOX (i, i + half), NORM (2i, 2i + 1)."""
     if neox:
         pr = j if j < half else j - half
-        a = x[t, h, off + pr]
-        b = x[t, h, off + pr + half]
-        first = j < half
-    else:
-        pr = j // 2
-        a = x[t, h, off + 2 * pr]
-        b = x[t, h, off + 2 * pr + 1]
-        first = j % 2 == 0
-    c = cos[t, pr]
-    s = sin[t, pr] * sgn
+        return pr, pr + half, pr, j < half
+    pr = j // 2
+    return 2 * pr, 2 * pr + 1, pr, j % 2 == 0
+
+
+@cuda.jit(device=True, inline=True)
+def _rotated(a, b, c, s, first):
+    """The rotated value of a pair (a, b) by (cos c, sin s): its first dim's or its second's, float32 products."""
     if first:
-        y[t, h, j + off] = float32(a * c) - float32(b * s)
-    else:
-        y[t, h, j + off] = float32(a * s) + float32(b * c)
+        return float32(a * c) - float32(b * s)
+    return float32(a * s) + float32(b * c)
 
 
 NR_K = 512                  # norm + rope: the largest head dim (its shared row's size, a literal)
@@ -411,35 +422,19 @@ def _norm_rope(x, w, has_w, eps, cos, sin, n_rot, neox, y):
     for j in range(tid, K, nt):
         xv = x[t, h, j]
         acc += float64(xv) * float64(xv)
-    mean = float32(block_sum64(acc, buf) / K)
-    scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
+    scale = _inv_rms(acc, buf, K, eps)
     for j in range(tid, K, nt):
         u = x[t, h, j] * scale
         if has_w:
             u = u * w[j]
         v[j] = u
     cuda.syncthreads()
-    half = n_rot // 2
     for j in range(tid, K, nt):
         if j >= n_rot:
             y[t, h, j] = v[j]
         else:
-            if neox:
-                pr = j if j < half else j - half
-                a = v[pr]
-                c2 = v[pr + half]
-                first = j < half
-            else:
-                pr = j // 2
-                a = v[2 * pr]
-                c2 = v[2 * pr + 1]
-                first = j % 2 == 0
-            c = cos[t, pr]
-            s = sin[t, pr]
-            if first:
-                y[t, h, j] = float32(a * c) - float32(c2 * s)
-            else:
-                y[t, h, j] = float32(a * s) + float32(c2 * c)
+            ia, ib, pr, first = _rope_pair(j, n_rot // 2, neox)
+            y[t, h, j] = _rotated(v[ia], v[ib], cos[t, pr], sin[t, pr], first)
 
 
 @cuda.jit(fastmath=False)
@@ -1353,8 +1348,7 @@ def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int):
     """`rope.rms_norm_rope`: x [T, H, K] (a strided view too) normed over K (by w [K] or None) and its first n_rot
     dims rotated (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
     dev = x.dev
-    if mode not in (0, 2) or not (_on(x, dev) and x.raw.dtype == np.float32 and x.raw.size > 0) \
-            or not _same_dev(dev, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
+    if mode not in (0, 2) or not _same_dev(dev, x, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
         return None
     T, H, K = x.shape
     if K > NR_K or cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2 \
