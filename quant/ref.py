@@ -68,6 +68,60 @@ class QTensor:
         """Rows `start:stop` of a 2-D tensor, still packed."""
         return QTensor(self.name, self.type, (stop - start, self.shape[-1]), self.raw[start:stop])
 
+    @property
+    def row_bytes(self) -> int:
+        """Packed bytes of one row."""
+        return int(self.raw.shape[-1])
+
+
+@dataclass(frozen=True)
+class QStack:
+    """2-D tensors of one type and width with their rows one after another, as one weight: several products of one
+    input made as one (q, k and v; a FFN's gate and up). Nothing is copied on the host: a device uploads each
+    part's bytes at its rows' offset (`quant.cuda.weights`), a host multiplies by the parts one by one."""
+    parts: tuple
+
+    def __post_init__(self):
+        p0 = self.parts[0] if self.parts else None
+        if p0 is None or any(not isinstance(p, QTensor) or p.ndim != 2 or p.type != p0.type
+                             or p.shape[-1] != p0.shape[-1] for p in self.parts):
+            names = [getattr(p, "name", p) for p in self.parts]
+            raise QuantError(f"stack of {names}: needs 2-D tensors of one type and width")
+
+    @property
+    def name(self) -> str:
+        return "+".join(p.name for p in self.parts)
+
+    @property
+    def type(self) -> GGMLType:
+        return self.parts[0].type
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[-1])
+
+    ndim = 2
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.parts[0].row_bytes
+
+    @property
+    def info(self) -> TypeInfo:
+        return type_info(self.type)
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """Each part's rows [start, stop) in the stack (its output columns in a product)."""
+        out, o = [], 0
+        for p in self.parts:
+            out.append((o, o + p.shape[0]))
+            o += p.shape[0]
+        return out
+
 
 def _decode(raw: np.ndarray, t: GGMLType, name: str) -> np.ndarray:
     """Packed bytes `[..., row_bytes]` -> float32 `[..., cols]` (bit-exact with ggml, see `quant.decode`)."""

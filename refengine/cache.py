@@ -94,6 +94,13 @@ class Rows:
         return grown
 
     def append(self, x: np.ndarray, fixed: bool = False) -> np.ndarray:
+        if self._room(x, fixed):                          # at the device's count: no per-call host int baked in
+            self._write(x)
+        return self._advance(x.shape[0], fixed)
+
+    def _room(self, x, fixed: bool) -> bool:
+        """Make room for x's rows (the buffer grown, or moved to where x lives); write them now unless the write is
+        at the device count (fixed, x on a device: True, the count made if it is not, the write the caller's)."""
         T = x.shape[0]
         # (a buffer on the host meeting device rows, e.g. a state loaded from a file continued on a GPU: moved to
         # where the rows live once, here, rather than read back and uploaded at every step)
@@ -108,14 +115,20 @@ class Rows:
         if not fixed or isinstance(x, np.ndarray):
             self._buf[self.n:self.n + T] = x
             self._count = None                            # (a device count, if any, is behind now)
-        else:                                             # at the device's count: no per-call host int baked in
-            if self._count is None:                       # once, from n: inside a captured span it would restart
-                if (dev := getattr(x, "dev", None)) is not None:          # from the captured n at every replay
-                    dev._sync(lambda: "a cache's device row count made from its host count (an eager step makes it)")
-                self._count = np.full_like(x, self.n, shape=(1,), dtype=np.int64)   # ((1,): CuPy reads () as None)
-            if (f := fused_op(x, "append_rows")) is None or not f(self._buf, x, self._count):    # a GPU: one launch
-                self._buf[self._count + np.arange(T, like=x)] = x
-                self._count += T
+            return False
+        if self._count is None:                           # once, from n: inside a captured span it would restart
+            if (dev := getattr(x, "dev", None)) is not None:              # from the captured n at every replay
+                dev._sync(lambda: "a cache's device row count made from its host count (an eager step makes it)")
+            self._count = np.full_like(x, self.n, shape=(1,), dtype=np.int64)   # ((1,): CuPy reads () as None)
+        return True
+
+    def _write(self, x) -> None:
+        """x's rows at the device count, the count advanced (a GPU: one launch)."""
+        if (f := fused_op(x, "append_rows")) is None or not f(self._buf, x, self._count):
+            self._buf[self._count + np.arange(x.shape[0], like=x)] = x
+            self._count += x.shape[0]
+
+    def _advance(self, T: int, fixed: bool) -> np.ndarray:
         self.n += T
         return self._buf if fixed else self._buf[:self.n]
 
@@ -134,6 +147,20 @@ class Rows:
         if rows is not None:
             r.append(rows)
         return r
+
+
+def append_rows(a: Rows, x, b: Rows, y, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(a.append(x, fixed), b.append(y, fixed)): two caches given the same positions (keys and values; a latent and
+    its rope key). On a GPU with fixed shapes both writes are one launch (`fused.append_rows` with a second cache)
+    where each alone is one."""
+    at_a, at_b = a._room(x, fixed), b._room(y, fixed)
+    if not (at_a and at_b and (f := fused_op(x, "append_rows")) is not None
+            and f(a._buf, x, a._count, b._buf, y, b._count)):
+        if at_a:
+            a._write(x)
+        if at_b:
+            b._write(y)
+    return a._advance(x.shape[0], fixed), b._advance(y.shape[0], fixed)
 
 
 @state_container
@@ -155,7 +182,7 @@ class KVCache:
     def append(self, k: np.ndarray, v: np.ndarray, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """k [T, Hkv, K], v [T, Hkv, V] -> every position's keys [S, Hkv, K] and values [S, Hkv, V] (fixed: S = the
         capacity, `Rows`)."""
-        return self.k.append(k, fixed), self.v.append(v, fixed)
+        return append_rows(self.k, k, self.v, v, fixed)
 
 
 @state_container
@@ -176,7 +203,7 @@ class LatentKV:
 
     def append(self, c: np.ndarray, k_pe: np.ndarray, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """c [T, C], k_pe [T, R] -> all positions' c [S, C], k_pe [S, R] (fixed: S = the capacity, `Rows`)."""
-        return self.c.append(c, fixed), self.k_pe.append(k_pe, fixed)
+        return append_rows(self.c, c, self.k_pe, k_pe, fixed)
 
 
 @state_container

@@ -44,6 +44,39 @@ NONFINITE_WHY = {"weight": "the tensor holds non-finite values",
 BACKENDS = {"numpy": "quant.ref", "cpu": "quant.cpu", "cuda": "quant.cuda"}
 
 
+class _StackLabel(str):
+    """The NaN/inf label of a product by a `quant.QStack` (several weights, one launch): names every part, and
+    `culprit()` the part whose values hold NaN/inf (read on the host, only once a flag said so)."""
+    parts: tuple = ()
+
+    @staticmethod
+    def of(w) -> "_StackLabel":
+        names = [repr(p.name) for p in w.parts]
+        lb = _StackLabel(f"weight {', '.join(names[:-1])} or {names[-1]} ({w.type.name}, one product)")
+        lb.parts = w.parts
+        return lb
+
+    def culprit(self) -> str:
+        for p in self.parts:
+            if not np.isfinite(quant.dequantize(p)).all():
+                return f"weight {p.name!r} ({p.type.name})"
+        return str(self)              # every part finite: the sum overflowed; which one made it is not known
+
+
+def _stack_groups(ws) -> list[list[int]]:
+    """The indices of ws grouped by (type, width) in first-seen order: the 2-D QTensors a `quant.QStack` can hold
+    together; anything else alone."""
+    groups: dict = {}
+    for i, w in enumerate(ws):
+        key = (w.type, w.shape[-1]) if isinstance(w, QTensor) and w.ndim == 2 else ("alone", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _weight_label(w) -> str:
+    return _StackLabel.of(w) if isinstance(w, quant.QStack) else f"weight {w.name!r} ({w.type.name})"
+
+
 def load_backend(name: str):
     if name not in BACKENDS:
         raise ConfigError(f"backend {name!r} is not available; choose one of {', '.join(BACKENDS)}")
@@ -135,6 +168,7 @@ class Runtime:
         self.page_stock: list | None = None             # pages made ahead (GraphDecoder.greedy): taken, not made
         self.flag_rows = 0                              # rows the last packed forward took (pack_deferred)
         self._flag_queue: list = []                     # resident on a GPU: flags not yet written (_write_flag)
+        self._prefetched: dict = {}                     # id(w) -> (x, w, x @ w.T) made ahead (`prefetch`)
         self.lazy_inputs = False                        # a captured step: products' input flags computed on demand
         self._device_models = {}
         self._float_matrices: dict[str, np.ndarray] = {}   # resident on a GPU: small float matrices (_float_matrix)
@@ -236,7 +270,8 @@ class Runtime:
             if not y_ok and x is not None:
                 x_ok = bool(self.device.get(self.device.wrap(self.device.xp.isfinite(x.raw).all())))
             if not y_ok and x_ok:
-                raise NonFiniteError(f"{label} produced NaN/inf from a finite input: {NONFINITE_WHY[label[:6]]}")
+                named = label.culprit() if isinstance(label, _StackLabel) else label
+                raise NonFiniteError(f"{named} produced NaN/inf from a finite input: {NONFINITE_WHY[label[:6]]}")
         for where, (y_ok, _) in zip(texts, flags[len(labels):]):
             if not y_ok:
                 warnings.warn(where, RuntimeWarning, stacklevel=3)
@@ -285,7 +320,7 @@ class Runtime:
             kernels = self._kernels_serve(w)              # the sim device: what a GPU's kernels would take
         if not kernels and (wf := self._float_matrix(w)) is not None:
             y = x @ wf.T                                  # a small float matrix whose rows the kernels do not take:
-            self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)   # the device's own product (capturable)
+            self._defer_finite(_weight_label(w), y, x)    # the device's own product (capturable)
             return y
         if not kernels:
             key = f"matmul {w.type.name}"
@@ -294,13 +329,42 @@ class Runtime:
                               f"GPU reads its input back (a host fallback)")
         if y is None:
             (xh,) = self._host_args(x)
-            y = self._from_host(self._be.matmul(xh, w, mode=self.mode))
-            redo = lambda: self._be.matmul(self._host_args(x)[0], w, mode=self.mode)       # noqa: E731
+            y = self._from_host(self._host_matmul(xh, w))
+            redo = lambda: self._host_matmul(self._host_args(x)[0], w)                    # noqa: E731
         else:
             redo = lambda: self._be.matmul_resident(x.raw, w, mode=self.mode)             # noqa: E731
         dev.note(f"matmul {w.name}", x, y, redo)
-        self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
+        self._defer_finite(_weight_label(w), y, x)
         return y
+
+    def _host_matmul(self, xh, w):
+        """The host's product (the sim device's, or a fallback's): a QStack's parts one by one, side by side (each
+        row's sums are the kernels' whichever rows share the launch)."""
+        if isinstance(w, quant.QStack):
+            return np.concatenate([self._be.matmul(xh, p, mode=self.mode) for p in w.parts], axis=1)
+        return self._be.matmul(xh, w, mode=self.mode)
+
+    def matmul_many(self, x, ws) -> list:
+        """[x @ w.T for w in ws]: several weights multiplying one input (q, k and v; a FFN's up and gate). Resident,
+        the weights of one type and width that the device's kernels take are one product by their `quant.QStack`,
+        its output split into column views: one launch and one NaN/inf flag (naming the part at fault) a group;
+        each row's sums are the separate products' (the kernels' rows are independent: the same numbers, and on
+        the cpu / numpy backends nothing changes). The others by `matmul`, one each."""
+        from .devarray import DeviceArray
+        if len(ws) < 2 or self.device is None or self._forced or self.mode != "exact" or not isinstance(x, DeviceArray):
+            return [self.matmul(x, w) for w in ws]
+        out = [None] * len(ws)
+        for group in _stack_groups(ws):                   # one product per (type, width) among them
+            st = quant.QStack(tuple(ws[i] for i in group)) if len(group) > 1 else None
+            if st is None or not self._kernels_serve(st):
+                for i in group:
+                    out[i] = self.matmul(x, ws[i])
+                continue
+            y = self._matmul_resident(x, st)
+            for i, (a, b) in zip(group, st.bounds()):
+                self._router_hook(x, ws[i])
+                out[i] = y[:, a:b]
+        return out
 
     def _kernels_serve(self, w: QTensor, heads: bool = False) -> bool:
         """Whether a GPU's kernels would multiply by w on the device: the sim device's model of the cupy branch above
@@ -425,7 +489,7 @@ class Runtime:
                 y = fn(x.raw, w, mode=self.mode)
                 if y is not None:
                     y = x.dev.wrap(y)
-                    self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
+                    self._defer_finite(_weight_label(w), y, x)
                     return y
             if x.dev.kind == "sim" and not self._forced and self._kernels_serve(w, heads=True):
                 return self._heads_sim(x, w)              # a GPU's one launch: one product, one NaN/inf flag
@@ -439,13 +503,35 @@ class Runtime:
                              for h in range(xh.shape[0])])
         y = self._from_host(host())
         x.dev.note(f"matmul_heads {w.name}", x, y, host)
-        self._defer_finite(f"weight {w.name!r} ({w.type.name})", y, x)
+        self._defer_finite(_weight_label(w), y, x)
         return y
+
+    def prefetch(self, x, ws) -> None:
+        """Make x's products by ws now, as `matmul_many` does (one launch a type on a device), for the `matmul(x, w)`
+        calls that follow to take, each once: a sub-block whose projections of one input are spread over functions
+        (MLA's q and kv latents, a sparse indexer's keys and weights) says so once at its start, and its functions
+        stay as they read. Only resident (elsewhere each product is made where it is asked: the same numbers). A
+        prefetch whose products are all made already (an outer one named them) keeps them; else the products not
+        taken are dropped."""
+        from .devarray import DeviceArray
+        ws = [w for w in ws if w is not None]
+        memo = self._prefetched
+        if ws and all(id(w) in memo and memo[id(w)][0] is x for w in ws):
+            return
+        memo.clear()
+        if self.device is None or not isinstance(x, DeviceArray):
+            return
+        if len(ws) > 1:
+            self._prefetched.update({id(w): (x, w, y) for w, y in zip(ws, self.matmul_many(x, ws))})
 
     def matmul(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """x: [T, I], w: [O, I] -> [T, O]. Raises NonFiniteError naming the weight if it produced NaN/inf."""
         if self.device is not None:
             from .devarray import DeviceArray
+            if self._prefetched:
+                got = self._prefetched.pop(id(w), None)
+                if got is not None and got[0] is x and got[1] is w:
+                    return got[2]
             if isinstance(x, DeviceArray):
                 y = self._matmul_resident(x, w)
                 self._router_hook(x, w)

@@ -129,6 +129,26 @@ def test_gemm(t, rng):
     assert_close(f"{t.name} gemm", ops.matmul(x, w, kernel="gemm", shape=GEMM_SHAPE), ref.matmul(x, w), TOL)
 
 
+@pytest.mark.parametrize("t", tiered([GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.F16], {GGMLType.Q4_K}),
+                         ids=lambda t: t.name)
+def test_stacked_weight_is_its_parts(t, rng):
+    """A `quant.QStack` (q, k and v's rows one after another, uploaded part by part at their offsets) multiplied in
+    one launch equals its parts' products side by side, bit for bit: each kernel's rows are independent (decode,
+    a small batch, the GEMM tile; an odd part size puts a part's rows across a row group)."""
+    from quant import QStack
+    parts = [random_qtensor(t, (o, I), rng, n) for o, n in ((O, "q"), (3, "k"), (O // 2 + 1, "v"))]
+    st = QStack(tuple(parts))
+    assert st.shape == (sum(p.shape[0] for p in parts), I) and st.bounds()[1] == (O, O + 3)
+    for kernel, T, shape in (("fast", 1, None if GPU else (2, 1)), ("gemv", 3, None),
+                             ("gemm", T_GEMM, GEMM_SHAPE)):
+        x = rng.standard_normal((T, I)).astype(np.float32)
+        whole = ops.matmul(x, st, kernel=kernel, shape=shape)
+        sides = np.concatenate([ops.matmul(x, p, kernel=kernel, shape=shape) for p in parts], axis=1)
+        assert np.array_equal(whole, sides), (t.name, kernel)
+    with pytest.raises(QuantError, match="one type and width"):
+        QStack((parts[0], random_qtensor(t, (2, 2 * I), rng, "wide")))
+
+
 # the tensor-core GEMM: every type on the GPU; in the simulator (mma emulated through shared memory, ~15 s a
 # type) one type per decoder shape: the decode stage is gemm's (tested above for every type), the mma part is
 # the same for all

@@ -194,6 +194,19 @@ def test_norm_rope(mode, with_w):
                   wide, w, cos, sin, out_shapes=[(T, H, K)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[..., n_rot:], rms(x, w, 1e-6)[..., n_rot:], rtol=2e-6, atol=0)
+    # q and k in one launch (`rope.rms_norm_rope_qk`): k [T, Hk, K] by its own weight (or none); each the
+    # single launch's numbers bit for bit
+    Hk = 2 if GPU else 1
+    k_wide = _rand(T, Hk, K + 3, seed=7)
+    wk = _rand(K, seed=8) if with_w else None
+    got_q, got_k = _run(lambda xd, wd, kd, wkd, c, s_, y, y2: fused.norm_rope_raw(
+        xd[:, :, :K], wd, 1e-6, c, s_, n_rot, mode == 2, y, x2=kd[:, :, 3:], w2=wkd, y2=y2),
+        wide, w, k_wide, wk, cos, sin, out_shapes=[(T, H, K), (T, Hk, K)])
+    (alone_k,) = _run(lambda kd, wkd, c, s_, y: fused.norm_rope_raw(kd[:, :, 3:], wkd, 1e-6, c, s_, n_rot, mode == 2,
+                                                                     y), k_wide, wk, cos, sin, out_shapes=[(T, Hk, K)])
+    assert np.array_equal(got_q, got) and np.array_equal(got_k, alone_k)
+    np.testing.assert_allclose(got_k, apply_rope(rms(k_wide[:, :, 3:], wk, 1e-6), cos, sin, n_rot, mode),
+                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("inverse", [False, True])
@@ -515,6 +528,20 @@ def test_append_rows(monkeypatch, one_block):
     assert advanced == one_block
     assert np.array_equal(bd.copy_to_host(), want)
     assert cd.copy_to_host()[0] == (n0 + 3 if one_block else n0)
+    # two caches (k and v) in one launch, each at its own count; the second's rows a strided view (a column block
+    # of a stacked product)
+    W2 = 7
+    buf2, x2w = _rand(cap, W2, seed=4), rng.standard_normal((3, W2 + 5)).astype(np.float32)
+    bd, cd = cuda.to_device(buf0), cuda.to_device(np.array([n0], np.int64))
+    bd2, cd2 = cuda.to_device(buf2), cuda.to_device(np.array([n0 + 1], np.int64))
+    xd2 = cuda.to_device(x2w)[:, 5:]
+    advanced = fused.append_rows_raw(bd, xd, cd, second=(bd2, xd2, cd2))
+    cuda.synchronize()
+    want2 = buf2.copy()
+    want2[n0 + 1:n0 + 4] = x2w[:, 5:]
+    assert advanced == one_block
+    assert np.array_equal(bd.copy_to_host(), want) and np.array_equal(bd2.copy_to_host(), want2)
+    assert [cd.copy_to_host()[0], cd2.copy_to_host()[0]] == ([n0 + 3, n0 + 4] if one_block else [n0, n0 + 1])
 
 
 @pytest.mark.parametrize("norm_w,scale", [(False, None), (True, None), (True, 2.5), (False, 16.0)])

@@ -33,11 +33,14 @@ class StandIn:
         w = expert_weights(probs.raw, ids.raw, gating=1, norm_w=norm_w, w_scale=scale or 0.0)   # host arrays
         return probs.dev.wrap(w)
 
-    def append_rows(self, buf, x, count):
+    def append_rows(self, buf, x, count, buf2=None, x2=None, count2=None):
         self.calls["append_rows"] += 1
-        n = int(count.raw[0])
-        buf.raw[n:n + x.shape[0]] = x.raw
-        count.raw += x.shape[0]
+        self.calls["append_rows pairs"] += buf2 is not None        # (k and v: `cache.append_rows`)
+        for b, y, c in ((buf, x, count), (buf2, x2, count2)):
+            if b is not None:
+                n = int(c.raw[0])
+                b.raw[n:n + y.shape[0]] = y.raw
+                c.raw += y.shape[0]
         return True
 
 
@@ -71,3 +74,4 @@ def test_append_rows_dispatch_advances_the_cache(synth_model, arch):
         a, b = m.forward(toks, st_p, rt=plain), m.forward(toks, st_f, rt=fused)
         assert np.array_equal(a, b), len(toks)
     assert stand.calls["append_rows"] > 0 and st_p.n_past == st_f.n_past
+    assert stand.calls["append_rows pairs"] > 0                      # a layer's k and v by one write

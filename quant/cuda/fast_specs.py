@@ -20,7 +20,7 @@ def fast_supported(t: GGMLType, rowb: int, estride: int) -> bool:
 
 def packed_geometry(qt) -> tuple[int, int]:
     """(bytes per row, bytes per expert) of a packed tensor as the device holds it (`weights.DeviceWeight`)."""
-    rowb = int(qt.raw.shape[-1])
+    rowb = int(qt.row_bytes)
     return rowb, (qt.shape[-2] if qt.ndim >= 2 else 1) * rowb
 
 

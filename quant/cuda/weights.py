@@ -47,7 +47,11 @@ class DeviceWeight:
         """Upload the listed experts (all rows when None) that are not on the device yet."""
         if experts is None:
             if not self.resident.all():
-                self.d8[:self.qt.nbytes].copy_to_device(np.ascontiguousarray(self.qt.raw).reshape(-1), stream=stream)
+                o = 0
+                for part in getattr(self.qt, "parts", (self.qt,)):          # a QStack: each part at its rows
+                    self.d8[o:o + part.nbytes].copy_to_device(np.ascontiguousarray(part.raw).reshape(-1),
+                                                              stream=stream)
+                    o += part.nbytes
                 self.resident[:] = True
             return self
         raw = self.qt.raw.reshape(self.E, -1)
@@ -64,12 +68,16 @@ _WEIGHTS: dict[tuple, DeviceWeight] = {}
 _TABLES: dict[str, object] = {}
 
 
-def _key(qt: QTensor) -> tuple:
+def _key(qt) -> tuple:
+    parts = getattr(qt, "parts", None)                    # a QStack (quant.ref): its parts' buffers
+    if parts is not None:
+        return ("stack",) + tuple(_key(p) for p in parts)
     return (qt.raw.__array_interface__["data"][0], qt.nbytes, int(qt.type), qt.shape)
 
 
 def device_weight(qt: QTensor) -> DeviceWeight:
-    """The cached device copy of `qt` (allocated on first call, filled by `ensure`)."""
+    """The cached device copy of `qt` (allocated on first call, filled by `ensure`); a `quant.ref.QStack` is one
+    weight of its parts' rows, each part's bytes copied at its offset (a part's own copy, if made, is another)."""
     k = _key(qt)
     dw = _WEIGHTS.get(k)
     if dw is None:

@@ -179,6 +179,7 @@ def attention(x, w, *, spec, il, state, rt, eps: float, kda_names: dict, mla_out
         return kda.kda_layer(h, w, kc=spec.attn_cfg, il=il, state=state, rt=rt, names=kda_names)
     gate = None
     if mla_out_gate and w.attn_gate is not None:
+        rt.prefetch(h, [w.attn_gate] + mla.input_weights(w, spec.attn_cfg))   # h's three products, one a type
         gate = sigmoid(rt.matmul(h, w.attn_gate))                        # [T, H*dv]
     a = mla.mla(h, w, mc=spec.attn_cfg, il=il, state=state, cos=None, sin=None, rt=rt, out_gate=gate, pos=pos,
                 **(mla_graph or {}))

@@ -207,6 +207,9 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
     H, K, eps, rope = ac.n_head, ac.head_dim, ac.eps, ac.rope
     pos = as_array(pos)                                                         # [T] (where it lives)
     fixed = rt.fixed_shapes         # the window and compressors over every position (fixed appends: capacity)
+    rt.prefetch(h, [w.attn_q_a, w.attn_kv]                                      # h's products, made as one a type
+                + ([w.attn_compressor_kv, w.attn_compressor_gate] if ac.ratio else [])   # where a device takes them
+                + ([w.indexer_compressor_kv, w.indexer_compressor_gate, w.indexer_proj] if ac.ratio == 4 else []))
     qr = rt.matmul(h, w.attn_q_a)                                               # [T, Dq]
     rt.record("qr", il, qr)
     qr = rms_norm(qr, w.attn_q_a_norm, eps)

@@ -73,6 +73,7 @@ def sparse_mla(h, w, *, dc: DSAConfig, il: int, state: DSAState, cos, sin, rt, s
     a trace that keeps the scores runs the one-shot masked form either way).
     """
     T, mc, ic = h.shape[0], dc.mla, dc.indexer
+    rt.prefetch(h, [w.attn_q_a, w.attn_kv_a_mqa] + ([w.indexer_attn_k, w.indexer_proj] if ic.full else []))
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="qr")                     # [T, Dq]
     if ic.full:
         sel = step.memo(selection_key(il), lambda: dsa_indexer.lightning_indexer(

@@ -183,20 +183,32 @@ def _scale(w, name: str, gc: GDNConfig):
     return getattr(w, f"{name}_scale", None) if gc.apply_scales else None
 
 
-def project_qkvz(h, w, gc: GDNConfig, il: int, rt):
+def _scaled(y, scale):
+    """`linear`'s scale step (the bias-free projections here)."""
+    return y if scale is None else y * scale
+
+
+def qkvz_weights(w) -> list:
+    """The weights `project_qkvz` multiplies h by: attn_qkv and attn_gate, or the legacy ssm_in."""
+    return [w.attn_qkv, w.attn_gate] if w.attn_qkv is not None else [w.ssm_in]
+
+
+def project_qkvz(h, w, gc: GDNConfig, il: int, rt, products=None):
     """h [T, D] -> qkv [T, C] (q of every key head | k | v) and z [T, Hv*V] (`build_qkvz`).
+    products: h's products by `qkvz_weights(w)` when the caller made them (with its others: `rt.matmul_many`).
 
     Legacy `ssm_in` holds, per key head g, [q_g (K) | k_g (K) | v of heads g*r..g*r+r-1 (r*V) | z of them (r*V)]
     (the HF `in_proj_qkvz` layout); regrouped here as llama.cpp does (qwen3next.cpp:336-391)."""
     T = h.shape[0]
+    products = rt.matmul_many(h, qkvz_weights(w)) if products is None else products
     if w.attn_qkv is not None:
-        qkv = linear(h, w.attn_qkv, _scale(w, "attn_qkv", gc), None, rt)    # [T, C]
+        qkv = _scaled(products[0], _scale(w, "attn_qkv", gc))               # [T, C]
         rt.record("linear_attn_qkv_mixed", il, qkv)
-        z = linear(h, w.attn_gate, _scale(w, "attn_gate", gc), None, rt)   # [T, Hv*V]
+        z = _scaled(products[1], _scale(w, "attn_gate", gc))                # [T, Hv*V]
         rt.record("z", il, z)
         return qkv, z
     Hk, K, rV = gc.n_k_heads, gc.head_k_dim, gc.value_dim // gc.n_k_heads
-    mixed = rt.matmul(h, w.ssm_in)                                       # [T, 2*Hk*K + 2*Hv*V]
+    mixed = products[0]                                                  # [T, 2*Hk*K + 2*Hv*V]
     rt.record("linear_attn_mixed_qkvz", il, mixed)
     grp = mixed.reshape(T, Hk, 2 * K + 2 * rV)                           # [T, Hk, 2K + 2rV]
     q, k = grp[..., :K], grp[..., K:2 * K]                               # [T, Hk, K]
@@ -217,10 +229,13 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     T = h.shape[0]
     Hk, Hv, K, V = gc.n_k_heads, gc.n_v_heads, gc.head_k_dim, gc.head_v_dim
     r, C, Kc = Hv // Hk, gc.conv_dim, gc.conv_kernel
-    qkv, z = project_qkvz(h, w, gc, il, rt)                              # [T, C], [T, Hv*V]
+    wq = qkvz_weights(w)
+    wg = [w.ssm_ba] if gc.ba == "fused" else [w.ssm_beta, w.ssm_alpha]
+    products = rt.matmul_many(h, wq + wg)                                # h's products (one launch a type on a GPU)
+    qkv, z = project_qkvz(h, w, gc, il, rt, products[:len(wq)])          # [T, C], [T, Hv*V]
 
     if gc.ba == "fused":
-        ba = rt.matmul(h, w.ssm_ba)                                      # [T, 2*Hv]
+        ba = products[-1]                                                # [T, 2*Hv]
         rt.record("linear_attn_mixed_ba", il, ba)
         ba = ba.reshape(T, Hk, 2 * r)                                    # [T, Hk, 2r]: r betas, r alphas per group
         b, a = ba[..., :r], ba[..., r:]                                  # [T, Hk, r]
@@ -228,9 +243,9 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
         rt.record("a", il, a)
         src = (ba, None, r)
     else:
-        b = linear(h, w.ssm_beta, _scale(w, "ssm_beta", gc), None, rt)    # [T, Hv]
+        b = _scaled(products[-2], _scale(w, "ssm_beta", gc))              # [T, Hv]
         rt.record("beta", il, b)
-        a = linear(h, w.ssm_alpha, _scale(w, "ssm_alpha", gc), None, rt)  # [T, Hv]
+        a = _scaled(products[-1], _scale(w, "ssm_alpha", gc))             # [T, Hv]
         src = (b, a, 0)
     if (k := fused_op(b, "gdn_gates")) is None or (gates := k(*src, w.ssm_dt_bias, w.ssm_a)) is None:
         gates = decay_gates(b, a, w.ssm_dt_bias, w.ssm_a, T, Hv)        # (a GPU: one launch, cuda/fused.py)

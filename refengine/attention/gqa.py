@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache import KVCache
-from ..ops import apply_rope, rms_norm, rms_norm_rope, sigmoid
-from ..ops.linear import linear
+from ..ops import apply_rope, rms_norm, rms_norm_rope_qk, sigmoid
+from ..ops.linear import linear, linear_many
 from ..weights import W
 from .mha import SparseMask, attend, causal_mask, keeps_scores, no_mask
 
@@ -97,9 +97,9 @@ def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False, add_bias: bool = 
         v = qkv[:, H * Kq + Hkv * K:]
     else:
         b = (lambda x: getattr(w, f"attn_{x}_bias")) if add_bias else (lambda x: None)  # noqa: E731
-        q = linear(h, w.attn_q, w.attn_q_scale, b("q"), rt)              # [T, H*K]
-        k = linear(h, w.attn_k, w.attn_k_scale, b("k"), rt)              # [T, Hkv*K]
-        v = linear(h, w.attn_v, w.attn_v_scale, b("v"), rt)              # [T, Hkv*V]
+        q, k, v = linear_many(h, [(w.attn_q, w.attn_q_scale, b("q")),   # [T, H*K]
+                                  (w.attn_k, w.attn_k_scale, b("k")),   # [T, Hkv*K]
+                                  (w.attn_v, w.attn_v_scale, b("v"))], rt)   # [T, Hkv*V]
     return q.reshape(T, H, Kq), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
 
 
@@ -126,8 +126,8 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
         eps = cfg.rms_eps                                                # (the normed ones made for a trace only)
         rt.record("Qcur_normed", il, lambda: rms_norm(q, w.attn_q_norm, eps))
         rt.record("Kcur_normed", il, lambda: rms_norm(k, w.attn_k_norm, eps))
-        q = rms_norm_rope(q, w.attn_q_norm, eps, cos, sin, cfg.n_rot, cfg.rope_type)    # [T, H, K]
-        k = rms_norm_rope(k, w.attn_k_norm, eps, cos, sin, cfg.n_rot, cfg.rope_type)    # [T, Hkv, K]
+        q, k = rms_norm_rope_qk(q, w.attn_q_norm, k, w.attn_k_norm, eps, cos, sin, cfg.n_rot,
+                                cfg.rope_type)                               # [T, H, K], [T, Hkv, K]
     else:
         q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_type)            # [T, H, K]
         k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_type)            # [T, Hkv, K]

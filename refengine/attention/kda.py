@@ -186,11 +186,12 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
             rt.record(name, il, x)
 
     T, H, dh, d_in = h.shape[0], kc.n_head, kc.head_dim, kc.d_in
-    if getattr(w, "attn_qkv", None) is not None:
-        qkv = rt.matmul(h, w.attn_qkv)                                            # [T, 3*d_in]
-        proj = [contiguous(qkv[:, i * d_in:(i + 1) * d_in]) for i in range(3)]
-    else:
-        proj = [rt.matmul(h, getattr(w, f"attn_{x}")) for x in STREAMS]           # 3 x [T, d_in]
+    fused_qkv = getattr(w, "attn_qkv", None) is not None
+    gw = [w.ssm_g] if kc.full_rank_gate else [w.ssm_g_a]
+    ws = ([w.attn_qkv] if fused_qkv else [getattr(w, f"attn_{x}") for x in STREAMS]) + [w.ssm_f_a, w.ssm_beta] + gw
+    *proj, fa, b, g_in = rt.matmul_many(h, ws)           # h's products, one launch a type where a device takes them
+    if fused_qkv:                                                                 # [T, 3*d_in]
+        proj = [contiguous(proj[0][:, i * d_in:(i + 1) * d_in]) for i in range(3)]
     tails = [None] * 3 if state.conv is None else np.split(state.conv, 3, axis=1)  # 3 x [Kc-1, d_in]
     outs, new_tails = [], []
     for name, x, wc, tail in zip(STREAMS, proj, (getattr(w, f"ssm_conv1d_{x}").reshape(d_in, kc.d_conv) for x in STREAMS), tails):
@@ -201,14 +202,12 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     state.conv = np.concatenate(new_tails, axis=1)                                # [Kc-1, 3*d_in]
     q, k, v = outs                                                                # [T, H, dh] each
 
-    fa = rt.matmul(h, w.ssm_f_a)                                                  # [T, dh]
-    record("f_a", fa)
+    record("f_a", fa)                                                             # [T, dh]
     z = rt.matmul(fa, w.ssm_f_b)                                                  # [T, d_in]
     record("f_b", z)
     g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
     record("g", g)
-    b = rt.matmul(h, w.ssm_beta)                                                  # [T, H]
-    record("beta_logits", b)
+    record("beta_logits", b)                                                      # [T, H]
     beta = sigmoid(b)
     record("beta", beta)
 
@@ -221,11 +220,10 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     record("state", S.transpose(0, 2, 1))                                         # ggml keeps S^T per head
 
     if kc.full_rank_gate:
-        gate = rt.matmul(h, w.ssm_g)                                              # [T, d_in]
+        gate = g_in                                                               # [T, d_in]
     else:
-        ga = rt.matmul(h, w.ssm_g_a)                                              # [T, dh]
-        record("g_a", ga)
-        gate = rt.matmul(ga, w.ssm_g_b)                                           # [T, d_in]
+        record("g_a", g_in)                                                       # [T, dh]
+        gate = rt.matmul(g_in, w.ssm_g_b)                                         # [T, d_in]
     record("gate", gate)
     record("gate_heads", gate.reshape(T, H, dh))
     o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head

@@ -323,6 +323,7 @@ def sparse_mla(h, w, *, mc, kc: KPoolConfig, il: int, state, rt, step, names=Non
     its scores (`kq`, `kq_soft_max` [H, T, S]), each query's slots gathered (`sparse_mask`; gather=False: the
     masked-dense oracle): the same numbers, O(T x k)."""
     T = h.shape[0]
+    rt.prefetch(h, [w.attn_q_a, w.attn_kv_a_mqa] + ([w.indexer_attn_k, w.indexer_kpool_gate] if kc.full else []))
     qr = mla.project_q_a(h, w, mc=mc, rt=rt, il=il, name="q_resid")                  # [T, Dq]
     if kc.full:
         sel = step.memo(selection_key(il), lambda: kpool_indexer(h, qr, w, kc=kc, state=state.index, rt=rt, il=il,

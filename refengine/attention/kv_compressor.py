@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cache import BlockFill, CompressorRows, PooledBlocks
+from ..cache import BlockFill, CompressorRows, PooledBlocks, append_rows
 from ..ops import rms_norm
 from ..ops.arrays import as_array, take_rows
 from ..ops.softmax import softmax
@@ -100,9 +100,8 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     rotate: applied to the roped keys before they are kept (the indexer's Hadamard rotation), or None.
     Returns every pooled key so far [n_blocks, K]. Traces `{name}_state_kv`, `_score`, `_score_ape`, `_compress`
     (and `_compress_rot`)."""
-    kv = rt.matmul(h, w_kv)                                                     # [T, c*K]
+    kv, score = rt.matmul_many(h, [w_kv, w_gate])                               # [T, c*K] each
     rt.record(f"{name}_state_kv", il, kv)
-    score = rt.matmul(h, w_gate)                                                # [T, c*K]
     rt.record(f"{name}_state_score", il, score)
     score = score + take_rows(ape, as_array(pos) % ratio)                       # [T, c*K]
     rt.record(f"{name}_state_score_ape", il, score)
@@ -163,9 +162,9 @@ def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, rows: CompressorRows, rat
     last positions (the other rows 0). No traces (fixed_shapes refuses one)."""
     T, c = h.shape[0], 2 if overlap(ratio) else 1
     K = norm.shape[0]
-    kv = rt.matmul(h, w_kv)                                                     # [T, c*K]
-    score = rt.matmul(h, w_gate) + take_rows(ape, as_array(pos) % ratio)        # [T, c*K]
-    all_kv, all_score = rows.kv.append(kv, fixed=True), rows.score.append(score, fixed=True)   # [S, c*K]
+    kv, score = rt.matmul_many(h, [w_kv, w_gate])                               # [T, c*K] each
+    score = score + take_rows(ape, as_array(pos) % ratio)                       # [T, c*K]
+    all_kv, all_score = append_rows(rows.kv, kv, rows.score, score, fixed=True)     # [S, c*K] each, one write
     if T == 1:
         b = as_array(pos) // ratio                                              # [1] (on the device in a resident run)
         ck = rope(rms_norm(_pool_at(all_kv, all_score, b, ratio, c, K), norm, eps)[:, None, :], b * ratio)  # [1, 1, K]

@@ -273,6 +273,12 @@ def kv_b_heads(w, mc: MLAConfig):
     return kv[:, :dn, :].transpose(0, 2, 1), kv[:, dn:, :]                         # [H, C, dn], [H, dv, C]
 
 
+def input_weights(w, mc: MLAConfig) -> list:
+    """The weights `mla` multiplies its input h by (q's first projection, the kv latent's): a caller that
+    multiplies h by others too names these with them in its `rt.prefetch`."""
+    return [w.attn_q_a if mc.q_lora_rank > 0 else w.attn_q, w.attn_kv_a_mqa]
+
+
 def project_q_a(h, w, *, mc, rt, il, name="q", dtype=np.float32):
     """The normed q-LoRA latent: h [T, D] -> rms_norm(h @ Wq_a.T) * q_a_norm [T, Dq], both steps traced as `name`
     (deepseek2.cpp:500-505 calls them `q`; deepseek32.cpp:218-222 `qr`, where the indexer reads it too)."""
@@ -349,7 +355,7 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask_fn, q
     Q = np.concatenate([q_abs, q_pe.astype(dtype)], axis=-1)                       # [T, H, C+R]
     rec_form(names["Q"], il, Q)
     rec_form("Vcur", il, c[:, None, :])                                            # [T, 1, C]
-    rec_form(names["K"], il, np.concatenate([c, k_pe], axis=-1)[:, None, :])       # [T, 1, C+R]
+    rec_form(names["K"], il, lambda: np.concatenate([c, k_pe], axis=-1)[:, None, :])   # [T, 1, C+R] (traced only)
     if q_temp is not None:
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
@@ -441,6 +447,8 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
             for n in (name,) if isinstance(name, str) else name:
                 rt.record(n, il, a)
 
+    if qr is None and dtype == np.float32:          # h's two products made as one where a device takes them
+        rt.prefetch(h, input_weights(w, mc))
     q = project_q(h, w, mc=mc, rt=rt, il=il, dtype=dtype, qr=qr)                   # [T, H, dk]
     c, k_pe = project_kv_a(h, w, mc=mc, cos=cos, sin=sin, rt=rt, il=il, dtype=dtype)   # [T, C], [T, R]
     q_nope = q[..., :mc.qk_nope]                                                   # [T, H, dn]

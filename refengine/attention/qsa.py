@@ -230,7 +230,7 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
         raise ConfigError(f"QSA selection rule {rule!r} is not one of {', '.join(RULES)}")
     T = h.shape[0]
     r, di = qc.ratio, qc.head_dim
-    kraw = rt.matmul(h, w.indexer_k_proj)                                # [T, di]
+    kraw, q = rt.matmul_many(h, [w.indexer_k_proj, w.indexer_q_proj])   # [T, di], [T, Hi*di]
     rt.record("indexer_k_raw", il, kraw[:, None, :])
     fixed = rt.fixed_shapes
     k_all = state.index.append(kraw, fixed)                              # [S, di] (fixed: S = the capacity)
@@ -242,7 +242,7 @@ def indexer(h: np.ndarray, w, qc: QSAConfig, *, state: QSAState, pos: np.ndarray
     bpos = np.where(b < nf, b * r, 0)                                    # [nb] block start; the dead block at 0
     pk = rope_blocks(rms_norm(pooled, w.indexer_k_norm, eps)[:, None, :], bpos)[:, 0]   # [nb, di]
     rt.record("indexer_k", il, pk)
-    q = rt.matmul(h, w.indexer_q_proj).reshape(T, qc.n_head, di)         # [T, Hi, di]
+    q = q.reshape(T, qc.n_head, di)                                      # [T, Hi, di]
     qi = rope_q(rms_norm(q, w.indexer_q_norm, eps))                      # [T, Hi, di]
     rt.record("indexer_q", il, qi)
     scores = block_scores(qi, pk)                                        # [T, nb]

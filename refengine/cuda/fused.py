@@ -404,20 +404,15 @@ def _rotated(a, b, c, s, first):
 NR_K = 512                  # norm + rope: the largest head dim (its shared row's size, a literal)
 
 
-@cuda.jit(fastmath=False)
-def _norm_rope(x, w, has_w, eps, cos, sin, n_rot, neox, y):
-    """One block per (t, h) of x [T, H, K] (strided): the row's rms_norm as `_rms_rows` computes it (float64 sum of
-    squares, v = x * (1 / sqrt(mean + eps)) (* w), each product rounded to float32) into shared memory, then its first
-    n_rot dims rotated in pairs as `_rope` rotates them (NEOX (j, j + n_rot/2), NORM (2i, 2i + 1)) by the row's
-    cos / sin [T, n_rot/2], the rest copied: `rope.rms_norm_rope`, one launch where the two take two."""
-    b = cuda.blockIdx.x
-    T, H, K = x.shape
-    t = b // H
-    h = b - t * H
+@cuda.jit(device=True, inline=True)
+def _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, h, buf, v):
+    """Row (t, h) of x [T, H, K] (strided) by the block: its rms_norm as `_rms_rows` computes it (float64 sum of
+    squares, v = x * (1 / sqrt(mean + eps)) (* w), each product rounded to float32) into shared memory v, then its
+    first n_rot dims rotated in pairs as `_rope` rotates them (NEOX (j, j + n_rot/2), NORM (2i, 2i + 1)) by the row's
+    cos / sin [T, n_rot/2], the rest copied, into y."""
+    K = x.shape[2]
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    buf = cuda.shared.array(32, float64)
-    v = cuda.shared.array(NR_K, float32)
     acc = float64(0.0)
     for j in range(tid, K, nt):
         xv = x[t, h, j]
@@ -435,6 +430,25 @@ def _norm_rope(x, w, has_w, eps, cos, sin, n_rot, neox, y):
         else:
             ia, ib, pr, first = _rope_pair(j, n_rot // 2, neox)
             y[t, h, j] = _rotated(v[ia], v[ib], cos[t, pr], sin[t, pr], first)
+
+
+@cuda.jit(fastmath=False)
+def _norm_rope(x, w, has_w, x2, w2, has_w2, two, eps, cos, sin, n_rot, neox, y, y2):
+    """One block per (t, h) of x [T, H, K] (`_norm_rope_row`), then, when `two`, per (t, h) of x2 [T, H2, K] into
+    y2 (a layer's q and k, each by its own norm weight: one launch where the four take four):
+    `rope.rms_norm_rope`."""
+    b = cuda.blockIdx.x
+    T, H, K = x.shape
+    buf = cuda.shared.array(32, float64)
+    v = cuda.shared.array(NR_K, float32)
+    if b < T * H:
+        t = b // H
+        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, b - t * H, buf, v)
+    elif two:
+        b -= T * H
+        H2 = x2.shape[1]
+        t = b // H2
+        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, y2, t, b - t * H2, buf, v)
 
 
 @cuda.jit(fastmath=False)
@@ -913,20 +927,32 @@ def _all_finite_many(y0, y1, y2, y3, y4, y5, y6, y7, page, c0, c1, c2, c3, c4, c
 
 
 @cuda.jit(fastmath=False)
-def _append_rows(buf, x, count, advance):
-    """buf[count[0] + i, :] = x[i, :] for every row i of x ([T, W] float32 into [capacity, W]); then, when
-    `advance` (a launch of one block), count[0] += T: every thread read the old count before the barrier."""
+def _append_rows(buf, x, count, buf2, x2, count2, two, advance):
+    """buf[count[0] + i, :] = x[i, :] for every row i of x ([T, W] float32 into [capacity, W]), and when `two` the
+    same of x2 into buf2 at count2 (two caches' rows, k and v, in one launch); then, when `advance` (a launch of
+    one block), count[0] += T (and count2[0] += T2): every thread read the old counts before the barrier."""
     T = x.shape[0]
     W = x.shape[1]
+    n1 = T * W
+    T2 = x2.shape[0] if two else 0
+    W2 = x2.shape[1]
     c = count[0]
+    c2 = count2[0]
     start, stride = cuda.grid(1), cuda.gridsize(1)
-    for e in range(start, T * W, stride):
-        i = e // W
-        buf[c + i, e - i * W] = x[i, e - i * W]
+    for e in range(start, n1 + T2 * W2, stride):
+        if e < n1:
+            i = e // W
+            buf[c + i, e - i * W] = x[i, e - i * W]
+        else:
+            f = e - n1
+            i = f // W2
+            buf2[c2 + i, f - i * W2] = x2[i, f - i * W2]
     if advance:
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             count[0] = c + T
+            if two:
+                count2[0] = c2 + T2
 
 
 @cuda.jit(fastmath=False)
@@ -1055,11 +1081,15 @@ def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0, off: int = 0, inv
                                                                     np.float32(-1.0 if inverse else 1.0), y)
 
 
-def norm_rope_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, stream=0) -> None:
-    """x [T, H, K] float32 (strided), w [K] float32 or None, cos / sin [T, n_rot/2]; y [T, H, K] written."""
-    has_w = w is not None
-    _norm_rope[x.shape[0] * x.shape[1], NT, stream](x, w if has_w else cos[0], has_w, np.float32(eps), cos, sin,
-                                                    int(n_rot), bool(neox), y)
+def norm_rope_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, stream=0, x2=None, w2=None,
+                  y2=None) -> None:
+    """x [T, H, K] float32 (strided), w [K] float32 or None, cos / sin [T, n_rot/2]; y [T, H, K] written; x2 [T, H2,
+    K] (with its w2 [K] or None) into y2 by the same launch."""
+    has_w, has_w2, two = w is not None, w2 is not None, x2 is not None
+    blocks = x.shape[0] * (x.shape[1] + (x2.shape[1] if two else 0))
+    _norm_rope[blocks, NT, stream](x, w if has_w else cos[0], has_w, x2 if two else x, w2 if has_w2 else cos[0],
+                                   has_w2, two, np.float32(eps), cos, sin, int(n_rot), bool(neox), y,
+                                   y2 if two else y)
 
 
 def rope_cos_sin_raw(pos, theta_scale, ff, freq_scale, keep, mix, mscale, cos, sin, stream=0) -> None:
@@ -1122,12 +1152,15 @@ def all_finite_many_raw(ys, page1, cells, stream=0) -> None:
 APPEND_ONE_BLOCK = 1 << 16  # append_rows: values written by one block, which also advances the count (else 2 launches)
 
 
-def append_rows_raw(buf2, x2, count, stream=0) -> bool:
-    """buf2 [capacity, W], x2 [T, W] float32, count [1] int64 (device): the rows written at the count. True when the
-    count was advanced too (one block); False: the caller advances it."""
-    n = x2.shape[0] * x2.shape[1]
+def append_rows_raw(buf2, x2, count, stream=0, second=None) -> bool:
+    """buf2 [capacity, W], x2 [T, W] float32, count [1] int64 (device): the rows written at the count; second: a
+    second (buf, x, count) written by the same launch. True when the counts were advanced too (one block); False:
+    the caller advances them."""
+    two = second is not None
+    b2, y2, c2 = second if two else (buf2, x2, count)
+    n = x2.shape[0] * x2.shape[1] + (y2.shape[0] * y2.shape[1] if two else 0)
     one = n <= APPEND_ONE_BLOCK
-    _append_rows[1 if one else min(_grid(n), 1024), 256, stream](buf2, x2, count, one)
+    _append_rows[1 if one else min(_grid(n), 1024), 256, stream](buf2, x2, count, b2, y2, c2, two, one)
     return one
 
 
@@ -1344,23 +1377,29 @@ def apply_rope(x, cos, sin, n_rot: int, mode: int):
     return None if mode not in (0, 2) else _rope_entry(x, cos, sin, n_rot, mode == 2, False, False, "rope")
 
 
-def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int):
+def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int, x2=None, w2=None):
     """`rope.rms_norm_rope`: x [T, H, K] (a strided view too) normed over K (by w [K] or None) and its first n_rot
-    dims rotated (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
+    dims rotated (mode 0 NORM, 2 NEOX) -> [T, H, K] float32; with x2 [T, H2, K] (by w2) the same in that launch
+    (`rope.rms_norm_rope_qk`) -> ([T, H, K], [T, H2, K]); or None."""
     dev = x.dev
-    if mode not in (0, 2) or not _same_dev(dev, x, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
+    if mode not in (0, 2) or not _same_dev(dev, x, cos, sin, x2) or x.raw.ndim != 3 or cos.raw.ndim != 2:
         return None
     T, H, K = x.shape
     if K > NR_K or cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2 \
             or not (cos.raw.flags.c_contiguous and sin.raw.flags.c_contiguous):
         return None
-    wv = _vectors(dev, "norm_rope", (w,), K)
+    if x2 is not None and (x2.raw.ndim != 3 or x2.shape[0] != T or x2.shape[2] != K):
+        return None
+    wv = _vectors(dev, "norm_rope", (w, w2), K)
     if wv is None:
         return None
     y = dev.xp.empty((T, H, K), dtype=np.float32)
+    y2 = None if x2 is None else dev.xp.empty(x2.shape, dtype=np.float32)
     norm_rope_raw(_nv(x.raw), _nv(wv[0]), eps, _nv(cos.raw), _nv(sin.raw), n_rot, mode == 2, _nv(y),
-                  stream=_stream())
-    return _done(dev, "norm_rope", (x, w, cos, sin), y)
+                  stream=_stream(), x2=None if x2 is None else _nv(x2.raw), w2=_nv(wv[1]), y2=_nv(y2))
+    if x2 is None:
+        return _done(dev, "norm_rope", (x, w, cos, sin), y)
+    return _done(dev, "norm_rope", (x, w, cos, sin, x2, w2), y, y2)
 
 
 def rope_tail(x, cos, sin, n_rot: int, inverse: bool):
@@ -1591,20 +1630,37 @@ def all_finite_many(ys, page, cells) -> list:
     return taken
 
 
-def append_rows(buf, x, count) -> bool:
-    """`cache.Rows.append`'s fixed-shape write on a GPU: x [T, ...] into buf [capacity, ...] at the device count
-    count [1] int64, the count advanced by T; one launch (two above APPEND_ONE_BLOCK values) for the five of
-    `buf[count + arange(T)] = x; count += T`. False (nothing done) for what it does not take: the caller's NumPy."""
+def _append_args(buf, x, count):
+    """(buf [capacity, W], x [T, W], count) as the kernel takes them, or None. x may be a strided view (a column
+    block of a stacked product: its rows' values contiguous or not, read by index)."""
     b, xr, c = buf.raw, x.raw, count.raw
     if b.dtype != np.float32 or xr.dtype != np.float32 or c.dtype != np.int64 or c.shape != (1,) \
-            or not (b.flags.c_contiguous and xr.flags.c_contiguous) or xr.ndim < 1 or xr.shape[1:] != b.shape[1:] \
-            or xr.size == 0:
-        return False
+            or not b.flags.c_contiguous or xr.ndim < 1 or xr.shape[1:] != b.shape[1:] or xr.size == 0:
+        return None
     T = xr.shape[0]
     W = xr.size // T
-    if not append_rows_raw(_nv(b.reshape(b.shape[0], W)), _nv(xr.reshape(T, W)), _nv(c), stream=_stream()):
-        c += T
-    buf.dev.note("fused append_rows", (buf, x, count), (buf, count))
+    return b.reshape(b.shape[0], W), xr.reshape(T, W), c
+
+
+def append_rows(buf, x, count, buf2=None, x2=None, count2=None) -> bool:
+    """`cache.Rows.append`'s fixed-shape write on a GPU: x [T, ...] into buf [capacity, ...] at the device count
+    count [1] int64, the count advanced by T; one launch (two above APPEND_ONE_BLOCK values) for the five of
+    `buf[count + arange(T)] = x; count += T`; with buf2, x2, count2 a second cache's the same launch (`cache.
+    append_rows`: k and v). False (nothing done) for what it does not take: the caller's NumPy."""
+    one = _append_args(buf, x, count)
+    two = None if buf2 is None else _append_args(buf2, x2, count2)
+    if one is None or (buf2 is not None and two is None):
+        return False
+    b, xr, c = one
+    if not append_rows_raw(_nv(b), _nv(xr), _nv(c), stream=_stream(),
+                           second=None if two is None else tuple(_nv(a) for a in two)):
+        c += xr.shape[0]
+        if two is not None:
+            two[2][...] += two[1].shape[0]
+    args, outs = (buf, x, count), (buf, count)
+    if buf2 is not None:
+        args, outs = args + (buf2, x2, count2), outs + (buf2, count2)
+    buf.dev.note("fused append_rows", args, outs)
     return True
 
 

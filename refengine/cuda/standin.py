@@ -33,11 +33,14 @@ def group_limited_np(s, G, n):
     return masked, rec["ffn_moe_group_topk"]
 
 
-def append_rows_np(buf, x, count):
-    """cache.Rows.append's fixed-shape write at the device count, the count advanced (the one-block kernel's)."""
+def append_rows_np(buf, x, count, buf2=None, x2=None, count2=None):
+    """cache.Rows.append's fixed-shape write at the device count, the count advanced (the one-block kernel's); with
+    buf2 a second cache's the same (`cache.append_rows`)."""
     import numpy as np
-    buf[count + np.arange(x.shape[0])] = x
-    count += x.shape[0]
+    for b, y, c in ((buf, x, count), (buf2, x2, count2)):
+        if b is not None:
+            b[c + np.arange(y.shape[0])] = y
+            c += y.shape[0]
     return True
 
 
@@ -54,6 +57,14 @@ def route_softmax_np(logits, k, norm_w, scale):
     ids = topk_desc(probs, k)
     return probs, ids, expert_weights(probs, ids, gating=GATING_SOFTMAX, norm_w=norm_w,
                                       w_scale=0.0 if scale is None else scale)
+
+
+def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):
+    """rope.rms_norm_rope's NumPy statement from the kernel's arguments; with x2 the pair (rms_norm_rope_qk)."""
+    from ..ops.norm import rms_norm
+    from ..ops.rope import apply_rope
+    y = apply_rope(rms_norm(x, w, eps), c, s, n, mode)
+    return y if x2 is None else (y, apply_rope(rms_norm(x2, w2, eps), c, s, n, mode))
 
 
 def numpy_twins() -> dict:
@@ -83,7 +94,7 @@ def numpy_twins() -> dict:
         "append_rows": append_rows_np, "expert_weights": expert_weights_np,
         "rope_cos_sin": cos_sin,
         "rope_tail": rotate_tail,
-        "norm_rope": lambda x, w, eps, c, s, n, mode: apply_rope(rms_norm(x, w, eps), c, s, n, mode),
+        "norm_rope": norm_rope_np,
         "route_softmax": route_softmax_np,
     }
 

@@ -46,9 +46,9 @@ def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool
     glu: (fn(gate, up), trace name) in place of act(gate) * up (DeepSeek-V4's clamped SwiGLU, moe/hash_routing.py)."""
     glu_fn, act_name = ACTIVATIONS[act] if glu is None else glu
 
-    def proj(x, part):
+    def proj(x, part, y=None):
         name = f"ffn_{part}{suffix}"
-        y = rt.matmul(x, getattr(w, name))
+        y = rt.matmul(x, getattr(w, name)) if y is None else y
         rt.record(f"ffn_{part}", il, y)
         b, s = getattr(w, name + "_bias", None), getattr(w, name + "_scale", None) if scales else None
         if b is not None:
@@ -59,8 +59,9 @@ def dense_ffn(h, w, *, il, rt, suffix: str = "", act: str = "silu", scales: bool
             rt.record(f"ffn_{part}_s", il, y)
         return y
 
-    up = proj(h, "up")                                                   # [T, F]
-    gate = proj(h, "gate")                                               # [T, F]
+    up_, gate_ = rt.matmul_many(h, [getattr(w, f"ffn_up{suffix}"), getattr(w, f"ffn_gate{suffix}")])  # one product
+    up = proj(h, "up", up_)                                              # [T, F]   where a device takes both
+    gate = proj(h, "gate", gate_)                                        # [T, F]
     a = glu_fn(gate, up)                                                 # [T, F]
     rt.record(act_name, il, a)
     return proj(a, "down")                                               # [T, D]
@@ -71,6 +72,5 @@ def situ_ffn(h, w, *, beta: float, linear_beta: float, rt, suffix: str = ""):
     :607-613 for the shared experts; llama.cpp's build_ffn aborts on SITU, so the graph multiplies by hand
     and names no intermediate): situ(h @ W_gate.T, h @ W_up.T) @ W_down.T.   h [T, D] -> [T, D]."""
     from ..ops.activations import situ
-    g = rt.matmul(h, getattr(w, f"ffn_gate{suffix}"))                   # [T, F]
-    u = rt.matmul(h, getattr(w, f"ffn_up{suffix}"))                     # [T, F]
+    g, u = rt.matmul_many(h, [getattr(w, f"ffn_gate{suffix}"), getattr(w, f"ffn_up{suffix}")])   # [T, F] each
     return rt.matmul(situ(g, u, beta, linear_beta), getattr(w, f"ffn_down{suffix}"))   # [T, D]

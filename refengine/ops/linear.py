@@ -10,3 +10,17 @@ def linear(x, w, scale, bias, rt):
     if bias is not None:
         y = y + bias
     return y
+
+
+def linear_many(x, specs, rt):
+    """[linear(x, w, scale, bias, rt) for (w, scale, bias) in specs]: one input's projections, multiplied by
+    `rt.matmul_many` (one product on a device whose kernels take the weights together; else one by one)."""
+    ys = rt.matmul_many(x, [w for w, _, _ in specs])
+    out = []
+    for y, (_, scale, bias) in zip(ys, specs):
+        if scale is not None:
+            y = y * scale
+        if bias is not None:
+            y = y + bias
+        out.append(y)
+    return out

@@ -146,6 +146,16 @@ def rms_norm_rope(x: np.ndarray, w: np.ndarray | None, eps: float, cos: np.ndarr
     return apply_rope(rms_norm(x, w, eps), cos, sin, n_rot, mode)
 
 
+def rms_norm_rope_qk(q: np.ndarray, wq, k: np.ndarray, wk, eps: float, cos: np.ndarray, sin: np.ndarray,
+                     n_rot: int, mode: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rms_norm_rope(q, wq, ...), rms_norm_rope(k, wk, ...)): a layer's q [T, H, K] and k [T, Hkv, K] normed by
+    their own weights and rotated alike; on a GPU both in one launch."""
+    if (f := fused_op(q, "norm_rope")) is not None and \
+            (qk := f(q, wq, eps, cos, sin, n_rot, mode, k, wk)) is not None:
+        return qk
+    return rms_norm_rope(q, wq, eps, cos, sin, n_rot, mode), rms_norm_rope(k, wk, eps, cos, sin, n_rot, mode)
+
+
 def context_rope(cfg, pos: np.ndarray, *, freq_factors=None, attn_factor: float | None = None):
     """cos, sin [T, n_rot/2] with llama.cpp's context-level rope parameters (`llama_context` cparams: YaRN
     from rope.scaling.*, beta_fast / beta_slow defaults); `attn_factor` overrides cparams.yarn_attn_factor."""
