@@ -347,7 +347,9 @@ class Runtime:
     def matmul_many(self, x, ws) -> list:
         """[x @ w.T for w in ws]: several weights multiplying one input (q, k and v; a FFN's up and gate). Resident,
         the weights of one type and width that the device's kernels take are one product by their `quant.QStack`,
-        its output split into column views: one launch and one NaN/inf flag (naming the part at fault) a group;
+        its output split into column views (a token's: C-contiguous rows, which every kernel takes on its short
+        launch path; more tokens' copied out, a strided view being numba's slow path and some kernels' decline):
+        one product and one NaN/inf flag (naming the part at fault) a group;
         each row's sums are the separate products' (the kernels' rows are independent: the same numbers, and on
         the cpu / numpy backends nothing changes). The others by `matmul`, one each."""
         from .devarray import DeviceArray
@@ -363,7 +365,7 @@ class Runtime:
             y = self._matmul_resident(x, st)
             for i, (a, b) in zip(group, st.bounds()):
                 self._router_hook(x, ws[i])
-                out[i] = y[:, a:b]
+                out[i] = y[:, a:b] if x.shape[0] == 1 else y[:, a:b].copy()            # (C order)
         return out
 
     def _kernels_serve(self, w: QTensor, heads: bool = False) -> bool:

@@ -1,6 +1,7 @@
 """quant/cuda/fastlaunch.py's launch key, without a GPU: which launches may take the short path and under which
 signature. Two launches that numba would type differently must never share a key (the short path would pack one
-with the other's compiled kernel); anything not exactly C-contiguous must have no key (numba's path every time).
+with the other's compiled kernel); anything not C-contiguous (a dimension of size 1 aside) must have no key (numba's
+path every time).
 The launches themselves are checked on a GPU in tests/test_cuda_fastlaunch.py."""
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def test_scalars_of_different_types_never_share_a_key():
     assert len(keys) == 7
 
 
-def test_arrays_keyed_by_dtype_and_rank_only_when_exactly_c_contiguous():
+def test_arrays_keyed_by_dtype_and_rank_only_when_c_contiguous():
     a, b = FakeCupy((4, 8)), FakeCupy((4, 8), ptr=8192)
     assert _key([a]) == _key([b]) == (("array", "f", 2),)
     assert _key([FakeCupy((4, 8), np.float16)]) != _key([a])
@@ -44,6 +45,11 @@ def test_arrays_keyed_by_dtype_and_rank_only_when_exactly_c_contiguous():
     assert _key([np.zeros((4, 8), np.float32)]) is None               # a host array: numba copies it
     assert _key([a, 3, FakeCupy((4, 8), strides=(32, 8))]) is None    # one argument out: the whole launch
     assert _key([1 << 63]) is None                                    # numba types it uint64
+    # a dimension of size 1 with any stride (one token's columns of a stacked product, `y[:, a:b]`): its index is
+    # always 0, so a kernel compiled for either layout reads the same bytes, and the packing carries the strides
+    assert _key([FakeCupy((1, 8), strides=(640, 4))]) == _key([a])
+    assert _key([FakeCupy((1, 2, 8), strides=(4000, 32, 4))]) == _key([FakeCupy((4, 2, 8))])
+    assert _key([FakeCupy((2, 8), strides=(640, 4))]) is None         # two rows of it: strided
 
 
 def test_packed_parameters_are_numbas_layout():

@@ -13,9 +13,10 @@ The short path: the first launch of a kernel with a given argument signature goe
 compiles); then the compiled kernel and a packer per argument are kept under a key of the arguments' kinds
 (dtype and rank of each array, the Python type of each scalar). A later launch with the same key packs the
 arguments as numba does (`_Kernel._prepare_args`: an array is meminfo 0, parent 0, size, itemsize, pointer, shape,
-strides; an integer its ctypes type) and calls cuda.core's `launch` directly. Only arrays laid out exactly
-C-contiguous take it (numba types them layout "C" whatever else they are): any other array, any other argument
-type, a launch-config-sensitive or debug kernel, goes the whole way through numba every time.
+strides; an integer its ctypes type) and calls cuda.core's `launch` directly. Only arrays laid out C-contiguous
+take it (a dimension of size 1 with any stride included: `_c_laid`; numba types them layout "C" whatever else they
+are): any other array, any other argument type, a launch-config-sensitive or debug kernel, goes the whole way
+through numba every time.
 
 `numba_view` keeps the views it made (at most VIEW_CACHE): a view is only a pointer with a shape, so two CuPy
 arrays at the same address with the same shape share one. The cached view holds no reference to a CuPy array; each
@@ -66,6 +67,14 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(out))
 
 
+def _c_laid(shape, strides, itemsize) -> bool:
+    """Laid out C-contiguous and not empty, a dimension of size 1 whatever its stride (an index into it is 0, so a
+    kernel compiled for C reads the same bytes: a decode's row of a wider product, `y[:, a:b]` of one token)."""
+    if 0 in shape:
+        return False
+    return all(n == 1 or st == c for n, st, c in zip(shape, strides, _c_strides(shape, itemsize)))
+
+
 def _numba_fields(a):
     """(fields, C-contiguous) of a numba device array, computed once and kept in its __dict__ (a numba array's
     pointer, shape, strides and dtype never change: `__cuda_array_interface__` builds a dict and checks the
@@ -77,7 +86,8 @@ def _numba_fields(a):
         st = cai["strides"]
         c = _c_strides(shape, a.dtype.itemsize)
         st = tuple(st) if st is not None else c
-        got = a.__dict__["_refengine_fields"] = ((cai["data"][0], shape, st, a.dtype), st == c and 0 not in shape)
+        got = a.__dict__["_refengine_fields"] = ((cai["data"][0], shape, st, a.dtype),
+                                                 _c_laid(shape, st, a.dtype.itemsize))
     return got
 
 
@@ -86,8 +96,7 @@ def _array_fields(a):
     device array (its fields kept on it: `_numba_fields`); None for anything else."""
     mod = type(a).__module__
     if mod.startswith("cupy"):
-        return (a.data.ptr, a.shape, a.strides, a.dtype), \
-            a.strides == _c_strides(a.shape, a.dtype.itemsize) and 0 not in a.shape
+        return (a.data.ptr, a.shape, a.strides, a.dtype), _c_laid(a.shape, a.strides, a.dtype.itemsize)
     if mod.startswith("numba"):
         return _numba_fields(a)
     return None
