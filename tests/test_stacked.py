@@ -99,7 +99,7 @@ def test_prefetch_is_taken_once(ws):
         got = [rt.matmul(x, w) for w in ws]
     assert sum(op.startswith("matmul") for op, _, _ in ops) == 1
     with dev.recording() as ops:
-        again, fresh = rt.matmul(x, ws[0]), rt.matmul(other, ws[1])
+        again, _ = rt.matmul(x, ws[0]), rt.matmul(other, ws[1])
     assert sum(op.startswith("matmul") for op, _, _ in ops) == 2
     assert np.array_equal(dev.get(again), dev.get(got[0]))
     rt.prefetch(x, ws[:2])
