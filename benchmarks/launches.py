@@ -88,15 +88,18 @@ def count(arch: str, directory: str, tokens: int = 1, sites: bool = False, prefi
                   and not f.filename.endswith(("devarray.py", "standin.py"))]
             where.append(" <- ".join(f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno}" for f in fr[-2:][::-1]))
         dev.probes.append(probe)
+    strided0 = dict(dev.fused.strided) if stand_in else {}
     with dev.recording() as sig:
         m.run_step(step, st, rt, last_only=bool(prefill))
+    strided = {k: v - strided0.get(k, 0) for k, v in (dev.fused.strided if stand_in else {}).items()
+               if v > strided0.get(k, 0)}
     if sites:
         dev.probes.clear()
     kept = [k for k, (op, a, r) in enumerate(sig) if launches(op, a, r)]
     by_op = collections.Counter(sig[k][0].split(" blk.")[0] for k in kept)
     out = {"arch": arch, "layers": len(m.cfg.layers), "tokens": prefill or tokens, "prefill": bool(prefill),
            "ops": len(sig), "launches": len(kept), "per_layer": round(len(kept) / len(m.cfg.layers), 1),
-           "by_op": dict(by_op.most_common())}
+           "by_op": dict(by_op.most_common()), "strided": strided}
     if sites:
         out["by_site"] = dict(collections.Counter(where[k] for k in kept if k < len(where)).most_common())
     return out
@@ -130,6 +133,9 @@ def main(argv=None) -> int:
             print(f"{arch:12s} {r['launches']:5d} launches ({r['ops']} ops recorded), {r['layers']} layers: "
                   f"{r['per_layer']} a layer")
             print("    " + ", ".join(f"{k} {v}" for k, v in list(r["by_op"].items())[:a.top]))
+            if r["strided"]:            # (some entries decline or copy a strided array: check them first)
+                print("    fused calls given a strided array: " + ", ".join(f"{k} {v}"
+                                                                         for k, v in r["strided"].items()))
             for s, v in list(r.get("by_site", {}).items())[:a.sites]:
                 print(f"    {v:5d}  {s}")
             sys.stdout.flush()

@@ -1,5 +1,6 @@
-"""quant/cuda/fastlaunch.py: numba-cuda launches through the short path give what numba's own path gives, and
-whatever the short path does not serve (a strided array, a host array) still goes through numba. Needs a GPU."""
+"""quant/cuda/fastlaunch.py: numba-cuda launches through the short path give what numba's own path gives (a strided
+array's by the kernel numba compiled for any layout), and whatever the short path does not serve (a host array)
+still goes through numba. Needs a GPU."""
 import numpy as np
 import pytest
 
@@ -44,10 +45,15 @@ def test_short_path_equals_numba():
         if n != 100:
             assert fastlaunch.stats["short"] == before["short"] + 1
     m = cp.asarray(rng.standard_normal((8, 12)).astype(np.float32))
-    for a in (m, m[:, ::2], m.T.copy(), m[:, 3:9]):         # C-contiguous, strided, C again, strided
+    # C-contiguous, strided (numba compiles layout "A"), C again, strided and Fortran order (both now short, by the
+    # "A" kernel), a row of a wider matrix (a size-1 dimension: the C kernel, short)
+    for k, a in enumerate((m, m[:, ::2], m.T.copy(), m[:, 3:9], m.T, m[2:3, 1:7])):
         out = cp.zeros(a.shape[0], np.float32)
+        before = dict(fastlaunch.stats)
         rowsum[1, 32, st](a, out, 0.5)
         cp.testing.assert_allclose(out, 0.5 * a.sum(1), rtol=1e-5)
+        if k >= 2:
+            assert fastlaunch.stats["short"] == before["short"] + 1, k
     v = numba_view(cp.ones(64, np.float32))                   # a view of a temporary keeps its memory
     w = cp.zeros(64, np.float32)
     axpy[1, 64, st](v, w, w, np.float32(1.0), 64)

@@ -1,7 +1,7 @@
 """quant/cuda/fastlaunch.py's launch key, without a GPU: which launches may take the short path and under which
 signature. Two launches that numba would type differently must never share a key (the short path would pack one
-with the other's compiled kernel); anything not C-contiguous (a dimension of size 1 aside) must have no key (numba's
-path every time).
+with the other's compiled kernel): an array's layout is part of its key, a strided one served only by a kernel compiled
+for any layout.
 The launches themselves are checked on a GPU in tests/test_cuda_fastlaunch.py."""
 import numpy as np
 import pytest
@@ -34,22 +34,62 @@ def test_scalars_of_different_types_never_share_a_key():
     assert len(keys) == 7
 
 
-def test_arrays_keyed_by_dtype_and_rank_only_when_c_contiguous():
+def test_arrays_keyed_by_dtype_rank_and_layout():
     a, b = FakeCupy((4, 8)), FakeCupy((4, 8), ptr=8192)
-    assert _key([a]) == _key([b]) == (("array", "f", 2),)
+    assert _key([a]) == _key([b]) == (("array", "f", 2, "C"),)
     assert _key([FakeCupy((4, 8), np.float16)]) != _key([a])
     assert _key([FakeCupy((4, 8, 1))]) != _key([a])
-    assert _key([FakeCupy((4, 8), strides=(64, 4))]) is None          # a row stride of 16 elements
-    assert _key([FakeCupy((4, 8), strides=(4, 16))]) is None          # Fortran order
+    strided = _key([FakeCupy((4, 8), strides=(64, 4))])                # a row stride of 16 elements
+    assert strided == (("array", "f", 2, "X"),) != _key([a])            # never a C kernel's key
+    assert _key([FakeCupy((4, 8), strides=(4, 16))]) == strided         # Fortran order: served by an "A" kernel only
     assert _key([FakeCupy((0, 8))]) is None                           # empty
     assert _key([np.zeros((4, 8), np.float32)]) is None               # a host array: numba copies it
-    assert _key([a, 3, FakeCupy((4, 8), strides=(32, 8))]) is None    # one argument out: the whole launch
+    assert _key([a, 3, np.zeros(3)]) is None                          # one argument out: the whole launch
     assert _key([1 << 63]) is None                                    # numba types it uint64
     # a dimension of size 1 with any stride (one token's columns of a stacked product, `y[:, a:b]`): its index is
     # always 0, so a kernel compiled for either layout reads the same bytes, and the packing carries the strides
     assert _key([FakeCupy((1, 8), strides=(640, 4))]) == _key([a])
     assert _key([FakeCupy((1, 2, 8), strides=(4000, 32, 4))]) == _key([FakeCupy((4, 2, 8))])
-    assert _key([FakeCupy((2, 8), strides=(640, 4))]) is None         # two rows of it: strided
+    assert _key([FakeCupy((2, 8), strides=(640, 4))]) == strided      # two rows of it: strided
+
+
+def test_a_strided_key_takes_only_a_kernel_compiled_for_any_layout(monkeypatch):
+    """`_entry` keeps a kernel for a strided array's key only when numba compiled it for layout "A": one typed "F"
+    (a transposed array's) or "C" would read another strided array of that key wrongly."""
+    from numba.cuda import types
+
+    class K:
+        debug = cooperative = False
+
+        def __init__(self, layout):
+            self.argument_types = [types.Array(types.float32, 2, layout)]
+            self._codelibrary = self
+
+        def get_cufunc(self):
+            return self
+
+        kernel = "compiled"
+
+    class D:
+        specialized = False
+
+        def __init__(self, layout):
+            self.k = K(layout)
+            self.overloads = {tuple(self.k.argument_types): self.k}
+
+        def _select_launch_config_dispatcher(self, lc):
+            return self
+
+        def typeof_pyval(self, a):
+            return self.k.argument_types[0]
+
+    class LC:
+        pre_launch_callbacks = []
+    key = (("array", "f", 2, "X"),)
+    assert fl._entry(D("A"), [object()], LC(), key)[0] == "compiled"
+    assert fl._entry(D("F"), [object()], LC(), key) is None
+    assert fl._entry(D("C"), [object()], LC(), key) is None
+    assert fl._entry(D("C"), [object()], LC(), (("array", "f", 2, "C"),))[0] == "compiled"
 
 
 def test_packed_parameters_are_numbas_layout():
@@ -60,7 +100,7 @@ def test_packed_parameters_are_numbas_layout():
     from numba.cuda import types
     a = FakeCupy((3, 5), ptr=123456)
     fields, key = fl._fields_and_key([a, 7, 0.5])
-    assert key == (("array", "f", 2), "int", "float")
+    assert key == (("array", "f", 2, "C"), "int", "float")
     out: list = []
     fl._packer(types.Array(types.float32, 2, "C"))(fields[0], out)
     assert out == [0, 0, 15, 4, 123456, 3, 5, 20, 4]
@@ -94,18 +134,19 @@ def test_numba_arrays_fields_read_once_and_keyed_as_cupys():
     assert first == again and a.reads == 1
     assert first[1] == _key([FakeCupy((3, 5)), 2])
     assert first[0][0] == (777, (3, 5), (20, 4), np.dtype(np.float32))
-    s = FakeNumba((3, 5), strides=(40, 4))                # every other row
-    assert _key([s]) is None and _key([s]) is None and s.reads == 1
+    s = FakeNumba((3, 5), strides=(40, 4))                # every other row: the strided key, read once
+    assert _key([s]) == _key([s]) == _key([FakeCupy((3, 5), strides=(40, 4))]) and s.reads == 1
     assert fl._fields_and_key([FakeNumba((0, 5))]) == (None, None)
 
 
 def test_whole_way_launches_counted_by_kernel(monkeypatch):
-    """A launch with no key (a strided array) goes numba's whole way every time, counted under the kernel's name in
+    """A launch with no key (an empty array) goes numba's whole way every time, counted under the kernel's name in
     `slow_by` (benchmarks/profile_prefill.py prints them: where a prefill's host time per launch is ~10x); a keyed
-    launch's first goes that way too, later ones the short path; reset_stats zeroes both."""
+    launch's first goes that way too, later ones the short path (a strided array's too, once its kernel is one for
+    any layout); reset_stats zeroes both."""
     seen = []
     monkeypatch.setattr(fl, "_ORIG", lambda self, args, cfg: seen.append(args))
-    monkeypatch.setattr(fl, "_entry", lambda self, args, cfg: ("kernel", [lambda f, p: p.append(f)]))
+    monkeypatch.setattr(fl, "_entry", lambda self, args, cfg, key: ("kernel", [lambda f, p: p.append(f)]))
     monkeypatch.setattr(fl, "_launch", lambda *a: seen.append("short"))
     monkeypatch.setattr(fl, "_config", lambda cfg: cfg)
 
@@ -118,14 +159,17 @@ def test_whole_way_launches_counted_by_kernel(monkeypatch):
 
     k = Kernel()
     fl.reset_stats()
-    strided = FakeCupy((3, 5), strides=(40, 4))
+    empty = FakeCupy((0, 5))
     for _ in range(3):
-        fl._call(k, [strided], Cfg())
+        fl._call(k, [empty], Cfg())
     name = Kernel.py_func.__qualname__                  # (a factory's kernel: make.<locals>.kern, told apart)
     assert fl.stats == {"short": 0, "numba": 3} and fl.slow_by == {name: 3}
     fl.reset_stats()
     for _ in range(3):
         fl._call(k, [FakeCupy((3, 5))], Cfg())
     assert fl.stats == {"short": 2, "numba": 1} and fl.slow_by == {name: 1}
+    for _ in range(3):                                  # strided: its own key, its own first launch
+        fl._call(k, [FakeCupy((3, 5), strides=(40, 4))], Cfg())
+    assert fl.stats == {"short": 4, "numba": 2} and fl.slow_by == {name: 2}
     fl.reset_stats()
     assert fl.stats == {"short": 0, "numba": 0} and fl.slow_by == {}

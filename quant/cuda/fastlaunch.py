@@ -13,10 +13,11 @@ The short path: the first launch of a kernel with a given argument signature goe
 compiles); then the compiled kernel and a packer per argument are kept under a key of the arguments' kinds
 (dtype and rank of each array, the Python type of each scalar). A later launch with the same key packs the
 arguments as numba does (`_Kernel._prepare_args`: an array is meminfo 0, parent 0, size, itemsize, pointer, shape,
-strides; an integer its ctypes type) and calls cuda.core's `launch` directly. Only arrays laid out C-contiguous
-take it (a dimension of size 1 with any stride included: `_c_laid`; numba types them layout "C" whatever else they
-are): any other array, any other argument type, a launch-config-sensitive or debug kernel, goes the whole way
-through numba every time.
+strides; an integer its ctypes type) and calls cuda.core's `launch` directly. An array's kind includes its layout
+(`_layout`): C-contiguous (a dimension of size 1 with any stride included) or strided, a strided one served only
+by a kernel numba compiled for layout "A" (a prefill's strided views: a rope of q's tail, a norm of a latent's
+columns, took numba's whole path, ~170-260 us of host each, session 29's count). An empty or host array, another
+argument type, a launch-config-sensitive or debug kernel goes the whole way through numba every time.
 
 `numba_view` keeps the views it made (at most VIEW_CACHE): a view is only a pointer with a shape, so two CuPy
 arrays at the same address with the same shape share one. The cached view holds no reference to a CuPy array; each
@@ -67,12 +68,14 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(out))
 
 
-def _c_laid(shape, strides, itemsize) -> bool:
-    """Laid out C-contiguous and not empty, a dimension of size 1 whatever its stride (an index into it is 0, so a
-    kernel compiled for C reads the same bytes: a decode's row of a wider product, `y[:, a:b]` of one token)."""
+def _layout(shape, strides, itemsize):
+    """"C": laid out C-contiguous, a dimension of size 1 whatever its stride (an index into it is 0, so a kernel
+    compiled for C reads the same bytes: a decode's row of a wider product, `y[:, a:b]` of one token); "X": any other
+    strides (served by a kernel numba compiled for layout "A" only, `_entry`); None: empty (numba's path)."""
     if 0 in shape:
-        return False
-    return all(n == 1 or st == c for n, st, c in zip(shape, strides, _c_strides(shape, itemsize)))
+        return None
+    c = all(n == 1 or st == cs for n, st, cs in zip(shape, strides, _c_strides(shape, itemsize)))
+    return "C" if c else "X"
 
 
 def _numba_fields(a):
@@ -87,16 +90,16 @@ def _numba_fields(a):
         c = _c_strides(shape, a.dtype.itemsize)
         st = tuple(st) if st is not None else c
         got = a.__dict__["_refengine_fields"] = ((cai["data"][0], shape, st, a.dtype),
-                                                 _c_laid(shape, st, a.dtype.itemsize))
+                                                 _layout(shape, st, a.dtype.itemsize))
     return got
 
 
 def _array_fields(a):
-    """((pointer, shape, strides, dtype), laid out exactly C-contiguous and not empty) of a CuPy array or a numba
-    device array (its fields kept on it: `_numba_fields`); None for anything else."""
+    """((pointer, shape, strides, dtype), its `_layout`) of a CuPy array or a numba device array (its fields kept on
+    it: `_numba_fields`); None for anything else."""
     mod = type(a).__module__
     if mod.startswith("cupy"):
-        return (a.data.ptr, a.shape, a.strides, a.dtype), _c_laid(a.shape, a.strides, a.dtype.itemsize)
+        return (a.data.ptr, a.shape, a.strides, a.dtype), _layout(a.shape, a.strides, a.dtype.itemsize)
     if mod.startswith("numba"):
         return _numba_fields(a)
     return None
@@ -120,10 +123,10 @@ def _fields_and_key(args):
             k = ("scalar", a.dtype.char)
         else:
             got = _array_fields(a)
-            if got is None or not got[1]:
+            if got is None or got[1] is None:
                 return None, None
             a = got[0]
-            k = ("array", a[3].char, len(a[1]))
+            k = ("array", a[3].char, len(a[1]), got[1])
         fields.append(a)
         key.append(k)
     return fields, tuple(key)
@@ -166,8 +169,10 @@ def _config(lc):
     return cfg
 
 
-def _entry(disp, args, lc):
-    """(cuda.core kernel, packers) for this launch's compiled kernel, or None when it must stay on numba's path."""
+def _entry(disp, args, lc, key=()):
+    """(cuda.core kernel, packers) for this launch's compiled kernel, or None when it must stay on numba's path. A
+    strided array (key layout "X") is served only by a kernel compiled for layout "A" (any strides: numba typed
+    this launch's array so); one numba typed "F" or "C" would misread another strided array of the same key."""
     if lc.pre_launch_callbacks or disp.specialized or disp._select_launch_config_dispatcher(lc) is not disp:
         return None
     try:
@@ -176,6 +181,9 @@ def _entry(disp, args, lc):
         return None
     k = disp.overloads.get(argtypes)
     if k is None or k.debug or k.cooperative or tuple(k.argument_types) != argtypes:
+        return None
+    if any(isinstance(kk, tuple) and kk[-1] == "X" and getattr(t, "layout", None) != "A"
+           for kk, t in zip(key, k.argument_types)):
         return None
     packers = [_packer(t) for t in k.argument_types]
     if any(p is None for p in packers):
@@ -200,7 +208,7 @@ def _call(self, args, launch_config):
     slow_by[name] = slow_by.get(name, 0) + 1
     _ORIG(self, args, launch_config)
     if key is not None and key not in cache:
-        cache[key] = _entry(self, args, launch_config) or False
+        cache[key] = _entry(self, args, launch_config, key) or False
 
 
 def install() -> bool:

@@ -114,6 +114,8 @@ class StandIn:
 
     def __init__(self, dev, note: bool = False):
         self.dev, self.twins, self.hits, self.noting = dev, numpy_twins(), {}, note
+        self.strided: dict = {}         # entry -> calls given a strided device array (a GPU's kernel compiled for
+        #                                 any layout, quant/cuda/fastlaunch.py; entries needing C rows copy or decline)
 
     def all_finite_many(self, *a):
         inspect.signature(fused.all_finite_many).bind(*a)
@@ -130,6 +132,8 @@ class StandIn:
             if name in DECLINES and DECLINES[name](self.dev, *args):
                 return None                               # the real entry declines it: the NumPy form runs
             self.hits[name] = self.hits.get(name, 0) + 1
+            if any(getattr(a, "dev", None) is self.dev and not a.raw.flags.c_contiguous for a in args):
+                self.strided[name] = self.strided.get(name, 0) + 1
             twin = self.twins[name]
             if twin is None:
                 return None
