@@ -51,6 +51,10 @@ def test_rms_norm_rows(with_w):
     want = rms_norm(x, w, 1e-6)
     (got,) = _run(lambda xd, wd, y: fused.rms_norm_raw(xd, wd, 1e-6, y), x, w, out_shapes=[x.shape])
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+    # rows lying apart (a latent's first D columns of wider rows, as `fused.rms_norm` now passes them): the same
+    wide = np.concatenate([x, _rand(ROWS, 5, seed=4)], axis=1)
+    (got_w,) = _run(lambda wd_, wd, y: fused.rms_norm_raw(wd_[:, :D], wd, 1e-6, y), wide, w, out_shapes=[x.shape])
+    assert np.array_equal(got_w, got)
 
 
 @pytest.mark.parametrize("with_w", [True, False])

@@ -1214,16 +1214,17 @@ def _vectors(dev, op: str, params, n: int):
 
 def _rows(x, op: str, params, launch):
     """A row op over the last axis of x ([..., D] float32): params (host or device arrays [D], or None) as the
-    device's float32 buffers, launch(x2 [R, D], *params, out [R, D], stream) -> [..., D], or None."""
+    device's float32 buffers, launch(x2 [R, D], *params, out [R, D], stream) -> [..., D], or None. x's rows may lie
+    apart (a latent's columns of a wider row, `ckv[:, :C]`): the kernels read x2[r, j]."""
     raw = x.raw
-    if raw.ndim < 1 or not _served(raw):
+    if raw.ndim < 1 or raw.dtype != np.float32 or raw.size == 0 or raw.strides[-1] != raw.itemsize:
         return None
     D = raw.shape[-1]
     bufs = _vectors(x.dev, op, params, D)
     if bufs is None:
         return None
-    x2 = raw.reshape(-1, D)
-    out = x.dev.xp.empty_like(x2)
+    x2 = raw.reshape(-1, D)                               # (a view where the axes allow it, else CuPy's copy)
+    out = x.dev.xp.empty(x2.shape, dtype=np.float32)
     launch(_nv(x2), *[_nv(a) for a in bufs], _nv(out), _stream())
     return _done(x.dev, op, (x, *params), out.reshape(raw.shape))
 
