@@ -548,6 +548,24 @@ def test_append_rows(monkeypatch, one_block):
     assert [cd.copy_to_host()[0], cd2.copy_to_host()[0]] == ([n0 + 3, n0 + 4] if one_block else [n0, n0 + 1])
 
 
+@pytest.mark.parametrize("ratio,c", [(4, 2), (4, 1), (8, 1)])
+def test_pool_at(ratio, c):
+    """DeepSeek-V4's compressed blocks pooled in one launch == kv_compressor._pool_at's NumPy statement: block 0 of
+    the overlapping compressor (its previous block's weight 0), a block inside the buffer, one whose rows run past
+    its end (clamped to the last row), scores with -inf rows."""
+    from refengine.attention.kv_compressor import _pool_at
+    K = 64 if GPU else 6
+    S = 3 * ratio + 2
+    rng = np.random.default_rng(5)
+    kv, score = (rng.standard_normal((S, c * K)).astype(np.float32) for _ in range(2))
+    score[ratio + 1, :] = -np.inf
+    b = np.array([0, 1, 3, 2], np.int64)
+    want = _pool_at(kv, score, b, ratio, c, K)
+    (got,) = _run(lambda kd, sd, bd, y: fused.pool_at_raw(kd, sd, bd, ratio, c, K, y), kv, score, b,
+                  out_shapes=[(4, K)])
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("norm_w,scale", [(False, None), (True, None), (True, 2.5), (False, 16.0)])
 def test_expert_weights(norm_w, scale):
     """The selected probs, normalized by their float64 sum clamped at 2^-14, scaled, in one launch ==

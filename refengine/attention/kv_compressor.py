@@ -26,7 +26,7 @@ import numpy as np
 
 from ..cache import BlockFill, CompressorRows, PooledBlocks, append_rows
 from ..ops import rms_norm
-from ..ops.arrays import as_array, take_rows
+from ..ops.arrays import as_array, fused_op, take_rows
 from ..ops.softmax import softmax
 
 
@@ -135,7 +135,9 @@ def _pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
     """Blocks b [n] (on the device in a resident run) pooled from a fixed-shape run's rows as they are: [n, K]. A
     block's rows b*r .. b*r + r - 1 (those past the capacity are past every position: not yet the block's), and for
     the overlapping compressor (c = 2) the block before's first halves (b = 0: r rows of weight 0, where
-    `pool_blocks` has one: the same weights summed in another order)."""
+    `pool_blocks` has one: the same weights summed in another order). On a GPU one launch (cuda/fused.py)."""
+    if (k := fused_op(all_kv, "pool_at")) is not None and (y := k(all_kv, all_score, b, ratio, c, K)) is not None:
+        return y
     cur = np.minimum(b[:, None] * ratio + np.arange(ratio, like=b)[None, :], all_kv.shape[0] - 1)   # [n, r]
     v, s = all_kv[cur, (c - 1) * K:], all_score[cur, (c - 1) * K:]              # [n, r, K]
     if c == 2:

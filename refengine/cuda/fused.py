@@ -28,6 +28,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     ggml_top_k_rows(x, n, k) ops/top_k.py `ggml_top_k_rows` (libstdc++'s heap select replayed, a thread a row: the
                              k-pool indexer's fixed-shape selection; reached through `ops.arrays.row_kernel`)
     group_limited(s, G, n)   moe/router.py `group_limited`: the experts of the n best of G groups kept, the rest -inf
+    pool_at(kv, score, b, r, c, K)   attention/kv_compressor.py `_pool_at`: DeepSeek-V4's compressed blocks pooled
+                             from a fixed-shape run's rows (a thread a block and dim)
     all_finite_many(ys, page, cells)   page.flat[cell] = False for each y holding a NaN/inf: up to FLAG_BATCH
                              flags (the NaN checks of a step's products) in one launch
 
@@ -361,6 +363,53 @@ def _causal_conv(x, w, tail, has_tail, y, new_tail):
             new_tail[t, c] = tail[jj, c] if has_tail else float32(0.0)
         else:
             new_tail[t, c] = x[jj - (Kc - 1), c]
+
+
+@cuda.jit(device=True, inline=True)
+def _pool_row(kv, score, bi, j, ratio, c, K, k, S):
+    """Row j of block bi's pooling window at dim k: (value, score). The overlapping compressor (c = 2) reads the
+    block before's first halves at j < ratio (block 0: weight 0, value 0), then the block's own second halves; a
+    row past the buffer is its last row (`kv_compressor._pool_at`)."""
+    if c == 2 and j < ratio:
+        cur = min(bi * ratio + j, S - 1)
+        if bi == 0:
+            return float32(0.0), float32(-math.inf)
+        prev = max(cur - ratio, 0)
+        return kv[prev, k], score[prev, k]
+    jj = j - ratio if c == 2 else j
+    cur = min(bi * ratio + jj, S - 1)
+    return kv[cur, (c - 1) * K + k], score[cur, (c - 1) * K + k]
+
+
+@cuda.jit(fastmath=False)
+def _pool_at(kv, score, b, ratio, c, K, out):
+    """Thread (i, k): block b[i]'s pooled key at dim k, `kv_compressor._pool_at`: the softmax of the window's
+    scores (max, exp in float32, float64 sum, divide) weighting its values, the products summed in float32 in
+    the rows' order."""
+    e = cuda.grid(1)
+    n = b.shape[0]
+    if e >= n * K:
+        return
+    i = e // K
+    k = e - i * K
+    S = kv.shape[0]
+    bi = b[i]
+    rows = c * ratio
+    m = float32(-math.inf)
+    for j in range(rows):
+        _, sv = _pool_row(kv, score, bi, j, ratio, c, K, k, S)
+        if sv > m or sv != sv:
+            m = sv
+    tot = float64(0.0)
+    for j in range(rows):
+        _, sv = _pool_row(kv, score, bi, j, ratio, c, K, k, S)
+        tot += float64(float32(math.exp(sv - m)))
+    acc = float32(0.0)
+    for j in range(rows):
+        v, sv = _pool_row(kv, score, bi, j, ratio, c, K, k, S)
+        p = float32(float64(float32(math.exp(sv - m))) / tot)
+        acc = float32(acc + float32(v * p))
+    out[i, k] = acc
 
 
 @cuda.jit(fastmath=False)
@@ -1076,6 +1125,11 @@ def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
     _causal_conv[_grid(n, 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, y, new_tail)
 
 
+def pool_at_raw(kv, score, b, ratio: int, c: int, K: int, out, stream=0) -> None:
+    """kv, score [S, c*K] float32, b [n] int64; out [n, K] written."""
+    _pool_at[_grid(out.shape[0] * K), 256, stream](kv, score, b, int(ratio), int(c), int(K), out)
+
+
 def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0, off: int = 0, inverse: bool = False) -> None:
     _rope[_grid(y.shape[0] * y.shape[1] * y.shape[2]), 256, stream](x, cos, sin, n_rot, neox, off,
                                                                     np.float32(-1.0 if inverse else 1.0), y)
@@ -1339,6 +1393,19 @@ def delta_rule(q, k, v, g, beta, S, scale):
     delta_rule_raw(_nv(q.raw), _nv(k.raw), _nv(v.raw), _nv(g3), per_key, _nv(beta.raw),
                    None if S is None else _nv(S.raw), float(scale), _nv(o), _nv(S_out), stream=_stream())
     return _done(dev, "delta_rule", (q, k, v, g, beta, S), o, S_out)
+
+
+def pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
+    """`kv_compressor._pool_at`: blocks b [n] (device ints) pooled from a fixed-shape run's rows [S, c*K] -> [n, K]
+    float32, one launch where the NumPy statement takes ~12; or None."""
+    dev = all_kv.dev
+    if not _same_dev(dev, all_kv, all_score) or not _on(b, dev) or b.raw.dtype != np.int64 or b.raw.ndim != 1 \
+            or all_kv.raw.ndim != 2 or all_kv.shape != all_score.shape or all_kv.shape[1] != c * K \
+            or c not in (1, 2) or not _served(all_kv.raw, all_score.raw):
+        return None
+    out = dev.xp.empty((b.shape[0], K), dtype=np.float32)
+    pool_at_raw(_nv(all_kv.raw), _nv(all_score.raw), _nv(b.raw), ratio, c, K, _nv(out), stream=_stream())
+    return _done(dev, "pool_at", (all_kv, all_score, b), out)
 
 
 def causal_conv(x, w, tail):

@@ -67,6 +67,12 @@ def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):
     return y if x2 is None else (y, apply_rope(rms_norm(x2, w2, eps), c, s, n, mode))
 
 
+def pool_at_np(all_kv, all_score, b, ratio, c, K):
+    """kv_compressor._pool_at's NumPy statement (host arrays: no kernel)."""
+    from ..attention.kv_compressor import _pool_at
+    return _pool_at(all_kv, all_score, b, ratio, c, K)
+
+
 def numpy_twins() -> dict:
     """Each fused kernel's entry point -> the NumPy function it stands for (its arguments in the entry's order)."""
     from ..attention import delta_rule, mha
@@ -96,6 +102,7 @@ def numpy_twins() -> dict:
         "rope_tail": rotate_tail,
         "norm_rope": norm_rope_np,
         "route_softmax": route_softmax_np,
+        "pool_at": pool_at_np,
     }
 
 
