@@ -187,23 +187,36 @@ class KVCache:
 
 @state_container
 class LatentKV:
-    """MLA's compressed cache: one latent row and one shared rope key per position (DeepSeek-V2 sec. 2.1).
-
-    llama.cpp stores them side by side as a single-head K of width C + R, with V a view of its first C
-    columns; here they are kept apart, which is the same numbers.
-    """
+    """MLA's compressed cache: one latent row and one shared rope key per position (DeepSeek-V2 sec. 2.1), side by
+    side in one row of width C + R as llama.cpp stores them (a single-head K whose first C columns are V): the
+    attention reads the rows as they are, no per-step copy of the cache (which a K made by joining c and k_pe at
+    every step was: O(S) bytes a layer and token)."""
     form = "absorbed"                     # MLA's weight-absorbed form: the only one that caches the latent
 
     def __init__(self, dtype=np.float32):
-        self.c, self.k_pe = Rows(dtype), Rows(dtype)
+        self.kv = Rows(dtype)             # [S, C + R]
 
     @property
     def n(self) -> int:
-        return self.c.n
+        return self.kv.n
 
-    def append(self, c: np.ndarray, k_pe: np.ndarray, fixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """c [T, C], k_pe [T, R] -> all positions' c [S, C], k_pe [S, R] (fixed: S = the capacity, `Rows`)."""
-        return append_rows(self.c, c, self.k_pe, k_pe, fixed)
+    def append(self, c: np.ndarray, k_pe: np.ndarray, fixed: bool = False):
+        """c [T, C], k_pe [T, R] -> every position's (c [S, C], k_pe [S, R], both side by side [S, C + R]), views of
+        one buffer (fixed: S = the capacity, `Rows`)."""
+        C = c.shape[-1]
+        rows = self.kv.append(c if k_pe.shape[-1] == 0 else np.concatenate([c, k_pe], axis=-1), fixed)
+        return rows[:, :C], rows[:, C:], rows
+
+    @classmethod
+    def _restored(cls, obj) -> LatentKV:
+        """A state file's LatentKV of the layout before (c and k_pe in two Rows, state files of 2026-12-05 and
+        earlier): the rows joined."""
+        if "kv" not in vars(obj) and {"c", "k_pe"} <= set(vars(obj)):
+            c, k = vars(obj).pop("c"), vars(obj).pop("k_pe")
+            cv, kv = c.view(), k.view()
+            joined = None if cv is None else np.concatenate([cv, kv if kv is not None else cv[:, :0]], axis=-1)
+            obj.kv = Rows.holding(joined, c.dtype)
+        return obj
 
 
 @state_container

@@ -89,6 +89,9 @@ class DeviceStats:
         return out
 
 
+_AS_IS = frozenset({int, float, bool, type(None), slice, str, type(Ellipsis)})   # leaves unwrap passes as they are
+
+
 def _tree(v, leaf, dataclass_fields: bool = False):
     """leaf applied to every value inside tuples, lists and dicts (and dataclass instances' init fields when asked),
     the containers rebuilt; the one walk every conversion here takes."""
@@ -329,12 +332,32 @@ class Device:
     def unwrap(self, v, op: str = "an op"):
         """Arguments for the device library: DeviceArrays -> their buffers, host arrays -> uploaded, containers
         walked (index tuples, lists of arrays); scalars, slices, dtypes as they are. op: named by strict()."""
+        t = type(v)
+        if t is DeviceArray:
+            return v.raw
+        if t is tuple or t is list:                       # the common case, a flat tuple of arrays and scalars,
+            out = []                                      # without the walk's closures (~2x per op: every op of a
+            for a in v:                                   # resident forward comes here, twice)
+                ta = type(a)
+                if ta is DeviceArray:
+                    out.append(a.raw)
+                elif ta in _AS_IS:
+                    out.append(a)
+                else:
+                    break
+            else:
+                return out if t is list else tuple(out)
+        elif t is dict and not v:
+            return {}
+
         def leaf(a):
             return a.raw if isinstance(a, DeviceArray) else self._upload(a, op) if isinstance(a, np.ndarray) else a
         return _tree(v, leaf)
 
     def wrap(self, v):
         """A device library's result as DeviceArrays (containers walked)."""
+        if type(v) is self.raw_type:                      # the common case: one array
+            return DeviceArray(v, self)
         def leaf(a):
             if isinstance(a, self.raw_type):
                 return DeviceArray(a, self)

@@ -25,9 +25,10 @@ used rows only), and the manifest is JSON in the header's metadata under the key
     {"list": [NODE]} {"tuple": [NODE]} {"dict": {KEY: NODE}}   (str keys)
     {"container": CLASS, "fields": {ATTRIBUTE: NODE}}          a container registered in `cache.CONTAINERS`
 
-A tensor is named by its attribute path: `state.layers.3.kv.c`. A container is restored as its class by name
+A tensor is named by its attribute path: `state.layers.3.kv.kv`. A container is restored as its class by name
 (`cache.CONTAINERS`, filled by `@state_container`) without running `__init__`: `cls.__new__(cls)`, then every
-saved instance attribute set. What a container must satisfy to be saved (README, Adding an architecture): it is
+saved instance attribute set (then the class's `_restored(obj)`, where it has one: an older layout of its fields
+brought to its own, `cache.LatentKV`). What a container must satisfy to be saved (README, Adding an architecture): it is
 registered; its state is in its instance attributes (`vars()`; no `__slots__`; class attributes are constants
 and not saved); each attribute is one of the NODE kinds, arrays of a dtype safetensors holds (bool, int8..64,
 uint8..64, float16/32/64, complex64); no container, Rows or array is reached twice (the state is a tree: a
@@ -332,7 +333,8 @@ class _Decoder:
             obj = cls.__new__(cls)
             for k, x in fields.items():
                 object.__setattr__(obj, k, self.node(x, f"{where}.{k}"))
-            return obj
+            restored = getattr(cls, "_restored", None)      # a container's older layout brought to its own
+            return obj if restored is None else restored(obj)
         raise self.bad(where, f"unknown node kind {kind!r}")
 
     def dtype(self, name, where: str) -> np.dtype:

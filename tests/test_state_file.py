@@ -80,6 +80,34 @@ def test_save_load_mid_decode_is_bit_identical(synth_model, tmp_path, arch, pres
     assert m3["tree"] == man["tree"] and m3["sha256"] == man["sha256"]
 
 
+def test_mla_latent_cache_of_the_layout_before_loads(synth_model, tmp_path):
+    """A state file written when MLA's latent cache kept c and k_pe in two Rows (before 2026-12-05's one buffer of
+    [c | k_pe] rows) loads into the current layout (`LatentKV._restored`): the decode after it equals the
+    uninterrupted run bit for bit."""
+    from refengine.cache import LatentKV
+    path = synth_model("deepseek2")
+    m = Model(path)
+    st = m.new_state()
+    want = [m.forward(TOKENS[:PREFILL], st)] + [m.forward([t], st) for t in TOKENS[PREFILL:]]
+    st = m.new_state()
+    m.forward(TOKENS[:PREFILL], st)
+    latent = [x for x in st.layers if isinstance(x, LatentKV)]
+    assert latent
+    for lk in latent:                                            # written as the layout before wrote it
+        rows, C = lk.kv.view(), m.cfg.layers[0].attn_cfg.kv_lora_rank
+        assert rows.shape[1] == C + m.cfg.layers[0].attn_cfg.qk_rope
+        del lk.kv
+        lk.c, lk.k_pe = Rows.holding(rows[:, :C].copy(), np.float32), Rows.holding(rows[:, C:].copy(), np.float32)
+    f = tmp_path / "old.safetensors"
+    man = save_state(f, m, st, tokens=TOKENS[:PREFILL])
+    assert '"c"' in json.dumps(man["tree"]) and '"k_pe"' in json.dumps(man["tree"])
+    loaded = load_state(f, Model(path))
+    assert all(isinstance(x.kv, Rows) and not hasattr(x, "c") for x in loaded.layers if isinstance(x, LatentKV))
+    got = [m.forward([t], loaded) for t in TOKENS[PREFILL:]]
+    for i, (a, b) in enumerate(zip(want[1:], got)):
+        assert np.array_equal(a, b), f"decode step {i} differs after loading the layout before"
+
+
 def test_another_model_is_refused(synth_model, tmp_path):
     a = Model(synth_model("llama"))
     st = a.new_state()

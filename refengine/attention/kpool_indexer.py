@@ -358,7 +358,7 @@ def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt
     c, _ = mla.project_kv_a(h, w, mc=mc, cos=None, sin=None, rt=rt, il=il)        # [T, C]
     q_abs = mla.absorb_query(q.transpose(1, 0, 2), w, mc=mc, rt=rt)              # [H, T, C]
     rt.record("q_absorbed", il, q_abs.transpose(1, 0, 2))                         # [T, H, C]
-    c_all, _ = state.append(c, np.zeros_like(c, shape=(T, 0)), rt.fixed_shapes)   # [S, C] (fixed: the capacity)
+    c_all, _, _ = state.append(c, np.zeros_like(c, shape=(T, 0)), rt.fixed_shapes)   # [S, C] (fixed: the capacity)
     if kc.full:
         rt.record("indexer_sel_idx", il, lambda: sel.slots.astype(np.int32))             # [T, n_sel]
     kv = c_all[sel.slots]                                                         # [T, n_sel, C]

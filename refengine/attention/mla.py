@@ -225,7 +225,7 @@ def mla_table(il: int, mc: MLAConfig, *, apply_output_scale: bool = True) -> lis
 
 
 def new_state(mc: MLAConfig, form: str | None = None, dtype=np.float32):
-    """The per-layer cache of one form, which it carries (`.form`): LatentKV (c [S, C], k_pe [S, R]) for
+    """The per-layer cache of one form, which it carries (`.form`): LatentKV ([c | k_pe] rows [S, C+R]) for
     "absorbed", KVCache (K [S, H, dk], V [S, H, dv]) for "naive"; None: the form llama.cpp runs (`llama_form`)."""
     form = form or llama_form(mc)
     if form not in FORMS:
@@ -359,8 +359,8 @@ def attend_absorbed(q_nope, q_pe, c, k_pe, w, *, mc, state: LatentKV, mask_fn, q
     if q_temp is not None:
         Q = Q * q_temp[:, None, None]
         rec_form("Qcur_attn_temp_scaled", il, Q)
-    c_all, k_pe_all = state.append(c, k_pe, fixed)                                 # [S, C], [S, R]
-    K = np.concatenate([c_all, k_pe_all], axis=-1)[:, None, :]                     # [S, 1, C+R]: one shared head
+    c_all, _, kv_all = state.append(c, k_pe, fixed)                                # [S, C], [S, C+R]: one buffer
+    K = kv_all[:, None, :]                                                         # [S, 1, C+R]: one shared head
     rec_form("v_cont", il, c_all.T)                                                # [C, S]: V as build_attn reads it
     o = attend(Q, K, c_all[:, None, :], q_pos, mc.kq_scale, mask_fn=mask_fn, one_shot=keeps_scores(rt, il),
                record=_att_record(rt, rec_form), il=il, dtype=dtype)                                  # [T, H, C]
