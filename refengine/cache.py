@@ -8,7 +8,7 @@ Containers (each attention module creates its own; an arch never builds one by h
 | container        | made by                     | holds (per position unless noted)                         |
 |------------------|-----------------------------|-----------------------------------------------------------|
 | `KVCache`        | `attention/mha.py`          | keys [S, Hkv, K] and values [S, Hkv, V]                    |
-| `LatentKV`       | `attention/mla.py` absorbed | [latent c | shared rope key k_pe] rows [S, C + R], one buffer |
+| `LatentKV`       | `attention/mla.py` absorbed | latent c and shared rope key k_pe side by side: [S, C + R]  |
 | `KVCache`        | `attention/mla.py` naive    | decompressed keys [S, H, K] and values [S, H, V]           |
 | `IndexerKeys`    | `attention/dsa_indexer.py`  | the lightning indexer's keys [S, di] (llama.cpp's "lid" cache) |
 | `DSAState`       | `attention/dsa.py`          | an MLA cache and, in a layer with its own indexer, `IndexerKeys` (or `KPoolKeys`) |
