@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops.activations import sigmoid, softplus
 from ..ops.softmax import softmax
 from ..ops.arrays import as_array, fused_op
 
@@ -52,19 +53,15 @@ def topk_desc(scores: np.ndarray, k: int) -> np.ndarray:
 def gate_probs(logits: np.ndarray, gating: int) -> np.ndarray:
     """The gate function of `build_moe_ffn` (llama-graph.cpp:2052-2072), float32.   [T, E] -> [T, E]"""
     x = as_array(logits, np.float32)
-    one = np.float32(1.0)
     if gating == GATING_SOFTMAX:
         return softmax(x)                                                    # ggml_soft_max
     if gating == GATING_SIGMOID:
-        with np.errstate(over="ignore"):
-            return (one / (one + np.exp(-x))).astype(np.float32)             # ggml_vec_sigmoid_f32
+        return sigmoid(x)                                                    # ggml_vec_sigmoid_f32 (a GPU: one launch)
     if gating == GATING_SOFTMAX_WEIGHT:
         return x                                                             # probs = logits
     if gating == GATING_SQRT_SOFTPLUS:
-        with np.errstate(over="ignore"):
-            # op_softplus: log(1 + exp(x)) in float32 (not log1p: 1 + exp(x) rounds to 1 below ~-17)
-            sp = np.where(x > np.float32(20.0), x, np.log(one + np.exp(x)))
-        return np.sqrt(sp).astype(np.float32)                                # ggml_sqrt
+        # op_softplus: log(1 + exp(x)) in float32, x itself above 20 (not log1p: 1 + exp(x) rounds to 1 below ~-17)
+        return np.sqrt(softplus(x)).astype(np.float32, copy=False)           # ggml_sqrt
     raise ValueError(f"expert gating function {gating!r} is not one of "
                      + ", ".join(f"{k} ({v})" for k, v in GATING_NAMES.items()))
 
