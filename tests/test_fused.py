@@ -178,6 +178,15 @@ def test_rope(mode):
     (got,) = _run(lambda xd, c, s_, y: fused.rope_raw(xd[:, :, 4:], c, s_, n_rot, mode == 2, y), wide, cos, sin,
                   out_shapes=[(T, H, K)])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # q and k in one launch (`rope.apply_rope_qk`, MLA's q tail and shared key): each the single launch's bits
+    k_wide = _rand(T, 1, K + 2, seed=6)
+    got_q, got_k = _run(lambda xd, kd, c, s_, y, y2: fused.rope_raw(xd[:, :, 4:], c, s_, n_rot, mode == 2, y,
+                                                                    x2=kd[:, :, 2:], y2=y2),
+                        wide, k_wide, cos, sin, out_shapes=[(T, H, K), (T, 1, K)])
+    (alone_k,) = _run(lambda kd, c, s_, y: fused.rope_raw(kd[:, :, 2:], c, s_, n_rot, mode == 2, y), k_wide, cos, sin,
+                      out_shapes=[(T, 1, K)])
+    assert np.array_equal(got_q, got) and np.array_equal(got_k, alone_k)
+    np.testing.assert_allclose(got_k, apply_rope(k_wide[:, :, 2:], cos, sin, n_rot, mode), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", [0, 2])

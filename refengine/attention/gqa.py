@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache import KVCache
-from ..ops import apply_rope, rms_norm, rms_norm_rope_qk, sigmoid
+from ..ops import apply_rope_qk, rms_norm, rms_norm_rope_qk, sigmoid
 from ..ops.linear import linear, linear_many
 from ..weights import W
 from .mha import SparseMask, attend, causal_mask, keeps_scores, no_mask
@@ -129,8 +129,7 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
         q, k = rms_norm_rope_qk(q, w.attn_q_norm, k, w.attn_k_norm, eps, cos, sin, cfg.n_rot,
                                 cfg.rope_type)                               # [T, H, K], [T, Hkv, K]
     else:
-        q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_type)            # [T, H, K]
-        k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_type)            # [T, Hkv, K]
+        q, k = apply_rope_qk(q, k, cos, sin, cfg.n_rot, cfg.rope_type)   # [T, H, K], [T, Hkv, K]
     rt.record("Qcur", il, q)
     rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)

@@ -412,14 +412,10 @@ def _pool_at(kv, score, b, ratio, c, K, out):
     out[i, k] = acc
 
 
-@cuda.jit(fastmath=False)
-def _rope(x, cos, sin, n_rot, neox, off, sgn, y):
-    """One thread per element of y [T, H, K]: the n_rot dims from `off` rotated in pairs ((j, j + n_rot/2) NEOX,
-    (2i, 2i + 1) NORM) by the row's cos / sin * sgn [T, n_rot/2] (sgn -1: by -theta, exactly -sin), the rest copied."""
-    i = cuda.grid(1)
+@cuda.jit(device=True, inline=True)
+def _rope_at(x, cos, sin, n_rot, neox, off, sgn, y, i):
+    """Element i of y [T, H, K] (`_rope`)."""
     T, H, K = x.shape
-    if i >= T * H * K:
-        return
     t = i // (H * K)
     r = i - t * H * K
     h = r // K
@@ -429,6 +425,19 @@ def _rope(x, cos, sin, n_rot, neox, off, sgn, y):
         return
     ia, ib, pr, first = _rope_pair(j, n_rot // 2, neox)
     y[t, h, j + off] = _rotated(x[t, h, off + ia], x[t, h, off + ib], cos[t, pr], sin[t, pr] * sgn, first)
+
+
+@cuda.jit(fastmath=False)
+def _rope(x, cos, sin, n_rot, neox, off, sgn, y, x2, y2, two):
+    """One thread per element of y [T, H, K]: the n_rot dims from `off` rotated in pairs ((j, j + n_rot/2) NEOX,
+    (2i, 2i + 1) NORM) by the row's cos / sin * sgn [T, n_rot/2] (sgn -1: by -theta, exactly -sin), the rest copied;
+    then, when `two`, the same of x2 [T, H2, K] into y2 (a layer's q and k: one launch where they took two)."""
+    i = cuda.grid(1)
+    n1 = x.shape[0] * x.shape[1] * x.shape[2]
+    if i < n1:
+        _rope_at(x, cos, sin, n_rot, neox, off, sgn, y, i)
+    elif two and i - n1 < x2.shape[0] * x2.shape[1] * x2.shape[2]:
+        _rope_at(x2, cos, sin, n_rot, neox, off, sgn, y2, i - n1)
 
 
 @cuda.jit(device=True, inline=True)
@@ -1130,9 +1139,13 @@ def pool_at_raw(kv, score, b, ratio: int, c: int, K: int, out, stream=0) -> None
     _pool_at[_grid(out.shape[0] * K), 256, stream](kv, score, b, int(ratio), int(c), int(K), out)
 
 
-def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0, off: int = 0, inverse: bool = False) -> None:
-    _rope[_grid(y.shape[0] * y.shape[1] * y.shape[2]), 256, stream](x, cos, sin, n_rot, neox, off,
-                                                                    np.float32(-1.0 if inverse else 1.0), y)
+def rope_raw(x, cos, sin, n_rot: int, neox: bool, y, stream=0, off: int = 0, inverse: bool = False, x2=None,
+             y2=None) -> None:
+    """x [T, H, K] (strided) rotated into y; x2 [T, H2, K] into y2 by the same launch."""
+    two = x2 is not None
+    n = y.shape[0] * y.shape[1] * y.shape[2] + (y2.shape[0] * y2.shape[1] * y2.shape[2] if two else 0)
+    _rope[_grid(n), 256, stream](x, cos, sin, n_rot, neox, off, np.float32(-1.0 if inverse else 1.0), y,
+                                 x2 if two else x, y2 if two else y, two)
 
 
 def norm_rope_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, stream=0, x2=None, w2=None,
@@ -1425,24 +1438,30 @@ def causal_conv(x, w, tail):
     return _done(dev, "causal_conv", (x, w, tail), y, new_tail)
 
 
-def _rope_entry(x, cos, sin, n_rot: int, neox: bool, tail: bool, inverse: bool, op: str):
+def _rope_entry(x, cos, sin, n_rot: int, neox: bool, tail: bool, inverse: bool, op: str, x2=None):
     """x [T, H, K] with n_rot dims rotated by cos / sin [T, n_rot/2] (the first ones; tail: the last ones; inverse:
-    by -theta), the rest copied -> [T, H, K] float32, or None."""
+    by -theta), the rest copied -> [T, H, K] float32; with x2 [T, H2, K] the pair (one launch); or None."""
     dev = x.dev
-    if not _same_dev(dev, x, cos, sin) or x.raw.ndim != 3 or cos.raw.ndim != 2:
+    if not _same_dev(dev, x, cos, sin, x2) or x.raw.ndim != 3 or cos.raw.ndim != 2:
         return None
     T, H, K = x.shape
     if cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2:
         return None
+    if x2 is not None and (x2.raw.ndim != 3 or x2.shape[0] != T or x2.shape[2] != K):
+        return None
     y = dev.xp.empty((T, H, K), dtype=np.float32)
+    y2 = None if x2 is None else dev.xp.empty(x2.shape, dtype=np.float32)
     rope_raw(_nv(x.raw), _nv(cos.raw), _nv(sin.raw), int(n_rot), neox, _nv(y), stream=_stream(),
-             off=K - n_rot if tail else 0, inverse=inverse)
-    return _done(dev, op, (x, cos, sin), y)
+             off=K - n_rot if tail else 0, inverse=inverse, x2=_nv(None if x2 is None else x2.raw), y2=_nv(y2))
+    if x2 is None:
+        return _done(dev, op, (x, cos, sin), y)
+    return _done(dev, op, (x, cos, sin, x2), y, y2)
 
 
-def apply_rope(x, cos, sin, n_rot: int, mode: int):
-    """`rope.apply_rope` (mode 0 NORM, 2 NEOX) -> [T, H, K] float32, or None."""
-    return None if mode not in (0, 2) else _rope_entry(x, cos, sin, n_rot, mode == 2, False, False, "rope")
+def apply_rope(x, cos, sin, n_rot: int, mode: int, x2=None):
+    """`rope.apply_rope` (mode 0 NORM, 2 NEOX) -> [T, H, K] float32; with x2 the pair (`rope.apply_rope_qk`) ->
+    ([T, H, K], [T, H2, K]); or None."""
+    return None if mode not in (0, 2) else _rope_entry(x, cos, sin, n_rot, mode == 2, False, False, "rope", x2)
 
 
 def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int, x2=None, w2=None):

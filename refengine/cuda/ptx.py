@@ -44,7 +44,7 @@ KERNELS += [
     ("fused_causal_conv", fz._causal_conv, f"void({A2}, {F2}, {A2}, boolean, {F2}, {F2})"),
     ("fused_rope_cos_sin", fz._rope_cos_sin, f"void(int64[:], float32, {F1}, boolean, float32, {F1}, {F1}, boolean, "
                                              f"float32, {F2}, {F2})"),
-    ("fused_rope", fz._rope, f"void({A3}, {A2}, {A2}, int64, boolean, int64, float32, {F3})"),
+    ("fused_rope", fz._rope, f"void({A3}, {A2}, {A2}, int64, boolean, int64, float32, {F3}, {A3}, {F3}, boolean)"),
     ("fused_pool_at", fz._pool_at, f"void({F2}, {F2}, int64[::1], int64, int64, int64, {F2})"),
     ("fused_append_rows", fz._append_rows, f"void({F2}, {A2}, int64[::1], {F2}, {A2}, int64[::1], boolean, boolean)"),
     ("fused_norm_rope", fz._norm_rope, f"void({A3}, {F1}, boolean, {A3}, {F1}, boolean, boolean, float32, {F2}, {F2}, "

@@ -73,6 +73,13 @@ def pool_at_np(all_kv, all_score, b, ratio, c, K):
     return _pool_at(all_kv, all_score, b, ratio, c, K)
 
 
+def apply_rope_np(x, c, s, n, mode, x2=None):
+    """rope.apply_rope from the kernel's arguments; with x2 the pair (rope.apply_rope_qk)."""
+    from ..ops.rope import apply_rope
+    y = apply_rope(x, c, s, n, mode)
+    return y if x2 is None else (y, apply_rope(x2, c, s, n, mode))
+
+
 def numpy_twins() -> dict:
     """Each fused kernel's entry point -> the NumPy function it stands for (its arguments in the entry's order)."""
     from ..attention import delta_rule, mha
@@ -90,7 +97,7 @@ def numpy_twins() -> dict:
         "silu": silu, "sigmoid": sigmoid,
         "softplus": softplus, "swiglu": swiglu, "situ": situ, "swiglu_clamp": swiglu_clamp,
         "delta_rule": lambda q, k, v, g, b, S, scale: delta_rule.recurrent(q, k, v, g, b, S, scale=scale),
-        "causal_conv": causal_conv, "apply_rope": apply_rope,
+        "causal_conv": causal_conv, "apply_rope": apply_rope_np,
         "attention_causal": lambda q, k, v, p, s, c: mha.attention_blocked(
             q, k, v, p, s, mask_fn=mha.causal_mask if c else mha.no_mask),
         "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),

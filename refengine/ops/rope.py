@@ -137,6 +137,15 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, mode
     return out
 
 
+def apply_rope_qk(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int,
+                  mode: int) -> tuple[np.ndarray, np.ndarray]:
+    """(apply_rope(q, ...), apply_rope(k, ...)): a layer's q [T, H, K] and k [T, Hkv, K] rotated alike; on a GPU one
+    launch for both."""
+    if (f := fused_op(q, "apply_rope")) is not None and (qk := f(q, cos, sin, n_rot, mode, k)) is not None:
+        return qk
+    return apply_rope(q, cos, sin, n_rot, mode), apply_rope(k, cos, sin, n_rot, mode)
+
+
 def rms_norm_rope(x: np.ndarray, w: np.ndarray | None, eps: float, cos: np.ndarray, sin: np.ndarray, n_rot: int,
                   mode: int) -> np.ndarray:
     """apply_rope(rms_norm(x, w, eps), cos, sin, n_rot, mode): a head's norm then its rotation (Qwen3's q / k norms),
