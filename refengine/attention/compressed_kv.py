@@ -225,7 +225,8 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
 
     keys, kpos = state.window.extend(kv[:, 0], pos, fixed)                      # [S, K], [S]
     S = keys.shape[0]
-    visible = window_mask(pos, kpos, ac.n_swa)                                  # [T, S]
+    # the visibility mask [T, S] (with the blocks [T, S + N]) is made where it is read: the dense form, a trace
+    visible = lambda: window_mask(pos, kpos, ac.n_swa)                          # noqa: E731
     block_ids = None                                                            # [T, nb] the blocks each query sees
     if ac.ratio:
         name = "csa" if ac.ratio == 4 else "hca"
@@ -235,9 +236,10 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
                             w.attn_compressor_norm, pos=pos, fill=state.fill, blocks=state.blocks,
                             rows=state.fixed_rows, ratio=ac.ratio, eps=eps, rope=rope.apply, rt=rt, name=name,
                             il=il)                                              # [N, K]
-        chosen = csa_indexer.visible_blocks(pos, blocks.shape[0], ac.ratio)     # [T, N]
-        block_ids = np.where(chosen, np.arange(blocks.shape[0], like=pos)[None, :], -1)   # HCA: every finished block
-        if ac.ratio == 4:
+        if ac.ratio != 4:                                                       # HCA: every finished block
+            chosen = csa_indexer.visible_blocks(pos, blocks.shape[0], ac.ratio)     # [T, N]
+            block_ids = np.where(chosen, np.arange(blocks.shape[0], like=pos)[None, :], -1)
+        else:
             ikeys = compressor(h, w.indexer_compressor_kv, w.indexer_compressor_gate,
                                rows_of(w, "indexer_compressor_ape"), w.indexer_compressor_norm, pos=pos,
                                fill=state.index_fill, blocks=state.index_keys, rows=state.index_rows, ratio=4,
@@ -253,8 +255,9 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
         neg = lambda m: np.where(m, np.float32(0), np.float32(-np.inf))        # noqa: E731
         if ac.ratio == 4:
             rt.record("csa_top_k_mask", il, lambda: neg(chosen))
-        visible = np.concatenate([visible, chosen], axis=1)                     # [T, S + N]
-        rt.record("csa_lid_kq_mask" if ac.ratio == 4 else "hca_kq_mask", il, lambda: neg(visible))
+        window = visible
+        visible = lambda: np.concatenate([window(), chosen], axis=1)           # noqa: E731  [T, S + N]
+        rt.record("csa_lid_kq_mask" if ac.ratio == 4 else "hca_kq_mask", il, lambda: neg(visible()))
     if gather and not keeps_scores(rt, il):
         idx, live = gather_slots_fixed(pos, S, ac.n_swa, block_ids) if fixed else \
             gather_slots(pos, kpos, ac.n_swa, block_ids)                        # [T, n_swa + nb]
@@ -263,7 +266,7 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
                                sinks=w.attn_sinks)                              # [T, H, K]
         rt.record("kqv", il, o.transpose(1, 0, 2))                              # [H, T, K]
     else:
-        o = attention_with_sinks(q, keys, visible, 1.0 / np.sqrt(K), w.attn_sinks, rt.record, il)   # [T, H, K]
+        o = attention_with_sinks(q, keys, visible(), 1.0 / np.sqrt(K), w.attn_sinks, rt.record, il)   # [T, H, K]
     rt.record(ATTN_NAME[ac.ratio], il, o.reshape(T, H * K))
     state.window.trim(ac.n_swa)
     state.n += T
