@@ -235,6 +235,14 @@ def test_rope_tail(inverse):
                   x, cos, sin, out_shapes=[(T, H, K)])
     np.testing.assert_allclose(got, rotate_tail(x, cos, sin, n_rot, inverse), rtol=1e-6, atol=1e-6)
     assert np.array_equal(got[..., :K - n_rot], x[..., :K - n_rot]) and not np.allclose(got, x)
+    # DeepSeek-V4's queries and key in one launch (`TailRope.apply_pair`): each the single launch's bits
+    kv = _rand(T, 1, K, seed=9)
+    got_q, got_k = _run(lambda xd, kd, c, s_, y, y2: fused.rope_raw(xd, c, s_, n_rot, False, y, off=K - n_rot,
+                                                                    inverse=inverse, x2=kd, y2=y2),
+                        x, kv, cos, sin, out_shapes=[(T, H, K), (T, 1, K)])
+    (alone,) = _run(lambda kd, c, s_, y: fused.rope_raw(kd, c, s_, n_rot, False, y, off=K - n_rot, inverse=inverse),
+                    kv, cos, sin, out_shapes=[(T, 1, K)])
+    assert np.array_equal(got_q, got) and np.array_equal(got_k, alone)
 
 
 @pytest.mark.parametrize("yarn", [False, True])

@@ -216,11 +216,10 @@ def compressed_kv_attention(h, w, *, ac: CompressedKVConfig, il: int, state: Com
     rt.record("qr_norm", il, qr)
     q = rms_norm(rt.matmul(qr, w.attn_q_b).reshape(T, H, K), None, eps)         # [T, H*K] -> [T, H, K]
     rt.record("q_norm", il, q)
-    q = rope.apply(q, pos)
-    rt.record("q", il, q)
     kv = rms_norm(rt.matmul(h, w.attn_kv), w.attn_kv_a_norm, eps)[:, None, :]  # [T, 1, K]
     rt.record("kv_norm", il, kv)
-    kv = rope.apply(kv, pos)
+    q, kv = rope.apply_pair(q, kv, pos)                                         # rotated alike (one launch)
+    rt.record("q", il, q)
     rt.record("kv", il, kv)
 
     keys, kpos = state.window.extend(kv[:, 0], pos, fixed)                      # [S, K], [S]

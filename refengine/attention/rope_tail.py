@@ -45,6 +45,14 @@ class TailRope:
         cos, sin = self.cos_sin(pos)
         return rotate_tail(x, cos, sin, self.n_rot, inverse)
 
+    def apply_pair(self, x: np.ndarray, x2: np.ndarray, pos) -> tuple[np.ndarray, np.ndarray]:
+        """(apply(x, pos), apply(x2, pos)) for x [T, H, K] and x2 [T, H2, K] (the queries and the key): on a GPU one
+        launch."""
+        cos, sin = self.cos_sin(pos)
+        if (k := fused_op(x, "rope_tail")) is not None and (y := k(x, cos, sin, self.n_rot, False, x2)) is not None:
+            return y
+        return rotate_tail(x, cos, sin, self.n_rot), rotate_tail(x2, cos, sin, self.n_rot)
+
 
 def rotate_tail(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, inverse: bool = False) -> np.ndarray:
     """x [T, H, K], cos / sin [T, R/2] -> x with its last R = n_rot dims rotated in NORM pairs by +theta (or -theta:

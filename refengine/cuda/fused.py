@@ -1489,10 +1489,10 @@ def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int, x2=None, w2=Non
     return _done(dev, "norm_rope", (x, w, cos, sin, x2, w2), y, y2)
 
 
-def rope_tail(x, cos, sin, n_rot: int, inverse: bool):
+def rope_tail(x, cos, sin, n_rot: int, inverse: bool, x2=None):
     """`rope_tail.rotate_tail`: the last n_rot dims of x [T, H, K] rotated in NORM pairs (by -theta: inverse), the
-    rest copied -> [T, H, K] float32, or None."""
-    return _rope_entry(x, cos, sin, n_rot, False, True, bool(inverse), "rope_tail")
+    rest copied -> [T, H, K] float32; with x2 [T, H2, K] the pair in one launch; or None."""
+    return _rope_entry(x, cos, sin, n_rot, False, True, bool(inverse), "rope_tail", x2)
 
 
 ATTN_MAX_T = 8                      # queries: more (a prefill) keep the batched products

@@ -106,7 +106,8 @@ def numpy_twins() -> dict:
         "group_limited": group_limited_np, "gdn_gates": gdn_gates_np,
         "append_rows": append_rows_np, "expert_weights": expert_weights_np,
         "rope_cos_sin": cos_sin,
-        "rope_tail": rotate_tail,
+        "rope_tail": lambda x, c, s, n, inv, x2=None: rotate_tail(x, c, s, n, inv) if x2 is None else
+        (rotate_tail(x, c, s, n, inv), rotate_tail(x2, c, s, n, inv)),
         "norm_rope": norm_rope_np,
         "route_softmax": route_softmax_np,
         "pool_at": pool_at_np,
