@@ -164,8 +164,7 @@ class Model:
         tokens = self._check_tokens(tokens, state.n_past)
         device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
         if device_forward is not None:
-            logits = device_forward(tokens, state)
-            return logits[-1:] if last_only else logits
+            return device_forward(tokens, state, last_only=last_only)
         if rt.force_inputs or (n_ubatch is None and rt.trace is not None):
             ub = tokens.size
         else:

@@ -84,8 +84,13 @@ def test_device_model_equals_numpy(arch, preset, wtype, tmp_path_factory):
         assert rel_rms(g, w) <= TOL, f"step {i}: relative RMS {rel_rms(g, w):.2e}"
     if GPU:
         assert dm.n_replays >= steps - 2
+    # a prompt whose next token is wanted (`last_only`): the head on its last row alone, that row read back
+    last = dm.forward(prompt, m.new_state(), last_only=True)
+    assert last.shape == (1, m.cfg.n_vocab) and rel_rms(last, want[0][-1:]) <= TOL
     # the runtime picks the device path when no trace is recorded
     assert Runtime(backend="cuda").device_forward(m) is not None
+    via = m.forward(prompt, m.new_state(), rt=Runtime(backend="cuda"), last_only=True)
+    assert via.shape == (1, m.cfg.n_vocab) and rel_rms(via, want[0][-1:]) <= TOL
 
 
 def _attention_np(q, kc, vc, pos, scale):

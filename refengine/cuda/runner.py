@@ -314,8 +314,9 @@ class DeviceModel:
             grouped(L.down, act, dn, grp, 1, T, T, stream=s)
             add_rms_norm_kernel[T, NORM_BLOCK, s](dn, 1, x2, True, next_norm, cfg.rms_eps, xo, h)
 
-    def _steps(self, T: int, b: dict, st: DeviceState) -> None:
-        """Every launch of one forward of T tokens after the inputs are in b['x'], b['cos'], b['sin'], st.pos."""
+    def _steps(self, T: int, b: dict, st: DeviceState, last_only: bool = False) -> None:
+        """Every launch of one forward of T tokens after the inputs are in b['x'], b['cos'], b['sin'], st.pos
+        (last_only: the head on the last row alone)."""
         cur, nxt = b["x"], b["xo"]
         for il in range(self.n_layer):
             nn = self.layer(il + 1).attn_norm if il + 1 < self.n_layer else self.out_norm
@@ -325,7 +326,8 @@ class DeviceModel:
         self._mark("output")
         if self.n_layer == 0:
             rms_norm_kernel[T, NORM_BLOCK, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
-        dense(self.output, b["h"], b["logits"], stream=self.stream)
+        rows = slice(T - 1, T) if last_only else slice(0, T)
+        dense(self.output, b["h"][rows], b["logits"][rows], stream=self.stream)
 
     # ------------------------------------------------------------ profile
     def _mark(self, name: str) -> None:
@@ -352,7 +354,9 @@ class DeviceModel:
         return out
 
     # ------------------------------------------------------------ forward
-    def forward(self, tokens, state) -> np.ndarray:
+    def forward(self, tokens, state, last_only: bool = False) -> np.ndarray:
+        """tokens [T] -> logits [T, V] ([1, V] with last_only: the head on the last row alone, and only it read back,
+        as a prompt whose next token is wanted needs; the last block's FFN still runs on every row here)."""
         m, cfg = self.model, self.cfg
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
@@ -394,11 +398,11 @@ class DeviceModel:
             if self._marks is not None:                  # profiling: queue everything behind a spin
                 self._spin = self._spin or Spinner()
                 self._spin(s, 30000)
-            self._steps(T, b, st)                        # eager (also compiles and warms every kernel)
+            self._steps(T, b, st, last_only)             # eager (also compiles and warms every kernel)
             self._mark("end")
             b["warm"] = True
         self._ev[1].record(s)
-        logits = b["logits"].copy_to_host(stream=s)
+        logits = b["logits"][(T - 1 if last_only else 0):T].copy_to_host(stream=s)
         s.synchronize()
         if not quant.cuda.SIM:                           # the simulator keeps no event times
             self.last_gpu_us = cuda.event_elapsed_time(*self._ev) * 1e3
