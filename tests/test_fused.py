@@ -567,17 +567,17 @@ def test_append_rows(monkeypatch, one_block):
 
 @pytest.mark.parametrize("ratio,c", [(4, 2), (4, 1), (8, 1)])
 def test_pool_at(ratio, c):
-    """DeepSeek-V4's compressed blocks pooled in one launch == kv_compressor._pool_at's NumPy statement: block 0 of
-    the overlapping compressor (its previous block's weight 0), a block inside the buffer, one whose rows run past
-    its end (clamped to the last row), scores with -inf rows."""
-    from refengine.attention.kv_compressor import _pool_at
+    """DeepSeek-V4's compressed blocks pooled in one launch == kv_compressor.pool_blocks_at's NumPy statement: block
+    0 of the overlapping compressor (its previous block's weight 0), a block inside the buffer, one whose rows run
+    past its end (clamped to the last row), scores with -inf rows."""
+    from refengine.attention.kv_compressor import pool_blocks_at
     K = 64 if GPU else 6
     S = 3 * ratio + 2
     rng = np.random.default_rng(5)
     kv, score = (rng.standard_normal((S, c * K)).astype(np.float32) for _ in range(2))
     score[ratio + 1, :] = -np.inf
     b = np.array([0, 1, 3, 2], np.int64)
-    want = _pool_at(kv, score, b, ratio, c, K)
+    want = pool_blocks_at(kv, score, b, ratio, c, K)
     (got,) = _run(lambda kd, sd, bd, y: fused.pool_at_raw(kd, sd, bd, ratio, c, K, y), kv, score, b,
                   out_shapes=[(4, K)])
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)

@@ -131,7 +131,7 @@ def compress(h, w_kv, w_gate, ape, norm, *, pos, fill: BlockFill, blocks: Pooled
     return np.zeros((0, norm.shape[0]), np.float32) if got is None else got
 
 
-def _pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
+def pool_blocks_at(all_kv, all_score, b, ratio: int, c: int, K: int):
     """Blocks b [n] (on the device in a resident run) pooled from a fixed-shape run's rows as they are: [n, K]. A
     block's rows b*r .. b*r + r - 1 (those past the capacity are past every position: not yet the block's), and for
     the overlapping compressor (c = 2) the block before's first halves (b = 0: r rows of weight 0, where
@@ -169,13 +169,14 @@ def compress_fixed(h, w_kv, w_gate, ape, norm, *, pos, rows: CompressorRows, rat
     all_kv, all_score = append_rows(rows.kv, kv, rows.score, score, fixed=True)     # [S, c*K] each, one write
     if T == 1:
         b = as_array(pos) // ratio                                              # [1] (on the device in a resident run)
-        ck = rope(rms_norm(_pool_at(all_kv, all_score, b, ratio, c, K), norm, eps)[:, None, :], b * ratio)  # [1, 1, K]
+        pooled = pool_blocks_at(all_kv, all_score, b, ratio, c, K)             # [1, K]
+        ck = rope(rms_norm(pooled, norm, eps)[:, None, :], b * ratio)           # [1, 1, K]
         ck = ck if rotate is None else rotate(ck)
     else:                       # the blocks that end in the call, from its first position on the device:
         p0 = as_array(pos)[:1]  # ceil(T / r) candidates, the last one's end past the call when the count is one less
         t_end = (ratio - 1 - p0 % ratio) + ratio * np.arange(-(-T // ratio), like=p0)          # [nb] rows of the call
         b = (p0 + t_end) // ratio                                                              # [nb] their blocks
-        new = rope(rms_norm(_pool_at(all_kv, all_score, b, ratio, c, K), norm, eps)[:, None, :], b * ratio)
+        new = rope(rms_norm(pool_blocks_at(all_kv, all_score, b, ratio, c, K), norm, eps)[:, None, :], b * ratio)
         ck = np.zeros_like(kv, shape=(T + 1, 1, K))                 # row T: the candidate past the call's rows, dropped
         ck[np.where(t_end < T, t_end, T)] = new if rotate is None else rotate(new)
         ck = ck[:T]                                                             # [T, 1, K] (rows other than ends: 0)

@@ -28,7 +28,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     ggml_top_k_rows(x, n, k) ops/top_k.py `ggml_top_k_rows` (libstdc++'s heap select replayed, a thread a row: the
                              k-pool indexer's fixed-shape selection; reached through `ops.arrays.row_kernel`)
     group_limited(s, G, n)   moe/router.py `group_limited`: the experts of the n best of G groups kept, the rest -inf
-    pool_at(kv, score, b, r, c, K)   attention/kv_compressor.py `_pool_at`: DeepSeek-V4's compressed blocks pooled
+    pool_at(kv, score, b, r, c, K)   attention/kv_compressor.py `pool_blocks_at`: DeepSeek-V4's compressed blocks pooled
                              from a fixed-shape run's rows (a thread a block and dim)
     all_finite_many(ys, page, cells)   page.flat[cell] = False for each y holding a NaN/inf: up to FLAG_BATCH
                              flags (the NaN checks of a step's products) in one launch
@@ -369,7 +369,7 @@ def _causal_conv(x, w, tail, has_tail, y, new_tail):
 def _pool_row(kv, score, bi, j, ratio, c, K, k, S):
     """Row j of block bi's pooling window at dim k: (value, score). The overlapping compressor (c = 2) reads the
     block before's first halves at j < ratio (block 0: weight 0, value 0), then the block's own second halves; a
-    row past the buffer is its last row (`kv_compressor._pool_at`)."""
+    row past the buffer is its last row (`kv_compressor.pool_blocks_at`)."""
     if c == 2 and j < ratio:
         cur = min(bi * ratio + j, S - 1)
         if bi == 0:
@@ -383,7 +383,7 @@ def _pool_row(kv, score, bi, j, ratio, c, K, k, S):
 
 @cuda.jit(fastmath=False)
 def _pool_at(kv, score, b, ratio, c, K, out):
-    """Thread (i, k): block b[i]'s pooled key at dim k, `kv_compressor._pool_at`: the softmax of the window's
+    """Thread (i, k): block b[i]'s pooled key at dim k, `kv_compressor.pool_blocks_at`: the softmax of the window's
     scores (max, exp in float32, float64 sum, divide) weighting its values, the products summed in float32 in
     the rows' order."""
     e = cuda.grid(1)
@@ -1409,7 +1409,7 @@ def delta_rule(q, k, v, g, beta, S, scale):
 
 
 def pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
-    """`kv_compressor._pool_at`: blocks b [n] (device ints) pooled from a fixed-shape run's rows [S, c*K] -> [n, K]
+    """`kv_compressor.pool_blocks_at`: blocks b [n] (device ints) pooled from a fixed-shape run's rows [S, c*K] -> [n, K]
     float32, one launch where the NumPy statement takes ~12; or None."""
     dev = all_kv.dev
     if not _same_dev(dev, all_kv, all_score) or not _on(b, dev) or b.raw.dtype != np.int64 or b.raw.ndim != 1 \

@@ -68,9 +68,9 @@ def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):
 
 
 def pool_at_np(all_kv, all_score, b, ratio, c, K):
-    """kv_compressor._pool_at's NumPy statement (host arrays: no kernel)."""
-    from ..attention.kv_compressor import _pool_at
-    return _pool_at(all_kv, all_score, b, ratio, c, K)
+    """kv_compressor.pool_blocks_at's NumPy statement (host arrays: no kernel)."""
+    from ..attention.kv_compressor import pool_blocks_at
+    return pool_blocks_at(all_kv, all_score, b, ratio, c, K)
 
 
 def apply_rope_np(x, c, s, n, mode, x2=None):
@@ -88,7 +88,7 @@ def numpy_twins() -> dict:
     from ..moe.router import topk_desc
     from ..ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp
     from ..ops.norm import add_rms_norm, layer_norm, rms_norm
-    from ..ops.rope import apply_rope, cos_sin
+    from ..ops.rope import cos_sin
     from ..ops.softmax import softmax
     from ..residual import hyper_connections as hcm
     return {
