@@ -348,10 +348,10 @@ class Runtime:
         """[x @ w.T for w in ws]: several weights multiplying one input (q, k and v; a FFN's up and gate). Resident,
         the weights of one type and width that the device's kernels take are one product by their `quant.QStack`,
         its output split into column views (a token's: C-contiguous rows, which every kernel takes on its short
-        launch path; more tokens' copied out, a strided view being numba's slow path and some kernels' decline):
-        one product and one NaN/inf flag (naming the part at fault) a group;
-        each row's sums are the separate products' (the kernels' rows are independent: the same numbers, and on
-        the cpu / numpy backends nothing changes). The others by `matmul`, one each."""
+        launch path; more tokens' copied out, a strided view being some kernels' decline): one product and one
+        NaN/inf flag (naming the part at fault) a group. Each row's sums are the separate products' (the kernels'
+        rows are independent: the same numbers; on the cpu / numpy backends nothing changes). The others by
+        `matmul`, one each."""
         from .devarray import DeviceArray
         if len(ws) < 2 or self.device is None or self._forced or self.mode != "exact" or not isinstance(x, DeviceArray):
             return [self.matmul(x, w) for w in ws]
