@@ -343,6 +343,8 @@ class Device:
                     out.append(a.raw)
                 elif ta in _AS_IS:
                     out.append(a)
+                elif ta is list and all(type(e) is DeviceArray for e in a):    # np.concatenate([a, b]) and kin
+                    out.append([e.raw for e in a])
                 else:
                     break
             else:
