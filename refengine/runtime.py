@@ -351,9 +351,10 @@ class Runtime:
         launch path; more tokens' copied out, a strided view being some kernels' decline): one product and one
         NaN/inf flag (naming the part at fault) a group. Each row's sums are the separate products' (the kernels'
         rows are independent: the same numbers; on the cpu / numpy backends nothing changes). The others by
-        `matmul`, one each."""
+        `matmul`, one each (all of them so under `KernelPolicy(stacked_products=False)`)."""
         from .devarray import DeviceArray
-        if len(ws) < 2 or self.device is None or self._forced or self.mode != "exact" or not isinstance(x, DeviceArray):
+        if len(ws) < 2 or self.device is None or self._forced or self.mode != "exact" \
+                or not isinstance(x, DeviceArray) or not getattr(self.kernel_policy, "stacked_products", True):
             return [self.matmul(x, w) for w in ws]
         out = [None] * len(ws)
         for group in _stack_groups(ws):                   # one product per (type, width) among them
@@ -521,7 +522,8 @@ class Runtime:
         if ws and all(id(w) in memo and memo[id(w)][0] is x for w in ws):
             return
         memo.clear()
-        if self.device is None or not isinstance(x, DeviceArray):
+        if self.device is None or not isinstance(x, DeviceArray) \
+                or not getattr(self.kernel_policy, "stacked_products", True):
             return
         if len(ws) > 1:
             self._prefetched.update({id(w): (x, w, y) for w, y in zip(ws, self.matmul_many(x, ws))})

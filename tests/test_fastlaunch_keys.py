@@ -53,6 +53,14 @@ def test_arrays_keyed_by_dtype_rank_and_layout():
     assert _key([FakeCupy((2, 8), strides=(640, 4))]) == strided      # two rows of it: strided
 
 
+def test_strided_short_path_can_be_turned_off(monkeypatch):
+    """REFENGINE_FASTLAUNCH_STRIDED=0 (fastlaunch.STRIDED False): a strided array has no key (numba's path, as before
+    session 30); a C one keeps its."""
+    monkeypatch.setattr(fl, "STRIDED", False)
+    assert _key([FakeCupy((4, 8), strides=(64, 4))]) is None
+    assert _key([FakeCupy((1, 8), strides=(640, 4))]) == (("array", "f", 2, "C"),)
+
+
 def test_a_strided_key_takes_only_a_kernel_compiled_for_any_layout(monkeypatch):
     """`_entry` keeps a kernel for a strided array's key only when numba compiled it for layout "A": one typed "F"
     (a transposed array's) or "C" would read another strided array of that key wrongly."""

@@ -116,3 +116,22 @@ def test_qstack_refuses_mixed_parts(ws):
         QStack((ws[0], _w("x", 32, 5, GGMLType.F32)))
     st = QStack(tuple(ws))
     assert st.shape == (128, I) and st.bounds() == [(0, 64), (64, 96), (96, 128)] and st.name.count("+") == 2
+
+
+def test_policy_turns_stacking_off(ws):
+    """`KernelPolicy(stacked_products=False)`: a product a weight (as before stacking), the same numbers; prefetch
+    makes nothing ahead."""
+    pytest.importorskip("numba.cuda")
+    from quant.cuda.policy import KernelPolicy
+    rt = Runtime(resident=True)
+    rt.kernel_policy = KernelPolicy.default().replace(stacked_products=False)   # (as a cuda runtime's policy reads)
+    dev = rt.device
+    x = dev.put(_x(1))
+    with dev.recording() as ops:
+        got = rt.matmul_many(x, ws)
+        rt.prefetch(x, ws)
+    assert [op for op, _, _ in ops if op.startswith("matmul")] == [f"matmul {w.name}" for w in ws]
+    assert not rt._prefetched
+    on = Runtime(resident=True)
+    for g, w in zip(got, on.matmul_many(on.device.put(_x(1)), ws)):
+        assert np.array_equal(dev.get(g), on.device.get(w))

@@ -28,10 +28,13 @@ to the next allocation and four archs' GPU tests failed).
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 
 VIEW_CACHE = 4096
+STRIDED = os.environ.get("REFENGINE_FASTLAUNCH_STRIDED", "1") != "0"    # strided arrays on the short path (layout
+#                                                                         "A" kernels); 0: numba's path, as before
 _VIEWS: dict = {}
 INSTALLED = False               # install() ran: launches take the short path, streams.numba_view the cached views
 _ORIG = None
@@ -123,7 +126,7 @@ def _fields_and_key(args):
             k = ("scalar", a.dtype.char)
         else:
             got = _array_fields(a)
-            if got is None or got[1] is None:
+            if got is None or got[1] is None or (got[1] == "X" and not STRIDED):
                 return None, None
             a = got[0]
             k = ("array", a[3].char, len(a[1]), got[1])

@@ -71,6 +71,9 @@ class KernelPolicy:
                                           # ST=1 the weights staged through shared memory, H=1 the f16 variant)
     tcq_dense_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=2, WM=4, BN=32, H=1))   # "tcq16"'s
                                           # launch (ops.TCQ_DENSE_SHAPE: a dense product's own table, any BN)
+    stacked_products: bool = True         # one input's projections as one product where the kernels take the
+                                          # weights together (refengine Runtime.matmul_many / prefetch, a
+                                          # quant.QStack); False: a product a weight, as before session 30
     gathered_prefill: str | None = None   # a prefill's gathered attention (DSA, CSA, k-pool) on a resident GPU
                                           # run: "batched" (mha's query blocks, batched products) or "fused" (one
                                           # kernel, a block per query and head); None: refengine/cuda/fused.py's
