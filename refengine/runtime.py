@@ -353,6 +353,12 @@ class Runtime:
         rows are independent: the same numbers; on the cpu / numpy backends nothing changes). The others by
         `matmul`, one each (all of them so under `KernelPolicy(stacked_products=False)`)."""
         from .devarray import DeviceArray
+        if self._prefetched:                              # products a `prefetch` made ahead: taken, the rest made
+            got = [self._prefetched.pop(id(w), None) for w in ws]
+            got = [g[2] if g is not None and g[0] is x and g[1] is w else None for g, w in zip(got, ws)]
+            if any(g is not None for g in got):
+                made = iter(self.matmul_many(x, [w for g, w in zip(got, ws) if g is None]))
+                return [g if g is not None else next(made) for g in got]
         if len(ws) < 2 or self.device is None or self._forced or self.mode != "exact" \
                 or not isinstance(x, DeviceArray) or not getattr(self.kernel_policy, "stacked_products", True):
             return [self.matmul(x, w) for w in ws]

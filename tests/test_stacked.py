@@ -106,6 +106,11 @@ def test_prefetch_is_taken_once(ws):
     with dev.recording() as ops:
         rt.matmul(other, ws[0])                                         # another input: not the prefetched one
     assert sum(op.startswith("matmul") for op, _, _ in ops) == 1
+    rt.prefetch(x, ws)                                                  # matmul_many takes what was made ahead
+    with dev.recording() as ops:
+        many = rt.matmul_many(x, ws[1:])
+    assert sum(op.startswith("matmul") for op, _, _ in ops) == 0
+    assert all(np.array_equal(dev.get(a), dev.get(b)) for a, b in zip(many, got[1:]))
     host = Runtime()
     host.prefetch(_x(1), ws)                                            # off a device: nothing made ahead
     assert not host._prefetched

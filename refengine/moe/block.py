@@ -185,6 +185,8 @@ def routed_experts(h, logits, w, *, mc: MoEConfig, tensors: MoETensors, spec, il
 def moe_block(h, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt):
     """h [T, D] -> [T, D] (routed experts, plus the shared experts when the layer has them; their `.scale` apply
     if `tensors.apply_scales`)."""
+    rt.prefetch(h, [w.ffn_gate_inp] + ([w.ffn_up_shexp, w.ffn_gate_shexp] if mc.n_shared > 0 else [])
+                + ([w.ffn_gate_inp_shexp] if mc.shexp_gate else []))    # h's products, one a weight type on a GPU
     logits = rt.matmul(h, w.ffn_gate_inp)                                # [T, E]
     rt.record("ffn_moe_logits", il, logits)
     y = routed_experts(h, logits, w, mc=mc, tensors=tensors, spec=spec, il=il, rt=rt)    # [T, D]
