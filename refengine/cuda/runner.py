@@ -239,9 +239,11 @@ class DeviceModel:
         return b
 
     # ------------------------------------------------------------ one layer, device arrays only
-    def _layer(self, il: int, T: int, b: dict, st: DeviceState, x, xo, normed: bool, next_norm):
+    def _layer(self, il: int, T: int, b: dict, st: DeviceState, x, xo, normed: bool, next_norm, last_row=None):
         """x [T, D] -> xo [T, D] for layer il (all launches on self.stream); then b['h'] = rms_norm(xo) *
-        next_norm. normed: b['h'] already holds rms_norm(x) * attn_norm (the previous layer made it)."""
+        next_norm. normed: b['h'] already holds rms_norm(x) * attn_norm (the previous layer made it). last_row:
+        the one-token buffers (`_buffers(1)`) to run the FFN half on the last row alone, into their xo and h (a
+        prompt's last layer when only the next token is wanted: llama.cpp's inp_out_ids)."""
         cfg, s = self.cfg, self.stream
         L = self.layer(il)
         sp = L.spec
@@ -281,6 +283,16 @@ class DeviceModel:
         dense(L.o, attv, a, stream=s)
         self._mark("residual_ffn_norm")
         add_rms_norm_kernel[T, NORM_BLOCK, s](a, 1, x, True, L.ffn_norm, cfg.rms_eps, x2, h)     # ffn_inp, its norm
+        if last_row is not None:                          # the FFN half on the last row alone
+            last_row["x2"].copy_to_device(x2[T - 1:], stream=s)
+            last_row["h"].copy_to_device(h[T - 1:], stream=s)
+            self._ffn(L, 1, last_row, last_row["x2"], last_row["xo"], last_row["h"], next_norm)
+        else:
+            self._ffn(L, T, b, x2, xo, h, next_norm)
+
+    def _ffn(self, L, T: int, b: dict, x2, xo, h, next_norm):
+        """The FFN half of a layer on T rows: xo = x2 + FFN(h); then h = rms_norm(xo) * next_norm."""
+        cfg, s, sp = self.cfg, self.stream, L.spec
         if L.moe:
             A, E = sp.n_expert_used, cfg.n_expert
             self._mark("router")
@@ -318,14 +330,17 @@ class DeviceModel:
         """Every launch of one forward of T tokens after the inputs are in b['x'], b['cos'], b['sin'], st.pos
         (last_only: the head on the last row alone)."""
         cur, nxt = b["x"], b["xo"]
+        b1 = self._buffers(1) if last_only and T > 1 and self.n_layer else None     # the last row's FFN half, head
         for il in range(self.n_layer):
             nn = self.layer(il + 1).attn_norm if il + 1 < self.n_layer else self.out_norm
-            self._layer(il, T, b, st, cur, nxt, il > 0, nn)
+            self._layer(il, T, b, st, cur, nxt, il > 0, nn, last_row=b1 if il == self.n_layer - 1 else None)
             cur, nxt = nxt, cur
-        b["final"] = cur
         self._mark("output")
         if self.n_layer == 0:
             rms_norm_kernel[T, NORM_BLOCK, self.stream](cur, self.out_norm, self.cfg.rms_eps, b["h"])
+        if b1 is not None:
+            dense(self.output, b1["h"], b1["logits"], stream=self.stream)
+            return
         rows = slice(T - 1, T) if last_only else slice(0, T)
         dense(self.output, b["h"][rows], b["logits"][rows], stream=self.stream)
 
@@ -355,8 +370,8 @@ class DeviceModel:
 
     # ------------------------------------------------------------ forward
     def forward(self, tokens, state, last_only: bool = False) -> np.ndarray:
-        """tokens [T] -> logits [T, V] ([1, V] with last_only: the head on the last row alone, and only it read back,
-        as a prompt whose next token is wanted needs; the last block's FFN still runs on every row here)."""
+        """tokens [T] -> logits [T, V] ([1, V] with last_only: the last layer's FFN half and the head on the last
+        row alone, and only it read back, as a prompt whose next token is wanted needs; the caches the same)."""
         m, cfg = self.model, self.cfg
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
@@ -402,7 +417,10 @@ class DeviceModel:
             self._mark("end")
             b["warm"] = True
         self._ev[1].record(s)
-        logits = b["logits"][(T - 1 if last_only else 0):T].copy_to_host(stream=s)
+        if last_only and T > 1 and self.n_layer:
+            logits = self._buffers(1)["logits"].copy_to_host(stream=s)     # (`_steps` ran the last row's head there)
+        else:
+            logits = b["logits"][(T - 1 if last_only else 0):T].copy_to_host(stream=s)
         s.synchronize()
         if not quant.cuda.SIM:                           # the simulator keeps no event times
             self.last_gpu_us = cuda.event_elapsed_time(*self._ev) * 1e3
