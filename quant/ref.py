@@ -110,10 +110,6 @@ class QStack:
     def row_bytes(self) -> int:
         return self.parts[0].row_bytes
 
-    @property
-    def info(self) -> TypeInfo:
-        return type_info(self.type)
-
     def bounds(self) -> list[tuple[int, int]]:
         """Each part's rows [start, stop) in the stack (its output columns in a product)."""
         out, o = [], 0

@@ -31,7 +31,7 @@ from ..cache import RecurrentState
 from ..errors import ConfigError, MissingTensorError
 from ..ops import contiguous, rms_norm, sigmoid, silu, softplus
 from ..ops.arrays import fused_op
-from ..ops.linear import linear
+from ..ops.linear import linear, scale_bias
 from ..weights import W
 from . import delta_rule
 from .delta_rule import l2_norm  # noqa: F401  (the norm the layers apply to q and k)
@@ -183,11 +183,6 @@ def _scale(w, name: str, gc: GDNConfig):
     return getattr(w, f"{name}_scale", None) if gc.apply_scales else None
 
 
-def _scaled(y, scale):
-    """`linear`'s scale step (the bias-free projections here)."""
-    return y if scale is None else y * scale
-
-
 def qkvz_weights(w) -> list:
     """The weights `project_qkvz` multiplies h by: attn_qkv and attn_gate, or the legacy ssm_in."""
     return [w.attn_qkv, w.attn_gate] if w.attn_qkv is not None else [w.ssm_in]
@@ -202,9 +197,9 @@ def project_qkvz(h, w, gc: GDNConfig, il: int, rt, products=None):
     T = h.shape[0]
     products = rt.matmul_many(h, qkvz_weights(w)) if products is None else products
     if w.attn_qkv is not None:
-        qkv = _scaled(products[0], _scale(w, "attn_qkv", gc))               # [T, C]
+        qkv = scale_bias(products[0], _scale(w, "attn_qkv", gc))               # [T, C]
         rt.record("linear_attn_qkv_mixed", il, qkv)
-        z = _scaled(products[1], _scale(w, "attn_gate", gc))                # [T, Hv*V]
+        z = scale_bias(products[1], _scale(w, "attn_gate", gc))                # [T, Hv*V]
         rt.record("z", il, z)
         return qkv, z
     Hk, K, rV = gc.n_k_heads, gc.head_k_dim, gc.value_dim // gc.n_k_heads
@@ -243,9 +238,9 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
         rt.record("a", il, a)
         src = (ba, None, r)
     else:
-        b = _scaled(products[-2], _scale(w, "ssm_beta", gc))              # [T, Hv]
+        b = scale_bias(products[-2], _scale(w, "ssm_beta", gc))              # [T, Hv]
         rt.record("beta", il, b)
-        a = _scaled(products[-1], _scale(w, "ssm_alpha", gc))             # [T, Hv]
+        a = scale_bias(products[-1], _scale(w, "ssm_alpha", gc))             # [T, Hv]
         src = (b, a, 0)
     if (k := fused_op(b, "gdn_gates")) is None or (gates := k(*src, w.ssm_dt_bias, w.ssm_a)) is None:
         gates = decay_gates(b, a, w.ssm_dt_bias, w.ssm_a, T, Hv)        # (a GPU: one launch, cuda/fused.py)

@@ -355,7 +355,7 @@ def gathered_mla(h, qr, w, *, mc, kc: KPoolConfig, sel: PoolSelection, state, rt
     state: the layer's LatentKV (the new latents appended)."""
     T, H = h.shape[0], mc.n_head
     q = mla.project_q(h, w, mc=mc, rt=rt, il=il, qr=qr)                          # [T, H, dn]
-    c, _ = mla.project_kv_a(h, w, mc=mc, cos=None, sin=None, rt=rt, il=il)        # [T, C]
+    c, _ = mla.project_kv_a(h, w, mc=mc, rt=rt, il=il)                            # [T, C]
     q_abs = mla.absorb_query(q.transpose(1, 0, 2), w, mc=mc, rt=rt)              # [H, T, C]
     rt.record("q_absorbed", il, q_abs.transpose(1, 0, 2))                         # [T, H, C]
     c_all, _, _ = state.append(c, np.zeros_like(c, shape=(T, 0)), rt.fixed_shapes)   # [S, C] (fixed: the capacity)

@@ -56,7 +56,7 @@ from quant import QTensor
 from ..cache import KVCache, LatentKV
 from ..config import ROPE_NORM, KeyReader
 from ..errors import ConfigError
-from ..ops import apply_rope, apply_rope_qk, as_array, contiguous, rms_norm
+from ..ops import apply_rope_qk, as_array, contiguous, rms_norm
 from ..weights import W
 from .mha import attend, causal_mask, keeps_scores
 
@@ -305,20 +305,14 @@ def project_q(h, w, *, mc, rt, il, dtype=np.float32, qr=None):
     return q
 
 
-def project_kv_a(h, w, *, mc, cos, sin, rt, il, dtype=np.float32, rotate: bool = True):
-    """Latent and shared rope key: h [T, D] -> c [T, C] (normed), k_pe [T, R] (roped)   (deepseek2.cpp:517-538).
-    The row is split latent first, rope tail second; the norm comes after the split. rotate False: k_pe as projected
-    (the caller rotates it, with q's tail: `mla`)."""
-    C, R = mc.kv_lora_rank, mc.qk_rope
+def project_kv_a(h, w, *, mc, rt, il, dtype=np.float32):
+    """Latent and shared rope key: h [T, D] -> c [T, C] (normed), k_pe [T, R] as projected   (deepseek2.cpp:517-538;
+    `mla` rotates k_pe with q's tail). The row is split latent first, rope tail second; the norm comes after the
+    split."""
+    C = mc.kv_lora_rank
     ckv = _mm(h, w.attn_kv_a_mqa, rt, dtype)                                       # [T, C+R]
     rt.record("kv_cmpr_pe", il, ckv)
-    if mc.rope and rotate:
-        k_pe = apply_rope(ckv[:, None, C:], cos, sin, R, ROPE_NORM)                # [T, 1, R]
-        rt.record("k_pe", il, k_pe)
-    elif mc.rope:
-        k_pe = ckv[:, None, C:]                                                    # [T, 1, R] to be rotated
-    else:
-        k_pe = contiguous(ckv[:, None, C:])                              # [T, 1, R] unrotated
+    k_pe = ckv[:, None, C:] if mc.rope else contiguous(ckv[:, None, C:])          # [T, 1, R] (rotated by `mla`)
     c = rms_norm(ckv[:, :C], w.attn_kv_a_norm, mc.rms_eps)                         # [T, C]
     rt.record("kv_cmpr", il, c)
     return c, k_pe[:, 0, :]
@@ -453,8 +447,7 @@ def mla(h, w, *, mc: MLAConfig, il: int, state, cos, sin, rt, mask_fn=None, dtyp
     if qr is None and dtype == np.float32:          # h's two products made as one where a device takes them
         rt.prefetch(h, input_weights(w, mc))
     q = project_q(h, w, mc=mc, rt=rt, il=il, dtype=dtype, qr=qr)                   # [T, H, dk]
-    c, k_pe = project_kv_a(h, w, mc=mc, cos=cos, sin=sin, rt=rt, il=il, dtype=dtype,
-                           rotate=False)                                           # [T, C], [T, R] (rotated below)
+    c, k_pe = project_kv_a(h, w, mc=mc, rt=rt, il=il, dtype=dtype)                 # [T, C], [T, R] (rotated below)
     q_nope = q[..., :mc.qk_nope]                                                   # [T, H, dn]
     rt.record("q_nope", il, q_nope)
     q_pe = q[..., mc.qk_nope:]                                                     # [T, H, R]

@@ -1438,6 +1438,11 @@ def causal_conv(x, w, tail):
     return _done(dev, "causal_conv", (x, w, tail), y, new_tail)
 
 
+def _second_ok(x2, T: int, K: int) -> bool:
+    """A pair entry's second array (k beside q): absent, or [T, H2, K] like the first's rows."""
+    return x2 is None or (x2.raw.ndim == 3 and x2.shape[0] == T and x2.shape[2] == K)
+
+
 def _rope_entry(x, cos, sin, n_rot: int, neox: bool, tail: bool, inverse: bool, op: str, x2=None):
     """x [T, H, K] with n_rot dims rotated by cos / sin [T, n_rot/2] (the first ones; tail: the last ones; inverse:
     by -theta), the rest copied -> [T, H, K] float32; with x2 [T, H2, K] the pair (one launch); or None."""
@@ -1447,7 +1452,7 @@ def _rope_entry(x, cos, sin, n_rot: int, neox: bool, tail: bool, inverse: bool, 
     T, H, K = x.shape
     if cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2:
         return None
-    if x2 is not None and (x2.raw.ndim != 3 or x2.shape[0] != T or x2.shape[2] != K):
+    if not _second_ok(x2, T, K):
         return None
     y = dev.xp.empty((T, H, K), dtype=np.float32)
     y2 = None if x2 is None else dev.xp.empty(x2.shape, dtype=np.float32)
@@ -1475,7 +1480,7 @@ def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int, x2=None, w2=Non
     if K > NR_K or cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2 \
             or not (cos.raw.flags.c_contiguous and sin.raw.flags.c_contiguous):
         return None
-    if x2 is not None and (x2.raw.ndim != 3 or x2.shape[0] != T or x2.shape[2] != K):
+    if not _second_ok(x2, T, K):
         return None
     wv = _vectors(dev, "norm_rope", (w, w2), K)
     if wv is None:
@@ -1741,9 +1746,8 @@ def append_rows(buf, x, count, buf2=None, x2=None, count2=None) -> bool:
     b, xr, c = one
     if not append_rows_raw(_nv(b), _nv(xr), _nv(c), stream=_stream(),
                            second=None if two is None else tuple(_nv(a) for a in two)):
-        c += xr.shape[0]
-        if two is not None:
-            two[2][...] += two[1].shape[0]
+        for _, rows, cnt in (one,) if two is None else (one, two):     # (more than one block: the counts here)
+            cnt += rows.shape[0]
     args, outs = (buf, x, count), (buf, count)
     if buf2 is not None:
         args, outs = args + (buf2, x2, count2), outs + (buf2, count2)

@@ -73,11 +73,13 @@ def pool_at_np(all_kv, all_score, b, ratio, c, K):
     return pool_blocks_at(all_kv, all_score, b, ratio, c, K)
 
 
-def apply_rope_np(x, c, s, n, mode, x2=None):
-    """rope.apply_rope from the kernel's arguments; with x2 the pair (rope.apply_rope_qk)."""
-    from ..ops.rope import apply_rope
-    y = apply_rope(x, c, s, n, mode)
-    return y if x2 is None else (y, apply_rope(x2, c, s, n, mode))
+def _paired(one, n: int):
+    """The twin of an entry taking x and n - 1 parameters, then an optional second array x2 that the same
+    parameters apply to (q and k in one launch): one(x, ...), and with x2 the pair (one(x, ...), one(x2, ...))."""
+    def twin(*a):
+        y = one(*a[:n])
+        return y if len(a) == n or a[n] is None else (y, one(a[n], *a[1:n]))
+    return twin
 
 
 def numpy_twins() -> dict:
@@ -88,7 +90,7 @@ def numpy_twins() -> dict:
     from ..moe.router import topk_desc
     from ..ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp
     from ..ops.norm import add_rms_norm, layer_norm, rms_norm
-    from ..ops.rope import cos_sin
+    from ..ops.rope import apply_rope, cos_sin
     from ..ops.softmax import softmax
     from ..residual import hyper_connections as hcm
     return {
@@ -97,7 +99,7 @@ def numpy_twins() -> dict:
         "silu": silu, "sigmoid": sigmoid,
         "softplus": softplus, "swiglu": swiglu, "situ": situ, "swiglu_clamp": swiglu_clamp,
         "delta_rule": lambda q, k, v, g, b, S, scale: delta_rule.recurrent(q, k, v, g, b, S, scale=scale),
-        "causal_conv": causal_conv, "apply_rope": apply_rope_np,
+        "causal_conv": causal_conv, "apply_rope": _paired(apply_rope, 5),
         "attention_causal": lambda q, k, v, p, s, c: mha.attention_blocked(
             q, k, v, p, s, mask_fn=mha.causal_mask if c else mha.no_mask),
         "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
@@ -106,8 +108,7 @@ def numpy_twins() -> dict:
         "group_limited": group_limited_np, "gdn_gates": gdn_gates_np,
         "append_rows": append_rows_np, "expert_weights": expert_weights_np,
         "rope_cos_sin": cos_sin,
-        "rope_tail": lambda x, c, s, n, inv, x2=None: rotate_tail(x, c, s, n, inv) if x2 is None else
-        (rotate_tail(x, c, s, n, inv), rotate_tail(x2, c, s, n, inv)),
+        "rope_tail": _paired(rotate_tail, 5),
         "norm_rope": norm_rope_np,
         "route_softmax": route_softmax_np,
         "pool_at": pool_at_np,
