@@ -210,12 +210,18 @@ class LatentKV:
     @classmethod
     def _restored(cls, obj) -> LatentKV:
         """A state file's LatentKV of the layout before (c and k_pe in two Rows, state files of 2026-12-05 and
-        earlier): the rows joined."""
-        if "kv" not in vars(obj) and {"c", "k_pe"} <= set(vars(obj)):
-            c, k = vars(obj).pop("c"), vars(obj).pop("k_pe")
-            cv, kv = c.view(), k.view()
-            joined = None if cv is None else np.concatenate([cv, kv if kv is not None else cv[:, :0]], axis=-1)
-            obj.kv = Rows.holding(joined, c.dtype)
+        earlier): the rows joined. ValueError when it holds neither layout's rows."""
+        fields = vars(obj)
+        if "kv" in fields:
+            return obj
+        if not ({"c", "k_pe"} <= set(fields) and isinstance(fields["c"], Rows) and isinstance(fields["k_pe"], Rows)):
+            raise ValueError(f"a LatentKV without its rows (kv, or c and k_pe): fields {sorted(fields)}")
+        c, k = fields.pop("c"), fields.pop("k_pe")
+        cv, kv = c.view(), k.view()
+        if cv is not None and (kv is None or kv.shape[0] != cv.shape[0]):
+            raise ValueError(f"a LatentKV of {cv.shape[0]} latent rows and "
+                             f"{0 if kv is None else kv.shape[0]} rope-key rows")
+        obj.kv = Rows.holding(None if cv is None else np.concatenate([cv, kv], axis=-1), c.dtype)
         return obj
 
 

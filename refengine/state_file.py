@@ -334,7 +334,12 @@ class _Decoder:
             for k, x in fields.items():
                 object.__setattr__(obj, k, self.node(x, f"{where}.{k}"))
             restored = getattr(cls, "_restored", None)      # a container's older layout brought to its own
-            return obj if restored is None else restored(obj)
+            if restored is None:
+                return obj
+            try:
+                return restored(obj)
+            except ValueError as e:
+                raise self.bad(where, str(e)) from None
         raise self.bad(where, f"unknown node kind {kind!r}")
 
     def dtype(self, name, where: str) -> np.dtype:

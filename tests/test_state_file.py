@@ -106,6 +106,12 @@ def test_mla_latent_cache_of_the_layout_before_loads(synth_model, tmp_path):
     got = [m.forward([t], loaded) for t in TOKENS[PREFILL:]]
     for i, (a, b) in enumerate(zip(want[1:], got)):
         assert np.array_equal(a, b), f"decode step {i} differs after loading the layout before"
+    # neither layout's rows (a latent without its rope keys): the state file's error, naming the file and the place
+    del latent[0].k_pe
+    bad = tmp_path / "bad.safetensors"
+    save_state(bad, m, st, tokens=TOKENS[:PREFILL])
+    with pytest.raises(StateFileError, match=r"bad\.safetensors.*layers\.0.*LatentKV without its rows"):
+        load_state(bad, Model(path))
 
 
 def test_another_model_is_refused(synth_model, tmp_path):
