@@ -36,6 +36,10 @@ PRESETS = {
                  n_ctx=512, rope_base=10000.0, eps=1e-5),
     "tiny-moe": dict(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
                      n_expert=4, n_expert_used=2, n_ctx=512, rope_base=10000.0, eps=1e-5),
+    # Meta-Llama-3-8B as published (config.json of meta-llama/Meta-Llama-3-8B: hidden_size 4096, intermediate_size
+    # 14336, 32 heads, 8 kv heads, 32 layers, vocab 128256, rope_theta 500000, rms_norm_eps 1e-5, 8192 positions)
+    "llama-3-8b": dict(n_vocab=128256, n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, head_dim=128, n_ff=14336,
+                       n_ctx=8192, rope_base=500000.0, eps=1e-5),
 }
 
 # the arch contract (refengine.archs): the family's functions on llama's data
