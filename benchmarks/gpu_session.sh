@@ -90,6 +90,7 @@ for st in ${STAGES:-info layers matmul tests}; do
     graphll) for spec in ${GRAPHLL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
         stage "llama.cpp and ours, one file: $A $P L=$L ${X:-}"   # the same random-packed Q4_K file, both timed
         F=/tmp/m/$A-$P-L$L${X:+-$X}.gguf
+        while [ -f $F.tmp ]; do sleep 1; done                   # a writer ahead of the cuts is writing it (s31/call.sh)
         MODELS="$spec" STEPS=models bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
         BENCH_FILES=$F STEPS=bench bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1
         timeout ${GRAPH_TIMEOUT:-300} python3 benchmarks/graph_decode.py $F --type Q4_K --decode ${GRAPH_DECODE:-24} \
