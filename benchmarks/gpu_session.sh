@@ -86,6 +86,11 @@ for st in ${STAGES:-info layers matmul tests}; do
             ${X:+--override $X} --tokens ${PROF_TOKENS:-512} --dir /tmp/rs $pol --top 12 >> "$LOG" 2>&1
           echo "rc=$?" >> "$LOG"; done; rm -f /tmp/rs/*.gguf; done ;;
     llbuild) stage "llama.cpp build (detached)"          # llama-bench from the oracle's vendored source (.dev/)
+      B=/tmp/ll/llama.cpp/build/bin                    # a llama-bench built on the project machine (.dev/llama-bench.txz,
+      if [ -f .dev/llama-bench.txz ] && [ ! -f /tmp/ll/build.done ]; then    # s31/build_llamabench.sh): used if it runs
+        mkdir -p $B && tar xJf .dev/llama-bench.txz -C $B && $B/llama-bench --list-devices >> "$LOG" 2>&1 \
+          && { echo 0 > /tmp/ll/build.done; echo "llama-bench: the carried build" >> "$LOG"; } || rm -rf /tmp/ll
+      fi
       STEPS=build bash .dev/llamacpp_bench_device.sh >> "$LOG" 2>&1 ;;
     graphll) for spec in ${GRAPHLL:-deepseek2:deepseek-v3:2}; do IFS=: read -r A P L X <<< "$spec"
         stage "llama.cpp and ours, one file: $A $P L=$L ${X:-}"   # the same random-packed Q4_K file, both timed

@@ -8,7 +8,7 @@
 # next (CUT_S seconds; kimi-k3 twice that); those done are listed in $OUT/done.txt, the rest go to the next call
 # (same command with the remaining CUTS, TAG=2, ...). On the host after: benchmarks/check_logits.py per cut, then
 # benchmarks/table.py over the calls' folders.
-T=${TAG:-1}; O=/tmp/o$T; mkdir -p $O $OUT /tmp/m; rm -f /tmp/m/*.tmp; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+T=${TAG:-1}; O=/tmp/o$T; mkdir -p $O $OUT /tmp/m /tmp/rs; rm -f /tmp/m/*.tmp; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl > $O/pip.log 2>&1
 START=$(date +%s)
 prewrite() {
@@ -44,9 +44,14 @@ for spec in $CUTS; do
   OUT=$O GRAPH_DECODE=12 GRAPH_SAVE=1 GRAPHLL="$spec" STAGES=graphll timeout 300 bash benchmarks/gpu_session.sh >> $O/t.log 2>&1
   echo "$spec" >> $OUT/done.txt
 done
+for L in ${FOLD:-}; do          # the fold's measure: the generic graph decode of 1 and 3 Qwen3-30B-A3B layers (slope)
+  [ $(( $(date +%s) - START + 60 )) -gt ${LIMIT_S:-575} ] && break
+  timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type Q4_K \
+    --decode 24 --dir /tmp/rs --json $O/fold_L$L.json >> $O/fold.log 2>&1; echo "fold L=$L rc=$?" >> $O/t.log
+done
 kill $PW 2>/dev/null; date >> $O/t.log
 tar czf $OUT/call$T.tgz -C $O --exclude='*.npz' . ; cp $O/t.log $O/*.npz $OUT/ 2>/dev/null; cp $O/tests.log $OUT/ 2>/dev/null
 grep -h "passed\|failed\|error" $O/tests.log 2>/dev/null | tail -5; grep -v WARNING $O/t.log
-grep -h "decode per token\|prefill of\|Error\|error" $O/session.log | tail -30
+grep -h "decode per token\|prefill of\|Error\|error" $O/session.log | tail -30; grep -h "decode per token" $O/fold.log 2>/dev/null
 cat $O/prewrite.log; df -h /tmp | tail -1
 grep -h "pp512\|tg32" $O/llamabench.md 2>/dev/null
