@@ -44,14 +44,17 @@ for spec in $CUTS; do
   OUT=$O GRAPH_DECODE=12 GRAPH_SAVE=1 GRAPHLL="$spec" STAGES=graphll timeout 300 bash benchmarks/gpu_session.sh >> $O/t.log 2>&1
   echo "$spec" >> $OUT/done.txt
 done
+if [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ]; then   # DeviceModel's decode a layer
+  timeout 150 python3 benchmarks/cuda_layers.py --type Q4_K --layers 3 --dir /tmp/rs --no-profile --no-prefill \
+    --json $O/fold_devicemodel.json >> $O/fold.log 2>&1; echo "fold DeviceModel rc=$?" >> $O/t.log; fi
 for L in ${FOLD:-}; do          # the fold's measure: the generic graph decode of 1 and 3 Qwen3-30B-A3B layers (slope)
-  [ $(( $(date +%s) - START + 60 )) -gt ${LIMIT_S:-575} ] && break
+  [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
   timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type Q4_K \
     --decode 24 --dir /tmp/rs --json $O/fold_L$L.json >> $O/fold.log 2>&1; echo "fold L=$L rc=$?" >> $O/t.log
 done
 kill $PW 2>/dev/null; date >> $O/t.log
 tar czf $OUT/call$T.tgz -C $O --exclude='*.npz' . ; cp $O/t.log $O/*.npz $OUT/ 2>/dev/null; cp $O/tests.log $OUT/ 2>/dev/null
 grep -h "passed\|failed\|error" $O/tests.log 2>/dev/null | tail -5; grep -v WARNING $O/t.log
-grep -h "decode per token\|prefill of\|Error\|error" $O/session.log | tail -30; grep -h "decode per token" $O/fold.log 2>/dev/null
+grep -h "decode per token\|prefill of\|Error\|error" $O/session.log | tail -30; grep -h "decode per token\|per layer\|decode" $O/fold.log 2>/dev/null | tail -8
 cat $O/prewrite.log; df -h /tmp | tail -1
 grep -h "pp512\|tg32" $O/llamabench.md 2>/dev/null
