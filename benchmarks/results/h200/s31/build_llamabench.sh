@@ -26,6 +26,8 @@ cmake --build $W/build --target llama-bench -j $(nproc) > $W/build.log 2>&1 || {
     | sort -u | sed 's/.*/int &(void) { return 0; }/' > $W/stub.c
   gcc -shared -o $TK/lib64/stubs/libcuda.so -Wl,-soname,libcuda.so.1 $W/stub.c
   cmake --build $W/build --target llama-bench -j $(nproc) >> $W/build.log 2>&1; }
-ldd $W/build/bin/llama-bench | grep -v "not found" > /dev/null
-tar cJf .dev/llama-bench.txz -C $W/build/bin llama-bench
+# the binary stripped as llama-bench.bin beside its wrapper (llama-bench.sh here: cuBLAS / cudart 13 found there)
+P=$W/pack; mkdir -p $P && cp $W/build/bin/llama-bench $P/llama-bench.bin && strip $P/llama-bench.bin
+cp benchmarks/results/h200/s31/llama-bench.sh $P/llama-bench && chmod +x $P/llama-bench
+tar cJf .dev/llama-bench.txz -C $P llama-bench llama-bench.bin       # ~41 MB: with .whl and .dev's rest under 64 MiB
 ls -la .dev/llama-bench.txz
