@@ -35,6 +35,17 @@ if [ -n "${TESTS:-}" ]; then
   timeout ${TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -n ${TESTS_N:-10} $TESTS > $O/tests.log 2>&1
   echo "tests rc=$? $(date +%T)" >> $O/t.log
 fi
+fold() {                      # the fold's measure: DeviceModel's decode a layer, the generic graph's of 1 and 3 layers
+  [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ] || return 0
+  timeout 150 python3 benchmarks/cuda_layers.py --type Q4_K --layers 3 --dir /tmp/rs --no-profile --no-prefill \
+    --json $O/fold_devicemodel.json >> $O/fold.log 2>&1; echo "fold DeviceModel rc=$? $(date +%T)" >> $O/t.log
+  for L in $FOLD; do
+    [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
+    timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type Q4_K \
+      --decode 16 --dir /tmp/rs --json $O/fold_L$L.json >> $O/fold.log 2>&1; echo "fold L=$L rc=$? $(date +%T)" >> $O/t.log
+  done
+}
+[ -n "${FOLD_FIRST:-}" ] && fold
 while [ ! -f /tmp/ll/build.done ]; do sleep 3; done; echo "build rc=$(cat /tmp/ll/build.done) $(date +%T)" >> $O/t.log
 for spec in $CUTS; do
   need=${CUT_S:-100}; case $spec in kimi-k3*) need=$((2 * need));; esac
@@ -44,14 +55,7 @@ for spec in $CUTS; do
   OUT=$O GRAPH_DECODE=12 GRAPH_SAVE=1 GRAPHLL="$spec" STAGES=graphll timeout 300 bash benchmarks/gpu_session.sh >> $O/t.log 2>&1
   echo "$spec" >> $OUT/done.txt
 done
-if [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ]; then   # DeviceModel's decode a layer
-  timeout 150 python3 benchmarks/cuda_layers.py --type Q4_K --layers 3 --dir /tmp/rs --no-profile --no-prefill \
-    --json $O/fold_devicemodel.json >> $O/fold.log 2>&1; echo "fold DeviceModel rc=$?" >> $O/t.log; fi
-for L in ${FOLD:-}; do          # the fold's measure: the generic graph decode of 1 and 3 Qwen3-30B-A3B layers (slope)
-  [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
-  timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type Q4_K \
-    --decode 24 --dir /tmp/rs --json $O/fold_L$L.json >> $O/fold.log 2>&1; echo "fold L=$L rc=$?" >> $O/t.log
-done
+[ -z "${FOLD_FIRST:-}" ] && fold
 kill $PW 2>/dev/null; date >> $O/t.log
 tar czf $OUT/call$T.tgz -C $O --exclude='*.npz' . ; cp $O/t.log $O/*.npz $OUT/ 2>/dev/null; cp $O/tests.log $OUT/ 2>/dev/null
 grep -h "passed\|failed\|error" $O/tests.log 2>/dev/null | tail -5; grep -v WARNING $O/t.log
