@@ -70,6 +70,23 @@ def test_add_rms_norm_rows(with_w):
     np.testing.assert_allclose(got_y, want_y, rtol=2e-6, atol=0)
 
 
+@pytest.mark.parametrize("with_a", [True, False])
+def test_rms_norm_rows_passes(with_a):
+    """Rows longer than one pass of a block's registers (`fused.RPT` elements a thread): the values loaded again
+    for the scale pass (from the written sum when there is one), as the one-pass rows."""
+    n = 2 * fused.RPT * fused.NT + 37
+    x, a, w = _rand(2, n), _rand(2, n, seed=2), _rand(n, seed=1)
+    if with_a:
+        want_s, want_y = add_rms_norm(x, a, w, 1e-6)
+        got_s, got_y = _run(lambda xd, ad, wd, s_, y: fused.rms_norm_raw(xd, wd, 1e-6, y, a2=ad, s2=s_), x, a, w,
+                            out_shapes=[x.shape, x.shape])
+        assert np.array_equal(got_s, want_s)
+    else:
+        want_y = rms_norm(x, w, 1e-6)
+        (got_y,) = _run(lambda xd, wd, y: fused.rms_norm_raw(xd, wd, 1e-6, y), x, w, out_shapes=[x.shape])
+    np.testing.assert_allclose(got_y, want_y, rtol=2e-6, atol=0)
+
+
 def test_l2_norm_rows():
     """delta_rule.l2_norm (the norm with eps / D, then 1 / sqrt(D), each rounded): the norm kernel with `post`."""
     x = _rand(ROWS, 128)

@@ -63,6 +63,7 @@ DR_TC = 8                   # its tokens staged in shared memory at a time (3 x 
 NT = 256                    # threads of a row's block (a power of two: the tree reductions)
 NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
 assert NTW * 32 == NT
+RPT = 8                     # _rms_rows: elements a thread holds in registers a pass over its row
 NT_FEW, FEW_ROWS = 1024, 16  # rms_norm of at most FEW_ROWS long rows (a decode step's: one block a row) takes blocks
                             # of NT_FEW threads (session 28's profile: 6.4 us a 16384-wide row at NT)
 
@@ -99,25 +100,50 @@ def _inv_rms(acc, buf, D, eps):
 def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
     """Row r = blockIdx.x: v = x (has_a: v = x + a in float32, written to s), the mean of v^2 summed in float64,
     y = v * (1 / sqrt(mean + eps)) (* w) * post, each product rounded to float32 as `ops.rms_norm` rounds it
-    (`ops.add_rms_norm`; post: `delta_rule.l2_norm`'s 1 / sqrt(D), 1 for the others: exact)."""
+    (`ops.add_rms_norm`; post: `delta_rule.l2_norm`'s 1 / sqrt(D), 1 for the others: exact).
+
+    A thread takes a row's elements t, t + nt, ... (the float64 sum in that order), RPT at a time: it issues the
+    RPT loads before it stores anything, and a row that fits one pass keeps them in registers for the scale pass.
+    A store through one array keeps the compiler from moving the next load through another above it (they might
+    alias), so a load-compute-store loop waits a memory round trip an element: a decode step's norm (one block a
+    row) costs its chain of round trips, not its bytes (docs/quant.md)."""
     r = cuda.blockIdx.x
     t = cuda.threadIdx.x
     nt = cuda.blockDim.x                             # NT, or NT_FEW for a few long rows
     D = x.shape[1]
     buf = cuda.shared.array(32, float64)
+    v = cuda.local.array(RPT, float32)
+    wv = cuda.local.array(RPT, float32)
+    step = RPT * nt
     acc = float64(0.0)
-    for j in range(t, D, nt):
-        v = x[r, j]
-        if has_a:
-            v = v + a[r, j]
-            s[r, j] = v
-        acc += float64(v) * float64(v)
+    for c in range(0, D, step):
+        for k in range(RPT):
+            j = c + k * nt + t
+            if j < D:
+                v[k] = x[r, j] + a[r, j] if has_a else x[r, j]
+                if has_w:
+                    wv[k] = w[j]
+        for k in range(RPT):
+            if c + k * nt + t < D:
+                if has_a:
+                    s[r, c + k * nt + t] = v[k]
+                acc += float64(v[k]) * float64(v[k])
     scale = _inv_rms(acc, buf, D, eps)
-    for j in range(t, D, nt):
-        v = (s[r, j] if has_a else x[r, j]) * scale
-        if has_w:
-            v = v * w[j]
-        y[r, j] = v * post
+    for c in range(0, D, step):
+        if D > step:                                 # more than one pass: the pass's values loaded again
+            for k in range(RPT):
+                j = c + k * nt + t
+                if j < D:
+                    v[k] = s[r, j] if has_a else x[r, j]
+                    if has_w:
+                        wv[k] = w[j]
+        for k in range(RPT):
+            j = c + k * nt + t
+            if j < D:
+                u = v[k] * scale
+                if has_w:
+                    u = u * wv[k]
+                y[r, j] = u * post
 
 
 @cuda.jit(fastmath=False)
@@ -1409,8 +1435,8 @@ def delta_rule(q, k, v, g, beta, S, scale):
 
 
 def pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
-    """`kv_compressor.pool_blocks_at`: blocks b [n] (device ints) pooled from a fixed-shape run's rows [S, c*K] -> [n, K]
-    float32, one launch where the NumPy statement takes ~12; or None."""
+    """`kv_compressor.pool_blocks_at`: blocks b [n] (device ints) pooled from a fixed-shape run's rows [S, c*K] ->
+    [n, K] float32, one launch where the NumPy statement takes ~12; or None."""
     dev = all_kv.dev
     if not _same_dev(dev, all_kv, all_score) or not _on(b, dev) or b.raw.dtype != np.int64 or b.raw.ndim != 1 \
             or all_kv.raw.ndim != 2 or all_kv.shape != all_score.shape or all_kv.shape[1] != c * K \
