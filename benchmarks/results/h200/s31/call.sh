@@ -29,7 +29,7 @@ PY
 }
 [ -n "${BUILD:-}" ] && OUT=$O STAGES=llbuild bash benchmarks/gpu_session.sh > /dev/null 2>&1
 date > $O/t.log
-prewrite $CUTS > $O/prewrite.log 2>&1 &
+prewrite ${CUTS:-} > $O/prewrite.log 2>&1 &
 PW=$!
 if [ -n "${TESTS:-}" ]; then
   timeout ${TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -n ${TESTS_N:-10} $TESTS > $O/tests.log 2>&1
@@ -46,8 +46,10 @@ fold() {                      # the fold's measure: DeviceModel's decode a layer
   done
 }
 [ -n "${FOLD_FIRST:-}" ] && fold
-while [ ! -f /tmp/ll/build.done ]; do sleep 3; done; echo "build rc=$(cat /tmp/ll/build.done) $(date +%T)" >> $O/t.log
-for spec in $CUTS; do
+if [ -n "${CUTS:-}" ]; then
+  while [ ! -f /tmp/ll/build.done ]; do sleep 3; done; echo "build rc=$(cat /tmp/ll/build.done) $(date +%T)" >> $O/t.log
+fi
+for spec in ${CUTS:-}; do
   need=${CUT_S:-100}; case $spec in kimi-k3*) need=$((2 * need));; esac
   [ $(( $(date +%s) - START + need )) -gt ${LIMIT_S:-575} ] && { echo "left for the next call: $spec" >> $O/t.log; continue; }
   IFS=: read -r a p l ov <<< "$spec"; f=/tmp/m/$a-$p-L$l${ov:+-$ov}.gguf
