@@ -121,7 +121,7 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
             j = c + k * nt + t
             if j < D:
                 v[k] = x[r, j] + a[r, j] if has_a else x[r, j]
-                if has_w:
+                if has_w and D <= step:              # (a longer row loads w with its scale pass)
                     wv[k] = w[j]
         for k in range(RPT):
             if c + k * nt + t < D:

@@ -17,12 +17,9 @@ prewrite() {
     while [ "$(ls /tmp/m/*.gguf 2>/dev/null | wc -l)" -ge "${AHEAD:-2}" ]; do sleep 1; done
     nice -n 19 python3 - "$f.tmp" "$a" "$p" "$l" "${ov:-}" <<'PY' && mv "$f.tmp" "$f" && echo "wrote $f $(date +%T)"
 import sys
-from refengine.cuda.randmodel import write_random_model
+from refengine.cuda.randmodel import parse_overrides, write_random_model
 f, arch, preset, layers, ov = sys.argv[1:]
-o = None
-if ov:
-    k, v = ov.split("=")
-    o = {k: tuple(int(x) for x in v.split(",")) if "," in v or k == "full_attn" else int(v)}
+o = parse_overrides(arch, preset, [ov] if ov else []) or None
 write_random_model(f, "Q4_K", int(layers), arch=arch, preset=preset, overrides=o)
 PY
   done

@@ -10,8 +10,7 @@ for d in "$@"; do for f in $d/logits_*.npz; do
   [ -f "$f" ] || continue
   a=$(basename $f .npz); a=${a#logits_}
   [ -f $C/check_$a.json ] && continue
-  spec=$(grep -h "^$a:" $d/done.txt 2>/dev/null | head -1)
-  [ -n "$spec" ] || spec=$(grep -h "^$a:" "$@"/done.txt 2>/dev/null | head -1)
+  spec=$(for e in "$@"; do cat "$e/done.txt" 2>/dev/null; done | grep "^$a:" | head -1)   # arch:preset:L[:K=V]
   IFS=: read -r A P L X <<< "$spec"
   echo "=== $a $(date +%T)" | tee -a $C/checks.log
   $PY benchmarks/check_logits.py $f --arch $A --preset $P --layers $L ${X:+--override $X} --dir /tmp/cuts \
