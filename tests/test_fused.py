@@ -307,6 +307,33 @@ def test_attention(causal, T):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("gathered", [False, True])
+def test_attention_passes(gathered):
+    """Longer rows than one round of the kernel's loops: keys over several rounds of four a warp (scores) and two a
+    warp (values), a head dim with a column tail past the four-column steps, values over two column passes (the
+    second short), every warp's partial sums added: == NumPy (dense causal, and gathered with dead slots)."""
+    from refengine.attention.mha import attention_gathered
+    H, Hkv, K, V, S, T = (8, 2, 576, 600, 300, 2) if GPU else (2, 1, 140, 150, 21, 2)
+    rng = np.random.default_rng(7 + gathered)
+    q, k = rng.standard_normal((T, H, K)).astype(np.float32), rng.standard_normal((S, Hkv, K)).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, V)).astype(np.float32)
+    scale = 1 / np.sqrt(K)
+    if gathered:
+        idx = np.stack([rng.permutation(S) for _ in range(T)]).astype(np.int64)
+        live = rng.uniform(size=(T, S)) < 0.8
+        want = attention_gathered(q, k, v, idx, live, scale)
+        (got,) = _run(lambda qd, kd, vd, idd, lv, out: fused.attention_raw(
+            qd, kd, vd, cuda.to_device(np.zeros(T, np.int64)), scale, False, cuda.device_array((T * H, S), np.float32),
+            out, idx=idd, live=lv), q, k, v, idx, live, out_shapes=[(T, H, V)])
+    else:
+        pos = np.array([S - 4, S - 1])
+        want = attention_blocked(q, k, v, pos, scale, mask_fn=causal_mask)
+        (got,) = _run(lambda qd, kd, vd, pd, out: fused.attention_raw(qd, kd, vd, pd, scale, True,
+                                                                      cuda.device_array((T * H, S), np.float32), out),
+                      q, k, v, pos, out_shapes=[(T, H, V)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("T", [1, 3])
 def test_attention_gathered(with_sinks, T):

@@ -562,6 +562,8 @@ def _rope_cos_sin(pos, theta_scale, ff, has_ff, freq_scale, keep, mix, has_yarn,
 
 ANT = 512                   # threads of an attention block (16 warps: a decode step has only T x H blocks)
 ANT_SIM = 64                # in the CUDA simulator (a Python thread each)
+AVC = 128                   # attention: the value columns of one pass (4 a lane)
+APART = AVC * (ANT // 32)   # its partial sums, a row of AVC a warp
 
 
 @cuda.jit(device=True, inline=True)
@@ -574,13 +576,29 @@ def _dot4(acc, x0, y0, x1, y1, x2, y2, x3, y3):
     return acc
 
 
+@cuda.jit(device=True, inline=True)
+def _key_row(idx, live, gathered, t, s, S_on):
+    """(row, taken): key s's row in k / v (gathered: idx[t, s]) and whether it takes part (s < S_on; gathered: live).
+    A key not taken reads row 0, which exists: its loads are issued with the others, its sums never stored."""
+    if s >= S_on:
+        return 0, False
+    if gathered:
+        if live[t, s]:
+            return idx[t, s], True
+        return 0, False
+    return s, True
+
+
 @cuda.jit(fastmath=False)
 def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sink, p, out):
     """One block per (query t, head h), kv head h // (H / Hkv): the scores x_s = (q . k_s) * scale (-inf past the
     query's position when causal; gathered: key s is row idx[t, s], -inf where not live[t, s]) into p's row, a warp
-    per key, lanes along K (`warp_sum`); then softmax's max, exp and float64 sum (as ops/softmax.py); then
-    out = (sum_s p_s v_s) / sum, threads along V. A dead slot (gathered, not live) reads neither its key nor its
-    value: its p is exactly 0 (a finite value row would add exactly 0; a non-finite one is ignored, as its key is)."""
+    per key and four keys a warp at a time (their loads issued together), lanes along K (`warp_sum`); then softmax's
+    max, exp and float64 sum (as ops/softmax.py); then out = (sum_s p_s v_s) / sum: a warp per key (keys w, w + W,
+    ... of W warps, two at a time), lanes along AVC columns of V a pass, the W partial sums added in warp order. A
+    decode step's attention is the latency of these loops' loads: S / (4 W) and S / W rounds, not S / 4 as with a
+    thread a column over every key. A dead slot (gathered, not live) reads neither its key nor its value: its p is
+    exactly 0 (a finite value row would add exactly 0; a non-finite one is ignored, as its key is)."""
     b = cuda.blockIdx.x
     T, H, K = q.shape
     S = idx.shape[1] if gathered else k.shape[0]
@@ -593,30 +611,53 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     nt = cuda.blockDim.x                             # ANT (the simulator: ANT_SIM, the same steps)
     lane = tid % 32
     warp = tid // 32
+    W = nt // 32
     qp = qpos[t]
     S_on = S                                         # keys that can take part: causal, not gathered, key s is
     if causal and not gathered and qp + 1 < S:       # position s: none past the query's (a fixed-shape cache's
         S_on = qp + 1                                # capacity beyond its rows: no product, p 0, as before)
-    for s0 in range(0, S_on, nt // 32):             # (every lane runs every round: warp_sum needs all 32)
-        s = s0 + warp
-        acc = float32(0.0)
-        if s < S_on and (not gathered or live[t, s]):     # (a dead slot's score is -inf whatever its key: not read)
-            ks = idx[t, s] if gathered else s
-            kk = lane                                # four columns' loads issued before their products, which
-            while kk + 96 < K:                       # add into acc in the same order as one at a time
-                q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
-                k0, k1, k2, k3 = k[ks, n, kk], k[ks, n, kk + 32], k[ks, n, kk + 64], k[ks, n, kk + 96]
-                acc = _dot4(acc, q0, k0, q1, k1, q2, k2, q3, k3)
-                kk += 128
-            while kk < K:
-                acc += q[t, h, kk] * k[ks, n, kk]
-                kk += 32
-        acc = warp_sum(acc)
-        if lane == 0 and s < S_on:
-            x = float32(acc * scale)
-            if (causal and s > qp) or (gathered and not live[t, s]):
-                x = float32(-math.inf)
-            p[b, s] = x
+    for s0 in range(0, S_on, 4 * W):                 # (every lane runs every round: warp_sum needs all 32)
+        sa = s0 + warp
+        ra, ta = _key_row(idx, live, gathered, t, sa, S_on)
+        rb, tb = _key_row(idx, live, gathered, t, sa + W, S_on)
+        rc, tc = _key_row(idx, live, gathered, t, sa + 2 * W, S_on)
+        rd, td = _key_row(idx, live, gathered, t, sa + 3 * W, S_on)
+        aa = float32(0.0)
+        ab = float32(0.0)
+        ac = float32(0.0)
+        ad = float32(0.0)
+        kk = lane                                    # a key's four columns added in the order of one at a time
+        while kk + 96 < K:
+            q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
+            a0, a1, a2, a3 = k[ra, n, kk], k[ra, n, kk + 32], k[ra, n, kk + 64], k[ra, n, kk + 96]
+            b0, b1, b2, b3 = k[rb, n, kk], k[rb, n, kk + 32], k[rb, n, kk + 64], k[rb, n, kk + 96]
+            c0, c1, c2, c3 = k[rc, n, kk], k[rc, n, kk + 32], k[rc, n, kk + 64], k[rc, n, kk + 96]
+            d0, d1, d2, d3 = k[rd, n, kk], k[rd, n, kk + 32], k[rd, n, kk + 64], k[rd, n, kk + 96]
+            aa = _dot4(aa, q0, a0, q1, a1, q2, a2, q3, a3)
+            ab = _dot4(ab, q0, b0, q1, b1, q2, b2, q3, b3)
+            ac = _dot4(ac, q0, c0, q1, c1, q2, c2, q3, c3)
+            ad = _dot4(ad, q0, d0, q1, d1, q2, d2, q3, d3)
+            kk += 128
+        while kk < K:
+            qk = q[t, h, kk]
+            aa += qk * k[ra, n, kk]
+            ab += qk * k[rb, n, kk]
+            ac += qk * k[rc, n, kk]
+            ad += qk * k[rd, n, kk]
+            kk += 32
+        aa = warp_sum(aa)
+        ab = warp_sum(ab)
+        ac = warp_sum(ac)
+        ad = warp_sum(ad)
+        if lane < 4:                                 # lane j stores key sa + j W (its score, or -inf: masked)
+            s = sa + lane * W
+            acc = aa if lane == 0 else ab if lane == 1 else ac if lane == 2 else ad
+            took = ta if lane == 0 else tb if lane == 1 else tc if lane == 2 else td
+            if s < S_on:
+                x = float32(acc * scale)
+                if not took or (causal and s > qp):
+                    x = float32(-math.inf)
+                p[b, s] = x
     for s in range(S_on + tid, S, nt):
         p[b, s] = float32(-math.inf)
     cuda.syncthreads()                               # every score written before any thread reads the row
@@ -640,24 +681,43 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     if has_sink:
         tot += float64(float32(math.exp(sinks[h] - m)))
     den = float32(tot)
-    for c in range(tid, V, nt):
-        a = float32(0.0)
-        s = 0                                        # (p is 0 past S_on) four keys' loads before their products,
-        while s + 3 < S_on:                          # which add into a in key order as one at a time: a thread's
-            if not gathered or live[t, s] or live[t, s + 1] or live[t, s + 2] or live[t, s + 3]:   # chain waited on
-                r0 = idx[t, s] if gathered else s    # each key's load in turn (a decode step's attention is this
-                r1 = idx[t, s + 1] if gathered else s + 1     # loop's latency). Four dead slots (p exactly 0:
-                r2 = idx[t, s + 2] if gathered else s + 2     # e.g. a fixed-shape selection's min(k, capacity)
-                r3 = idx[t, s + 3] if gathered else s + 3     # slots past the context) add nothing: skipped
-                p0, p1, p2, p3 = p[b, s], p[b, s + 1], p[b, s + 2], p[b, s + 3]
-                v0, v1, v2, v3 = v[r0, n, c], v[r1, n, c], v[r2, n, c], v[r3, n, c]
-                a = _dot4(a, p0, v0, p1, v1, p2, v2, p3, v3)
-            s += 4
-        while s < S_on:
-            if not gathered or live[t, s]:
-                a += p[b, s] * v[idx[t, s] if gathered else s, n, c]
-            s += 1
-        out[t, h, c] = a / den
+    part = cuda.shared.array(APART, float32)         # warp w's partial sums of a pass's AVC columns
+    for c0 in range(0, V, AVC):
+        o0 = float32(0.0)
+        o1 = float32(0.0)
+        o2 = float32(0.0)
+        o3 = float32(0.0)
+        c = c0 + lane
+        j0, j1, j2, j3 = min(c, V - 1), min(c + 32, V - 1), min(c + 64, V - 1), min(c + 96, V - 1)
+        for s in range(warp, S_on, 2 * W):           # keys warp, warp + W, ...: two at a time, loads together
+            ra, ta = _key_row(idx, live, gathered, t, s, S_on)
+            rb, tb = _key_row(idx, live, gathered, t, s + W, S_on)
+            pa = p[b, s]
+            pb = p[b, s + W] if tb else float32(0.0)
+            va0, va1, va2, va3 = v[ra, n, j0], v[ra, n, j1], v[ra, n, j2], v[ra, n, j3]
+            vb0, vb1, vb2, vb3 = v[rb, n, j0], v[rb, n, j1], v[rb, n, j2], v[rb, n, j3]
+            if ta:                                   # (p is 0 past S_on and on a dead slot: not added)
+                o0 += pa * va0
+                o1 += pa * va1
+                o2 += pa * va2
+                o3 += pa * va3
+            if tb:
+                o0 += pb * vb0
+                o1 += pb * vb1
+                o2 += pb * vb2
+                o3 += pb * vb3
+        base = warp * AVC + lane
+        part[base] = o0
+        part[base + 32] = o1
+        part[base + 64] = o2
+        part[base + 96] = o3
+        cuda.syncthreads()
+        for j in range(tid, min(AVC, V - c0), nt):  # (the simulator's block is narrower than a pass)
+            a = float32(0.0)
+            for w in range(W):
+                a += part[w * AVC + j]
+            out[t, h, c0 + j] = a / den
+        cuda.syncthreads()                           # the pass's sums read before the next pass writes them
 
 
 HC_MAX = 8                 # hyper-connections: streams (the gates: an n x n matrix a block, a cell a thread)
