@@ -64,8 +64,10 @@ NT = 256                    # threads of a row's block (a power of two: the tree
 NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
 assert NTW * 32 == NT
 RPT = 8                     # _rms_rows: elements a thread holds in registers a pass over its row
-NT_FEW, FEW_ROWS = 1024, 16  # rms_norm of at most FEW_ROWS long rows (a decode step's: one block a row) takes blocks
-                            # of NT_FEW threads (session 28's profile: 6.4 us a 16384-wide row at NT)
+NT_FEW, FEW_ROWS = 512, 16   # rms_norm of at most FEW_ROWS long rows (a decode step's: one block a row) takes blocks
+                            # of NT_FEW threads (session 28's profile: 6.4 us a 16384-wide row at NT). Not 1024:
+                            # `_rms_rows` holds RPT values and weights in registers, 72 a thread for sm_90 (ptxas
+                            # -v), and 1024 x 72 is over a block's 65536 (session 32, H100: the launch refused)
 
 
 @cuda.jit(device=True, inline=True)
