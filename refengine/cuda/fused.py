@@ -64,10 +64,9 @@ NT = 256                    # threads of a row's block (a power of two: the tree
 NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
 assert NTW * 32 == NT
 RPT = 8                     # _rms_rows: elements a thread holds in registers a pass over its row
-NT_FEW, FEW_ROWS = 512, 16   # rms_norm of at most FEW_ROWS long rows (a decode step's: one block a row) takes blocks
-                            # of NT_FEW threads (session 28's profile: 6.4 us a 16384-wide row at NT). Not 1024:
-                            # `_rms_rows` holds RPT values and weights in registers, 72 a thread for sm_90 (ptxas
-                            # -v), and 1024 x 72 is over a block's 65536 (session 32, H100: the launch refused)
+# rms_norm's rows take NT threads whatever their length: RPT elements a thread a pass keep a long row's passes few.
+# (Sessions 28-31 gave a few long rows 1024 threads, then 512: with RPT values and weights in registers the GPU
+# refused both launches, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, session 32 on an H100; NT's 256 ran.)
 
 
 @cuda.jit(device=True, inline=True)
@@ -111,7 +110,7 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
     row) costs its chain of round trips, not its bytes (docs/quant.md)."""
     r = cuda.blockIdx.x
     t = cuda.threadIdx.x
-    nt = cuda.blockDim.x                             # NT, or NT_FEW for a few long rows
+    nt = cuda.blockDim.x                             # NT
     D = x.shape[1]
     buf = cuda.shared.array(32, float64)
     v = cuda.local.array(RPT, float32)
@@ -1159,8 +1158,7 @@ def rms_norm_raw(x2, w, eps: float, y2, stream=0, *, a2=None, s2=None, post: flo
     """x2, y2 [R, D] float32 (device), w [D] float32 or None; a2, s2 [R, D]: x2 + a2 is normed (and written to s2);
     post: a factor after the norm (rounded after it)."""
     has_w, has_a = w is not None, a2 is not None
-    nt = NT_FEW if not SIM and x2.shape[0] <= FEW_ROWS and x2.shape[1] >= 4 * NT_FEW else NT
-    _rms_rows[x2.shape[0], nt, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
+    _rms_rows[x2.shape[0], NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
                                        np.float32(eps), np.float32(post), s2 if has_a else y2, y2)
 
 
