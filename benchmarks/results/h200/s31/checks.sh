@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../../.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-C=benchmarks/results/h200/s31/checks; mkdir -p $C /tmp/cuts
+C=${CHECKS:-benchmarks/results/h200/s31/checks}; mkdir -p $C /tmp/cuts
 for d in "$@"; do for f in $d/logits_*.npz; do
   [ -f "$f" ] || continue
   a=$(basename $f .npz); a=${a#logits_}
