@@ -659,13 +659,11 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
                 if not took or (causal and s > qp):
                     x = float32(-math.inf)
                 p[b, s] = x
-    for s in range(S_on + tid, S, nt):
-        p[b, s] = float32(-math.inf)
     cuda.syncthreads()                               # every score written before any thread reads the row
-    shm = cuda.shared.array(ANT, float32)
-    buf = cuda.shared.array(32, float64)
-    m = float32(-math.inf)
-    for s in range(tid, S, nt):
+    shm = cuda.shared.array(ANT, float32)            # (keys from S_on on are not written nor read: their p would
+    buf = cuda.shared.array(32, float64)             # be exp(-inf) = 0, adding nothing to the max, the sum or out;
+    m = float32(-math.inf)                           # a fixed-shape cache's capacity is not scanned)
+    for s in range(tid, S_on, nt):
         if p[b, s] > m:
             m = p[b, s]
     m = _block_max(m, shm)
@@ -674,7 +672,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
     if m == float32(-math.inf):
         m = float32(0.0)                           # a row with no key: every p 0, the sum 0, the output NaN
     acc64 = float64(0.0)
-    for s in range(tid, S, nt):
+    for s in range(tid, S_on, nt):
         e = float32(math.exp(p[b, s] - m))
         p[b, s] = e
         acc64 += float64(e)
@@ -697,7 +695,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
             pb = p[b, s + W] if tb else float32(0.0)
             va0, va1, va2, va3 = v[ra, n, j0], v[ra, n, j1], v[ra, n, j2], v[ra, n, j3]
             vb0, vb1, vb2, vb3 = v[rb, n, j0], v[rb, n, j1], v[rb, n, j2], v[rb, n, j3]
-            if ta:                                   # (p is 0 past S_on and on a dead slot: not added)
+            if ta:                                   # (a dead slot's p is 0: not added)
                 o0 += pa * va0
                 o1 += pa * va1
                 o2 += pa * va2
