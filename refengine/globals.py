@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 
-from .ops import rms_norm
+from .residual.pending import add_norm
 from .weights import W, load_tensors
 
 ONE = lambda c, s: (1,)                                              # noqa: E731
@@ -66,8 +66,9 @@ def embed_tokens(g, tokens: np.ndarray, rt) -> np.ndarray:
 
 
 def rms_head(x: np.ndarray, g, cfg, rt, *, where: str = "") -> np.ndarray:
-    """Final norm and output projection: x [T, D] -> logits [T, V]."""
-    x = rms_norm(x, g.output_norm, cfg.rms_eps)
+    """Final norm and output projection: x [T, D] (or a PendingAdd: the last block's output added by the norm) ->
+    logits [T, V]."""
+    _, x = add_norm(x, g.output_norm, cfg.rms_eps)
     rt.record("result_norm", -1, x)
     logits = rt.matmul(x, g.output)                                      # [T, V]
     if g.output_scale is not None:

@@ -12,6 +12,8 @@ T tokens, D model dim; the trace names are the member's, the defaults are llama'
     x = x + dense_ffn(h)     (ffn/dense.py)                            ffn_out          (dense)
       | x + moe_block(h)     (moe/block.py: softmax top-k, weights renormalized, optional gated shared expert)
                                                                        l_out            [T, D]
+The last sum is handed on unmade (residual/pending.py: PendingAdd(x, f)): the next block's attn_norm, or the head's
+output norm, adds it and norms the sum in one op (`ops.add_rms_norm`: one launch on a GPU, the same numbers).
 
 llama.cpp: `src/models/llama.cpp`, `qwen3moe.cpp`, `qwen3next.cpp`; `build_attn`, `build_ffn`,
 `build_moe_ffn` in `src/llama-graph.cpp`. RoPE: `rope_freqs` / LongRoPE factor tensors where the member
@@ -31,8 +33,9 @@ from ..errors import ConfigError
 from ..ffn import dense_ffn, dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head, rope_factors
 from ..moe.block import MoEConfig, MoETensors, moe_block, moe_matmul_inputs, moe_table
-from ..ops import add_rms_norm, rms_norm
+from ..ops import add_rms_norm
 from ..ops.rope import context_rope
+from ..residual.pending import PendingAdd, add_norm
 from ..weights import load_tensors, norm_table
 
 
@@ -211,7 +214,7 @@ class Variant:
     def block(self, x, w, *, cfg, il, state, step, rt):
         """One block: x [T, D] -> [T, D]; state: this layer's KVCache or GDNState."""
         spec = cfg.layers[il]
-        h = rms_norm(x, w.attn_norm, cfg.rms_eps)
+        x, h = add_norm(x, w.attn_norm, cfg.rms_eps)      # (the previous block's output added first: PendingAdd)
         rt.record("attn_norm", il, h)
         if spec.attn == "gdn":
             a = gdn.gated_deltanet(h, w, gc=spec.attn_cfg, eps=cfg.rms_eps, il=il, state=state, rt=rt)
@@ -230,14 +233,14 @@ class Variant:
             rt.record("ffn_out", il, f)       # llama.cpp then renames the residual sum to l_out
         else:
             f = moe_block(h, w, mc=spec.moe, tensors=self.moe_tensors, spec=spec, il=il, rt=rt)
-        x = x + f
+        x = PendingAdd(x, f)          # x + f, made by the next block's attn_norm or the head's norm (one launch)
         for name in self.trace_l_out:
-            rt.record(name, il, x)
+            rt.record(name, il, x.total)
         return x
 
     def head(self, x, g, cfg, rt):
         if self.trace_head_nextn:
-            rt.record(self.trace_head_nextn, -1, rms_norm(x, g.output_norm, cfg.rms_eps))
+            rt.record(self.trace_head_nextn, -1, lambda: add_norm(x, g.output_norm, cfg.rms_eps)[1])
         return rms_head(x, g, cfg, rt, where=cfg.name or self.arch)
 
     # ------------------------------------------------------------ synthetic models (refengine.synth)
