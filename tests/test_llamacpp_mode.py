@@ -264,10 +264,15 @@ def test_outcome_table_covers_every_case():
 # ---------------------------------------------------------------- the proof fails on injected bugs
 
 def _final_norm_scaled(monkeypatch):
-    """The final norm's output multiplied by 1.5 (refengine.globals.rms_head's rms_norm)."""
+    """The final norm's output multiplied by 1.5 (refengine.globals.rms_head's add_norm: the last block's sum and
+    its norm)."""
     import refengine.globals as g
-    norm = g.rms_norm
-    monkeypatch.setattr(g, "rms_norm", lambda x, w, eps: np.float32(1.5) * norm(x, w, eps))
+    add_norm = g.add_norm
+
+    def scaled(x, w, eps):
+        total, h = add_norm(x, w, eps)
+        return total, np.float32(1.5) * h
+    monkeypatch.setattr(g, "add_norm", scaled)
 
 
 def _output_input_unrounded(monkeypatch):
