@@ -106,19 +106,28 @@ def profile_steps(dec, tokens, rec) -> None:
     pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
 
-def time_prefill(model, ids, reps: int = 3) -> float:
+def time_prefill(model, ids, reps: int = 3, rt=None, out=None) -> float:
     """Milliseconds of an eager resident forward of `ids` from a new state, the last position's logits read back
-    (`last_only`: llama-bench's pp test asks for no other row), median of `reps` after one warm-up."""
-    rt = runtime()
+    (`last_only`: llama-bench's pp test asks for no other row), median of `reps` after one warm-up. out (a list):
+    gets the last run's logits row."""
+    rt = rt or runtime()
     times = []
     for i in range(reps + 1):
         st = model.new_state()
         sync()
         t0 = time.perf_counter()
-        model.forward(ids, st, rt=rt, last_only=True)
+        y = model.forward(ids, st, rt=rt, last_only=True)
         sync()
         times.append(time.perf_counter() - t0)
+    if out is not None:
+        out.append(np.asarray(y[-1]))
     return 1e3 * float(np.median(times[1:]))
+
+
+def device_model_serves(model, rt) -> bool:
+    """Whether `rt`'s eager forward of `model` runs on the hand-written DeviceModel (llama, qwen3moe) rather than
+    the concept modules."""
+    return rt.device_forward(model) is not None
 
 
 def prefill_ubatches(model, ids, U: int):
@@ -304,7 +313,17 @@ def one(a, recs) -> int:
     if a.prefill:
         rec["prefill_tokens"] = a.prefill
         ids = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prefill)]
-        rec["prefill_ms"] = time_prefill(model, ids)
+        rt_p, row = runtime(), []
+        rec["prefill_ms"] = time_prefill(model, ids, rt=rt_p, out=row)
+        if not SIM and device_model_serves(model, rt_p):            # llama / qwen3moe: the modules' prefill too
+            rec["prefill_path"] = "DeviceModel"
+            mod = []
+            rec["prefill_modules_ms"] = time_prefill(model, ids, rt=runtime(device_model=False), out=mod)
+            rec["prefill_modules_vs_device_model_rel_rms"] = float(
+                np.sqrt(np.mean((mod[0] - row[0]) ** 2) / np.mean(row[0] ** 2)))
+            print(f"{os.path.basename(path)}: prefill of {a.prefill} tokens on the concept modules (device_model="
+                  f"False) {rec['prefill_modules_ms']:.1f} ms, DeviceModel {rec['prefill_ms']:.1f} ms; last row "
+                  f"rel-RMS {rec['prefill_modules_vs_device_model_rel_rms']:.2e}", flush=True)
         if a.save_logits:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # (benchmarks/check_logits.py)
             from check_logits import fingerprint

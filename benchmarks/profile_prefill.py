@@ -117,6 +117,8 @@ def main(argv=None) -> int:
                     "as a graph decoder's eager ubatch step: where a 512-token ubatch graph's time goes")
     ap.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                     help="a KernelPolicy setting, e.g. group_avg=16 or sgemm_decode=staged (repeatable)")
+    ap.add_argument("--modules", action="store_true", help="llama / qwen3moe: the concept modules resident "
+                    "(Runtime(device_model=False)), not the hand-written DeviceModel their eager forward takes")
     a = ap.parse_args(argv)
     import cupy as cp
     path = a.model
@@ -127,7 +129,7 @@ def main(argv=None) -> int:
     ids = [int(t) for t in np.random.default_rng(0).integers(0, m.cfg.n_vocab, a.tokens)]
     from quant.cuda.policy import KernelPolicy
     pol = KernelPolicy.default().with_settings(a.policy) if a.policy else None
-    rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes)
+    rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes, device_model=not a.modules)
     from contextlib import nullcontext
 
     from quant.cuda.timing import graph_kernels

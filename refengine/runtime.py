@@ -115,6 +115,9 @@ class Runtime:
                                # many bytes (refengine.expert_cache): an ExpertCache (ExpertCache.for_model: a
                                # fraction, a policy), or bytes / "8GiB" (slots sized at the first MoE layer)
     expert_stats: object = None    # a refengine.expert_trace.ExpertTrace: every moe_ffn call's (layer, expert ids)
+    device_model: bool = True      # cuda: llama / qwen3moe run their whole eager forward on the hand-written
+                               # DeviceModel (refengine/cuda/runner.py) where it serves; False: on the concept modules
+                               # resident, as every other arch (and every fixed-shape / captured step) does
     fixed_shapes: bool = False     # keep every op's shape the same from one decode token to the next where the
                                # modules allow it (attention under a causal mask over its cache's capacity, the unused
                                # rows zero: cache.Rows), as a decode step captured once and replayed needs (a CUDA
@@ -724,9 +727,10 @@ class Runtime:
 
     def device_forward(self, model):
         """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None
-        when the NumPy block code must run op by op: another backend, a trace, another mode, or an
-        arch / tensor the device path does not cover."""
-        if self.backend != "cuda" or self.trace is not None or self.mode != "exact" or self.fixed_shapes:
+        when the NumPy block code must run op by op: another backend, a trace, another mode, `device_model=False`,
+        or an arch / tensor the device path does not cover."""
+        if self.backend != "cuda" or self.trace is not None or self.mode != "exact" or self.fixed_shapes \
+                or not self.device_model:
             return None                   # (fixed_shapes: the modules' resident run, whose state a graph captures)
         if self.expert_budget is not None or self.expert_stats is not None:   # issue 24: through Runtime.moe_ffn
             return None

@@ -89,6 +89,7 @@ def test_device_model_equals_numpy(arch, preset, wtype, tmp_path_factory):
     assert last.shape == (1, m.cfg.n_vocab) and rel_rms(last, want[0][-1:]) <= TOL
     # the runtime picks the device path when no trace is recorded
     assert Runtime(backend="cuda").device_forward(m) is not None
+    assert Runtime(backend="cuda", device_model=False).device_forward(m) is None     # the concept modules instead
     via = m.forward(prompt, m.new_state(), rt=Runtime(backend="cuda"), last_only=True)
     assert via.shape == (1, m.cfg.n_vocab) and rel_rms(via, want[0][-1:]) <= TOL
 
