@@ -294,6 +294,29 @@ def test_device_model_prefill_attention(path, tmp_path_factory, monkeypatch):
     assert rel_rms(dm.forward([tok], sd), m.forward([tok], st)) <= TOL
 
 
+@pytest.mark.parametrize("split_min_t", [2, 100])
+def test_device_model_dense_ffn_split(split_min_t, tmp_path_factory, monkeypatch):
+    """A dense FFN's prompt: gate and up as two `dense` products then SwiGLU (from split_ffn_min_t tokens), or the
+    one-launch GEMV pair (fewer): both against NumPy, prefill and a decoded token, and the path taken checked."""
+    import refengine.cuda.runner as runner
+    from refengine.cuda import DeviceModel
+    arch, preset, wtype = ("llama", "tiny", "Q4_K") if GPU else ("llama", "micro", "Q8_0")
+    m = _model(tmp_path_factory, arch, preset, wtype)
+    prompt = [3, 17, 42, 5, 9, 11, 2, 8, 30, 1] if GPU else [3, 17]
+    dm = DeviceModel(m, graphs=False, split_ffn_min_t=split_min_t)
+    gates = {id(L.gate) for L in (dm.layer(il) for il in range(m.cfg.n_layer))}
+    seen = []
+    real_dense = runner.dense
+    monkeypatch.setattr(runner, "dense", lambda dw, *a, **k: seen.append(id(dw) in gates) or real_dense(dw, *a, **k))
+    st, sd = m.new_state(), m.new_state()
+    want = m.forward(prompt, st)
+    assert rel_rms(dm.forward(prompt, sd), want) <= TOL
+    assert seen.count(True) == (m.cfg.n_layer if len(prompt) >= split_min_t else 0)
+    tok = int(np.argmax(want[-1]))
+    assert rel_rms(dm.forward([tok], sd), m.forward([tok], st)) <= TOL
+    assert seen.count(True) == (m.cfg.n_layer if len(prompt) >= split_min_t else 0)    # a decode step: the pair
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU (the same kernels run in the simulator in "
                                       "test_cuda_kernels.py)")
