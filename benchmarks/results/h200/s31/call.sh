@@ -7,7 +7,9 @@
 # turn (s26/call2.sh's method: llama.cpp and ours on each file, GPU logits saved) while the call has time for the
 # next (CUT_S seconds; kimi-k3 twice that); those done are listed in $OUT/done.txt, the rest go to the next call
 # (same command with the remaining CUTS, TAG=2, ...). On the host after: benchmarks/check_logits.py per cut, then
-# benchmarks/table.py over the calls' folders.
+# benchmarks/table.py over the calls' folders. FOLD="1 3": the fold's measure (DeviceModel's layer against the concept
+# modules' graph); FOLD_PROFILE=N: with DeviceModel's per-stage profile and N graph steps' kernels under torch.profiler.
+# GRAPH_PROFILE / GRAPH_ALT / PROF_MODULES pass through to gpu_session.sh (its header).
 T=${TAG:-1}; O=/tmp/o$T; mkdir -p $O $OUT /tmp/m /tmp/rs; rm -f /tmp/m/*.tmp; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl > $O/pip.log 2>&1
 START=$(date +%s)
@@ -37,12 +39,13 @@ if [ -n "${TESTS:-}" ]; then         # PATCH=file: the tests run on a copy of th
 fi
 fold() {                      # the fold's measure: DeviceModel's decode a layer, the generic graph's of 1 and 3 layers
   [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ] || return 0
-  timeout 150 python3 benchmarks/cuda_layers.py --type Q4_K --layers 3 --dir /tmp/rs --no-profile --no-prefill \
+  timeout 150 python3 benchmarks/cuda_layers.py --type Q4_K --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) --no-prefill \
     --json $O/fold_devicemodel.json >> $O/fold.log 2>&1; echo "fold DeviceModel rc=$? $(date +%T)" >> $O/t.log
   for L in $FOLD; do
     [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
     timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type Q4_K \
-      --decode 16 --dir /tmp/rs --json $O/fold_L$L.json >> $O/fold.log 2>&1; echo "fold L=$L rc=$? $(date +%T)" >> $O/t.log
+      --decode 16 --dir /tmp/rs ${FOLD_PROFILE:+--profile $FOLD_PROFILE} --json $O/fold_L$L.json >> $O/fold.log 2>&1
+    echo "fold L=$L rc=$? $(date +%T)" >> $O/t.log
   done
 }
 [ -n "${FOLD_FIRST:-}" ] && fold
