@@ -34,7 +34,7 @@ if [ -n "${TESTS:-}" ]; then         # PATCH=file: the tests run on a copy of th
   TD=$PWD; if [ -n "${PATCH:-}" ]; then TD=/tmp/p; rm -rf $TD; cp -r . $TD
     (cd $TD && { git apply "$PATCH" 2>/dev/null || patch -p1 -s < "$PATCH"; }) > $O/patch.log 2>&1 || echo "patch failed" >> $O/t.log; fi
   (cd $TD && PYTHONPATH=/tmp/site:$TD timeout ${TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -n ${TESTS_N:-10} \
-    $TESTS) > $O/tests.log 2>&1
+    $TESTS ${TESTS_K:+-k "$TESTS_K"}) > $O/tests.log 2>&1
   echo "tests rc=$? $(date +%T)" >> $O/t.log
 fi
 fold() {                      # the fold's measure: DeviceModel's decode a layer, the generic graph's of 1 and 3 layers
