@@ -124,6 +124,23 @@ def time_prefill(model, ids, reps: int = 3, rt=None, out=None) -> float:
     return 1e3 * float(np.median(times[1:]))
 
 
+def time_prefills(model, ids, rec, reps: int = 3) -> str | None:
+    """rec["prefill_ms"]: the default runtime's prefill of ids; where that runtime's eager forward is DeviceModel's
+    (llama, qwen3moe), also rec["prefill_modules_ms"], the concept modules' (`Runtime(device_model=False)`), and the
+    two last rows' rel-RMS: a line saying so (else None)."""
+    rt_p, row = runtime(), []
+    rec["prefill_ms"] = time_prefill(model, ids, reps, rt=rt_p, out=row)
+    if SIM or not device_model_serves(model, rt_p):
+        return None
+    rec["prefill_path"] = "DeviceModel"
+    mod = []
+    rec["prefill_modules_ms"] = time_prefill(model, ids, reps, rt=runtime(device_model=False), out=mod)
+    rel = float(np.sqrt(np.mean((mod[0] - row[0]) ** 2) / np.mean(row[0] ** 2)))
+    rec["prefill_modules_vs_device_model_rel_rms"] = rel
+    return (f"prefill of {len(ids)} tokens on the concept modules (device_model=False) "
+            f"{rec['prefill_modules_ms']:.1f} ms, DeviceModel {rec['prefill_ms']:.1f} ms; last rows rel-RMS {rel:.2e}")
+
+
 def device_model_serves(model, rt) -> bool:
     """Whether `rt`'s eager forward of `model` runs on the hand-written DeviceModel (llama, qwen3moe) rather than
     the concept modules."""
@@ -313,17 +330,9 @@ def one(a, recs) -> int:
     if a.prefill:
         rec["prefill_tokens"] = a.prefill
         ids = [int(t) for t in rng.integers(0, model.cfg.n_vocab, a.prefill)]
-        rt_p, row = runtime(), []
-        rec["prefill_ms"] = time_prefill(model, ids, rt=rt_p, out=row)
-        if not SIM and device_model_serves(model, rt_p):            # llama / qwen3moe: the modules' prefill too
-            rec["prefill_path"] = "DeviceModel"
-            mod = []
-            rec["prefill_modules_ms"] = time_prefill(model, ids, rt=runtime(device_model=False), out=mod)
-            rec["prefill_modules_vs_device_model_rel_rms"] = float(
-                np.sqrt(np.mean((mod[0] - row[0]) ** 2) / np.mean(row[0] ** 2)))
-            print(f"{os.path.basename(path)}: prefill of {a.prefill} tokens on the concept modules (device_model="
-                  f"False) {rec['prefill_modules_ms']:.1f} ms, DeviceModel {rec['prefill_ms']:.1f} ms; last row "
-                  f"rel-RMS {rec['prefill_modules_vs_device_model_rel_rms']:.2e}", flush=True)
+        line = time_prefills(model, ids, rec)
+        if line:
+            print(f"{os.path.basename(path)}: {line}", flush=True)
         if a.save_logits:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # (benchmarks/check_logits.py)
             from check_logits import fingerprint
