@@ -144,7 +144,8 @@ def time_prefills(model, ids, rec, reps: int = 3) -> str | None:
 def device_model_serves(model, rt) -> bool:
     """Whether `rt`'s eager forward of `model` runs on the hand-written DeviceModel (llama, qwen3moe) rather than
     the concept modules."""
-    return rt.device_forward(model) is not None
+    serves = getattr(rt, "device_forward", None)         # (a tree without DeviceModel has no such method)
+    return serves is not None and serves(model) is not None
 
 
 def prefill_ubatches(model, ids, U: int):

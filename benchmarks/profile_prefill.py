@@ -129,7 +129,8 @@ def main(argv=None) -> int:
     ids = [int(t) for t in np.random.default_rng(0).integers(0, m.cfg.n_vocab, a.tokens)]
     from quant.cuda.policy import KernelPolicy
     pol = KernelPolicy.default().with_settings(a.policy) if a.policy else None
-    rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes, device_model=not a.modules)
+    rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes,
+                 **({"device_model": False} if a.modules else {}))
     from contextlib import nullcontext
 
     from quant.cuda.timing import graph_kernels
