@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     from quant.cuda.policy import KernelPolicy
     pol = KernelPolicy.default().with_settings(a.policy) if a.policy else None
     rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes,
-                 **({"device_model": False} if a.modules else {}))
+                 **({"device_model": False} if a.modules and hasattr(Runtime, "device_forward") else {}))
     from contextlib import nullcontext
 
     from quant.cuda.timing import graph_kernels
