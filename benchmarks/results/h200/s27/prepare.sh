@@ -19,6 +19,10 @@ mkdir -p "$T/llama.cpp"
   | tar xf - -C "$T/llama.cpp"
 tar czf .dev/llcpp.tgz -C "$T" llama.cpp
 cp ../shared/tools/llamacpp_bench_device.sh .dev/
+if [ -f .dev/llama-bench.txz ]; then    # the carried build runs there: the source tarball (only its fallback) would put
+  mkdir -p build && mv .dev/llcpp.tgz build/llcpp.tgz   # the tree, .whl and .dev over the 64 MiB carry (session 33)
+  echo ".dev/llama-bench.txz present: llcpp.tgz kept in build/ (not carried; move it back to build there)"
+fi
 echo "$(du -sh .whl | cut -f1) .whl, $(du -sh .dev/llcpp.tgz | cut -f1) .dev/llcpp.tgz (carry limit: 64 MiB in all)"
 if [ "${1:-}" = --check ]; then
   rm -rf "$T/cfg" && (cd "$T/llama.cpp" && cmake -B "$T/cfg" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
