@@ -184,6 +184,21 @@ class KVCache:
         capacity, `Rows`)."""
         return append_rows(self.k, k, self.v, v, fixed)
 
+    def append_by(self, k, v, fixed: bool, write):
+        """The append of a kernel that makes the keys itself (`gqa.norm_rope_append`: k is the keys before their norm
+        and rotation, of the keys' shape): where both go at the device counts (fixed shapes, device arrays),
+        write(key buffer, its count, value buffer, its count) writes both, advances both counts and returns its own
+        result r -> (r, every position's keys, values). None when that is not the case or write declines (nothing
+        appended: the caller appends as `append`)."""
+        if not fixed or isinstance(k, np.ndarray) or isinstance(v, np.ndarray):
+            return None
+        if not (self.k._room(k, fixed) and self.v._room(v, fixed)):
+            return None
+        r = write(self.k._buf, self.k._count, self.v._buf, self.v._count)
+        if r is None:
+            return None
+        return r, self.k._advance(k.shape[0], fixed), self.v._advance(v.shape[0], fixed)
+
 
 @state_container
 class LatentKV:

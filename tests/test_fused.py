@@ -239,6 +239,37 @@ def test_norm_rope(mode, with_w):
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", [0, 2])
+def test_norm_rope_append(mode):
+    """q and k normed and rotated with k and v appended to a layer's cache, one launch (`gqa.norm_rope_append`): q
+    bit for bit the pair launch's (`norm_rope_raw`), the cache's new key rows its k, the value rows v (a strided view),
+    at each cache's own device count, the rows around them untouched; both counts advanced by T and the ticket back
+    to 0 (twice: the second append at the advanced counts)."""
+    T, H, Hk, K, V, n_rot, cap = (2, 16, 4, 128, 128, 64, 11) if GPU else (2, 3, 2, 10, 6, 6, 7)
+    q, k = _rand(T, H, K, seed=1), _rand(T, Hk, K, seed=2)
+    wq, wk = _rand(K, seed=3), _rand(K, seed=4)
+    v_wide = _rand(T, Hk, V + 2, seed=5)
+    cos, sin = rope_cos_sin(np.arange(3, 3 + T), n_rot=n_rot, base=10000.0)
+    want_q, want_k = _run(lambda qd, wqd, kd, wkd, c, s_, y, y2: fused.norm_rope_raw(
+        qd, wqd, 1e-6, c, s_, n_rot, mode == 2, y, x2=kd, w2=wkd, y2=y2), q, wq, k, wk, cos, sin,
+        out_shapes=[(T, H, K), (T, Hk, K)])
+    kbuf0, vbuf0 = _rand(cap, Hk, K, seed=6), _rand(cap, Hk, V, seed=7)
+    kb, vb = cuda.to_device(kbuf0), cuda.to_device(vbuf0)
+    kc, vc = cuda.to_device(np.array([1], np.int64)), cuda.to_device(np.array([2], np.int64))
+    done = cuda.to_device(np.zeros(1, np.int32))
+    qd, kd, vd = cuda.to_device(q), cuda.to_device(k), cuda.to_device(v_wide)[:, :, 2:]
+    wqd, wkd, cd, sd = (cuda.to_device(a) for a in (wq, wk, cos, sin))
+    want_kb, want_vb = kbuf0.copy(), vbuf0.copy()
+    for at_k, at_v in ((1, 2), (1 + T, 2 + T)):
+        y = cuda.device_array((T, H, K), np.float32)
+        fused.norm_rope_append_raw(qd, wqd, 1e-6, cd, sd, n_rot, mode == 2, y, kd, wkd, vd, kb, kc, vb, vc, done)
+        cuda.synchronize()
+        want_kb[at_k:at_k + T], want_vb[at_v:at_v + T] = want_k, v_wide[:, :, 2:]
+        assert np.array_equal(y.copy_to_host(), want_q)
+        assert np.array_equal(kb.copy_to_host(), want_kb) and np.array_equal(vb.copy_to_host(), want_vb)
+        assert [kc.copy_to_host()[0], vc.copy_to_host()[0], done.copy_to_host()[0]] == [at_k + T, at_v + T, 0]
+
+
 @pytest.mark.parametrize("inverse", [False, True])
 def test_rope_tail(inverse):
     """DeepSeek-V4's rope of the last n_rot dims of a head (by -theta: inverse), the first ones copied, in one
@@ -560,10 +591,11 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
     from refengine.runtime import Runtime
     hits = {}
     for arch in ["qwen3next", "kimi-k3", "deepseek4", "glm-dsa", "deepseek2", "kimi-linear", "qwen4exp", "deepseek32",
-                 "llama", "qwen3moe", "glm5-next", "deepseek2:tiny-groups"]:
+                 "llama", "qwen3moe", "glm5-next", "deepseek2:tiny-groups", "qwen3moe:tiny:eager"]:
         arch, _, preset = arch.partition(":")
-        m = Model(synth_model(arch, wtype="Q8_0", preset=preset or "tiny"))
-        rts = [Runtime(resident=True, fixed_shapes=True) for _ in range(2)]
+        preset, _, eager = preset.partition(":")          # eager: not at fixed shapes (q / k norms apart from the
+        m = Model(synth_model(arch, wtype="Q8_0", preset=preset or "tiny"))    # cache write: `norm_rope`)
+        rts = [Runtime(resident=True, fixed_shapes=not eager) for _ in range(2)]
         stand = rts[1].device.fused = StandIn(rts[1].device)
         outs = []
         for rt in rts:

@@ -43,6 +43,18 @@ class StandIn:
                 c.raw += y.shape[0]
         return True
 
+    def norm_rope_append(self, q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount):
+        from refengine.ops.rope import rms_norm_rope_qk
+        self.calls["norm_rope_append"] += 1
+        qr, kr = rms_norm_rope_qk(q.raw, None if wq is None else np.asarray(getattr(wq, "raw", wq)), k.raw,
+                                  None if wk is None else np.asarray(getattr(wk, "raw", wk)), eps, cos.raw, sin.raw,
+                                  n_rot, mode)
+        for b, y, c in ((kbuf, kr, kcount), (vbuf, v.raw, vcount)):
+            n = int(c.raw[0])
+            b.raw[n:n + y.shape[0]] = y
+            c.raw += y.shape[0]
+        return q.dev.wrap(qr)
+
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
 def test_expert_weights_dispatch_keeps_the_trace(synth_model, arch):
@@ -73,5 +85,7 @@ def test_append_rows_dispatch_advances_the_cache(synth_model, arch):
     for toks in steps:
         a, b = m.forward(toks, st_p, rt=plain), m.forward(toks, st_f, rt=fused)
         assert np.array_equal(a, b), len(toks)
-    assert stand.calls["append_rows"] > 0 and st_p.n_past == st_f.n_past
-    assert stand.calls["append_rows pairs"] > 0                      # a layer's k and v by one write
+    assert stand.calls["append_rows"] + stand.calls["norm_rope_append"] > 0 and st_p.n_past == st_f.n_past
+    assert stand.calls["append_rows pairs"] + stand.calls["norm_rope_append"] > 0    # a layer's k and v by one write
+    if arch == "qwen3moe":                 # q / k norms: the rotation and the cache write by one (`gqa.norm_rope_append`)
+        assert stand.calls["norm_rope_append"] == m.cfg.n_layer * len(steps)

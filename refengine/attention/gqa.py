@@ -23,6 +23,7 @@ import numpy as np
 
 from ..cache import KVCache
 from ..ops import apply_rope_qk, rms_norm, rms_norm_rope_qk, sigmoid
+from ..ops.arrays import fused_op
 from ..ops.linear import linear, linear_many
 from ..weights import W
 from .mha import SparseMask, attend, causal_mask, keeps_scores, no_mask
@@ -103,6 +104,18 @@ def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False, add_bias: bool = 
     return q.reshape(T, H, Kq), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
 
 
+def norm_rope_append(q, wq, k, wk, v, state: KVCache, fixed: bool, eps: float, cos, sin, n_rot: int, mode: int):
+    """q and k normed by their own weights and rotated (`rope.rms_norm_rope_qk`), then k and v appended to the
+    layer's cache -> (q [T, H, K], every position's keys [S, Hkv, K], values [S, Hkv, V]). On a GPU at fixed shapes
+    one launch writes q, the cache's new key and value rows and both counts (`fused.norm_rope_append`), where the
+    norm-and-rotation and the append take two."""
+    if (f := fused_op(q, "norm_rope_append")) is not None and (got := state.append_by(
+            k, v, fixed, lambda kb, kc, vb, vc: f(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kb, kc, vb, vc))):
+        return got
+    q, k = rms_norm_rope_qk(q, wq, k, wk, eps, cos, sin, n_rot, mode)
+    return (q, *state.append(k, v, fixed))
+
+
 def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, out_gate: bool = False,
                    sparse: SparseMask | None = None, view_names: tuple[str, str] = ("Qcur_view", "gate"),
                    qkv_bias: bool = True):
@@ -122,21 +135,23 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
         q, gate = q[..., :K], q[..., K:]                                 # [T, H, K] each
         rt.record(view_names[0], il, q)
         rt.record(view_names[1], il, gate)
+    mask_fn = sparse if sparse is not None else causal_mask if cfg.causal_attn else no_mask
+    fixed = rt.fixed_shapes and mask_fn is causal_mask or getattr(mask_fn, "fixed", False)   # over the capacity:
+    #                                                              the mask hides the rest (`SparseMask.fixed`)
     if getattr(w, "attn_q_norm", None) is not None:                      # per-head norms, then the rotation
         eps = cfg.rms_eps                                                # (the normed ones made for a trace only)
         rt.record("Qcur_normed", il, lambda: rms_norm(q, w.attn_q_norm, eps))
         rt.record("Kcur_normed", il, lambda: rms_norm(k, w.attn_k_norm, eps))
-        q, k = rms_norm_rope_qk(q, w.attn_q_norm, k, w.attn_k_norm, eps, cos, sin, cfg.n_rot,
-                                cfg.rope_type)                               # [T, H, K], [T, Hkv, K]
+        q, k_all, v_all = norm_rope_append(q, w.attn_q_norm, k, w.attn_k_norm, v, state, fixed, eps, cos, sin,
+                                           cfg.n_rot, cfg.rope_type)     # [T, H, K], [S, Hkv, K], [S, Hkv, V]
+        n = state.n
+        rt.record("Kcur", il, lambda: k_all[n - T:n])                   # (the rotated keys: the cache's new rows)
     else:
         q, k = apply_rope_qk(q, k, cos, sin, cfg.n_rot, cfg.rope_type)   # [T, H, K], [T, Hkv, K]
+        rt.record("Kcur", il, k)
+        k_all, v_all = state.append(k, v, fixed)                         # [S, Hkv, K], [S, Hkv, V]
     rt.record("Qcur", il, q)
-    rt.record("Kcur", il, k)
     rt.record("Vcur", il, v)
-    mask_fn = sparse if sparse is not None else causal_mask if cfg.causal_attn else no_mask
-    fixed = rt.fixed_shapes and mask_fn is causal_mask or getattr(mask_fn, "fixed", False)   # over the capacity:
-    #                                                              the mask hides the rest (`SparseMask.fixed`)
-    k_all, v_all = state.append(k, v, fixed)                             # [S, Hkv, K], [S, Hkv, V]
     o = attend(q, k_all, v_all, step.pos, 1.0 / np.sqrt(cfg.head_dim_k), mask_fn=mask_fn,
                one_shot=keeps_scores(rt, il), record=rt.record, il=il)  # [T, H, V]
     o = o.reshape(T, -1)                                                 # [T, H*V]

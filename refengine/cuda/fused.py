@@ -490,11 +490,11 @@ NR_K = 512                  # norm + rope: the largest head dim (its shared row'
 
 
 @cuda.jit(device=True, inline=True)
-def _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, h, buf, v):
+def _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, yt, h, buf, v):
     """Row (t, h) of x [T, H, K] (strided) by the block: its rms_norm as `_rms_rows` computes it (float64 sum of
     squares, v = x * (1 / sqrt(mean + eps)) (* w), each product rounded to float32) into shared memory v, then its
     first n_rot dims rotated in pairs as `_rope` rotates them (NEOX (j, j + n_rot/2), NORM (2i, 2i + 1)) by the row's
-    cos / sin [T, n_rot/2], the rest copied, into y."""
+    cos / sin [T, n_rot/2], the rest copied, into row (yt, h) of y (yt = t, or a cache's row)."""
     K = x.shape[2]
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
@@ -511,10 +511,10 @@ def _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, h, buf, v):
     cuda.syncthreads()
     for j in range(tid, K, nt):
         if j >= n_rot:
-            y[t, h, j] = v[j]
+            y[yt, h, j] = v[j]
         else:
             ia, ib, pr, first = _rope_pair(j, n_rot // 2, neox)
-            y[t, h, j] = _rotated(v[ia], v[ib], cos[t, pr], sin[t, pr], first)
+            y[yt, h, j] = _rotated(v[ia], v[ib], cos[t, pr], sin[t, pr], first)
 
 
 @cuda.jit(fastmath=False)
@@ -528,12 +528,49 @@ def _norm_rope(x, w, has_w, x2, w2, has_w2, two, eps, cos, sin, n_rot, neox, y, 
     v = cuda.shared.array(NR_K, float32)
     if b < T * H:
         t = b // H
-        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, b - t * H, buf, v)
+        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, t, b - t * H, buf, v)
     elif two:
         b -= T * H
         H2 = x2.shape[1]
         t = b // H2
-        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, y2, t, b - t * H2, buf, v)
+        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, y2, t, t, b - t * H2, buf, v)
+
+
+@cuda.jit(fastmath=False)
+def _norm_rope_append(x, w, has_w, x2, w2, has_w2, v2, eps, cos, sin, n_rot, neox, y, kbuf, kcount, vbuf, vcount,
+                      done):
+    """`_norm_rope` of q (x [T, H, K] into y) and of k (x2 [T, H2, K]) into the key cache's rows from its count
+    (kbuf [capacity, H2, K] at kcount[0] + t), and k's values v2 [T, H2, V] copied into the value cache's (vbuf at
+    vcount[0] + t): a layer's q / k norms, their rotation and its cache append in one launch (`gqa.norm_rope_append`).
+    Blocks: T * H for q, T * H2 for k, T * H2 for v. Every block reads both counts first; the last block to finish
+    (a ticket taken from done[0] after each block's writes) advances them by T and sets done[0] back to 0."""
+    b = cuda.blockIdx.x
+    T, H, K = x.shape
+    H2 = x2.shape[1]
+    buf = cuda.shared.array(32, float64)
+    v = cuda.shared.array(NR_K, float32)
+    kc = kcount[0]
+    vc = vcount[0]
+    if b < T * H:
+        t = b // H
+        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, t, b - t * H, buf, v)
+    elif b < T * (H + H2):
+        b -= T * H
+        t = b // H2
+        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, kbuf, t, kc + t, b - t * H2, buf, v)
+    else:
+        b -= T * (H + H2)
+        t = b // H2
+        h = b - t * H2
+        for j in range(cuda.threadIdx.x, v2.shape[2], cuda.blockDim.x):
+            vbuf[vc + t, h, j] = v2[t, h, j]
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        cuda.threadfence()
+        if cuda.atomic.add(done, 0, 1) == cuda.gridDim.x - 1:         # the last block: every block has read the counts
+            kcount[0] = kc + T
+            vcount[0] = vc + T
+            done[0] = 0
 
 
 @cuda.jit(fastmath=False)
@@ -1243,6 +1280,19 @@ def norm_rope_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, stream=
                                    y2 if two else y)
 
 
+def norm_rope_append_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, x2, w2, v2, kbuf, kcount, vbuf,
+                         vcount, done, stream=0) -> None:
+    """x [T, H, K] (q) into y; x2 [T, H2, K] (k) normed and rotated into kbuf [capacity, H2, K] from kcount[0]; v2
+    [T, H2, V] into vbuf [capacity, H2, V] from vcount[0]; both counts (int64 [1]) advanced by T; w, w2 [K] float32
+    or None; done: int32 [1], 0 before and after (the launch's ticket)."""
+    has_w, has_w2 = w is not None, w2 is not None
+    T = x.shape[0]
+    blocks = T * (x.shape[1] + 2 * x2.shape[1])
+    _norm_rope_append[blocks, NT, stream](x, w if has_w else cos[0], has_w, x2, w2 if has_w2 else cos[0], has_w2, v2,
+                                          np.float32(eps), cos, sin, int(n_rot), bool(neox), y, kbuf, kcount, vbuf,
+                                          vcount, done)
+
+
 def rope_cos_sin_raw(pos, theta_scale, ff, freq_scale, keep, mix, mscale, cos, sin, stream=0) -> None:
     """pos [T] (device ints or floats); ff, keep, mix [n_rot/2] float32 or None; cos, sin [T, n_rot/2] written."""
     dummy = cos[0]
@@ -1576,6 +1626,49 @@ def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int, x2=None, w2=Non
     if x2 is None:
         return _done(dev, "norm_rope", (x, w, cos, sin), y)
     return _done(dev, "norm_rope", (x, w, cos, sin, x2, w2), y, y2)
+
+
+_TICKETS: dict = {}
+
+
+def _ticket(dev):
+    """The device's int32 [1] zero that a launch's last block takes its turn from (`_norm_rope_append`): made once
+    (an eager step makes it before a capture; every launch leaves it 0)."""
+    t = _TICKETS.get(id(dev))
+    if t is None:
+        t = _TICKETS[id(dev)] = dev.xp.zeros(1, dtype=np.int32)
+    return t
+
+
+def norm_rope_append(q, wq, k, wk, v, eps: float, cos, sin, n_rot: int, mode: int, kbuf, kcount, vbuf, vcount):
+    """`gqa.norm_rope_append`'s one launch: q [T, H, K] normed (wq [K] or None) and rotated -> [T, H, K]; k [T, H2,
+    K] the same (wk) into kbuf [capacity, H2, K] at the device count kcount [1] int64, v [T, H2, V] into vbuf at
+    vcount, both counts advanced by T; or None (nothing written) for what it does not take."""
+    dev = q.dev
+    if mode not in (0, 2) or not _same_dev(dev, q, k, v, cos, sin, kbuf, vbuf) or q.raw.ndim != 3 \
+            or cos.raw.ndim != 2 or not (_on(kcount, dev) and _on(vcount, dev)):
+        return None
+    T, H, K = q.shape
+    if K > NR_K or cos.shape != (T, n_rot // 2) or sin.shape != cos.shape or n_rot > K or n_rot % 2 \
+            or not (cos.raw.flags.c_contiguous and sin.raw.flags.c_contiguous) or not _second_ok(k, T, K) \
+            or v.raw.ndim != 3 or v.shape[:2] != k.shape[:2]:
+        return None
+    kb, vb, kc, vc = kbuf.raw, vbuf.raw, kcount.raw, vcount.raw
+    if kb.shape[1:] != k.shape[1:] or vb.shape[1:] != v.shape[1:] or not (kb.flags.c_contiguous and
+                                                                           vb.flags.c_contiguous) \
+            or any(c.dtype != np.int64 or c.shape != (1,) for c in (kc, vc)):
+        return None
+    wv = _vectors(dev, "norm_rope_append", (wq, wk), K)
+    if wv is None:
+        return None
+    y = dev.xp.empty((T, H, K), dtype=np.float32)
+    norm_rope_append_raw(_nv(q.raw), _nv(wv[0]), eps, _nv(cos.raw), _nv(sin.raw), n_rot, mode == 2, _nv(y),
+                         _nv(k.raw), _nv(wv[1]), _nv(v.raw), _nv(kb), _nv(kc), _nv(vb), _nv(vc), _nv(_ticket(dev)),
+                         stream=_stream())
+    res = dev.wrap(y)
+    dev.note("fused norm_rope_append", (q, wq, k, wk, v, cos, sin, kbuf, kcount, vbuf, vcount),
+             (res, kbuf, kcount, vbuf, vcount))
+    return res
 
 
 def rope_tail(x, cos, sin, n_rot: int, inverse: bool, x2=None):

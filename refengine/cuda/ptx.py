@@ -49,6 +49,9 @@ KERNELS += [
     ("fused_append_rows", fz._append_rows, f"void({F2}, {A2}, int64[::1], {F2}, {A2}, int64[::1], boolean, boolean)"),
     ("fused_norm_rope", fz._norm_rope, f"void({A3}, {F1}, boolean, {A3}, {F1}, boolean, boolean, float32, {F2}, {F2}, "
                                         f"int64, boolean, {F3}, {F3})"),
+    ("fused_norm_rope_append", fz._norm_rope_append, f"void({A3}, {F1}, boolean, {A3}, {F1}, boolean, {A3}, float32, "
+                                                      f"{F2}, {F2}, int64, boolean, {F3}, {F3}, int64[::1], {F3}, "
+                                                      f"int64[::1], int32[::1])"),
     ("fused_attention", fz._attention, f"void({A3}, {A3}, {A3}, int64[:], float32, boolean, int64[:, :], int64[:, :], "
                                         f"boolean, {F1}, boolean, {F2}, {F3})"),
     ("fused_attention_gathered", fz._attention, f"void({A3}, {A3}, {A3}, int64[::1], float32, boolean, int64[:, :], "

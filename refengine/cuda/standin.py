@@ -67,6 +67,17 @@ def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):
     return y if x2 is None else (y, apply_rope(rms_norm(x2, w2, eps), c, s, n, mode))
 
 
+def norm_rope_append_np(q, wq, k, wk, v, eps, c, s, n, mode, kbuf, kcount, vbuf, vcount):
+    """gqa.norm_rope_append's fixed-shape write from the kernel's arguments: q normed and rotated (returned), k the
+    same and v written at the device counts, both counts advanced."""
+    import numpy as np
+    q, k = norm_rope_np(q, wq, eps, c, s, n, mode, k, wk)
+    for b, y, cnt in ((kbuf, k, kcount), (vbuf, v, vcount)):
+        b[cnt + np.arange(y.shape[0])] = y
+        cnt += y.shape[0]
+    return q
+
+
 def pool_at_np(all_kv, all_score, b, ratio, c, K):
     """kv_compressor.pool_blocks_at's NumPy statement (host arrays: no kernel)."""
     from ..attention.kv_compressor import pool_blocks_at
@@ -109,7 +120,7 @@ def numpy_twins() -> dict:
         "append_rows": append_rows_np, "expert_weights": expert_weights_np,
         "rope_cos_sin": cos_sin,
         "rope_tail": _paired(rotate_tail, 5),
-        "norm_rope": norm_rope_np,
+        "norm_rope": norm_rope_np, "norm_rope_append": norm_rope_append_np,
         "route_softmax": route_softmax_np,
         "pool_at": pool_at_np,
     }
