@@ -239,20 +239,26 @@ def test_norm_rope(mode, with_w):
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("mode", [0, 2])
-def test_norm_rope_append(mode):
+def test_norm_rope_append(mode, norm):
     """q and k normed and rotated with k and v appended to a layer's cache, one launch (`gqa.norm_rope_append`): q
     bit for bit the pair launch's (`norm_rope_raw`), the cache's new key rows its k, the value rows v (a strided view),
     at each cache's own device count, the rows around them untouched; both counts advanced by T and the ticket back
-    to 0 (twice: the second append at the advanced counts)."""
+    to 0 (twice: the second append at the advanced counts). norm False (`gqa.rope_append`): q and k as the rotation
+    launch (`rope_raw`) makes them, bit for bit."""
     T, H, Hk, K, V, n_rot, cap = (2, 16, 4, 128, 128, 64, 11) if GPU else (2, 3, 2, 10, 6, 6, 7)
     q, k = _rand(T, H, K, seed=1), _rand(T, Hk, K, seed=2)
     wq, wk = _rand(K, seed=3), _rand(K, seed=4)
     v_wide = _rand(T, Hk, V + 2, seed=5)
     cos, sin = rope_cos_sin(np.arange(3, 3 + T), n_rot=n_rot, base=10000.0)
-    want_q, want_k = _run(lambda qd, wqd, kd, wkd, c, s_, y, y2: fused.norm_rope_raw(
-        qd, wqd, 1e-6, c, s_, n_rot, mode == 2, y, x2=kd, w2=wkd, y2=y2), q, wq, k, wk, cos, sin,
-        out_shapes=[(T, H, K), (T, Hk, K)])
+    if norm:
+        want_q, want_k = _run(lambda qd, wqd, kd, wkd, c, s_, y, y2: fused.norm_rope_raw(
+            qd, wqd, 1e-6, c, s_, n_rot, mode == 2, y, x2=kd, w2=wkd, y2=y2), q, wq, k, wk, cos, sin,
+            out_shapes=[(T, H, K), (T, Hk, K)])
+    else:
+        want_q, want_k = _run(lambda qd, kd, c, s_, y, y2: fused.rope_raw(qd, c, s_, n_rot, mode == 2, y, x2=kd, y2=y2),
+                              q, k, cos, sin, out_shapes=[(T, H, K), (T, Hk, K)])
     kbuf0, vbuf0 = _rand(cap, Hk, K, seed=6), _rand(cap, Hk, V, seed=7)
     kb, vb = cuda.to_device(kbuf0), cuda.to_device(vbuf0)
     kc, vc = cuda.to_device(np.array([1], np.int64)), cuda.to_device(np.array([2], np.int64))
@@ -262,7 +268,8 @@ def test_norm_rope_append(mode):
     want_kb, want_vb = kbuf0.copy(), vbuf0.copy()
     for at_k, at_v in ((1, 2), (1 + T, 2 + T)):
         y = cuda.device_array((T, H, K), np.float32)
-        fused.norm_rope_append_raw(qd, wqd, 1e-6, cd, sd, n_rot, mode == 2, y, kd, wkd, vd, kb, kc, vb, vc, done)
+        fused.norm_rope_append_raw(qd, wqd, 1e-6, cd, sd, n_rot, mode == 2, y, kd, wkd, vd, kb, kc, vb, vc, done,
+                                   norm=norm)
         cuda.synchronize()
         want_kb[at_k:at_k + T], want_vb[at_v:at_v + T] = want_k, v_wide[:, :, 2:]
         assert np.array_equal(y.copy_to_host(), want_q)

@@ -55,6 +55,16 @@ class StandIn:
             c.raw += y.shape[0]
         return q.dev.wrap(qr)
 
+    def rope_append(self, q, k, v, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount):
+        from refengine.ops.rope import apply_rope_qk
+        self.calls["rope_append"] += 1
+        qr, kr = apply_rope_qk(q.raw, k.raw, cos.raw, sin.raw, n_rot, mode)
+        for b, y, c in ((kbuf, kr, kcount), (vbuf, v.raw, vcount)):
+            n = int(c.raw[0])
+            b.raw[n:n + y.shape[0]] = y
+            c.raw += y.shape[0]
+        return q.dev.wrap(qr)
+
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
 def test_expert_weights_dispatch_keeps_the_trace(synth_model, arch):
@@ -73,7 +83,7 @@ def test_expert_weights_dispatch_keeps_the_trace(synth_model, arch):
         assert np.array_equal(t_plain[k], t_fused[k]), k
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next", "llama"])
 def test_append_rows_dispatch_advances_the_cache(synth_model, arch):
     """Fixed-shape appends through the fused write, a prompt then decode steps past a cache's growth: the same
     logits as the NumPy steps' run at every step, and the caches' host counts equal."""
@@ -85,7 +95,8 @@ def test_append_rows_dispatch_advances_the_cache(synth_model, arch):
     for toks in steps:
         a, b = m.forward(toks, st_p, rt=plain), m.forward(toks, st_f, rt=fused)
         assert np.array_equal(a, b), len(toks)
-    assert stand.calls["append_rows"] + stand.calls["norm_rope_append"] > 0 and st_p.n_past == st_f.n_past
-    assert stand.calls["append_rows pairs"] + stand.calls["norm_rope_append"] > 0    # a layer's k and v by one write
-    if arch == "qwen3moe":                 # q / k norms: the rotation and the cache write by one (`gqa.norm_rope_append`)
-        assert stand.calls["norm_rope_append"] == m.cfg.n_layer * len(steps)
+    by_rope = stand.calls["norm_rope_append"] + stand.calls["rope_append"]
+    assert stand.calls["append_rows"] + by_rope > 0 and st_p.n_past == st_f.n_past
+    assert stand.calls["append_rows pairs"] + by_rope > 0              # a layer's k and v by one write
+    if arch in ("qwen3moe", "llama"):      # the rotation (and q / k norms) with the cache write: `gqa.*rope_append`
+        assert stand.calls["norm_rope_append" if arch == "qwen3moe" else "rope_append"] == m.cfg.n_layer * len(steps)

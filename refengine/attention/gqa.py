@@ -116,6 +116,16 @@ def norm_rope_append(q, wq, k, wk, v, state: KVCache, fixed: bool, eps: float, c
     return (q, *state.append(k, v, fixed))
 
 
+def rope_append(q, k, v, state: KVCache, fixed: bool, cos, sin, n_rot: int, mode: int):
+    """q and k rotated (`rope.apply_rope_qk`), then k and v appended to the layer's cache -> (q [T, H, K], every
+    position's keys [S, Hkv, K], values [S, Hkv, V]); on a GPU at fixed shapes one launch (`fused.rope_append`)."""
+    if (f := fused_op(q, "rope_append")) is not None and (got := state.append_by(
+            k, v, fixed, lambda kb, kc, vb, vc: f(q, k, v, cos, sin, n_rot, mode, kb, kc, vb, vc))):
+        return got
+    q, k = apply_rope_qk(q, k, cos, sin, n_rot, mode)
+    return (q, *state.append(k, v, fixed))
+
+
 def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, out_gate: bool = False,
                    sparse: SparseMask | None = None, view_names: tuple[str, str] = ("Qcur_view", "gate"),
                    qkv_bias: bool = True):
@@ -144,12 +154,10 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
         rt.record("Kcur_normed", il, lambda: rms_norm(k, w.attn_k_norm, eps))
         q, k_all, v_all = norm_rope_append(q, w.attn_q_norm, k, w.attn_k_norm, v, state, fixed, eps, cos, sin,
                                            cfg.n_rot, cfg.rope_type)     # [T, H, K], [S, Hkv, K], [S, Hkv, V]
-        n = state.n
-        rt.record("Kcur", il, lambda: k_all[n - T:n])                   # (the rotated keys: the cache's new rows)
     else:
-        q, k = apply_rope_qk(q, k, cos, sin, cfg.n_rot, cfg.rope_type)   # [T, H, K], [T, Hkv, K]
-        rt.record("Kcur", il, k)
-        k_all, v_all = state.append(k, v, fixed)                         # [S, Hkv, K], [S, Hkv, V]
+        q, k_all, v_all = rope_append(q, k, v, state, fixed, cos, sin, cfg.n_rot, cfg.rope_type)
+    n = state.n
+    rt.record("Kcur", il, lambda: k_all[n - T:n])                       # (the rotated keys: the cache's new rows)
     rt.record("Qcur", il, q)
     rt.record("Vcur", il, v)
     o = attend(q, k_all, v_all, step.pos, 1.0 / np.sqrt(cfg.head_dim_k), mask_fn=mask_fn,

@@ -490,19 +490,22 @@ NR_K = 512                  # norm + rope: the largest head dim (its shared row'
 
 
 @cuda.jit(device=True, inline=True)
-def _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, yt, h, buf, v):
+def _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, yt, h, buf, v, norm):
     """Row (t, h) of x [T, H, K] (strided) by the block: its rms_norm as `_rms_rows` computes it (float64 sum of
     squares, v = x * (1 / sqrt(mean + eps)) (* w), each product rounded to float32) into shared memory v, then its
     first n_rot dims rotated in pairs as `_rope` rotates them (NEOX (j, j + n_rot/2), NORM (2i, 2i + 1)) by the row's
-    cos / sin [T, n_rot/2], the rest copied, into row (yt, h) of y (yt = t, or a cache's row)."""
+    cos / sin [T, n_rot/2], the rest copied, into row (yt, h) of y (yt = t, or a cache's row). norm False: no norm
+    (v = x, times 1: exact), the rotation alone, as `_rope`'s."""
     K = x.shape[2]
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    acc = float64(0.0)
-    for j in range(tid, K, nt):
-        xv = x[t, h, j]
-        acc += float64(xv) * float64(xv)
-    scale = _inv_rms(acc, buf, K, eps)
+    scale = float32(1.0)
+    if norm:                                         # (a kernel argument: every thread of the block takes it alike)
+        acc = float64(0.0)
+        for j in range(tid, K, nt):
+            xv = x[t, h, j]
+            acc += float64(xv) * float64(xv)
+        scale = _inv_rms(acc, buf, K, eps)
     for j in range(tid, K, nt):
         u = x[t, h, j] * scale
         if has_w:
@@ -528,20 +531,21 @@ def _norm_rope(x, w, has_w, x2, w2, has_w2, two, eps, cos, sin, n_rot, neox, y, 
     v = cuda.shared.array(NR_K, float32)
     if b < T * H:
         t = b // H
-        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, t, b - t * H, buf, v)
+        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, t, b - t * H, buf, v, True)
     elif two:
         b -= T * H
         H2 = x2.shape[1]
         t = b // H2
-        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, y2, t, t, b - t * H2, buf, v)
+        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, y2, t, t, b - t * H2, buf, v, True)
 
 
 @cuda.jit(fastmath=False)
 def _norm_rope_append(x, w, has_w, x2, w2, has_w2, v2, eps, cos, sin, n_rot, neox, y, kbuf, kcount, vbuf, vcount,
-                      done):
+                      done, norm):
     """`_norm_rope` of q (x [T, H, K] into y) and of k (x2 [T, H2, K]) into the key cache's rows from its count
     (kbuf [capacity, H2, K] at kcount[0] + t), and k's values v2 [T, H2, V] copied into the value cache's (vbuf at
-    vcount[0] + t): a layer's q / k norms, their rotation and its cache append in one launch (`gqa.norm_rope_append`).
+    vcount[0] + t): a layer's q / k norms, their rotation and its cache append in one launch (`gqa.norm_rope_append`;
+    norm False: the rotation alone, `gqa.rope_append`).
     Blocks: T * H for q, T * H2 for k, T * H2 for v. Every block reads both counts first; the last block to finish
     (a ticket taken from done[0] after each block's writes) advances them by T and sets done[0] back to 0."""
     b = cuda.blockIdx.x
@@ -553,11 +557,11 @@ def _norm_rope_append(x, w, has_w, x2, w2, has_w2, v2, eps, cos, sin, n_rot, neo
     vc = vcount[0]
     if b < T * H:
         t = b // H
-        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, t, b - t * H, buf, v)
+        _norm_rope_row(x, w, has_w, eps, cos, sin, n_rot, neox, y, t, t, b - t * H, buf, v, norm)
     elif b < T * (H + H2):
         b -= T * H
         t = b // H2
-        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, kbuf, t, kc + t, b - t * H2, buf, v)
+        _norm_rope_row(x2, w2, has_w2, eps, cos, sin, n_rot, neox, kbuf, t, kc + t, b - t * H2, buf, v, norm)
     else:
         b -= T * (H + H2)
         t = b // H2
@@ -1281,16 +1285,16 @@ def norm_rope_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, stream=
 
 
 def norm_rope_append_raw(x, w, eps: float, cos, sin, n_rot: int, neox: bool, y, x2, w2, v2, kbuf, kcount, vbuf,
-                         vcount, done, stream=0) -> None:
+                         vcount, done, stream=0, norm: bool = True) -> None:
     """x [T, H, K] (q) into y; x2 [T, H2, K] (k) normed and rotated into kbuf [capacity, H2, K] from kcount[0]; v2
     [T, H2, V] into vbuf [capacity, H2, V] from vcount[0]; both counts (int64 [1]) advanced by T; w, w2 [K] float32
-    or None; done: int32 [1], 0 before and after (the launch's ticket)."""
-    has_w, has_w2 = w is not None, w2 is not None
+    or None; done: int32 [1], 0 before and after (the launch's ticket). norm False: rotated only (w, w2 unread)."""
+    has_w, has_w2 = norm and w is not None, norm and w2 is not None
     T = x.shape[0]
     blocks = T * (x.shape[1] + 2 * x2.shape[1])
     _norm_rope_append[blocks, NT, stream](x, w if has_w else cos[0], has_w, x2, w2 if has_w2 else cos[0], has_w2, v2,
                                           np.float32(eps), cos, sin, int(n_rot), bool(neox), y, kbuf, kcount, vbuf,
-                                          vcount, done)
+                                          vcount, done, bool(norm))
 
 
 def rope_cos_sin_raw(pos, theta_scale, ff, freq_scale, keep, mix, mscale, cos, sin, stream=0) -> None:
@@ -1644,6 +1648,16 @@ def norm_rope_append(q, wq, k, wk, v, eps: float, cos, sin, n_rot: int, mode: in
     """`gqa.norm_rope_append`'s one launch: q [T, H, K] normed (wq [K] or None) and rotated -> [T, H, K]; k [T, H2,
     K] the same (wk) into kbuf [capacity, H2, K] at the device count kcount [1] int64, v [T, H2, V] into vbuf at
     vcount, both counts advanced by T; or None (nothing written) for what it does not take."""
+    return _rope_append(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, True)
+
+
+def rope_append(q, k, v, cos, sin, n_rot: int, mode: int, kbuf, kcount, vbuf, vcount):
+    """`gqa.rope_append`'s one launch: `norm_rope_append` without the norms (q and k rotated, `_rope`'s numbers)."""
+    return _rope_append(q, None, k, None, v, 0.0, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, False)
+
+
+def _rope_append(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, norm: bool):
+    op = "norm_rope_append" if norm else "rope_append"
     dev = q.dev
     if mode not in (0, 2) or not _same_dev(dev, q, k, v, cos, sin, kbuf, vbuf) or q.raw.ndim != 3 \
             or cos.raw.ndim != 2 or not (_on(kcount, dev) and _on(vcount, dev)):
@@ -1658,16 +1672,15 @@ def norm_rope_append(q, wq, k, wk, v, eps: float, cos, sin, n_rot: int, mode: in
                                                                            vb.flags.c_contiguous) \
             or any(c.dtype != np.int64 or c.shape != (1,) for c in (kc, vc)):
         return None
-    wv = _vectors(dev, "norm_rope_append", (wq, wk), K)
+    wv = _vectors(dev, op, (wq, wk), K)
     if wv is None:
         return None
     y = dev.xp.empty((T, H, K), dtype=np.float32)
     norm_rope_append_raw(_nv(q.raw), _nv(wv[0]), eps, _nv(cos.raw), _nv(sin.raw), n_rot, mode == 2, _nv(y),
                          _nv(k.raw), _nv(wv[1]), _nv(v.raw), _nv(kb), _nv(kc), _nv(vb), _nv(vc), _nv(_ticket(dev)),
-                         stream=_stream())
+                         stream=_stream(), norm=norm)
     res = dev.wrap(y)
-    dev.note("fused norm_rope_append", (q, wq, k, wk, v, cos, sin, kbuf, kcount, vbuf, vcount),
-             (res, kbuf, kcount, vbuf, vcount))
+    dev.note(f"fused {op}", (q, wq, k, wk, v, cos, sin, kbuf, kcount, vbuf, vcount), (res, kbuf, kcount, vbuf, vcount))
     return res
 
 

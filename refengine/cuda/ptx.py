@@ -51,7 +51,7 @@ KERNELS += [
                                         f"int64, boolean, {F3}, {F3})"),
     ("fused_norm_rope_append", fz._norm_rope_append, f"void({A3}, {F1}, boolean, {A3}, {F1}, boolean, {A3}, float32, "
                                                       f"{F2}, {F2}, int64, boolean, {F3}, {F3}, int64[::1], {F3}, "
-                                                      f"int64[::1], int32[::1])"),
+                                                      f"int64[::1], int32[::1], boolean)"),
     ("fused_attention", fz._attention, f"void({A3}, {A3}, {A3}, int64[:], float32, boolean, int64[:, :], int64[:, :], "
                                         f"boolean, {F1}, boolean, {F2}, {F3})"),
     ("fused_attention_gathered", fz._attention, f"void({A3}, {A3}, {A3}, int64[::1], float32, boolean, int64[:, :], "

@@ -78,6 +78,16 @@ def norm_rope_append_np(q, wq, k, wk, v, eps, c, s, n, mode, kbuf, kcount, vbuf,
     return q
 
 
+def rope_append_np(q, k, v, c, s, n, mode, kbuf, kcount, vbuf, vcount):
+    """gqa.rope_append's fixed-shape write from the kernel's arguments (norm_rope_append_np without the norms)."""
+    import numpy as np
+    from ..ops.rope import apply_rope
+    for b, y, cnt in ((kbuf, apply_rope(k, c, s, n, mode), kcount), (vbuf, v, vcount)):
+        b[cnt + np.arange(y.shape[0])] = y
+        cnt += y.shape[0]
+    return apply_rope(q, c, s, n, mode)
+
+
 def pool_at_np(all_kv, all_score, b, ratio, c, K):
     """kv_compressor.pool_blocks_at's NumPy statement (host arrays: no kernel)."""
     from ..attention.kv_compressor import pool_blocks_at
@@ -121,6 +131,7 @@ def numpy_twins() -> dict:
         "rope_cos_sin": cos_sin,
         "rope_tail": _paired(rotate_tail, 5),
         "norm_rope": norm_rope_np, "norm_rope_append": norm_rope_append_np,
+        "rope_append": rope_append_np,
         "route_softmax": route_softmax_np,
         "pool_at": pool_at_np,
     }
