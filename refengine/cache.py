@@ -185,7 +185,7 @@ class KVCache:
         return append_rows(self.k, k, self.v, v, fixed)
 
     def append_by(self, k, v, fixed: bool, write):
-        """The append of a kernel that makes the keys itself (`gqa.norm_rope_append`: k is the keys before their norm
+        """The append of a kernel that makes the keys itself (`gqa.rope_append`: k is the keys before their norm
         and rotation, of the keys' shape): where both go at the device counts (fixed shapes, device arrays),
         write(key buffer, its count, value buffer, its count) writes both, advances both counts and returns its own
         result r -> (r, every position's keys, values). None when that is not the case or write declines (nothing

@@ -242,7 +242,7 @@ def test_norm_rope(mode, with_w):
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("mode", [0, 2])
 def test_norm_rope_append(mode, norm):
-    """q and k normed and rotated with k and v appended to a layer's cache, one launch (`gqa.norm_rope_append`): q
+    """q and k normed and rotated with k and v appended to a layer's cache, one launch (`gqa.rope_append`): q
     bit for bit the pair launch's (`norm_rope_raw`), the cache's new key rows its k, the value rows v (a strided view),
     at each cache's own device count, the rows around them untouched; both counts advanced by T and the ticket back
     to 0 (twice: the second append at the advanced counts). norm False (`gqa.rope_append`): q and k as the rotation

@@ -43,22 +43,15 @@ class StandIn:
                 c.raw += y.shape[0]
         return True
 
-    def norm_rope_append(self, q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount):
-        from refengine.ops.rope import rms_norm_rope_qk
-        self.calls["norm_rope_append"] += 1
-        qr, kr = rms_norm_rope_qk(q.raw, None if wq is None else np.asarray(getattr(wq, "raw", wq)), k.raw,
-                                  None if wk is None else np.asarray(getattr(wk, "raw", wk)), eps, cos.raw, sin.raw,
-                                  n_rot, mode)
-        for b, y, c in ((kbuf, kr, kcount), (vbuf, v.raw, vcount)):
-            n = int(c.raw[0])
-            b.raw[n:n + y.shape[0]] = y
-            c.raw += y.shape[0]
-        return q.dev.wrap(qr)
-
-    def rope_append(self, q, k, v, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount):
-        from refengine.ops.rope import apply_rope_qk
+    def rope_append(self, q, k, v, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, norms=None, eps=0.0):
+        from refengine.ops.rope import apply_rope_qk, rms_norm_rope_qk
         self.calls["rope_append"] += 1
-        qr, kr = apply_rope_qk(q.raw, k.raw, cos.raw, sin.raw, n_rot, mode)
+        self.calls["rope_append normed"] += norms is not None
+        if norms is None:
+            qr, kr = apply_rope_qk(q.raw, k.raw, cos.raw, sin.raw, n_rot, mode)
+        else:
+            wq, wk = (None if w is None else np.asarray(getattr(w, "raw", w)) for w in norms)
+            qr, kr = rms_norm_rope_qk(q.raw, wq, k.raw, wk, eps, cos.raw, sin.raw, n_rot, mode)
         for b, y, c in ((kbuf, kr, kcount), (vbuf, v.raw, vcount)):
             n = int(c.raw[0])
             b.raw[n:n + y.shape[0]] = y
@@ -95,8 +88,9 @@ def test_append_rows_dispatch_advances_the_cache(synth_model, arch):
     for toks in steps:
         a, b = m.forward(toks, st_p, rt=plain), m.forward(toks, st_f, rt=fused)
         assert np.array_equal(a, b), len(toks)
-    by_rope = stand.calls["norm_rope_append"] + stand.calls["rope_append"]
+    by_rope = stand.calls["rope_append"]
     assert stand.calls["append_rows"] + by_rope > 0 and st_p.n_past == st_f.n_past
     assert stand.calls["append_rows pairs"] + by_rope > 0              # a layer's k and v by one write
-    if arch in ("qwen3moe", "llama"):      # the rotation (and q / k norms) with the cache write: `gqa.*rope_append`
-        assert stand.calls["norm_rope_append" if arch == "qwen3moe" else "rope_append"] == m.cfg.n_layer * len(steps)
+    if arch in ("qwen3moe", "llama"):      # the rotation (and q / k norms) with the cache write: `gqa.rope_append`
+        assert by_rope == m.cfg.n_layer * len(steps)
+        assert stand.calls["rope_append normed"] == (by_rope if arch == "qwen3moe" else 0)

@@ -104,25 +104,19 @@ def project_qkv(h, w, cfg, spec, rt, il, q_gate: bool = False, add_bias: bool = 
     return q.reshape(T, H, Kq), k.reshape(T, Hkv, K), v.reshape(T, Hkv, V)
 
 
-def norm_rope_append(q, wq, k, wk, v, state: KVCache, fixed: bool, eps: float, cos, sin, n_rot: int, mode: int):
-    """q and k normed by their own weights and rotated (`rope.rms_norm_rope_qk`), then k and v appended to the
-    layer's cache -> (q [T, H, K], every position's keys [S, Hkv, K], values [S, Hkv, V]). On a GPU at fixed shapes
-    one launch writes q, the cache's new key and value rows and both counts (`fused.norm_rope_append`), where the
-    norm-and-rotation and the append take two."""
-    if (f := fused_op(q, "norm_rope_append")) is not None and (got := state.append_by(
-            k, v, fixed, lambda kb, kc, vb, vc: f(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kb, kc, vb, vc))):
-        return got
-    q, k = rms_norm_rope_qk(q, wq, k, wk, eps, cos, sin, n_rot, mode)
-    return (q, *state.append(k, v, fixed))
-
-
-def rope_append(q, k, v, state: KVCache, fixed: bool, cos, sin, n_rot: int, mode: int):
-    """q and k rotated (`rope.apply_rope_qk`), then k and v appended to the layer's cache -> (q [T, H, K], every
-    position's keys [S, Hkv, K], values [S, Hkv, V]); on a GPU at fixed shapes one launch (`fused.rope_append`)."""
+def rope_append(q, k, v, state: KVCache, fixed: bool, cos, sin, n_rot: int, mode: int, norms=None,
+                eps: float = 0.0):
+    """q and k rotated, each first normed by its own weight where norms = (wq, wk) (`rope.rms_norm_rope_qk`, else
+    `rope.apply_rope_qk`), then k and v appended to the layer's cache -> (q [T, H, K], every position's keys
+    [S, Hkv, K], values [S, Hkv, V]). On a GPU at fixed shapes one launch writes q, the cache's new key and value rows
+    and both counts (`fused.rope_append`), where the rotation and the append take two."""
     if (f := fused_op(q, "rope_append")) is not None and (got := state.append_by(
-            k, v, fixed, lambda kb, kc, vb, vc: f(q, k, v, cos, sin, n_rot, mode, kb, kc, vb, vc))):
+            k, v, fixed, lambda kb, kc, vb, vc: f(q, k, v, cos, sin, n_rot, mode, kb, kc, vb, vc, norms, eps))):
         return got
-    q, k = apply_rope_qk(q, k, cos, sin, n_rot, mode)
+    if norms is None:
+        q, k = apply_rope_qk(q, k, cos, sin, n_rot, mode)
+    else:
+        q, k = rms_norm_rope_qk(q, norms[0], k, norms[1], eps, cos, sin, n_rot, mode)
     return (q, *state.append(k, v, fixed))
 
 
@@ -148,14 +142,13 @@ def self_attention(h, w, *, cfg, spec, il, state: KVCache, step, cos, sin, rt, o
     mask_fn = sparse if sparse is not None else causal_mask if cfg.causal_attn else no_mask
     fixed = rt.fixed_shapes and mask_fn is causal_mask or getattr(mask_fn, "fixed", False)   # over the capacity:
     #                                                              the mask hides the rest (`SparseMask.fixed`)
+    norms = None
     if getattr(w, "attn_q_norm", None) is not None:                      # per-head norms, then the rotation
-        eps = cfg.rms_eps                                                # (the normed ones made for a trace only)
-        rt.record("Qcur_normed", il, lambda: rms_norm(q, w.attn_q_norm, eps))
-        rt.record("Kcur_normed", il, lambda: rms_norm(k, w.attn_k_norm, eps))
-        q, k_all, v_all = norm_rope_append(q, w.attn_q_norm, k, w.attn_k_norm, v, state, fixed, eps, cos, sin,
-                                           cfg.n_rot, cfg.rope_type)     # [T, H, K], [S, Hkv, K], [S, Hkv, V]
-    else:
-        q, k_all, v_all = rope_append(q, k, v, state, fixed, cos, sin, cfg.n_rot, cfg.rope_type)
+        norms = (w.attn_q_norm, w.attn_k_norm)                           # (the normed ones made for a trace only)
+        rt.record("Qcur_normed", il, lambda: rms_norm(q, w.attn_q_norm, cfg.rms_eps))
+        rt.record("Kcur_normed", il, lambda: rms_norm(k, w.attn_k_norm, cfg.rms_eps))
+    q, k_all, v_all = rope_append(q, k, v, state, fixed, cos, sin, cfg.n_rot, cfg.rope_type, norms,
+                                  cfg.rms_eps)                           # [T, H, K], [S, Hkv, K], [S, Hkv, V]
     n = state.n
     rt.record("Kcur", il, lambda: k_all[n - T:n])                       # (the rotated keys: the cache's new rows)
     rt.record("Qcur", il, q)

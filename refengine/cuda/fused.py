@@ -544,8 +544,8 @@ def _norm_rope_append(x, w, has_w, x2, w2, has_w2, v2, eps, cos, sin, n_rot, neo
                       done, norm):
     """`_norm_rope` of q (x [T, H, K] into y) and of k (x2 [T, H2, K]) into the key cache's rows from its count
     (kbuf [capacity, H2, K] at kcount[0] + t), and k's values v2 [T, H2, V] copied into the value cache's (vbuf at
-    vcount[0] + t): a layer's q / k norms, their rotation and its cache append in one launch (`gqa.norm_rope_append`;
-    norm False: the rotation alone, `gqa.rope_append`).
+    vcount[0] + t): a layer's q / k norms, their rotation and its cache append in one launch (`gqa.rope_append`;
+    norm False: the rotation alone).
     Blocks: T * H for q, T * H2 for k, T * H2 for v. Every block reads both counts first; the last block to finish
     (a ticket taken from done[0] after each block's writes) advances them by T and sets done[0] back to 0."""
     b = cuda.blockIdx.x
@@ -1644,20 +1644,13 @@ def _ticket(dev):
     return t
 
 
-def norm_rope_append(q, wq, k, wk, v, eps: float, cos, sin, n_rot: int, mode: int, kbuf, kcount, vbuf, vcount):
-    """`gqa.norm_rope_append`'s one launch: q [T, H, K] normed (wq [K] or None) and rotated -> [T, H, K]; k [T, H2,
-    K] the same (wk) into kbuf [capacity, H2, K] at the device count kcount [1] int64, v [T, H2, V] into vbuf at
-    vcount, both counts advanced by T; or None (nothing written) for what it does not take."""
-    return _rope_append(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, True)
-
-
-def rope_append(q, k, v, cos, sin, n_rot: int, mode: int, kbuf, kcount, vbuf, vcount):
-    """`gqa.rope_append`'s one launch: `norm_rope_append` without the norms (q and k rotated, `_rope`'s numbers)."""
-    return _rope_append(q, None, k, None, v, 0.0, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, False)
-
-
-def _rope_append(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, norm: bool):
-    op = "norm_rope_append" if norm else "rope_append"
+def rope_append(q, k, v, cos, sin, n_rot: int, mode: int, kbuf, kcount, vbuf, vcount, norms=None, eps: float = 0.0):
+    """`gqa.rope_append`'s one launch: q [T, H, K] rotated -> [T, H, K] (first normed by wq where norms = (wq, wk),
+    each [K] or None); k [T, H2, K] the same (by wk) into kbuf [capacity, H2, K] at the device count kcount [1]
+    int64, v [T, H2, V] into vbuf at vcount, both counts advanced by T; or None (nothing written) for what it does
+    not take."""
+    norm = norms is not None
+    wq, wk = norms if norm else (None, None)
     dev = q.dev
     if mode not in (0, 2) or not _same_dev(dev, q, k, v, cos, sin, kbuf, vbuf) or q.raw.ndim != 3 \
             or cos.raw.ndim != 2 or not (_on(kcount, dev) and _on(vcount, dev)):
@@ -1672,7 +1665,7 @@ def _rope_append(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf
                                                                            vb.flags.c_contiguous) \
             or any(c.dtype != np.int64 or c.shape != (1,) for c in (kc, vc)):
         return None
-    wv = _vectors(dev, op, (wq, wk), K)
+    wv = _vectors(dev, "rope_append", (wq, wk), K)
     if wv is None:
         return None
     y = dev.xp.empty((T, H, K), dtype=np.float32)
@@ -1680,7 +1673,8 @@ def _rope_append(q, wq, k, wk, v, eps, cos, sin, n_rot, mode, kbuf, kcount, vbuf
                          _nv(k.raw), _nv(wv[1]), _nv(v.raw), _nv(kb), _nv(kc), _nv(vb), _nv(vc), _nv(_ticket(dev)),
                          stream=_stream(), norm=norm)
     res = dev.wrap(y)
-    dev.note(f"fused {op}", (q, wq, k, wk, v, cos, sin, kbuf, kcount, vbuf, vcount), (res, kbuf, kcount, vbuf, vcount))
+    dev.note("fused rope_append", (q, k, v, cos, sin, kbuf, kcount, vbuf, vcount, wq, wk), (res, kbuf, kcount, vbuf,
+                                                                                         vcount))
     return res
 
 

@@ -30,7 +30,7 @@ from numba import cuda
 
 from quant import QTensor
 from quant.cuda.gemv import GroupTable, dense_groups
-from quant.cuda.moe import BN, EW, bucket_kernel, moe_ffn_device, one_token_ok, swiglu_kernel
+from quant.cuda.moe import BN, EW, bucket_kernel, moe_ffn_device, one_token_ok
 from quant.cuda.ops import NT_MAX, dense, grouped, supported
 from quant.cuda.weights import device_weight
 
@@ -39,6 +39,7 @@ from ..errors import ConfigError
 from quant.cuda.timing import Graph, Spinner
 
 from . import attn
+from .fused import swiglu_raw
 from .kernels import (ATT_K, GQA_MIN_T, MAX_E, MAX_S, NORM_BLOCK, add_rms_norm_kernel, attention_gqa_kernel, attention_kernel,
                       gqa_fits, qk_rope_kernel, rms_norm_kernel, route_kernel)
 
@@ -330,7 +331,8 @@ class DeviceModel:
                     gu = b["scratch"]["dense_gu"] = cuda.device_array((2, T, L.up.O), np.float32, stream=s)
                 dense(L.gate, h, gu[0], stream=s)
                 dense(L.up, h, gu[1], stream=s)
-                swiglu_kernel[min(4096, -(-T * L.up.O // EW)), EW, s](gu[0], gu[1], act, True)   # (grid-stride)
+                n = T * L.up.O                             # the modules' SwiGLU kernel, on flat views
+                swiglu_raw(gu[0].reshape(n), gu[1].reshape(n), act.reshape(n), stream=s)
             else:                                         # a decode step: gate and up in one GEMV launch
                 grouped(L.gate, h, act, grp, 1, T, T, sc=L.sc_gu, up=L.up, stream=s)
             dn = b["scratch"].get("dense_dn")

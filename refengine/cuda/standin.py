@@ -67,25 +67,17 @@ def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):
     return y if x2 is None else (y, apply_rope(rms_norm(x2, w2, eps), c, s, n, mode))
 
 
-def norm_rope_append_np(q, wq, k, wk, v, eps, c, s, n, mode, kbuf, kcount, vbuf, vcount):
-    """gqa.norm_rope_append's fixed-shape write from the kernel's arguments: q normed and rotated (returned), k the
-    same and v written at the device counts, both counts advanced."""
-    import numpy as np
-    q, k = norm_rope_np(q, wq, eps, c, s, n, mode, k, wk)
-    for b, y, cnt in ((kbuf, k, kcount), (vbuf, v, vcount)):
-        b[cnt + np.arange(y.shape[0])] = y
-        cnt += y.shape[0]
-    return q
-
-
-def rope_append_np(q, k, v, c, s, n, mode, kbuf, kcount, vbuf, vcount):
-    """gqa.rope_append's fixed-shape write from the kernel's arguments (norm_rope_append_np without the norms)."""
-    import numpy as np
+def rope_append_np(q, k, v, c, s, n, mode, kbuf, kcount, vbuf, vcount, norms=None, eps=0.0):
+    """gqa.rope_append's fixed-shape write from the kernel's arguments: q rotated (normed first by norms' weights
+    where given) and returned; k the same and v written at the device counts, both counts advanced (`append_rows`)."""
     from ..ops.rope import apply_rope
-    for b, y, cnt in ((kbuf, apply_rope(k, c, s, n, mode), kcount), (vbuf, v, vcount)):
-        b[cnt + np.arange(y.shape[0])] = y
-        cnt += y.shape[0]
-    return apply_rope(q, c, s, n, mode)
+    if norms is None:
+        q, k = apply_rope(q, c, s, n, mode), apply_rope(k, c, s, n, mode)
+    else:
+        wq, wk = (getattr(w, "raw", w) for w in norms)          # (the sim device's own buffers, or host arrays)
+        q, k = norm_rope_np(q, wq, eps, c, s, n, mode, k, wk)
+    append_rows_np(kbuf, k, kcount, vbuf, v, vcount)
+    return q
 
 
 def pool_at_np(all_kv, all_score, b, ratio, c, K):
@@ -130,8 +122,7 @@ def numpy_twins() -> dict:
         "append_rows": append_rows_np, "expert_weights": expert_weights_np,
         "rope_cos_sin": cos_sin,
         "rope_tail": _paired(rotate_tail, 5),
-        "norm_rope": norm_rope_np, "norm_rope_append": norm_rope_append_np,
-        "rope_append": rope_append_np,
+        "norm_rope": norm_rope_np, "rope_append": rope_append_np,
         "route_softmax": route_softmax_np,
         "pool_at": pool_at_np,
     }
