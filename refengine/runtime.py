@@ -156,6 +156,8 @@ class Runtime:
             self.device.fused = None                    # the small ops as NumPy states them, op by op
         if self.device is not None and getattr(self.kernel_policy, "gathered_prefill", None) is not None:
             self.device.gathered_prefill = self.kernel_policy.gathered_prefill     # (refengine/cuda/fused.py)
+        if self.device is not None and getattr(self.kernel_policy, "prefill_attention", None) is not None:
+            self.device.prefill_attention = self.kernel_policy.prefill_attention   # (refengine/cuda/fused.py)
         self._expert_box = [None]                       # the expert cache, shared with untraced() copies
         if self.expert_budget is not None:
             if not self.resident:

@@ -372,6 +372,29 @@ def test_attention_passes(gathered):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["gqa", "passes"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_rows(causal, case):
+    """A prefill's attention in one launch (`_attention_rows`: a warp per query and head, online softmax over keys
+    four at a time) == mha.attention_blocked under causal_mask / no_mask. "gqa": more heads to a key head than a
+    block has warps (a second chunk, an idle warp), a head dim with a tail past the four-column steps, keys in the
+    cache past the last query (hidden when causal), a key count not a multiple of four, a value width over 128 (the
+    lanes' upper columns); "passes": values over two column passes (the second short), the first query at 0."""
+    if case == "gqa":
+        T, H, Hkv, K, V, S, p0 = (300, 32, 4, 136, 200, 333, 20) if GPU else (4, 6, 2, 40, 140, 11, 5)
+    else:
+        T, H, Hkv, K, V, S, p0 = (200, 16, 1, 576, 512, 200, 0) if GPU else (3, 2, 1, 8, 300, 3, 0)
+    rng = np.random.default_rng(5 + causal)
+    q, k = rng.standard_normal((T, H, K)).astype(np.float32), rng.standard_normal((S, Hkv, K)).astype(np.float32)
+    v = rng.standard_normal((S, Hkv, V)).astype(np.float32)
+    pos = np.arange(p0, p0 + T)
+    scale = 1 / np.sqrt(K)
+    want = attention_blocked(q, k, v, pos, scale, mask_fn=causal_mask if causal else no_mask)
+    (got,) = _run(lambda qd, kd, vd, pd, out: fused.attention_rows_raw(qd, kd, vd, pd, scale, causal, out),
+                  q, k, v, pos, out_shapes=[(T, H, V)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("T", [1, 3])
 def test_attention_gathered(with_sinks, T):
@@ -767,6 +790,17 @@ def test_entries_on_numpy_arrays(monkeypatch):
         monkeypatch.setattr(dev, "products", products)
         want = attention_gathered(qg, kg, kg, idx, live, 0.4)
         np.testing.assert_allclose(fused.attention_gathered(*args()).raw, want, rtol=1e-5, atol=1e-6)
+    # a prefill's dense attention (more than ATTN_MAX_T queries): `_attention_rows` under "rows" (the default),
+    # declined under "batched" (mha's NumPy blocks run)
+    T = fused.ATTN_MAX_T + 2
+    qa, ka, va = _rand(T, 4, 6, seed=12), _rand(T + 3, 2, 6, seed=13), _rand(T + 3, 2, 5, seed=14)
+    pos = np.arange(3, T + 3)
+    args = lambda: (*map(dev.wrap, (qa, ka, va, pos)), 0.4, True)                   # noqa: E731
+    assert fused.PREFILL_ATTENTION == "rows" and dev.prefill_attention is None
+    np.testing.assert_allclose(fused.attention_causal(*args()).raw, attention_blocked(qa, ka, va, pos, 0.4),
+                               rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(dev, "prefill_attention", "batched")
+    assert fused.attention_causal(*args()) is None
     page = np.ones((4, 2), dtype=bool)
     ys = [dev.wrap(_rand(5)), dev.wrap(np.array([1.0, np.nan], np.float32)), dev.wrap(np.zeros(3, np.int32))]
     assert fused.all_finite_many(ys, page, [0, 3, 5]) == [True, True, False]       # (int32: not taken)

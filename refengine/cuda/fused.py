@@ -17,7 +17,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     rope_tail(x, cos, sin, n_rot, inverse)  attention/rope_tail.py (DeepSeek-V4): the last n_rot dims, +-theta
     rope_cos_sin(positions, ...)   ops/rope.py `rope_cos_sin` at positions other than the step's own (tables)
     attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
-                             (or none), a few queries (a decode step): one block per (query, head)
+                             (or none): a few queries (a decode step) one block per (query, head); a prefill a
+                             warp per (query, head), online softmax (PREFILL_ATTENTION)
     attention_gathered(q, k, v, idx, live, kq_scale, sinks)   attention/mha.py `attention_gathered` (sparse
                              attention's selected keys, DeepSeek-V4's sinks), the same kernel, any number of queries
     hc_gates(m, scale, base, n, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)
@@ -760,6 +761,132 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         cuda.syncthreads()                           # the pass's sums read before the next pass writes them
 
 
+
+ARW = 2 if SIM else 8       # prefill attention (_attention_rows): warps of a block at most, a query head each
+ARC = 256                   # its value columns a pass (8 a lane)
+
+
+@cuda.jit(device=True, inline=True)
+def _dot1x4(o0, o1, o2, o3, p, v, r, n, j0, j1, j2, j3):
+    """(o0 + p v[r, n, j0], ..., o3 + p v[r, n, j3]): one key's weight times four of its value columns."""
+    return o0 + p * v[r, n, j0], o1 + p * v[r, n, j1], o2 + p * v[r, n, j2], o3 + p * v[r, n, j3]
+
+@cuda.jit(fastmath=False)
+def _attention_rows(q, k, v, qpos, scale, causal, out):
+    """A prefill's attention, `mha.attention_blocked` (the causal mask, or none) for any number of queries: a warp
+    per (query t, head h), the block's warps query heads of one key head n = h // (H / Hkv) at the same t (they read
+    the same key and value rows together: one load from memory, the others from the cache). No scores held: the
+    warp walks keys 0 .. S_on - 1 (causal: to the query's position) four at a time, lanes along K for the four dot
+    products (`warp_sum`), then the online softmax of attention_blocked's key blocks, here a block of four keys:
+        m' = max(m, x);  a = exp(m - m');  p = exp(x - m');  l = l a + sum p (float64);  o = o a + p v;  m = m'
+    (m' not finite: taken as 0, `m_safe`), lanes along ARC value columns of V a pass (V > ARC: another pass, the
+    scores again), and out = o / l. Grid T x Hkv x chunks of the G = H / Hkv heads, block 32 x min(ARW, G)."""
+    T, H, K = q.shape
+    S = k.shape[0]
+    Hkv = k.shape[1]
+    V = v.shape[2]
+    G = H // Hkv
+    nw = cuda.blockDim.x // 32
+    chunks = (G + nw - 1) // nw
+    b = cuda.blockIdx.x
+    t = b // (Hkv * chunks)
+    r = b - t * (Hkv * chunks)
+    n = r // chunks
+    gi = (r - n * chunks) * nw + cuda.threadIdx.x // 32
+    lane = cuda.threadIdx.x % 32
+    if t >= T or gi >= G:                            # (a whole warp: its shuffles are among its own lanes)
+        return
+    h = n * G + gi
+    qp = qpos[t]
+    S_on = S
+    if causal and qp + 1 < S:                        # keys past the query's position: masked, not read
+        S_on = qp + 1
+    ninf = float32(-math.inf)
+    for c0 in range(0, V, ARC):
+        wide = V - c0 > 128                          # (the upper four columns a lane: a pass of more than 128)
+        j0, j1, j2, j3 = min(c0 + lane, V - 1), min(c0 + lane + 32, V - 1), min(c0 + lane + 64, V - 1), \
+            min(c0 + lane + 96, V - 1)
+        j4, j5, j6, j7 = min(c0 + lane + 128, V - 1), min(c0 + lane + 160, V - 1), min(c0 + lane + 192, V - 1), \
+            min(c0 + lane + 224, V - 1)
+        o0 = o1 = o2 = o3 = o4 = o5 = o6 = o7 = float32(0.0)
+        m = ninf
+        den = float64(0.0)
+        for s0 in range(0, S_on, 4):
+            ra = s0
+            rb, rc, rd = min(s0 + 1, S_on - 1), min(s0 + 2, S_on - 1), min(s0 + 3, S_on - 1)
+            aa = ab = ac = ad = float32(0.0)
+            kk = lane
+            while kk + 96 < K:
+                q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
+                a0, a1, a2, a3 = k[ra, n, kk], k[ra, n, kk + 32], k[ra, n, kk + 64], k[ra, n, kk + 96]
+                b0, b1, b2, b3 = k[rb, n, kk], k[rb, n, kk + 32], k[rb, n, kk + 64], k[rb, n, kk + 96]
+                e0, e1, e2, e3 = k[rc, n, kk], k[rc, n, kk + 32], k[rc, n, kk + 64], k[rc, n, kk + 96]
+                d0, d1, d2, d3 = k[rd, n, kk], k[rd, n, kk + 32], k[rd, n, kk + 64], k[rd, n, kk + 96]
+                aa = _dot4(aa, q0, a0, q1, a1, q2, a2, q3, a3)
+                ab = _dot4(ab, q0, b0, q1, b1, q2, b2, q3, b3)
+                ac = _dot4(ac, q0, e0, q1, e1, q2, e2, q3, e3)
+                ad = _dot4(ad, q0, d0, q1, d1, q2, d2, q3, d3)
+                kk += 128
+            while kk < K:
+                qk = q[t, h, kk]
+                aa += qk * k[ra, n, kk]
+                ab += qk * k[rb, n, kk]
+                ac += qk * k[rc, n, kk]
+                ad += qk * k[rd, n, kk]
+                kk += 32
+            xa = float32(warp_sum(aa) * scale)       # (every lane gets the four scores)
+            xb = float32(warp_sum(ab) * scale)
+            xc = float32(warp_sum(ac) * scale)
+            xd = float32(warp_sum(ad) * scale)
+            tb, tc, td = s0 + 1 < S_on, s0 + 2 < S_on, s0 + 3 < S_on
+            if not tb:
+                xb = ninf
+            if not tc:
+                xc = ninf
+            if not td:
+                xd = ninf
+            mn = max(max(m, xa), max(xb, max(xc, xd)))
+            ms = mn if math.isfinite(mn) else float32(0.0)
+            a = float32(math.exp(m - ms))
+            pa, pb = float32(math.exp(xa - ms)), float32(math.exp(xb - ms))
+            pc, pd = float32(math.exp(xc - ms)), float32(math.exp(xd - ms))
+            den = den * float64(a) + (((float64(pa) + float64(pb)) + float64(pc)) + float64(pd))
+            m = mn
+            o0, o1, o2, o3 = _dot1x4(o0 * a, o1 * a, o2 * a, o3 * a, pa, v, ra, n, j0, j1, j2, j3)
+            if tb:                                   # (a key past S_on reads nothing: its p is 0)
+                o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pb, v, rb, n, j0, j1, j2, j3)
+            if tc:
+                o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pc, v, rc, n, j0, j1, j2, j3)
+            if td:
+                o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pd, v, rd, n, j0, j1, j2, j3)
+            if wide:
+                o4, o5, o6, o7 = _dot1x4(o4 * a, o5 * a, o6 * a, o7 * a, pa, v, ra, n, j4, j5, j6, j7)
+                if tb:
+                    o4, o5, o6, o7 = _dot1x4(o4, o5, o6, o7, pb, v, rb, n, j4, j5, j6, j7)
+                if tc:
+                    o4, o5, o6, o7 = _dot1x4(o4, o5, o6, o7, pc, v, rc, n, j4, j5, j6, j7)
+                if td:
+                    o4, o5, o6, o7 = _dot1x4(o4, o5, o6, o7, pd, v, rd, n, j4, j5, j6, j7)
+        dn = float32(den)                            # (a row with no key: 0, the output NaN, as softmax)
+        c = c0 + lane
+        if c < V:
+            out[t, h, c] = o0 / dn
+        if c + 32 < V:
+            out[t, h, c + 32] = o1 / dn
+        if c + 64 < V:
+            out[t, h, c + 64] = o2 / dn
+        if c + 96 < V:
+            out[t, h, c + 96] = o3 / dn
+        if c + 128 < V:
+            out[t, h, c + 128] = o4 / dn
+        if c + 160 < V:
+            out[t, h, c + 160] = o5 / dn
+        if c + 192 < V:
+            out[t, h, c + 192] = o6 / dn
+        if c + 224 < V:
+            out[t, h, c + 224] = o7 / dn
+
+
 HC_MAX = 8                 # hyper-connections: streams (the gates: an n x n matrix a block, a cell a thread)
 HC_CELLS = 64              # HC_MAX ** 2 (a shared array's size must be a literal constant)
 
@@ -1316,6 +1443,15 @@ def attention_raw(q, k, v, qpos, scale: float, causal: bool, p, out, idx=None, l
         sinks if sinks is not None else out[0, :, 0], sinks is not None, p, out)
 
 
+def attention_rows_raw(q, k, v, qpos, scale: float, causal: bool, out, stream=0) -> None:
+    """q [T, H, K], k [S, Hkv, K], v [S, Hkv, V], qpos [T] int; out [T, H, V] (`_attention_rows`)."""
+    T, H = q.shape[0], q.shape[1]
+    G = H // k.shape[1]
+    nw = min(ARW, G)
+    _attention_rows[T * k.shape[1] * ((G + nw - 1) // nw), 32 * nw, stream](q, k, v, qpos, np.float32(scale),
+                                                                           causal, out)
+
+
 def hc_gates_raw(m, scale, base, iters: int, eps: float, pre, post, comb, stream=0) -> None:
     _hc_gates[m.shape[0], HC_CELLS, stream](m, scale, base, iters, np.float32(eps), pre, post, comb)
 
@@ -1684,7 +1820,7 @@ def rope_tail(x, cos, sin, n_rot: int, inverse: bool, x2=None):
     return _rope_entry(x, cos, sin, n_rot, False, True, bool(inverse), "rope_tail", x2)
 
 
-ATTN_MAX_T = 8                      # queries: more (a prefill) keep the batched products
+ATTN_MAX_T = 8                      # queries: more (a prefill) take PREFILL_ATTENTION's form
 ATTN_MAX_SCRATCH = 1 << 26          # scores held at once (T * H * S float32)
 # A prefill's gathered attention (more than ATTN_MAX_T queries) where the device multiplies activations in the
 # library (an eager run): "batched" leaves it to `mha.attention_gathered`'s NumPy form, each block of queries' keys
@@ -1696,6 +1832,18 @@ ATTN_MAX_SCRATCH = 1 << 26          # scores held at once (T * H * S float32)
 GATHERED_PREFILL = "batched"
 
 
+# A prefill's dense attention (causal or no mask, more than ATTN_MAX_T queries) on a resident GPU run: "rows" takes
+# `_attention_rows` (a warp per query and head, online softmax, one launch); "batched" leaves it to
+# `mha.attention_blocked`'s NumPy form on CuPy (query blocks, batched products: ~15 launches and host work a block).
+# A device's own choice (Device.prefill_attention, from KernelPolicy.prefill_attention) comes first.
+PREFILL_ATTENTION = "rows"
+
+
+def takes_causal(T: int, dev) -> bool:
+    """Whether `attention_causal` (a fused kernel) takes T queries on the device dev (its `prefill_attention`)."""
+    return T <= ATTN_MAX_T or (getattr(dev, "prefill_attention", None) or PREFILL_ATTENTION) == "rows"
+
+
 def takes_gathered(T: int, dev) -> bool:
     """Whether `attention_gathered` (the fused kernel) takes T queries on the device dev (its `products`:
     "library" / "kernel", its `gathered_prefill`)."""
@@ -1704,18 +1852,26 @@ def takes_gathered(T: int, dev) -> bool:
 
 
 def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
-    """`mha.attention_blocked` under `causal_mask` (causal) or `no_mask` for at most ATTN_MAX_T queries -> [T, H, V]
-    float32, or None."""
+    """`mha.attention_blocked` under `causal_mask` (causal) or `no_mask` -> [T, H, V] float32, or None: at most
+    ATTN_MAX_T queries (a decode step) `_attention`, a block per (query, head); more (a prefill) `_attention_rows`
+    where `takes_causal` says so."""
     dev = q.dev
     if not _same_dev(dev, q, k, v) or not _on(q_pos, dev) \
             or q_pos.raw.dtype.kind not in "iu" or q.raw.ndim != 3 or k.raw.ndim != 3 or v.raw.ndim != 3:
         return None
     T, H, K = q.shape
     S, Hkv = k.shape[0], k.shape[1]
-    if T > ATTN_MAX_T or S == 0 or T * H * S > ATTN_MAX_SCRATCH or k.shape[2] != K or v.shape[:2] != (S, Hkv) \
-            or H % Hkv or q_pos.shape != (T,):
+    if not takes_causal(T, dev) or S == 0 or k.shape[2] != K or v.shape[:2] != (S, Hkv) or H % Hkv \
+            or q_pos.shape != (T,):
         return None
     xp = dev.xp
+    if T > ATTN_MAX_T:
+        out = xp.empty((T, H, v.shape[2]), dtype=np.float32)
+        attention_rows_raw(_nv(q.raw), _nv(k.raw), _nv(v.raw), _nv(xp.ascontiguousarray(q_pos.raw)),
+                           float(kq_scale), bool(causal), _nv(out), stream=_stream())
+        return _done(dev, "attention (rows)", (q, k, v, q_pos), out)
+    if T * H * S > ATTN_MAX_SCRATCH:
+        return None
     p, out = xp.empty((T * H, S), dtype=np.float32), xp.empty((T, H, v.shape[2]), dtype=np.float32)
     attention_raw(_nv(q.raw), _nv(k.raw), _nv(v.raw), _nv(xp.ascontiguousarray(q_pos.raw)), float(kq_scale),
                   bool(causal), _nv(p), _nv(out), stream=_stream())

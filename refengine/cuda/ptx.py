@@ -54,6 +54,7 @@ KERNELS += [
                                                       f"int64[::1], int32[::1], boolean)"),
     ("fused_attention", fz._attention, f"void({A3}, {A3}, {A3}, int64[:], float32, boolean, int64[:, :], int64[:, :], "
                                         f"boolean, {F1}, boolean, {F2}, {F3})"),
+    ("fused_attention_rows", fz._attention_rows, f"void({A3}, {A3}, {A3}, int64[::1], float32, boolean, {F3})"),
     ("fused_attention_gathered", fz._attention, f"void({A3}, {A3}, {A3}, int64[::1], float32, boolean, int64[:, :], "
                                                  f"boolean[:, :], boolean, {F1}, boolean, {F2}, {F3})"),
     ("fused_hc_gates", fz._hc_gates, f"void({F2}, {F1}, {F1}, int64, float32, {F2}, {F2}, {F3})"),
