@@ -125,20 +125,20 @@ def time_prefill(model, ids, reps: int = 3, rt=None, out=None) -> float:
 
 
 def time_prefills(model, ids, rec, reps: int = 3) -> str | None:
-    """rec["prefill_ms"]: the default runtime's prefill of ids; where that runtime's eager forward is DeviceModel's
-    (llama, qwen3moe), also rec["prefill_modules_ms"], the concept modules' (`Runtime(device_model=False)`), and the
-    two last rows' rel-RMS: a line saying so (else None)."""
-    rt_p, row = runtime(), []
-    rec["prefill_ms"] = time_prefill(model, ids, reps, rt=rt_p, out=row)
-    if SIM or not device_model_serves(model, rt_p):
+    """rec["prefill_ms"]: the default runtime's prefill of ids (the concept modules); where the hand-written
+    DeviceModel serves the arch (llama, qwen3moe: `Runtime(device_model=True)`), also rec["prefill_device_model_ms"]
+    and the two last rows' rel-RMS: a line saying so (else None)."""
+    row = []
+    rec["prefill_ms"] = time_prefill(model, ids, reps, rt=runtime(), out=row)
+    rt_d = None if SIM else runtime(device_model=True)
+    if rt_d is None or not device_model_serves(model, rt_d):
         return None
-    rec["prefill_path"] = "DeviceModel"
-    mod = []
-    rec["prefill_modules_ms"] = time_prefill(model, ids, reps, rt=runtime(device_model=False), out=mod)
-    rel = float(np.sqrt(np.mean((mod[0] - row[0]) ** 2) / np.mean(row[0] ** 2)))
-    rec["prefill_modules_vs_device_model_rel_rms"] = rel
-    return (f"prefill of {len(ids)} tokens on the concept modules (device_model=False) "
-            f"{rec['prefill_modules_ms']:.1f} ms, DeviceModel {rec['prefill_ms']:.1f} ms; last rows rel-RMS {rel:.2e}")
+    dm = []
+    rec["prefill_device_model_ms"] = time_prefill(model, ids, reps, rt=rt_d, out=dm)
+    rel = float(np.sqrt(np.mean((dm[0] - row[0]) ** 2) / np.mean(row[0] ** 2)))
+    rec["prefill_device_model_vs_modules_rel_rms"] = rel
+    return (f"prefill of {len(ids)} tokens on the concept modules {rec['prefill_ms']:.1f} ms, DeviceModel "
+            f"(device_model=True) {rec['prefill_device_model_ms']:.1f} ms; last rows rel-RMS {rel:.2e}")
 
 
 def device_model_serves(model, rt) -> bool:

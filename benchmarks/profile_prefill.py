@@ -118,7 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                     help="a KernelPolicy setting, e.g. group_avg=16 or sgemm_decode=staged (repeatable)")
     ap.add_argument("--modules", action="store_true", help="llama / qwen3moe: the concept modules resident "
-                    "(Runtime(device_model=False)), not the hand-written DeviceModel their eager forward takes")
+                    "(Runtime(device_model=False), the default since session 34)")
+    ap.add_argument("--device-model", action="store_true", help="llama / qwen3moe: the hand-written DeviceModel "
+                    "(Runtime(device_model=True))")
     a = ap.parse_args(argv)
     import cupy as cp
     path = a.model
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
     from quant.cuda.policy import KernelPolicy
     pol = KernelPolicy.default().with_settings(a.policy) if a.policy else None
     rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes,
-                 **({"device_model": False} if a.modules and hasattr(Runtime, "device_forward") else {}))
+                 **({"device_model": a.device_model and not a.modules} if hasattr(Runtime, "device_forward")
+                    else {}))
     from contextlib import nullcontext
 
     from quant.cuda.timing import graph_kernels

@@ -115,9 +115,11 @@ class Runtime:
                                # many bytes (refengine.expert_cache): an ExpertCache (ExpertCache.for_model: a
                                # fraction, a policy), or bytes / "8GiB" (slots sized at the first MoE layer)
     expert_stats: object = None    # a refengine.expert_trace.ExpertTrace: every moe_ffn call's (layer, expert ids)
-    device_model: bool = True      # cuda: llama / qwen3moe run their whole eager forward on the hand-written
-                               # DeviceModel (refengine/cuda/runner.py) where it serves; False: on the concept modules
-                               # resident, as every other arch (and every fixed-shape / captured step) does
+    device_model: bool = False     # cuda, True: llama / qwen3moe run their whole eager forward on the hand-written
+                               # DeviceModel (refengine/cuda/runner.py) where it serves; False (the default since
+                               # session 34: its prefill-512 measured 22.8 / 20.5 ms against DeviceModel's 72.6 / 35.5
+                               # on an H100): on the concept modules resident, as every other arch (and every
+                               # fixed-shape / captured step) does
     fixed_shapes: bool = False     # keep every op's shape the same from one decode token to the next where the
                                # modules allow it (attention under a causal mask over its cache's capacity, the unused
                                # rows zero: cache.Rows), as a decode step captured once and replayed needs (a CUDA

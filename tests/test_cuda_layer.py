@@ -87,10 +87,11 @@ def test_device_model_equals_numpy(arch, preset, wtype, tmp_path_factory):
     # a prompt whose next token is wanted (`last_only`): the head on its last row alone, that row read back
     last = dm.forward(prompt, m.new_state(), last_only=True)
     assert last.shape == (1, m.cfg.n_vocab) and rel_rms(last, want[0][-1:]) <= TOL
-    # the runtime picks the device path when no trace is recorded
-    assert Runtime(backend="cuda").device_forward(m) is not None
-    assert Runtime(backend="cuda", device_model=False).device_forward(m) is None     # the concept modules instead
-    via = m.forward(prompt, m.new_state(), rt=Runtime(backend="cuda"), last_only=True)
+    # the runtime takes the device path when asked (device_model=True) and no trace is recorded; by default the
+    # concept modules
+    assert Runtime(backend="cuda", device_model=True).device_forward(m) is not None
+    assert Runtime(backend="cuda").device_forward(m) is None
+    via = m.forward(prompt, m.new_state(), rt=Runtime(backend="cuda", device_model=True), last_only=True)
     assert via.shape == (1, m.cfg.n_vocab) and rel_rms(via, want[0][-1:]) <= TOL
 
 
