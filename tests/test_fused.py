@@ -796,17 +796,22 @@ def test_entries_on_numpy_arrays(monkeypatch):
         monkeypatch.setattr(dev, "products", products)
         want = attention_gathered(qg, kg, kg, idx, live, 0.4)
         np.testing.assert_allclose(fused.attention_gathered(*args()).raw, want, rtol=1e-5, atol=1e-6)
-    # a prefill's dense attention (more than ATTN_MAX_T queries): `_attention_rows` under "rows" (the default),
-    # declined under "batched" (mha's NumPy blocks run)
+    # a prefill's dense attention (more than ATTN_MAX_T queries): `_attention_rows` under "auto" (the default) for
+    # heads of at most ROWS_MAX_K dims and under "rows" for any, declined under "batched" (mha's NumPy blocks run) and
+    # under "auto" for wider heads
     T = fused.ATTN_MAX_T + 2
     qa, ka, va = _rand(T, 4, 6, seed=12), _rand(T + 3, 2, 6, seed=13), _rand(T + 3, 2, 5, seed=14)
     pos = np.arange(3, T + 3)
     args = lambda: (*map(dev.wrap, (qa, ka, va, pos)), 0.4, True)                   # noqa: E731
-    assert fused.PREFILL_ATTENTION == "rows" and dev.prefill_attention is None
+    assert fused.PREFILL_ATTENTION == "auto" and dev.prefill_attention is None
     np.testing.assert_allclose(fused.attention_causal(*args()).raw, attention_blocked(qa, ka, va, pos, 0.4),
                                rtol=1e-5, atol=1e-6)
     monkeypatch.setattr(dev, "prefill_attention", "batched")
     assert fused.attention_causal(*args()) is None
+    monkeypatch.setattr(fused, "ROWS_MAX_K", 5)                                      # heads of 6 dims: wide
+    for choice, taken in (("auto", False), ("rows", True)):
+        monkeypatch.setattr(dev, "prefill_attention", choice)
+        assert (fused.attention_causal(*args()) is not None) == taken, choice
     page = np.ones((4, 2), dtype=bool)
     ys = [dev.wrap(_rand(5)), dev.wrap(np.array([1.0, np.nan], np.float32)), dev.wrap(np.zeros(3, np.int32))]
     assert fused.all_finite_many(ys, page, [0, 3, 5]) == [True, True, False]       # (int32: not taken)

@@ -79,9 +79,10 @@ class KernelPolicy:
                                           # kernel, a block per query and head); None: refengine/cuda/fused.py's
                                           # GATHERED_PREFILL. Set on the runtime's device (Device.gathered_prefill)
     prefill_attention: str | None = None  # a prefill's dense attention (causal or none) on a resident GPU run: "rows"
-                                          # (one kernel, a warp per query and head) or "batched" (mha's query
-                                          # blocks, batched products); None: refengine/cuda/fused.py's
-                                          # PREFILL_ATTENTION. Set on the runtime's device (Device.prefill_attention)
+                                          # (one kernel, a warp per query and head), "batched" (mha's query
+                                          # blocks, batched products) or "auto" (rows for heads of <= 256 dims);
+                                          # None: refengine/cuda/fused.py's PREFILL_ATTENTION ("auto"). Set on the
+                                          # runtime's device (Device.prefill_attention)
 
     def __post_init__(self):
         # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are
@@ -91,9 +92,9 @@ class KernelPolicy:
         if self.gathered_prefill not in (None, "batched", "fused"):
             raise ValueError(f"KernelPolicy.gathered_prefill = {self.gathered_prefill!r}: expected None, 'batched' or "
                              f"'fused'")
-        if self.prefill_attention not in (None, "batched", "rows"):
-            raise ValueError(f"KernelPolicy.prefill_attention = {self.prefill_attention!r}: expected None, 'batched' "
-                             f"or 'rows'")
+        if self.prefill_attention not in (None, "auto", "batched", "rows"):
+            raise ValueError(f"KernelPolicy.prefill_attention = {self.prefill_attention!r}: expected None, 'auto', "
+                             f"'batched' or 'rows'")
         for name, allowed in (("prefill_gemm", ("sgemm", "h3", "tcq16")), ("sgemm_decode", ("rows", "staged"))):
             if getattr(self, name) not in allowed:         # the code compares with one of them, else takes the other
                 raise ValueError(f"KernelPolicy.{name} = {getattr(self, name)!r}: expected one of {allowed}")

@@ -18,7 +18,7 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     rope_cos_sin(positions, ...)   ops/rope.py `rope_cos_sin` at positions other than the step's own (tables)
     attention_causal(q, k, v, q_pos, kq_scale, causal)   attention/mha.py `attention_blocked` under the causal mask
                              (or none): a few queries (a decode step) one block per (query, head); a prefill a
-                             warp per (query, head), online softmax (PREFILL_ATTENTION)
+                             warp per (query, head), online softmax (PREFILL_ATTENTION, ROWS_MAX_K)
     attention_gathered(q, k, v, idx, live, kq_scale, sinks)   attention/mha.py `attention_gathered` (sparse
                              attention's selected keys, DeepSeek-V4's sinks), the same kernel, any number of queries
     hc_gates(m, scale, base, n, iters, eps), collapse(X, pre), hc_post(y, X, post, comb)
@@ -1834,14 +1834,22 @@ GATHERED_PREFILL = "batched"
 
 # A prefill's dense attention (causal or no mask, more than ATTN_MAX_T queries) on a resident GPU run: "rows" takes
 # `_attention_rows` (a warp per query and head, online softmax, one launch); "batched" leaves it to
-# `mha.attention_blocked`'s NumPy form on CuPy (query blocks, batched products: ~15 launches and host work a block).
-# A device's own choice (Device.prefill_attention, from KernelPolicy.prefill_attention) comes first.
-PREFILL_ATTENTION = "rows"
+# `mha.attention_blocked`'s NumPy form on CuPy (query blocks, batched products: ~15 launches and host work a block);
+# "auto" takes "rows" for heads of at most ROWS_MAX_K dims and "batched" for wider ones. Measured (session 34, H100,
+# prefill-512): rows 22.8 / 20.5 ms against batched 26.7 / 36.1 for llama-3-8b / qwen3-30b-a3b (K = 128). Not
+# measured for MLA's absorbed heads (K = 576, V = 512: two value passes, each computing the scores; DeepSeek-V3's 128
+# heads ~150 warp instructions a (query, key) pair, where cuBLAS's batched products are ~1.5 ms a layer), so they
+# keep the batched form until a lease times them. A device's own choice (Device.prefill_attention, from
+# KernelPolicy.prefill_attention) comes first.
+PREFILL_ATTENTION = "auto"
+ROWS_MAX_K = 256
 
 
-def takes_causal(T: int, dev) -> bool:
-    """Whether `attention_causal` (a fused kernel) takes T queries on the device dev (its `prefill_attention`)."""
-    return T <= ATTN_MAX_T or (getattr(dev, "prefill_attention", None) or PREFILL_ATTENTION) == "rows"
+def takes_causal(T: int, dev, K: int) -> bool:
+    """Whether `attention_causal` (a fused kernel) takes T queries of K dims on the device dev (its
+    `prefill_attention`)."""
+    choice = getattr(dev, "prefill_attention", None) or PREFILL_ATTENTION
+    return T <= ATTN_MAX_T or choice == "rows" or (choice == "auto" and K <= ROWS_MAX_K)
 
 
 def takes_gathered(T: int, dev) -> bool:
@@ -1861,7 +1869,7 @@ def attention_causal(q, k, v, q_pos, kq_scale: float, causal: bool):
         return None
     T, H, K = q.shape
     S, Hkv = k.shape[0], k.shape[1]
-    if not takes_causal(T, dev) or S == 0 or k.shape[2] != K or v.shape[:2] != (S, Hkv) or H % Hkv \
+    if not takes_causal(T, dev, K) or S == 0 or k.shape[2] != K or v.shape[:2] != (S, Hkv) or H % Hkv \
             or q_pos.shape != (T,):
         return None
     xp = dev.xp

@@ -132,7 +132,7 @@ def numpy_twins() -> dict:
 # them too, so that a count sees the NumPy form's launches where a GPU runs that form.
 DECLINES = {
     "attention_gathered": lambda dev, q, *a: not fused.takes_gathered(q.shape[0], dev),
-    "attention_causal": lambda dev, q, *a: not fused.takes_causal(q.shape[0], dev),
+    "attention_causal": lambda dev, q, *a: not fused.takes_causal(q.shape[0], dev, q.shape[2]),
 }
 
 
