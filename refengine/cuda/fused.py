@@ -620,6 +620,38 @@ def _dot4(acc, x0, y0, x1, y1, x2, y2, x3, y3):
 
 
 @cuda.jit(device=True, inline=True)
+def _scores4(q, k, t, h, n, ra, rb, rc, rd, lane):
+    """q[t, h] . k[r, n] for the four key rows ra .. rd, lanes along K (`warp_sum`: every lane gets the four): each
+    lane's columns lane, lane + 32, ... added in order, their loads four columns at a time, the four keys' together.
+    All 32 lanes call it."""
+    K = q.shape[2]
+    aa = float32(0.0)
+    ab = float32(0.0)
+    ac = float32(0.0)
+    ad = float32(0.0)
+    kk = lane                                        # a key's four columns added in the order of one at a time
+    while kk + 96 < K:
+        q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
+        a0, a1, a2, a3 = k[ra, n, kk], k[ra, n, kk + 32], k[ra, n, kk + 64], k[ra, n, kk + 96]
+        b0, b1, b2, b3 = k[rb, n, kk], k[rb, n, kk + 32], k[rb, n, kk + 64], k[rb, n, kk + 96]
+        c0, c1, c2, c3 = k[rc, n, kk], k[rc, n, kk + 32], k[rc, n, kk + 64], k[rc, n, kk + 96]
+        d0, d1, d2, d3 = k[rd, n, kk], k[rd, n, kk + 32], k[rd, n, kk + 64], k[rd, n, kk + 96]
+        aa = _dot4(aa, q0, a0, q1, a1, q2, a2, q3, a3)
+        ab = _dot4(ab, q0, b0, q1, b1, q2, b2, q3, b3)
+        ac = _dot4(ac, q0, c0, q1, c1, q2, c2, q3, c3)
+        ad = _dot4(ad, q0, d0, q1, d1, q2, d2, q3, d3)
+        kk += 128
+    while kk < K:
+        qk = q[t, h, kk]
+        aa += qk * k[ra, n, kk]
+        ab += qk * k[rb, n, kk]
+        ac += qk * k[rc, n, kk]
+        ad += qk * k[rd, n, kk]
+        kk += 32
+    return warp_sum(aa), warp_sum(ab), warp_sum(ac), warp_sum(ad)
+
+
+@cuda.jit(device=True, inline=True)
 def _key_row(idx, live, gathered, t, s, S_on):
     """(row, taken): key s's row in k / v (gathered: idx[t, s]) and whether it takes part (s < S_on; gathered: live).
     A key not taken reads row 0, which exists: its loads are issued with the others, its sums never stored."""
@@ -665,33 +697,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         rb, tb = _key_row(idx, live, gathered, t, sa + W, S_on)
         rc, tc = _key_row(idx, live, gathered, t, sa + 2 * W, S_on)
         rd, td = _key_row(idx, live, gathered, t, sa + 3 * W, S_on)
-        aa = float32(0.0)
-        ab = float32(0.0)
-        ac = float32(0.0)
-        ad = float32(0.0)
-        kk = lane                                    # a key's four columns added in the order of one at a time
-        while kk + 96 < K:
-            q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
-            a0, a1, a2, a3 = k[ra, n, kk], k[ra, n, kk + 32], k[ra, n, kk + 64], k[ra, n, kk + 96]
-            b0, b1, b2, b3 = k[rb, n, kk], k[rb, n, kk + 32], k[rb, n, kk + 64], k[rb, n, kk + 96]
-            c0, c1, c2, c3 = k[rc, n, kk], k[rc, n, kk + 32], k[rc, n, kk + 64], k[rc, n, kk + 96]
-            d0, d1, d2, d3 = k[rd, n, kk], k[rd, n, kk + 32], k[rd, n, kk + 64], k[rd, n, kk + 96]
-            aa = _dot4(aa, q0, a0, q1, a1, q2, a2, q3, a3)
-            ab = _dot4(ab, q0, b0, q1, b1, q2, b2, q3, b3)
-            ac = _dot4(ac, q0, c0, q1, c1, q2, c2, q3, c3)
-            ad = _dot4(ad, q0, d0, q1, d1, q2, d2, q3, d3)
-            kk += 128
-        while kk < K:
-            qk = q[t, h, kk]
-            aa += qk * k[ra, n, kk]
-            ab += qk * k[rb, n, kk]
-            ac += qk * k[rc, n, kk]
-            ad += qk * k[rd, n, kk]
-            kk += 32
-        aa = warp_sum(aa)
-        ab = warp_sum(ab)
-        ac = warp_sum(ac)
-        ad = warp_sum(ad)
+        aa, ab, ac, ad = _scores4(q, k, t, h, n, ra, rb, rc, rd, lane)
         if lane < 4:                                 # lane j stores key sa + j W (its score, or -inf: masked)
             s = sa + lane * W
             acc = aa if lane == 0 else ab if lane == 1 else ac if lane == 2 else ad
@@ -814,30 +820,8 @@ def _attention_rows(q, k, v, qpos, scale, causal, out):
         for s0 in range(0, S_on, 4):
             ra = s0
             rb, rc, rd = min(s0 + 1, S_on - 1), min(s0 + 2, S_on - 1), min(s0 + 3, S_on - 1)
-            aa = ab = ac = ad = float32(0.0)
-            kk = lane
-            while kk + 96 < K:
-                q0, q1, q2, q3 = q[t, h, kk], q[t, h, kk + 32], q[t, h, kk + 64], q[t, h, kk + 96]
-                a0, a1, a2, a3 = k[ra, n, kk], k[ra, n, kk + 32], k[ra, n, kk + 64], k[ra, n, kk + 96]
-                b0, b1, b2, b3 = k[rb, n, kk], k[rb, n, kk + 32], k[rb, n, kk + 64], k[rb, n, kk + 96]
-                e0, e1, e2, e3 = k[rc, n, kk], k[rc, n, kk + 32], k[rc, n, kk + 64], k[rc, n, kk + 96]
-                d0, d1, d2, d3 = k[rd, n, kk], k[rd, n, kk + 32], k[rd, n, kk + 64], k[rd, n, kk + 96]
-                aa = _dot4(aa, q0, a0, q1, a1, q2, a2, q3, a3)
-                ab = _dot4(ab, q0, b0, q1, b1, q2, b2, q3, b3)
-                ac = _dot4(ac, q0, e0, q1, e1, q2, e2, q3, e3)
-                ad = _dot4(ad, q0, d0, q1, d1, q2, d2, q3, d3)
-                kk += 128
-            while kk < K:
-                qk = q[t, h, kk]
-                aa += qk * k[ra, n, kk]
-                ab += qk * k[rb, n, kk]
-                ac += qk * k[rc, n, kk]
-                ad += qk * k[rd, n, kk]
-                kk += 32
-            xa = float32(warp_sum(aa) * scale)       # (every lane gets the four scores)
-            xb = float32(warp_sum(ab) * scale)
-            xc = float32(warp_sum(ac) * scale)
-            xd = float32(warp_sum(ad) * scale)
+            aa, ab, ac, ad = _scores4(q, k, t, h, n, ra, rb, rc, rd, lane)
+            xa, xb, xc, xd = float32(aa * scale), float32(ab * scale), float32(ac * scale), float32(ad * scale)
             tb, tc, td = s0 + 1 < S_on, s0 + 2 < S_on, s0 + 3 < S_on
             if not tb:
                 xb = ninf
