@@ -777,6 +777,33 @@ def _dot1x4(o0, o1, o2, o3, p, v, r, n, j0, j1, j2, j3):
     """(o0 + p v[r, n, j0], ..., o3 + p v[r, n, j3]): one key's weight times four of its value columns."""
     return o0 + p * v[r, n, j0], o1 + p * v[r, n, j1], o2 + p * v[r, n, j2], o3 + p * v[r, n, j3]
 
+
+@cuda.jit(device=True, inline=True)
+def _keys4(o0, o1, o2, o3, a, pa, pb, pc, pd, tb, tc, td, v, ra, rb, rc, rd, n, j0, j1, j2, j3):
+    """Four value columns' sums rescaled by a, then four keys' weights times their columns added in key order (keys
+    b, c, d only where taken: tb, tc, td; a key past the row's last reads nothing)."""
+    o0, o1, o2, o3 = _dot1x4(o0 * a, o1 * a, o2 * a, o3 * a, pa, v, ra, n, j0, j1, j2, j3)
+    if tb:
+        o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pb, v, rb, n, j0, j1, j2, j3)
+    if tc:
+        o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pc, v, rc, n, j0, j1, j2, j3)
+    if td:
+        o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pd, v, rd, n, j0, j1, j2, j3)
+    return o0, o1, o2, o3
+
+
+@cuda.jit(device=True, inline=True)
+def _store4(out, t, h, c, V, y0, y1, y2, y3):
+    """out[t, h, c + 32 i] = y_i for the columns below V."""
+    if c < V:
+        out[t, h, c] = y0
+    if c + 32 < V:
+        out[t, h, c + 32] = y1
+    if c + 64 < V:
+        out[t, h, c + 64] = y2
+    if c + 96 < V:
+        out[t, h, c + 96] = y3
+
 @cuda.jit(fastmath=False)
 def _attention_rows(q, k, v, qpos, scale, causal, out):
     """A prefill's attention, `mha.attention_blocked` (the causal mask, or none) for any number of queries: a warp
@@ -836,39 +863,13 @@ def _attention_rows(q, k, v, qpos, scale, causal, out):
             pc, pd = float32(math.exp(xc - ms)), float32(math.exp(xd - ms))
             den = den * float64(a) + (((float64(pa) + float64(pb)) + float64(pc)) + float64(pd))
             m = mn
-            o0, o1, o2, o3 = _dot1x4(o0 * a, o1 * a, o2 * a, o3 * a, pa, v, ra, n, j0, j1, j2, j3)
-            if tb:                                   # (a key past S_on reads nothing: its p is 0)
-                o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pb, v, rb, n, j0, j1, j2, j3)
-            if tc:
-                o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pc, v, rc, n, j0, j1, j2, j3)
-            if td:
-                o0, o1, o2, o3 = _dot1x4(o0, o1, o2, o3, pd, v, rd, n, j0, j1, j2, j3)
+            o0, o1, o2, o3 = _keys4(o0, o1, o2, o3, a, pa, pb, pc, pd, tb, tc, td, v, ra, rb, rc, rd, n, j0, j1, j2, j3)
             if wide:
-                o4, o5, o6, o7 = _dot1x4(o4 * a, o5 * a, o6 * a, o7 * a, pa, v, ra, n, j4, j5, j6, j7)
-                if tb:
-                    o4, o5, o6, o7 = _dot1x4(o4, o5, o6, o7, pb, v, rb, n, j4, j5, j6, j7)
-                if tc:
-                    o4, o5, o6, o7 = _dot1x4(o4, o5, o6, o7, pc, v, rc, n, j4, j5, j6, j7)
-                if td:
-                    o4, o5, o6, o7 = _dot1x4(o4, o5, o6, o7, pd, v, rd, n, j4, j5, j6, j7)
+                o4, o5, o6, o7 = _keys4(o4, o5, o6, o7, a, pa, pb, pc, pd, tb, tc, td, v, ra, rb, rc, rd, n, j4, j5, j6,
+                                        j7)
         dn = float32(den)                            # (a row with no key: 0, the output NaN, as softmax)
-        c = c0 + lane
-        if c < V:
-            out[t, h, c] = o0 / dn
-        if c + 32 < V:
-            out[t, h, c + 32] = o1 / dn
-        if c + 64 < V:
-            out[t, h, c + 64] = o2 / dn
-        if c + 96 < V:
-            out[t, h, c + 96] = o3 / dn
-        if c + 128 < V:
-            out[t, h, c + 128] = o4 / dn
-        if c + 160 < V:
-            out[t, h, c + 160] = o5 / dn
-        if c + 192 < V:
-            out[t, h, c + 192] = o6 / dn
-        if c + 224 < V:
-            out[t, h, c + 224] = o7 / dn
+        _store4(out, t, h, c0 + lane, V, o0 / dn, o1 / dn, o2 / dn, o3 / dn)
+        _store4(out, t, h, c0 + lane + 128, V, o4 / dn, o5 / dn, o6 / dn, o7 / dn)
 
 
 HC_MAX = 8                 # hyper-connections: streams (the gates: an n x n matrix a block, a cell a thread)
