@@ -130,7 +130,7 @@ def time_prefills(model, ids, rec, reps: int = 3) -> str | None:
     and the two last rows' rel-RMS: a line saying so (else None)."""
     row = []
     rec["prefill_ms"] = time_prefill(model, ids, reps, rt=runtime(), out=row)
-    rt_d = None if SIM else runtime(device_model=True)
+    rt_d = None if SIM or not hasattr(Runtime, "device_forward") else runtime(device_model=True)   # (the fold: none)
     if rt_d is None or not device_model_serves(model, rt_d):
         return None
     dm = []
