@@ -14,8 +14,7 @@
 #     (GRAPH_SAVE=1: each cut's GPU logits saved as $OUT/logits_ARCH.npz, to compare on a host: benchmarks/check_logits.py;
 #     GRAPH_POLICY=KEY=VALUE: our runs under that KernelPolicy setting, e.g. prefill_gemm=tcq16;
 #     GRAPH_PROFILE=1: the prefill's kernels and segments on the same file after; GRAPH_ALT="K=V ...": the prefill's
-#     wall under each of those settings too, e.g. GRAPH_ALT=gathered_prefill=fused; PROF_MODULES=1: those two on the
-#     concept modules where llama / qwen3moe's eager forward would take DeviceModel, profile_prefill.py --modules)
+#     wall under each of those settings too, e.g. GRAPH_ALT=gathered_prefill=fused)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/rs
@@ -107,10 +106,10 @@ for st in ${STAGES:-info layers matmul tests}; do
         echo "rc=$?" >> "$LOG"
         if [ -n "${GRAPH_PROFILE:-}" ]; then stage "prefill profile $A"       # the same file: kernels, segments
           timeout ${PROF_TIMEOUT:-240} python3 benchmarks/profile_prefill.py $F --tokens ${GRAPH_PREFILL:-512} \
-            --segments --top 25 ${PROF_MODULES:+--modules} >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; fi
+            --segments --top 25 >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; fi
         for alt in ${GRAPH_ALT:-}; do stage "prefill under $alt $A"          # another KernelPolicy setting's wall
           timeout ${PROF_TIMEOUT:-240} python3 benchmarks/profile_prefill.py $F --tokens ${GRAPH_PREFILL:-512} \
-            --wall-only --policy $alt ${PROF_MODULES:+--modules} >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done
+            --wall-only --policy $alt >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; done
         rm -f $F; done ;;
     prefetch) stage "expert prefetch"                 # Qwen3-Next cut, 1/8 budget, with and without prefetch
       F=/tmp/rs/qwen3next-L4-Q4_K.gguf

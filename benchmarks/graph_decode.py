@@ -106,10 +106,10 @@ def profile_steps(dec, tokens, rec) -> None:
     pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
 
-def time_prefill(model, ids, reps: int = 3, rt=None, out=None) -> float:
+def time_prefill(model, ids, reps: int = 3, rt=None, out=None, times_out=None) -> float:
     """Milliseconds of an eager resident forward of `ids` from a new state, the last position's logits read back
     (`last_only`: llama-bench's pp test asks for no other row), median of `reps` after one warm-up. out (a list):
-    gets the last run's logits row."""
+    gets the last run's logits row; times_out (a list): the timed runs' seconds."""
     rt = rt or runtime()
     times = []
     for i in range(reps + 1):
@@ -121,6 +121,8 @@ def time_prefill(model, ids, reps: int = 3, rt=None, out=None) -> float:
         times.append(time.perf_counter() - t0)
     if out is not None:
         out.append(np.asarray(y[-1]))
+    if times_out is not None:
+        times_out.extend(times[1:])
     return 1e3 * float(np.median(times[1:]))
 
 
@@ -135,7 +137,7 @@ def time_prefills(model, ids, rec, reps: int = 3) -> str | None:
         return None
     dm = []
     rec["prefill_device_model_ms"] = time_prefill(model, ids, reps, rt=rt_d, out=dm)
-    rel = float(np.sqrt(np.mean((dm[0] - row[0]) ** 2) / np.mean(row[0] ** 2)))
+    rel = float(np.sqrt(metrics(row[0], dm[0])[0]))                       # sqrt(NMSE)
     rec["prefill_device_model_vs_modules_rel_rms"] = rel
     return (f"prefill of {len(ids)} tokens on the concept modules {rec['prefill_ms']:.1f} ms, DeviceModel "
             f"(device_model=True) {rec['prefill_device_model_ms']:.1f} ms; last rows rel-RMS {rel:.2e}")

@@ -6,19 +6,22 @@ logits row is compared with the first path's (rel-RMS, argmax).
     python benchmarks/prefill_paths.py --arch qwen3moe --preset qwen3-30b-a3b --layers 4 --dir /tmp/m
     python benchmarks/prefill_paths.py FILE.gguf --paths rows,batched
 
-Needs a GPU (CuPy); the cut is written by refengine.cuda.randmodel when missing (Q4_K, random-packed)."""
+Needs a GPU (CuPy; the timing is graph_decode.py's `time_prefill`); the cut is written by refengine.cuda.randmodel
+when missing (Q4_K, random-packed)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
+from graph_decode import time_prefill  # noqa: E402
+from refengine.compare import metrics  # noqa: E402
 from refengine.model import Model  # noqa: E402
 from refengine.runtime import Runtime  # noqa: E402
 
@@ -46,11 +49,6 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     ap.add_argument("--json", default=None, help="also write the figures here")
     a = ap.parse_args(argv)
-    try:
-        import cupy as cp
-        sync = cp.cuda.Device().synchronize
-    except Exception:                                    # (no GPU: the simulator's run, the script's own check)
-        sync = lambda: None                              # noqa: E731
     path = a.model
     if path is None:
         from refengine.cuda.randmodel import cut_file
@@ -65,26 +63,16 @@ def main(argv=None) -> int:
         if name == "devicemodel" and (rt is None or rt.device_forward(m) is None):
             print(f"{rec['file']}: no DeviceModel for {m.cfg.arch}", flush=True)
             continue
-
-        def run():
-            y = m.forward(ids, m.new_state(), rt=rt, last_only=True)     # (the last row, read back)
-            sync()
-            return np.asarray(y[-1], dtype=np.float64)
-
-        logits = run()
-        times = []
-        for _ in range(a.reps):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-        ms = 1e3 * float(np.median(times))
+        row, times = [], []
+        ms = time_prefill(m, ids, a.reps, rt=rt, out=row, times_out=times)   # (one warm-up first)
+        logits = row[0]
         line = f"{rec['file']}: prefill of {a.tokens} tokens, {name}: {ms:.1f} ms (median of {a.reps}; " \
                f"{1e3 * min(times):.1f}-{1e3 * max(times):.1f})"
         rec[f"{name}_ms"] = ms
         if first is None:
             first = (name, logits)
         else:
-            rel = float(np.sqrt(np.mean((logits - first[1]) ** 2) / np.mean(first[1] ** 2)))
+            rel = float(np.sqrt(metrics(first[1], logits)[0]))                 # sqrt(NMSE)
             same = int(np.argmax(logits)) == int(np.argmax(first[1]))
             rec[f"{name}_vs_{first[0]}_rel_rms"] = rel
             line += f"; last row vs {first[0]} rel-RMS {rel:.2e}, argmax equal {same}"

@@ -117,10 +117,8 @@ def main(argv=None) -> int:
                     "as a graph decoder's eager ubatch step: where a 512-token ubatch graph's time goes")
     ap.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                     help="a KernelPolicy setting, e.g. group_avg=16 or sgemm_decode=staged (repeatable)")
-    ap.add_argument("--modules", action="store_true", help="llama / qwen3moe: the concept modules resident "
-                    "(Runtime(device_model=False), the default since session 34)")
     ap.add_argument("--device-model", action="store_true", help="llama / qwen3moe: the hand-written DeviceModel "
-                    "(Runtime(device_model=True))")
+                    "(Runtime(device_model=True)); without it the concept modules, as every arch")
     a = ap.parse_args(argv)
     import cupy as cp
     path = a.model
@@ -132,8 +130,7 @@ def main(argv=None) -> int:
     from quant.cuda.policy import KernelPolicy
     pol = KernelPolicy.default().with_settings(a.policy) if a.policy else None
     rt = Runtime(backend="cuda", kernel_policy=pol, fixed_shapes=a.fixed_shapes,
-                 **({"device_model": a.device_model and not a.modules} if hasattr(Runtime, "device_forward")
-                    else {}))
+                 **({"device_model": True} if a.device_model else {}))
     from contextlib import nullcontext
 
     from quant.cuda.timing import graph_kernels

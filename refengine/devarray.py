@@ -192,7 +192,8 @@ class Device:
         # launch each where the NumPy statement takes several; None: the NumPy code runs on the device op by op
         self.fused = None
         self.gathered_prefill = None    # a prefill's gathered attention: "batched" / "fused" (None: fused.py's choice)
-        self.prefill_attention = None   # a prefill's dense attention: "rows" / "batched" (None: fused.py's choice)
+        self.prefill_attention = None   # a prefill's dense attention: "auto" / "rows" / "batched" (None: fused.py's)
+        self.ticket = None              # fused.py's int32 [1] zero a launch's last block takes its turn from
         if kind == "cupy":
             try:
                 from .cuda import fused

@@ -9,6 +9,7 @@ import collections
 import numpy as np
 import pytest
 
+from refengine.cuda.standin import rope_append_np
 from refengine.model import Model
 from refengine.moe.router import expert_weights
 from refengine.runtime import Runtime
@@ -44,18 +45,10 @@ class StandIn:
         return True
 
     def rope_append(self, q, k, v, cos, sin, n_rot, mode, kbuf, kcount, vbuf, vcount, norms=None, eps=0.0):
-        from refengine.ops.rope import apply_rope_qk, rms_norm_rope_qk
         self.calls["rope_append"] += 1
         self.calls["rope_append normed"] += norms is not None
-        if norms is None:
-            qr, kr = apply_rope_qk(q.raw, k.raw, cos.raw, sin.raw, n_rot, mode)
-        else:
-            wq, wk = (None if w is None else np.asarray(getattr(w, "raw", w)) for w in norms)
-            qr, kr = rms_norm_rope_qk(q.raw, wq, k.raw, wk, eps, cos.raw, sin.raw, n_rot, mode)
-        for b, y, c in ((kbuf, kr, kcount), (vbuf, v.raw, vcount)):
-            n = int(c.raw[0])
-            b.raw[n:n + y.shape[0]] = y
-            c.raw += y.shape[0]
+        qr = rope_append_np(*(a.raw for a in (q, k, v, cos, sin)), n_rot, mode,
+                            *(a.raw for a in (kbuf, kcount, vbuf, vcount)), norms, eps)      # (refengine's twin)
         return q.dev.wrap(qr)
 
 

@@ -767,7 +767,6 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         cuda.syncthreads()                           # the pass's sums read before the next pass writes them
 
 
-
 ARW = 2 if SIM else 8       # prefill attention (_attention_rows): warps of a block at most, a query head each
 ARC = 256                   # its value columns a pass (8 a lane)
 
@@ -804,6 +803,7 @@ def _store4(out, t, h, c, V, y0, y1, y2, y3):
     if c + 96 < V:
         out[t, h, c + 96] = y3
 
+
 @cuda.jit(fastmath=False)
 def _attention_rows(q, k, v, qpos, scale, causal, out):
     """A prefill's attention, `mha.attention_blocked` (the causal mask, or none) for any number of queries: a warp
@@ -814,7 +814,7 @@ def _attention_rows(q, k, v, qpos, scale, causal, out):
         m' = max(m, x);  a = exp(m - m');  p = exp(x - m');  l = l a + sum p (float64);  o = o a + p v;  m = m'
     (m' not finite: taken as 0, `m_safe`), lanes along ARC value columns of V a pass (V > ARC: another pass, the
     scores again), and out = o / l. Grid T x Hkv x chunks of the G = H / Hkv heads, block 32 x min(ARW, G)."""
-    T, H, K = q.shape
+    T, H = q.shape[0], q.shape[1]
     S = k.shape[0]
     Hkv = k.shape[1]
     V = v.shape[2]
@@ -1753,16 +1753,12 @@ def norm_rope(x, w, eps: float, cos, sin, n_rot: int, mode: int, x2=None, w2=Non
     return _done(dev, "norm_rope", (x, w, cos, sin, x2, w2), y, y2)
 
 
-_TICKETS: dict = {}
-
-
 def _ticket(dev):
-    """The device's int32 [1] zero that a launch's last block takes its turn from (`_norm_rope_append`): made once
-    (an eager step makes it before a capture; every launch leaves it 0)."""
-    t = _TICKETS.get(id(dev))
-    if t is None:
-        t = _TICKETS[id(dev)] = dev.xp.zeros(1, dtype=np.int32)
-    return t
+    """The device's int32 [1] zero that a launch's last block takes its turn from (`_norm_rope_append`): made once,
+    kept on the device (an eager step makes it before a capture; every launch leaves it 0)."""
+    if dev.ticket is None:
+        dev.ticket = dev.xp.zeros(1, dtype=np.int32)
+    return dev.ticket
 
 
 def rope_append(q, k, v, cos, sin, n_rot: int, mode: int, kbuf, kcount, vbuf, vcount, norms=None, eps: float = 0.0):

@@ -9,7 +9,7 @@
 # (same command with the remaining CUTS, TAG=2, ...). On the host after: benchmarks/check_logits.py per cut, then
 # benchmarks/table.py over the calls' folders. FOLD="1 3": the fold's measure (DeviceModel's layer against the concept
 # modules' graph); FOLD_PROFILE=N: with DeviceModel's per-stage profile and N graph steps' kernels under torch.profiler.
-# GRAPH_PROFILE / GRAPH_ALT / PROF_MODULES pass through to gpu_session.sh (its header).
+# GRAPH_PROFILE / GRAPH_ALT pass through to gpu_session.sh (its header).
 T=${TAG:-1}; O=/tmp/o$T; mkdir -p $O $OUT /tmp/m /tmp/rs; rm -f /tmp/m/*.tmp; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl > $O/pip.log 2>&1
 START=$(date +%s)
