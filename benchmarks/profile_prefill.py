@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device-model", action="store_true", help="llama / qwen3moe: the hand-written DeviceModel "
                     "(Runtime(device_model=True)); without it the concept modules, as every arch")
     a = ap.parse_args(argv)
+    if a.device_model and not hasattr(Runtime, "device_forward"):
+        ap.error("--device-model: this tree has no DeviceModel (refengine/cuda/runner.py)")
     import cupy as cp
     path = a.model
     if path is None:
