@@ -43,23 +43,33 @@ def _run(launch, *host, out_shapes):
     return [o.copy_to_host() for o in outs]
 
 
+# (rows, width): a block a row (rows longer than fused.WARP_ROW_MAX_D), and a warp a row (a head's norm: short rows,
+# here not a multiple of 32 wide and not a whole number of blocks of NTW rows, so the last block's spare warps exit)
+SHAPES = {"block": (ROWS, D), "warp": (11, 200), "warp_max": (9, 256)}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("with_w", [True, False])
-def test_rms_norm_rows(with_w):
-    x = _rand(ROWS, D)
+def test_rms_norm_rows(with_w, shape):
+    R, Dx = SHAPES[shape]
+    assert (Dx <= fused.WARP_ROW_MAX_D) == shape.startswith("warp")
+    x = _rand(R, Dx)
     x[1] *= 1e-3                                          # rows of other scales
-    w = _rand(D, seed=1) if with_w else None
+    w = _rand(Dx, seed=1) if with_w else None
     want = rms_norm(x, w, 1e-6)
     (got,) = _run(lambda xd, wd, y: fused.rms_norm_raw(xd, wd, 1e-6, y), x, w, out_shapes=[x.shape])
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
     # rows lying apart (a latent's first D columns of wider rows, as `fused.rms_norm` now passes them): the same
-    wide = np.concatenate([x, _rand(ROWS, 5, seed=4)], axis=1)
-    (got_w,) = _run(lambda wd_, wd, y: fused.rms_norm_raw(wd_[:, :D], wd, 1e-6, y), wide, w, out_shapes=[x.shape])
+    wide = np.concatenate([x, _rand(R, 5, seed=4)], axis=1)
+    (got_w,) = _run(lambda wd_, wd, y: fused.rms_norm_raw(wd_[:, :Dx], wd, 1e-6, y), wide, w, out_shapes=[x.shape])
     assert np.array_equal(got_w, got)
 
 
+@pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("with_w", [True, False])
-def test_add_rms_norm_rows(with_w):
+def test_add_rms_norm_rows(with_w, shape):
     """(x + a, rms_norm(x + a)): the sum bit for bit (one float32 add), the norm as the plain norm's kernel."""
+    ROWS, D = SHAPES[shape]
     x, a = _rand(ROWS, D), _rand(ROWS, D, seed=2)
     a[1] *= 1e-3
     w = _rand(D, seed=1) if with_w else None
@@ -169,18 +179,25 @@ def test_delta_rule(per_key, with_S, K):
     np.testing.assert_allclose(S_out, S_want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("then_silu", [False, True])
 @pytest.mark.parametrize("T", [1, 2, 5])
 @pytest.mark.parametrize("with_tail", [False, True])
-def test_causal_conv(T, with_tail):
-    """The sum and the new tail in one launch == short_conv.causal_conv (T shorter and longer than the tail)."""
+def test_causal_conv(T, with_tail, then_silu):
+    """The sum (then_silu: its silu) and the new tail in one launch == short_conv.causal_conv (T shorter and longer
+    than the tail); with then_silu, the separate silu kernel of the plain launch's sum, bit for bit."""
     C, Kc = (8192, 4) if GPU else (5, 4)
     rng = np.random.default_rng(T)
     x, w = rng.standard_normal((T, C)).astype(np.float32), rng.standard_normal((C, Kc)).astype(np.float32)
     tail = rng.standard_normal((Kc - 1, C)).astype(np.float32) if with_tail else None
-    y_want, tail_want = causal_conv(x, w, tail)
-    y, new_tail = _run(fused.causal_conv_raw, x, w, tail, out_shapes=[(T, C), (Kc - 1, C)])
+    y_want, tail_want = causal_conv(x, w, tail, then_silu)
+    y, new_tail = _run(lambda *a: fused.causal_conv_raw(*a, then_silu=then_silu), x, w, tail,
+                       out_shapes=[(T, C), (Kc - 1, C)])
     np.testing.assert_allclose(y, y_want, rtol=1e-6, atol=1e-6)
     assert np.array_equal(new_tail, tail_want)
+    if then_silu:
+        y0, _ = _run(fused.causal_conv_raw, x, w, tail, out_shapes=[(T, C), (Kc - 1, C)])
+        (y1,) = _run(lambda a, o: fused.silu_raw(a, o), y0.ravel(), out_shapes=[(T * C,)])
+        assert np.array_equal(y, y1.reshape(T, C))
 
 
 @pytest.mark.parametrize("mode", [0, 2])
@@ -519,6 +536,41 @@ def test_gdn_gates(r):
     np.testing.assert_allclose(got[2], want[2], rtol=1e-6, atol=2.5e-7 * float(np.max(np.abs(A))))   # (times A)
 
 
+@pytest.mark.parametrize("lb", [None, 5.0])
+def test_kda_gates(lb):
+    """A KDA layer's log decay and beta in one launch == kda.gates' NumPy statement (gate_decay of z + dt_bias:
+    softplus(.) * A, its branch above 20 included, or Kimi-K3's lb * sigmoid(-(A * .)); sigmoid(b)), within the
+    activations' tolerance."""
+    from refengine.attention.kda import gates
+    T, H, dh = (5, 32, 128) if GPU else (3, 4, 6)
+    z, b = _rand(T, H * dh, scale=8.0), _rand(T, H, seed=2, scale=8.0)
+    z[0, 0] = 40.0
+    bias, A = _rand(H * dh, seed=4), -np.abs(_rand(H, seed=5))
+    want_g, want_b = gates(z, b, bias, A, dh, lb)
+    g, beta = _run(lambda z_, b_, bi, A_, o1, o2: fused.kda_gates_raw(z_, b_, bi, A_, dh, lb, o1, o2), z, b, bias, A,
+                   out_shapes=[(T, H, dh), (T, H)])
+    np.testing.assert_allclose(beta, want_b, rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(g, want_g, rtol=1e-6, atol=2.5e-7 * float(np.max(np.abs(A))) * (lb or 1.0))
+    assert np.array_equal(g[0, 0, 0], want_g[0, 0, 0])                           # (softplus above 20: z itself)
+
+
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+@pytest.mark.parametrize("with_w", [True, False])
+def test_rms_norm_gated(act, with_w):
+    """rms_norm(x, w) * act(gate) in one launch (a warp a row) == norm.rms_norm_gated's NumPy statement, on a gate
+    whose rows lie apart (z is a slice of a wider projection), rows not a whole number of blocks."""
+    from refengine.ops.norm import rms_norm_gated
+    R, Dx = (4099, 128) if GPU else (11, 40)
+    x = _rand(R, Dx)
+    x[1] *= 1e-3
+    gate_wide = _rand(R, Dx + 7, seed=3)
+    w = _rand(Dx, seed=1) if with_w else None
+    want = rms_norm_gated(x, w, 1e-6, gate_wide[:, :Dx], act)
+    (got,) = _run(lambda xd, gd, wd, y: fused.rms_norm_raw(xd, wd, 1e-6, y, gate2=gd[:, :Dx], act=act),
+                  x, gate_wide, w, out_shapes=[x.shape])
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=0)
+
+
 @pytest.mark.parametrize("E,G,n", [(64, 8, 3), (16, 4, 2), (80, 40, 5)])
 def test_group_limited(E, G, n):
     """== router.group_limited bit for bit, chosen groups included: a group's score the sum of its two largest
@@ -761,6 +813,19 @@ def test_entries_on_numpy_arrays(monkeypatch):
     ba, bias, A = _rand(2, 3, 4), _rand(6, seed=4), -np.abs(_rand(6, seed=5))
     for got, want in zip(fused.gdn_gates(dev.wrap(ba), None, 2, bias, A), gdn_gates_np(ba, None, 2, bias, A)):
         np.testing.assert_allclose(got.raw, want, rtol=1e-6, atol=1e-6)
+    # KDA's gates (ssm_a as the file shapes it, [H, 1]); the gated norm of a head's rows, declined for longer rows
+    from refengine.attention.kda import gates
+    from refengine.ops.norm import rms_norm_gated
+    z, bk, dtb, Ak = _rand(2, 12), _rand(2, 3, seed=2), _rand(12, seed=3), -np.abs(_rand(3, 1, seed=4))
+    for lb in (None, 5.0):
+        for got, want in zip(fused.kda_gates(dev.wrap(z), dev.wrap(bk), dtb, Ak, 4, lb), gates(z, bk, dtb, Ak, 4, lb)):
+            np.testing.assert_allclose(got.raw, want, rtol=1e-6, atol=1e-6)
+    xo, go = _rand(2, 3, 16), _rand(2, 3, 16, seed=5)
+    for act in ("silu", "sigmoid"):
+        np.testing.assert_allclose(fused.rms_norm_gated(dev.wrap(xo), w[:16], 1e-6, dev.wrap(go), act).raw,
+                                   rms_norm_gated(xo, w[:16], 1e-6, go, act), rtol=4e-6, atol=0)
+    xl = _rand(2, fused.WARP_ROW_MAX_D + 1)
+    assert fused.rms_norm_gated(dev.wrap(xl), None, 1e-6, dev.wrap(xl), "silu") is None
     from refengine.attention.mha import attention_gathered
     from refengine.attention.rope_tail import rotate_tail
     from refengine.residual import hyper_connections as hcm

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..cache import RecurrentState
 from ..errors import ConfigError, MissingTensorError
-from ..ops import contiguous, rms_norm, sigmoid, silu, softplus
+from ..ops import contiguous, rms_norm_gated, sigmoid, silu, softplus
 from ..ops.arrays import fused_op
 from ..ops.linear import linear, scale_bias
 from ..weights import W
@@ -58,7 +58,6 @@ def tile_heads(x: np.ndarray, r: int) -> np.ndarray:
 
 
 HEAD_MAPS = {"interleaved": expand_heads, "tiled": tile_heads}
-OUT_GATES = {"silu": silu, "sigmoid": sigmoid}
 
 
 def recurrent(q, k, v, g, beta, S=None):
@@ -260,14 +259,16 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     else:                                                                # qwen4exp's build_conv_state_at
         rt.record("conv_state_at", il, tail.T[None])                     # [1, C, Kc-1]
     rt.record("state_predelta", il, S0.transpose(0, 2, 1)[None])         # [1, Hv, V, K]: S^T per head
-    y, new_tail = causal_conv(qkv, w.ssm_conv1d, tail)                   # [T, C], [Kc-1, C]
+    raw_read = rt.keeps("conv_output_raw", il) or bool(getattr(rt, "force_inputs", None))   # the sum before silu
+    y, new_tail = causal_conv(qkv, w.ssm_conv1d, tail, then_silu=not raw_read)   # [T, C], [Kc-1, C]
     if gc.conv_trace == "build_conv_state":
         rt.record("conv_input", il, lambda: np.concatenate([tail, qkv]).T[None])   # [1, C, Kc-1+T]
         rt.record("conv_state_last", il, new_tail.T[None])
         # the cache row the new tail is copied into, as llama.cpp's callback reads it: before the copy (the old tail)
         rt.record("conv_state_update", il, lambda: tail.T.reshape(1, -1))
-    rt.record("conv_output_raw", il, y)
-    y = silu(y)
+    if raw_read:
+        rt.record("conv_output_raw", il, y)
+        y = silu(y)
     rt.record("conv_output_silu", il, y)
 
     q = y[:, :Hk * K].reshape(T, Hk, K)                                  # [T, Hk, K]
@@ -290,7 +291,7 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     rt.record("new_state", il, S.transpose(0, 2, 1)[None])
     state.conv, state.ssm = new_tail, S
 
-    o = rms_norm(o, w.ssm_norm, eps) * OUT_GATES[gc.out_gate](z.reshape(T, Hv, V))   # [T, Hv, V]  build_norm_gated
+    o = rms_norm_gated(o, w.ssm_norm, eps, z.reshape(T, Hv, V), gc.out_gate)   # [T, Hv, V]  build_norm_gated
     o = o.reshape(T, Hv * V)
     rt.record("final_output", il, o)
     out = linear(o, w.ssm_out, _scale(w, "ssm_out", gc), None, rt)       # [T, D]

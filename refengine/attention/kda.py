@@ -30,8 +30,9 @@ import numpy as np
 
 from ..cache import RecurrentState
 from ..errors import ConfigError
-from ..ops import as_array, contiguous, rms_norm
-from ..ops.activations import sigmoid, silu, softplus
+from ..ops import as_array, contiguous, rms_norm, rms_norm_gated
+from ..ops.arrays import fused_op
+from ..ops.activations import sigmoid, softplus
 from ..weights import W
 from . import delta_rule
 from .delta_rule import l2_norm  # noqa: F401  (the norm the layers apply to q and k)
@@ -150,10 +151,25 @@ def new_state(kc: KDAConfig, form: str = "recurrent") -> RecurrentState:
 
 def gate_decay(z, ssm_a, kc: KDAConfig):
     """z [T, H, dh] (f_b(f_a(h)) + dt_bias), ssm_a [H] (= -exp(A_log)) -> log decay g [T, H, dh] (<= 0)."""
-    a = as_array(ssm_a.reshape(1, kc.n_head, 1), np.float32)                     # [1, H, 1] (the weight)
-    if kc.gate_lower_bound is None:
+    return decay(z, ssm_a, kc.n_head, kc.gate_lower_bound)
+
+
+def decay(z, ssm_a, H: int, lb: float | None):
+    """`gate_decay` of H heads under the lower bound lb (None: softplus)."""
+    a = as_array(ssm_a.reshape(1, H, 1), np.float32)                             # [1, H, 1] (the weight)
+    if lb is None:
         return softplus(z) * a                                                   # kimi-linear.cpp:314-324
-    return np.float32(kc.gate_lower_bound) * sigmoid(-(a * z))                    # kimi-k3.cpp:420-439
+    return np.float32(lb) * sigmoid(-(a * z))                                    # kimi-k3.cpp:420-439
+
+
+def gates(z, b, bias, A, dh: int, lb):
+    """A KDA layer's gates: z [T, H * dh] (f_b(f_a(h))), b [T, H] (the beta logits), bias [H * dh] (ssm_dt_b),
+    A [H] (ssm_a), lb the gate's lower bound or None -> (g [T, H, dh] = `gate_decay(z + bias)`, beta = sigmoid(b)
+    [T, H]). A GPU: one launch (cuda/fused.py `kda_gates`)."""
+    if (k := fused_op(z, "kda_gates")) is not None and (r := k(z, b, bias, A, dh, lb)) is not None:
+        return r
+    T, H = b.shape
+    return decay((z + bias).reshape(T, H, dh), A, H, lb), sigmoid(b)
 
 
 # The points `kda_layer` can trace, by concept; an arch passes `names` {point: the name, or the names, its llama.cpp
@@ -180,10 +196,17 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     """One KDA sub-block: h [T, D] (attn_norm output) -> [T, D] (before the residual add). `state` is updated
     in place: conv [Kc-1, 3*d_in] (q|k|v tails), ssm [H, dh, dh] (key x value per head). `names`: the trace
     names of the POINTS the arch records."""
-    def record(point, x):
+    def named(point):
         got = point if names is None else names.get(point, ())
-        for name in (got,) if isinstance(got, str) else got:
+        return (got,) if isinstance(got, str) else got
+
+    def record(point, x):
+        for name in named(point):
             rt.record(name, il, x)
+
+    def reads(point):                         # whether the trace or teacher forcing reads the point's tensor
+        return bool(named(point)) and (any(rt.keeps(n, il) for n in named(point))
+                                       or bool(getattr(rt, "force_inputs", None)))
 
     T, H, dh, d_in = h.shape[0], kc.n_head, kc.head_dim, kc.d_in
     fused_qkv = getattr(w, "attn_qkv", None) is not None
@@ -194,9 +217,10 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
         proj = [contiguous(proj[0][:, i * d_in:(i + 1) * d_in]) for i in range(3)]
     tails = [None] * 3 if state.conv is None else np.split(state.conv, 3, axis=1)  # 3 x [Kc-1, d_in]
     outs, new_tails = [], []
-    for name, x, wc, tail in zip(STREAMS, proj, (getattr(w, f"ssm_conv1d_{x}").reshape(d_in, kc.d_conv) for x in STREAMS), tails):
-        y, nt = causal_conv(x, wc, tail)                                          # [T, d_in], [Kc-1, d_in]
-        outs.append(silu(y).reshape(T, H, dh))                                    # [T, d_in] -> [T, H, dh]
+    convs = (getattr(w, f"ssm_conv1d_{x}").reshape(d_in, kc.d_conv) for x in STREAMS)   # [d_in, Kc] each
+    for name, x, wc, tail in zip(STREAMS, proj, convs, tails):
+        y, nt = causal_conv(x, wc, tail, then_silu=True)                          # [T, d_in], [Kc-1, d_in]
+        outs.append(y.reshape(T, H, dh))                                          # [T, d_in] -> [T, H, dh]
         record(f"{name}_conv", outs[-1])
         new_tails.append(nt)
     state.conv = np.concatenate(new_tails, axis=1)                                # [Kc-1, 3*d_in]
@@ -205,10 +229,9 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     record("f_a", fa)                                                             # [T, dh]
     z = rt.matmul(fa, w.ssm_f_b)                                                  # [T, d_in]
     record("f_b", z)
-    g = gate_decay((z + w.ssm_dt_b).reshape(T, H, dh), w.ssm_a, kc)               # [T, H, dh]
+    g, beta = gates(z, b, w.ssm_dt_b, w.ssm_a, dh, kc.gate_lower_bound)          # [T, H, dh], [T, H]
     record("g", g)
     record("beta_logits", b)                                                      # [T, H]
-    beta = sigmoid(b)
     record("beta", beta)
 
     l2_eps = kc.rms_eps if kc.l2_eps is None else kc.l2_eps
@@ -226,9 +249,14 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
         gate = rt.matmul(g_in, w.ssm_g_b)                                         # [T, d_in]
     record("gate", gate)
     record("gate_heads", gate.reshape(T, H, dh))
-    o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                       # [T, H, dh] per head
-    record("normed", o)
-    o = (o * sigmoid(gate.reshape(T, H, dh))).reshape(T, d_in)                   # [T, d_in]
+    gate = gate.reshape(T, H, dh)
+    if reads("normed"):                                                           # the norm kept apart
+        o = rms_norm(o, w.ssm_norm, kc.rms_eps)                                   # [T, H, dh] per head
+        record("normed", o)
+        o = o * sigmoid(gate)
+    else:                                                                         # (a GPU: one launch)
+        o = rms_norm_gated(o, w.ssm_norm, kc.rms_eps, gate, "sigmoid")            # [T, H, dh]
+    o = o.reshape(T, d_in)                                                        # [T, d_in]
     record("gated", o)
     y = rt.matmul(contiguous(o), w.attn_output)                         # [T, D]
     record("out", y)

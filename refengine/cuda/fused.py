@@ -12,7 +12,9 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
     softplus(x)              ops/activations.py, float32
     situ(gate, up, beta, lb), swiglu_clamp(gate, up, limit)   ops/activations.py (Kimi-K3, DeepSeek-V4), float32
     delta_rule(q, k, v, g, beta, S, scale)   attention/delta_rule.py `recurrent`: every token of a call, one launch
-    causal_conv(x, w, tail)  attention/short_conv.py: the output and the new tail, one launch
+    kda_gates(z, b, bias, A, dh, lb)   attention/kda.py `gates`: the log decay and beta, one launch
+    rms_norm_gated(x, w, eps, gate, act)   ops/norm.py: the norm times silu / sigmoid of a gate (short rows)
+    causal_conv(x, w, tail, then_silu)  attention/short_conv.py: the output (its silu) and the new tail, one launch
     apply_rope(x, cos, sin, n_rot, mode)    ops/rope.py `apply_rope`, NORM and NEOX
     rope_tail(x, cos, sin, n_rot, inverse)  attention/rope_tail.py (DeepSeek-V4): the last n_rot dims, +-theta
     rope_cos_sin(positions, ...)   ops/rope.py `rope_cos_sin` at positions other than the step's own (tables)
@@ -65,6 +67,8 @@ NT = 256                    # threads of a row's block (a power of two: the tree
 NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
 assert NTW * 32 == NT
 RPT = 8                     # _rms_rows: elements a thread holds in registers a pass over its row
+RPW = 8                     # _rms_warps: elements a lane holds; rows of at most 32 * RPW take a warp each
+WARP_ROW_MAX_D = 32 * RPW
 # rms_norm's rows take NT threads whatever their length: RPT elements a thread a pass keep a long row's passes few.
 # (Sessions 28-31 gave a few long rows 1024 threads, then 512: with RPT values and weights in registers the GPU
 # refused both launches, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, session 32 on an H100; NT's 256 ran.)
@@ -149,6 +153,46 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
 
 
 @cuda.jit(fastmath=False)
+def _rms_warps(x, a, has_a, w, has_w, eps, post, gate, act, s, y):
+    """`_rms_rows` for rows of at most WARP_ROW_MAX_D: row r = blockIdx.x * NTW + the thread's warp, lane l taking
+    elements l, l + 32, ... (RPW of them, in registers), the float64 sum over the warp by shuffles, no block barrier.
+    A head's norm (the delta rule's l2 norms of q and k, a per-head rms_norm: T x H rows of 128) is many short rows:
+    a block a row left 128 of its 256 threads idle and waited on two barriers for every 128 numbers.
+    act 1 / 2: the result times silu / sigmoid of gate[r, j] (`norm.rms_norm_gated`), 0: no gate (post instead)."""
+    r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
+    lane = cuda.threadIdx.x % 32
+    if r >= x.shape[0]:                              # (the whole warp: r is the warp's)
+        return
+    D = x.shape[1]
+    v = cuda.local.array(RPW, float32)
+    for k in range(RPW):
+        j = k * 32 + lane
+        if j < D:
+            v[k] = x[r, j] + a[r, j] if has_a else x[r, j]
+    acc = float64(0.0)
+    for k in range(RPW):
+        j = k * 32 + lane
+        if j < D:
+            if has_a:
+                s[r, j] = v[k]
+            acc += float64(v[k]) * float64(v[k])
+    mean = float32(warp_sum(acc) / D)
+    scale = float32(1.0) / float32(math.sqrt(float32(mean + eps)))
+    for k in range(RPW):
+        j = k * 32 + lane
+        if j < D:
+            u = v[k] * scale
+            if has_w:
+                u = u * w[j]
+            if act == 0:
+                y[r, j] = u * post
+            elif act == 1:
+                y[r, j] = u * _silu1(gate[r, j])
+            else:
+                y[r, j] = u * _sigmoid1(gate[r, j])
+
+
+@cuda.jit(fastmath=False)
 def _layer_rows(x, w, has_w, b, has_b, eps, y):
     """Row r = blockIdx.x: the mean (float64 sum), d = x - mean in float32, the variance of d (float64 squares and
     sum), y = d / sqrt(var + eps) (* w) (+ b), as `ops.layer_norm`."""
@@ -211,6 +255,12 @@ def _silu(x, y):
 
 
 @cuda.jit(device=True, inline=True)
+def _silu1(v):
+    """`activations.silu` of one float32 value, in its float32 steps (as `_silu`)."""
+    return v / float32(float32(1.0) + float32(math.exp(-v)))
+
+
+@cuda.jit(device=True, inline=True)
 def _sigmoid1(v):
     """`activations.sigmoid` of one float32 value, in its float32 steps."""
     return float32(1.0) / float32(float32(1.0) + float32(math.exp(-v)))
@@ -267,6 +317,29 @@ def _gdn_gates(bsrc, asrc, r, bias, A, beta, sp, g):
         v = _softplus1(float32(av + bias[h]))
         sp[t, h] = v
         g[t, h] = v * A[h]
+
+
+@cuda.jit(fastmath=False)
+def _kda_gates(z, b, bias, A, dh, bounded, lb, g, beta):
+    """A KDA layer's gates (`kda.gates`), element (t, c) of z [T, H * dh] a thread: v = z + bias, the log decay g[t, h,
+    c - h * dh] = softplus(v) * A[h], or with `bounded` lb * sigmoid(-(A[h] * v)) (Kimi-K3); threads i < T * H also
+    beta = sigmoid(b) [T, H]. Each step rounded to float32 as the NumPy statement rounds it."""
+    i = cuda.grid(1)
+    T, C = z.shape
+    H = beta.shape[1]
+    if i < T * C:
+        t = i // C
+        c = i - t * C
+        h = c // dh
+        v = float32(z[t, c] + bias[c])
+        if bounded:
+            g[t, h, c - h * dh] = lb * _sigmoid1(-(A[h] * v))
+        else:
+            g[t, h, c - h * dh] = _softplus1(v) * A[h]
+    if i < T * H:
+        t = i // H
+        h = i - t * H
+        beta[t, h] = _sigmoid1(b[t, h])
 
 
 @cuda.jit(fastmath=False)
@@ -367,9 +440,10 @@ def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
 
 
 @cuda.jit(fastmath=False)
-def _causal_conv(x, w, tail, has_tail, y, new_tail):
+def _causal_conv(x, w, tail, has_tail, then_silu, y, new_tail):
     """One thread per (row t, channel c) of max(T, Kc-1) x C: y[t, c] = sum_k xin[t + k, c] w[c, k] (k ascending),
-    xin = concat(tail, x); row t < Kc-1 also writes the new tail's row t (row T + t of xin)."""
+    xin = concat(tail, x), then_silu: its silu as `_silu` computes it; row t < Kc-1 also writes the new tail's row
+    t (row T + t of xin)."""
     i = cuda.grid(1)
     T, C = x.shape
     Kc = w.shape[1]
@@ -384,6 +458,8 @@ def _causal_conv(x, w, tail, has_tail, y, new_tail):
             else:
                 xv = x[j - (Kc - 1), c]
             acc += xv * w[c, kk]
+        if then_silu:
+            acc = acc / float32(float32(1.0) + float32(math.exp(-acc)))
         y[t, c] = acc
     if t < Kc - 1:
         jj = T + t
@@ -1305,12 +1381,24 @@ def _grid(n: int, per: int = 256) -> int:
     return max(1, (n + per - 1) // per)
 
 
-def rms_norm_raw(x2, w, eps: float, y2, stream=0, *, a2=None, s2=None, post: float = 1.0) -> None:
+GATE_ACTS = {"silu": 1, "sigmoid": 2}     # _rms_warps' act
+
+
+def rms_norm_raw(x2, w, eps: float, y2, stream=0, *, a2=None, s2=None, post: float = 1.0, gate2=None,
+                 act: str | None = None) -> None:
     """x2, y2 [R, D] float32 (device), w [D] float32 or None; a2, s2 [R, D]: x2 + a2 is normed (and written to s2);
-    post: a factor after the norm (rounded after it)."""
+    post: a factor after the norm (rounded after it); gate2 [R, D] and act (GATE_ACTS, rows of at most
+    WARP_ROW_MAX_D): the norm times act(gate2) instead."""
     has_w, has_a = w is not None, a2 is not None
-    _rms_rows[x2.shape[0], NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
-                                       np.float32(eps), np.float32(post), s2 if has_a else y2, y2)
+    R, D = x2.shape
+    if D <= WARP_ROW_MAX_D:
+        _rms_warps[_grid(R, NTW), NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
+                                              np.float32(eps), np.float32(post), x2 if gate2 is None else gate2,
+                                              0 if gate2 is None else GATE_ACTS[act], s2 if has_a else y2, y2)
+    else:
+        assert gate2 is None, "a gated norm's rows take a warp each (at most WARP_ROW_MAX_D)"
+        _rms_rows[R, NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
+                                 np.float32(eps), np.float32(post), s2 if has_a else y2, y2)
 
 
 def layer_norm_raw(x2, w, b, eps: float, y2, stream=0) -> None:
@@ -1364,11 +1452,20 @@ def gdn_gates_raw(bsrc, asrc, r: int, bias, A, beta, sp, g, stream=0) -> None:
                                                                   beta, sp, g)
 
 
-def causal_conv_raw(x, w, tail, y, new_tail, stream=0) -> None:
-    """x [T, C], w [C, Kc], tail [Kc-1, C] or None; y [T, C] and new_tail [Kc-1, C] written."""
+def kda_gates_raw(z, b, bias, A, dh: int, lb, g, beta, stream=0) -> None:
+    """z [T, H * dh], b [T, H], bias [H * dh], A [H]; lb None (softplus) or the bound; g [T, H, dh], beta [T, H]
+    written."""
+    n = max(z.shape[0] * z.shape[1], b.shape[0] * b.shape[1])
+    _kda_gates[_grid(n), 256, stream](z, b, bias, A, int(dh), lb is not None, np.float32(0.0 if lb is None else lb),
+                                      g, beta)
+
+
+def causal_conv_raw(x, w, tail, y, new_tail, stream=0, then_silu: bool = False) -> None:
+    """x [T, C], w [C, Kc], tail [Kc-1, C] or None; y [T, C] (then_silu: its silu) and new_tail [Kc-1, C] written."""
     has_tail = tail is not None
     n = max(x.shape[0], w.shape[1] - 1) * x.shape[1]
-    _causal_conv[_grid(n, 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, y, new_tail)
+    _causal_conv[_grid(n, 128), 128, stream](x, w, tail if has_tail else new_tail, has_tail, bool(then_silu), y,
+                                             new_tail)
 
 
 def pool_at_raw(kv, score, b, ratio: int, c: int, K: int, out, stream=0) -> None:
@@ -1584,6 +1681,39 @@ def gdn_gates(b, a, r: int, bias, A):
     return _done(dev, "gdn_gates", (b, a, bias, A), beta, sp, g)
 
 
+def kda_gates(z, b, bias, A, dh: int, lb):
+    """`kda.gates`: (g [T, H, dh], beta [T, H]) of z [T, H * dh] and b [T, H] in one launch, or None."""
+    dev = z.dev
+    zr = z.raw
+    if not _on(b, dev) or zr.ndim != 2 or b.raw.ndim != 2 or not _served(zr, b.raw):
+        return None
+    T, C = zr.shape
+    H = b.shape[1]
+    if b.shape[0] != T or H * dh != C:
+        return None
+    params = [None if p is None else dev.unwrap(p, "kda_gates weight") for p in (bias, A)]
+    if any(p is None or getattr(p, "size", 0) != n for p, n in zip(params, (C, H))):
+        return None
+    params = [p.reshape(-1) for p in params]
+    if not _served(*params):
+        return None
+    xp = dev.xp
+    g, beta = xp.empty((T, H, dh), dtype=np.float32), xp.empty((T, H), dtype=np.float32)
+    kda_gates_raw(_nv(zr), _nv(b.raw), _nv(params[0]), _nv(params[1]), dh, lb, _nv(g), _nv(beta), stream=_stream())
+    return _done(dev, "kda_gates", (z, b, bias, A), g, beta)
+
+
+def rms_norm_gated(x, w, eps: float, gate, act: str):
+    """`norm.rms_norm_gated`: rms_norm(x, w, eps) * act(gate) in one launch for rows of at most WARP_ROW_MAX_D, or
+    None."""
+    if not _on(gate, x.dev) or gate.shape != x.shape or act not in GATE_ACTS or x.raw.ndim < 1 \
+            or x.shape[-1] > WARP_ROW_MAX_D or gate.raw.dtype != np.float32:
+        return None
+    g2 = gate.raw.reshape(-1, x.shape[-1])                # (a view where the axes allow it, else CuPy's copy)
+    return _rows(x, "rms_norm_gated", (w,), lambda x2, wv, y, st: rms_norm_raw(x2, wv, eps, y, stream=st,
+                                                                             gate2=_nv(g2), act=act))
+
+
 def l2_norm(x, eps: float):
     """`delta_rule.l2_norm`: rms_norm(x, None, eps / D) * (1 / sqrt(D)) in one launch, or None."""
     D = x.shape[-1] if x.raw.ndim else 0
@@ -1680,8 +1810,9 @@ def pool_at(all_kv, all_score, b, ratio: int, c: int, K: int):
     return _done(dev, "pool_at", (all_kv, all_score, b), out)
 
 
-def causal_conv(x, w, tail):
-    """(y [T, C], new tail [Kc-1, C]) as `short_conv.causal_conv`, or None."""
+def causal_conv(x, w, tail, then_silu=False):
+    """(y [T, C], new tail [Kc-1, C]) as `short_conv.causal_conv` (then_silu: y's silu in the same launch), or
+    None."""
     dev = x.dev
     if not _same_dev(dev, x, tail) or x.raw.ndim != 2:
         return None
@@ -1693,7 +1824,7 @@ def causal_conv(x, w, tail):
     xp = dev.xp
     y, new_tail = xp.empty((T, C), dtype=np.float32), xp.empty((wr.shape[1] - 1, C), dtype=np.float32)
     causal_conv_raw(_nv(x.raw), _nv(wr), None if tail is None else _nv(tail.raw), _nv(y), _nv(new_tail),
-                    stream=_stream())
+                    stream=_stream(), then_silu=then_silu)
     return _done(dev, "causal_conv", (x, w, tail), y, new_tail)
 
 

@@ -30,6 +30,8 @@ KERNELS = [
 A1, A2, A3 = "float32[:]", "float32[:, :]", "float32[:, :, :]"     # the fused kernels take strided views too
 KERNELS += [
     ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F2}, boolean, {F1}, boolean, float32, float32, {F2}, {F2})"),
+    ("fused_rms_warps", fz._rms_warps, f"void({F2}, {F2}, boolean, {F1}, boolean, float32, float32, {A2}, int64, "
+                                       f"{F2}, {F2})"),
     ("fused_softmax", fz._softmax_rows, f"void({F2}, {F2})"),
     ("fused_layer_norm", fz._layer_rows, f"void({F2}, {F1}, boolean, {F1}, boolean, float32, {F2})"),
     ("fused_silu", fz._silu, f"void({F1}, {F1})"),
@@ -41,7 +43,8 @@ KERNELS += [
     ("fused_swiglu_clamp", fz._swiglu_clamp, f"void({F1}, {F1}, float32, {F1})"),
     ("fused_delta_rule", fz._delta_rule, f"void({A3}, {A3}, {A3}, {A3}, boolean, {A2}, {A3}, boolean, float32, {F3}, "
                                           f"{F3})"),
-    ("fused_causal_conv", fz._causal_conv, f"void({A2}, {F2}, {A2}, boolean, {F2}, {F2})"),
+    ("fused_kda_gates", fz._kda_gates, f"void({F2}, {F2}, {F1}, {F1}, int64, boolean, float32, {F3}, {F2})"),
+    ("fused_causal_conv", fz._causal_conv, f"void({A2}, {F2}, {A2}, boolean, boolean, {F2}, {F2})"),
     ("fused_rope_cos_sin", fz._rope_cos_sin, f"void(int64[:], float32, {F1}, boolean, float32, {F1}, {F1}, boolean, "
                                              f"float32, {F2}, {F2})"),
     ("fused_rope", fz._rope, f"void({A3}, {A2}, {A2}, int64, boolean, int64, float32, {F3}, {A3}, {F3}, boolean)"),

@@ -102,12 +102,14 @@ def numpy_twins() -> dict:
     from ..attention.short_conv import causal_conv
     from ..moe.router import topk_desc
     from ..ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp
-    from ..ops.norm import add_rms_norm, layer_norm, rms_norm
+    from ..attention.kda import gates as kda_gates
+    from ..ops.norm import add_rms_norm, layer_norm, rms_norm, rms_norm_gated
     from ..ops.rope import apply_rope, cos_sin
     from ..ops.softmax import softmax
     from ..residual import hyper_connections as hcm
     return {
         "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "l2_norm": delta_rule.l2_norm, "layer_norm": layer_norm,
+        "rms_norm_gated": rms_norm_gated, "kda_gates": kda_gates,
         "softmax": softmax,
         "silu": silu, "sigmoid": sigmoid,
         "softplus": softplus, "swiglu": swiglu, "situ": situ, "swiglu_clamp": swiglu_clamp,
@@ -133,6 +135,7 @@ def numpy_twins() -> dict:
 DECLINES = {
     "attention_gathered": lambda dev, q, *a: not fused.takes_gathered(q.shape[0], dev),
     "attention_causal": lambda dev, q, *a: not fused.takes_causal(q.shape[0], dev, q.shape[2]),
+    "rms_norm_gated": lambda dev, x, *a: x.shape[-1] > fused.WARP_ROW_MAX_D,
 }
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .activations import sigmoid, silu
 from .arrays import as_array, fused_op
 
 
@@ -29,6 +30,20 @@ def add_rms_norm(x: np.ndarray, a: np.ndarray, w: np.ndarray | None, eps: float)
         return res
     s = x + a
     return s, rms_norm(s, w, eps)
+
+
+GATES = ("silu", "sigmoid")           # rms_norm_gated's activations of the gate
+
+
+def rms_norm_gated(x: np.ndarray, w: np.ndarray | None, eps: float, gate: np.ndarray, act: str) -> np.ndarray:
+    """rms_norm(x, w, eps) * act(gate), act one of GATES (`activations.silu` / `sigmoid`): a linear-attention
+    layer's output norm, gated (llama.cpp's build_norm_gated: qwen3next's silu(z), Kimi's sigmoid(gate)). x, gate
+    [..., D] of one shape. (On a GPU one launch where the three take three.)"""
+    if act not in GATES:
+        raise ValueError(f"rms_norm_gated: act {act!r} is not one of {', '.join(GATES)}")
+    if (k := fused_op(x, "rms_norm_gated")) is not None and (y := k(x, w, eps, gate, act)) is not None:
+        return y
+    return rms_norm(x, w, eps) * (silu if act == "silu" else sigmoid)(gate)
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: float) -> np.ndarray:
