@@ -25,3 +25,20 @@ def test_fused_ops_count_once(tmp_path):
     assert fused["launches"] < plain["launches"]
     for op in ("fused hc_gates", "fused rope_tail", "fused attention_gathered", "fused collapse", "fused hc_post"):
         assert fused["by_op"].get(op, 0) > 0 and op not in plain["by_op"], op
+
+
+def test_fused_kernels_script_runs_its_cases(tmp_path, monkeypatch):
+    """benchmarks/fused_kernels.py at toy sizes in the simulator: every case runs, and the two norm kernels give the
+    same rows (the script's check that the forms it times compute one thing)."""
+    import json
+    import os
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        import pytest
+        pytest.skip("the script's toy check runs in the simulator")
+    import fused_kernels
+    out = tmp_path / "k.json"
+    assert fused_kernels.main(["--sim", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {r["case"] for r in rows} == {"norm", "delta", "rows"}
+    warps = [r for r in rows if "rms_warps_us" in r]
+    assert warps and all(r["max_abs_diff"] <= 1e-6 for r in warps)
