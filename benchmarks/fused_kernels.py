@@ -8,9 +8,11 @@ Cases (random inputs; median of --reps launches timed by CUDA events, after one 
 - norm: `rms_norm_raw`'s two kernels on the rows a prefill and a decode step give them: a head's norms (the delta
   rule's l2 norms, KDA's output norm: T x H rows of 128) and the model-width rows. `_rms_rows` (a block a row, 133
   registers for sm_90) against `_rms_warps` (a warp a row, 48) where the row fits a warp.
-- delta: `_delta_rule` (kimi-linear / qwen3next: 32 heads, K = V = 128, T = 1 and 512). 92 registers x 256 threads
-  leave two blocks an SM: 512 blocks are two waves on 132 SMs. --max-registers recompiles it under a cap (ptxas
-  spills past it) to see whether one wave pays for the spills.
+- delta: the delta rule's kernel (kimi-linear / qwen3next: 32 heads, K = V = 128, T = 1 and 512) in its forms
+  (`fused.delta_rule_kernel`: 4 or 8 state rows a lane, 1, 2 or 4 value columns a warp). Session 34's (8 rows, one
+  column, 92 registers x 256 threads) left two blocks an SM: 512 blocks, two waves on 132 SMs, for every token; the
+  default now (4 rows, DR_COLS = 2 columns, 72 registers) is 256 blocks, one wave. --max-registers recompiles the
+  default under a cap (ptxas spills past it).
 - rows: `_attention_rows`, a prefill's causal attention (T = 512): llama's heads (32 query heads on 8 key heads,
   K = V = 128) and MLA's absorbed heads (one shared key of 576, values of 512: kimi-linear's 32 heads, DeepSeek-V3's
   128), whose cost under the "rows" form decides `fused.ROWS_MAX_K`; --max-registers as for delta (124 registers).
@@ -90,18 +92,22 @@ def delta_cases(sim: bool, reps: int, caps) -> list[dict]:
         beta = cuda.to_device(np.abs(_rand((T, H), 5)) % 1.0)
         S0 = cuda.to_device(_rand((H, K, V), 6, 0.1))
         o, S1 = cuda.device_array((T, H, V), np.float32), cuda.device_array((H, K, V), np.float32)
-        blocks = H * ((V + fz.DR_WARPS - 1) // fz.DR_WARPS)
         scale = np.float32(1.0 / math.sqrt(K))
 
-        def launch(kern):
+        def launch(kern, cols):
+            blocks = H * ((V + fz.DR_WARPS * cols - 1) // (fz.DR_WARPS * cols))
             return lambda: kern[blocks, 32 * fz.DR_WARPS](q, k, v, g, True, beta, S0, True, scale, o, S1)
-        base = _time(launch(fz._delta_rule), reps)
+        base = _time(launch(fz.delta_rule_kernel(K), fz.DR_COLS), reps)
         want = o.copy_to_host()
-        res = {"case": "delta", "T": T, "H": H, "K": K, "V": V, "blocks": blocks, "default_us": base}
+        res = {"case": "delta", "T": T, "H": H, "K": K, "V": V, "cols": fz.DR_COLS, "default_us": base}
+        # the other forms: 8 rows a lane (the kernel of K > 128, session 34's row count), 1 / 4 columns a warp
+        for name, kern, cols in (("rows8_cols1", fz.delta_rule_kernel(256, 1), 1),
+                                 ("rows4_cols1", fz.delta_rule_kernel(K, 1), 1),
+                                 ("rows4_cols4", fz.delta_rule_kernel(K, 4), 4)):
+            res[f"{name}_us"] = _time(launch(kern, cols), reps)
+            res[f"{name}_max_abs_diff"] = float(np.max(np.abs(o.copy_to_host() - want)))
         for cap in caps:
-            kern = _capped(fz._delta_rule, cap)
-            t = _time(launch(kern), reps)
-            res[f"cap{cap}_us"] = t
+            res[f"cap{cap}_us"] = _time(launch(_capped(fz.delta_rule_kernel(K), cap), fz.DR_COLS), reps)
             res[f"cap{cap}_max_abs_diff"] = float(np.max(np.abs(o.copy_to_host() - want)))
         out.append(res)
     return out

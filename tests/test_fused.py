@@ -157,13 +157,17 @@ def test_swiglu_clamp():
     np.testing.assert_allclose(got, swiglu_clamp(g, u, 7.0), rtol=1e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("cols", [1, 2])
 @pytest.mark.parametrize("per_key", [False, True])
 @pytest.mark.parametrize("with_S", [False, True])
-@pytest.mark.parametrize("K", [8, 40])
-def test_delta_rule(per_key, with_S, K):
+@pytest.mark.parametrize("K", ["small", "mid", "wide"])
+def test_delta_rule(per_key, with_S, K, cols):
     """Every token of a call in one launch == delta_rule.recurrent (GDN's per-head decay, KDA's per-key one; a new
-    sequence's zero state or a carried one; K under a warp's 32 lanes and over them: two rows a lane)."""
-    T, H, K, V = (21, 32, 4 * K, 128) if GPU else (10, 2, K, 5)      # T over two staged chunks (DR_TC = 8)
+    sequence's zero state or a carried one; K under a warp's 32 lanes and over them: two rows a lane; over 128:
+    the kernel of 8 rows a lane), one and two value columns a warp (`fused.DR_COLS`), V not a whole number of a
+    block's columns (dead columns in a live warp)."""
+    K = {"small": (8, 32), "mid": (40, 128), "wide": (136, 160)}[K][GPU]
+    T, H, V = (21, 32, 120) if GPU else (10, 2, 5)      # T over two staged chunks (DR_TC = 8)
     rng = np.random.default_rng(3)
     q, k = (rng.standard_normal((T, H, K)).astype(np.float32) / np.sqrt(K) for _ in range(2))
     v = rng.standard_normal((T, H, V)).astype(np.float32)
@@ -173,7 +177,7 @@ def test_delta_rule(per_key, with_S, K):
     o_want, S_want = delta_rule.recurrent(q, k, v, g, beta, S)
     g3 = g if per_key else g[:, :, None]
     o, S_out = _run(lambda *a: fused.delta_rule_raw(a[0], a[1], a[2], a[3], per_key, a[4], a[5], 1 / np.sqrt(V),
-                                                    a[6], a[7]), q, k, v, g3, beta, S,
+                                                    a[6], a[7], cols=cols), q, k, v, g3, beta, S,
                     out_shapes=[(T, H, V), (H, K, V)])
     np.testing.assert_allclose(o, o_want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(S_out, S_want, rtol=1e-5, atol=1e-5)

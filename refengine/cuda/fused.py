@@ -366,77 +366,113 @@ def _swiglu_clamp(g, u, limit, y):
         y[i] = float32(gv / float32(float32(1.0) + float32(math.exp(-gv)))) * uv
 
 
-@cuda.jit(fastmath=False)
-def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
-    """A block of DR_WARPS warps per (head h, DR_WARPS value columns); a warp per column c: column c of head h's
-    state only meets column c of the values, so the T tokens run in order inside the warp, its 32 lanes holding
-    rows lane, lane + 32, ... of the column in registers (K <= 32 * DR_ROWS) and summing over K with `warp_sum`
-    (the order: each lane's rows ascending, then the butterfly). The block stages DR_TC tokens' k, q (and per-key
-    g) of head h in shared memory at a time, read once for all its warps. q, k [T, H, K], v [T, H, V], g [T, H, K]
+def _delta_rule_kernel(rows: int, cols: int):
+    """The delta rule's kernel for keys of at most 32 * rows (rows of a state column a lane holds) and `cols` value
+    columns a warp (compile-time constants: the local arrays' shapes, the unrolled loops).
+
+    A block of DR_WARPS warps per (head h, DR_WARPS * cols value columns); warp w takes columns c0 + w * cols + j,
+    j < cols: column c of head h's state only meets column c of the values, so the T tokens run in order inside the
+    warp, its 32 lanes holding rows lane, lane + 32, ... of each of its columns in registers and summing over K with
+    `warp_sum` (the order: each lane's rows ascending, then the butterfly; the same sums whatever rows and cols).
+    The block stages DR_TC tokens' k, q (and per-key g) of head h in shared memory at a time, read once for all its
+    warps, and a warp reads each staged k, q, g once for all its columns. q, k [T, H, K], v [T, H, V], g [T, H, K]
     (g_per_key) or [T, H, 1], beta [T, H], S [H, K, V]; the steps of `delta_rule.recurrent`: decay, k.S, delta,
-    the rank-one update, q.S."""
-    T, H, K = q.shape
-    V = v.shape[2]
-    nb = (V + DR_WARPS - 1) // DR_WARPS
-    h = cuda.blockIdx.x // nb
-    tid = cuda.threadIdx.x
-    wi = tid // 32
-    lane = tid - wi * 32
-    c0 = (cuda.blockIdx.x - h * nb) * DR_WARPS
-    c = c0 + wi
-    live = c < V                                     # (a dead warp still stages and syncs with the block)
-    ks = cuda.shared.array((DR_TC, DR_K), float32)
-    qs = cuda.shared.array((DR_TC, DR_K), float32)
-    gs = cuda.shared.array((DR_TC, DR_K), float32)
-    vs = cuda.shared.array((DR_TC, DR_WARPS), float32)
-    bs = cuda.shared.array(DR_TC, float32)
-    s = cuda.local.array(DR_ROWS, float32)
-    for r in range(DR_ROWS):
-        kk = lane + 32 * r
-        s[r] = S_in[h, kk, c] if live and has_S and kk < K else float32(0.0)
-    for t0 in range(0, T, DR_TC):
-        n = min(DR_TC, T - t0)
-        cuda.syncthreads()
-        for j in range(tid, n * K, 32 * DR_WARPS):
-            tt = j // K
-            kk = j - tt * K
-            ks[tt, kk] = k[t0 + tt, h, kk]
-            qs[tt, kk] = q[t0 + tt, h, kk]
-            gs[tt, kk] = float32(math.exp(g[t0 + tt, h, kk] if g_per_key else g[t0 + tt, h, 0]))
-        for j in range(tid, n * DR_WARPS, 32 * DR_WARPS):     # the tokens' values of the block's columns and their
-            tt = j // DR_WARPS                               # betas: the token loop below reads no global memory
-            cc = j - tt * DR_WARPS
-            vs[tt, cc] = v[t0 + tt, h, c0 + cc] if c0 + cc < V else float32(0.0)
-        if tid < n:
-            bs[tid] = beta[t0 + tid, h]
-        cuda.syncthreads()
-        if live:
-            for tt in range(n):
-                t = t0 + tt
-                part = float32(0.0)
-                for r in range(DR_ROWS):
-                    kk = lane + 32 * r
-                    if kk < K:
-                        sv = s[r] * gs[tt, kk]
-                        s[r] = sv
-                        part += ks[tt, kk] * sv
-                kv = warp_sum(part)
-                delta = (vs[tt, wi] - kv) * bs[tt]
-                part = float32(0.0)
-                for r in range(DR_ROWS):
-                    kk = lane + 32 * r
-                    if kk < K:
-                        sv = s[r] + ks[tt, kk] * delta
-                        s[r] = sv
-                        part += qs[tt, kk] * sv
-                acc = warp_sum(part)
-                if lane == 0:
-                    o[t, h, c] = acc * scale
-    if live:
-        for r in range(DR_ROWS):
+    the rank-one update, q.S.
+
+    Registers, not arithmetic, set how many warps run at once: with rows = 8 and one column a warp (92 registers for
+    sm_90) two blocks fit an SM, and a 32-head layer's 512 blocks took two waves of 132 SMs for every token. rows = 4
+    (K <= 128, every published model) drops the dead rows; two columns a warp halve the warps (`DR_COLS`)."""
+    VC = DR_WARPS * cols                                 # value columns of a block
+
+    @cuda.jit(fastmath=False)
+    def kernel(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
+        T, H, K = q.shape
+        V = v.shape[2]
+        nb = (V + VC - 1) // VC
+        h = cuda.blockIdx.x // nb
+        tid = cuda.threadIdx.x
+        wi = tid // 32
+        lane = tid - wi * 32
+        c0 = (cuda.blockIdx.x - h * nb) * VC
+        cw = c0 + wi * cols                              # the warp's first column
+        live = cw < V                                    # (a dead warp still stages and syncs with the block)
+        ks = cuda.shared.array((DR_TC, DR_K), float32)
+        qs = cuda.shared.array((DR_TC, DR_K), float32)
+        gs = cuda.shared.array((DR_TC, DR_K), float32)
+        vs = cuda.shared.array((DR_TC, VC), float32)
+        bs = cuda.shared.array(DR_TC, float32)
+        s = cuda.local.array((rows, cols), float32)
+        part = cuda.local.array(cols, float32)
+        delta = cuda.local.array(cols, float32)
+        for r in range(rows):
             kk = lane + 32 * r
-            if kk < K:
-                S_out[h, kk, c] = s[r]
+            for j in range(cols):
+                s[r, j] = S_in[h, kk, cw + j] if has_S and kk < K and cw + j < V else float32(0.0)
+        for t0 in range(0, T, DR_TC):
+            n = min(DR_TC, T - t0)
+            cuda.syncthreads()
+            for i in range(tid, n * K, 32 * DR_WARPS):
+                tt = i // K
+                kk = i - tt * K
+                ks[tt, kk] = k[t0 + tt, h, kk]
+                qs[tt, kk] = q[t0 + tt, h, kk]
+                gs[tt, kk] = float32(math.exp(g[t0 + tt, h, kk] if g_per_key else g[t0 + tt, h, 0]))
+            for i in range(tid, n * VC, 32 * DR_WARPS):  # the tokens' values of the block's columns and their betas:
+                tt = i // VC                             # the token loop below reads no global memory
+                cc = i - tt * VC
+                vs[tt, cc] = v[t0 + tt, h, c0 + cc] if c0 + cc < V else float32(0.0)
+            if tid < n:
+                bs[tid] = beta[t0 + tid, h]
+            cuda.syncthreads()
+            if live:
+                for tt in range(n):
+                    t = t0 + tt
+                    for j in range(cols):
+                        part[j] = float32(0.0)
+                    for r in range(rows):
+                        kk = lane + 32 * r
+                        if kk < K:
+                            gk, kv = gs[tt, kk], ks[tt, kk]
+                            for j in range(cols):
+                                sv = s[r, j] * gk
+                                s[r, j] = sv
+                                part[j] += kv * sv
+                    for j in range(cols):
+                        delta[j] = (vs[tt, wi * cols + j] - warp_sum(part[j])) * bs[tt]
+                        part[j] = float32(0.0)
+                    for r in range(rows):
+                        kk = lane + 32 * r
+                        if kk < K:
+                            kv, qv = ks[tt, kk], qs[tt, kk]
+                            for j in range(cols):
+                                sv = s[r, j] + kv * delta[j]
+                                s[r, j] = sv
+                                part[j] += qv * sv
+                    for j in range(cols):
+                        acc = warp_sum(part[j])
+                        if lane == j and cw + j < V:
+                            o[t, h, cw + j] = acc * scale
+        if live:
+            for r in range(rows):
+                kk = lane + 32 * r
+                if kk < K:
+                    for j in range(cols):
+                        if cw + j < V:
+                            S_out[h, kk, cw + j] = s[r, j]
+    return kernel
+
+
+DR_COLS = 2                 # the delta rule's value columns a warp (`_delta_rule_kernel`)
+_DELTA_RULES: dict = {}
+
+
+def delta_rule_kernel(K: int, cols: int | None = None):
+    """The delta rule's kernel for keys of K (<= DR_K) and `cols` columns a warp (None: DR_COLS), made once."""
+    rows = 4 if K <= 128 else DR_ROWS
+    key = (rows, DR_COLS if cols is None else cols)
+    if key not in _DELTA_RULES:
+        _DELTA_RULES[key] = _delta_rule_kernel(*key)
+    return _DELTA_RULES[key]
 
 
 @cuda.jit(fastmath=False)
@@ -1436,14 +1472,17 @@ def softplus_raw(x1, y1, stream=0) -> None:
     _softplus[_grid(x1.shape[0]), 256, stream](x1, y1)
 
 
-def delta_rule_raw(q, k, v, g, g_per_key: bool, beta, S_in, scale: float, o, S_out, stream=0) -> None:
+def delta_rule_raw(q, k, v, g, g_per_key: bool, beta, S_in, scale: float, o, S_out, stream=0,
+                   cols: int | None = None) -> None:
     """q, k [T, H, K], v [T, H, V], g [T, H, K] (g_per_key) or [T, H, 1], beta [T, H], S_in [H, K, V] or None;
-    o [T, H, V] and S_out [H, K, V] written."""
+    o [T, H, V] and S_out [H, K, V] written. cols: value columns a warp (None: DR_COLS)."""
     H, V = v.shape[1], v.shape[2]
     has_S = S_in is not None
-    blocks = H * ((V + DR_WARPS - 1) // DR_WARPS)
-    _delta_rule[blocks, 32 * DR_WARPS, stream](q, k, v, g, g_per_key, beta, S_in if has_S else S_out, has_S,
-                                               np.float32(scale), o, S_out)
+    cols = DR_COLS if cols is None else cols
+    blocks = H * ((V + DR_WARPS * cols - 1) // (DR_WARPS * cols))
+    delta_rule_kernel(q.shape[2], cols)[blocks, 32 * DR_WARPS, stream](q, k, v, g, g_per_key, beta,
+                                                                       S_in if has_S else S_out, has_S,
+                                                                       np.float32(scale), o, S_out)
 
 
 def gdn_gates_raw(bsrc, asrc, r: int, bias, A, beta, sp, g, stream=0) -> None:

@@ -28,6 +28,7 @@ KERNELS = [
     ("route[E=1024]", route_kernel(1024), f"void({F2}, int64, boolean, {I2}, {F1})"),
 ]
 A1, A2, A3 = "float32[:]", "float32[:, :]", "float32[:, :, :]"     # the fused kernels take strided views too
+DR_SIG = f"void({A3}, {A3}, {A3}, {A3}, boolean, {A2}, {A3}, boolean, float32, {F3}, {F3})"
 KERNELS += [
     ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F2}, boolean, {F1}, boolean, float32, float32, {F2}, {F2})"),
     ("fused_rms_warps", fz._rms_warps, f"void({F2}, {F2}, boolean, {F1}, boolean, float32, float32, {A2}, int64, "
@@ -41,8 +42,9 @@ KERNELS += [
     ("fused_swiglu", fz._swiglu, f"void({F1}, {F1}, {F1})"),
     ("fused_situ", fz._situ, f"void({F1}, {F1}, float32, float32, {F1})"),
     ("fused_swiglu_clamp", fz._swiglu_clamp, f"void({F1}, {F1}, float32, {F1})"),
-    ("fused_delta_rule", fz._delta_rule, f"void({A3}, {A3}, {A3}, {A3}, boolean, {A2}, {A3}, boolean, float32, {F3}, "
-                                          f"{F3})"),
+    ("fused_delta_rule", fz.delta_rule_kernel(128), DR_SIG),
+    ("fused_delta_rule[K=256]", fz.delta_rule_kernel(256), DR_SIG),
+    ("fused_delta_rule[cols=1]", fz.delta_rule_kernel(128, 1), DR_SIG),
     ("fused_kda_gates", fz._kda_gates, f"void({F2}, {F2}, {F1}, {F1}, int64, boolean, float32, {F3}, {F2})"),
     ("fused_causal_conv", fz._causal_conv, f"void({A2}, {F2}, {A2}, boolean, boolean, {F2}, {F2})"),
     ("fused_rope_cos_sin", fz._rope_cos_sin, f"void(int64[:], float32, {F1}, boolean, float32, {F1}, {F1}, boolean, "

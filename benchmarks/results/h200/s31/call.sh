@@ -9,7 +9,7 @@
 # (same command with the remaining CUTS, TAG=2, ...). On the host after: benchmarks/check_logits.py per cut, then
 # benchmarks/table.py over the calls' folders. FOLD="1 3": the fold's measure (DeviceModel's layer against the concept
 # modules' graph); FOLD_PROFILE=N: with DeviceModel's per-stage profile and N graph steps' kernels under torch.profiler.
-# GRAPH_PROFILE / GRAPH_ALT pass through to gpu_session.sh (its header).
+# GRAPH_PROFILE / GRAPH_ALT pass through to gpu_session.sh (its header). EXTRA="cmd": a command after the tests.
 T=${TAG:-1}; O=/tmp/o$T; mkdir -p $O $OUT /tmp/m /tmp/rs; rm -f /tmp/m/*.tmp; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl > $O/pip.log 2>&1
 START=$(date +%s)
@@ -36,6 +36,9 @@ if [ -n "${TESTS:-}" ]; then         # PATCH=file: the tests run on a copy of th
   (cd $TD && PYTHONPATH=/tmp/site:$TD timeout ${TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -n ${TESTS_N:-10} \
     $TESTS ${TESTS_K:+-k "$TESTS_K"}) > $O/tests.log 2>&1
   echo "tests rc=$? $(date +%T)" >> $O/t.log
+fi
+if [ -n "${EXTRA:-}" ]; then         # EXTRA="command": run after the tests (a kernel benchmark), output in extra.log
+  (eval "$EXTRA") > $O/extra.log 2>&1; echo "extra rc=$? $(date +%T)" >> $O/t.log; tail -20 $O/extra.log
 fi
 fold() {                      # the fold's measure: DeviceModel's decode a layer, the generic graph's of 1 and 3 layers
   [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ] || return 0
