@@ -351,20 +351,21 @@ class Runtime:
             return np.concatenate([self._be.matmul(xh, p, mode=self.mode) for p in w.parts], axis=1)
         return self._be.matmul(xh, w, mode=self.mode)
 
-    def matmul_many(self, x, ws) -> list:
+    def matmul_many(self, x, ws, strided: bool = False) -> list:
         """[x @ w.T for w in ws]: several weights multiplying one input (q, k and v; a FFN's up and gate). Resident,
         the weights of one type and width that the device's kernels take are one product by their `quant.QStack`,
         its output split into column views (a token's: C-contiguous rows, which every kernel takes on its short
-        launch path; more tokens' copied out, a strided view being some kernels' decline): one product and one
-        NaN/inf flag (naming the part at fault) a group. Each row's sums are the separate products' (the kernels'
-        rows are independent: the same numbers; on the cpu / numpy backends nothing changes). The others by
-        `matmul`, one each (all of them so under `KernelPolicy(stacked_products=False)`)."""
+        launch path; more tokens' copied out, a strided view being some kernels' decline, unless `strided`: the
+        caller's consumers read strided rows, and it makes C-contiguous what else it passes on): one product and
+        one NaN/inf flag (naming the part at fault) a group. Each row's sums are the separate products' (the
+        kernels' rows are independent: the same numbers; on the cpu / numpy backends nothing changes). The others
+        by `matmul`, one each (all of them so under `KernelPolicy(stacked_products=False)`)."""
         from .devarray import DeviceArray
         if self._prefetched:                              # products a `prefetch` made ahead: taken, the rest made
             got = [self._prefetched.pop(id(w), None) for w in ws]
             got = [g[2] if g is not None and g[0] is x and g[1] is w else None for g, w in zip(got, ws)]
             if any(g is not None for g in got):
-                made = iter(self.matmul_many(x, [w for g, w in zip(got, ws) if g is None]))
+                made = iter(self.matmul_many(x, [w for g, w in zip(got, ws) if g is None], strided))
                 return [g if g is not None else next(made) for g in got]
         if len(ws) < 2 or self.device is None or self._forced or self.mode != "exact" \
                 or not isinstance(x, DeviceArray) or not getattr(self.kernel_policy, "stacked_products", True):
@@ -379,7 +380,7 @@ class Runtime:
             y = self._matmul_resident(x, st)
             for i, (a, b) in zip(group, st.bounds()):
                 self._router_hook(x, ws[i])
-                out[i] = y[:, a:b] if x.shape[0] == 1 else y[:, a:b].copy()            # (C order)
+                out[i] = y[:, a:b] if x.shape[0] == 1 or strided else y[:, a:b].copy()     # (C order)
         return out
 
     def _kernels_serve(self, w: QTensor, heads: bool = False) -> bool:

@@ -212,9 +212,12 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
     fused_qkv = getattr(w, "attn_qkv", None) is not None
     gw = [w.ssm_g] if kc.full_rank_gate else [w.ssm_g_a]
     ws = ([w.attn_qkv] if fused_qkv else [getattr(w, f"attn_{x}") for x in STREAMS]) + [w.ssm_f_a, w.ssm_beta] + gw
-    *proj, fa, b, g_in = rt.matmul_many(h, ws)           # h's products, one launch a type where a device takes them
+    # h's products, one launch a type where a device takes them; q, k, v may stay column views of it (the conv reads
+    # strided rows), the others made C-contiguous (a copy where they are views)
+    *proj, fa, b, g_in = rt.matmul_many(h, ws, strided=True)
+    fa, b, g_in = contiguous(fa), contiguous(b), contiguous(g_in)
     if fused_qkv:                                                                 # [T, 3*d_in]
-        proj = [contiguous(proj[0][:, i * d_in:(i + 1) * d_in]) for i in range(3)]
+        proj = [proj[0][:, i * d_in:(i + 1) * d_in] for i in range(3)]
     tails = [None] * 3 if state.conv is None else np.split(state.conv, 3, axis=1)  # 3 x [Kc-1, d_in]
     outs, new_tails = [], []
     convs = (getattr(w, f"ssm_conv1d_{x}").reshape(d_in, kc.d_conv) for x in STREAMS)   # [d_in, Kc] each
