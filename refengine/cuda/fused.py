@@ -385,7 +385,7 @@ def _delta_rule_kernel(rows: int, cols: int):
     VC = DR_WARPS * cols                                 # value columns of a block
 
     @cuda.jit(fastmath=False)
-    def kernel(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):
+    def _delta_rule(q, k, v, g, g_per_key, beta, S_in, has_S, scale, o, S_out):    # (the profiles' name)
         T, H, K = q.shape
         V = v.shape[2]
         nb = (V + VC - 1) // VC
@@ -459,7 +459,7 @@ def _delta_rule_kernel(rows: int, cols: int):
                     for j in range(cols):
                         if cw + j < V:
                             S_out[h, kk, cw + j] = s[r, j]
-    return kernel
+    return _delta_rule
 
 
 DR_COLS = 2                 # the delta rule's value columns a warp (`_delta_rule_kernel`)
