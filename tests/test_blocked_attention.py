@@ -53,6 +53,33 @@ def test_blocked_float32_and_large_logits():
     assert_close("blocked vs one-shot (float32)", got, want, 1e-6)
 
 
+def test_blocked_on_a_device_takes_bigger_query_blocks(monkeypatch):
+    """On a device (the sim device's arrays) a prompt's queries are one block (BLOCK_ELEMS_DEVICE scores), on the
+    host 256 a block: the same rows as the one-shot form (float32) either way, and the device's block count follows
+    the budget."""
+    from refengine.attention import mha
+    from refengine.devarray import Device
+    T, S = 300, 320
+    q, k, v = (a.astype(np.float32) for a in qkv(T, S, 4, 2))
+    q_pos = np.arange(S - T, S)
+    want = attention(q, k, v, causal_mask(q_pos, np.arange(S)), 0.25)
+    dev = Device("sim")
+    tiles = []
+    real_mask = causal_mask
+    monkeypatch.setattr(mha, "causal_mask", lambda qp, kp: tiles.append(len(qp)) or real_mask(qp, kp))
+    got = attention_blocked(*map(dev.wrap, (q, k, v, q_pos)), 0.25, mask_fn=mha.causal_mask)
+    assert tiles == [T]                                            # one query block
+    assert_close("device blocks vs one-shot (float32)", np.asarray(dev.unwrap(got, "out")), want, 1e-6)
+    tiles.clear()
+    host = attention_blocked(q, k, v, q_pos, 0.25, mask_fn=mha.causal_mask)
+    assert tiles == [256, T - 256]
+    assert_close("host blocks vs one-shot (float32)", host, want, 1e-6)
+    monkeypatch.setattr(mha, "BLOCK_ELEMS_DEVICE", 4 * 512 * 100)                  # 100 queries' scores: 256 a block
+    tiles.clear()
+    attention_blocked(*map(dev.wrap, (q, k, v, q_pos)), 0.25, mask_fn=mha.causal_mask)
+    assert tiles == [256, T - 256]
+
+
 def test_attend_records_like_the_one_shot():
     """attend: one shot traces kq, kq_soft_max and kqv; blocked traces kqv only, the same [H, T, V]."""
     q, k, v = qkv(9, 20, 4, 2)

@@ -60,10 +60,16 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_
     return out.reshape(H, T, V).transpose(1, 0, 2)                        # [T, H, V]
 
 
+BLOCK_ELEMS_DEVICE = 1 << 25   # attention_blocked on a device: a tile's scores at most (128 MiB in float32), so a
+# prompt's queries are one block or a few (each block ~20 launches, mostly the host's time); the host keeps 256
+
+
 def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, kq_scale: float, *,
-                      mask_fn=causal_mask, q_block: int = 256, k_block: int = 512, dtype=np.float32) -> np.ndarray:
+                      mask_fn=causal_mask, q_block: int | None = None, k_block: int = 512,
+                      dtype=np.float32) -> np.ndarray:
     """q: [T, H, K], k: [S, Hkv, K], v: [S, Hkv, V], q_pos [T] -> [T, H, V]: `attention` with
-    mask = mask_fn(q_pos, arange(S)), computed for one [Tb, Sb] tile of the mask at a time.
+    mask = mask_fn(q_pos, arange(S)), computed for one [Tb, Sb] tile of the mask at a time (q_block None: 256
+    queries a block on the host, as many as BLOCK_ELEMS_DEVICE scores allow on a device).
 
     Per query block, over key blocks j, with x_j = (q . k_j) * kq_scale + mask_j   [H, Tb, Sb]:
         m'  = max(m, rowmax(x_j));   a = exp(m - m');   p = exp(x_j - m')
@@ -80,6 +86,8 @@ def attention_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.nda
             is not None and (o := kf(q, k, v, q_pos, kq_scale, mask_fn is causal_mask)) is not None:
         return o                                          # a GPU, a decode step: one launch (cuda/fused.py)
     g = H // Hkv
+    if q_block is None:
+        q_block = 256 if isinstance(q, np.ndarray) else max(256, BLOCK_ELEMS_DEVICE // (H * k_block))
     k_pos = np.arange(S, like=q_pos)                                             # (where q_pos lives)
     kt = k.astype(dtype, copy=False).transpose(1, 2, 0)[:, None]                 # [S, Hkv, K] -> [Hkv, 1, K, S]
     vt = v.astype(dtype, copy=False).transpose(1, 0, 2)[:, None]                 # [S, Hkv, V] -> [Hkv, 1, S, V]
