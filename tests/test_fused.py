@@ -790,6 +790,31 @@ def test_route_softmax(norm_w, scale):
     np.testing.assert_allclose(probs.copy_to_host(), softmax(x), rtol=2e-6, atol=0)
 
 
+@pytest.mark.parametrize("with_bias,norm_w,scale", [(True, True, 2.5), (False, False, None), (True, False, None)])
+def test_route_sigmoid(with_bias, norm_w, scale):
+    """Sigmoid routing in one launch (sigmoid, the biased selection, its k largest, the unbiased weights) ==
+    moe.router.route with sigmoid gating: the ids equal (a tie at the top, rows longer than the block), the
+    selection bit for bit from the probs (one float32 add), probs and weights as the kernels' tests hold theirs."""
+    from refengine.moe.router import GATING_SIGMOID, route
+    T, E, k = (9, 512, 8) if GPU else (3, 300, 3)
+    x = _rand(T, E, scale=3.0)
+    x[0, 5] = x[0, 9] = x[0, 5 + fused.NT] = np.float32(8.0)   # a tie at the top, one of it the same thread's next
+    bias = _rand(E, seed=3, scale=0.1) if with_bias else None
+    if with_bias:
+        bias[[5, 9, 5 + fused.NT]] = 0.0
+    want_ids, want_w = route(x, k, gating=GATING_SIGMOID, bias=bias, norm_w=norm_w, w_scale=scale or 0.0)
+    probs, sel, ids, w = (cuda.device_array((T, E), np.float32), cuda.device_array((T, E), np.float32),
+                          cuda.device_array((T, k), np.int32), cuda.device_array((T, k), np.float32))
+    fused.route_sigmoid_raw(cuda.to_device(x), k, None if bias is None else cuda.to_device(bias), norm_w, scale,
+                            probs, sel, ids, w)
+    cuda.synchronize()
+    assert np.array_equal(ids.copy_to_host(), want_ids)
+    np.testing.assert_allclose(w.copy_to_host(), want_w, rtol=2e-6, atol=0)
+    p = probs.copy_to_host()
+    np.testing.assert_allclose(p, sigmoid(x), rtol=1e-6, atol=1e-30)
+    assert np.array_equal(sel.copy_to_host(), p if bias is None else p + bias[None, :])
+
+
 @pytest.mark.skipif(not qc.SIM, reason="the simulator's arrays stand in for CuPy's (on a GPU: the tests above)")
 def test_entries_on_numpy_arrays(monkeypatch):
     """The entry points of this session's kernels as the modules call them (DeviceArrays in, DeviceArrays out),
@@ -830,6 +855,19 @@ def test_entries_on_numpy_arrays(monkeypatch):
                                    rms_norm_gated(xo, w[:16], 1e-6, go, act), rtol=4e-6, atol=0)
     xl = _rand(2, fused.WARP_ROW_MAX_D + 1)
     assert fused.rms_norm_gated(dev.wrap(xl), None, 1e-6, dev.wrap(xl), "silu") is None
+    # the sigmoid router (a bias as the file has it: a host vector; and none), through router.route's dispatch
+    from refengine.moe.router import GATING_SIGMOID, route
+    lg, eb = _rand(3, 40, seed=6), _rand(40, seed=7, scale=0.1)
+    monkeypatch.setattr(dev, "fused", fused)                 # (route's fused_op reaches the entries)
+    calls, real = [], fused.route_sigmoid
+    monkeypatch.setattr(fused, "route_sigmoid", lambda *a: calls.append(a[2] is None) or real(*a))
+    for b in (eb, None):
+        got = route(dev.wrap(lg), 4, gating=GATING_SIGMOID, bias=b, norm_w=True, w_scale=2.5)
+        want = route(lg, 4, gating=GATING_SIGMOID, bias=b, norm_w=True, w_scale=2.5)
+        assert np.array_equal(got[0].raw, want[0])
+        np.testing.assert_allclose(got[1].raw, want[1], rtol=2e-6, atol=0)
+    assert calls == [False, True]                            # the kernel took both (a bias, then none)
+    monkeypatch.setattr(dev, "fused", None)
     from refengine.attention.mha import attention_gathered
     from refengine.attention.rope_tail import rotate_tail
     from refengine.residual import hyper_connections as hcm

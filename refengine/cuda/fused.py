@@ -28,6 +28,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              from its mixes (one launch; the NumPy statement: eleven and the iterations'), the
                              streams read and written back
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
+    route_softmax(x, k, norm_w, scale), route_sigmoid(x, k, bias, norm_w, scale)   moe/router.py `route` without
+                             groups: the gate, its selection, the top k and their weights in one launch
     ggml_top_k_rows(x, n, k) ops/top_k.py `ggml_top_k_rows` (libstdc++'s heap select replayed, a thread a row: the
                              k-pool indexer's fixed-shape selection; reached through `ops.arrays.row_kernel`)
     group_limited(s, G, n)   moe/router.py `group_limited`: the experts of the n best of G groups kept, the rest -inf
@@ -1391,6 +1393,28 @@ def _route_softmax(x, k, norm_w, scale, has_scale, probs, ids, out):
         _weights_row(probs, ids, r, norm_w, scale, has_scale, out)
 
 
+@cuda.jit(fastmath=False)
+def _route_sigmoid(x, k, bias, has_bias, norm_w, scale, has_scale, probs, sel, ids, out):
+    """Row r = blockIdx.x of a sigmoid router (`moe.router.route`, gating sigmoid, a selection bias or none, no
+    groups): probs = sigmoid of the logits' row (`_sigmoid1`), sel = probs + bias (the selection; probs without a
+    bias), ids sel's k largest (`_top_k_row`), out probs' weights at them (`_weights_row`, thread 0): one launch
+    where the four take four."""
+    r = cuda.blockIdx.x
+    taken = cuda.shared.array(TOPK_E, boolean)
+    wv = cuda.shared.array(NTW, float32)
+    wj = cuda.shared.array(NTW, int32)
+    pick = cuda.shared.array(1, int32)
+    for e in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
+        p = _sigmoid1(x[r, e])
+        probs[r, e] = p
+        sel[r, e] = p + bias[e] if has_bias else p
+    cuda.syncthreads()                               # the row's selection written before any thread reads it
+    _top_k_row(sel, r, k, ids, taken, wv, wj, pick)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        _weights_row(probs, ids, r, norm_w, scale, has_scale, out)
+
+
 @cuda.jit(device=True, inline=True)
 def _weights_row(probs, ids, t, norm_w, scale, has_scale, out):
     """Row t: out[t, a] = probs[t, ids[t, a]]; when norm_w divided by max(float32(their float64 sum), 2^-14); when
@@ -1631,6 +1655,14 @@ def route_softmax_raw(x2, k: int, norm_w: bool, scale, probs, ids, out, stream=0
     a float."""
     _route_softmax[x2.shape[0], NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0), scale is not None,
                                             probs, ids, out)
+
+
+def route_sigmoid_raw(x2, k: int, bias, norm_w: bool, scale, probs, sel, ids, out, stream=0) -> None:
+    """x2, probs, sel [T, E] float32 (E <= TOPK_E), bias [E] float32 or None, ids [T, k] int32 (k <= TOPK_MAX), out
+    [T, k] float32; scale None or a float."""
+    _route_sigmoid[x2.shape[0], NT, stream](x2, int(k), x2[0] if bias is None else bias, bias is not None,
+                                            bool(norm_w), np.float32(scale or 0.0), scale is not None, probs, sel,
+                                            ids, out)
 
 
 def expert_weights_raw(probs, ids, norm_w: bool, scale, out, stream=0) -> None:
@@ -2100,6 +2132,25 @@ def route_softmax(logits, k: int, norm_w: bool, scale):
     probs, ids, out = xp.empty_like(raw), xp.empty((T, k), np.int32), xp.empty((T, k), np.float32)
     route_softmax_raw(_nv(raw), k, norm_w, scale, _nv(probs), _nv(ids), _nv(out), stream=_stream())
     return _done(logits.dev, "route_softmax", (logits,), probs, ids, out)
+
+
+def route_sigmoid(logits, k: int, bias, norm_w: bool, scale):
+    """`router.route` with sigmoid gating, a selection bias [E] or None, no groups: (probs [T, E], the selection
+    [T, E] (probs + bias; probs itself without one), ids [T, k] int32, weights [T, k]) in one launch, or None."""
+    raw = logits.raw
+    if raw.ndim != 2 or not _served(raw) or not 0 < raw.shape[1] <= TOPK_E or not 0 < k <= min(TOPK_MAX, raw.shape[1]):
+        return None
+    dev = logits.dev
+    bufs = _vectors(dev, "route_sigmoid", (bias,), raw.shape[1])
+    if bufs is None:
+        return None
+    b = bufs[0]
+    xp = dev.xp
+    T = raw.shape[0]
+    probs, ids, out = xp.empty_like(raw), xp.empty((T, k), np.int32), xp.empty((T, k), np.float32)
+    sel = probs if b is None else xp.empty_like(raw)
+    route_sigmoid_raw(_nv(raw), k, _nv(b), norm_w, scale, _nv(probs), _nv(sel), _nv(ids), _nv(out), stream=_stream())
+    return _done(dev, "route_sigmoid", (logits, bias), probs, sel, ids, out)
 
 
 def ggml_top_k_rows(score, n, k: int, clean_stable: bool = False):

@@ -59,6 +59,17 @@ def route_softmax_np(logits, k, norm_w, scale):
                                       w_scale=0.0 if scale is None else scale)
 
 
+def route_sigmoid_np(logits, k, bias, norm_w, scale):
+    """router.route's sigmoid steps (no groups) from the kernel's arguments: (probs, selection, ids, weights)."""
+    from ..moe.router import GATING_SIGMOID, expert_weights, gate_probs, topk_desc
+    import numpy as np
+    probs = gate_probs(logits, GATING_SIGMOID)
+    sel = probs if bias is None else probs + np.asarray(bias, dtype=np.float32)[None, :]
+    ids = topk_desc(sel, k)
+    return probs, sel, ids, expert_weights(probs, ids, gating=GATING_SIGMOID, norm_w=norm_w,
+                                           w_scale=0.0 if scale is None else scale)
+
+
 def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):
     """rope.rms_norm_rope's NumPy statement from the kernel's arguments; with x2 the pair (rms_norm_rope_qk)."""
     from ..ops.norm import rms_norm
@@ -125,7 +136,7 @@ def numpy_twins() -> dict:
         "rope_cos_sin": cos_sin,
         "rope_tail": _paired(rotate_tail, 5),
         "norm_rope": norm_rope_np, "rope_append": rope_append_np,
-        "route_softmax": route_softmax_np,
+        "route_softmax": route_softmax_np, "route_sigmoid": route_sigmoid_np,
         "pool_at": pool_at_np,
     }
 

@@ -106,25 +106,29 @@ def route(logits: np.ndarray, k: int, *, gating: int = GATING_SOFTMAX, bias: np.
     T, E = logits.shape
     if not 0 < k <= E:
         raise ValueError(f"routing: {k} active experts out of {E}")
-    fused = None                                                           # a GPU: probs, ids and weights of a
-    if gating == GATING_SOFTMAX and bias is None and not (n_groups > 1 and T > 0) \
-            and (f := fused_op(logits, "route_softmax")) is not None:     # softmax router in one launch
-        fused = f(logits, k, norm_w, None if w_scale in (0.0, 1.0) else float(w_scale))
+    fused = None                      # a GPU: (probs, selection, ids, weights) of a router without groups, one launch
+    scale = None if w_scale in (0.0, 1.0) else float(w_scale)
+    if not (n_groups > 1 and T > 0):
+        if gating == GATING_SOFTMAX and bias is None and (f := fused_op(logits, "route_softmax")) is not None \
+                and (r := f(logits, k, norm_w, scale)) is not None:
+            fused = (r[0], r[0], r[1], r[2])
+        elif gating == GATING_SIGMOID and (f := fused_op(logits, "route_sigmoid")) is not None:
+            fused = f(logits, k, bias, norm_w, scale)
     probs = gate_probs(logits, gating) if fused is None else fused[0]     # [T, E]
     rec("ffn_moe_probs", il, probs)
     selection = probs
     if bias is not None:
-        selection = probs + np.asarray(bias, dtype=np.float32)[None, :]    # [T, E], for selection only
-        rec("ffn_moe_probs_biased", il, selection)
+        selection = probs + np.asarray(bias, dtype=np.float32)[None, :] if fused is None else fused[1]   # [T, E],
+        rec("ffn_moe_probs_biased", il, selection)                                                     # selection only
     if n_groups > 1 and T > 0:
         selection = group_limited(selection, n_groups, n_group_used, rec, il)
     rec("ffn_moe_argsort", il,                                             # [T, E], descending: made when read
         lambda: np.argsort(-selection, axis=-1, kind="stable").astype(np.int32))
-    ids = topk_desc(selection, k) if fused is None else fused[1]           # [T, A], its first A
+    ids = topk_desc(selection, k) if fused is None else fused[2]           # [T, A], its first A
     rec("ffn_moe_topk", il, ids)
     if fused is not None:
         _record_weight_steps(probs, ids, gating, norm_w, w_scale, rec, il)
-        return ids, fused[2]
+        return ids, fused[3]
     return ids, expert_weights(probs, ids, gating=gating, norm_w=norm_w, w_scale=w_scale, record=rec, il=il)
 
 
