@@ -33,8 +33,8 @@ from ..errors import ConfigError
 from ..ffn import dense_ffn_table
 from ..globals import embed_tokens, load_globals as _load_globals, rms_head
 from ..moe.block import GATING, MoEConfig, MoETensors, ffn_sublayer, moe_matmul_inputs, moe_table
-from ..ops import rms_norm
 from ..ops.rope import context_rope
+from ..residual.pending import add_norm
 from ..weights import load_tensors, norm_table
 
 ROPE_TYPE = ROPE_NORM       # llama_model_rope_type: LLAMA_ROPE_TYPE_NORM for all three
@@ -172,7 +172,7 @@ def block(x, w, *, cfg, il, state, step, rt, ffn_scales: bool, moe_tensors: MoET
     MoETensors (an MoE layer's `.scale` tensors apply by its apply_scales)."""
     spec = cfg.layers[il]
     cos, sin = step.memo("rope", lambda: rope_for(cfg, step.g, step.pos, step.n_ctx))    # [T, R/2]
-    h = rms_norm(x, w.attn_norm, cfg.rms_eps)
+    x, h = add_norm(x, w.attn_norm, cfg.rms_eps)      # (the previous block's output added first: PendingAdd)
     rt.record("attn_norm", il, h)
     if spec.attn == "dsa":                                               # the state's form decides MLA's
         a = dsa.sparse_mla(h, w, dc=spec.attn_cfg, il=il, state=state, cos=cos, sin=sin, rt=rt, step=step)

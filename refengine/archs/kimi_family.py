@@ -167,13 +167,14 @@ def new_state(cfg, attn_form: str | None = None) -> list:
 # ---------------------------------------------------------------- forward
 
 def attention(x, w, *, spec, il, state, rt, eps: float, kda_names: dict, mla_out_gate: bool = False,
-              mla_graph: dict | None = None, pos=None):
+              mla_graph: dict | None = None, pos=None, h=None):
     """attn_norm, then the block's token mixer: x [T, D] -> [T, D] (before the residual). `kda_names`: the
     trace names of kda.POINTS; `mla_out_gate`: an MLA block's output is gated by sigmoid(h @ attn_gate.T) when
     the block has attn_gate (kimi-k3.cpp:552-557, reads h); `mla_graph`: what the arch's MLA graph does
-    differently from deepseek2's (`mla.mla`'s k_parts / names), or None; pos: the step's positions (`step.pos`). An
+    differently from deepseek2's (`mla.mla`'s k_parts / names), or None; pos: the step's positions (`step.pos`); h:
+    attn_norm's output where the caller made it (with the previous block's add: `residual.pending.add_norm`). An
     MLA block runs in its state's form."""
-    h = rms_norm(x, w.attn_norm, eps)
+    h = rms_norm(x, w.attn_norm, eps) if h is None else h
     rt.record("attn_norm", il, h)
     if spec.attn == "kda":
         return kda.kda_layer(h, w, kc=spec.attn_cfg, il=il, state=state, rt=rt, names=kda_names)

@@ -29,6 +29,7 @@ from ..config import KeyReader, ModelConfig
 from ..errors import ConfigError
 from ..globals import embed_tokens, rms_head
 from ..moe.block import MoEConfig, MoETensors, ffn_sublayer, moe_matmul_inputs, moe_table
+from ..residual.pending import add_norm
 from . import kimi_family as fam
 from .kimi_family import ATTN_FORMS, ROPE_TYPE, new_state  # noqa: F401  (the arch contract)
 from .kimi_linear_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
@@ -125,8 +126,9 @@ def block(x, w, *, cfg, il, state, step, rt):
     """x [T, D] -> [T, D]."""
     spec = cfg.layers[il]
     legacy = spec.attn == "mla" and spec.attn_cfg.legacy
+    x, h = add_norm(x, w.attn_norm, cfg.rms_eps)          # (the previous block's output added first: PendingAdd)
     a = fam.attention(x, w, spec=spec, il=il, state=state, rt=rt, eps=cfg.rms_eps, kda_names=KDA_NAMES,
-                      mla_graph=LEGACY_MLA_GRAPH if legacy else None, pos=step.pos)
+                      mla_graph=LEGACY_MLA_GRAPH if legacy else None, pos=step.pos, h=h)
     x, a = step.out_rows(il, cfg.n_layer, (x, a))                        # the output rows (llama.cpp inp_out_ids)
     return ffn_sublayer(x, w, cfg=cfg, spec=spec, il=il, rt=rt, moe_tensors=MOE_TENSORS, dense_scales=False,
                         a=a)                                             # x + a (ffn_inp), then the FFN half

@@ -26,6 +26,7 @@ import numpy as np
 from quant import QTensor
 
 from ..ffn.dense import dense_ffn, dense_ffn_table
+from ..residual.pending import PendingAdd
 from ..weights import W
 from .router import GATING_NAMES, route as route_logits
 
@@ -203,9 +204,11 @@ def moe_block(h, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt):
 
 def ffn_sublayer(x, w, *, cfg, spec, il, rt, moe_tensors: MoETensors, dense_scales: bool = True, a=None):
     """The second half of a pre-norm block: x + FFN(rms_norm(x) * ffn_norm), dense or MoE by the layer's kind.
-    x [T, D] -> [T, D]; traces ffn_norm, ffn_out (dense) / the MoE block's names, and l_out. dense_scales: the
-    dense FFN applies its `.scale` tensors; moe_tensors: the arch's MoETensors. a: the token mixer's output, added
-    to x here first (traced as ffn_inp) with the norm after it (`add_rms_norm`: one launch on a GPU)."""
+    x [T, D] -> the sum handed on unmade, `PendingAdd(x, FFN(...))` (residual/pending.py: the next block's first
+    norm or the head's makes it, `add_norm`: one launch on a GPU); traces ffn_norm, ffn_out (dense) / the MoE
+    block's names, and l_out (the sum, made when read). dense_scales: the dense FFN applies its `.scale` tensors;
+    moe_tensors: the arch's MoETensors. a: the token mixer's output, added to x here first (traced as ffn_inp) with
+    the norm after it (`add_rms_norm`: one launch on a GPU)."""
     from ..ops import add_rms_norm, rms_norm
     if a is None:
         h = rms_norm(x, w.ffn_norm, cfg.rms_eps)
@@ -218,6 +221,6 @@ def ffn_sublayer(x, w, *, cfg, spec, il, rt, moe_tensors: MoETensors, dense_scal
         rt.record("ffn_out", il, f)
     else:
         f = moe_block(h, w, mc=spec.moe, tensors=moe_tensors, spec=spec, il=il, rt=rt)
-    x = x + f
-    rt.record("l_out", il, x)
+    x = PendingAdd(x, f)
+    rt.record("l_out", il, x.total)
     return x
