@@ -697,7 +697,10 @@ def test_ops_reach_their_kernels_with_the_entries_arguments(synth_model):
             assert np.array_equal(a, b), arch
         for k, v in stand.hits.items():
             hits[k] = hits.get(k, 0) + v
-    assert set(hits) == set(numpy_twins()) | {"all_finite_many"}, sorted(set(numpy_twins()) - set(hits))
+    # group_limited alone serves softmax group routing (DeepSeek-V2), which no tiny preset has: sigmoid group routing
+    # (tiny-groups) is route_sigmoid's; its kernel and entry: test_group_limited, test_entries_on_numpy_arrays
+    want = (set(numpy_twins()) | {"all_finite_many"}) - {"group_limited"}
+    assert set(hits) == want, (sorted(want - set(hits)), sorted(set(hits) - want))
 
 
 @pytest.mark.parametrize("one_block", [True, False])
@@ -790,25 +793,35 @@ def test_route_softmax(norm_w, scale):
     np.testing.assert_allclose(probs.copy_to_host(), softmax(x), rtol=2e-6, atol=0)
 
 
-@pytest.mark.parametrize("with_bias,norm_w,scale", [(True, True, 2.5), (False, False, None), (True, False, None)])
-def test_route_sigmoid(with_bias, norm_w, scale):
-    """Sigmoid routing in one launch (sigmoid, the biased selection, its k largest, the unbiased weights) ==
-    moe.router.route with sigmoid gating: the ids equal (a tie at the top, rows longer than the block), the
-    selection bit for bit from the probs (one float32 add), probs and weights as the kernels' tests hold theirs."""
+@pytest.mark.parametrize("with_bias,norm_w,scale,grouped", [(True, True, 2.5, False), (False, False, None, False),
+                                                             (True, False, None, False), (True, True, 2.5, True)])
+def test_route_sigmoid(with_bias, norm_w, scale, grouped):
+    """Sigmoid routing in one launch (sigmoid, the biased selection, with groups the best groups kept, its k
+    largest, the unbiased weights) == moe.router.route with sigmoid gating: the ids equal (a tie at the top, rows
+    longer than the block), the selection bit for bit from the probs (one float32 add), the kept groups and the
+    masked selection as router.group_limited gives them, probs and weights as the kernels' tests hold theirs."""
     from refengine.moe.router import GATING_SIGMOID, route
     T, E, k = (9, 512, 8) if GPU else (3, 300, 3)
+    G, n_used = ((8, 3) if GPU else (6, 2)) if grouped else (0, 0)
     x = _rand(T, E, scale=3.0)
     x[0, 5] = x[0, 9] = x[0, 5 + fused.NT] = np.float32(8.0)   # a tie at the top, one of it the same thread's next
     bias = _rand(E, seed=3, scale=0.1) if with_bias else None
     if with_bias:
         bias[[5, 9, 5 + fused.NT]] = 0.0
-    want_ids, want_w = route(x, k, gating=GATING_SIGMOID, bias=bias, norm_w=norm_w, w_scale=scale or 0.0)
+    rec = {}
+    want_ids, want_w = route(x, k, gating=GATING_SIGMOID, bias=bias, norm_w=norm_w, w_scale=scale or 0.0,
+                             n_groups=G, n_group_used=n_used, record=lambda n, il, v: rec.__setitem__(n, v))
     probs, sel, ids, w = (cuda.device_array((T, E), np.float32), cuda.device_array((T, E), np.float32),
                           cuda.device_array((T, k), np.int32), cuda.device_array((T, k), np.float32))
+    masked, groups = cuda.device_array((T, E), np.float32), cuda.device_array((T, max(n_used, 1)), np.int32)
     fused.route_sigmoid_raw(cuda.to_device(x), k, None if bias is None else cuda.to_device(bias), norm_w, scale,
-                            probs, sel, ids, w)
+                            probs, sel, ids, w, G=G, n_used=n_used, masked=masked, groups=groups)
     cuda.synchronize()
     assert np.array_equal(ids.copy_to_host(), want_ids)
+    if grouped:                                          # (the masked selection of the kernel's own selection)
+        from refengine.moe.router import group_limited
+        assert np.array_equal(groups.copy_to_host(), rec["ffn_moe_group_topk"])
+        assert np.array_equal(masked.copy_to_host(), group_limited(sel.copy_to_host(), G, n_used))
     np.testing.assert_allclose(w.copy_to_host(), want_w, rtol=2e-6, atol=0)
     p = probs.copy_to_host()
     np.testing.assert_allclose(p, sigmoid(x), rtol=1e-6, atol=1e-30)
@@ -867,6 +880,17 @@ def test_entries_on_numpy_arrays(monkeypatch):
         assert np.array_equal(got[0].raw, want[0])
         np.testing.assert_allclose(got[1].raw, want[1], rtol=2e-6, atol=0)
     assert calls == [False, True]                            # the kernel took both (a bias, then none)
+    lg = _rand(3, 48, seed=8)                                # group routing (8 groups of 6, 3 kept): one launch too
+    rec_got, rec_want = {}, {}
+    got = route(dev.wrap(lg), 4, gating=GATING_SIGMOID, bias=eb[:1].repeat(48), norm_w=True, n_groups=8,
+                n_group_used=3, record=lambda n, il, v: rec_got.__setitem__(n, v))
+    want = route(lg, 4, gating=GATING_SIGMOID, bias=eb[:1].repeat(48), norm_w=True, n_groups=8, n_group_used=3,
+                 record=lambda n, il, v: rec_want.__setitem__(n, v))
+    assert len(calls) == 3 and np.array_equal(got[0].raw, want[0])
+    np.testing.assert_allclose(got[1].raw, want[1], rtol=2e-6, atol=0)
+    assert np.array_equal(rec_got["ffn_moe_group_topk"].raw, rec_want["ffn_moe_group_topk"])
+    for name in ("ffn_moe_probs_masked", "ffn_moe_probs_biased"):              # (the sigmoid's exp: an ulp)
+        np.testing.assert_allclose(rec_got[name].raw, rec_want[name], rtol=1e-6, atol=0, err_msg=name)
     monkeypatch.setattr(dev, "fused", None)
     from refengine.attention.mha import attention_gathered
     from refengine.attention.rope_tail import rotate_tail

@@ -1252,21 +1252,19 @@ def _ggml_top_k_rows(x, n_arr, k, clean_stable, out):
 GL_G = 64                   # group_limited: groups of a row at most (a shared score and flag each; two a lane)
 
 
-@cuda.jit(fastmath=False)
-def _group_limited(s, G, n_used, out, groups):
-    """Row r = blockIdx.x of s [R, E]: the score of each of the G groups of E / G experts is the float32 sum of its
-    two largest (as -np.sort(-g)[..., :2] orders them: NaN last, so a group with fewer than two numbers scores
-    NaN); the n_used best groups in the stable descending order (router.topk_desc) into groups [R, n_used]; out
-    [R, E] = s where the expert's group is one of them, else -inf (router.group_limited). A warp a group, lanes
-    striding over it, the top two merged by shuffles (warp_top2); warp 0 picks the groups, a lane holding two."""
-    r = cuda.blockIdx.x
+@cuda.jit(device=True, inline=True)
+def _group_row(s, r, G, n_used, out, groups, gsc, sel):
+    """Row r of s [R, E]: the score of each of the G groups of E / G experts is the float32 sum of its two largest
+    (as -np.sort(-g)[..., :2] orders them: NaN last, so a group with fewer than two numbers scores NaN); the n_used
+    best groups in the stable descending order (router.topk_desc) into groups [R, n_used]; out [R, E] = s where the
+    expert's group is one of them, else -inf (router.group_limited). A warp a group, lanes striding over it, the top
+    two merged by shuffles (warp_top2); warp 0 picks the groups, a lane holding two. gsc, sel: shared [GL_G] float32
+    and boolean; every thread of the block calls it."""
     t = cuda.threadIdx.x
     lane = t % 32
     w = t // 32
     E = s.shape[1]
     GS = E // G
-    gsc = cuda.shared.array(GL_G, float32)
-    sel = cuda.shared.array(GL_G, boolean)
     ninf = float32(-math.inf)
     for g in range(w, G, NTW):
         a1 = ninf
@@ -1308,6 +1306,14 @@ def _group_limited(s, G, n_used, out, groups):
     cuda.syncthreads()
     for j in range(t, E, NT):
         out[r, j] = s[r, j] if sel[j // GS] else ninf
+
+
+@cuda.jit(fastmath=False)
+def _group_limited(s, G, n_used, out, groups):
+    """Row r = blockIdx.x of s [R, E]: `_group_row` (router.group_limited)."""
+    gsc = cuda.shared.array(GL_G, float32)
+    sel = cuda.shared.array(GL_G, boolean)
+    _group_row(s, cuda.blockIdx.x, G, n_used, out, groups, gsc, sel)
 
 
 FLAG_BATCH = 8              # all_finite_many: arrays checked by one launch (its kernel's array arguments)
@@ -1394,22 +1400,30 @@ def _route_softmax(x, k, norm_w, scale, has_scale, probs, ids, out):
 
 
 @cuda.jit(fastmath=False)
-def _route_sigmoid(x, k, bias, has_bias, norm_w, scale, has_scale, probs, sel, ids, out):
-    """Row r = blockIdx.x of a sigmoid router (`moe.router.route`, gating sigmoid, a selection bias or none, no
-    groups): probs = sigmoid of the logits' row (`_sigmoid1`), sel = probs + bias (the selection; probs without a
-    bias), ids sel's k largest (`_top_k_row`), out probs' weights at them (`_weights_row`, thread 0): one launch
-    where the four take four."""
+def _route_sigmoid(x, k, bias, has_bias, G, n_used, norm_w, scale, has_scale, probs, sel, masked, groups, ids, out):
+    """Row r = blockIdx.x of a sigmoid router (`moe.router.route`, gating sigmoid, a selection bias or none):
+    probs = sigmoid of the logits' row (`_sigmoid1`), sel = probs + bias (the selection; probs without a bias);
+    with G > 1 groups the n_used best kept (`_group_row`: masked, groups); ids the k largest of the selection
+    (masked with groups; `_top_k_row`), out probs' weights at them (`_weights_row`, thread 0): one launch where
+    the steps take four (six with groups)."""
     r = cuda.blockIdx.x
     taken = cuda.shared.array(TOPK_E, boolean)
     wv = cuda.shared.array(NTW, float32)
     wj = cuda.shared.array(NTW, int32)
     pick = cuda.shared.array(1, int32)
+    gsc = cuda.shared.array(GL_G, float32)
+    gsel = cuda.shared.array(GL_G, boolean)
     for e in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
         p = _sigmoid1(x[r, e])
         probs[r, e] = p
         sel[r, e] = p + bias[e] if has_bias else p
     cuda.syncthreads()                               # the row's selection written before any thread reads it
-    _top_k_row(sel, r, k, ids, taken, wv, wj, pick)
+    if G > 1:
+        _group_row(sel, r, G, n_used, masked, groups, gsc, gsel)
+        cuda.syncthreads()
+        _top_k_row(masked, r, k, ids, taken, wv, wj, pick)
+    else:
+        _top_k_row(sel, r, k, ids, taken, wv, wj, pick)
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         _weights_row(probs, ids, r, norm_w, scale, has_scale, out)
@@ -1657,12 +1671,16 @@ def route_softmax_raw(x2, k: int, norm_w: bool, scale, probs, ids, out, stream=0
                                             probs, ids, out)
 
 
-def route_sigmoid_raw(x2, k: int, bias, norm_w: bool, scale, probs, sel, ids, out, stream=0) -> None:
+def route_sigmoid_raw(x2, k: int, bias, norm_w: bool, scale, probs, sel, ids, out, stream=0, *, G: int = 0,
+                      n_used: int = 0, masked=None, groups=None) -> None:
     """x2, probs, sel [T, E] float32 (E <= TOPK_E), bias [E] float32 or None, ids [T, k] int32 (k <= TOPK_MAX), out
-    [T, k] float32; scale None or a float."""
+    [T, k] float32; scale None or a float; G > 1 groups (E % G == 0, G <= GL_G): the n_used best kept, masked [T, E]
+    and groups [T, n_used] int32 written."""
+    grouped = G > 1
     _route_sigmoid[x2.shape[0], NT, stream](x2, int(k), x2[0] if bias is None else bias, bias is not None,
-                                            bool(norm_w), np.float32(scale or 0.0), scale is not None, probs, sel,
-                                            ids, out)
+                                            int(G) if grouped else 0, int(n_used), bool(norm_w),
+                                            np.float32(scale or 0.0), scale is not None, probs, sel,
+                                            masked if grouped else sel, groups if grouped else ids, ids, out)
 
 
 def expert_weights_raw(probs, ids, norm_w: bool, scale, out, stream=0) -> None:
@@ -2134,11 +2152,16 @@ def route_softmax(logits, k: int, norm_w: bool, scale):
     return _done(logits.dev, "route_softmax", (logits,), probs, ids, out)
 
 
-def route_sigmoid(logits, k: int, bias, norm_w: bool, scale):
-    """`router.route` with sigmoid gating, a selection bias [E] or None, no groups: (probs [T, E], the selection
-    [T, E] (probs + bias; probs itself without one), ids [T, k] int32, weights [T, k]) in one launch, or None."""
+def route_sigmoid(logits, k: int, bias, norm_w: bool, scale, n_groups: int = 0, n_used: int = 0):
+    """`router.route` with sigmoid gating, a selection bias [E] or None: (probs [T, E], the selection [T, E] (probs +
+    bias; probs itself without one), ids [T, k] int32, weights [T, k]) in one launch, or None; with n_groups > 1
+    (group routing) also (masked [T, E], the chosen groups [T, n_used] int32) after them."""
     raw = logits.raw
     if raw.ndim != 2 or not _served(raw) or not 0 < raw.shape[1] <= TOPK_E or not 0 < k <= min(TOPK_MAX, raw.shape[1]):
+        return None
+    E = raw.shape[1]
+    grouped = n_groups > 1
+    if grouped and (n_groups > GL_G or E % n_groups or E // n_groups < 2 or not 0 < n_used <= n_groups):
         return None
     dev = logits.dev
     bufs = _vectors(dev, "route_sigmoid", (bias,), raw.shape[1])
@@ -2149,8 +2172,11 @@ def route_sigmoid(logits, k: int, bias, norm_w: bool, scale):
     T = raw.shape[0]
     probs, ids, out = xp.empty_like(raw), xp.empty((T, k), np.int32), xp.empty((T, k), np.float32)
     sel = probs if b is None else xp.empty_like(raw)
-    route_sigmoid_raw(_nv(raw), k, _nv(b), norm_w, scale, _nv(probs), _nv(sel), _nv(ids), _nv(out), stream=_stream())
-    return _done(dev, "route_sigmoid", (logits, bias), probs, sel, ids, out)
+    masked = xp.empty_like(raw) if grouped else None
+    groups = xp.empty((T, n_used), np.int32) if grouped else None
+    route_sigmoid_raw(_nv(raw), k, _nv(b), norm_w, scale, _nv(probs), _nv(sel), _nv(ids), _nv(out), stream=_stream(),
+                      G=n_groups, n_used=n_used, masked=_nv(masked), groups=_nv(groups))
+    return _done(dev, "route_sigmoid", (logits, bias), probs, sel, ids, out, *((masked, groups) if grouped else ()))
 
 
 def ggml_top_k_rows(score, n, k: int, clean_stable: bool = False):

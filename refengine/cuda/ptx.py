@@ -68,8 +68,8 @@ KERNELS += [
     ("fused_top_k", fz._top_k, f"void({A2}, int64, int32[:, ::1])"),
     ("fused_route_softmax", fz._route_softmax, f"void({F2}, int64, boolean, float32, boolean, {F2}, int32[:, ::1], "
                                                 f"{F2})"),
-    ("fused_route_sigmoid", fz._route_sigmoid, f"void({F2}, int64, {A1}, boolean, boolean, float32, boolean, {F2}, "
-                                                f"{F2}, int32[:, ::1], {F2})"),
+    ("fused_route_sigmoid", fz._route_sigmoid, f"void({F2}, int64, {A1}, boolean, int64, int64, boolean, float32, "
+                                                f"boolean, {F2}, {F2}, {F2}, int32[:, ::1], int32[:, ::1], {F2})"),
     ("fused_group_limited", fz._group_limited, f"void({A2}, int64, int64, {F2}, int32[:, ::1])"),
     ("fused_ggml_top_k_rows", fz._ggml_top_k_rows, f"void({F2}, int64[::1], int64, boolean, int32[:, ::1])"),
     ("fused_all_finite", fz._all_finite_many, f"void({', '.join([F1] * fz.FLAG_BATCH)}, boolean[::1], "

@@ -59,15 +59,19 @@ def route_softmax_np(logits, k, norm_w, scale):
                                       w_scale=0.0 if scale is None else scale)
 
 
-def route_sigmoid_np(logits, k, bias, norm_w, scale):
-    """router.route's sigmoid steps (no groups) from the kernel's arguments: (probs, selection, ids, weights)."""
-    from ..moe.router import GATING_SIGMOID, expert_weights, gate_probs, topk_desc
+def route_sigmoid_np(logits, k, bias, norm_w, scale, n_groups=0, n_used=0):
+    """router.route's sigmoid steps from the kernel's arguments: (probs, selection, ids, weights), and with groups
+    (masked, groups) after them."""
+    from ..moe.router import GATING_SIGMOID, expert_weights, gate_probs, group_limited, topk_desc
     import numpy as np
     probs = gate_probs(logits, GATING_SIGMOID)
     sel = probs if bias is None else probs + np.asarray(bias, dtype=np.float32)[None, :]
-    ids = topk_desc(sel, k)
-    return probs, sel, ids, expert_weights(probs, ids, gating=GATING_SIGMOID, norm_w=norm_w,
-                                           w_scale=0.0 if scale is None else scale)
+    got: dict = {}
+    masked = group_limited(sel, n_groups, n_used, record=lambda n, il, v: got.__setitem__(n, v)) \
+        if n_groups > 1 else sel
+    ids = topk_desc(masked, k)
+    w = expert_weights(probs, ids, gating=GATING_SIGMOID, norm_w=norm_w, w_scale=0.0 if scale is None else scale)
+    return (probs, sel, ids, w) + ((masked, got["ffn_moe_group_topk"]) if n_groups > 1 else ())
 
 
 def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):

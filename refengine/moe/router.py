@@ -106,21 +106,27 @@ def route(logits: np.ndarray, k: int, *, gating: int = GATING_SOFTMAX, bias: np.
     T, E = logits.shape
     if not 0 < k <= E:
         raise ValueError(f"routing: {k} active experts out of {E}")
-    fused = None                      # a GPU: (probs, selection, ids, weights) of a router without groups, one launch
+    # a GPU: (probs, selection, ids, weights[, masked, groups]) of a softmax router without bias or groups, or of a
+    # sigmoid router, in one launch
+    fused = None
     scale = None if w_scale in (0.0, 1.0) else float(w_scale)
-    if not (n_groups > 1 and T > 0):
-        if gating == GATING_SOFTMAX and bias is None and (f := fused_op(logits, "route_softmax")) is not None \
-                and (r := f(logits, k, norm_w, scale)) is not None:
-            fused = (r[0], r[0], r[1], r[2])
-        elif gating == GATING_SIGMOID and (f := fused_op(logits, "route_sigmoid")) is not None:
-            fused = f(logits, k, bias, norm_w, scale)
+    grouped = n_groups > 1 and T > 0
+    if gating == GATING_SOFTMAX and bias is None and not grouped \
+            and (f := fused_op(logits, "route_softmax")) is not None and (r := f(logits, k, norm_w, scale)) is not None:
+        fused = (r[0], r[0], r[1], r[2])
+    elif gating == GATING_SIGMOID and (f := fused_op(logits, "route_sigmoid")) is not None:
+        fused = f(logits, k, bias, norm_w, scale, n_groups if grouped else 0, n_group_used if grouped else 0)
     probs = gate_probs(logits, gating) if fused is None else fused[0]     # [T, E]
     rec("ffn_moe_probs", il, probs)
     selection = probs
     if bias is not None:
         selection = probs + np.asarray(bias, dtype=np.float32)[None, :] if fused is None else fused[1]   # [T, E],
         rec("ffn_moe_probs_biased", il, selection)                                                     # selection only
-    if n_groups > 1 and T > 0:
+    if grouped and fused is not None:
+        rec("ffn_moe_group_topk", il, fused[5])
+        rec("ffn_moe_probs_masked", il, fused[4])
+        selection = fused[4]
+    elif grouped:
         selection = group_limited(selection, n_groups, n_group_used, rec, il)
     rec("ffn_moe_argsort", il,                                             # [T, E], descending: made when read
         lambda: np.argsort(-selection, axis=-1, kind="stable").astype(np.int32))
