@@ -4,7 +4,8 @@ register count (its occupancy) is what limits it, without a whole prefill around
     python benchmarks/fused_kernels.py [--cases norm,delta,rows] [--reps 20] [--max-registers 64,80] [--json out.json]
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/fused_kernels.py --sim      (toy sizes: the script's own check)
 
-Cases (random inputs; median of --reps launches timed by CUDA events, after one warm-up launch):
+Cases (random inputs; median of --reps launches, `quant.cuda.timing.Timer`: queued behind a spinning kernel
+so the clocks are up and the host's launch time hidden, an event pair a launch):
 - norm: `rms_norm_raw`'s two kernels on the rows a prefill and a decode step give them: a head's norms (the delta
   rule's l2 norms, KDA's output norm: T x H rows of 128) and the model-width rows. `_rms_rows` (a block a row, 133
   registers for sm_90) against `_rms_warps` (a warp a row, 48) where the row fits a warp.
@@ -41,22 +42,19 @@ def _rand(shape, seed, scale=1.0):
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
-def _time(launch, reps: int) -> float:
-    """Median us of `launch()` over reps launches (CUDA events), after a warm-up; None in the simulator (it runs
-    the launch once: no time)."""
-    launch()
-    cuda.synchronize()
+_TIMER: list = []
+
+
+def _time(launch, reps: int) -> float | None:
+    """Median us of `launch(stream)` over reps launches (`quant.cuda.timing.Timer`: queued behind a spinning kernel,
+    the clocks up, an event pair a launch); None in the simulator (it runs the launch once: no time)."""
     if SIM:
+        launch(0)
         return None
-    ts = []
-    for _ in range(reps):
-        a, b = cuda.event(), cuda.event()
-        a.record()
-        launch()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)               # (ms -> us)
-    return float(np.median(ts))
+    if not _TIMER:
+        from quant.cuda.timing import Timer
+        _TIMER.append(Timer())
+    return float(np.median(_TIMER[0].run(lambda i, s: launch(s), reps)))
 
 
 def _capped(kernel, cap: int):
@@ -72,11 +70,12 @@ def norm_cases(sim: bool, reps: int, caps) -> list[dict]:
         x, w = cuda.to_device(_rand((R, D), 1)), cuda.to_device(_rand(D, 2))
         y = cuda.device_array((R, D), np.float32)
         eps, post = np.float32(1e-6), np.float32(1.0)
-        rows = lambda: fz._rms_rows[R, fz.NT](x, x, False, w, True, eps, post, y, y)     # noqa: E731
+        rows = lambda s: fz._rms_rows[R, fz.NT, s](x, x, False, w, True, eps, post, y, y)     # noqa: E731
         res = {"case": "norm", "shape": [R, D], "rms_rows_us": _time(rows, reps)}
         if D <= fz.WARP_ROW_MAX_D:
             want = y.copy_to_host()
-            warps = lambda: fz._rms_warps[fz._grid(R, fz.NTW), fz.NT](x, x, False, w, True, eps, post, x, 0, y, y)  # noqa: E731
+            warps = lambda s: fz._rms_warps[fz._grid(R, fz.NTW), fz.NT, s](x, x, False, w, True, eps, post, x, 0,  # noqa: E731
+                                                                              y, y)
             res["rms_warps_us"] = _time(warps, reps)
             res["max_abs_diff"] = float(np.max(np.abs(y.copy_to_host() - want)))
         out.append(res)
@@ -96,7 +95,7 @@ def delta_cases(sim: bool, reps: int, caps) -> list[dict]:
 
         def launch(kern, cols):
             blocks = H * ((V + fz.DR_WARPS * cols - 1) // (fz.DR_WARPS * cols))
-            return lambda: kern[blocks, 32 * fz.DR_WARPS](q, k, v, g, True, beta, S0, True, scale, o, S1)
+            return lambda s: kern[blocks, 32 * fz.DR_WARPS, s](q, k, v, g, True, beta, S0, True, scale, o, S1)
         base = _time(launch(fz.delta_rule_kernel(K), fz.DR_COLS), reps)
         want = o.copy_to_host()
         res = {"case": "delta", "T": T, "H": H, "K": K, "V": V, "cols": fz.DR_COLS, "default_us": base}
@@ -126,7 +125,7 @@ def rows_cases(sim: bool, reps: int, caps) -> list[dict]:
         pos = cuda.to_device(np.arange(T, dtype=np.int64))
         o = cuda.device_array((T, H, V), np.float32)
         scale = 1.0 / math.sqrt(K)
-        base = _time(lambda: fz.attention_rows_raw(q, kk, vv, pos, scale, True, o), reps)
+        base = _time(lambda s: fz.attention_rows_raw(q, kk, vv, pos, scale, True, o, stream=s), reps)
         want = o.copy_to_host()
         res = {"case": "rows", "kind": name, "T": T, "H": H, "Hkv": Hk, "K": K, "V": V, "default_us": base}
         G = H // Hk
@@ -134,7 +133,8 @@ def rows_cases(sim: bool, reps: int, caps) -> list[dict]:
         grid = T * Hk * ((G + nw - 1) // nw)
         for cap in caps:
             kern = _capped(fz._attention_rows, cap)
-            res[f"cap{cap}_us"] = _time(lambda: kern[grid, 32 * nw](q, kk, vv, pos, np.float32(scale), True, o), reps)
+            res[f"cap{cap}_us"] = _time(lambda s: kern[grid, 32 * nw, s](q, kk, vv, pos, np.float32(scale), True, o),
+                                        reps)
             res[f"cap{cap}_max_abs_diff"] = float(np.max(np.abs(o.copy_to_host() - want)))
         out.append(res)
     return out

@@ -730,6 +730,12 @@ class Runtime:
         never builds the tensor (blocked attention's [H, T, S] scores) runs it when nothing keeps them."""
         return self.trace is not None and self.trace.wants(name, il)
 
+    def reads(self, name: str, il: int) -> bool:
+        """Whether anything reads a tensor recorded under `name`: the trace keeps it, or teacher forcing checks the
+        forward's tensors (`force_inputs`). A fused step that never makes the tensor (the conv's sum before its silu)
+        runs only when nothing reads it."""
+        return self.keeps(name, il) or bool(self.force_inputs)
+
     def device_forward(self, model):
         """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None
         when the NumPy block code must run op by op: another backend, a trace, another mode, `device_model=False`,

@@ -259,7 +259,7 @@ def gated_deltanet(h, w, *, gc: GDNConfig, eps: float, il: int, state: Recurrent
     else:                                                                # qwen4exp's build_conv_state_at
         rt.record("conv_state_at", il, tail.T[None])                     # [1, C, Kc-1]
     rt.record("state_predelta", il, S0.transpose(0, 2, 1)[None])         # [1, Hv, V, K]: S^T per head
-    raw_read = rt.keeps("conv_output_raw", il) or bool(getattr(rt, "force_inputs", None))   # the sum before silu
+    raw_read = rt.reads("conv_output_raw", il)                           # the sum before its silu, apart
     y, new_tail = causal_conv(qkv, w.ssm_conv1d, tail, then_silu=not raw_read)   # [T, C], [Kc-1, C]
     if gc.conv_trace == "build_conv_state":
         rt.record("conv_input", il, lambda: np.concatenate([tail, qkv]).T[None])   # [1, C, Kc-1+T]

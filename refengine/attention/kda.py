@@ -205,8 +205,7 @@ def kda_layer(h, w, *, kc: KDAConfig, il: int, state: RecurrentState, rt,
             rt.record(name, il, x)
 
     def reads(point):                         # whether the trace or teacher forcing reads the point's tensor
-        return bool(named(point)) and (any(rt.keeps(n, il) for n in named(point))
-                                       or bool(getattr(rt, "force_inputs", None)))
+        return any(rt.reads(n, il) for n in named(point))
 
     T, H, dh, d_in = h.shape[0], kc.n_head, kc.head_dim, kc.d_in
     fused_qkv = getattr(w, "attn_qkv", None) is not None

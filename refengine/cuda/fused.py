@@ -28,8 +28,9 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              from its mixes (one launch; the NumPy statement: eleven and the iterations'), the
                              streams read and written back
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
-    route_softmax(x, k, norm_w, scale), route_sigmoid(x, k, bias, norm_w, scale)   moe/router.py `route` without
-                             groups: the gate, its selection, the top k and their weights in one launch
+    route_softmax(x, k, norm_w, scale)   moe/router.py `route`, softmax gating without bias or groups, and
+    route_sigmoid(x, k, bias, norm_w, scale, G, n)   sigmoid gating (a bias, groups or not): the gate, its selection,
+                             the groups kept, the top k and their weights in one launch
     ggml_top_k_rows(x, n, k) ops/top_k.py `ggml_top_k_rows` (libstdc++'s heap select replayed, a thread a row: the
                              k-pool indexer's fixed-shape selection; reached through `ops.arrays.row_kernel`)
     group_limited(s, G, n)   moe/router.py `group_limited`: the experts of the n best of G groups kept, the rest -inf
@@ -248,18 +249,17 @@ def _softmax_row(x, r, y, shm, buf):
         y[r, j] = float32(float64(float32(math.exp(x[r, j] - m))) / tot)
 
 
+@cuda.jit(device=True, inline=True)
+def _silu1(v):
+    """`activations.silu` of one float32 value, in its float32 steps."""
+    return v / float32(float32(1.0) + float32(math.exp(-v)))
+
+
 @cuda.jit(fastmath=False)
 def _silu(x, y):
     i = cuda.grid(1)
     if i < x.shape[0]:
-        v = x[i]
-        y[i] = v / float32(float32(1.0) + float32(math.exp(-v)))
-
-
-@cuda.jit(device=True, inline=True)
-def _silu1(v):
-    """`activations.silu` of one float32 value, in its float32 steps (as `_silu`)."""
-    return v / float32(float32(1.0) + float32(math.exp(-v)))
+        y[i] = _silu1(x[i])
 
 
 @cuda.jit(device=True, inline=True)
@@ -285,8 +285,7 @@ def _sigmoid(x, y):
 def _swiglu(g, u, y):
     i = cuda.grid(1)
     if i < g.shape[0]:
-        v = g[i]
-        y[i] = float32(v / float32(float32(1.0) + float32(math.exp(-v)))) * u[i]
+        y[i] = _silu1(g[i]) * u[i]
 
 
 @cuda.jit(fastmath=False)
@@ -365,7 +364,7 @@ def _swiglu_clamp(g, u, limit, y):
     if i < g.shape[0]:
         gv = min(g[i], limit)
         uv = max(min(u[i], limit), -limit)
-        y[i] = float32(gv / float32(float32(1.0) + float32(math.exp(-gv)))) * uv
+        y[i] = _silu1(gv) * uv
 
 
 def _delta_rule_kernel(rows: int, cols: int):
@@ -480,7 +479,7 @@ def delta_rule_kernel(K: int, cols: int | None = None):
 @cuda.jit(fastmath=False)
 def _causal_conv(x, w, tail, has_tail, then_silu, y, new_tail):
     """One thread per (row t, channel c) of max(T, Kc-1) x C: y[t, c] = sum_k xin[t + k, c] w[c, k] (k ascending),
-    xin = concat(tail, x), then_silu: its silu as `_silu` computes it; row t < Kc-1 also writes the new tail's row
+    xin = concat(tail, x), then_silu: its silu (`_silu1`); row t < Kc-1 also writes the new tail's row
     t (row T + t of xin)."""
     i = cuda.grid(1)
     T, C = x.shape
@@ -497,7 +496,7 @@ def _causal_conv(x, w, tail, has_tail, then_silu, y, new_tail):
                 xv = x[j - (Kc - 1), c]
             acc += xv * w[c, kk]
         if then_silu:
-            acc = acc / float32(float32(1.0) + float32(math.exp(-acc)))
+            acc = _silu1(acc)
         y[t, c] = acc
     if t < Kc - 1:
         jj = T + t
@@ -1716,12 +1715,12 @@ def _done(dev, op: str, args, *outs):
 
 
 def _vectors(dev, op: str, params, n: int):
-    """params (host or device arrays [n], or None) as the device's float32 buffers (None stays None), or None when
-    one is not a float32 vector of n."""
+    """params (host or device arrays of n numbers, or None) as the device's float32 buffers [n] (None stays None;
+    a weight the file shapes [n, 1] taken as its n numbers), or None when one is not n float32 numbers."""
     bufs = [None if a is None else dev.unwrap(a, f"{op} weight") for a in params]
-    if any(b is not None and (getattr(b, "shape", None) != (n,) or not _served(b)) for b in bufs):
+    if any(b is not None and (getattr(b, "size", None) != n or not _served(b)) for b in bufs):
         return None
-    return bufs
+    return [None if b is None else b.reshape(n) for b in bufs]
 
 
 def _rows(x, op: str, params, launch):
@@ -1780,12 +1779,10 @@ def kda_gates(z, b, bias, A, dh: int, lb):
     H = b.shape[1]
     if b.shape[0] != T or H * dh != C:
         return None
-    params = [None if p is None else dev.unwrap(p, "kda_gates weight") for p in (bias, A)]
-    if any(p is None or getattr(p, "size", 0) != n for p, n in zip(params, (C, H))):
+    params = _vectors(dev, "kda_gates", (bias,), C), _vectors(dev, "kda_gates", (A,), H)   # (ssm_a: [H] or [H, 1])
+    if any(p is None or p[0] is None for p in params):
         return None
-    params = [p.reshape(-1) for p in params]
-    if not _served(*params):
-        return None
+    params = [p[0] for p in params]
     xp = dev.xp
     g, beta = xp.empty((T, H, dh), dtype=np.float32), xp.empty((T, H), dtype=np.float32)
     kda_gates_raw(_nv(zr), _nv(b.raw), _nv(params[0]), _nv(params[1]), dh, lb, _nv(g), _nv(beta), stream=_stream())

@@ -50,28 +50,31 @@ def expert_weights_np(probs, ids, norm_w, scale):
     return expert_weights(probs, ids, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=0.0 if scale is None else scale)
 
 
+def _routed(logits, k, gating, bias, norm_w, scale, n_groups=0, n_used=0) -> dict:
+    """router.route's NumPy steps on the kernel's arguments: its recorded tensors by name, and ids and weights."""
+    from ..moe.router import route
+    rec: dict = {}
+    rec["ids"], rec["weights"] = route(logits, k, gating=gating, bias=bias, norm_w=norm_w,
+                                       w_scale=0.0 if scale is None else scale, n_groups=n_groups,
+                                       n_group_used=n_used, record=lambda n, il, v: rec.__setitem__(n, v))
+    return rec
+
+
 def route_softmax_np(logits, k, norm_w, scale):
     """router.route's softmax steps from the kernel's arguments: (probs, ids, weights)."""
-    from ..moe.router import GATING_SOFTMAX, expert_weights, gate_probs, topk_desc
-    probs = gate_probs(logits, GATING_SOFTMAX)
-    ids = topk_desc(probs, k)
-    return probs, ids, expert_weights(probs, ids, gating=GATING_SOFTMAX, norm_w=norm_w,
-                                      w_scale=0.0 if scale is None else scale)
+    from ..moe.router import GATING_SOFTMAX
+    r = _routed(logits, k, GATING_SOFTMAX, None, norm_w, scale)
+    return r["ffn_moe_probs"], r["ids"], r["weights"]
 
 
 def route_sigmoid_np(logits, k, bias, norm_w, scale, n_groups=0, n_used=0):
     """router.route's sigmoid steps from the kernel's arguments: (probs, selection, ids, weights), and with groups
     (masked, groups) after them."""
-    from ..moe.router import GATING_SIGMOID, expert_weights, gate_probs, group_limited, topk_desc
-    import numpy as np
-    probs = gate_probs(logits, GATING_SIGMOID)
-    sel = probs if bias is None else probs + np.asarray(bias, dtype=np.float32)[None, :]
-    got: dict = {}
-    masked = group_limited(sel, n_groups, n_used, record=lambda n, il, v: got.__setitem__(n, v)) \
-        if n_groups > 1 else sel
-    ids = topk_desc(masked, k)
-    w = expert_weights(probs, ids, gating=GATING_SIGMOID, norm_w=norm_w, w_scale=0.0 if scale is None else scale)
-    return (probs, sel, ids, w) + ((masked, got["ffn_moe_group_topk"]) if n_groups > 1 else ())
+    from ..moe.router import GATING_SIGMOID
+    r = _routed(logits, k, GATING_SIGMOID, bias, norm_w, scale, n_groups, n_used)
+    sel = r.get("ffn_moe_probs_biased", r["ffn_moe_probs"])
+    out = (r["ffn_moe_probs"], sel, r["ids"], r["weights"])
+    return out + ((r["ffn_moe_probs_masked"], r["ffn_moe_group_topk"]) if n_groups > 1 else ())
 
 
 def norm_rope_np(x, w, eps, c, s, n, mode, x2=None, w2=None):
