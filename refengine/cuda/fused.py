@@ -396,7 +396,9 @@ def _delta_rule_kernel(rows: int, cols: int):
 
     Registers, not arithmetic, set how many warps run at once: with rows = 8 and one column a warp (92 registers for
     sm_90) two blocks fit an SM, and a 32-head layer's 512 blocks took two waves of 132 SMs for every token. rows = 4
-    (K <= 128, every published model) drops the dead rows; two columns a warp halve the warps (`DR_COLS`)."""
+    (K <= 128, every published model) drops the dead rows; more columns a warp fewer warps (`DR_COLS`: 4 since
+    session 36, H100, a 32-head layer of K = V = 128 at T = 512: 702 us against 739 with 2, 1357 with rows = 8 and
+    one column; T = 1: 20.9 / 22.5 / 21.5 us)."""
     VC = DR_WARPS * cols                                 # value columns of a block
 
     @cuda.jit(fastmath=False)
@@ -477,7 +479,7 @@ def _delta_rule_kernel(rows: int, cols: int):
     return _delta_rule
 
 
-DR_COLS = 2                 # the delta rule's value columns a warp (`_delta_rule_kernel`)
+DR_COLS = 4                 # the delta rule's value columns a warp (`_delta_rule_kernel`; benchmarks/fused_kernels.py)
 _DELTA_RULES: dict = {}
 
 
@@ -931,7 +933,12 @@ def _store4(out, t, h, c, V, y0, y1, y2, y3):
         out[t, h, c + 96] = y3
 
 
-@cuda.jit(fastmath=False)
+ROWS_REGISTERS = 64         # _attention_rows' register cap (124 uncapped for sm_90): session 36, H100, a prefill-512
+#                            layer 869 -> 829 us (llama-3-8b), 4823 -> 4370 (kimi-linear's MLA), 17559 -> 15406
+#                            (DeepSeek-V3's MLA), the same outputs (benchmarks/fused_kernels.py --max-registers 64)
+
+
+@cuda.jit(fastmath=False, **({} if SIM else {"max_registers": ROWS_REGISTERS}))
 def _attention_rows(q, k, v, qpos, scale, causal, out):
     """A prefill's attention, `mha.attention_blocked` (the causal mask, or none) for any number of queries: a warp
     per (query t, head h), the block's warps query heads of one key head n = h // (H / Hkv) at the same t (they read
