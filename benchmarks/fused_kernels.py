@@ -70,11 +70,11 @@ def norm_cases(sim: bool, reps: int, caps) -> list[dict]:
         x, w = cuda.to_device(_rand((R, D), 1)), cuda.to_device(_rand(D, 2))
         y = cuda.device_array((R, D), np.float32)
         eps, post = np.float32(1e-6), np.float32(1.0)
-        rows = lambda s: fz._rms_rows[R, fz.NT, s](x, x, False, w, True, eps, post, y, y)     # noqa: E731
+        rows = lambda s: fz._rms_rows[R, fz.NT, s](x, x, 1, x, False, False, w, True, eps, post, y, y)     # noqa: E731
         res = {"case": "norm", "shape": [R, D], "rms_rows_us": _time(rows, reps)}
         if D <= fz.WARP_ROW_MAX_D:
             want = y.copy_to_host()
-            warps = lambda s: fz._rms_warps[fz._grid(R, fz.NTW), fz.NT, s](x, x, False, w, True, eps, post, x, 0,  # noqa: E731
+            warps = lambda s: fz._rms_warps[fz._grid(R, fz.NTW), fz.NT, s](x, x, 1, x, False, False, w, True, eps, post, x, 0,  # noqa: E731
                                                                               y, y)
             res["rms_warps_us"] = _time(warps, reps)
             res["max_abs_diff"] = float(np.max(np.abs(y.copy_to_host() - want)))

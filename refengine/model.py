@@ -35,7 +35,10 @@ N_UBATCH_DEFAULT = 512   # llama.cpp's default n_ubatch (common/common.h, `n_uba
 
 def last_rows(x):
     """The residual a block hands the head, cut to its last position: an array [T, ...] -> [1, ...]; a dataclass
-    of such arrays (e.g. Kimi K3's ResidualStream: the running sum and its bank) field by field."""
+    of such arrays (e.g. Kimi K3's ResidualStream: the running sum and its bank; a PendingAdd and its SlotSum) field
+    by field, an absent one (None) left so."""
+    if x is None:
+        return None
     if dataclasses.is_dataclass(x):
         return dataclasses.replace(x, **{f.name: last_rows(getattr(x, f.name)) for f in dataclasses.fields(x)})
     if isinstance(x, (list, tuple)):

@@ -591,19 +591,23 @@ class Runtime:
             return dev.get(y)
         return self._be.matmul(x, w, mode=self.mode)
 
-    def moe_ffn(self, x, ids, weights, record=None, **kw) -> np.ndarray:
+    def moe_ffn(self, x, ids, weights, record=None, slots: bool = False, **kw) -> np.ndarray:
         """Routed experts: x [T, D], ids/weights [T, A] -> [T, D] (see refengine.moe.experts).
-        `record`: a caller's recorder in place of `self.record` (it must pass the tensors on to it)."""
+        `record`: a caller's recorder in place of `self.record` (it must pass the tensors on to it). slots: -> [T, A',
+        D] whose sum over A' in order is that output (`ops.slot_sum`): on a GPU the A weighted slots, unsummed (the
+        next norm sums them in its launch, `ops.add_slots_rms_norm`), elsewhere the output as one slot (A' = 1)."""
         rec = record or self.record
         if self.expert_stats is not None:
             self.expert_stats.add(kw.get("il", -1), self._host_args(ids)[0], kw["up"].shape[0])
         if self.device is not None:
             from .devarray import DeviceArray
             if any(isinstance(v, DeviceArray) for v in (x, ids, weights)):
-                return self._moe_ffn_resident(x, ids, weights, rec, kw)
-        return self._moe_ffn_host(x, ids, weights, rec, kw)
+                y = self._moe_ffn_resident(x, ids, weights, rec, kw, slots)
+                return y if len(y.shape) == 3 or not slots else y.reshape(y.shape[0], 1, y.shape[1])
+        y = self._moe_ffn_host(x, ids, weights, rec, kw)
+        return y.reshape(y.shape[0], 1, y.shape[1]) if slots else y
 
-    def _moe_ffn_resident(self, x, ids, weights, rec, kw):
+    def _moe_ffn_resident(self, x, ids, weights, rec, kw, slots: bool = False):
         """Routed experts on device arrays. The expert ids stay on the device where its kernels group the pairs
         there: one token (the one-token kernels read its A ids; a gated activation other than SwiGLU runs between
         the projections as the module's function on device arrays), or several (a prefill, eager or a fixed-shape
@@ -626,7 +630,7 @@ class Runtime:
             act_device = None if act is None else (
                 lambda g, u: dev.put(act[0](dev.wrap(g), dev.wrap(u))).raw)   # the readable activation, on the device
             y = fn(x.raw, ids.raw if ids_stay else dev.get(ids), dev.put(weights).raw, mode=self.mode,
-                   act_device=act_device, cache=cache, read_ids=lambda a: dev.get(dev.wrap(a)), **kw)
+                   act_device=act_device, cache=cache, read_ids=lambda a: dev.get(dev.wrap(a)), slots=slots, **kw)
             if y is None:
                 dev.stats.fallbacks["moe_ffn"] = dev.stats.fallbacks.get("moe_ffn", 0) + 1
         if y is not None:

@@ -73,6 +73,33 @@ def test_one_token_experts_ids_stay_on_device(F):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("T", [1, 5])
+def test_expert_slots_sum_to_the_combined_output(T):
+    """`moe_ffn_resident(..., slots=True)`: the A weighted slots [T, A, D] unsummed (the next norm adds them,
+    `ops.add_slots_rms_norm`); their sum in slot order (`ops.slot_sum`) is the combined output bit for bit, the ids
+    on the host (tables built there) and on the device (one token: the one-token kernels; several: tables built
+    there)."""
+    cp = pytest.importorskip("cupy")
+    from quant import GGMLType
+    from quant.cuda.resident import moe_ffn_resident
+    from quant.cuda.testdata import random_qtensor
+    from refengine.ops.norm import slot_sum
+    rng = np.random.default_rng(T)
+    E, A, D, F = 8, 3, 256, 256
+    t = GGMLType.Q8_0
+    kw = dict(up=random_qtensor(t, (E, F, D), rng, "up"), gate=random_qtensor(t, (E, F, D), rng, "gate"),
+              down=random_qtensor(t, (E, D, F), rng, "down"))
+    x = cp.asarray(rng.standard_normal((T, D)).astype(np.float32))
+    ids = np.stack([rng.permutation(E)[:A] for _ in range(T)]).astype(np.int32)
+    wts = cp.asarray(rng.uniform(0.1, 1.0, (T, A)).astype(np.float32))
+    for i in (ids, cp.asarray(ids)):
+        want = moe_ffn_resident(x, i, wts, **kw)
+        sl = moe_ffn_resident(x, i, wts, slots=True, **kw)
+        assert sl.shape == (T, A, D)
+        assert cp.array_equal(slot_sum(sl), want), float(cp.max(cp.abs(slot_sum(sl) - want)))
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("chunk", [None, 96 * 512])
 def test_sgemm_products_equal_the_reference(chunk, monkeypatch):
     """The prefill's cuBLAS path (quant/cuda/dequant_gemm.py: the weight decoded to float32, then SGEMM): a 2-D

@@ -22,7 +22,7 @@ from refengine.attention.mha import attention_blocked, causal_mask, no_mask  # n
 from refengine.attention.short_conv import causal_conv  # noqa: E402
 from refengine.ops.rope import apply_rope, rope_cos_sin  # noqa: E402
 from refengine.ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp  # noqa: E402
-from refengine.ops.norm import add_rms_norm, layer_norm, rms_norm  # noqa: E402
+from refengine.ops.norm import add_rms_norm, add_slots_rms_norm, layer_norm, rms_norm  # noqa: E402
 from refengine.ops.softmax import softmax  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -78,6 +78,29 @@ def test_add_rms_norm_rows(with_w, shape):
                         out_shapes=[x.shape, x.shape])
     assert np.array_equal(got_s, want_s)
     np.testing.assert_allclose(got_y, want_y, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("A, with_e", [(1, False), (3, False), (3, True), (8, True)])
+def test_add_slots_rms_norm_rows(A, with_e, shape):
+    """A MoE layer's combine, its shared experts' add, the residual add and the next norm in one launch
+    (`fused._addend`): x + (slots[:, 0] + ... + slots[:, A-1] (+ e)) bit for bit as `ops.slot_sum` adds them (float32,
+    in slot order), the norm as the plain norm's kernel. A = 3 rows of other scales: an order flip would show."""
+    R, Dx = SHAPES[shape]
+    x, slots = _rand(R, Dx), _rand(R, A, Dx, seed=2)
+    slots[:, 1:] *= 1e-3
+    slots[1] *= 1e4
+    e = _rand(R, Dx, seed=5) if with_e else None
+    w = _rand(Dx, seed=1)
+    want_s, want_y = add_slots_rms_norm(x, slots, e, w, 1e-6)
+    got_s, got_y = _run(lambda xd, sd, ed, wd, s_, y: fused.rms_norm_raw(xd, wd, 1e-6, y, a2=sd.reshape(R * A, Dx),
+                                                                        s2=s_, A=A, e2=ed),
+                        x, slots, e, w, out_shapes=[x.shape, x.shape])
+    assert np.array_equal(got_s, want_s)
+    np.testing.assert_allclose(got_y, want_y, rtol=2e-6, atol=0)
+    if A > 1:                                             # the order matters at these scales: a check that can fail
+        other = x + (slots[:, ::-1].sum(axis=1, dtype=np.float32) + (e if with_e else 0))
+        assert not np.array_equal(other, want_s) or A == 1
 
 
 @pytest.mark.parametrize("with_a", [True, False])
@@ -845,6 +868,15 @@ def test_entries_on_numpy_arrays(monkeypatch):
     want_s, want_y = add_rms_norm(x, a, w, 1e-6)
     assert np.array_equal(s_.raw, want_s)
     np.testing.assert_allclose(y.raw, want_y, rtol=2e-6, atol=0)
+    # a MoE layer's slots (and shared experts' output) summed into the residual add and the norm; a shape it does
+    # not take (slots of other rows) declined
+    sl, ex = _rand(3, 4, 40, seed=3), _rand(3, 40, seed=4)
+    for e in (ex, None):
+        s_, y = fused.add_slots_rms_norm(dev.wrap(x), dev.wrap(sl), None if e is None else dev.wrap(e), w, 1e-6)
+        want_s, want_y = add_slots_rms_norm(x, sl, e, w, 1e-6)
+        assert np.array_equal(s_.raw, want_s)
+        np.testing.assert_allclose(y.raw, want_y, rtol=2e-6, atol=0)
+    assert fused.add_slots_rms_norm(dev.wrap(x), dev.wrap(sl[:2]), None, w, 1e-6) is None
     q = _rand(2, 3, 16)
     np.testing.assert_allclose(fused.l2_norm(dev.wrap(q), 1e-6).raw, delta_rule.l2_norm(q, 1e-6), rtol=2e-6, atol=0)
     sc = _rand(2, 16)

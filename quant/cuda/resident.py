@@ -119,14 +119,15 @@ def matmul_heads_resident(x, w: QTensor, *, mode: str = "exact", kernel: str = "
 
 def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_scale=None,
                      down_scale=None, mode: str = "exact", kernel: str = "auto", act=None, act_device=None,
-                     il: int = -1, cache=None, read_ids=None, **_):
+                     il: int = -1, cache=None, read_ids=None, slots: bool = False, **_):
     """Routed experts on device arrays: x [T, D], weights [T, A] (CuPy), ids [T, A] -> CuPy [T, D]. ids on the host
     (the grouping tables are built there), or a CuPy array: one token's, which the one-token kernels read on the
     device (no table, no synchronisation: a decode step that can be captured); several tokens' (a fixed-shape
     run's), grouped by a kernel on the device (`_ids_on_device`); with a cache read back by read_ids(ids)
     (the runtime's counted read; None: ids.get()). Without a cache every expert is resident (uploaded on first use);
     with `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
-    remapped to slot ids, the same kernels on the same bytes.
+    remapped to slot ids, the same kernels on the same bytes. slots: the weighted slots [T, A, D] returned unsummed
+(their sum in slot order is the output: the caller's next norm makes it, `ops.add_slots_rms_norm`).
 
     act / act_device: another gated activation than SwiGLU (Kimi-K3's SiTU, DeepSeek-V4's clamped SwiGLU): the
     gate and up projections run as grouped launches over the routed pairs, act_device(g, u) computes the activation
@@ -139,7 +140,8 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     E = up.shape[0]                  # the model's experts: gmax = min(E, T*A) below, with or without the cache
     if not isinstance(ids, np.ndarray):
         y = None if cache is not None else _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale,
-                                                          down_scale, kernel, act_device if act is not None else None)
+                                                          down_scale, kernel, act_device if act is not None else None,
+                                                          slots)
         if y is not None:
             return y
         ids = read_ids(ids) if read_ids is not None else ids.get()
@@ -165,20 +167,20 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
         one_token_ok(dup, dgate, ddown, xd) else None
     out = _grouped_experts(xd, cuda.to_device(tab_x, stream=st), cuda.to_device(tab_p, stream=st), mpg, T, A, E,
                            weights, dup, dgate, ddown, sc_gu, sc_d, En, kernel, act_device if act is not None else None,
-                           idd)
+                           idd, slots)
     if cache is not None:
         cache.release()              # queued: a later copy into these slots runs after the kernels (same stream)
     return out
 
 
 def _grouped_experts(xd, tx, tp, mpg: int, T: int, A: int, E: int, weights, dup, dgate, ddown, sc_gu, sc_d, En: int,
-                     kernel, act_device=None, idd=None):
+                     kernel, act_device=None, idd=None, slots: bool = False):
     """The routed experts over group tables on the device (tx: x row = token, tp: x row = pair; at most mpg pairs a
     group) -> out [T, D]: SwiGLU through `moe_ffn_device` (idd: one token's ids, when the one-token kernels serve
     them, instead of the tables); a gated activation of the arch's own (act_device) as grouped gate and up launches
     (pair rows in tx order), act_device(g, u) on the device, then the grouped down projection. E: the model's
     experts (the tables' group bound min(E, T*A)); En: the matrices (E, or an expert cache's slots: sc_gu holds gate
-    then up scales, En each)."""
+    then up scales, En each). slots: the weighted slots [T, A, D] instead, not combined."""
     cp = _cp()
     st = _stream()
     n, I, D = T * A, dup.O, xd.shape[1]
@@ -193,22 +195,27 @@ def _grouped_experts(xd, tx, tp, mpg: int, T: int, A: int, E: int, weights, dup,
         a = _input(act_device(g, u))                                                        # [n, I], elementwise
         dn = cp.empty((n, D), dtype=cp.float32)
         grouped(ddown, _nb(a), _nb(dn), tp, gmax, n, mpg, sc=sc_d, rw=_nb(wts), kernel=kernel, stream=st)
+        if slots:
+            return dn.reshape(T, A, D)
         combine_slots(_nb(dn), A, None, _nb(out), None, T, D, st)
         return out
+    dn = cp.empty((n, D), dtype=cp.float32)
     moe_ffn_device(xd, tx, tp, gmax, n, mpg, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d,
-                   kernel=kernel, ids=idd, out=_nb(out), stream=st, scratch=_scratch(n, I, D))
-    return out
+                   kernel=kernel, ids=idd, out=_nb(out), stream=st, scratch=_scratch(n, I, dn),
+                   combine=(lambda *_: None) if slots else None)
+    return dn.reshape(T, A, D) if slots else out
 
 
-def _scratch(n: int, I: int, D: int) -> dict:
-    """moe_ffn_device's work buffers act [n, I] and dn [n, D] from CuPy's allocator, not numba's: the memory a
+def _scratch(n: int, I: int, dn) -> dict:
+    """moe_ffn_device's work buffers act [n, I] and dn [n, D] (given) from CuPy's allocator, not numba's: the memory a
     captured step's launches use then stays in the capturing pool (refengine/cuda/graph_step.py) instead of being
     freed by numba behind the graph's back (the GEMM path's g, u: many tokens, never captured, numba's)."""
     cp = _cp()
-    return {k: _nb(cp.empty(shape, dtype=cp.float32)) for k, shape in (("act", (n, I)), ("dn", (n, D)))}
+    return {"act": _nb(cp.empty((n, I), dtype=cp.float32)), "dn": _nb(dn)}
 
 
-def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel, act_device=None):
+def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_scale, kernel, act_device=None,
+                   slots: bool = False):
     """Routed experts with their ids [T, A] read on the device, nothing read back. One token: the one-token kernels
     take its A ids (`moe_ffn_device(ids=...)`, or with act_device gate and up as one launch each over the A ids
     (`grouped_ids`), act_device(g, u) [A, I], the down projection over the A slots). Otherwise (several tokens, a
@@ -238,10 +245,10 @@ def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_s
         cnt, fill = cp.zeros(E, dtype=cp.int32), cp.zeros(E, dtype=cp.int32)
         bucket_kernel[1, EW, _stream()](idd, E, A, n, BN, _nb(tab_x), _nb(tab_p), _nb(cnt), _nb(fill))
         return _grouped_experts(xd, _nb(tab_x), _nb(tab_p), T, T, A, E, weights, dup, dgate, ddown, sc_gu, sc_d, E,
-                                kernel, act_device)
+                                kernel, act_device, slots=slots)
     if act_device is None:
         return _grouped_experts(xd, None, None, 1, 1, A, E, weights, dup, dgate, ddown, sc_gu, sc_d, E, kernel,
-                                idd=idd)
+                                idd=idd, slots=slots)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
     out = cp.empty((1, xs.shape[1]), dtype=cp.float32)
     I, D = up.shape[1], xs.shape[1]
@@ -252,5 +259,7 @@ def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_s
     a = _input(act_device(g, u))                                                        # [A, I], elementwise
     dn = cp.empty((A, D), dtype=cp.float32)
     grouped_ids(ddown, _nb(a), _nb(dn), idd, A, sc=sc_d, rw=_nb(wts), slot_rows=True, stream=st)
+    if slots:
+        return dn.reshape(1, A, D)
     combine_slots(_nb(dn), A, None, _nb(out), None, 1, D, st)
     return out

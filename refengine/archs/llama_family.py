@@ -232,7 +232,7 @@ class Variant:
             f = dense_ffn(h, w, il=il, rt=rt)
             rt.record("ffn_out", il, f)       # llama.cpp then renames the residual sum to l_out
         else:
-            f = moe_block(h, w, mc=spec.moe, tensors=self.moe_tensors, spec=spec, il=il, rt=rt)
+            f = moe_block(h, w, mc=spec.moe, tensors=self.moe_tensors, spec=spec, il=il, rt=rt, pending=True)
         x = PendingAdd(x, f)          # x + f, made by the next block's attn_norm or the head's norm (one launch)
         for name in self.trace_l_out:
             rt.record(name, il, x.total)

@@ -3,6 +3,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
 
     rms_norm(x, w, eps)      ops/norm.py `rms_norm`: [..., D] float32 rows, w [D] or None
     add_rms_norm(x, a, w, eps)   ops/norm.py `add_rms_norm`: (x + a, its rms_norm), one launch
+    add_slots_rms_norm(x, slots, extra, w, eps)   ops/norm.py: a MoE layer's slots summed (+ its shared experts), the
+                             residual add and the next norm, one launch
     l2_norm(x, eps)          attention/delta_rule.py `l2_norm` (the norm and its 1 / sqrt(D)), one launch
     gdn_gates(b, a, r, bias, A)   attention/gated_deltanet.py's beta, softplus(a + bias) and its product with A
     layer_norm(x, w, b, eps) ops/norm.py `layer_norm`, w and b [D] or None
@@ -105,9 +107,21 @@ def _inv_rms(acc, buf, D, eps):
     return float32(1.0) / float32(math.sqrt(float32(mean + eps)))
 
 
+@cuda.jit(device=True, inline=True)
+def _addend(a, A, e, has_e, r, j):
+    """What a norm's row r adds to x at j: a[r, j] (A = 1), or a's rows r*A .. r*A + A - 1 summed in that order (a
+    MoE layer's weighted expert slots, as ggml adds them); then + e[r, j] (has_e: the shared experts' output)."""
+    v = a[r * A, j]
+    for k in range(1, A):
+        v += a[r * A + k, j]
+    if has_e:
+        v = v + e[r, j]
+    return v
+
+
 @cuda.jit(fastmath=False)
-def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
-    """Row r = blockIdx.x: v = x (has_a: v = x + a in float32, written to s), the mean of v^2 summed in float64,
+def _rms_rows(x, a, A, e, has_e, has_a, w, has_w, eps, post, s, y):
+    """Row r = blockIdx.x: v = x (has_a: v = x + `_addend` in float32, written to s), the mean of v^2 summed in float64,
     y = v * (1 / sqrt(mean + eps)) (* w) * post, each product rounded to float32 as `ops.rms_norm` rounds it
     (`ops.add_rms_norm`; post: `delta_rule.l2_norm`'s 1 / sqrt(D), 1 for the others: exact).
 
@@ -129,7 +143,7 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
         for k in range(RPT):
             j = c + k * nt + t
             if j < D:
-                v[k] = x[r, j] + a[r, j] if has_a else x[r, j]
+                v[k] = x[r, j] + _addend(a, A, e, has_e, r, j) if has_a else x[r, j]
                 if has_w and D <= step:              # (a longer row loads w with its scale pass)
                     wv[k] = w[j]
         for k in range(RPT):
@@ -156,7 +170,7 @@ def _rms_rows(x, a, has_a, w, has_w, eps, post, s, y):
 
 
 @cuda.jit(fastmath=False)
-def _rms_warps(x, a, has_a, w, has_w, eps, post, gate, act, s, y):
+def _rms_warps(x, a, A, e, has_e, has_a, w, has_w, eps, post, gate, act, s, y):
     """`_rms_rows` for rows of at most WARP_ROW_MAX_D: row r = blockIdx.x * NTW + the thread's warp, lane l taking
     elements l, l + 32, ... (RPW of them, in registers), the float64 sum over the warp by shuffles, no block barrier.
     A head's norm (the delta rule's l2 norms of q and k, a per-head rms_norm: T x H rows of 128) is many short rows:
@@ -171,7 +185,7 @@ def _rms_warps(x, a, has_a, w, has_w, eps, post, gate, act, s, y):
     for k in range(RPW):
         j = k * 32 + lane
         if j < D:
-            v[k] = x[r, j] + a[r, j] if has_a else x[r, j]
+            v[k] = x[r, j] + _addend(a, A, e, has_e, r, j) if has_a else x[r, j]
     acc = float64(0.0)
     for k in range(RPW):
         j = k * 32 + lane
@@ -1465,20 +1479,22 @@ GATE_ACTS = {"silu": 1, "sigmoid": 2}     # _rms_warps' act
 
 
 def rms_norm_raw(x2, w, eps: float, y2, stream=0, *, a2=None, s2=None, post: float = 1.0, gate2=None,
-                 act: str | None = None) -> None:
-    """x2, y2 [R, D] float32 (device), w [D] float32 or None; a2, s2 [R, D]: x2 + a2 is normed (and written to s2);
-    post: a factor after the norm (rounded after it); gate2 [R, D] and act (GATE_ACTS, rows of at most
-    WARP_ROW_MAX_D): the norm times act(gate2) instead."""
-    has_w, has_a = w is not None, a2 is not None
+                 act: str | None = None, A: int = 1, e2=None) -> None:
+    """x2, y2 [R, D] float32 (device), w [D] float32 or None; a2 [R * A, D], s2 [R, D]: x2 + a2 is normed (and
+    written to s2), a2's rows r*A .. r*A + A - 1 summed in order first where A > 1 (a MoE layer's slots), e2 [R, D]
+    added to that sum (`fused._addend`); post: a factor after the norm (rounded after it); gate2 [R, D] and act
+    (GATE_ACTS, rows of at most WARP_ROW_MAX_D): the norm times act(gate2) instead."""
+    has_w, has_a, has_e = w is not None, a2 is not None, e2 is not None
     R, D = x2.shape
+    a_, e_, w_ = a2 if has_a else x2, e2 if has_e else x2, w if has_w else x2[0, :1]
     if D <= WARP_ROW_MAX_D:
-        _rms_warps[_grid(R, NTW), NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
-                                              np.float32(eps), np.float32(post), x2 if gate2 is None else gate2,
+        _rms_warps[_grid(R, NTW), NT, stream](x2, a_, A, e_, has_e, has_a, w_, has_w, np.float32(eps),
+                                              np.float32(post), x2 if gate2 is None else gate2,
                                               0 if gate2 is None else GATE_ACTS[act], s2 if has_a else y2, y2)
     else:
         assert gate2 is None, "a gated norm's rows take a warp each (at most WARP_ROW_MAX_D)"
-        _rms_rows[R, NT, stream](x2, a2 if has_a else x2, has_a, w if has_w else x2[0, :1], has_w,
-                                 np.float32(eps), np.float32(post), s2 if has_a else y2, y2)
+        _rms_rows[R, NT, stream](x2, a_, A, e_, has_e, has_a, w_, has_w, np.float32(eps), np.float32(post),
+                                 s2 if has_a else y2, y2)
 
 
 def layer_norm_raw(x2, w, b, eps: float, y2, stream=0) -> None:
@@ -1828,6 +1844,27 @@ def add_rms_norm(x, a, w, eps: float):
     rms_norm_raw(_nv(x.raw.reshape(-1, D)), _nv(wr), eps, _nv(y.reshape(-1, D)), stream=_stream(),
                  a2=_nv(a.raw.reshape(-1, D)), s2=_nv(s_.reshape(-1, D)))
     return _done(x.dev, "add_rms_norm", (x, a, w), s_, y)
+
+
+def add_slots_rms_norm(x, slots, extra, w, eps: float):
+    """`ops.add_slots_rms_norm`: (x + f, rms_norm(x + f, w, eps)), f = slots [T, A, D] summed over A in order (+
+    extra [T, D]), in one launch (`_addend`), or None (shapes differ, not float32 and contiguous)."""
+    if not _on(slots, x.dev) or (extra is not None and not _on(extra, x.dev)) or x.raw.ndim != 2 \
+            or slots.raw.ndim != 3:
+        return None
+    T, D = x.shape
+    A = slots.shape[1]
+    if slots.shape != (T, A, D) or (extra is not None and extra.shape != (T, D)) \
+            or not _served(x.raw, slots.raw, *(() if extra is None else (extra.raw,))):
+        return None
+    wv = _vectors(x.dev, "add_slots_rms_norm", (w,), D)
+    if wv is None:
+        return None
+    xp = x.dev.xp
+    s_, y = xp.empty_like(x.raw), xp.empty_like(x.raw)
+    rms_norm_raw(_nv(x.raw), _nv(wv[0]), eps, _nv(y), stream=_stream(), a2=_nv(slots.raw.reshape(T * A, D)),
+                 s2=_nv(s_), A=A, e2=None if extra is None else _nv(extra.raw))
+    return _done(x.dev, "add_slots_rms_norm", (x, slots, extra, w), s_, y)
 
 
 def layer_norm(x, w, b, eps: float):

@@ -30,9 +30,10 @@ KERNELS = [
 A1, A2, A3 = "float32[:]", "float32[:, :]", "float32[:, :, :]"     # the fused kernels take strided views too
 DR_SIG = f"void({A3}, {A3}, {A3}, {A3}, boolean, {A2}, {A3}, boolean, float32, {F3}, {F3})"
 KERNELS += [
-    ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F2}, boolean, {F1}, boolean, float32, float32, {F2}, {F2})"),
-    ("fused_rms_warps", fz._rms_warps, f"void({F2}, {F2}, boolean, {F1}, boolean, float32, float32, {A2}, int64, "
-                                       f"{F2}, {F2})"),
+    ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F2}, int64, {F2}, boolean, boolean, {F1}, boolean, float32, "
+                                     f"float32, {F2}, {F2})"),
+    ("fused_rms_warps", fz._rms_warps, f"void({F2}, {F2}, int64, {F2}, boolean, boolean, {F1}, boolean, float32, "
+                                       f"float32, {A2}, int64, {F2}, {F2})"),
     ("fused_softmax", fz._softmax_rows, f"void({F2}, {F2})"),
     ("fused_layer_norm", fz._layer_rows, f"void({F2}, {F1}, boolean, {F1}, boolean, float32, {F2})"),
     ("fused_silu", fz._silu, f"void({F1}, {F1})"),

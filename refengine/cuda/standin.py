@@ -121,12 +121,13 @@ def numpy_twins() -> dict:
     from ..moe.router import topk_desc
     from ..ops.activations import sigmoid, silu, situ, softplus, swiglu, swiglu_clamp
     from ..attention.kda import gates as kda_gates
-    from ..ops.norm import add_rms_norm, layer_norm, rms_norm, rms_norm_gated
+    from ..ops.norm import add_rms_norm, add_slots_rms_norm, layer_norm, rms_norm, rms_norm_gated
     from ..ops.rope import apply_rope, cos_sin
     from ..ops.softmax import softmax
     from ..residual import hyper_connections as hcm
     return {
-        "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "l2_norm": delta_rule.l2_norm, "layer_norm": layer_norm,
+        "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "add_slots_rms_norm": add_slots_rms_norm,
+        "l2_norm": delta_rule.l2_norm, "layer_norm": layer_norm,
         "rms_norm_gated": rms_norm_gated, "kda_gates": kda_gates,
         "softmax": softmax,
         "silu": silu, "sigmoid": sigmoid,

@@ -26,7 +26,8 @@ import numpy as np
 from quant import QTensor
 
 from ..ffn.dense import dense_ffn, dense_ffn_table
-from ..residual.pending import PendingAdd
+from ..ops.norm import slot_sum
+from ..residual.pending import PendingAdd, SlotSum
 from ..weights import W
 from .router import GATING_NAMES, route as route_logits
 
@@ -159,9 +160,10 @@ def expert_act(mc: MoEConfig):
     raise ValueError(f"expert activation {mc.act!r} is not one of silu, situ")
 
 
-def routed_experts(h, logits, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt):
+def routed_experts(h, logits, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt, slots: bool = False):
     """Routing of `logits` [T, E] and the routed experts on h [T, Dm] -> [T, Dm] (`build_moe_ffn` given its
-    logits; Dm = D, or the latent width of moe/latent.py). The experts' `.scale` apply if `tensors.apply_scales`."""
+    logits; Dm = D, or the latent width of moe/latent.py). The experts' `.scale` apply if `tensors.apply_scales`.
+    slots: -> [T, A', Dm], their sum over A' in order the output (`rt.moe_ffn(..., slots=True)`)."""
     ids, weights = route(logits, w, mc, spec.n_expert_used, record=rt.record, il=il)   # [T, A], [T, A]
     if getattr(w, "ffn_gate_up_exps", None) is not None:
         gate, up = split_gate_up(w)
@@ -176,29 +178,36 @@ def routed_experts(h, logits, w, *, mc: MoEConfig, tensors: MoETensors, spec, il
             parts[name] = value
     y = rt.moe_ffn(h, ids, weights, up=up, gate=gate, down=w.ffn_down_exps,
                    up_scale=sc(w.ffn_up_exps_scale), gate_scale=sc(w.ffn_gate_exps_scale),
-                   down_scale=sc(w.ffn_down_exps_scale), il=il, record=record, **kw)   # [T, Dm]
+                   down_scale=sc(w.ffn_down_exps_scale), il=il, record=record, slots=slots, **kw)   # [T, Dm]
     if "ffn_moe_gate" in parts and "ffn_moe_up" in parts:   # one mul_mat_id, [T, A, 2I] (llama-graph.cpp:2183-2201)
         rt.record("ffn_moe_gate_up", il, np.concatenate([parts["ffn_moe_gate"], parts["ffn_moe_up"]], axis=-1))
-    rt.record("ffn_moe_out", il, y)
+    rt.record("ffn_moe_out", il, (lambda: slot_sum(y)) if slots else y)
     return y
 
 
-def moe_block(h, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt):
+def moe_block(h, w, *, mc: MoEConfig, tensors: MoETensors, spec, il, rt, pending: bool = False):
     """h [T, D] -> [T, D] (routed experts, plus the shared experts when the layer has them; their `.scale` apply
-    if `tensors.apply_scales`)."""
+    if `tensors.apply_scales`). pending: -> the sum unmade, `SlotSum` (residual/pending.py: the routed slots and the
+    shared experts' output, added by the next norm with the residual: one launch on a GPU)."""
     rt.prefetch(h, [w.ffn_gate_inp] + ([w.ffn_up_shexp, w.ffn_gate_shexp] if mc.n_shared > 0 else [])
                 + ([w.ffn_gate_inp_shexp] if mc.shexp_gate else []))    # h's products, one a weight type on a GPU
     logits = rt.matmul(h, w.ffn_gate_inp)                                # [T, E]
     rt.record("ffn_moe_logits", il, logits)
-    y = routed_experts(h, logits, w, mc=mc, tensors=tensors, spec=spec, il=il, rt=rt)    # [T, D]
+    y = routed_experts(h, logits, w, mc=mc, tensors=tensors, spec=spec, il=il, rt=rt, slots=pending)
+    s = None                                                             # [T, D] (pending: the slots [T, A', D])
     if mc.n_shared > 0:
         s = dense_ffn(h, w, il=il, rt=rt, suffix="_shexp", scales=tensors.apply_scales)   # [T, D]
         rt.record("ffn_shexp", il, s)
         if mc.shexp_gate:
             s = s * shexp_gate(h, w, rt, il)                             # [T, D] * [T, 1]
             rt.record("ffn_shexp_gated", il, s)
-        y = y + s
-        rt.record("ffn_out", il, y)
+    if pending:
+        y = SlotSum(y, s)                  # y + s unmade: the next norm sums the slots, s and the residual
+        total = y.total
+    elif s is not None:
+        y = total = y + s
+    if s is not None:
+        rt.record("ffn_out", il, total)
     return y
 
 
@@ -220,7 +229,7 @@ def ffn_sublayer(x, w, *, cfg, spec, il, rt, moe_tensors: MoETensors, dense_scal
         f = dense_ffn(h, w, il=il, rt=rt, scales=dense_scales)
         rt.record("ffn_out", il, f)
     else:
-        f = moe_block(h, w, mc=spec.moe, tensors=moe_tensors, spec=spec, il=il, rt=rt)
+        f = moe_block(h, w, mc=spec.moe, tensors=moe_tensors, spec=spec, il=il, rt=rt, pending=True)
     x = PendingAdd(x, f)
     rt.record("l_out", il, x.total)
     return x

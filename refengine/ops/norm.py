@@ -32,6 +32,24 @@ def add_rms_norm(x: np.ndarray, a: np.ndarray, w: np.ndarray | None, eps: float)
     return s, rms_norm(s, w, eps)
 
 
+def add_slots_rms_norm(x: np.ndarray, slots: np.ndarray, extra: np.ndarray | None, w: np.ndarray | None,
+                       eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """`add_rms_norm(x, f, w, eps)` with f = slots[:, 0] + slots[:, 1] + ... (+ extra): slots [T, A, D] summed over
+    A in order (a MoE layer's weighted expert outputs, as ggml adds them), extra [T, D] or None (its shared
+    experts' output). (On a GPU one launch: the slots' sum, the adds and the norm; the sum is not written.)"""
+    if (k := fused_op(x, "add_slots_rms_norm")) is not None and (res := k(x, slots, extra, w, eps)) is not None:
+        return res
+    return add_rms_norm(x, slot_sum(slots, extra), w, eps)
+
+
+def slot_sum(slots: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+    """slots [T, A, D] -> slots[:, 0] + ... + slots[:, A - 1] (+ extra [T, D]), added in that order (float32)."""
+    f = slots[:, 0]
+    for a in range(1, slots.shape[1]):
+        f = f + slots[:, a]
+    return f if extra is None else f + extra
+
+
 GATES = ("silu", "sigmoid")           # rms_norm_gated's activations of the gate
 
 
