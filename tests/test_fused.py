@@ -495,6 +495,21 @@ def test_hyper_connections():
         np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-7)
 
 
+def test_gated_streams():
+    """Qwen3.8-Flash-Next's streams: the mixer's gated mean and the combiner, one launch each, ==
+    residual/gated_streams.py (the streams in order; relative 1e-6: the kernels' exp against NumPy's). A stream
+    dropped from the mean, or the combiner's 2 or its 1 / P left out, fails it."""
+    from refengine.residual import gated_streams as gs
+    T, P, D = (3, 4, 4096) if GPU else (2, 4, 7)
+    xn, g = _rand(T, P, D), _rand(T, P, D, seed=2)
+    R, out, inj = _rand(T, P, D, seed=3), _rand(T, D, seed=4), _rand(T, P, seed=5)
+    (got,) = _run(lambda a, b, y: fused.gated_mean_raw(a, b, 1.0 / P, y), xn, g, out_shapes=[(T, D)])
+    np.testing.assert_allclose(got, gs.gated_mean(xn, g), rtol=1e-6, atol=1e-6)
+    (got,) = _run(lambda a, b, c, y: fused.streams_combine_raw(a, b, c, 1.0 / P, y), R, out, inj,
+                  out_shapes=[(T, P, D)])
+    np.testing.assert_allclose(got, gs.combine(R, out, inj), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("k", [1, 8, 40, 64])
 def test_top_k(k):
     """The k largest of each row, descending, ties in index order, NaN after every number, -inf before NaN ==
@@ -877,6 +892,14 @@ def test_entries_on_numpy_arrays(monkeypatch):
         assert np.array_equal(s_.raw, want_s)
         np.testing.assert_allclose(y.raw, want_y, rtol=2e-6, atol=0)
     assert fused.add_slots_rms_norm(dev.wrap(x), dev.wrap(sl[:2]), None, w, 1e-6) is None
+    # Qwen3.8-Flash-Next's gated streams: the mean (of a gate viewed [T, P, D] from its product) and the combiner
+    from refengine.residual import gated_streams as gs
+    xs, gz, os_, ij = _rand(2, 4, 8, seed=6), _rand(2, 32, seed=7), _rand(2, 8, seed=8), _rand(2, 4, seed=9)
+    np.testing.assert_allclose(fused.gated_mean(dev.wrap(xs), dev.wrap(gz).reshape(2, 4, 8)).raw,
+                               gs.gated_mean(xs, gz.reshape(2, 4, 8)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(fused.streams_combine(dev.wrap(xs), dev.wrap(os_), dev.wrap(ij)).raw,
+                               gs.combine(xs, os_, ij), rtol=1e-6, atol=1e-6)
+    assert fused.streams_combine(dev.wrap(xs), dev.wrap(os_), dev.wrap(ij[:, :2])) is None
     q = _rand(2, 3, 16)
     np.testing.assert_allclose(fused.l2_norm(dev.wrap(q), 1e-6).raw, delta_rule.l2_norm(q, 1e-6), rtol=2e-6, atol=0)
     sc = _rand(2, 16)

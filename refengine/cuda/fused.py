@@ -29,6 +29,8 @@ on CuPy arrays, takes five to nine (issue 23: a decode step's time on the GPU is
                              residual/hyper_connections.py (DeepSeek-V4): a sub-layer's pre, post and Sinkhorn comb
                              from its mixes (one launch; the NumPy statement: eleven and the iterations'), the
                              streams read and written back
+    gated_mean(xn, g), streams_combine(R, out, inj)   residual/gated_streams.py (Qwen3.8-Flash-Next): the mixer's
+                             gated mean over the streams and the combiner, one launch each
     top_k(x, k)              moe/router.py `topk_desc`: the k largest of each row (k <= TOPK_MAX, rows <= TOPK_E)
     route_softmax(x, k, norm_w, scale)   moe/router.py `route`, softmax gating without bias or groups, and
     route_sigmoid(x, k, bias, norm_w, scale, G, n)   sigmoid gating (a bias, groups or not): the gate, its selection,
@@ -1109,6 +1111,38 @@ def _hc_post(y, X, post, comb, out):
     out[t, dst, d] = acc
 
 
+@cuda.jit(fastmath=False)
+def _gated_mean(xn, g, inv_p, y):
+    """y[t, d] = (xn[t, 0, d] sigmoid(g[t, 0, d]) + ... + xn[t, P-1, d] sigmoid(g[t, P-1, d])) * inv_p, the
+    products and the sum in float32, streams in order (`gated_streams.mix`'s gated mean). A thread a (t, d)."""
+    i = cuda.grid(1)
+    T, P, D = xn.shape
+    if i >= T * D:
+        return
+    t = i // D
+    d = i - t * D
+    acc = float32(xn[t, 0, d] * _sigmoid1(g[t, 0, d]))
+    for p in range(1, P):
+        acc = acc + float32(xn[t, p, d] * _sigmoid1(g[t, p, d]))
+    y[t, d] = acc * inv_p
+
+
+@cuda.jit(fastmath=False)
+def _streams_combine(R, out, inj, inv_p, Rn):
+    """Rn[t, p, d] = R[t, p, d] + (sigmoid(inj[t, p] * inv_p) * 2) * out[t, d] (`gated_streams.combine`), each step
+    rounded to float32 as NumPy rounds it. A thread a (t, p, d)."""
+    i = cuda.grid(1)
+    T, P, D = R.shape
+    if i >= T * P * D:
+        return
+    t = i // (P * D)
+    r = i - t * P * D
+    p = r // D
+    d = r - p * D
+    w = float32(_sigmoid1(float32(inj[t, p] * inv_p)) * float32(2.0))
+    Rn[t, p, d] = R[t, p, d] + float32(w * out[t, d])
+
+
 TOPK_E = 2048              # top_k: entries of a row (a shared flag each)
 TOPK_MAX = 64              # top_k: k (one block-wide argmax a pick)
 
@@ -1645,6 +1679,14 @@ def hc_post_raw(y, X, post, comb, out, stream=0) -> None:
     _hc_post[_grid(X.shape[0] * X.shape[1] * X.shape[2]), 256, stream](y, X, post, comb, out)
 
 
+def gated_mean_raw(xn, g, inv_p: float, y, stream=0) -> None:
+    _gated_mean[_grid(y.shape[0] * y.shape[1]), 256, stream](xn, g, np.float32(inv_p), y)
+
+
+def streams_combine_raw(R, out, inj, inv_p: float, Rn, stream=0) -> None:
+    _streams_combine[_grid(R.shape[0] * R.shape[1] * R.shape[2]), 256, stream](R, out, inj, np.float32(inv_p), Rn)
+
+
 def top_k_raw(x2, k: int, ids, stream=0) -> None:
     """x2 [R, E] float32 (E <= TOPK_E), ids [R, k] int32 (k <= min(E, TOPK_MAX))."""
     _top_k[x2.shape[0], NT, stream](x2, k, ids)
@@ -2166,6 +2208,30 @@ def hc_post(y, X, post, comb):
     out = dev.xp.empty((T, n, D), dtype=np.float32)
     hc_post_raw(_nv(y.raw), _nv(X.raw), _nv(post.raw), _nv(comb.raw), _nv(out), stream=_stream())
     return _done(dev, "hc_post", (y, X, post, comb), out)
+
+
+def gated_mean(xn, g):
+    """`gated_streams.gated_mean`: xn, g [T, P, D] -> [T, D] in one launch, or None."""
+    dev = xn.dev
+    if not _same_dev(dev, xn, g) or xn.raw.ndim != 3 or g.shape != xn.shape:
+        return None
+    T, P, D = xn.shape
+    y = dev.xp.empty((T, D), dtype=np.float32)
+    gated_mean_raw(_nv(xn.raw), _nv(g.raw), np.float32(1.0 / P), _nv(y), stream=_stream())
+    return _done(dev, "gated_mean", (xn, g), y)
+
+
+def streams_combine(R, out, inj):
+    """`gated_streams.combine`: R [T, P, D], out [T, D], inj [T, P] -> [T, P, D] in one launch, or None."""
+    dev = R.dev
+    if not _same_dev(dev, R, out, inj) or R.raw.ndim != 3:
+        return None
+    T, P, D = R.shape
+    if out.shape != (T, D) or inj.shape != (T, P):
+        return None
+    Rn = dev.xp.empty((T, P, D), dtype=np.float32)
+    streams_combine_raw(_nv(R.raw), _nv(out.raw), _nv(inj.raw), np.float32(1.0 / P), _nv(Rn), stream=_stream())
+    return _done(dev, "streams_combine", (R, out, inj), Rn)
 
 
 def top_k(x, k: int):

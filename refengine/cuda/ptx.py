@@ -66,6 +66,8 @@ KERNELS += [
     ("fused_hc_gates", fz._hc_gates, f"void({F2}, {F1}, {F1}, int64, float32, {F2}, {F2}, {F3})"),
     ("fused_collapse", fz._collapse, f"void({A3}, {A2}, {F2})"),
     ("fused_hc_post", fz._hc_post, f"void({A2}, {A3}, {A2}, {A3}, {F3})"),
+    ("fused_gated_mean", fz._gated_mean, f"void({A3}, {A3}, float32, {F2})"),
+    ("fused_streams_combine", fz._streams_combine, f"void({A3}, {A2}, {A2}, float32, {F3})"),
     ("fused_top_k", fz._top_k, f"void({A2}, int64, int32[:, ::1])"),
     ("fused_route_softmax", fz._route_softmax, f"void({F2}, int64, boolean, float32, boolean, {F2}, int32[:, ::1], "
                                                 f"{F2})"),

@@ -125,6 +125,7 @@ def numpy_twins() -> dict:
     from ..ops.rope import apply_rope, cos_sin
     from ..ops.softmax import softmax
     from ..residual import hyper_connections as hcm
+    from ..residual.gated_streams import combine as streams_combine, gated_mean
     return {
         "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "add_slots_rms_norm": add_slots_rms_norm,
         "l2_norm": delta_rule.l2_norm, "layer_norm": layer_norm,
@@ -138,6 +139,7 @@ def numpy_twins() -> dict:
             q, k, v, p, s, mask_fn=mha.causal_mask if c else mha.no_mask),
         "attention_gathered": lambda q, k, v, i, lv, s, sk: mha.attention_gathered(q, k, v, i, lv, s, sinks=sk),
         "collapse": hcm.collapse, "hc_post": hcm.hc_post, "top_k": topk_desc,
+        "gated_mean": gated_mean, "streams_combine": streams_combine,
         "hc_gates": lambda m, s, b, n, it, eps: hcm.gates(m, s, b, hcm.HCConfig(n, it, eps, 0.0)),
         "group_limited": group_limited_np, "gdn_gates": gdn_gates_np,
         "append_rows": append_rows_np, "expert_weights": expert_weights_np,

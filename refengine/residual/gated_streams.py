@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import rms_norm, sigmoid, silu
+from ..ops.arrays import fused_op
 from ..weights import W
 
 
@@ -62,11 +63,7 @@ def mix(R: np.ndarray, norm, down, up, inject, *, eps: float, rt, il: int):
     lo = silu(rt.matmul(xf, down) * np.float32(1.0 / P))                 # [T, Lr]
     gate = rt.matmul(lo, up)                                             # [T, P*D]
     rt.record("hc_gate", il, gate)
-    gated = xn * sigmoid(gate.reshape(T, P, D))                          # [T, P, D]
-    mixed = gated[:, 0]
-    for p in range(1, P):                                                # llama.cpp's order of the sum
-        mixed = mixed + gated[:, p]
-    mixed = mixed * np.float32(1.0 / P)                                  # [T, D]
+    mixed = gated_mean(xn, gate.reshape(T, P, D))                        # [T, D]
     rt.record("hc_mixed", il, mixed)
     inj = None
     if inject is not None:
@@ -75,9 +72,25 @@ def mix(R: np.ndarray, norm, down, up, inject, *, eps: float, rt, il: int):
     return mixed, inj
 
 
+def gated_mean(xn: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """xn, gate [T, P, D] -> mean_p(xn * sigmoid(gate)) [T, D]: the streams summed in order, then * (1 / P) (on a GPU
+    one launch, `fused.gated_mean`)."""
+    if (k := fused_op(xn, "gated_mean")) is not None and (y := k(xn, gate)) is not None:
+        return y
+    P = xn.shape[1]
+    gated = xn * sigmoid(gate)                                           # [T, P, D]
+    mixed = gated[:, 0]
+    for p in range(1, P):                                                # llama.cpp's order of the sum
+        mixed = mixed + gated[:, p]
+    return mixed * np.float32(1.0 / P)                                   # [T, D]
+
+
 def combine(R: np.ndarray, out: np.ndarray, inj: np.ndarray) -> np.ndarray:
     """R [T, P, D], out [T, D], inj [T, P] -> R + 2 sigmoid(inj / P) * out per stream  [T, P, D] (the caller
-    traces it: llama.cpp names it hc_combine, and the last one of a block again l_last)."""
+    traces it: llama.cpp names it hc_combine, and the last one of a block again l_last). On a GPU one launch
+    (`fused.streams_combine`)."""
+    if (k := fused_op(R, "streams_combine")) is not None and (y := k(R, out, inj)) is not None:
+        return y
     P = R.shape[1]
     w = sigmoid(inj * np.float32(1.0 / P)) * np.float32(2.0)            # [T, P]
     return R + w[:, :, None] * out[:, None, :]                           # [T, P, D]
