@@ -300,6 +300,35 @@ def test_slot_pool_kernels_bit_identical(T, kernel, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, pytest.param(3, marks=exhaustive)])       # (3 tokens: 38 s in the simulator)
+def test_unsummed_slots_sum_to_the_output(T, monkeypatch):
+    """moe_ffn_device(summed=False): the weighted slots dn [T*A, D], not combined (a MoE block whose next norm sums
+    them, `ops.add_slots_rms_norm`); their sum in slot order (`ops.slot_sum`) is the combined output bit for bit, one
+    token's ids (the one-token kernels) and several tokens' tables."""
+    pytest.importorskip("numba.cuda")
+    pytest.importorskip("quant.cuda")
+    from numba import cuda
+    from quant.cuda import moe as cmoe
+    from quant.cuda.weights import device_weight
+    from refengine.ops.norm import slot_sum
+    rng, E, A, D, up, gate, down, x, wts = toy_experts(monkeypatch, 25, T)
+    ids = np.array([[4, 1], [1, 5], [5, 4]], np.int32)[:T]
+    tab_x, tab_p, mpg = cmoe.groups_from_ids(ids, E)
+    sc_gu = cuda.to_device(np.ones(2 * E, np.float32))
+    dw = {k: device_weight(v).ensure() for k, v in (("up", up), ("gate", gate), ("down", down))}
+
+    def run(summed):
+        return cmoe.moe_ffn_device(cuda.to_device(x), cuda.to_device(tab_x), cuda.to_device(tab_p), min(E, T * A),
+                                   T * A, mpg, A, cuda.to_device(wts.reshape(-1)), sc_gu=sc_gu,
+                                   sc_d=cuda.to_device(np.ones(E, np.float32)), kernel="fast" if T > 1 else "auto",
+                                   ids=cuda.to_device(ids.reshape(-1)) if T == 1 else None, summed=summed,
+                                   **dw).copy_to_host()
+    want, dn = run(True), run(False)
+    assert dn.shape == (T * A, D)
+    assert np.array_equal(slot_sum(dn.reshape(T, A, D)), want)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "kimi-k3", "deepseek4"])   # SiTU, clamped: act_device
 def test_budgeted_cuda_forward_is_bit_identical(synth_model, arch):
     """On the GPU (skipped without one and CuPy): the resident cuda forward with budgets of 1/4, 1/2 and 1 of the

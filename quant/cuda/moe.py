@@ -199,7 +199,7 @@ def one_token_ok(up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight
 def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int, A: int, wts, *,
                    up: DeviceWeight, gate: DeviceWeight | None, down: DeviceWeight, sc_gu, sc_d,
                    res=None, out=None, scratch=None, stream=0, kernel: str = "auto", mark=None, ids=None,
-                   combine=None):
+                   combine=None, summed: bool = True):
     """Device arrays in and out: xd [T, D], wts [T*A] routing weights, tables on the device.
 
     sc_gu: float32 [2E] (gate scales then up scales), sc_d: float32 [E]. Returns out [T, D].
@@ -208,6 +208,7 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
     weights, the tables are not read and each projection is one launch over the A slots (`grouped_ids`).
     combine: a callable (dn, A, res, out) that launches the combining step instead of `combine_kernel`
     (out = res + the A slots of dn per token; the engine fuses the next block's norm into it).
+    summed=False: no combining step: returns dn [T*A, D], the weighted slots (a caller that sums them later).
     """
     T, D = xd.shape
     I = up.O
@@ -221,7 +222,7 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
         return b
     act = buf("act", (n_pairs, I))
     dn = buf("dn", (n_pairs, D))
-    if out is None:
+    if out is None and summed:
         out = cuda.device_array((T, D), dtype=np.float32, stream=stream)
     if ids is not None:
         if not (T == 1 and kernel in ("auto", "fast") and one_token_ok(up, gate, down, xd)):
@@ -231,6 +232,8 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
         grouped_ids(gate, xd, act, ids, A, sc=sc_gu, up=up, stream=stream)
         mark("experts_down")
         grouped_ids(down, act, dn, ids, A, sc=sc_d, rw=wts, slot_rows=True, stream=stream)
+        if not summed:
+            return dn
         mark("experts_combine")
         combine_slots(dn, A, res, out, combine, T, D, stream)
         return out
@@ -251,6 +254,8 @@ def moe_ffn_device(xd, tab_x, tab_p, gmax: int, n_pairs: int, max_per_group: int
         swiglu_kernel[_grid(n_pairs * I), EW, stream](g, u, act, gate is not None)
     mark("experts_down")
     grouped(down, act, dn, tab_p, gmax, n_pairs, max_per_group, sc=sc_d, rw=wts, kernel=kernel, stream=stream)
+    if not summed:
+        return dn
     mark("experts_combine")
     combine_slots(dn, A, res, out, combine, T, D, stream)
     return out

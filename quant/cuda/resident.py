@@ -127,7 +127,7 @@ def moe_ffn_resident(x, ids, weights, *, up, gate, down, up_scale=None, gate_sca
     (the runtime's counted read; None: ids.get()). Without a cache every expert is resident (uploaded on first use);
     with `cache` (refengine.expert_cache.ExpertCache, issue 24) the experts live in its slot pool (expert_slots.py): ids
     remapped to slot ids, the same kernels on the same bytes. slots: the weighted slots [T, A, D] returned unsummed
-(their sum in slot order is the output: the caller's next norm makes it, `ops.add_slots_rms_norm`).
+    (their sum in slot order is the output: the caller's next norm makes it, `ops.add_slots_rms_norm`).
 
     act / act_device: another gated activation than SwiGLU (Kimi-K3's SiTU, DeepSeek-V4's clamped SwiGLU): the
     gate and up projections run as grouped launches over the routed pairs, act_device(g, u) computes the activation
@@ -186,7 +186,7 @@ def _grouped_experts(xd, tx, tp, mpg: int, T: int, A: int, E: int, weights, dup,
     n, I, D = T * A, dup.O, xd.shape[1]
     gmax = min(E, n)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
-    out = cp.empty((T, D), dtype=cp.float32)
+    out = None if slots else cp.empty((T, D), dtype=cp.float32)
     if act_device is not None:
         u, g = cp.empty((n, I), dtype=cp.float32), cp.empty((n, I), dtype=cp.float32)
         sp = ops.shared_split(dgate, xd, gmax, n, mpg, kernel, st)               # (tcq: one split for gate and up)
@@ -201,8 +201,8 @@ def _grouped_experts(xd, tx, tp, mpg: int, T: int, A: int, E: int, weights, dup,
         return out
     dn = cp.empty((n, D), dtype=cp.float32)
     moe_ffn_device(xd, tx, tp, gmax, n, mpg, A, _nb(wts), up=dup, gate=dgate, down=ddown, sc_gu=sc_gu, sc_d=sc_d,
-                   kernel=kernel, ids=idd, out=_nb(out), stream=st, scratch=_scratch(n, I, dn),
-                   combine=(lambda *_: None) if slots else None)
+                   kernel=kernel, ids=idd, out=None if slots else _nb(out), stream=st, scratch=_scratch(n, I, dn),
+                   summed=not slots)
     return dn.reshape(T, A, D) if slots else out
 
 
@@ -250,7 +250,6 @@ def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_s
         return _grouped_experts(xd, None, None, 1, 1, A, E, weights, dup, dgate, ddown, sc_gu, sc_d, E, kernel,
                                 idd=idd, slots=slots)
     wts = cp.ascontiguousarray(weights, dtype=cp.float32).reshape(-1)
-    out = cp.empty((1, xs.shape[1]), dtype=cp.float32)
     I, D = up.shape[1], xs.shape[1]
     st = _stream()
     u, g = cp.empty((A, I), dtype=cp.float32), cp.empty((A, I), dtype=cp.float32)
@@ -261,5 +260,6 @@ def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_s
     grouped_ids(ddown, _nb(a), _nb(dn), idd, A, sc=sc_d, rw=_nb(wts), slot_rows=True, stream=st)
     if slots:
         return dn.reshape(1, A, D)
+    out = cp.empty((1, D), dtype=cp.float32)
     combine_slots(_nb(dn), A, None, _nb(out), None, 1, D, st)
     return out

@@ -1094,6 +1094,15 @@ def _collapse(X, pre, out):
     out[t, d] = acc
 
 
+@cuda.jit(device=True, inline=True)
+def _split3(i, n, D):
+    """Flat index i of a C-ordered [T, n, D] array -> (t, j, d)."""
+    t = i // (n * D)
+    r = i - t * n * D
+    j = r // D
+    return t, j, r - j * D
+
+
 @cuda.jit(fastmath=False)
 def _hc_post(y, X, post, comb, out):
     """out[t, dst, d] = y[t, d] post[t, dst] + sum_src comb[t, src, dst] X[t, src, d], sources in order."""
@@ -1101,10 +1110,7 @@ def _hc_post(y, X, post, comb, out):
     T, n, D = X.shape
     if i >= T * n * D:
         return
-    t = i // (n * D)
-    r = i - t * n * D
-    dst = r // D
-    d = r - dst * D
+    t, dst, d = _split3(i, n, D)
     acc = float32(y[t, d] * post[t, dst])
     for src in range(n):
         acc = acc + float32(X[t, src, d] * comb[t, src, dst])
@@ -1135,10 +1141,7 @@ def _streams_combine(R, out, inj, inv_p, Rn):
     T, P, D = R.shape
     if i >= T * P * D:
         return
-    t = i // (P * D)
-    r = i - t * P * D
-    p = r // D
-    d = r - p * D
+    t, p, d = _split3(i, P, D)
     w = float32(_sigmoid1(float32(inj[t, p] * inv_p)) * float32(2.0))
     Rn[t, p, d] = R[t, p, d] + float32(w * out[t, d])
 
@@ -1876,16 +1879,7 @@ def add_rms_norm(x, a, w, eps: float):
     """`ops.add_rms_norm`: (x + a, rms_norm(x + a, w, eps)) in one launch, or None (shapes differ, not float32)."""
     if not _on(a, x.dev) or a.shape != x.shape or x.raw.ndim < 1 or not _served(x.raw, a.raw):
         return None
-    D = x.shape[-1]
-    wv = _vectors(x.dev, "add_rms_norm", (w,), D)
-    if wv is None:
-        return None
-    wr = wv[0]
-    xp = x.dev.xp
-    s_, y = xp.empty_like(x.raw), xp.empty_like(x.raw)
-    rms_norm_raw(_nv(x.raw.reshape(-1, D)), _nv(wr), eps, _nv(y.reshape(-1, D)), stream=_stream(),
-                 a2=_nv(a.raw.reshape(-1, D)), s2=_nv(s_.reshape(-1, D)))
-    return _done(x.dev, "add_rms_norm", (x, a, w), s_, y)
+    return _add_norm(x, a.raw.reshape(-1, x.shape[-1]), 1, None, w, eps, "add_rms_norm", (x, a, w))
 
 
 def add_slots_rms_norm(x, slots, extra, w, eps: float):
@@ -1899,14 +1893,22 @@ def add_slots_rms_norm(x, slots, extra, w, eps: float):
     if slots.shape != (T, A, D) or (extra is not None and extra.shape != (T, D)) \
             or not _served(x.raw, slots.raw, *(() if extra is None else (extra.raw,))):
         return None
-    wv = _vectors(x.dev, "add_slots_rms_norm", (w,), D)
+    return _add_norm(x, slots.raw.reshape(T * A, D), A, None if extra is None else extra.raw, w, eps,
+                     "add_slots_rms_norm", (x, slots, extra, w))
+
+
+def _add_norm(x, a2, A: int, e2, w, eps: float, op: str, args):
+    """(s, rms_norm(s, w, eps)) with s = x + the addend (`_addend`: a2 [R * A, D]'s rows summed A at a time, then +
+    e2 [R, D] or None), x [..., D] of R rows, in one launch; None when w is not D float32 numbers."""
+    D = x.shape[-1]
+    wv = _vectors(x.dev, op, (w,), D)
     if wv is None:
         return None
     xp = x.dev.xp
     s_, y = xp.empty_like(x.raw), xp.empty_like(x.raw)
-    rms_norm_raw(_nv(x.raw), _nv(wv[0]), eps, _nv(y), stream=_stream(), a2=_nv(slots.raw.reshape(T * A, D)),
-                 s2=_nv(s_), A=A, e2=None if extra is None else _nv(extra.raw))
-    return _done(x.dev, "add_slots_rms_norm", (x, slots, extra, w), s_, y)
+    rms_norm_raw(_nv(x.raw.reshape(-1, D)), _nv(wv[0]), eps, _nv(y.reshape(-1, D)), stream=_stream(), a2=_nv(a2),
+                 s2=_nv(s_.reshape(-1, D)), A=A, e2=_nv(e2))
+    return _done(x.dev, op, args, s_, y)
 
 
 def layer_norm(x, w, b, eps: float):
