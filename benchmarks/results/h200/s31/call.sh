@@ -42,14 +42,16 @@ if [ -n "${EXTRA:-}" ]; then         # EXTRA="command": run after the tests (a k
 fi
 fold() {                      # the fold's measure: DeviceModel's decode a layer, the generic graph's of 1 and 3 layers
   [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ] || return 0
-  timeout 150 python3 benchmarks/cuda_layers.py --type Q4_K --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) --no-prefill \
-    --json $O/fold_devicemodel.json >> $O/fold.log 2>&1; echo "fold DeviceModel rc=$? $(date +%T)" >> $O/t.log
+  for ty in ${FOLD_TYPES:-Q4_K}; do s=$([ $ty = Q4_K ] || echo _$ty)   # FOLD_TYPES="Q4_K Q8_0": the bar's two types
+  [ $(( $(date +%s) - START + 60 )) -gt ${LIMIT_S:-575} ] && break
+  timeout 150 python3 benchmarks/cuda_layers.py --type $ty --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) --no-prefill \
+    --json $O/fold_devicemodel$s.json >> $O/fold.log 2>&1; echo "fold DeviceModel $ty rc=$? $(date +%T)" >> $O/t.log
   for L in $FOLD; do
     [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
-    timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type Q4_K \
-      --decode 16 --dir /tmp/rs ${FOLD_PROFILE:+--profile $FOLD_PROFILE} --json $O/fold_L$L.json >> $O/fold.log 2>&1
-    echo "fold L=$L rc=$? $(date +%T)" >> $O/t.log
-  done
+    timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type $ty \
+      --decode 16 --dir /tmp/rs ${FOLD_PROFILE:+--profile $FOLD_PROFILE} --json $O/fold_L$L$s.json >> $O/fold.log 2>&1
+    echo "fold $ty L=$L rc=$? $(date +%T)" >> $O/t.log
+  done; done
 }
 [ -n "${FOLD_FIRST:-}" ] && fold
 if [ -n "${CUTS:-}" ]; then
