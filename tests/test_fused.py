@@ -142,7 +142,8 @@ def test_layer_norm_rows(wb):
 def test_softmax_rows():
     x = _rand(ROWS, D, scale=8.0)
     x[0, ::7] = -np.inf                                   # masked entries -> 0
-    want = softmax(x)
+    x[1, 40] = 200.0                                      # the max held by the second warp only: a max that missed
+    want = softmax(x)                                     # a warp's would overflow exp (inf / NaN)
     (got,) = _run(fused.softmax_raw, x, out_shapes=[x.shape])
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-12)
     assert np.all(got[0, ::7] == 0)
@@ -812,23 +813,31 @@ def test_expert_weights(norm_w, scale):
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[2]).any()
 
 
-@pytest.mark.parametrize("norm_w,scale", [(False, None), (True, 2.5)])
-def test_route_softmax(norm_w, scale):
+@pytest.mark.parametrize("norm_w,scale,path", [(False, None, "warps"), (True, 2.5, "warps"), (True, 2.5, "block"),
+                                               (False, None, "block")])
+def test_route_softmax(norm_w, scale, path):
     """Softmax routing in one launch (softmax, its k largest, their weights) == moe.router.route with softmax gating:
-    the ids equal (a tie at the top, rows longer than the block), the probs and weights as the three kernels' tests
-    hold theirs."""
+    the ids equal (a tie at the top, one of it the same lane's / thread's next entry, rows longer than the block), a
+    row holding NaN (NaN probs and weights, the picks in index order), the probs and weights as the three kernels'
+    tests hold theirs. path: a warp a row (E <= ROUTE_WARP_E, k <= 32: a decode step's router) or a block a row."""
     from refengine.moe.router import GATING_SOFTMAX, route
-    T, E, k = (9, 512, 10) if GPU else (3, 300, 3)
+    if path == "warps":
+        T, E, k = (9, fused.ROUTE_WARP_E, 10) if GPU else (3, 300, 3)
+    else:
+        T, E, k = (9, 3 * fused.ROUTE_WARP_E // 2, 10) if GPU else (3, fused.ROUTE_WARP_E + 1, 3)
+    assert (E <= fused.ROUTE_WARP_E) == (path == "warps")
     x = _rand(T, E, scale=3.0)
-    x[0, 5] = x[0, 9] = x[0, 5 + fused.NT] = np.float32(8.0)   # a tie at the top, one of it the same thread's next
+    x[0, [5, 9, 5 + 32, 5 + fused.NT]] = np.float32(8.0)   # a tie at the top: lane 5's next, thread 5's next
+    x[1, 7] = np.nan
     want_ids, want_w = route(x, k, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=scale or 0.0)
     probs, ids, w = (cuda.device_array((T, E), np.float32), cuda.device_array((T, k), np.int32),
                      cuda.device_array((T, k), np.float32))
     fused.route_softmax_raw(cuda.to_device(x), k, norm_w, scale, probs, ids, w)
     cuda.synchronize()
-    assert np.array_equal(ids.copy_to_host(), want_ids)
-    np.testing.assert_allclose(w.copy_to_host(), want_w, rtol=2e-6, atol=0)
+    assert np.array_equal(ids.copy_to_host(), want_ids) and list(want_ids[1]) == list(range(k))
+    np.testing.assert_allclose(w.copy_to_host(), want_w, rtol=2e-6, atol=0)      # (NaN where NaN: assert_allclose)
     np.testing.assert_allclose(probs.copy_to_host(), softmax(x), rtol=2e-6, atol=0)
+    assert np.isnan(w.copy_to_host()[1]).all()
 
 
 @pytest.mark.parametrize("with_bias,norm_w,scale,grouped", [(True, True, 2.5, False), (False, False, None, False),

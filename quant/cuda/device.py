@@ -144,6 +144,22 @@ def warp_max(v):
     return v
 
 
+def _max_nan(a, b):
+    """The larger of a and b, NaN winning (np.max's order): `_block_max`'s step."""
+    return b if b > a or b != b else a
+
+
+max_nan = cuda.jit(device=True, inline=True)(_max_nan)
+
+
+@cuda.jit(device=True, inline=True)
+def warp_max_nan(v):
+    """Maximum of v over the 32 lanes of a warp, NaN winning (every lane gets it)."""
+    for o in (16, 8, 4, 2, 1):
+        v = max_nan(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, o))
+    return v
+
+
 @cuda.jit(device=True, inline=True)
 def warp_argmax(v, i):
     """(max of v, its index) over the warp; the lower index wins a tie."""
@@ -266,6 +282,16 @@ if SIM:
     @cuda.jit(device=True)
     def warp_argmax(v, i):  # noqa: F811
         return _warp_reduce((v, i), _argmax)
+
+    def _max_nan_all(vals):
+        m = vals[0]
+        for x in vals[1:]:
+            m = _max_nan(m, x)
+        return m
+
+    @cuda.jit(device=True)
+    def warp_max_nan(v):  # noqa: F811
+        return _warp_reduce(v, _max_nan_all)
 
     def _first_desc(vals):
         best = vals[0]

@@ -61,7 +61,8 @@ import math
 import numpy as np
 from numba import boolean, cuda, float32, float64, int32
 
-from quant.cuda.device import SIM, before_desc, top2_merge, warp_first_desc, warp_sum, warp_top2
+from quant.cuda.device import (SIM, before_desc, max_nan, top2_merge, warp_first_desc, warp_max_nan, warp_sum,
+                              warp_top2)
 
 from ..moe.router import F16_MIN_NORMAL as F16_MIN
 from .kernels import block_sum64
@@ -83,20 +84,18 @@ WARP_ROW_MAX_D = 32 * RPW
 
 @cuda.jit(device=True, inline=True)
 def _block_max(v, sh):
-    """The maximum of v over the block (NaN wins, as np.max), every thread calling; sh: a shared float32 array of the
-    block's size (a power of two)."""
+    """The maximum of v over the block (NaN wins, as np.max), every thread calling; sh: a shared float32 array of at
+    least the block's warps (a multiple of 32 threads). Each warp's by shuffles, then the warps' maxima: two
+    barriers (a tree over shared memory took 2 log2(threads) + 1; session 37: a decode step's attention and router
+    are such chains of barriers and round trips)."""
     t = cuda.threadIdx.x
-    sh[t] = v
+    v = warp_max_nan(v)
+    if t % 32 == 0:
+        sh[t // 32] = v
     cuda.syncthreads()
-    s = cuda.blockDim.x // 2
-    while s > 0:
-        if t < s:
-            a, b = sh[t], sh[t + s]
-            if b > a or b != b:
-                sh[t] = b
-        cuda.syncthreads()
-        s //= 2
     m = sh[0]
+    for i in range(1, cuda.blockDim.x // 32):
+        m = max_nan(m, sh[i])
     cuda.syncthreads()
     return m
 
@@ -142,10 +141,25 @@ def _rms_rows(x, a, A, e, has_e, has_a, w, has_w, eps, post, s, y):
     step = RPT * nt
     acc = float64(0.0)
     for c in range(0, D, step):
+        if has_a:                                    # `_addend` at the pass's RPT elements, a slot at a time: each
+            for k in range(RPT):                     # slot's RPT loads issued together (a slot's round trip, not
+                j = c + k * nt + t                   # an element's: session 37, a MoE layer's combine + norm of
+                if j < D:                            # one token took 10 us on an H100 element by element)
+                    v[k] = a[r * A, j]
+            for q in range(1, A):
+                for k in range(RPT):
+                    j = c + k * nt + t
+                    if j < D:
+                        v[k] += a[r * A + q, j]
+            if has_e:
+                for k in range(RPT):
+                    j = c + k * nt + t
+                    if j < D:
+                        v[k] = v[k] + e[r, j]
         for k in range(RPT):
             j = c + k * nt + t
             if j < D:
-                v[k] = x[r, j] + _addend(a, A, e, has_e, r, j) if has_a else x[r, j]
+                v[k] = x[r, j] + v[k] if has_a else x[r, j]
                 if has_w and D <= step:              # (a longer row loads w with its scale pass)
                     wv[k] = w[j]
         for k in range(RPT):
@@ -1456,6 +1470,88 @@ def _route_softmax(x, k, norm_w, scale, has_scale, probs, ids, out):
         _weights_row(probs, ids, r, norm_w, scale, has_scale, out)
 
 
+RWE = 16                    # _route_softmax_warps: a row's entries a lane holds (rows of at most 32 * RWE)
+ROUTE_WARP_E = 32 * RWE
+ROUTE_WARP_K = 32           # its k (lane a keeps pick a)
+
+
+@cuda.jit(fastmath=False)
+def _route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
+    """`_route_softmax` for rows of at most ROUTE_WARP_E entries and k <= 32, a warp a row (row r = blockIdx.x *
+    warps + the thread's warp): lane l holds entries l, l + 32, ... in registers (RWE of them). The max (NaN
+    winning) and the float64 sum by shuffles; the k picks each the warp's first untaken entry in the stable
+    descending order (`warp_first_desc`; the lane that held it takes its next), lane a keeping pick a; their weights
+    the same float32 steps as `_weights_row` (the float64 sum in pick order), written by lanes 0..k-1 at once. A
+    decode step's router is one row: a block's barriers and thread 0's reads of the picks back from memory were its
+    time (session 37: 12 us a launch on an H100, a layer's second-largest small kernel)."""
+    nw = cuda.blockDim.x // 32
+    r = cuda.blockIdx.x * nw + cuda.threadIdx.x // 32
+    lane = cuda.threadIdx.x % 32
+    if r >= x.shape[0]:                              # (the whole warp: r is the warp's)
+        return
+    E = x.shape[1]
+    p = cuda.local.array(RWE, float32)
+    m = float32(-math.inf)
+    for i in range(RWE):
+        j = i * 32 + lane
+        if j < E:
+            v = x[r, j]
+            p[i] = v
+            if v > m or v != v:
+                m = v
+    m = warp_max_nan(m)
+    acc = float64(0.0)
+    for i in range(RWE):
+        if i * 32 + lane < E:
+            e = float32(math.exp(p[i] - m))
+            p[i] = e
+            acc += float64(e)
+    tot = warp_sum(acc)
+    for i in range(RWE):
+        j = i * 32 + lane
+        if j < E:
+            q = float32(float64(p[i]) / tot)
+            p[i] = q
+            probs[r, j] = q
+    taken = int32(0)                                 # bit i: entry i * 32 + lane picked
+    bv = float32(0.0)
+    bj = E
+    for i in range(RWE):                             # the lane's first untaken entry (index order within the lane)
+        j = i * 32 + lane
+        if j < E and before_desc(p[i], j, bv, bj, E):
+            bv = p[i]
+            bj = j
+    s = float64(0.0)
+    mv = float32(0.0)
+    mj = int32(0)
+    for a in range(k):
+        v, j = warp_first_desc(bv, bj, E)
+        s += float64(v)
+        if lane == a:
+            mv = v
+            mj = j
+        if j == bj:                                  # this lane's entry was picked: its next
+            taken |= int32(1) << (j // 32)
+            bv = float32(0.0)
+            bj = E
+            for i in range(RWE):
+                jj = i * 32 + lane
+                if jj < E and not (taken >> i) & 1 and before_desc(p[i], jj, bv, bj, E):
+                    bv = p[i]
+                    bj = jj
+    if lane < k:
+        ids[r, lane] = mj
+        w = mv
+        if norm_w:
+            d = float32(s)
+            if d < F16_MIN:                          # (np.maximum: a NaN sum stays NaN)
+                d = F16_MIN
+            w = w / d
+        if has_scale:
+            w = w * scale
+        out[r, lane] = w
+
+
 @cuda.jit(fastmath=False)
 def _route_sigmoid(x, k, bias, has_bias, G, n_used, norm_w, scale, has_scale, probs, sel, masked, groups, ids, out):
     """Row r = blockIdx.x of a sigmoid router (`moe.router.route`, gating sigmoid, a selection bias or none):
@@ -1734,8 +1830,14 @@ def append_rows_raw(buf2, x2, count, stream=0, second=None) -> bool:
 def route_softmax_raw(x2, k: int, norm_w: bool, scale, probs, ids, out, stream=0) -> None:
     """x2, probs [T, E] float32 (E <= TOPK_E), ids [T, k] int32 (k <= TOPK_MAX), out [T, k] float32; scale None or
     a float."""
-    _route_softmax[x2.shape[0], NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0), scale is not None,
-                                            probs, ids, out)
+    T, E = x2.shape
+    if E <= ROUTE_WARP_E and k <= ROUTE_WARP_K:       # a warp a row, NTW rows a block (one row: one warp)
+        nw = min(NTW, T)
+        _route_softmax_warps[(T + nw - 1) // nw, 32 * nw, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0),
+                                                                  scale is not None, probs, ids, out)
+        return
+    _route_softmax[T, NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0), scale is not None,
+                                  probs, ids, out)
 
 
 def route_sigmoid_raw(x2, k: int, bias, norm_w: bool, scale, probs, sel, ids, out, stream=0, *, G: int = 0,
