@@ -12,11 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 
 def _load(d: str, name: str) -> dict | None:
     p = os.path.join(d, name)
     return json.load(open(p)) if os.path.exists(p) else None
+
+
+def _by_kernel(prof: dict) -> dict:
+    """GPU time a step by kernel, a kernel's specializations together: the names less their `[abi:...]` tags (they
+    differ between processes), e.g. every `fgemv1` in one row."""
+    out: dict = {}
+    for name, us in prof.items():
+        k = re.sub(r"\[abi:[^\]]*\]?", "", name).split("::")[-1].strip()
+        out[k] = out.get(k, 0.0) + us
+    return out
 
 
 def measure(d: str, ty: str) -> dict | None:
@@ -31,6 +42,7 @@ def measure(d: str, ty: str) -> dict | None:
         r["modules_us"] = 1e3 * (l3["graph_gpu_ms"] - l1["graph_gpu_ms"]) / 2
         p1, p3 = l1.get("profile_us_per_step"), l3.get("profile_us_per_step")
         if p1 and p3:
+            p1, p3 = _by_kernel(p1), _by_kernel(p3)
             r["kernels_us_per_layer"] = {k: (p3.get(k, 0.0) - p1.get(k, 0.0)) / 2 for k in sorted(set(p1) | set(p3))}
     return r
 

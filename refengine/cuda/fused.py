@@ -86,7 +86,7 @@ WARP_ROW_MAX_D = 32 * RPW
 def _block_max(v, sh):
     """The maximum of v over the block (NaN wins, as np.max), every thread calling; sh: a shared float32 array of at
     least the block's warps (a multiple of 32 threads). Each warp's by shuffles, then the warps' maxima: two
-    barriers (a tree over shared memory took 2 log2(threads) + 1; session 37: a decode step's attention and router
+    barriers (a tree over shared memory took log2(threads) + 2; session 37: a decode step's attention and router
     are such chains of barriers and round trips)."""
     t = cuda.threadIdx.x
     v = warp_max_nan(v)
