@@ -840,21 +840,26 @@ def test_route_softmax(norm_w, scale, path):
     assert np.isnan(w.copy_to_host()[1]).all()
 
 
-@pytest.mark.parametrize("with_bias,norm_w,scale,grouped", [(True, True, 2.5, False), (False, False, None, False),
-                                                             (True, False, None, False), (True, True, 2.5, True)])
-def test_route_sigmoid(with_bias, norm_w, scale, grouped):
+@pytest.mark.parametrize("with_bias,norm_w,scale,grouped,wide", [
+    (True, True, 2.5, False, False), (False, False, None, False, False), (True, False, None, False, False),
+    (True, True, 2.5, True, False), (True, True, 2.5, False, True)])
+def test_route_sigmoid(with_bias, norm_w, scale, grouped, wide):
     """Sigmoid routing in one launch (sigmoid, the biased selection, with groups the best groups kept, its k
     largest, the unbiased weights) == moe.router.route with sigmoid gating: the ids equal (a tie at the top, rows
     longer than the block), the selection bit for bit from the probs (one float32 add), the kept groups and the
-    masked selection as router.group_limited gives them, probs and weights as the kernels' tests hold theirs."""
+    masked selection as router.group_limited gives them, probs and weights as the kernels' tests hold theirs. Without
+    groups a row of at most ROUTE_WARP_E takes a warp (`_route_sigmoid_warps`); wide: a longer row, a block."""
     from refengine.moe.router import GATING_SIGMOID, route
     T, E, k = (9, 512, 8) if GPU else (3, 300, 3)
+    if wide:
+        E = 3 * fused.ROUTE_WARP_E // 2 if GPU else fused.ROUTE_WARP_E + 1
     G, n_used = ((8, 3) if GPU else (6, 2)) if grouped else (0, 0)
     x = _rand(T, E, scale=3.0)
-    x[0, 5] = x[0, 9] = x[0, 5 + fused.NT] = np.float32(8.0)   # a tie at the top, one of it the same thread's next
+    tie = [5, 9, 5 + 32, 5 + fused.NT]                  # a tie at the top: lane 5's next, thread 5's next
+    x[0, tie] = np.float32(8.0)
     bias = _rand(E, seed=3, scale=0.1) if with_bias else None
     if with_bias:
-        bias[[5, 9, 5 + fused.NT]] = 0.0
+        bias[tie] = 0.0
     rec = {}
     want_ids, want_w = route(x, k, gating=GATING_SIGMOID, bias=bias, norm_w=norm_w, w_scale=scale or 0.0,
                              n_groups=G, n_group_used=n_used, record=lambda n, il, v: rec.__setitem__(n, v))

@@ -204,6 +204,20 @@ def warp_first_desc(v, j, E):
     return v, j
 
 
+@cuda.jit(device=True, inline=True)
+def warp_first_desc_with(v, j, u, E):
+    """`warp_first_desc` carrying a value u of each entry along: the warp's first (v, j) and that entry's u."""
+    for o in (16, 8, 4, 2, 1):
+        ov = cuda.shfl_xor_sync(0xFFFFFFFF, v, o)
+        oj = cuda.shfl_xor_sync(0xFFFFFFFF, j, o)
+        ou = cuda.shfl_xor_sync(0xFFFFFFFF, u, o)
+        if before_desc(ov, oj, v, j, E):
+            v = ov
+            j = oj
+            u = ou
+    return v, j, u
+
+
 def _top2_merge(a1, a2, b1, b2):
     """The two largest of {a1, a2, b1, b2}, given a1 >= a2 and b1 >= b2 (numbers: no NaN)."""
     if b1 > a1:
@@ -303,6 +317,17 @@ if SIM:
     @cuda.jit(device=True)
     def warp_first_desc(v, j, E):  # noqa: F811
         return _warp_reduce((v, j, E), _first_desc)
+
+    def _first_desc_with(vals):
+        best = vals[0]
+        for x in vals[1:]:
+            if _before_desc(x[0], x[1], best[0], best[1], x[3]):
+                best = x
+        return best[0], best[1], best[2]
+
+    @cuda.jit(device=True)
+    def warp_first_desc_with(v, j, u, E):  # noqa: F811
+        return _warp_reduce((v, j, u, E), _first_desc_with)
 
     def _top2_all(vals):
         a1, a2, n = vals[0]

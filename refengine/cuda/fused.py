@@ -61,8 +61,8 @@ import math
 import numpy as np
 from numba import boolean, cuda, float32, float64, int32
 
-from quant.cuda.device import (SIM, before_desc, max_nan, top2_merge, warp_first_desc, warp_max_nan, warp_sum,
-                              warp_top2)
+from quant.cuda.device import (SIM, before_desc, max_nan, top2_merge, warp_first_desc, warp_first_desc_with,
+                              warp_max_nan, warp_sum, warp_top2)
 
 from ..moe.router import F16_MIN_NORMAL as F16_MIN
 from .kernels import block_sum64
@@ -1475,15 +1475,61 @@ ROUTE_WARP_E = 32 * RWE
 ROUTE_WARP_K = 32           # its k (lane a keeps pick a)
 
 
+@cuda.jit(device=True, inline=True)
+def _warp_top_k(sel, val, E, k, lane, ids, out, r, norm_w, scale, has_scale):
+    """A warp's row r held in registers (lane l: entries l, l + 32, ..., RWE of them, sel / val [RWE] local): ids[r]
+    = the k picks of the stable descending order of sel (np.argsort(-sel, kind="stable")[:k]), each the warp's
+    first untaken entry (`warp_first_desc_with`; the lane that held it takes its next), lane a keeping pick a; out[r]
+    = val at the picks with `_weights_row`'s float32 steps (the float64 sum in pick order), written by lanes 0..k-1."""
+    taken = int32(0)                                 # bit i: entry i * 32 + lane picked
+    bv = float32(0.0)
+    bu = float32(0.0)
+    bj = E
+    for i in range(RWE):                             # the lane's first untaken entry (index order within the lane)
+        j = i * 32 + lane
+        if j < E and before_desc(sel[i], j, bv, bj, E):
+            bv = sel[i]
+            bu = val[i]
+            bj = j
+    s = float64(0.0)
+    mv = float32(0.0)
+    mj = int32(0)
+    for a in range(k):
+        v, j, u = warp_first_desc_with(bv, bj, bu, E)
+        s += float64(u)
+        if lane == a:
+            mv = u
+            mj = j
+        if j == bj:                                  # this lane's entry was picked: its next
+            taken |= int32(1) << (j // 32)
+            bv = float32(0.0)
+            bj = E
+            for i in range(RWE):
+                jj = i * 32 + lane
+                if jj < E and not (taken >> i) & 1 and before_desc(sel[i], jj, bv, bj, E):
+                    bv = sel[i]
+                    bu = val[i]
+                    bj = jj
+    if lane < k:
+        ids[r, lane] = mj
+        w = mv
+        if norm_w:
+            d = float32(s)
+            if d < F16_MIN:                          # (np.maximum: a NaN sum stays NaN)
+                d = F16_MIN
+            w = w / d
+        if has_scale:
+            w = w * scale
+        out[r, lane] = w
+
+
 @cuda.jit(fastmath=False)
 def _route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
     """`_route_softmax` for rows of at most ROUTE_WARP_E entries and k <= 32, a warp a row (row r = blockIdx.x *
-    warps + the thread's warp): lane l holds entries l, l + 32, ... in registers (RWE of them). The max (NaN
-    winning) and the float64 sum by shuffles; the k picks each the warp's first untaken entry in the stable
-    descending order (`warp_first_desc`; the lane that held it takes its next), lane a keeping pick a; their weights
-    the same float32 steps as `_weights_row` (the float64 sum in pick order), written by lanes 0..k-1 at once. A
-    decode step's router is one row: a block's barriers and thread 0's reads of the picks back from memory were its
-    time (session 37: 12 us a launch on an H100, a layer's second-largest small kernel)."""
+    warps + the thread's warp): lane l holds entries l, l + 32, ... in registers (RWE of them); the max (NaN
+    winning) and the float64 sum by shuffles, then `_warp_top_k`. A decode step's router is one row: a block's
+    barriers and thread 0's reads of the picks back from memory were its time (session 37: 12 us a launch on an
+    H100, a layer's second-largest small kernel)."""
     nw = cuda.blockDim.x // 32
     r = cuda.blockIdx.x * nw + cuda.threadIdx.x // 32
     lane = cuda.threadIdx.x % 32
@@ -1513,43 +1559,31 @@ def _route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
             q = float32(float64(p[i]) / tot)
             p[i] = q
             probs[r, j] = q
-    taken = int32(0)                                 # bit i: entry i * 32 + lane picked
-    bv = float32(0.0)
-    bj = E
-    for i in range(RWE):                             # the lane's first untaken entry (index order within the lane)
+    _warp_top_k(p, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
+
+
+@cuda.jit(fastmath=False)
+def _route_sigmoid_warps(x, k, bias, has_bias, norm_w, scale, has_scale, probs, sel, ids, out):
+    """`_route_sigmoid` without groups for rows of at most ROUTE_WARP_E entries and k <= 32, a warp a row: probs and
+    the selection (probs + bias) in registers, written out, then `_warp_top_k` over the selection with probs'
+    weights."""
+    nw = cuda.blockDim.x // 32
+    r = cuda.blockIdx.x * nw + cuda.threadIdx.x // 32
+    lane = cuda.threadIdx.x % 32
+    if r >= x.shape[0]:
+        return
+    E = x.shape[1]
+    p = cuda.local.array(RWE, float32)
+    q = cuda.local.array(RWE, float32)
+    for i in range(RWE):
         j = i * 32 + lane
-        if j < E and before_desc(p[i], j, bv, bj, E):
-            bv = p[i]
-            bj = j
-    s = float64(0.0)
-    mv = float32(0.0)
-    mj = int32(0)
-    for a in range(k):
-        v, j = warp_first_desc(bv, bj, E)
-        s += float64(v)
-        if lane == a:
-            mv = v
-            mj = j
-        if j == bj:                                  # this lane's entry was picked: its next
-            taken |= int32(1) << (j // 32)
-            bv = float32(0.0)
-            bj = E
-            for i in range(RWE):
-                jj = i * 32 + lane
-                if jj < E and not (taken >> i) & 1 and before_desc(p[i], jj, bv, bj, E):
-                    bv = p[i]
-                    bj = jj
-    if lane < k:
-        ids[r, lane] = mj
-        w = mv
-        if norm_w:
-            d = float32(s)
-            if d < F16_MIN:                          # (np.maximum: a NaN sum stays NaN)
-                d = F16_MIN
-            w = w / d
-        if has_scale:
-            w = w * scale
-        out[r, lane] = w
+        if j < E:
+            v = _sigmoid1(x[r, j])
+            p[i] = v
+            q[i] = v + bias[j] if has_bias else v
+            probs[r, j] = v
+            sel[r, j] = q[i]
+    _warp_top_k(q, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
 
 
 @cuda.jit(fastmath=False)
@@ -1846,6 +1880,14 @@ def route_sigmoid_raw(x2, k: int, bias, norm_w: bool, scale, probs, sel, ids, ou
     [T, k] float32; scale None or a float; G > 1 groups (E % G == 0, G <= GL_G): the n_used best kept, masked [T, E]
     and groups [T, n_used] int32 written."""
     grouped = G > 1
+    T, E = x2.shape
+    if not grouped and E <= ROUTE_WARP_E and k <= ROUTE_WARP_K:      # a warp a row, as route_softmax_raw
+        nw = min(NTW, T)
+        _route_sigmoid_warps[(T + nw - 1) // nw, 32 * nw, stream](x2, int(k), x2[0] if bias is None else bias,
+                                                                  bias is not None, bool(norm_w),
+                                                                  np.float32(scale or 0.0), scale is not None,
+                                                                  probs, sel, ids, out)
+        return
     _route_sigmoid[x2.shape[0], NT, stream](x2, int(k), x2[0] if bias is None else bias, bias is not None,
                                             int(G) if grouped else 0, int(n_used), bool(norm_w),
                                             np.float32(scale or 0.0), scale is not None, probs, sel,

@@ -73,6 +73,8 @@ KERNELS += [
                                                 f"{F2})"),
     ("fused_route_softmax_warps", fz._route_softmax_warps, f"void({F2}, int64, boolean, float32, boolean, {F2}, "
                                                             f"int32[:, ::1], {F2})"),
+    ("fused_route_sigmoid_warps", fz._route_sigmoid_warps, f"void({F2}, int64, {A1}, boolean, boolean, float32, "
+                                                            f"boolean, {F2}, {F2}, int32[:, ::1], {F2})"),
     ("fused_route_sigmoid", fz._route_sigmoid, f"void({F2}, int64, {A1}, boolean, int64, int64, boolean, float32, "
                                                 f"boolean, {F2}, {F2}, {F2}, int32[:, ::1], int32[:, ::1], {F2})"),
     ("fused_group_limited", fz._group_limited, f"void({A2}, int64, int64, {F2}, int32[:, ::1])"),
