@@ -17,7 +17,10 @@ import re
 
 def _load(d: str, name: str) -> dict | None:
     p = os.path.join(d, name)
-    return json.load(open(p)) if os.path.exists(p) else None
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        return json.load(f)
 
 
 def _by_kernel(prof: dict) -> dict:
@@ -70,7 +73,8 @@ def main() -> None:
                 if abs(v) >= 0.05:
                     print(f"    {v:7.2f} us  {k}")
     if a.json:
-        json.dump(out, open(a.json, "w"), indent=1)
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

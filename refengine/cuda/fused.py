@@ -1526,12 +1526,11 @@ def _warp_top_k(sel, val, E, k, lane, ids, out, r, norm_w, scale, has_scale):
 @cuda.jit(fastmath=False)
 def _route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
     """`_route_softmax` for rows of at most ROUTE_WARP_E entries and k <= 32, a warp a row (row r = blockIdx.x *
-    warps + the thread's warp): lane l holds entries l, l + 32, ... in registers (RWE of them); the max (NaN
+    NTW + the thread's warp, as `_rms_warps`): lane l holds entries l, l + 32, ... in registers (RWE of them); the max (NaN
     winning) and the float64 sum by shuffles, then `_warp_top_k`. A decode step's router is one row: a block's
     barriers and thread 0's reads of the picks back from memory were its time (session 37: 12 us a launch on an
     H100, a layer's second-largest small kernel)."""
-    nw = cuda.blockDim.x // 32
-    r = cuda.blockIdx.x * nw + cuda.threadIdx.x // 32
+    r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
     lane = cuda.threadIdx.x % 32
     if r >= x.shape[0]:                              # (the whole warp: r is the warp's)
         return
@@ -1541,10 +1540,8 @@ def _route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
     for i in range(RWE):
         j = i * 32 + lane
         if j < E:
-            v = x[r, j]
-            p[i] = v
-            if v > m or v != v:
-                m = v
+            p[i] = x[r, j]
+            m = max_nan(m, p[i])
     m = warp_max_nan(m)
     acc = float64(0.0)
     for i in range(RWE):
@@ -1567,8 +1564,7 @@ def _route_sigmoid_warps(x, k, bias, has_bias, norm_w, scale, has_scale, probs, 
     """`_route_sigmoid` without groups for rows of at most ROUTE_WARP_E entries and k <= 32, a warp a row: probs and
     the selection (probs + bias) in registers, written out, then `_warp_top_k` over the selection with probs'
     weights."""
-    nw = cuda.blockDim.x // 32
-    r = cuda.blockIdx.x * nw + cuda.threadIdx.x // 32
+    r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
     lane = cuda.threadIdx.x % 32
     if r >= x.shape[0]:
         return
@@ -1865,10 +1861,9 @@ def route_softmax_raw(x2, k: int, norm_w: bool, scale, probs, ids, out, stream=0
     """x2, probs [T, E] float32 (E <= TOPK_E), ids [T, k] int32 (k <= TOPK_MAX), out [T, k] float32; scale None or
     a float."""
     T, E = x2.shape
-    if E <= ROUTE_WARP_E and k <= ROUTE_WARP_K:       # a warp a row, NTW rows a block (one row: one warp)
-        nw = min(NTW, T)
-        _route_softmax_warps[(T + nw - 1) // nw, 32 * nw, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0),
-                                                                  scale is not None, probs, ids, out)
+    if E <= ROUTE_WARP_E and k <= ROUTE_WARP_K:       # a warp a row, NTW rows a block
+        _route_softmax_warps[_grid(T, NTW), NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0),
+                                                        scale is not None, probs, ids, out)
         return
     _route_softmax[T, NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0), scale is not None,
                                   probs, ids, out)
@@ -1882,11 +1877,9 @@ def route_sigmoid_raw(x2, k: int, bias, norm_w: bool, scale, probs, sel, ids, ou
     grouped = G > 1
     T, E = x2.shape
     if not grouped and E <= ROUTE_WARP_E and k <= ROUTE_WARP_K:      # a warp a row, as route_softmax_raw
-        nw = min(NTW, T)
-        _route_sigmoid_warps[(T + nw - 1) // nw, 32 * nw, stream](x2, int(k), x2[0] if bias is None else bias,
-                                                                  bias is not None, bool(norm_w),
-                                                                  np.float32(scale or 0.0), scale is not None,
-                                                                  probs, sel, ids, out)
+        _route_sigmoid_warps[_grid(T, NTW), NT, stream](x2, int(k), x2[0] if bias is None else bias, bias is not None,
+                                                        bool(norm_w), np.float32(scale or 0.0), scale is not None,
+                                                        probs, sel, ids, out)
         return
     _route_sigmoid[x2.shape[0], NT, stream](x2, int(k), x2[0] if bias is None else bias, bias is not None,
                                             int(G) if grouped else 0, int(n_used), bool(norm_w),
