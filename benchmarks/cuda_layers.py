@@ -79,6 +79,30 @@ def time_prefill(model, n_layer: int, tokens, reps: int = 3) -> dict:
     return dict(gpu_ms=statistics.median(gpu) / 1e3, wall_ms=statistics.median(dts) * 1e3)
 
 
+def kernel_profile(model, n_layer: int, prompt, n_tok: int) -> dict:
+    """DeviceModel's decode steps (graph replays, after 4 unprofiled ones) under torch.profiler: GPU time a step by
+    kernel name (the same table `graph_decode.py --profile` writes for the concept modules' graph)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from profile_prefill import kernel_table
+    except ImportError as e:
+        print(f"no kernel profile: {e}", flush=True)
+        return {}
+    from refengine.cuda import DeviceModel
+    dm = DeviceModel(model, n_layer=n_layer)
+    st = model.new_state()
+    tok = int(np.argmax(dm.forward(prompt, st)[-1]))
+    for _ in range(4):
+        tok = int(np.argmax(dm.forward([tok], st)[-1]))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n_tok):
+            tok = int(np.argmax(dm.forward([tok], st)[-1]))
+    by, total, n = kernel_table(prof)
+    print(f"DeviceModel L={n_layer}: {n / n_tok:.0f} launches, {1e3 * total / n_tok:.1f} us of GPU time a step "
+          f"({n_tok} profiled steps)", flush=True)
+    return {name: 1e3 * ms / n_tok for name, (ms, _) in by.items()}
+
+
 def check(model, prompt, n_dec=2) -> dict:
     """The whole file on the GPU (device path) and on the CPU (NumPy backend), same tokens."""
     out = {}
@@ -111,6 +135,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-profile", action="store_true", help="skip the per-stage profile (eager launches)")
     ap.add_argument("--no-prefill", action="store_true", help="decode only")
+    ap.add_argument("--kernel-profile", type=int, default=0, metavar="N",
+                    help="N more decode steps at 1 and at --layers layers under torch.profiler (CUPTI): each kernel's "
+                         "GPU time a step, written as kernel_profile_us_per_step (benchmarks/fold_measure.py takes "
+                         "(L3 - L1) / 2 a kernel against the concept modules' graph)")
     ap.add_argument("--fast1", default="", help="one-token GEMV shapes per matrix size (quant.cuda.ops."
                     "FAST1_SHAPE_BY_DIMS), e.g. 5120x2048=4x2x4x128x1,2048x4096=8x4x8x128x1 (for --type)")
     ap.add_argument("--dispatch-avg", default="", help="expert dispatch kernel choice: ops.PAIRS_AVG,ops.GROUP_AVG "
@@ -151,6 +179,8 @@ def main(argv=None) -> int:
         res["prefill_ms"][L] = p = time_prefill(model, L, long)
         print(f"L={L}: prefill {a.prefill} tokens {p['gpu_ms']:.2f} ms GPU, {p['wall_ms']:.2f} ms wall", flush=True)
     Lmax = Ls[-1]
+    if a.kernel_profile:
+        res["kernel_profile_us_per_step"] = {L: kernel_profile(model, L, prompt, a.kernel_profile) for L in (1, Lmax)}
     if not a.no_profile:
         from refengine.cuda import DeviceModel
         dm = DeviceModel(model, n_layer=Lmax)

@@ -5,7 +5,8 @@ the files `benchmarks/results/h200/s31/call.sh` writes with FOLD="1 3" [FOLD_TYP
 
 Per type: DeviceModel's decode GPU time a layer (`cuda_layers.py`'s fit over 1..3 layers) and the modules' captured
 step's GPU time a layer, (L3 - L1) / 2 of `graph_decode.py`'s `graph_gpu_ms`. With FOLD_PROFILE, the modules' kernels
-a layer by name ((L3 - L1) / 2 of each kernel's GPU time a step, torch.profiler).
+a layer by name ((L3 - L1) / 2 of each kernel's GPU time a step, torch.profiler), and DeviceModel's the same way when
+`cuda_layers.py` ran with --kernel-profile.
 """
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ def measure(d: str, ty: str) -> dict | None:
     r = {"dir": d, "type": ty}
     if dm is not None:
         r["devicemodel_us"] = dm.get("decode_gpu_us_per_layer")
+        kp = dm.get("kernel_profile_us_per_step") or {}
+        L = sorted(int(n) for n in kp)
+        if len(L) == 2 and kp[str(L[0])] and kp[str(L[1])]:                   # (JSON keys are strings)
+            q1, q3 = _by_kernel(kp[str(L[0])]), _by_kernel(kp[str(L[1])])
+            r["devicemodel_kernels_us_per_layer"] = {k: (q3.get(k, 0.0) - q1.get(k, 0.0)) / (L[1] - L[0])
+                                                     for k in sorted(set(q1) | set(q3))}
     if l1 is not None and l3 is not None and l1.get("graph_gpu_ms") and l3.get("graph_gpu_ms"):
         r["modules_us"] = 1e3 * (l3["graph_gpu_ms"] - l1["graph_gpu_ms"]) / 2
         p1, p3 = l1.get("profile_us_per_step"), l3.get("profile_us_per_step")
@@ -69,9 +76,13 @@ def main() -> None:
                 ("  modules at or under DeviceModel" if mo <= dm else f"  modules {mo - dm:+.1f} us over DeviceModel")
             print(f"{d} {ty}: DeviceModel {f(dm)} a layer, modules {f(mo)} a layer (issue's bar {bars[ty]} us, H200)"
                   f"{verdict}")
-            for k, v in sorted(r.get("kernels_us_per_layer", {}).items(), key=lambda kv: -kv[1]):
-                if abs(v) >= 0.05:
-                    print(f"    {v:7.2f} us  {k}")
+            for who, key in (("the modules", "kernels_us_per_layer"), ("DeviceModel", "devicemodel_kernels_us_per_layer")):
+                ks = r.get(key, {})
+                if ks:
+                    print(f"  {who}' kernels a layer: {sum(ks.values()):.1f} us")
+                for k, v in sorted(ks.items(), key=lambda kv: -kv[1]):
+                    if abs(v) >= 0.05:
+                        print(f"    {v:7.2f} us  {k}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -8,7 +8,8 @@
 # next (CUT_S seconds; kimi-k3 twice that); those done are listed in $OUT/done.txt, the rest go to the next call
 # (same command with the remaining CUTS, TAG=2, ...). On the host after: benchmarks/check_logits.py per cut, then
 # benchmarks/table.py over the calls' folders. FOLD="1 3": the fold's measure (DeviceModel's layer against the concept
-# modules' graph); FOLD_PROFILE=N: with DeviceModel's per-stage profile and N graph steps' kernels under torch.profiler.
+# modules' graph); FOLD_PROFILE=N: with DeviceModel's per-stage profile, and N decode steps' kernels of both paths under
+# torch.profiler (benchmarks/fold_measure.py reads them back).
 # GRAPH_PROFILE / GRAPH_ALT pass through to gpu_session.sh (its header). EXTRA="cmd": a command after the tests.
 T=${TAG:-1}; O=/tmp/o$T; mkdir -p $O $OUT /tmp/m /tmp/rs; rm -f /tmp/m/*.tmp; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl > $O/pip.log 2>&1
@@ -44,7 +45,7 @@ fold() {                      # the fold's measure: DeviceModel's decode a layer
   [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ] || return 0
   for ty in ${FOLD_TYPES:-Q4_K}; do s=$([ $ty = Q4_K ] || echo _$ty)   # FOLD_TYPES="Q4_K Q8_0": the bar's two types
   [ $(( $(date +%s) - START + 60 )) -gt ${LIMIT_S:-575} ] && break
-  timeout 150 python3 benchmarks/cuda_layers.py --type $ty --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) --no-prefill \
+  timeout 200 python3 benchmarks/cuda_layers.py --type $ty --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) ${FOLD_PROFILE:+--kernel-profile $FOLD_PROFILE} --no-prefill \
     --json $O/fold_devicemodel$s.json >> $O/fold.log 2>&1; echo "fold DeviceModel $ty rc=$? $(date +%T)" >> $O/t.log
   for L in $FOLD; do
     [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
