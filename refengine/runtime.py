@@ -412,6 +412,8 @@ class Runtime:
         return wf
 
     PAGE_ROWS = 512          # NaN/inf flags of a forward's products: rows of one device array (more: another)
+    FLAG_QUEUE_BYTES = 1 << 26   # the arrays waiting for their flags hold at most this much memory (a long prefill's
+    #                              products are large: their batch is written sooner than FLAG_BATCH arrays)
 
     def _flag_row(self) -> int:
         """The next row of this forward's flag pages (y finite, x finite): a page [PAGE_ROWS, 2] of True is made on
@@ -434,16 +436,17 @@ class Runtime:
     def _write_flag(self, row: int, col: int, a) -> None:
         """pages[row, col] = all of the device array a is finite, written on the device. On a GPU the flag waits in a
         queue and `fused.FLAG_BATCH` of them are written by one launch (`fused.all_finite_many`;
-        KernelPolicy.flag_batch = 1: a launch each). A queued array is held until its flag is written (no other op
-        gets its memory) and nothing writes into it meanwhile (the modules make new arrays; tests/test_flag_batch.py
-        compares each array when its flag is written with its copy when it was queued, every arch)."""
+        KernelPolicy.flag_batch = 1: a launch each), or sooner when the queue holds FLAG_QUEUE_BYTES. A queued array
+        is held until its flag is written (no other op gets its memory) and nothing writes into it meanwhile (the
+        modules make new arrays; tests/test_flag_batch.py compares each array when its flag is written with its copy
+        when it was queued, every arch)."""
         page = self._pages[row // self.PAGE_ROWS]
         r = row % self.PAGE_ROWS
         fused = self.device.fused
         if fused is not None:
             q = self._flag_queue
             q.append((a, page, 2 * r + col))
-            if len(q) >= self._flag_batch(fused):
+            if len(q) >= self._flag_batch(fused) or sum(e[0].raw.nbytes for e in q) >= self.FLAG_QUEUE_BYTES:
                 self._flush_flags()
             return
         self._numpy_flag(page, r, col, a)

@@ -371,6 +371,21 @@ def test_ptx_sm90_device_kernels_one_per_family():
                                     "fused_all_finite", "fused_ggml_top_k_rows"])
 
 
+def test_ptxas_resources():
+    """`python -m refengine.cuda.ptx --resources -k NAME`: ptxas's registers a kernel (where ptxas is on PATH), read
+    from its report: DeviceModel's router holding 32 entries a lane (E = 1024) takes more registers than the one
+    holding 4 (E = 128), neither spills."""
+    import re
+    import shutil
+    if shutil.which("ptxas") is None:
+        pytest.skip("no ptxas on PATH")
+    out = ptx_sm90("refengine.cuda.ptx", args=["--resources", "-k", "route[E="], timeout=600)
+    regs = {m.group(1): int(m.group(2)) for m in re.finditer(r"ok\s+(route\[E=\d+\]).*?(\d+) registers, spills 0/0",
+                                                             out)}
+    assert set(regs) == {"route[E=128]", "route[E=1024]"}, out
+    assert 0 < regs["route[E=128]"] < regs["route[E=1024]"]
+
+
 @exhaustive
 def test_ptx_sm90_device_kernels():
     ptx_sm90("refengine.cuda.ptx", timeout=600)

@@ -24,6 +24,7 @@ class FlagStandIn:
     def __init__(self, batch=8, write=True):
         self.FLAG_BATCH, self.write = batch, write
         self.launches, self.flags, self.copies, self.changed = 0, 0, {}, []
+        self.batch_bytes = []
 
     def queued(self, a):
         self.copies.setdefault(id(a), []).append((a, a.raw.copy()))    # (one input feeds several products)
@@ -31,6 +32,7 @@ class FlagStandIn:
     def all_finite_many(self, ys, page, cells):
         assert 0 < len(ys) <= self.FLAG_BATCH and len(cells) == len(ys)
         self.launches += 1
+        self.batch_bytes.append([y.raw.nbytes for y in ys])
         self.flags += len(ys)
         flat = page.reshape(-1)
         for y, c in zip(ys, cells):
@@ -113,3 +115,24 @@ def test_batched_flags_clean_forward_passes(llama_f32, monkeypatch):
     m = Model(llama_f32)
     assert np.array_equal(m.forward([1, 2, 3], rt=rt), m.forward([1, 2, 3], rt=Runtime(resident=True)))
     assert stand.flags > 8 and stand.launches == -(-stand.flags // 8)
+
+
+@pytest.mark.parametrize("bound", [1, 6000])
+def test_flag_queue_bytes_bound(llama_f32, monkeypatch, bound):
+    """The queue holds at most Runtime.FLAG_QUEUE_BYTES (a long prefill's products are large): a batch is written
+    as soon as its arrays reach the bound, before FLAG_BATCH of them; the flags and the logits stay as they are.
+    bound 1: an array a launch; 6000: batches of several small arrays, none past the bound before its last."""
+    rt = Runtime(resident=True)
+    rt.FLAG_QUEUE_BYTES = bound
+    stand = FlagStandIn(batch=16, write=True)
+    _with_stand_in(monkeypatch, rt, stand)
+    m = Model(llama_f32)
+    assert np.array_equal(m.forward([1, 2, 3], rt=rt), m.forward([1, 2, 3], rt=Runtime(resident=True)))
+    assert stand.changed == [] and stand.flags > 16
+    for sizes in stand.batch_bytes:
+        assert sum(sizes[:-1]) < bound                  # the batch was written when its last array reached the bound
+    if bound == 1:
+        assert stand.launches == stand.flags
+    else:
+        assert stand.launches < stand.flags and max(map(len, stand.batch_bytes)) > 1
+        assert any(sum(b) >= bound for b in stand.batch_bytes[:-1])   # written by the bound, not the count

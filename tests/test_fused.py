@@ -81,7 +81,7 @@ def test_add_rms_norm_rows(with_w, shape):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("A, with_e", [(1, False), (3, False), (3, True), (8, True)])
+@pytest.mark.parametrize("A, with_e", [(1, False), (3, False), (3, True), (5, False), (8, True)])
 def test_add_slots_rms_norm_rows(A, with_e, shape):
     """A MoE layer's combine, its shared experts' add, the residual add and the next norm in one launch
     (`fused._addend`): x + (slots[:, 0] + ... + slots[:, A-1] (+ e)) bit for bit as `ops.slot_sum` adds them (float32,
@@ -662,7 +662,7 @@ def test_all_finite_many(bad, at, n):
     assert np.array_equal(page.copy_to_host().reshape(-1), want)
 
 
-FLAG_ROWS = 12
+FLAG_ROWS = 20
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
@@ -814,20 +814,25 @@ def test_expert_weights(norm_w, scale):
 
 
 @pytest.mark.parametrize("norm_w,scale,path", [(False, None, "warps"), (True, 2.5, "warps"), (True, 2.5, "block"),
-                                               (False, None, "block")])
+                                               (False, None, "block"), (True, None, "warps4")])
 def test_route_softmax(norm_w, scale, path):
     """Softmax routing in one launch (softmax, its k largest, their weights) == moe.router.route with softmax gating:
     the ids equal (a tie at the top, one of it the same lane's / thread's next entry, rows longer than the block), a
     row holding NaN (NaN probs and weights, the picks in index order), the probs and weights as the three kernels'
-    tests hold theirs. path: a warp a row (E <= ROUTE_WARP_E, k <= 32: a decode step's router) or a block a row."""
+    tests hold theirs. path: a warp a row (E <= ROUTE_WARP_E, k <= 32: a decode step's router; warps4: a row that
+    takes the kernel whose lanes hold 4 entries, E not a multiple of 32) or a block a row."""
     from refengine.moe.router import GATING_SOFTMAX, route
-    if path == "warps":
+    if path == "warps4":
+        T, E, k = (9, 100, 8) if GPU else (3, 100, 3)
+        assert fused.route_rwe(E) == 4
+    elif path == "warps":
         T, E, k = (9, fused.ROUTE_WARP_E, 10) if GPU else (3, 300, 3)
     else:
         T, E, k = (9, 3 * fused.ROUTE_WARP_E // 2, 10) if GPU else (3, fused.ROUTE_WARP_E + 1, 3)
-    assert (E <= fused.ROUTE_WARP_E) == (path == "warps")
+    assert (E <= fused.ROUTE_WARP_E) == path.startswith("warps")
     x = _rand(T, E, scale=3.0)
-    x[0, [5, 9, 5 + 32, 5 + fused.NT]] = np.float32(8.0)   # a tie at the top: lane 5's next, thread 5's next
+    x[0, [i for i in (5, 9, 5 + 32, 5 + fused.NT) if i < E]] = np.float32(8.0)   # a tie at the top: lane 5's next,
+    # thread 5's next
     x[1, 7] = np.nan
     want_ids, want_w = route(x, k, gating=GATING_SOFTMAX, norm_w=norm_w, w_scale=scale or 0.0)
     probs, ids, w = (cuda.device_array((T, E), np.float32), cuda.device_array((T, k), np.int32),
@@ -842,20 +847,24 @@ def test_route_softmax(norm_w, scale, path):
 
 @pytest.mark.parametrize("with_bias,norm_w,scale,grouped,wide", [
     (True, True, 2.5, False, False), (False, False, None, False, False), (True, False, None, False, False),
-    (True, True, 2.5, True, False), (True, True, 2.5, False, True)])
+    (True, True, 2.5, True, False), (True, True, 2.5, False, True), (True, True, None, False, "narrow")])
 def test_route_sigmoid(with_bias, norm_w, scale, grouped, wide):
     """Sigmoid routing in one launch (sigmoid, the biased selection, with groups the best groups kept, its k
     largest, the unbiased weights) == moe.router.route with sigmoid gating: the ids equal (a tie at the top, rows
     longer than the block), the selection bit for bit from the probs (one float32 add), the kept groups and the
     masked selection as router.group_limited gives them, probs and weights as the kernels' tests hold theirs. Without
-    groups a row of at most ROUTE_WARP_E takes a warp (`_route_sigmoid_warps`); wide: a longer row, a block."""
+    groups a row of at most ROUTE_WARP_E takes a warp (`_route_sigmoid_warps`); wide: a longer row, a block;
+    "narrow": a row of 40, the kernel whose lanes hold 2 entries."""
     from refengine.moe.router import GATING_SIGMOID, route
     T, E, k = (9, 512, 8) if GPU else (3, 300, 3)
-    if wide:
+    if wide == "narrow":
+        E = 40
+        assert fused.route_rwe(E) == 2
+    elif wide:
         E = 3 * fused.ROUTE_WARP_E // 2 if GPU else fused.ROUTE_WARP_E + 1
     G, n_used = ((8, 3) if GPU else (6, 2)) if grouped else (0, 0)
     x = _rand(T, E, scale=3.0)
-    tie = [5, 9, 5 + 32, 5 + fused.NT]                  # a tie at the top: lane 5's next, thread 5's next
+    tie = [i for i in (5, 9, 5 + 32, 5 + fused.NT) if i < E]     # a tie at the top: lane 5's next, thread 5's next
     x[0, tie] = np.float32(8.0)
     bias = _rand(E, seed=3, scale=0.1) if with_bias else None
     if with_bias:

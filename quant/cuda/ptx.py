@@ -8,6 +8,7 @@ failed (named); 3: NVVM/NVRTC missing (numba-cuda[cu13]). Needs NUMBA_ENABLE_CUD
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 
@@ -100,7 +101,39 @@ def kernels(all_variants: bool = False):
     return out
 
 
-def compile_all(items, cc=(9, 0), verbose=True) -> list[str]:
+def resources(ptx: str, cc=(9, 0)) -> dict | None:
+    """What ptxas makes of a kernel's PTX (None without ptxas on PATH): registers a thread, spill bytes, shared
+    bytes, cubin bytes (line info included). NVVM may write a newer PTX version than the local ptxas reads: the
+    version line is lowered to the one ptxas names (numba's kernels use nothing newer)."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src, out = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        for _ in range(2):
+            with open(src, "w") as f:
+                f.write(ptx)
+            r = subprocess.run([exe, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", out], capture_output=True,
+                               text=True)
+            m = re.search(r"Unsupported \.version [\d.]+; current version is '([\d.]+)'", r.stderr)
+            if not m:
+                break
+            ptx = re.sub(r"^\.version [\d.]+", f".version {m.group(1)}", ptx, count=1, flags=re.M)
+        if r.returncode != 0:
+            return {"error": r.stderr.strip()[-300:]}
+        g = lambda pat: int(m.group(1)) if (m := re.search(pat, r.stderr)) else 0   # noqa: E731
+        return dict(registers=g(r"Used (\d+) registers"), spill_stores=g(r"(\d+) bytes spill stores"),
+                    spill_loads=g(r"(\d+) bytes spill loads"), smem=g(r"(\d+) bytes smem"),
+                    cubin_bytes=os.path.getsize(out))
+
+
+def compile_all(items, cc=(9, 0), verbose=True, with_resources=False) -> list[str]:
+    """Each (name, kernel, signature) compiled to PTX for cc; the failures' lines. with_resources: each kernel's
+    registers, spills and cubin size from ptxas (`resources`) on its line."""
     failed = []
     for name, k, sig in items:
         t0 = time.perf_counter()
@@ -114,8 +147,12 @@ def compile_all(items, cc=(9, 0), verbose=True) -> list[str]:
                 print(f"FAIL {name}: uses local memory", flush=True)
                 continue
             if verbose:
+                res = resources(ptx, cc) if with_resources else None
+                extra = "" if not res else res.get("error") or (
+                    f"  {res['registers']} registers, spills {res['spill_stores']}/{res['spill_loads']} B, "
+                    f"smem {res['smem']} B, cubin {res['cubin_bytes']} B")
                 print(f"ok   {name:32s} {time.perf_counter() - t0:5.1f} s  {ptx.count(chr(10))} lines "
-                      f"{'LOCAL MEMORY' if '.local' in ptx else ''}", flush=True)
+                      f"{'LOCAL MEMORY' if '.local' in ptx else ''}{extra}", flush=True)
         except Exception as e:                            # noqa: BLE001 - report every failure
             failed.append(f"{name}: {type(e).__name__}: {str(e)[:500]}")
             print(f"FAIL {name}: {e}", flush=True)
@@ -137,21 +174,23 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--all", action="store_true", help="every variant for every type")
     ap.add_argument("-j", type=int, default=1, help="worker processes")
+    ap.add_argument("--resources", action="store_true", help="each kernel's registers, spills and cubin size "
+                    "(ptxas on PATH)")
     a = ap.parse_args()
     n = len(kernels(a.all))
     if a.j > 1:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(a.j) as ex:
-            failed = sum(ex.map(_worker, [(a.all, i, a.j) for i in range(a.j)]), [])
+            failed = sum(ex.map(_worker, [(a.all, i, a.j, a.resources) for i in range(a.j)]), [])
     else:
-        failed = compile_all(kernels(a.all))
+        failed = compile_all(kernels(a.all), with_resources=a.resources)
     print(f"{len(failed)} of {n} failed" if failed else f"all {n} kernels compile for sm_90")
     return 1 if failed else 0
 
 
 def _worker(args):
-    all_variants, i, j = args
-    return compile_all(kernels(all_variants)[i::j])
+    all_variants, i, j, res = args
+    return compile_all(kernels(all_variants)[i::j], with_resources=res)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ turns them off (a runtime: KernelPolicy(fused_ops=False)). Block reductions are 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -75,6 +76,7 @@ NT = 256                    # threads of a row's block (a power of two: the tree
 NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
 assert NTW * 32 == NT
 RPT = 8                     # _rms_rows: elements a thread holds in registers a pass over its row
+SLOT_GROUP = 4              # _rms_rows: a MoE layer's expert slots loaded together (4 x RPT registers)
 RPW = 8                     # _rms_warps: elements a lane holds; rows of at most 32 * RPW take a warp each
 WARP_ROW_MAX_D = 32 * RPW
 # rms_norm's rows take NT threads whatever their length: RPT elements a thread a pass keep a long row's passes few.
@@ -138,34 +140,55 @@ def _rms_rows(x, a, A, e, has_e, has_a, w, has_w, eps, post, s, y):
     buf = cuda.shared.array(32, float64)
     v = cuda.local.array(RPT, float32)
     wv = cuda.local.array(RPT, float32)
+    xv = cuda.local.array(RPT, float32)
+    ev = cuda.local.array(RPT, float32)
+    g0 = cuda.local.array(RPT, float32)              # SLOT_GROUP (4) slots' values of the pass, loaded together
+    g1 = cuda.local.array(RPT, float32)
+    g2 = cuda.local.array(RPT, float32)
+    g3 = cuda.local.array(RPT, float32)
     step = RPT * nt
     acc = float64(0.0)
     for c in range(0, D, step):
-        if has_a:                                    # `_addend` at the pass's RPT elements, a slot at a time: each
-            for k in range(RPT):                     # slot's RPT loads issued together (a slot's round trip, not
-                j = c + k * nt + t                   # an element's: session 37, a MoE layer's combine + norm of
-                if j < D:                            # one token took 10 us on an H100 element by element)
-                    v[k] = a[r * A, j]
-            for q in range(1, A):
-                for k in range(RPT):
-                    j = c + k * nt + t
+        for k in range(RPT):                         # x (w, e) first: used after the slots, their loads in flight
+            j = c + k * nt + t                       # with the first group's
+            if j < D:
+                xv[k] = x[r, j]
+                if has_w and D <= step:              # (a longer row loads w with its scale pass)
+                    wv[k] = w[j]
+                if has_a and has_e:
+                    ev[k] = e[r, j]
+        if has_a:                                    # `_addend`'s sum, SLOT_GROUP slots' loads issued together,
+            for q0 in range(0, A, SLOT_GROUP):       # then added in slot order (float32, the same adds): A / 4
+                for k in range(RPT):                 # round trips, not A (session 38: a MoE layer's combine + norm
+                    j = c + k * nt + t               # of one token, a slot at a time, took 9 us on an H100)
                     if j < D:
-                        v[k] += a[r * A + q, j]
-            if has_e:
+                        b = r * A + q0
+                        g0[k] = a[b, j]
+                        if q0 + 1 < A:
+                            g1[k] = a[b + 1, j]
+                        if q0 + 2 < A:
+                            g2[k] = a[b + 2, j]
+                        if q0 + 3 < A:
+                            g3[k] = a[b + 3, j]
                 for k in range(RPT):
-                    j = c + k * nt + t
-                    if j < D:
-                        v[k] = v[k] + e[r, j]
+                    if c + k * nt + t < D:
+                        u = g0[k] if q0 == 0 else v[k] + g0[k]
+                        if q0 + 1 < A:
+                            u = u + g1[k]
+                        if q0 + 2 < A:
+                            u = u + g2[k]
+                        if q0 + 3 < A:
+                            u = u + g3[k]
+                        v[k] = u
         for k in range(RPT):
             j = c + k * nt + t
             if j < D:
-                v[k] = x[r, j] + v[k] if has_a else x[r, j]
-                if has_w and D <= step:              # (a longer row loads w with its scale pass)
-                    wv[k] = w[j]
-        for k in range(RPT):
-            if c + k * nt + t < D:
                 if has_a:
-                    s[r, c + k * nt + t] = v[k]
+                    u = v[k] + ev[k] if has_e else v[k]
+                    v[k] = xv[k] + u
+                    s[r, j] = v[k]
+                else:
+                    v[k] = xv[k]
                 acc += float64(v[k]) * float64(v[k])
     scale = _inv_rms(acc, buf, D, eps)
     for c in range(0, D, step):
@@ -1387,7 +1410,9 @@ def _group_limited(s, G, n_used, out, groups):
     _group_row(s, cuda.blockIdx.x, G, n_used, out, groups, gsc, sel)
 
 
-FLAG_BATCH = 8              # all_finite_many: arrays checked by one launch (its kernel's array arguments)
+FLAG_BATCH = 16             # all_finite_many: arrays checked by one launch (its kernel's array arguments; session 38: a
+                            # launch took ~4.9 us of a decode step on an H100 whatever its arrays, 8 a launch made it
+                            # 0.6 launches a qwen3moe layer, 16 make it 0.3)
 
 
 @cuda.jit(device=True, inline=True)
@@ -1402,14 +1427,21 @@ def _scan_finite(y, page, cell):
 
 
 @cuda.jit(fastmath=False)
-def _all_finite_many(y0, y1, y2, y3, y4, y5, y6, y7, page, c0, c1, c2, c3, c4, c5, c6, c7):
+def _all_finite_many(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15, page,
+                     c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15):
     """Grid row j (blockIdx.y) checks y_j into page[c_j] (page: the flag page flat); as many grid rows as arrays
     (FLAG_BATCH at most: the slots past them repeat y0 and are never read)."""
     j = cuda.blockIdx.y
-    y = y0 if j == 0 else y1 if j == 1 else y2 if j == 2 else y3 if j == 3 else \
-        y4 if j == 4 else y5 if j == 5 else y6 if j == 6 else y7
-    c = c0 if j == 0 else c1 if j == 1 else c2 if j == 2 else c3 if j == 3 else \
-        c4 if j == 4 else c5 if j == 5 else c6 if j == 6 else c7
+    if j < 8:
+        y = y0 if j == 0 else y1 if j == 1 else y2 if j == 2 else y3 if j == 3 else \
+            y4 if j == 4 else y5 if j == 5 else y6 if j == 6 else y7
+        c = c0 if j == 0 else c1 if j == 1 else c2 if j == 2 else c3 if j == 3 else \
+            c4 if j == 4 else c5 if j == 5 else c6 if j == 6 else c7
+    else:
+        y = y8 if j == 8 else y9 if j == 9 else y10 if j == 10 else y11 if j == 11 else \
+            y12 if j == 12 else y13 if j == 13 else y14 if j == 14 else y15
+        c = c8 if j == 8 else c9 if j == 9 else c10 if j == 10 else c11 if j == 11 else \
+            c12 if j == 12 else c13 if j == 13 else c14 if j == 14 else c15
     _scan_finite(y, page, c)
 
 
@@ -1470,116 +1502,136 @@ def _route_softmax(x, k, norm_w, scale, has_scale, probs, ids, out):
         _weights_row(probs, ids, r, norm_w, scale, has_scale, out)
 
 
-RWE = 16                    # _route_softmax_warps: a row's entries a lane holds (rows of at most 32 * RWE)
+RWE = 16                    # the warp routers: a row's entries a lane holds at most (rows of at most 32 * RWE)
 ROUTE_WARP_E = 32 * RWE
-ROUTE_WARP_K = 32           # its k (lane a keeps pick a)
+ROUTE_WARP_K = 32           # their k (lane a keeps pick a)
 
 
-@cuda.jit(device=True, inline=True)
-def _warp_top_k(sel, val, E, k, lane, ids, out, r, norm_w, scale, has_scale):
-    """A warp's row r held in registers (lane l: entries l, l + 32, ..., RWE of them, sel / val [RWE] local): ids[r]
-    = the k picks of the stable descending order of sel (np.argsort(-sel, kind="stable")[:k]), each the warp's
-    first untaken entry (`warp_first_desc_with`; the lane that held it takes its next), lane a keeping pick a; out[r]
-    = val at the picks with `_weights_row`'s float32 steps (the float64 sum in pick order), written by lanes 0..k-1."""
-    taken = int32(0)                                 # bit i: entry i * 32 + lane picked
-    bv = float32(0.0)
-    bu = float32(0.0)
-    bj = E
-    for i in range(RWE):                             # the lane's first untaken entry (index order within the lane)
-        j = i * 32 + lane
-        if j < E and before_desc(sel[i], j, bv, bj, E):
-            bv = sel[i]
-            bu = val[i]
-            bj = j
-    s = float64(0.0)
-    mv = float32(0.0)
-    mj = int32(0)
-    for a in range(k):
-        v, j, u = warp_first_desc_with(bv, bj, bu, E)
-        s += float64(u)
-        if lane == a:
-            mv = u
-            mj = j
-        if j == bj:                                  # this lane's entry was picked: its next
-            taken |= int32(1) << (j // 32)
-            bv = float32(0.0)
-            bj = E
-            for i in range(RWE):
-                jj = i * 32 + lane
-                if jj < E and not (taken >> i) & 1 and before_desc(sel[i], jj, bv, bj, E):
-                    bv = sel[i]
-                    bu = val[i]
-                    bj = jj
-    if lane < k:
-        ids[r, lane] = mj
-        w = mv
-        if norm_w:
-            d = float32(s)
-            if d < F16_MIN:                          # (np.maximum: a NaN sum stays NaN)
-                d = F16_MIN
-            w = w / d
-        if has_scale:
-            w = w * scale
-        out[r, lane] = w
+def route_rwe(E: int) -> int:
+    """The entries a lane holds for a row of E (<= ROUTE_WARP_E): the least power of two covering E / 32. A kernel
+    is made for each (`route_warp_kernels`): a 128-expert router's lanes hold 4, not RWE, so its loops and its
+    picks' rescans are a quarter of the unrolled code (session 38: `_route_softmax_warps` with every loop RWE long
+    took 11.8 us of a decode layer on an H100, its PTX 4x DeviceModel's router's for E = 128)."""
+    r = 1
+    while 32 * r < E:
+        r *= 2
+    return r
 
 
-@cuda.jit(fastmath=False)
-def _route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
-    """`_route_softmax` for rows of at most ROUTE_WARP_E entries and k <= 32, a warp a row (row r = blockIdx.x *
-    NTW + the thread's warp, as `_rms_warps`): lane l holds entries l, l + 32, ... in registers (RWE of them); the max (NaN
-    winning) and the float64 sum by shuffles, then `_warp_top_k`. A decode step's router is one row: a block's
-    barriers and thread 0's reads of the picks back from memory were its time (session 37: 12 us a launch on an
-    H100, a layer's second-largest small kernel)."""
-    r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
-    lane = cuda.threadIdx.x % 32
-    if r >= x.shape[0]:                              # (the whole warp: r is the warp's)
-        return
-    E = x.shape[1]
-    p = cuda.local.array(RWE, float32)
-    m = float32(-math.inf)
-    for i in range(RWE):
-        j = i * 32 + lane
-        if j < E:
-            p[i] = x[r, j]
-            m = max_nan(m, p[i])
-    m = warp_max_nan(m)
-    acc = float64(0.0)
-    for i in range(RWE):
-        if i * 32 + lane < E:
-            e = float32(math.exp(p[i] - m))
-            p[i] = e
-            acc += float64(e)
-    tot = warp_sum(acc)
-    for i in range(RWE):
-        j = i * 32 + lane
-        if j < E:
-            q = float32(float64(p[i]) / tot)
-            p[i] = q
-            probs[r, j] = q
-    _warp_top_k(p, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
+@functools.cache
+def route_warp_kernels(rwe: int):
+    """(softmax router, sigmoid router), a warp a row, for rows of at most 32 * rwe entries (rwe a power of two
+    <= RWE): `_route_softmax` and `_route_sigmoid` without groups, their loops rwe long."""
+
+    @cuda.jit(device=True, inline=True)
+    def warp_top_k(sel, val, E, k, lane, ids, out, r, norm_w, scale, has_scale):
+        """A warp's row r held in registers (lane l: entries l, l + 32, ..., rwe of them, sel / val [rwe] local):
+        ids[r] = the k picks of the stable descending order of sel (np.argsort(-sel, kind="stable")[:k]), each the
+        warp's first untaken entry (`warp_first_desc_with`; the lane that held it takes its next), lane a keeping
+        pick a; out[r] = val at the picks with `_weights_row`'s float32 steps (the float64 sum in pick order),
+        written by lanes 0..k-1."""
+        taken = int32(0)                             # bit i: entry i * 32 + lane picked
+        bv = float32(0.0)
+        bu = float32(0.0)
+        bj = E
+        for i in range(rwe):                         # the lane's first untaken entry (index order within the lane)
+            j = i * 32 + lane
+            if j < E and before_desc(sel[i], j, bv, bj, E):
+                bv = sel[i]
+                bu = val[i]
+                bj = j
+        s = float64(0.0)
+        mv = float32(0.0)
+        mj = int32(0)
+        for a in range(k):
+            v, j, u = warp_first_desc_with(bv, bj, bu, E)
+            s += float64(u)
+            if lane == a:
+                mv = u
+                mj = j
+            if j == bj:                              # this lane's entry was picked: its next
+                taken |= int32(1) << (j // 32)
+                bv = float32(0.0)
+                bj = E
+                for i in range(rwe):
+                    jj = i * 32 + lane
+                    if jj < E and not (taken >> i) & 1 and before_desc(sel[i], jj, bv, bj, E):
+                        bv = sel[i]
+                        bu = val[i]
+                        bj = jj
+        if lane < k:
+            ids[r, lane] = mj
+            w = mv
+            if norm_w:
+                d = float32(s)
+                if d < F16_MIN:                      # (np.maximum: a NaN sum stays NaN)
+                    d = F16_MIN
+                w = w / d
+            if has_scale:
+                w = w * scale
+            out[r, lane] = w
+
+    @cuda.jit(fastmath=False)
+    def route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
+        """`_route_softmax` for rows of at most 32 * rwe entries and k <= 32, a warp a row (row r = blockIdx.x *
+        NTW + the thread's warp, as `_rms_warps`): lane l holds entries l, l + 32, ... in registers (rwe of them);
+        the max (NaN winning) and the float64 sum by shuffles, then `warp_top_k`. A decode step's router is one
+        row: a block's barriers and thread 0's reads of the picks back from memory were its time (session 37: 12 us
+        a launch on an H100, a layer's second-largest small kernel)."""
+        r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
+        lane = cuda.threadIdx.x % 32
+        if r >= x.shape[0]:                          # (the whole warp: r is the warp's)
+            return
+        E = x.shape[1]
+        p = cuda.local.array(rwe, float32)
+        m = float32(-math.inf)
+        for i in range(rwe):
+            j = i * 32 + lane
+            if j < E:
+                p[i] = x[r, j]
+                m = max_nan(m, p[i])
+        m = warp_max_nan(m)
+        acc = float64(0.0)
+        for i in range(rwe):
+            if i * 32 + lane < E:
+                e = float32(math.exp(p[i] - m))
+                p[i] = e
+                acc += float64(e)
+        tot = warp_sum(acc)
+        for i in range(rwe):
+            j = i * 32 + lane
+            if j < E:
+                q = float32(float64(p[i]) / tot)
+                p[i] = q
+                probs[r, j] = q
+        warp_top_k(p, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
+
+    @cuda.jit(fastmath=False)
+    def route_sigmoid_warps(x, k, bias, has_bias, norm_w, scale, has_scale, probs, sel, ids, out):
+        """`_route_sigmoid` without groups for rows of at most 32 * rwe entries and k <= 32, a warp a row: probs
+        and the selection (probs + bias) in registers, written out, then `warp_top_k` over the selection with
+        probs' weights."""
+        r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
+        lane = cuda.threadIdx.x % 32
+        if r >= x.shape[0]:
+            return
+        E = x.shape[1]
+        p = cuda.local.array(rwe, float32)
+        q = cuda.local.array(rwe, float32)
+        for i in range(rwe):
+            j = i * 32 + lane
+            if j < E:
+                v = _sigmoid1(x[r, j])
+                p[i] = v
+                q[i] = v + bias[j] if has_bias else v
+                probs[r, j] = v
+                sel[r, j] = q[i]
+        warp_top_k(q, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
+
+    return route_softmax_warps, route_sigmoid_warps
 
 
-@cuda.jit(fastmath=False)
-def _route_sigmoid_warps(x, k, bias, has_bias, norm_w, scale, has_scale, probs, sel, ids, out):
-    """`_route_sigmoid` without groups for rows of at most ROUTE_WARP_E entries and k <= 32, a warp a row: probs and
-    the selection (probs + bias) in registers, written out, then `_warp_top_k` over the selection with probs'
-    weights."""
-    r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
-    lane = cuda.threadIdx.x % 32
-    if r >= x.shape[0]:
-        return
-    E = x.shape[1]
-    p = cuda.local.array(RWE, float32)
-    q = cuda.local.array(RWE, float32)
-    for i in range(RWE):
-        j = i * 32 + lane
-        if j < E:
-            v = _sigmoid1(x[r, j])
-            p[i] = v
-            q[i] = v + bias[j] if has_bias else v
-            probs[r, j] = v
-            sel[r, j] = q[i]
-    _warp_top_k(q, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
+_route_softmax_warps, _route_sigmoid_warps = route_warp_kernels(RWE)    # (the widest: ptx.py compiles it)
 
 
 @cuda.jit(fastmath=False)
@@ -1862,8 +1914,9 @@ def route_softmax_raw(x2, k: int, norm_w: bool, scale, probs, ids, out, stream=0
     a float."""
     T, E = x2.shape
     if E <= ROUTE_WARP_E and k <= ROUTE_WARP_K:       # a warp a row, NTW rows a block
-        _route_softmax_warps[_grid(T, NTW), NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0),
-                                                        scale is not None, probs, ids, out)
+        route_warp_kernels(route_rwe(E))[0][_grid(T, NTW), NT, stream](x2, int(k), bool(norm_w),
+                                                                       np.float32(scale or 0.0), scale is not None,
+                                                                       probs, ids, out)
         return
     _route_softmax[T, NT, stream](x2, int(k), bool(norm_w), np.float32(scale or 0.0), scale is not None,
                                   probs, ids, out)
@@ -1877,9 +1930,9 @@ def route_sigmoid_raw(x2, k: int, bias, norm_w: bool, scale, probs, sel, ids, ou
     grouped = G > 1
     T, E = x2.shape
     if not grouped and E <= ROUTE_WARP_E and k <= ROUTE_WARP_K:      # a warp a row, as route_softmax_raw
-        _route_sigmoid_warps[_grid(T, NTW), NT, stream](x2, int(k), x2[0] if bias is None else bias, bias is not None,
-                                                        bool(norm_w), np.float32(scale or 0.0), scale is not None,
-                                                        probs, sel, ids, out)
+        route_warp_kernels(route_rwe(E))[1][_grid(T, NTW), NT, stream](
+            x2, int(k), x2[0] if bias is None else bias, bias is not None, bool(norm_w), np.float32(scale or 0.0),
+            scale is not None, probs, sel, ids, out)
         return
     _route_sigmoid[x2.shape[0], NT, stream](x2, int(k), x2[0] if bias is None else bias, bias is not None,
                                             int(G) if grouped else 0, int(n_used), bool(norm_w),

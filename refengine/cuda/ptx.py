@@ -1,4 +1,5 @@
-"""Compile the refengine.cuda kernels for Hopper (sm_90) without a GPU: `python -m refengine.cuda.ptx`.
+"""Compile the refengine.cuda kernels for Hopper (sm_90) without a GPU: `python -m refengine.cuda.ptx [--resources]
+[-k NAME]` (--resources: ptxas's registers, spills and cubin size a kernel, where ptxas is on PATH).
 
 Exit status as `quant.cuda.ptx` (0 ok, 1 a kernel failed, 3 no NVVM)."""
 from __future__ import annotations
@@ -75,6 +76,11 @@ KERNELS += [
                                                             f"int32[:, ::1], {F2})"),
     ("fused_route_sigmoid_warps", fz._route_sigmoid_warps, f"void({F2}, int64, {A1}, boolean, boolean, float32, "
                                                             f"boolean, {F2}, {F2}, int32[:, ::1], {F2})"),
+    ("fused_route_softmax_warps[rwe=4]", fz.route_warp_kernels(4)[0], f"void({F2}, int64, boolean, float32, boolean, "
+                                                                      f"{F2}, int32[:, ::1], {F2})"),
+    ("fused_route_sigmoid_warps[rwe=1]", fz.route_warp_kernels(1)[1], f"void({F2}, int64, {A1}, boolean, boolean, "
+                                                                      f"float32, boolean, {F2}, {F2}, int32[:, ::1], "
+                                                                      f"{F2})"),
     ("fused_route_sigmoid", fz._route_sigmoid, f"void({F2}, int64, {A1}, boolean, int64, int64, boolean, float32, "
                                                 f"boolean, {F2}, {F2}, {F2}, int32[:, ::1], int32[:, ::1], {F2})"),
     ("fused_group_limited", fz._group_limited, f"void({A2}, int64, int64, {F2}, int32[:, ::1])"),
@@ -88,8 +94,15 @@ def main() -> int:
     if qptx.SIM:
         print("NUMBA_ENABLE_CUDASIM is set: nothing to compile")
         return 3
-    failed = qptx.compile_all(KERNELS)
-    print(f"{len(failed)} failed" if failed else f"all {len(KERNELS)} kernels compile for sm_90")
+    import argparse
+    ap = argparse.ArgumentParser(description="Compile the refengine.cuda kernels for sm_90 (no GPU needed).")
+    ap.add_argument("--resources", action="store_true", help="each kernel's registers, spills and cubin size "
+                    "(ptxas on PATH)")
+    ap.add_argument("-k", default="", help="only the kernels whose name holds this")
+    a = ap.parse_args()
+    items = [k for k in KERNELS if a.k in k[0]]
+    failed = qptx.compile_all(items, with_resources=a.resources)
+    print(f"{len(failed)} failed" if failed else f"all {len(items)} kernels compile for sm_90")
     return 1 if failed else 0
 
 
