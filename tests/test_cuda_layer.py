@@ -373,17 +373,17 @@ def test_ptx_sm90_device_kernels_one_per_family():
 
 def test_ptxas_resources():
     """`python -m refengine.cuda.ptx --resources -k NAME`: ptxas's registers a kernel (where ptxas is on PATH), read
-    from its report: DeviceModel's router holding 32 entries a lane (E = 1024) takes more registers than the one
-    holding 4 (E = 128), neither spills."""
+    from its report: the softmax router a warp a row holding 16 entries a lane (`fused.RWE`) takes more registers
+    than the one holding 4 (a 128-expert row's), neither spills."""
     import re
     import shutil
     if shutil.which("ptxas") is None:
         pytest.skip("no ptxas on PATH")
-    out = ptx_sm90("refengine.cuda.ptx", args=["--resources", "-k", "route[E="], timeout=600)
-    regs = {m.group(1): int(m.group(2)) for m in re.finditer(r"ok\s+(route\[E=\d+\]).*?(\d+) registers, spills 0/0",
-                                                             out)}
-    assert set(regs) == {"route[E=128]", "route[E=1024]"}, out
-    assert 0 < regs["route[E=128]"] < regs["route[E=1024]"]
+    out = ptx_sm90("refengine.cuda.ptx", args=["--resources", "-k", "fused_route_softmax_warps"], timeout=600)
+    regs = {m.group(1): int(m.group(2))
+            for m in re.finditer(r"ok\s+(fused_route_softmax_warps\S*)\s.*?(\d+) registers, spills 0/0", out)}
+    assert set(regs) == {"fused_route_softmax_warps", "fused_route_softmax_warps[rwe=4]"}, out
+    assert 0 < regs["fused_route_softmax_warps[rwe=4]"] < regs["fused_route_softmax_warps"]
 
 
 @exhaustive
