@@ -49,7 +49,7 @@ fold() {                      # the fold's measure: DeviceModel's decode a layer
     --json $O/fold_devicemodel$s.json >> $O/fold.log 2>&1; echo "fold DeviceModel $ty rc=$? $(date +%T)" >> $O/t.log
   for L in $FOLD; do
     [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
-    timeout 120 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type $ty \
+    timeout 200 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type $ty \
       --decode 16 --dir /tmp/rs ${FOLD_PROFILE:+--profile $FOLD_PROFILE} --json $O/fold_L$L$s.json >> $O/fold.log 2>&1
     echo "fold $ty L=$L rc=$? $(date +%T)" >> $O/t.log
   done; done
