@@ -81,7 +81,7 @@ def test_add_rms_norm_rows(with_w, shape):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("A, with_e", [(1, False), (3, False), (3, True), (5, False), (8, True)])
+@pytest.mark.parametrize("A, with_e", [(1, False), (1, True), (3, False), (3, True), (5, False), (8, True)])
 def test_add_slots_rms_norm_rows(A, with_e, shape):
     """A MoE layer's combine, its shared experts' add, the residual add and the next norm in one launch
     (`fused._addend`): x + (slots[:, 0] + ... + slots[:, A-1] (+ e)) bit for bit as `ops.slot_sum` adds them (float32,

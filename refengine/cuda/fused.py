@@ -122,90 +122,122 @@ def _addend(a, A, e, has_e, r, j):
     return v
 
 
-@cuda.jit(fastmath=False)
-def _rms_rows(x, a, A, e, has_e, has_a, w, has_w, eps, post, s, y):
-    """Row r = blockIdx.x: v = x (has_a: v = x + `_addend` in float32, written to s), the mean of v^2 summed in float64,
-    y = v * (1 / sqrt(mean + eps)) (* w) * post, each product rounded to float32 as `ops.rms_norm` rounds it
-    (`ops.add_rms_norm`; post: `delta_rule.l2_norm`'s 1 / sqrt(D), 1 for the others: exact).
+@functools.cache
+def rms_rows_kernel(slots: bool):
+    """`_rms_rows` (slots False: a norm, or a residual add (A = 1) and the norm) and `_rms_rows_slots` (a MoE layer's
+    A > 1 expert slots summed into the add: has_a True): one body, two kernels, so a plain norm carries none of the
+    slot groups' code (its cubin no larger than before them: session 38 saw a decode step's small kernels cost more
+    with their code than with their loads). `python -m refengine.cuda.ptx --resources -k fused_rms` gives both
+    kernels' registers."""
 
-    A thread takes a row's elements t, t + nt, ... (the float64 sum in that order), RPT at a time: it issues the
-    RPT loads before it stores anything, and a row that fits one pass keeps them in registers for the scale pass.
-    A store through one array keeps the compiler from moving the next load through another above it (they might
-    alias), so a load-compute-store loop waits a memory round trip an element: a decode step's norm (one block a
-    row) costs its chain of round trips, not its bytes (docs/quant.md)."""
-    r = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    nt = cuda.blockDim.x                             # NT
-    D = x.shape[1]
-    buf = cuda.shared.array(32, float64)
-    v = cuda.local.array(RPT, float32)
-    wv = cuda.local.array(RPT, float32)
-    xv = cuda.local.array(RPT, float32)
-    ev = cuda.local.array(RPT, float32)
-    g0 = cuda.local.array(RPT, float32)              # SLOT_GROUP (4) slots' values of the pass, loaded together
-    g1 = cuda.local.array(RPT, float32)
-    g2 = cuda.local.array(RPT, float32)
-    g3 = cuda.local.array(RPT, float32)
-    step = RPT * nt
-    acc = float64(0.0)
-    for c in range(0, D, step):
-        for k in range(RPT):                         # x (w, e) first: used after the slots, their loads in flight
-            j = c + k * nt + t                       # with the first group's
-            if j < D:
-                xv[k] = x[r, j]
-                if has_w and D <= step:              # (a longer row loads w with its scale pass)
-                    wv[k] = w[j]
-                if has_a and has_e:
-                    ev[k] = e[r, j]
-        if has_a:                                    # `_addend`'s sum, SLOT_GROUP slots' loads issued together,
-            for q0 in range(0, A, SLOT_GROUP):       # then added in slot order (float32, the same adds): A / 4
-                for k in range(RPT):                 # round trips, not A (session 38: a MoE layer's combine + norm
-                    j = c + k * nt + t               # of one token, a slot at a time, took 9 us on an H100)
+    @cuda.jit(fastmath=False)
+    def rms_rows(x, a, A, e, has_e, has_a, w, has_w, eps, post, s, y):
+        """Row r = blockIdx.x: v = x (has_a: v = x + `_addend` in float32, written to s), the mean of v^2 summed in
+        float64, y = v * (1 / sqrt(mean + eps)) (* w) * post, each product rounded to float32 as `ops.rms_norm` rounds
+        it (`ops.add_rms_norm`; post: `delta_rule.l2_norm`'s 1 / sqrt(D), 1 for the others: exact).
+
+        A thread takes a row's elements t, t + nt, ... (the float64 sum in that order), RPT at a time: it issues the
+        RPT loads before it stores anything, and a row that fits one pass keeps them in registers for the scale pass.
+        A store through one array keeps the compiler from moving the next load through another above it (they might
+        alias), so a load-compute-store loop waits a memory round trip an element: a decode step's norm (one block a
+        row) costs its chain of round trips, not its bytes (docs/quant.md)."""
+        r = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        nt = cuda.blockDim.x                             # NT
+        D = x.shape[1]
+        buf = cuda.shared.array(32, float64)
+        v = cuda.local.array(RPT, float32)
+        wv = cuda.local.array(RPT, float32)
+        xv = cuda.local.array(RPT, float32)
+        ev = cuda.local.array(RPT, float32)
+        g0 = cuda.local.array(RPT, float32)              # SLOT_GROUP (4) slots' values of the pass, loaded together
+        g1 = cuda.local.array(RPT, float32)
+        g2 = cuda.local.array(RPT, float32)
+        g3 = cuda.local.array(RPT, float32)
+        step = RPT * nt
+        acc = float64(0.0)
+        for c in range(0, D, step):
+            if not slots:                                # x + a (+ e): no slot loop between them, a pass's loads in
+                #                                          flight together (163 registers, 121 with the loop)
+                if has_a:
+                    for k in range(RPT):
+                        j = c + k * nt + t
+                        if j < D:
+                            v[k] = a[r, j]
+                    if has_e:
+                        for k in range(RPT):
+                            j = c + k * nt + t
+                            if j < D:
+                                v[k] = v[k] + e[r, j]
+                for k in range(RPT):
+                    j = c + k * nt + t
                     if j < D:
-                        b = r * A + q0
-                        g0[k] = a[b, j]
-                        if q0 + 1 < A:
-                            g1[k] = a[b + 1, j]
-                        if q0 + 2 < A:
-                            g2[k] = a[b + 2, j]
-                        if q0 + 3 < A:
-                            g3[k] = a[b + 3, j]
+                        v[k] = x[r, j] + v[k] if has_a else x[r, j]
+                        if has_w and D <= step:          # (a longer row loads w with its scale pass)
+                            wv[k] = w[j]
+            else:
+                for k in range(RPT):                     # x (w, e) first: used after the slots, their loads in flight
+                    j = c + k * nt + t                   # with the first group's
+                    if j < D:
+                        xv[k] = x[r, j]
+                        if has_w and D <= step:
+                            wv[k] = w[j]
+                        if has_e:
+                            ev[k] = e[r, j]
+                for q0 in range(0, A, SLOT_GROUP):       # `_addend`'s sum, SLOT_GROUP slots' loads issued together,
+                    for k in range(RPT):                 # then added in slot order (float32, the same adds): A / 4
+                        j = c + k * nt + t               # round trips, not A (session 38: a MoE layer's combine +
+                        if j < D:                        # norm of one token, a slot at a time, took 9 us on an H100)
+                            b = r * A + q0
+                            g0[k] = a[b, j]
+                            if q0 + 1 < A:
+                                g1[k] = a[b + 1, j]
+                            if q0 + 2 < A:
+                                g2[k] = a[b + 2, j]
+                            if q0 + 3 < A:
+                                g3[k] = a[b + 3, j]
+                    for k in range(RPT):
+                        if c + k * nt + t < D:
+                            u = g0[k] if q0 == 0 else v[k] + g0[k]
+                            if q0 + 1 < A:
+                                u = u + g1[k]
+                            if q0 + 2 < A:
+                                u = u + g2[k]
+                            if q0 + 3 < A:
+                                u = u + g3[k]
+                            v[k] = u
                 for k in range(RPT):
                     if c + k * nt + t < D:
-                        u = g0[k] if q0 == 0 else v[k] + g0[k]
-                        if q0 + 1 < A:
-                            u = u + g1[k]
-                        if q0 + 2 < A:
-                            u = u + g2[k]
-                        if q0 + 3 < A:
-                            u = u + g3[k]
-                        v[k] = u
-        for k in range(RPT):
-            j = c + k * nt + t
-            if j < D:
-                if has_a:
-                    u = v[k] + ev[k] if has_e else v[k]
-                    v[k] = xv[k] + u
-                    s[r, j] = v[k]
-                else:
-                    v[k] = xv[k]
-                acc += float64(v[k]) * float64(v[k])
-    scale = _inv_rms(acc, buf, D, eps)
-    for c in range(0, D, step):
-        if D > step:                                 # more than one pass: the pass's values loaded again
+                        u = v[k] + ev[k] if has_e else v[k]
+                        v[k] = xv[k] + u
             for k in range(RPT):
                 j = c + k * nt + t
                 if j < D:
-                    v[k] = s[r, j] if has_a else x[r, j]
+                    if has_a:
+                        s[r, j] = v[k]
+                    acc += float64(v[k]) * float64(v[k])
+        scale = _inv_rms(acc, buf, D, eps)
+        for c in range(0, D, step):
+            if D > step:                                 # more than one pass: the pass's values loaded again
+                for k in range(RPT):
+                    j = c + k * nt + t
+                    if j < D:
+                        v[k] = s[r, j] if has_a else x[r, j]
+                        if has_w:
+                            wv[k] = w[j]
+            for k in range(RPT):
+                j = c + k * nt + t
+                if j < D:
+                    u = v[k] * scale
                     if has_w:
-                        wv[k] = w[j]
-        for k in range(RPT):
-            j = c + k * nt + t
-            if j < D:
-                u = v[k] * scale
-                if has_w:
-                    u = u * wv[k]
-                y[r, j] = u * post
+                        u = u * wv[k]
+                    y[r, j] = u * post
+
+    return rms_rows
+
+
+_rms_rows = rms_rows_kernel(False)
+_rms_rows_slots = rms_rows_kernel(True)
 
 
 @cuda.jit(fastmath=False)
@@ -1708,8 +1740,9 @@ def rms_norm_raw(x2, w, eps: float, y2, stream=0, *, a2=None, s2=None, post: flo
                                               0 if gate2 is None else GATE_ACTS[act], s2 if has_a else y2, y2)
     else:
         assert gate2 is None, "a gated norm's rows take a warp each (at most WARP_ROW_MAX_D)"
-        _rms_rows[R, NT, stream](x2, a_, A, e_, has_e, has_a, w_, has_w, np.float32(eps), np.float32(post),
-                                 s2 if has_a else y2, y2)
+        k = _rms_rows_slots if has_a and A > 1 else _rms_rows
+        k[R, NT, stream](x2, a_, A, e_, has_e, has_a, w_, has_w, np.float32(eps), np.float32(post), s2 if has_a else y2,
+                         y2)
 
 
 def layer_norm_raw(x2, w, b, eps: float, y2, stream=0) -> None:

@@ -33,6 +33,8 @@ DR_SIG = f"void({A3}, {A3}, {A3}, {A3}, boolean, {A2}, {A3}, boolean, float32, {
 KERNELS += [
     ("fused_rms_norm", fz._rms_rows, f"void({F2}, {F2}, int64, {F2}, boolean, boolean, {F1}, boolean, float32, "
                                      f"float32, {F2}, {F2})"),
+    ("fused_rms_norm[slots]", fz._rms_rows_slots, f"void({F2}, {F2}, int64, {F2}, boolean, boolean, {F1}, boolean, "
+                                                  f"float32, float32, {F2}, {F2})"),
     ("fused_rms_warps", fz._rms_warps, f"void({F2}, {F2}, int64, {F2}, boolean, boolean, {F1}, boolean, float32, "
                                        f"float32, {A2}, int64, {F2}, {F2})"),
     ("fused_softmax", fz._softmax_rows, f"void({F2}, {F2})"),
