@@ -122,6 +122,13 @@ def _addend(a, A, e, has_e, r, j):
     return v
 
 
+def _named_kernel(fn, name: str):
+    """cuda.jit(fastmath=False) of a factory's function under a name of its own: a factory's kernels would otherwise
+    share one, and a profile (torch.profiler's names, less their per-process abi tags) would add them together."""
+    fn.__name__ = fn.__qualname__ = name
+    return cuda.jit(fastmath=False)(fn)
+
+
 @functools.cache
 def rms_rows_kernel(slots: bool):
     """`_rms_rows` (slots False: a norm, or a residual add (A = 1) and the norm) and `_rms_rows_slots` (a MoE layer's
@@ -130,7 +137,6 @@ def rms_rows_kernel(slots: bool):
     with their code than with their loads). `python -m refengine.cuda.ptx --resources -k fused_rms` gives both
     kernels' registers."""
 
-    @cuda.jit(fastmath=False)
     def rms_rows(x, a, A, e, has_e, has_a, w, has_w, eps, post, s, y):
         """Row r = blockIdx.x: v = x (has_a: v = x + `_addend` in float32, written to s), the mean of v^2 summed in
         float64, y = v * (1 / sqrt(mean + eps)) (* w) * post, each product rounded to float32 as `ops.rms_norm` rounds
@@ -233,7 +239,7 @@ def rms_rows_kernel(slots: bool):
                         u = u * wv[k]
                     y[r, j] = u * post
 
-    return rms_rows
+    return _named_kernel(rms_rows, "rms_rows_slots" if slots else "rms_rows")
 
 
 _rms_rows = rms_rows_kernel(False)
@@ -1603,7 +1609,6 @@ def route_warp_kernels(rwe: int):
                 w = w * scale
             out[r, lane] = w
 
-    @cuda.jit(fastmath=False)
     def route_softmax_warps(x, k, norm_w, scale, has_scale, probs, ids, out):
         """`_route_softmax` for rows of at most 32 * rwe entries and k <= 32, a warp a row (row r = blockIdx.x *
         NTW + the thread's warp, as `_rms_warps`): lane l holds entries l, l + 32, ... in registers (rwe of them);
@@ -1638,7 +1643,6 @@ def route_warp_kernels(rwe: int):
                 probs[r, j] = q
         warp_top_k(p, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
 
-    @cuda.jit(fastmath=False)
     def route_sigmoid_warps(x, k, bias, has_bias, norm_w, scale, has_scale, probs, sel, ids, out):
         """`_route_sigmoid` without groups for rows of at most 32 * rwe entries and k <= 32, a warp a row: probs
         and the selection (probs + bias) in registers, written out, then `warp_top_k` over the selection with
@@ -1660,7 +1664,8 @@ def route_warp_kernels(rwe: int):
                 sel[r, j] = q[i]
         warp_top_k(q, p, E, k, lane, ids, out, r, norm_w, scale, has_scale)
 
-    return route_softmax_warps, route_sigmoid_warps
+    return (_named_kernel(route_softmax_warps, f"route_softmax_warps_rwe{rwe}"),
+            _named_kernel(route_sigmoid_warps, f"route_sigmoid_warps_rwe{rwe}"))
 
 
 _route_softmax_warps, _route_sigmoid_warps = route_warp_kernels(RWE)    # (the widest: ptx.py compiles it)
