@@ -41,15 +41,18 @@ fi
 if [ -n "${EXTRA:-}" ]; then         # EXTRA="command": run after the tests (a kernel benchmark), output in extra.log
   (eval "$EXTRA") > $O/extra.log 2>&1; echo "extra rc=$? $(date +%T)" >> $O/t.log; tail -20 $O/extra.log
 fi
+left() {                      # seconds the call has left (less 15 for the packing), capped at $1
+  local l=$(( ${LIMIT_S:-575} - ($(date +%s) - START) - 15 )); [ $l -gt $1 ] && l=$1; echo $l
+}
 fold() {                      # the fold's measure: DeviceModel's decode a layer, the generic graph's of 1 and 3 layers
-  [ -n "${FOLD:-}" ] && [ $(( $(date +%s) - START + 60 )) -lt ${LIMIT_S:-575} ] || return 0
-  for ty in ${FOLD_TYPES:-Q4_K}; do s=$([ $ty = Q4_K ] || echo _$ty)   # FOLD_TYPES="Q4_K Q8_0": the bar's two types
-  [ $(( $(date +%s) - START + 60 )) -gt ${LIMIT_S:-575} ] && break
-  timeout 200 python3 benchmarks/cuda_layers.py --type $ty --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) ${FOLD_PROFILE:+--kernel-profile $FOLD_PROFILE} --no-prefill \
+  [ -n "${FOLD:-}" ] || return 0   # (each run's timeout is what the call has left: a run killed by the device's limit
+  for ty in ${FOLD_TYPES:-Q4_K}; do s=$([ $ty = Q4_K ] || echo _$ty)   # would lose every file; FOLD_TYPES="Q4_K Q8_0")
+  [ $(left 200) -lt 90 ] && break
+  timeout $(left 200) python3 benchmarks/cuda_layers.py --type $ty --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) ${FOLD_PROFILE:+--kernel-profile $FOLD_PROFILE} --no-prefill \
     --json $O/fold_devicemodel$s.json >> $O/fold.log 2>&1; echo "fold DeviceModel $ty rc=$? $(date +%T)" >> $O/t.log
   for L in $FOLD; do
-    [ $(( $(date +%s) - START + 50 )) -gt ${LIMIT_S:-575} ] && break
-    timeout 200 python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type $ty \
+    [ $(left 200) -lt 90 ] && break
+    timeout $(left 200) python3 benchmarks/graph_decode.py --arch qwen3moe --preset qwen3-30b-a3b --layers $L --type $ty \
       --decode 16 --dir /tmp/rs ${FOLD_PROFILE:+--profile $FOLD_PROFILE} --json $O/fold_L$L$s.json >> $O/fold.log 2>&1
     echo "fold $ty L=$L rc=$? $(date +%T)" >> $O/t.log
   done; done
