@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 import quant.cuda  # noqa: F401  (numpy shim)
@@ -105,10 +109,6 @@ def resources(ptx: str, cc=(9, 0)) -> dict | None:
     """What ptxas makes of a kernel's PTX (None without ptxas on PATH): registers a thread, spill bytes, shared
     bytes, cubin bytes (line info included). NVVM may write a newer PTX version than the local ptxas reads: the
     version line is lowered to the one ptxas names (numba's kernels use nothing newer)."""
-    import re
-    import shutil
-    import subprocess
-    import tempfile
     exe = shutil.which("ptxas")
     if exe is None:
         return None
@@ -125,9 +125,11 @@ def resources(ptx: str, cc=(9, 0)) -> dict | None:
             ptx = re.sub(r"^\.version [\d.]+", f".version {m.group(1)}", ptx, count=1, flags=re.M)
         if r.returncode != 0:
             return {"error": r.stderr.strip()[-300:]}
-        g = lambda pat: int(m.group(1)) if (m := re.search(pat, r.stderr)) else 0   # noqa: E731
-        return dict(registers=g(r"Used (\d+) registers"), spill_stores=g(r"(\d+) bytes spill stores"),
-                    spill_loads=g(r"(\d+) bytes spill loads"), smem=g(r"(\d+) bytes smem"),
+        def field(pat: str) -> int:
+            f = re.search(pat, r.stderr)
+            return int(f.group(1)) if f else 0
+        return dict(registers=field(r"Used (\d+) registers"), spill_stores=field(r"(\d+) bytes spill stores"),
+                    spill_loads=field(r"(\d+) bytes spill loads"), smem=field(r"(\d+) bytes smem"),
                     cubin_bytes=os.path.getsize(out))
 
 

@@ -76,7 +76,8 @@ NT = 256                    # threads of a row's block (a power of two: the tree
 NTW = 8                     # its warps (NT // 32, a literal: a shared array's shape)
 assert NTW * 32 == NT
 RPT = 8                     # _rms_rows: elements a thread holds in registers a pass over its row
-SLOT_GROUP = 4              # _rms_rows: a MoE layer's expert slots loaded together (4 x RPT registers)
+SLOT_GROUP = 4              # _rms_rows_slots: a MoE layer's expert slots loaded together (g0..g3: 4 x RPT registers)
+assert SLOT_GROUP == 4      # (the kernel holds the group in four named arrays)
 RPW = 8                     # _rms_warps: elements a lane holds; rows of at most 32 * RPW take a warp each
 WARP_ROW_MAX_D = 32 * RPW
 # rms_norm's rows take NT threads whatever their length: RPT elements a thread a pass keep a long row's passes few.
@@ -246,6 +247,13 @@ _rms_rows = rms_rows_kernel(False)
 _rms_rows_slots = rms_rows_kernel(True)
 
 
+@cuda.jit(device=True, inline=True)
+def _warp_row():
+    """(row, lane) of a kernel that takes a row a warp, NTW rows a block (`_rms_warps`, the warp routers): row
+    blockIdx.x * NTW + the thread's warp. The caller returns when the row is past its array's (the whole warp)."""
+    return cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
+
+
 @cuda.jit(fastmath=False)
 def _rms_warps(x, a, A, e, has_e, has_a, w, has_w, eps, post, gate, act, s, y):
     """`_rms_rows` for rows of at most WARP_ROW_MAX_D: row r = blockIdx.x * NTW + the thread's warp, lane l taking
@@ -253,8 +261,7 @@ def _rms_warps(x, a, A, e, has_e, has_a, w, has_w, eps, post, gate, act, s, y):
     A head's norm (the delta rule's l2 norms of q and k, a per-head rms_norm: T x H rows of 128) is many short rows:
     a block a row left 128 of its 256 threads idle and waited on two barriers for every 128 numbers.
     act 1 / 2: the result times silu / sigmoid of gate[r, j] (`norm.rms_norm_gated`), 0: no gate (post instead)."""
-    r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
-    lane = cuda.threadIdx.x % 32
+    r, lane = _warp_row()
     if r >= x.shape[0]:                              # (the whole warp: r is the warp's)
         return
     D = x.shape[1]
@@ -1615,8 +1622,7 @@ def route_warp_kernels(rwe: int):
         the max (NaN winning) and the float64 sum by shuffles, then `warp_top_k`. A decode step's router is one
         row: a block's barriers and thread 0's reads of the picks back from memory were its time (session 37: 12 us
         a launch on an H100, a layer's second-largest small kernel)."""
-        r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
-        lane = cuda.threadIdx.x % 32
+        r, lane = _warp_row()
         if r >= x.shape[0]:                          # (the whole warp: r is the warp's)
             return
         E = x.shape[1]
@@ -1647,8 +1653,7 @@ def route_warp_kernels(rwe: int):
         """`_route_sigmoid` without groups for rows of at most 32 * rwe entries and k <= 32, a warp a row: probs
         and the selection (probs + bias) in registers, written out, then `warp_top_k` over the selection with
         probs' weights."""
-        r = cuda.blockIdx.x * NTW + cuda.threadIdx.x // 32
-        lane = cuda.threadIdx.x % 32
+        r, lane = _warp_row()
         if r >= x.shape[0]:
             return
         E = x.shape[1]
