@@ -283,6 +283,33 @@ class Device:
                                   f"cannot be captured as a CUDA graph (docs/device_path.md)")
 
     # ------------------------------------------------------------ moving arrays
+    def adopt(self, state) -> int:
+        """Make this device the home of the DeviceArrays a sequence's state holds that another Device of the same
+        kind made (a state prefilled under one Runtime and continued under another: each Runtime has its own
+        Device, over the same memory). No copy: each array's `dev` is set to this one, so that its ops run under
+        this device's settings and its fused kernels, which take arrays of their own device only, take it (a GPU
+        state continued from another Runtime otherwise left them for the NumPy statements: other sums, ~1e-7
+        apart). Walks the containers a state file saves (lists, tuples, dicts, instance attributes); returns the
+        arrays re-homed."""
+        seen, n = set(), 0
+        todo = [state]
+        while todo:
+            v = todo.pop()
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if isinstance(v, DeviceArray):
+                if v.dev is not self and v.dev.kind == self.kind:
+                    v.dev = self
+                    n += 1
+            elif isinstance(v, (list, tuple)):
+                todo.extend(v)
+            elif isinstance(v, dict):
+                todo.extend(v.values())
+            elif hasattr(v, "__dict__") and not isinstance(v, (type, np.ndarray)):
+                todo.extend(vars(v).values())
+        return n
+
     def put(self, host) -> "DeviceArray":
         """A host array (or anything np.asarray takes) as a DeviceArray (counted as an upload)."""
         if isinstance(host, DeviceArray):

@@ -212,6 +212,7 @@ class _Encoder:
                                  f"a state file saves a container's instance attributes") from None
         if isinstance(v, ModelState):
             f.pop("device", None)                         # synced to the host before (save_state)
+            f.pop("home", None)                           # a run's Device: not data (Model.run_step)
         return f
 
 
@@ -417,7 +418,7 @@ def read_state(path: str | os.PathLike, model, *, progress: bool = False) -> Sav
         state = dec.node(m["tree"], ROOT)
         if type(state) is not ModelState:
             raise dec.bad(ROOT, f"the root is a {type(state).__name__}, not a ModelState")
-        state.device = None
+        state.device = state.home = None
         if state.n_past != m["n_past"] or not isinstance(state.layers, list) or len(state.layers) != model.cfg.n_layer:
             raise dec.bad(ROOT, f"n_past {state.n_past} (manifest {m['n_past']}), "
                           f"{len(state.layers) if isinstance(state.layers, list) else '?'} layers "

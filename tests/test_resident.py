@@ -66,6 +66,23 @@ def state_arrays(state):
     return out
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3next"])
+def test_resident_state_rehomed(synth_model, arch):
+    """A state prefilled under one Runtime and continued under another: its arrays become the running Runtime's
+    Device's (Device.adopt; on a GPU the fused kernels take only their own device's arrays: tests/
+    test_cuda_resident.py checks the bits there), and a state saved after carries no Device."""
+    m = Model(synth_model(arch, wtype="Q4_K"))
+    rt1, rt2 = Runtime(resident=True), Runtime(resident=True)
+    st, ref = m.new_state(), m.new_state()
+    m.forward(TOKENS[:9], st, rt=rt1)
+    m.forward(TOKENS[:9], ref, rt=rt1)
+    assert np.array_equal(m.forward([7], st, rt=rt2), m.forward([7], ref, rt=rt1))
+    arrays = [(p, v) for p, v in state_arrays(st) if isinstance(v, DeviceArray)]
+    assert arrays and all(v.dev is rt2.device for _, v in arrays), \
+        [p for p, v in arrays if v.dev is not rt2.device]
+    assert st.home is rt2.device and rt1.device.adopt(st.layers) == len(arrays)       # and back, each array once
+
+
 def test_resident_state_file_round_trip(synth_model, tmp_path):
     from refengine.state_file import load_state, save_state
     m = Model(synth_model("deepseek2", wtype="Q4_K"))
