@@ -1,4 +1,4 @@
-"""Real-size DeepSeek-V3 layers with `--backend cuda` (op by op) against the NumPy backend on the CPU.
+"""Real-size DeepSeek-V3 layers with `--backend cuda` (resident and op by op) against the NumPy backend on the CPU.
 
     python benchmarks/cuda_deepseek2.py --type Q4_K [--layers 2] [--dir /tmp] [--prompt 8] [--decode 2] [--json out.json]
     python benchmarks/cuda_deepseek2.py --arch glm-dsa --preset glm-5.2 --layers 2      (DSA: GLM-5.2's shapes)
@@ -15,9 +15,9 @@ YaRN factor 40) cut to `--layers` blocks; `--layers N` keeps the first N-1 dense
 one MoE (archs/deepseek2_synth.py `synth_resolve`), so `--layers 2` holds one dense and one MoE layer.
 Matrices hold random packed bytes scaled to std 1/sqrt(fan_in) (refengine.cuda.randmodel).
 
-deepseek2 has no whole-forward device path (MLA is not one of its layer kinds), so `--backend cuda` runs the
-NumPy block code with every matmul (including MLA's per-head attn_k_b / attn_v_b products) and the routed
-experts on the GPU; attention itself stays in NumPy. Reported:
+`--backend cuda` runs the NumPy block code, on device arrays (`--paths resident`) or on host arrays with every
+matmul (including MLA's per-head attn_k_b / attn_v_b products) and the routed experts on the GPU (`opbyop`:
+attention itself in NumPy). Reported:
 
     check:  prompt then `--decode` tokens on both backends: logits rel-RMS per step, argmax equal
     time:   wall time per layer (each block timed; results come back to the host after every op) and per token,

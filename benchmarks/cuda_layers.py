@@ -3,15 +3,22 @@
     python benchmarks/cuda_layers.py --type Q4_K [--layers 3] [--dir /tmp/rs] [--check] [--json out.json]
 
 The model is the `qwen3-30b-a3b` preset (Qwen3-30B-A3B's published shapes: hidden 2048, 32 / 4 heads of
-128, 128 experts of 768 x 2048, 8 used, vocab 151936) with `--layers` blocks. Its tensor table and
-metadata are `refengine.synth`'s; the matrices hold random packed bytes with block scales set so
-that every weight has mean 0 and std 1/sqrt(fan_in) (quantizing 1.8 G weights with ggml's quantizer
-takes minutes, and the GPU machine has no libggml). Per-layer cost is the difference between runs of
-the first 1 and the first L blocks (the output head cancels), as llama.cpp's anchor does:
+128, 128 experts of 768 x 2048, 8 used, vocab 151936) cut to 1 and to `--layers` blocks (two files,
+`refengine.cuda.randmodel.cut_file`: the names benchmarks/graph_decode.py writes, so the two share them). Its
+tensor table and metadata are `refengine.synth`'s; the matrices hold random packed bytes with block scales set so
+that every weight has mean 0 and std 1/sqrt(fan_in) (quantizing 1.8 G weights with ggml's quantizer takes minutes,
+and the GPU machine has no libggml). What is timed is `Runtime(backend="cuda")`, the concept modules resident on
+the GPU (the path of every arch). Per-layer cost is the difference between the cuts of 1 and L blocks (the
+embedding and the output head cancel), as llama.cpp's anchor does:
 
-    decode:  a 16-token prompt, then 64 tokens one by one (CUDA graph replays); median per token
-    prefill: 512 tokens in one forward (fresh cache); median of 3
-    check:   the whole file's forward (16-token prompt + 2 decoded tokens) on the GPU and with the NumPy
+    decode:  a 16-token prompt, then `--decode-tokens` tokens one by one through a `GraphDecoder` (the step
+             captured as a CUDA graph, then replayed: graph_decode.py's `decode_graph`); the median over the
+             replayed steps of the graph's GPU time (events around its launch) and of the step's wall time
+    prefill: `--prefill` tokens in one eager resident forward from a fresh state, the last row's logits
+             (graph_decode.py's `time_prefill`: wall time, median of 3 after a warm-up)
+    profile: `--decode-tokens` more replays of the largest cut under torch.profiler, GPU time per kernel
+             (graph_decode.py's `profile_steps`; a prefill's: benchmarks/profile_prefill.py)
+    check:   the largest cut's forward (16-token prompt + 2 decoded tokens) on the GPU and with the NumPy
              backend on the CPU: relative RMS of the logits, and the argmax tokens
 """
 from __future__ import annotations
@@ -26,7 +33,8 @@ import time
 import numpy as np
 
 import quant.cuda  # noqa: F401  (numpy shim before numba)
-from refengine.cuda.randmodel import write_random_model
+from graph_decode import decode_graph, profile_steps, runtime, time_prefill   # the script's folder is on sys.path
+from refengine.cuda.randmodel import cut_file
 from refengine.model import Model
 from refengine.runtime import Runtime
 
@@ -34,11 +42,8 @@ LLAMA = {"Q4_K": (53.0, 1.43), "Q8_0": (71.0, 1.66)}        # us decode / ms pre
 
 
 def random_model(directory: str, wtype: str, layers: int) -> str:
-    """The preset's file with `layers` blocks of random packed `wtype` weights in `directory` (written once)."""
-    path = os.path.join(directory, f"qwen3-30b-a3b-L{layers}-{wtype}-random.gguf")
-    if not os.path.exists(path):
-        write_random_model(path, wtype, layers)
-    return path
+    """The preset cut to `layers` blocks of random packed `wtype` weights in `directory` (written once)."""
+    return cut_file(directory, "qwen3moe", "qwen3-30b-a3b", layers, wtype)
 
 
 def rel_rms(a, b):
@@ -46,69 +51,19 @@ def rel_rms(a, b):
     return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
-def time_decode(model, n_layer: int, prompt, n_tok: int) -> dict:
-    from refengine.cuda import DeviceModel
-    dm = DeviceModel(model, n_layer=n_layer)
-    st = model.new_state()
-    t0 = time.perf_counter()
-    logits = dm.forward(prompt, st)
-    t_prompt = time.perf_counter() - t0
-    tok = int(np.argmax(logits[-1]))
-    dts, gpu = [], []
-    for _ in range(n_tok):
-        t0 = time.perf_counter()
-        logits = dm.forward([tok], st)
-        dts.append(time.perf_counter() - t0)
-        gpu.append(dm.last_gpu_us)
-        tok = int(np.argmax(logits[-1]))
-    return dict(decode_gpu_us=statistics.median(gpu[3:]), decode_wall_us=statistics.median(dts[3:]) * 1e6,
-                first_wall_us=[d * 1e6 for d in dts[:3]], prompt_s=t_prompt, replays=dm.n_replays)
-
-
-def time_prefill(model, n_layer: int, tokens, reps: int = 3) -> dict:
-    from refengine.cuda import DeviceModel
-    dm = DeviceModel(model, n_layer=n_layer)
-    dm.forward(tokens, model.new_state())                      # compile + warm
-    dts, gpu = [], []
-    for _ in range(reps):
-        st = model.new_state()
-        t0 = time.perf_counter()
-        dm.forward(tokens, st)
-        dts.append(time.perf_counter() - t0)
-        gpu.append(dm.last_gpu_us)
-    return dict(gpu_ms=statistics.median(gpu) / 1e3, wall_ms=statistics.median(dts) * 1e3)
-
-
-def kernel_profile(model, n_layer: int, prompt, n_tok: int) -> dict:
-    """DeviceModel's decode steps (graph replays, after 4 unprofiled ones) under torch.profiler: GPU time a step by
-    kernel name (the same table `graph_decode.py --profile` writes for the concept modules' graph)."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
-        from profile_prefill import kernel_table
-    except ImportError as e:
-        print(f"no kernel profile: {e}", flush=True)
-        return {}
-    from refengine.cuda import DeviceModel
-    dm = DeviceModel(model, n_layer=n_layer)
-    st = model.new_state()
-    tok = int(np.argmax(dm.forward(prompt, st)[-1]))
-    for _ in range(4):
-        tok = int(np.argmax(dm.forward([tok], st)[-1]))
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n_tok):
-                tok = int(np.argmax(dm.forward([tok], st)[-1]))
-    except (AssertionError, RuntimeError) as e:          # (no CUDA activity to profile: the simulator)
-        print(f"no kernel profile: {type(e).__name__}: {e}", flush=True)
-        return {}
-    by, total, n = kernel_table(prof)
-    print(f"DeviceModel L={n_layer}: {n / n_tok:.0f} launches, {1e3 * total / n_tok:.1f} us of GPU time a step "
-          f"({n_tok} profiled steps)", flush=True)
-    return {name: 1e3 * ms / n_tok for name, (ms, _) in by.items()}
+def time_decode(model, prompt, tokens):
+    """The graph decoder's steps after the prompt -> (GPU and wall time per replayed step in microseconds, the
+    decoder's counters; the decoder)."""
+    _, times, dec = decode_graph(model, runtime(fixed_shapes=True), prompt, tokens)
+    wall = [t for t, r in zip(times, dec.replayed) if r]
+    return dict(decode_gpu_us=1e3 * statistics.median(dec.gpu_ms) if dec.gpu_ms else float("nan"),
+                decode_wall_us=1e6 * statistics.median(wall) if wall else float("nan"),
+                first_wall_us=[t * 1e6 for t in times[:2]], eager=dec.eager, captures=dec.captures,
+                replays=dec.replays, capture_failed=dec.failed), dec
 
 
 def check(model, prompt, n_dec=2) -> dict:
-    """The whole file on the GPU (device path) and on the CPU (NumPy backend), same tokens."""
+    """The whole file on the GPU (resident) and on the CPU (NumPy backend), same tokens."""
     out = {}
     for name, rt in (("gpu", Runtime(backend="cuda")), ("cpu", Runtime())):
         st = model.new_state()
@@ -131,18 +86,14 @@ def check(model, prompt, n_dec=2) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--type", default="Q4_K")
-    ap.add_argument("--layers", type=int, default=3, help="blocks in the file (per-layer cost from 1..L)")
+    ap.add_argument("--layers", type=int, default=3, help="blocks of the larger cut (per-layer cost from 1 and L)")
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--decode-tokens", type=int, default=40)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--check", action="store_true", help="GPU logits against the NumPy backend on the CPU")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--no-profile", action="store_true", help="skip the per-stage profile (eager launches)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the kernel profile of the decode replays")
     ap.add_argument("--no-prefill", action="store_true", help="decode only")
-    ap.add_argument("--kernel-profile", type=int, default=0, metavar="N",
-                    help="N more decode steps at 1 and at --layers layers under torch.profiler (CUPTI): each kernel's "
-                         "GPU time a step, written as kernel_profile_us_per_step (benchmarks/fold_measure.py takes "
-                         "(L3 - L1) / 2 a kernel against the concept modules' graph)")
     ap.add_argument("--fast1", default="", help="one-token GEMV shapes per matrix size (quant.cuda.ops."
                     "FAST1_SHAPE_BY_DIMS), e.g. 5120x2048=4x2x4x128x1,2048x4096=8x4x8x128x1 (for --type)")
     ap.add_argument("--dispatch-avg", default="", help="expert dispatch kernel choice: ops.PAIRS_AVG,ops.GROUP_AVG "
@@ -165,49 +116,47 @@ def main(argv=None) -> int:
             except (ValueError, KeyError):
                 ap.error(f"--fast1: {item!r} is not OxI=RWxKSxPxCAPxX (e.g. 5120x2048=8x4x8x128x1), "
                          f"or --type {a.type!r} is not a ggml type")
-    t0 = time.perf_counter()
-    path = random_model(a.dir, a.type, a.layers)
-    print(f"{path}: {os.path.getsize(path) / 2**30:.2f} GiB written in {time.perf_counter() - t0:.0f} s", flush=True)
-    model = Model(path)
-    rng = np.random.default_rng(1)
-    prompt = rng.integers(0, model.cfg.n_vocab, 16).tolist()
-    long = rng.integers(0, model.cfg.n_vocab, a.prefill).tolist()
-    res = dict(type=a.type, file=os.path.basename(path), layers=a.layers, decode={}, prefill_ms={}, fast1=a.fast1,
-               dispatch_avg=a.dispatch_avg)
-    Ls = sorted({1, min(2, a.layers), a.layers})
+    Ls = sorted({1, a.layers})
+    models = {}
     for L in Ls:
-        res["decode"][L] = d = time_decode(model, L, prompt, a.decode_tokens)
-        print(f"L={L}: decode {d['decode_gpu_us']:.1f} us GPU, {d['decode_wall_us']:.1f} us wall per token "
-              f"({d['replays']} graph replays)", flush=True)
-    for L in ([] if a.no_prefill else sorted({1, a.layers})):
-        res["prefill_ms"][L] = p = time_prefill(model, L, long)
-        print(f"L={L}: prefill {a.prefill} tokens {p['gpu_ms']:.2f} ms GPU, {p['wall_ms']:.2f} ms wall", flush=True)
+        t0 = time.perf_counter()
+        path = random_model(a.dir, a.type, L)
+        print(f"{path}: {os.path.getsize(path) / 2**30:.2f} GiB (written or found in {time.perf_counter() - t0:.0f} s)",
+              flush=True)
+        models[L] = Model(path)
+    rng = np.random.default_rng(1)
+    n_vocab = models[Ls[0]].cfg.n_vocab
+    prompt = rng.integers(0, n_vocab, 16).tolist()
+    tokens = rng.integers(0, n_vocab, a.decode_tokens).tolist()
+    long = rng.integers(0, n_vocab, a.prefill).tolist()
+    res = dict(type=a.type, files={L: os.path.basename(m.path) for L, m in models.items()}, layers=a.layers,
+               decode={}, prefill_ms={}, fast1=a.fast1, dispatch_avg=a.dispatch_avg)
     Lmax = Ls[-1]
-    if a.kernel_profile:
-        res["kernel_profile_us_per_step"] = {L: kernel_profile(model, L, prompt, a.kernel_profile) for L in (1, Lmax)}
+    dec = None
+    for L in Ls:
+        res["decode"][L], dec = time_decode(models[L], prompt, tokens)
+        d = res["decode"][L]
+        print(f"L={L}: decode {d['decode_gpu_us']:.1f} us GPU, {d['decode_wall_us']:.1f} us wall per token "
+              f"({d['eager']} eager, {d['captures']} captures, {d['replays']} replays"
+              + (f"; capture failed: {d['capture_failed']}" if d["capture_failed"] else "") + ")", flush=True)
+    for L in ([] if a.no_prefill else Ls):
+        res["prefill_ms"][L] = p = time_prefill(models[L], long)
+        print(f"L={L}: prefill {a.prefill} tokens {p:.2f} ms wall", flush=True)
     if not a.no_profile:
-        from refengine.cuda import DeviceModel
-        dm = DeviceModel(model, n_layer=Lmax)
-        st = model.new_state()
-        dm.forward(prompt, st)
-        res["profile_decode_us"] = dm.profile([int(prompt[0])], st)
-        res["profile_prefill_us"] = dm.profile(long, model.new_state())
-        for k in ("profile_decode_us", "profile_prefill_us"):
-            print(f"{k} (L={Lmax}): " + ", ".join(f"{n} {v:.1f}" for n, v in res[k].items()), flush=True)
+        profile_steps(dec, tokens, res)                 # (the last decoder: the largest cut's)
     if Lmax > 1:
         d, p = res["decode"], res["prefill_ms"]
         for k in ("gpu", "wall"):
             res[f"decode_{k}_us_per_layer"] = (d[Lmax][f"decode_{k}_us"] - d[1][f"decode_{k}_us"]) / (Lmax - 1)
-            if p:
-                res[f"prefill_{k}_ms_per_layer"] = (p[Lmax][f"{k}_ms"] - p[1][f"{k}_ms"]) / (Lmax - 1)
+        if p:
+            res["prefill_wall_ms_per_layer"] = (p[Lmax] - p[1]) / (Lmax - 1)
         ll = LLAMA.get(a.type)
-        pre = (f", prefill {a.prefill} {res['prefill_gpu_ms_per_layer']:.2f} ms GPU "
-               f"({res['prefill_wall_ms_per_layer']:.2f} ms wall)") if p else ""
+        pre = f", prefill {a.prefill} {res['prefill_wall_ms_per_layer']:.2f} ms wall" if p else ""
         print(f"{a.type}: per layer decode {res['decode_gpu_us_per_layer']:.1f} us GPU "
               f"({res['decode_wall_us_per_layer']:.1f} us wall){pre}"
               + (f"  (llama.cpp {ll[0]} us, {ll[1]} ms)" if ll else ""), flush=True)
     if a.check:
-        res["check"] = check(model, prompt)
+        res["check"] = check(models[Lmax], prompt)
         print("check:", {k: v for k, v in res["check"].items()}, flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -12,11 +12,10 @@ compared with the reference's bit for bit. The decode tokens are fixed in advanc
 the same routing input): `--tokens random` (the default) draws them at random, seeded, so that each step routes
 afresh as text does; `--tokens greedy` takes the reference's argmax, which a random-weight model turns into a loop of
 one token (the same experts every step: the hit rate then measures only the first touches). The reference is the
-resident run without a budget, op by op (a routing trace keeps it off the whole-forward path, as a budget does), so
-only the expert addressing differs; it needs every expert on the GPU: `--no-reference` for a model larger than the
-GPU (then only the budgeted runs, no check). `--save-reference R.npz` writes the reference's tokens and logits,
-`--reference R.npz` compares with them instead of running it: one process per budget (the peak each reports is then
-its own, with no earlier run's allocations in the process).
+resident run without a budget, so only the expert addressing differs; it needs every expert on the GPU:
+`--no-reference` for a model larger than the GPU (then only the budgeted runs, no check). `--save-reference R.npz`
+writes the reference's tokens and logits, `--reference R.npz` compares with them instead of running it: one process
+per budget (the peak each reports is then its own, with no earlier run's allocations in the process).
 
 Reported per budget: slots, decode tokens/s (synchronised), hit rate, misses per token (prompt included), bytes moved
 host->device, seconds in the loader (the time stalled on misses: copies from the pageable mmap are synchronous),
@@ -38,7 +37,6 @@ import time
 import numpy as np
 
 from refengine.expert_cache import ExpertCache
-from refengine.expert_trace import ExpertTrace
 from refengine.model import Model
 from refengine.runtime import Runtime
 
@@ -159,7 +157,7 @@ def main(argv=None) -> int:
         z = np.load(a.reference)
         ref, tokens = [z[f"step{i}"] for i in range(a.decode + 1)], [int(t) for t in z["tokens"]]
     elif not a.no_reference:
-        rt = Runtime(backend=a.backend, resident=True, expert_stats=ExpertTrace())
+        rt = Runtime(backend=a.backend, resident=True)
         run(model, rt, prompt, 1)                                           # warm-up: uploads, kernel compiles
         ref, tokens, secs, peak = run(model, rt, prompt, a.decode, tokens=tokens, base=base)
         print(f"resident: decode {a.decode / secs:.2f} tokens/s, peak {peak / 2**30:.2f} GiB", flush=True)

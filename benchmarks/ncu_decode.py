@@ -4,8 +4,10 @@
         launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed \\
         python3 benchmarks/ncu_decode.py --type Q4_K --layers 2
 
-The `qwen3-30b-a3b` preset with random packed weights (`refengine.cuda.randmodel`), a 16-token prompt, one
-warm decode step, then one profiled decode step launched eagerly (the same kernels a CUDA graph replays).
+The `qwen3-30b-a3b` preset cut to `--layers` blocks with random packed weights (`refengine.cuda.randmodel`), a
+16-token prompt, then decode steps through a `GraphDecoder` (`Runtime(backend="cuda", fixed_shapes=True)`: the
+concept modules resident on the GPU): an eager step, the captured one, a replay, then one profiled replay (ncu
+profiles each kernel node of the graph: `--graph-profiling node`, its default).
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from numba import cuda
 
 from cuda_layers import random_model  # the script's folder is on sys.path
 
-from refengine.cuda import DeviceModel
+from refengine.cuda.graph_step import GraphDecoder
 from refengine.model import Model
+from refengine.runtime import Runtime
 
 
 def main():
@@ -31,19 +34,20 @@ def main():
     ap.add_argument("--dir", default="/tmp")
     a = ap.parse_args()
     model = Model(random_model(a.dir, a.type, a.layers))
-    dm = DeviceModel(model, graphs=False)
+    rt = Runtime(backend="cuda", fixed_shapes=True)
     st = model.new_state()
     rng = np.random.default_rng(1)
-    lg = dm.forward(rng.integers(0, model.cfg.n_vocab, 16).tolist(), st)
-    tok = int(np.argmax(lg[-1]))
-    for _ in range(2):                                   # compiles and warms the one-token kernels
-        tok = int(np.argmax(dm.forward([tok], st)[-1]))
+    tok = int(np.argmax(model.forward(rng.integers(0, model.cfg.n_vocab, 16).tolist(), st, rt=rt)[-1]))
+    dec = GraphDecoder(model, rt, st)
+    for _ in range(3):                                   # eager (compiles, warms), captured, replayed
+        tok = int(np.argmax(dec.step(tok)))
+    assert dec.replays == 1, (dec.eager, dec.captures, dec.replays, dec.failed)
     cuda.synchronize()
     cuda.profile_start()
-    dm.forward([tok], st)
+    dec.step(tok)
     cuda.synchronize()
     cuda.profile_stop()
-    print("profiled one decode step", flush=True)
+    print(f"profiled one replayed decode step ({dec.replays} replays)", flush=True)
 
 
 if __name__ == "__main__":

@@ -444,10 +444,9 @@ class KPoolKeys:
 @dataclass
 class ModelState:
     """Everything a sequence carries: positions seen and one container per layer (a state file's root: saved and
-    restored like a registered container, its `device` synced to the host first; `home` not saved)."""
+    restored like a registered container; `home` not saved)."""
     layers: list = field(default_factory=list)
     n_past: int = 0
-    device: object = None                 # the cuda whole-forward path's device-side cache, when it runs
     home: object = field(default=None, repr=False, compare=False)   # the resident Device whose ops ran it last
     #                                       (Model.run_step re-homes its arrays when another Runtime's continues it)
 

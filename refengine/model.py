@@ -168,9 +168,6 @@ class Model:
         rt = rt or Runtime()
         state = state if state is not None else self.new_state(rt.attn_form)
         tokens = self._check_tokens(tokens, state.n_past)
-        device_forward = rt.device_forward(self)                   # cuda backend: whole forward on the GPU
-        if device_forward is not None:
-            return device_forward(tokens, state, last_only=last_only)
         if rt.force_inputs or (n_ubatch is None and rt.trace is not None):
             ub = tokens.size
         else:

@@ -115,11 +115,6 @@ class Runtime:
                                # many bytes (refengine.expert_cache): an ExpertCache (ExpertCache.for_model: a
                                # fraction, a policy), or bytes / "8GiB" (slots sized at the first MoE layer)
     expert_stats: object = None    # a refengine.expert_trace.ExpertTrace: every moe_ffn call's (layer, expert ids)
-    device_model: bool = False     # cuda, True: llama / qwen3moe run their whole eager forward on the hand-written
-                               # DeviceModel (refengine/cuda/runner.py) where it serves; False (the default since
-                               # session 34: its prefill-512 measured 22.8 / 20.5 ms against DeviceModel's 72.6 / 35.5
-                               # on an H100): on the concept modules resident, as every other arch (and every
-                               # fixed-shape / captured step) does
     fixed_shapes: bool = False     # keep every op's shape the same from one decode token to the next where the
                                # modules allow it (attention under a causal mask over its cache's capacity, the unused
                                # rows zero: cache.Rows), as a decode step captured once and replayed needs (a CUDA
@@ -177,7 +172,6 @@ class Runtime:
         self._flag_queue: list = []                     # resident on a GPU: flags not yet written (_write_flag)
         self._prefetched: dict = {}                     # id(w) -> (x, w, x @ w.T) made ahead (`prefetch`)
         self.lazy_inputs = False                        # a captured step: products' input flags computed on demand
-        self._device_models = {}
         self._float_matrices: dict[str, np.ndarray] = {}   # resident on a GPU: small float matrices (_float_matrix)
         self._seen: dict[str, int] = {}                 # name -> times recorded (teacher forcing's `#k`)
         self._forced: list[tuple[str, np.ndarray, np.ndarray]] = []   # (label, ours, llama.cpp's as ours' shape)
@@ -725,7 +719,7 @@ class Runtime:
         return mm
 
     def untraced(self) -> Runtime:
-        """This runtime without its trace and teacher forcing (same mode, backend and device models): the later
+        """This runtime without its trace and teacher forcing (same mode, backend and device): the later
         ubatches of a traced forward call (Model.forward)."""
         rt = copy.copy(self)
         rt.trace, rt.force_inputs = None, None
@@ -742,25 +736,6 @@ class Runtime:
         forward's tensors (`force_inputs`). A fused step that never makes the tensor (the conv's sum before its silu)
         runs only when nothing reads it."""
         return self.keeps(name, il) or bool(self.force_inputs)
-
-    def device_forward(self, model):
-        """The cuda backend's whole-forward device path for `model` (refengine.cuda.DeviceModel), or None
-        when the NumPy block code must run op by op: another backend, a trace, another mode, `device_model=False`,
-        or an arch / tensor the device path does not cover."""
-        if self.backend != "cuda" or self.trace is not None or self.mode != "exact" or self.fixed_shapes \
-                or not self.device_model:
-            return None                   # (fixed_shapes: the modules' resident run, whose state a graph captures)
-        if self.expert_budget is not None or self.expert_stats is not None:   # issue 24: through Runtime.moe_ffn
-            return None
-        from .cuda import DeviceModel, unsupported
-        if id(model) not in self._device_models:
-            self._device_models[id(model)] = None if unsupported(model) else DeviceModel(model)
-        dm = self._device_models[id(model)]
-        if dm is None:
-            return None
-        if self.kernel_policy is not None:
-            return _UnderPolicy(dm, self.kernel_policy).forward
-        return dm.forward
 
     def record(self, name: str, il: int, value) -> None:
         """A named intermediate for the trace (compare, golden) and teacher forcing. `value` may be a callable of no
@@ -807,7 +782,7 @@ def _gpu_keeps_ids(kw, T: int = 1) -> bool:
 
 
 class _UnderPolicy:
-    """A backend module (or device model) whose callables run under a kernel policy (`KernelPolicy.applied`)."""
+    """A backend module whose callables run under a kernel policy (`KernelPolicy.applied`)."""
 
     def __init__(self, inner, policy):
         self._inner, self._policy = inner, policy

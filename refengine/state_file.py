@@ -35,9 +35,10 @@ uint8..64, float16/32/64, complex64); no container, Rows or array is reached twi
 shared object would come back as two copies). Anything else is refused at save time with a StateFileError
 naming the attribute, so a container that does not fit fails in tests/test_state_file.py.
 
-The cuda whole-forward path keeps its KV cache on the device (`state.device`): saving copies it to the host first
-(`DeviceState.host_state`), the same numbers; the state passed in is not changed. A loaded state runs on any
-backend (the device path uploads the host cache when it first sees the state).
+A resident run (`Runtime(backend="cuda")`, refengine.devarray) keeps the state's arrays on the device, in the
+state's own containers: saving reads each one back (`to_host`), the same numbers; the state passed in is not
+changed. A loaded state holds host arrays and runs on any backend (resident, a cache moves to the device at its
+first append: `cache.Rows`; tests/test_resident.py).
 
 Errors: `StateFileError` (unreadable, truncated, corrupt, another format version, an attribute the format cannot
 hold) and its subclass `StateMismatchError` (a state saved for another model: names both files and what differs).
@@ -211,7 +212,6 @@ class _Encoder:
             raise StateFileError(f"cannot save {where}: {type(v).__name__} keeps no instance __dict__ (__slots__?); "
                                  f"a state file saves a container's instance attributes") from None
         if isinstance(v, ModelState):
-            f.pop("device", None)                         # synced to the host before (save_state)
             f.pop("home", None)                           # a run's Device: not data (Model.run_step)
         return f
 
@@ -221,12 +221,10 @@ def save_state(path: str | os.PathLike, model, state: ModelState, *, logits=None
     """Write `state` (of `model`) to `path` (replaced atomically); returns the manifest.
 
     logits: the last position's logits ([V] or [T, V], the last row kept), so a loaded run continues with no
-    new input; tokens: every token id fed so far ([n_past]). A cuda device-side cache is copied to the host first.
+    new input; tokens: every token id fed so far ([n_past]). Arrays on a device are read back.
     """
     from . import __version__
     path = os.fspath(path)
-    if state.device is not None:
-        state = state.device.host_state(model, state)     # the same numbers, as host containers
     enc = _Encoder()
     tree = enc.node(state, ROOT)
     extras = {}
@@ -418,7 +416,7 @@ def read_state(path: str | os.PathLike, model, *, progress: bool = False) -> Sav
         state = dec.node(m["tree"], ROOT)
         if type(state) is not ModelState:
             raise dec.bad(ROOT, f"the root is a {type(state).__name__}, not a ModelState")
-        state.device = state.home = None
+        state.home = None
         if state.n_past != m["n_past"] or not isinstance(state.layers, list) or len(state.layers) != model.cfg.n_layer:
             raise dec.bad(ROOT, f"n_past {state.n_past} (manifest {m['n_past']}), "
                           f"{len(state.layers) if isinstance(state.layers, list) else '?'} layers "

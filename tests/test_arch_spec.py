@@ -28,11 +28,9 @@ def test_registered_arch_fulfils_the_spec(arch):
     for row in s.MATMUL_INPUTS:
         re.compile(row[0])
         assert all("{il}" in n or not n.startswith("blk.") for n in row[1]), row
-    assert isinstance(s.DEVICE_PATH, bool) and isinstance(s.LOCAL_INPUTS, bool)
+    assert isinstance(s.LOCAL_INPUTS, bool)
     assert isinstance(s.ATTN_FORMS, tuple) and all(isinstance(f, str) for f in s.ATTN_FORMS)
     assert callable(s.synth_resolve)
-    assert s.rope_for is None or callable(s.rope_for)
-    assert not s.DEVICE_PATH or s.rope_for is not None
 
 
 @pytest.mark.parametrize("arch,preset", [(a, p) for a, s in ARCHS.items() for p in s.PRESETS])
@@ -60,10 +58,6 @@ def test_tiny_model_states_for_every_form(synth_model, arch):
     for form in (None, *s.ATTN_FORMS):
         st = m.new_state(form)
         assert len(st.layers) == m.cfg.n_layer
-    if s.rope_for is not None:
-        import numpy as np
-        cos, sin = s.rope_for(m.cfg, m.g, np.arange(3), m.n_ctx)
-        assert cos.shape == sin.shape and cos.shape[0] == 3
 
 
 def test_spec_of_names_the_arch_and_the_missing_member():
@@ -78,13 +72,10 @@ def test_spec_of_names_the_arch_and_the_missing_member():
     broken.head, broken.MATMUL_INPUTS = llama.head, llama.MATMUL_INPUTS
     s = spec_of(broken)                                   # the optional members take their defaults
     assert {n: getattr(s, n) for n in OPTIONAL} == OPTIONAL and s.synth_resolve is cut_layers
-    broken.DEVICE_PATH = 1
-    with pytest.raises(ArchSpecError, match="'broken': DEVICE_PATH must be a bool"):
+    broken.LOCAL_INPUTS = 1
+    with pytest.raises(ArchSpecError, match="'broken': LOCAL_INPUTS must be a bool"):
         spec_of(broken)
-    broken.DEVICE_PATH = True
-    with pytest.raises(ArchSpecError, match="'broken': rope_for is required with DEVICE_PATH"):
-        spec_of(broken)
-    broken.DEVICE_PATH, broken.embed = False, "embed"
+    broken.LOCAL_INPUTS, broken.embed = True, "embed"
     with pytest.raises(ArchSpecError, match="'broken': embed must be a function"):
         spec_of(broken)
 

@@ -170,6 +170,32 @@ def test_gemm_tc(t, rng):
         assert_close(f"{t.name} tc {sh}", ops.matmul(x, w, kernel="tc", shape=sh), want, TOL)
 
 
+@pytest.mark.parametrize("causal", [1, 2])
+def test_tc_causal_skips(causal, rng):
+    """The tensor-core GEMM's causal modes (pair row t is token t, which sees rows < pos + t + 1) on an F32 matrix:
+    1 skips row tiles past what a token tile sees (those outputs stay unwritten: NaN here), 2 stops the K loop after
+    the 128-column tile holding the last visible column (the activations are zero past it, as a causal softmax
+    leaves them)."""
+    from quant.cuda.gemv import dense_groups
+    T, pos = 34, (0 if causal == 1 else 96)
+    O, I = (48, 128) if causal == 1 else (16, 256)
+    w = random_qtensor(GGMLType.F32, (O, I), rng)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    vis = np.arange(I if causal == 2 else O)[None, :] < (pos + np.arange(T) + 1)[:, None]     # [T, cols or rows]
+    if causal == 2:
+        x = np.where(vis, x, 0).astype(np.float32)
+    y = cuda_mod.to_device(np.full((T, O), np.nan, np.float32))
+    ops.grouped(qc.weights.device_weight(w).ensure(), cuda_mod.to_device(x), y,
+                cuda_mod.to_device(dense_groups(T, cmoe.BN)), 1, T, T, kernel="tc",
+                shape=dict(BM=16, WM=1, WN=1, CV=-1), causal=causal,            # 16-row tiles: one is skipped
+                cpos=cuda_mod.to_device(np.array([pos], np.int32)), ch=1)
+    got, want = y.copy_to_host(), x @ ref.dequantize(w).T
+    if causal == 1:
+        assert np.isnan(got[:32, 32:]).all()                 # the first tile (tokens 0..31) sees rows < 32 only
+        got, want = np.where(vis, got, 0), np.where(vis, want, 0)
+    assert_close(f"tc causal={causal}", got, want, 1e-6)
+
+
 def test_tf32_split_twin():
     """The simulator twin of cvt.rna.tf32.f32 + remainder: hi has 10 mantissa bits, hi + lo == v exactly."""
     from quant.cuda import vec

@@ -1,8 +1,8 @@
 """The linear-attention archs (qwen3next, kimi-linear, kimi-k3) with `--backend cuda` against the NumPy backend.
 
-No whole-forward device path runs GDN / KDA layers, so the cuda backend goes op by op: every projection and the
-grouped expert dispatch (SwiGLU fused; Kimi-K3's SiTU with the activation on the host) are numba-cuda kernels;
-the short convs, the delta rule and attention stay in NumPy. The simulator would take many minutes on the tiny
+Every projection and the grouped expert dispatch (SwiGLU fused; Kimi-K3's SiTU with its activation the module's
+function) are numba-cuda kernels; the short convs, the delta rule and attention are the blocks' NumPy code, on
+device arrays (resident, with CuPy) or on the host. The simulator would take many minutes on the tiny
 models, so this runs on a GPU only (the kernels are covered in the simulator by test_cuda_kernels.py); the
 real-size check is `benchmarks/cuda_deepseek2.py --arch kimi-k3 --preset kimi-k3`.
 """

@@ -127,6 +127,21 @@ def test_gathered_prefill_choice_on_the_device():
         pol.with_settings(["gathered_prefill=fuse"])
 
 
+def test_prefill_attention_choice_on_the_device():
+    """KernelPolicy.prefill_attention is the runtime's device's choice (refengine/cuda/fused.py: a prefill's dense
+    attention in `_attention_rows` or in mha's batched blocks); None leaves fused.py's default."""
+    from refengine.cuda import fused
+    pol = KernelPolicy.default()
+    assert pol.prefill_attention is None
+    for choice in ("rows", "batched", "auto"):
+        rt = Runtime(backend="cuda", resident=True, kernel_policy=pol.replace(prefill_attention=choice))
+        if rt.device is None:
+            pytest.skip("no device-resident runtime here (CuPy or its stand-in)")
+        assert rt.device.prefill_attention == choice
+    assert Runtime(backend="cuda", resident=True, kernel_policy=pol).device.prefill_attention is None
+    assert fused.PREFILL_ATTENTION == "auto"
+
+
 def test_sgemm_path_is_left_inside_a_capture(monkeypatch):
     """The cuBLAS path of a resident product (from KernelPolicy.sgemm_min tokens) is not taken while a graph
     capture records launches (CuPy refuses cuBLAS there): a captured ubatch of 512 tokens multiplies on the

@@ -44,8 +44,7 @@ def arrays(obj, path="state"):
             yield from arrays(x, f"{path}.{i}")
     elif hasattr(obj, "__dict__"):
         for k, x in vars(obj).items():
-            if k != "device":
-                yield from arrays(x, f"{path}.{k}")
+            yield from arrays(x, f"{path}.{k}")
 
 
 @pytest.mark.parametrize("arch,preset,form", state_cases(), ids=lambda v: str(v))

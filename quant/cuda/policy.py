@@ -5,10 +5,9 @@
     rt = Runtime(backend="cuda", kernel_policy=pol)       # every product of that runtime runs under it
     with pol.applied(): ...                               # or around any call into quant.cuda
 
-The fields are the switches of `quant/cuda/ops.py` (and `refengine/cuda/runner.py`'s prefill attention), named
-in lower case; their meaning is documented there, beside the measurements that chose them. `applied()` sets them
-for the duration of a call and restores them after (the kernels read them where they launch), so two runtimes
-with two policies can run in one process, one call at a time.
+The fields are the switches of `quant/cuda/ops.py`, named in lower case; their meaning is documented there, beside
+the measurements that chose them. `applied()` sets them for the duration of a call and restores them after (the
+kernels read them where they launch), so two runtimes with two policies can run in one process, one call at a time.
 """
 from __future__ import annotations
 
@@ -61,7 +60,6 @@ class KernelPolicy:
     prefill_gemm: str = "sgemm"           # that path's GEMM: "sgemm" (float32), "h3" (3 float16 products, hgemm.py)
                                           # or "tcq16" (Q4_K on tcq's f16 kernel, no decode; ops.PREFILL_GEMM)
     h3_kc: int = 512                      # "h3": K columns per tensor-core sum (hgemm.py)
-    tc_attention: bool | None = None      # DeviceModel's prefill attention on the tensor cores (None: its default)
     flag_batch: int = 8                   # resident NaN/inf flags written per launch (refengine/cuda/fused.py
                                           # all_finite_many, its FLAG_BATCH at most; 1: a launch per product)
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
@@ -85,10 +83,9 @@ class KernelPolicy:
                                           # runtime's device (Device.prefill_attention)
 
     def __post_init__(self):
-        # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel, refengine/cuda/runner.py) are
-        # built with tiles of moe.BN pairs, and the tiled kernels take a tile's pairs as [first, first + their BN):
-        # a kernel of a smaller BN would skip pairs, of a larger one repeat them. (tc_dense_shape builds its own
-        # table with its own BN: free.)
+        # the expert dispatch's group tables (moe.groups_from_ids, moe.bucket_kernel) are built with tiles of moe.BN
+        # pairs, and the tiled kernels take a tile's pairs as [first, first + their BN): a kernel of a smaller BN
+        # would skip pairs, of a larger one repeat them. (tc_dense_shape builds its own table with its own BN: free.)
         if self.gathered_prefill not in (None, "batched", "fused"):
             raise ValueError(f"KernelPolicy.gathered_prefill = {self.gathered_prefill!r}: expected None, 'batched' or "
                              f"'fused'")
@@ -144,21 +141,10 @@ class KernelPolicy:
     def applied(self):
         """The kernels launched inside run under this policy; the previous choices are restored after."""
         saved = {f: getattr(mod, name) for f, (mod, name) in _SWITCHES.items()}
-        runner = _runner()
-        saved_att = runner.TC_ATTENTION if runner is not None else None
         try:
             for f, (mod, name) in _SWITCHES.items():
                 setattr(mod, name, getattr(self, f))
-            if runner is not None and self.tc_attention is not None:
-                runner.TC_ATTENTION = self.tc_attention
             yield self
         finally:
             for f, (mod, name) in _SWITCHES.items():
                 setattr(mod, name, saved[f])
-            if runner is not None:
-                runner.TC_ATTENTION = saved_att
-
-
-def _runner():
-    import sys
-    return sys.modules.get("refengine.cuda.runner")

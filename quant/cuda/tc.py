@@ -99,10 +99,11 @@ def gemm_tc_kernel(t, BM: int = 64, WM: int = 2, WN: int = 1, rwt: bool = False,
     block, the tile size of the group table it reads (32, or 64 for a dense table built so: `ops.dense`);
     the activations are staged 1024 / BN columns at a time (shared memory stays under 48 KB).
 
-    causal (the prefill attention's products, `refengine/cuda/attn.py`): pair rows are t * CH + h and token t
-    sees cache rows < cpos[0] + t + 1. 1: the rows are cache rows (scores = q . k): a block whose rows no
-    token of its tile sees returns at once. 2: the columns are cache rows (out = p . v): the K loop stops
-    after the last 128-column tile its tokens see. Other kernels ignore cpos and CH.
+    causal (a prefill attention's two products; no caller since the llama / qwen3moe device model, whose
+    tensor-core attention used them, was folded into the generic path: docs/device_path.md): pair rows are
+    t * CH + h and token t sees cache rows < cpos[0] + t + 1. 1: the rows are cache rows (scores = q . k): a block
+    whose rows no token of its tile sees returns at once. 2: the columns are cache rows (out = p . v): the K loop
+    stops after the last 128-column tile its tokens see. Other kernels ignore cpos and CH.
     """
     XH = 1024 // BN
     s = spec(t)

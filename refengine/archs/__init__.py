@@ -10,7 +10,6 @@ and the per-arch data the tools read from the spec instead of naming archs
     PRESETS, synth_plan, synth_metadata, synth_resolve (optional)    refengine.synth
     MATMUL_INPUTS                                                    refengine.flips
     ATTN_FORMS (optional, default ())                                Model.new_state, the decode tests
-    DEVICE_PATH (optional, default False), rope_for (with it)        refengine.cuda
     LOCAL_INPUTS (optional, default True)                            Model.forward_local, `compare --local`
 
 `spec_of(module)` builds an arch's spec from the module's members of the same names (a missing required one

@@ -29,7 +29,6 @@ from .deepseek2_synth import PRESETS, synth_metadata, synth_plan, synth_resolve 
 
 ARCH = "deepseek2"
 ATTN_FORMS = mla.FORMS     # absorbed (llama.cpp's for MLA files) and naive: Model.new_state(attn_form)
-DEVICE_PATH = False         # MLA layers: `--backend cuda` runs op by op (matmuls and expert dispatch on the GPU)
 FFN_SCALES = False          # FFN / expert / shared `.scale`: loaded, not applied (deepseek2.cpp:647-651, :655-678)
 MOE_TENSORS = MoETensors(
     probs_bias="optional",      # exp_probs_b created TENSOR_NOT_REQUIRED (deepseek2.cpp:124-158)

@@ -30,14 +30,13 @@ from ..attention.dsa_indexer import indexer_configs
 from ..config import ROPE_NEOX
 from ..moe.block import MoETensors
 from . import deepseek_family as family
-from .deepseek_family import ROPE_TYPE, embed, head, load_globals, new_state, rope_for  # noqa: F401
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, new_state  # noqa: F401
 from .deepseek32_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "deepseek32"
 INDEXER_ROPE = ROPE_NEOX       # deepseek32.cpp:234, :247
 INDEXER_K_NORM_EPS = 1e-6      # hparams.f_norm_eps, hard-coded (deepseek32.cpp:9): the file's key is not read
 ATTN_FORMS = mla.FORMS         # absorbed (llama.cpp's) and naive: Model.new_state(attn_form)
-DEVICE_PATH = False            # MLA layers: `--backend cuda` runs op by op
 FFN_SCALES = True              # the FFN / expert / shared `.scale` tensors are applied (deepseek32.cpp:417-449)
 MOE_TENSORS = MoETensors(
     probs_bias="optional",         # exp_probs_b TENSOR_NOT_REQUIRED, gate and up separate (deepseek32.cpp:107-139)

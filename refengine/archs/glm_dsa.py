@@ -37,7 +37,7 @@ from ..attention.dsa_indexer import indexer_configs
 from ..config import ROPE_NORM, KeyReader
 from ..moe.block import GATING_IDS, MoETensors
 from . import deepseek_family as family
-from .deepseek_family import ROPE_TYPE, embed, head, load_globals, new_state, rope_for  # noqa: F401
+from .deepseek_family import ROPE_TYPE, embed, head, load_globals, new_state  # noqa: F401
 from .glm_dsa_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "glm-dsa"
@@ -48,7 +48,6 @@ INDEXER_K_NORM_EPS = 0.0       # QUIRK: hparams.f_norm_eps is never set for glm-
 GLM_5_2_DEFAULT_INDEXER_TYPES = (1, 1) + (1, 0, 0, 0) * 19
 GLM_5_2_MIN_CONTEXT = 1048576  # context_length below this: GLM-5 / 5.1, every layer full (glm-dsa.cpp:59-63)
 ATTN_FORMS = mla.FORMS         # absorbed (llama.cpp's) and naive: Model.new_state(attn_form)
-DEVICE_PATH = False            # MLA layers: `--backend cuda` runs op by op
 FFN_SCALES = True              # the FFN / expert / shared `.scale` tensors are applied (as deepseek32.cpp:417-449)
 MOE_TENSORS = MoETensors(
     probs_bias="optional",         # exp_probs_b TENSOR_NOT_REQUIRED, gate and up separate (glm-dsa.cpp:110-173)

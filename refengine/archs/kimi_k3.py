@@ -44,7 +44,6 @@ from .kimi_family import ATTN_FORMS, ROPE_TYPE, new_state  # noqa: F401  (the ar
 from .kimi_k3_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "kimi-k3"
-DEVICE_PATH = False        # `--backend cuda` runs op by op (matmuls on the GPU; SiTU experts loop in NumPy)
 LOCAL_INPUTS = False       # a block reads the bank of earlier checkpoints too: `compare --local` is refused
 
 MATMUL_INPUTS = [

@@ -35,7 +35,6 @@ from .kimi_family import ATTN_FORMS, ROPE_TYPE, new_state  # noqa: F401  (the ar
 from .kimi_linear_synth import PRESETS, synth_metadata, synth_plan, synth_resolve  # noqa: F401  (refengine.synth)
 
 ARCH = "kimi-linear"
-DEVICE_PATH = False        # `--backend cuda` runs op by op (matmuls and expert dispatch on the GPU)
 
 MATMUL_INPUTS = [
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_k.weight", "blk.{il}.attn_v.weight",

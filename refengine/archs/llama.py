@@ -23,7 +23,6 @@ from .llama_family import Variant, gqa_matmul_inputs
 
 ARCH = "llama"
 ROPE_TYPE = ROPE_NORM
-DEVICE_PATH = True          # refengine.cuda runs the whole forward of this arch's layer kinds (mha + dense/moe)
 
 LLAMA = Variant(arch=ARCH, rope_type=ROPE_TYPE, ignored_keys=LLAMA_IGNORED_MATH_KEYS,
                 moe_tensors=MoETensors(optional_gate=True))   # ffn_gate_exps TENSOR_NOT_REQUIRED (models/llama.cpp)
@@ -44,5 +43,5 @@ PRESETS = {
 
 # the arch contract (refengine.archs): the family's functions on llama's data
 config_from_gguf, load_globals, load_layer = LLAMA.config_from_gguf, LLAMA.load_globals, LLAMA.load_layer
-new_state, rope_for, embed, block, head = LLAMA.new_state, LLAMA.rope_for, LLAMA.embed, LLAMA.block, LLAMA.head
+new_state, embed, block, head = LLAMA.new_state, LLAMA.embed, LLAMA.block, LLAMA.head
 synth_plan, synth_metadata = LLAMA.synth_plan, LLAMA.synth_metadata

@@ -19,7 +19,6 @@ from .llama_family import Variant, gqa_matmul_inputs
 
 ARCH = "qwen3moe"
 ROPE_TYPE = ROPE_NEOX
-DEVICE_PATH = True          # refengine.cuda runs the whole forward (mha with q/k norms + moe)
 
 QWEN3MOE = Variant(arch=ARCH, rope_type=ROPE_TYPE, ignored_keys=LLAMA_IGNORED_MATH_KEYS,
                    expert_ff_length=True, experts_required=True,
@@ -41,6 +40,5 @@ PRESETS = {
 
 # the arch contract (refengine.archs): the family's functions on qwen3moe's data
 config_from_gguf, load_globals, load_layer = QWEN3MOE.config_from_gguf, QWEN3MOE.load_globals, QWEN3MOE.load_layer
-new_state, rope_for, embed, block, head = (QWEN3MOE.new_state, QWEN3MOE.rope_for, QWEN3MOE.embed, QWEN3MOE.block,
-                                           QWEN3MOE.head)
+new_state, embed, block, head = QWEN3MOE.new_state, QWEN3MOE.embed, QWEN3MOE.block, QWEN3MOE.head
 synth_plan, synth_metadata = QWEN3MOE.synth_plan, QWEN3MOE.synth_metadata

@@ -28,7 +28,6 @@ from .qwen3next_synth import PRESETS, synth_metadata, synth_plan  # noqa: F401  
 ARCH = "qwen3next"
 ROPE_TYPE = ROPE_NEOX
 ATTN_FORMS = gdn.FORMS     # the delta rule token by token (llama.cpp's fused kernel, the default) or chunked
-DEVICE_PATH = False         # linear-attention layers: `--backend cuda` runs op by op (matmuls, experts on the GPU)
 
 MATMUL_INPUTS = [
     (r"attn_norm-(\d+)", ["blk.{il}.attn_q.weight", "blk.{il}.attn_qkv.weight", "blk.{il}.attn_gate.weight",
@@ -74,5 +73,4 @@ QWEN3NEXT = Variant(
 
 # the arch contract (refengine.archs): the family's functions on qwen3next's data (synth: qwen3next_synth)
 config_from_gguf, load_globals, load_layer = QWEN3NEXT.config_from_gguf, QWEN3NEXT.load_globals, QWEN3NEXT.load_layer
-new_state, rope_for, embed, block, head = (QWEN3NEXT.new_state, QWEN3NEXT.rope_for, QWEN3NEXT.embed, QWEN3NEXT.block,
-                                           QWEN3NEXT.head)
+new_state, embed, block, head = QWEN3NEXT.new_state, QWEN3NEXT.embed, QWEN3NEXT.block, QWEN3NEXT.head

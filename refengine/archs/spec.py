@@ -26,10 +26,8 @@ the spec's fields: nothing outside `spec_of` asks a module whether it has a memb
     synth_resolve(p, layers) -> p            cut a preset to `layers` blocks (`cut_layers`: the first N)
     ATTN_FORMS        (())                   the attention forms a sequence may run, the default first
                                              (`Model.new_state(attn_form)`; tests run every one)
-    DEVICE_PATH       (False)                refengine.cuda may run the whole forward (it checks layer kinds)
     LOCAL_INPUTS      (True)                 False when a block reads more than the previous block's output
                                              (kimi-k3's attention residuals): `compare --local` is refused
-    rope_for(cfg, g, pos, n_ctx) -> cos, sin (None)   [T, R/2] for positions pos: required with DEVICE_PATH
 """
 from __future__ import annotations
 
@@ -62,9 +60,7 @@ class ArchSpec:
     MATMUL_INPUTS: list
     synth_resolve: Callable = cut_layers
     ATTN_FORMS: tuple = ()
-    DEVICE_PATH: bool = False
     LOCAL_INPUTS: bool = True
-    rope_for: Callable | None = None
 
     def __post_init__(self):
         def bad(member, why):
@@ -73,7 +69,7 @@ class ArchSpec:
             raise ArchSpecError(f"arch module: ARCH must be a non-empty string, is {self.ARCH!r}")
         for f in fields(self):
             v = getattr(self, f.name)
-            if str(f.type).startswith("Callable") and not callable(v) and not (v is None and f.default is None):
+            if str(f.type).startswith("Callable") and not callable(v):
                 raise bad(f.name, f"must be a function, is {type(v).__name__}")
         if not isinstance(self.PRESETS, dict) or not all(isinstance(k, str) and isinstance(v, dict)
                                                           for k, v in self.PRESETS.items()):
@@ -86,11 +82,8 @@ class ArchSpec:
                                            f"has {row!r}")
         if not isinstance(self.ATTN_FORMS, tuple) or not all(isinstance(s, str) for s in self.ATTN_FORMS):
             raise bad("ATTN_FORMS", f"must be a tuple of form names, is {self.ATTN_FORMS!r}")
-        for flag in ("DEVICE_PATH", "LOCAL_INPUTS"):
-            if not isinstance(getattr(self, flag), bool):
-                raise bad(flag, f"must be a bool, is {getattr(self, flag)!r}")
-        if self.DEVICE_PATH and self.rope_for is None:
-            raise bad("rope_for", "is required with DEVICE_PATH = True (the device path computes rope per forward)")
+        if not isinstance(self.LOCAL_INPUTS, bool):
+            raise bad("LOCAL_INPUTS", f"must be a bool, is {self.LOCAL_INPUTS!r}")
 
     def __repr__(self) -> str:
         return f"ArchSpec({self.ARCH!r})"

@@ -1,9 +1,8 @@
-"""The GPU path of the model (numba-cuda): device kernels for norms, RoPE, attention and routing, and
-`DeviceModel`, the whole llama / qwen3moe forward with activations kept on the device.
+"""The GPU side of the device-resident forward (numba-cuda): one-launch kernels for the small ops of a step
+(`fused`), the driver that captures a decode step as a CUDA graph and replays it (`graph_step.GraphDecoder`),
+the sim device's stand-ins for those kernels (`standin`), random-packed model files for GPU benchmarks
+(`randmodel`) and the PTX compile check (`ptx`).
 
-Weight multiplies and expert dispatch are `quant.cuda`'s kernels; this package only adds what
-needs model knowledge. `Runtime(backend="cuda")` uses `DeviceModel` when no trace is recorded.
+The model math is the concept modules' own: `Runtime(backend="cuda")` runs them on device arrays
+(refengine.devarray), every arch alike, with weight multiplies and expert dispatch on `quant.cuda`'s kernels.
 """
-from .runner import DeviceModel, unsupported
-
-__all__ = ["DeviceModel", "unsupported"]

@@ -51,8 +51,8 @@ CUDA simulator's float64 Python math needs), in another order of summation: equa
 within float rounding, not bit for bit (tests/test_fused.py: the kernels under the CUDA simulator on toy shapes, on
 a GPU at real shapes and a whole forward against NumPy; every call site's arguments checked against the entry points
 on the sim device). Every launch goes on CuPy's current stream (a CUDA graph capture holds it). `Device.fused = None`
-turns them off (a runtime: KernelPolicy(fused_ops=False)). Block reductions are the device path's own
-(`kernels.block_sum64`, `quant.cuda.device.warp_sum`).
+turns them off (a runtime: KernelPolicy(fused_ops=False)). Block reductions are written here (`_block_sum64`,
+`_block_max`) over `quant.cuda.device.warp_sum`.
 """
 from __future__ import annotations
 
@@ -66,7 +66,6 @@ from quant.cuda.device import (SIM, before_desc, max_nan, top2_merge, warp_first
                               warp_max_nan, warp_sum, warp_top2)
 
 from ..moe.router import F16_MIN_NORMAL as F16_MIN
-from .kernels import block_sum64
 
 DR_K = 256                  # the delta rule's largest K (its shared arrays' width: a literal, numba-cuda refuses an
 DR_ROWS = DR_K // 32        # expression as a shape), held DR_ROWS state rows per lane
@@ -83,6 +82,23 @@ WARP_ROW_MAX_D = 32 * RPW
 # rms_norm's rows take NT threads whatever their length: RPT elements a thread a pass keep a long row's passes few.
 # (Sessions 28-31 gave a few long rows 1024 threads, then 512: with RPT values and weights in registers the GPU
 # refused both launches, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, session 32 on an H100; NT's 256 ran.)
+
+
+@cuda.jit(device=True, inline=True)
+def _block_sum64(v, buf):
+    """Sum of v over the block (float64, blockDim.x <= 1024), every thread calling; buf: a shared float64[32]."""
+    lane = cuda.threadIdx.x % 32
+    wid = cuda.threadIdx.x // 32
+    v = warp_sum(v)
+    if lane == 0:
+        buf[wid] = v
+    cuda.syncthreads()
+    nw = (cuda.blockDim.x + 31) // 32
+    t = float64(0.0)
+    for i in range(nw):
+        t += buf[i]
+    cuda.syncthreads()
+    return t
 
 
 @cuda.jit(device=True, inline=True)
@@ -107,7 +123,7 @@ def _block_max(v, sh):
 def _inv_rms(acc, buf, D, eps):
     """1 / sqrt(mean + eps) in `ops.rms_norm`'s float32 steps, the mean from every thread's float64 sum of squares
     acc over the block (buf: 32 float64 shared)."""
-    mean = float32(block_sum64(acc, buf) / D)
+    mean = float32(_block_sum64(acc, buf) / D)
     return float32(1.0) / float32(math.sqrt(float32(mean + eps)))
 
 
@@ -304,12 +320,12 @@ def _layer_rows(x, w, has_w, b, has_b, eps, y):
     acc = float64(0.0)
     for j in range(t, D, NT):
         acc += float64(x[r, j])
-    mean = float32(block_sum64(acc, buf) / D)
+    mean = float32(_block_sum64(acc, buf) / D)
     acc = float64(0.0)
     for j in range(t, D, NT):
         d = float64(float32(x[r, j] - mean))
         acc += d * d
-    var = float32(block_sum64(acc, buf) / D)
+    var = float32(_block_sum64(acc, buf) / D)
     scale = float32(1.0) / float32(math.sqrt(float32(var + eps)))
     for j in range(t, D, NT):
         v = float32(x[r, j] - mean) * scale
@@ -342,7 +358,7 @@ def _softmax_row(x, r, y, shm, buf):
     acc = float64(0.0)
     for j in range(t, D, NT):
         acc += float64(float32(math.exp(x[r, j] - m)))
-    tot = block_sum64(acc, buf)
+    tot = _block_sum64(acc, buf)
     for j in range(t, D, NT):
         y[r, j] = float32(float64(float32(math.exp(x[r, j] - m))) / tot)
 
@@ -937,7 +953,7 @@ def _attention(q, k, v, qpos, scale, causal, idx, live, gathered, sinks, has_sin
         e = float32(math.exp(p[b, s] - m))
         p[b, s] = e
         acc64 += float64(e)
-    tot = block_sum64(acc64, buf)                 # (its barriers: every p written before the values read it)
+    tot = _block_sum64(acc64, buf)                 # (its barriers: every p written before the values read it)
     if has_sink:
         tot += float64(float32(math.exp(sinks[h] - m)))
     den = float32(tot)

@@ -8,7 +8,7 @@
 # next (CUT_S seconds; kimi-k3 twice that); those done are listed in $OUT/done.txt, the rest go to the next call
 # (same command with the remaining CUTS, TAG=2, ...). On the host after: benchmarks/check_logits.py per cut, then
 # benchmarks/table.py over the calls' folders. FOLD="1 3": the fold's measure (DeviceModel's layer against the concept
-# modules' graph); FOLD_PROFILE=N: with DeviceModel's per-stage profile, and N decode steps' kernels of both paths under
+# modules' graph; since the fold (session 39) the modules' alone: no DeviceModel); FOLD_PROFILE=N: with DeviceModel's per-stage profile, and N decode steps' kernels of both paths under
 # torch.profiler (benchmarks/fold_measure.py reads them back).
 # GRAPH_PROFILE / GRAPH_ALT pass through to gpu_session.sh (its header). EXTRA="cmd": a command after the tests.
 T=${TAG:-1}; O=/tmp/o$T; mkdir -p $O $OUT /tmp/m /tmp/rs; rm -f /tmp/m/*.tmp; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -48,7 +48,7 @@ fold() {                      # the fold's measure: DeviceModel's decode a layer
   [ -n "${FOLD:-}" ] || return 0   # (each run's timeout is what the call has left: a run killed by the device's limit
   for ty in ${FOLD_TYPES:-Q4_K}; do s=$([ $ty = Q4_K ] || echo _$ty)   # would lose every file; FOLD_TYPES="Q4_K Q8_0")
   [ $(left 200) -lt 90 ] && break
-  timeout $(left 200) python3 benchmarks/cuda_layers.py --type $ty --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) ${FOLD_PROFILE:+--kernel-profile $FOLD_PROFILE} --no-prefill \
+  [ -f refengine/cuda/runner.py ] && timeout $(left 200) python3 benchmarks/cuda_layers.py --type $ty --layers 3 --dir /tmp/rs $([ -z "${FOLD_PROFILE:-}" ] && echo --no-profile) ${FOLD_PROFILE:+--kernel-profile $FOLD_PROFILE} --no-prefill \
     --json $O/fold_devicemodel$s.json >> $O/fold.log 2>&1; echo "fold DeviceModel $ty rc=$? $(date +%T)" >> $O/t.log
   for L in $FOLD; do
     [ $(left 200) -lt 90 ] && break
