@@ -220,7 +220,7 @@ def _ids_on_device(x, ids, weights, up, gate, down, up_scale, gate_scale, down_s
     take its A ids (`moe_ffn_device(ids=...)`, or with act_device gate and up as one launch each over the A ids
     (`grouped_ids`), act_device(g, u) [A, I], the down projection over the A slots). Otherwise (several tokens, a
     fixed-shape run's ubatch; one token whose weights the one-token kernels do not serve) the group tables are built
-    there (`bucket_kernel`, as the qwen3moe device model does): a token's A experts are distinct, so a group holds
+    there (`bucket_kernel`): a token's A experts are distinct, so a group holds
     at most T pairs (the kernels' bound), and the pairs' order within a group (the kernel's atomics) changes no
     pair's result. None (the caller reads the ids back): one token, a gated activation of its own, weights the fast
     kernels do not serve."""
