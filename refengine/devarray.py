@@ -191,6 +191,7 @@ class Device:
         # a GPU's fused kernels for small ops (refengine/cuda/fused.py, reached through ops.arrays.fused_op): one
         # launch each where the NumPy statement takes several; None: the NumPy code runs on the device op by op
         self.fused = None
+        self.fused_off = frozenset()    # fused entries left to the NumPy statements (KernelPolicy.fused_off)
         self.gathered_prefill = None    # a prefill's gathered attention: "batched" / "fused" (None: fused.py's choice)
         self.prefill_attention = None   # a prefill's dense attention: "auto" / "rows" / "batched" (None: fused.py's)
         self.ticket = None              # fused.py's int32 [1] zero a launch's last block takes its turn from
@@ -439,7 +440,7 @@ class Device:
             out = self.wrap(redo())
             self.note(name, args, out, redo)
             return out
-        f = None if self.fused is None else getattr(self.fused, op, None)
+        f = None if self.fused is None or op in self.fused_off else getattr(self.fused, op, None)
         out = None if f is None else f(*args, **kw)
         if out is not None:
             return out

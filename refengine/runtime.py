@@ -151,6 +151,8 @@ class Runtime:
             self.device.products = "kernel"             # capturable products (refengine/ops/products.py)
         if self.device is not None and not getattr(self.kernel_policy, "fused_ops", True):
             self.device.fused = None                    # the small ops as NumPy states them, op by op
+        if self.device is not None and getattr(self.kernel_policy, "fused_off", ()):
+            self.device.fused_off = _fused_entries(self.kernel_policy.fused_off)
         if self.device is not None and getattr(self.kernel_policy, "gathered_prefill", None) is not None:
             self.device.gathered_prefill = self.kernel_policy.gathered_prefill     # (refengine/cuda/fused.py)
         if self.device is not None and getattr(self.kernel_policy, "prefill_attention", None) is not None:
@@ -446,7 +448,7 @@ class Runtime:
         self._numpy_flag(page, r, col, a)
 
     def _flag_batch(self, fused) -> int:
-        return max(1, min(fused.FLAG_BATCH, getattr(self.kernel_policy, "flag_batch", fused.FLAG_BATCH)))
+        return max(1, min(fused.FLAG_BATCH, getattr(self.kernel_policy, "flag_batch", None) or fused.FLAG_BATCH))
 
     def _flush_flags(self) -> None:
         """Write the queued flags: one launch per batch of one page's arrays, the arrays the kernel does not take
@@ -779,6 +781,21 @@ def _gpu_keeps_ids(kw, T: int = 1) -> bool:
         return True
     up, gate, down = kw.get("up"), kw.get("gate"), kw.get("down")
     return gate is not None and gate.type == up.type and all(map(fast_supported_tensor, (up, gate, down)))
+
+
+def _fused_entries(names) -> frozenset:
+    """KernelPolicy.fused_off checked against refengine/cuda/fused.py's entries (the ones a call site reaches through
+    `ops.arrays.fused_op` / `row_kernel`): an unknown name is a ConfigError naming the known ones."""
+    try:
+        from .cuda.standin import numpy_twins
+        known = set(numpy_twins())
+    except ImportError:                                   # no numba-cuda: no fused kernels to leave out
+        return frozenset(names)
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ConfigError(f"KernelPolicy.fused_off: no fused entry {unknown[0]!r}; the entries: "
+                          f"{', '.join(sorted(known))}")
+    return frozenset(names)
 
 
 class _UnderPolicy:

@@ -142,6 +142,40 @@ def test_prefill_attention_choice_on_the_device():
     assert fused.PREFILL_ATTENTION == "auto"
 
 
+def test_fused_off_leaves_entries_to_numpy(synth_model):
+    """KernelPolicy.fused_off: the named fused entries are not reached (the ops run as NumPy states them), the
+    others are, and the result is the same bits (on the sim device's stand-ins, whose entries compute the NumPy
+    functions); "a,b" on the command line is a tuple; an unknown entry is a ConfigError naming it."""
+    from refengine.cuda.standin import StandIn
+    from refengine.errors import ConfigError
+    from refengine.model import Model
+    pol = KernelPolicy.default()
+    assert pol.with_settings(["fused_off=gated_mean, streams_combine"]).fused_off == ("gated_mean", "streams_combine")
+    with pytest.raises(ConfigError, match="no fused entry 'rms_nrom'"):
+        Runtime(backend="cuda", resident=True, kernel_policy=pol.replace(fused_off=("rms_nrom",)))
+    off = ("gated_mean", "streams_combine", "route_softmax")
+    rt = Runtime(backend="cuda", resident=True, kernel_policy=pol.replace(fused_off=off))
+    if rt.device is None:
+        pytest.skip("no device-resident runtime here (CuPy or its stand-in)")
+    assert rt.device.fused_off == frozenset(off)
+    from refengine.cuda import fused                      # (a policy's flag_batch None: the kernel's own batch)
+    assert rt._flag_batch(fused) == fused.FLAG_BATCH
+    m = Model(synth_model("qwen4exp", wtype="Q8_0"))
+    outs, hits = [], []
+    for left in (frozenset(), rt.device.fused_off):      # the sim device (a GPU's forward: the next lease's)
+        rt = Runtime(resident=True)
+        stand = rt.device.fused = StandIn(rt.device)
+        rt.device.fused_off = left
+        st = m.new_state()
+        outs.append([m.forward([3, 9, 27], st, rt=rt), m.forward([5], st, rt=rt)])
+        hits.append(dict(stand.hits))
+    assert all(hits[0].get(k) for k in off), sorted(hits[0])          # reached by default ...
+    assert not any(hits[1].get(k) for k in off), hits[1]              # ... and left out under the policy
+    assert set(hits[0]) - set(off) <= set(hits[1])                   # (the NumPy statements reach others: top_k)
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
+
+
 def test_sgemm_path_is_left_inside_a_capture(monkeypatch):
     """The cuBLAS path of a resident product (from KernelPolicy.sgemm_min tokens) is not taken while a graph
     capture records launches (CuPy refuses cuBLAS there): a captured ubatch of 512 tokens multiplies on the

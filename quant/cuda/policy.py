@@ -60,9 +60,13 @@ class KernelPolicy:
     prefill_gemm: str = "sgemm"           # that path's GEMM: "sgemm" (float32), "h3" (3 float16 products, hgemm.py)
                                           # or "tcq16" (Q4_K on tcq's f16 kernel, no decode; ops.PREFILL_GEMM)
     h3_kc: int = 512                      # "h3": K columns per tensor-core sum (hgemm.py)
-    flag_batch: int = 8                   # resident NaN/inf flags written per launch (refengine/cuda/fused.py
-                                          # all_finite_many, its FLAG_BATCH at most; 1: a launch per product)
+    flag_batch: int | None = None         # resident NaN/inf flags written per launch (refengine/cuda/fused.py
+                                          # all_finite_many, its FLAG_BATCH at most; 1: a launch per product;
+                                          # None: FLAG_BATCH)
     fused_ops: bool = True                # resident small ops as one-launch kernels (refengine/cuda/fused.py)
+    fused_off: tuple = ()                 # ... but these of them (entry names, e.g. ("gated_mean",)) as NumPy
+                                          # states them, op by op: to find which kernel moves a result (set on
+                                          # the runtime's device, Device.fused_off; "a,b" on the command line)
     tcq: bool = True                      # "auto" takes the quant-domain tensor-core GEMM for small groups where it
                                           # takes tc and the type has it (quant/cuda/tcq.py: Q4_K; ops.TCQ)
     tcq_shape: dict = dataclasses.field(default_factory=lambda: dict(MT=4, WM=2, BN=32))   # its launch (ops.TCQ_SHAPE;
@@ -131,6 +135,8 @@ class KernelPolicy:
             except (ValueError, SyntaxError):
                 value = text.strip()
             old = getattr(self, key.strip(), None)
+            if isinstance(old, tuple) and isinstance(value, str):        # a list of names: "a,b"
+                value = tuple(v.strip() for v in value.split(",") if v.strip())
             if old is not None and type(value) is not type(old):
                 raise ValueError(f"kernel policy setting {item!r}: {key.strip()} expects {type(old).__name__} "
                                  f"(now {old!r}), got {type(value).__name__}")

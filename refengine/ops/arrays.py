@@ -11,9 +11,11 @@ import numpy as np
 def fused_op(x, name: str):
     """The fused kernel for op `name` of the device x lives on (refengine/cuda/fused.py: a GPU's one-launch form of
     a small op whose NumPy statement takes several launches), or None: a host array, the sim device, `Device.fused`
-    off. The kernel itself returns None for a shape or dtype it does not take; the NumPy code then runs."""
-    fused = getattr(getattr(x, "dev", None), "fused", None)
-    return None if fused is None else getattr(fused, name, None)
+    off, or this entry left out (`Device.fused_off`). The kernel itself returns None for a shape or dtype it does not
+    take; the NumPy code then runs."""
+    dev = getattr(x, "dev", None)
+    fused = getattr(dev, "fused", None)
+    return None if fused is None or name in dev.fused_off else getattr(fused, name, None)
 
 
 def row_kernel(op: str, fn, *args, **kw):
