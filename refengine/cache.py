@@ -447,8 +447,8 @@ class ModelState:
     restored like a registered container; `home` not saved)."""
     layers: list = field(default_factory=list)
     n_past: int = 0
-    home: object = field(default=None, repr=False, compare=False)   # the resident Device whose ops ran it last
-    #                                       (Model.run_step re-homes its arrays when another Runtime's continues it)
+    home: object = field(default=None, repr=False, compare=False)   # weakref to the resident Device whose ops ran
+    #                                       it last (Model.run_step re-homes its arrays when another Runtime's runs it)
 
     def nbytes(self) -> int:
         """Bytes of every cached array (used rows only): the cache cost per sequence."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+import weakref
 
 import numpy as np
 
@@ -139,9 +140,10 @@ class Model:
         with the same op signature from one token to the next: the span a CUDA graph captures
         (docs/device_path.md)."""
         a, cfg = self.arch, self.cfg
-        if rt.device is not None and state.home is not rt.device:   # a state another Runtime ran: its arrays are
-            rt.device.adopt(state.layers)                           # this device's from now on (Device.adopt)
-            state.home = rt.device
+        if rt.device is not None and (state.home is None or state.home() is not rt.device):   # a state another
+            rt.device.adopt(state.layers)                 # Runtime ran: its arrays are this device's from now on
+            state.home = weakref.ref(rt.device)           # (Device.adopt; a weak reference: no walk of the state
+            #                                               reaches the Device through it, nor keeps it alive)
         step.last_out = bool(last_only)                         # the last block's FFN half on the last row only
         x = rt.to_device(a.embed(self.g, cfg, step, rt))        # the residual, e.g. [T, D] (on the device if resident)
         for il in range(cfg.n_layer):

@@ -80,7 +80,7 @@ def test_resident_state_rehomed(synth_model, arch):
     arrays = [(p, v) for p, v in state_arrays(st) if isinstance(v, DeviceArray)]
     assert arrays and all(v.dev is rt2.device for _, v in arrays), \
         [p for p, v in arrays if v.dev is not rt2.device]
-    assert st.home is rt2.device and rt1.device.adopt(st.layers) == len(arrays)       # and back, each array once
+    assert st.home() is rt2.device and rt1.device.adopt(st.layers) == len(arrays)     # and back, each array once
 
 
 def test_resident_state_file_round_trip(synth_model, tmp_path):
