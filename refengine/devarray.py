@@ -290,25 +290,14 @@ class Device:
         Device, over the same memory). No copy: each array's `dev` is set to this one, so that its ops run under
         this device's settings and its fused kernels, which take arrays of their own device only, take it (a GPU
         state continued from another Runtime otherwise left them for the NumPy statements: other sums, ~1e-7
-        apart). Walks the containers a state file saves (lists, tuples, dicts, instance attributes); returns the
-        arrays re-homed."""
-        seen, n = set(), 0
-        todo = [state]
-        while todo:
-            v = todo.pop()
-            if id(v) in seen:
-                continue
-            seen.add(id(v))
-            if isinstance(v, DeviceArray):
-                if v.dev is not self and v.dev.kind == self.kind:
-                    v.dev = self
-                    n += 1
-            elif isinstance(v, (list, tuple)):
-                todo.extend(v)
-            elif isinstance(v, dict):
-                todo.extend(v.values())
-            elif hasattr(v, "__dict__") and not isinstance(v, (type, np.ndarray)):
-                todo.extend(vars(v).values())
+        apart). The arrays are the state's leaves as a captured step finds them (`graph_step.state_leaves`);
+        returns how many were re-homed."""
+        from .cuda.graph_step import state_leaves
+        n = 0
+        for _, _, v in state_leaves(state).values():
+            if isinstance(v, DeviceArray) and v.dev is not self and v.dev.kind == self.kind:
+                v.dev = self
+                n += 1
         return n
 
     def put(self, host) -> "DeviceArray":
