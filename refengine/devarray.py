@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from .cache import Rows
 from .errors import DeviceSyncError
 
 KINDS = ("cupy", "sim")
@@ -290,9 +291,8 @@ class Device:
         Device, over the same memory). No copy: each array's `dev` is set to this one, so that its ops run under
         this device's settings and its fused kernels, which take arrays of their own device only, take it (a GPU
         state continued from another Runtime otherwise left them for the NumPy statements: other sums, ~1e-7
-        apart). The arrays are the state's leaves as a captured step finds them (`graph_step.state_leaves`);
+        apart). The arrays are the state's leaves as a captured step finds them (`state_leaves`, below);
         returns how many were re-homed."""
-        from .cuda.graph_step import state_leaves
         n = 0
         for _, _, v in state_leaves(state).values():
             if isinstance(v, DeviceArray) and v.dev is not self and v.dev.kind == self.kind:
@@ -583,3 +583,37 @@ class DeviceArray(NDArrayOperatorsMixin):
 def to_host(v):
     """v with every DeviceArray read back (dicts, lists, tuples walked); other values as they are."""
     return _tree(v, lambda a: a.dev.get(a) if isinstance(a, DeviceArray) else a)
+
+
+def _walk(v, path, out, seen):
+    """(path, owner, key, value) of every attribute / item under v that is an int, a DeviceArray or a Rows."""
+    if id(v) in seen:
+        return
+    seen.add(id(v))
+    if isinstance(v, (list, tuple)):
+        items = enumerate(v)
+    elif isinstance(v, dict):
+        items = v.items()
+    elif hasattr(v, "__dict__") and not isinstance(v, (type, np.ndarray, DeviceArray)):
+        items = vars(v).items()
+    else:
+        return
+    for k, e in list(items):
+        p = f"{path}.{k}"
+        if isinstance(e, (bool, np.bool_)):
+            continue
+        if isinstance(e, (int, np.integer)) or isinstance(e, DeviceArray):
+            out.append((p, v, k, e))
+        elif isinstance(e, Rows):
+            out.append((p, v, k, e))
+            _walk(e, p, out, seen)
+        else:
+            _walk(e, p, out, seen)
+
+
+def state_leaves(state) -> dict:
+    """path -> (owner, key, value) of the state's ints, device arrays and Rows (tuples' items are not settable and
+    are reported for reading only)."""
+    out = []
+    _walk(state, "state", out, set())
+    return {p: (o, k, v) for p, o, k, v in out}

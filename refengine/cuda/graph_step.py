@@ -39,42 +39,8 @@ import warnings
 import numpy as np
 
 from ..cache import Rows
-from ..devarray import DeviceArray
+from ..devarray import DeviceArray, state_leaves
 from ..errors import ConfigError
-
-
-def _walk(v, path, out, seen):
-    """(path, owner, key, value) of every attribute / item under v that is an int, a DeviceArray or a Rows."""
-    if id(v) in seen:
-        return
-    seen.add(id(v))
-    if isinstance(v, (list, tuple)):
-        items = enumerate(v)
-    elif isinstance(v, dict):
-        items = v.items()
-    elif hasattr(v, "__dict__") and not isinstance(v, (type, np.ndarray, DeviceArray)):
-        items = vars(v).items()
-    else:
-        return
-    for k, e in list(items):
-        p = f"{path}.{k}"
-        if isinstance(e, (bool, np.bool_)):
-            continue
-        if isinstance(e, (int, np.integer)) or isinstance(e, DeviceArray):
-            out.append((p, v, k, e))
-        elif isinstance(e, Rows):
-            out.append((p, v, k, e))
-            _walk(e, p, out, seen)
-        else:
-            _walk(e, p, out, seen)
-
-
-def state_leaves(state) -> dict:
-    """path -> (owner, key, value) of the state's ints, device arrays and Rows (tuples' items are not settable and
-    are reported for reading only)."""
-    out = []
-    _walk(state, "state", out, set())
-    return {p: (o, k, v) for p, o, k, v in out}
 
 
 def _where(e: BaseException) -> str:
