@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_logits import host_rows, rel_rms  # noqa: E402
 
 
-def gpu_rows(model, prompt, tokens, off=(), sim=False):
-    """(rows, the fused entries the run reached) of a GPU (or the sim's) eager resident run with `off` left out."""
+def gpu_rows(model, prompt, tokens, off=(), sim=False, settings=()):
+    """(rows, the fused entries the run reached) of a GPU (or the sim's) eager resident run with `off` left out
+    (and the KernelPolicy `settings`, KEY=VALUE strings)."""
     from quant.cuda.policy import KernelPolicy
     from refengine.runtime import Runtime
     if sim:                       # the sim device with the stand-ins (entries computing the NumPy functions)
@@ -35,7 +36,8 @@ def gpu_rows(model, prompt, tokens, off=(), sim=False):
         rt.device.fused = StandIn(rt.device)
         rt.device.fused_off = frozenset(off)
     else:
-        rt = Runtime(backend="cuda", kernel_policy=KernelPolicy.default().replace(fused_off=tuple(off)))
+        pol = KernelPolicy.default().with_settings(list(settings)).replace(fused_off=tuple(off))
+        rt = Runtime(backend="cuda", kernel_policy=pol)
     reached = set()
     probe = lambda op: op.startswith("fused ") and reached.add(op[6:])      # noqa: E731  (Device.note's probes)
     rt.device.probes.append(probe)
@@ -60,6 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cpu", choices=("cpu", "numpy"), help="the host reference")
     ap.add_argument("--off", action="append", default=[], metavar="A,B",
                     help="a group of fused entries left out in one run (repeatable)")
+    ap.add_argument("--policy", action="append", default=[], metavar="K=V;K=V",
+                    help="a run under these KernelPolicy settings, all fused entries on (repeatable): e.g. "
+                         "sgemm_min=1000000 (no cuBLAS products), tcq=False")
     ap.add_argument("--each", action="store_true", help="also each fused entry the default run reached, alone")
     ap.add_argument("--all", action="store_true", help="also every fused entry at once")
     ap.add_argument("--sim", action="store_true", help="the sim device with NumPy stand-ins for the fused entries (a dry run: every distance the host's)")
@@ -90,12 +95,14 @@ def main(argv=None) -> int:
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     runs = []
 
-    def one(off):
-        rows, reached = gpu_rows(model, prompt, tokens, off, a.sim)
+    def one(off, settings=()):
+        rows, reached = gpu_rows(model, prompt, tokens, off, a.sim, settings)
         rels = [rel_rms(g, h) for g, h in zip(rows, host)]
         same = all(int(np.argmax(g)) == int(np.argmax(h)) for g, h in zip(rows, host))
-        runs.append(dict(off=list(off), rel_rms=rels, argmax_equal=same, reached=sorted(reached)))
-        print(f"  off {','.join(off) or '(none)':<40} rel-RMS {', '.join(f'{r:.2e}' for r in rels)}  "
+        runs.append(dict(off=list(off), policy=list(settings), rel_rms=rels, argmax_equal=same,
+                         reached=sorted(reached)))
+        what = f"policy {';'.join(settings)}" if settings else f"off {','.join(off) or '(none)'}"
+        print(f"  {what:<44} rel-RMS {', '.join(f'{r:.2e}' for r in rels)}  "
               f"argmax equal {same}", flush=True)
         return reached
 
@@ -104,6 +111,8 @@ def main(argv=None) -> int:
         print(f"  the default run reached: {', '.join(sorted(reached))}", flush=True)
     for g in groups:
         one(g)
+    for v in a.policy:
+        one((), tuple(x.strip() for x in v.split(";") if x.strip()))
     if a.each:
         for n in sorted(reached & known):
             one((n,))
