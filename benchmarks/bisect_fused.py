@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_logits import host_rows, rel_rms  # noqa: E402
+from check_logits import add_cut_args, cut_path, host_rows, rel_rms  # noqa: E402
 
 
 def gpu_rows(model, prompt, tokens, off=(), sim=False, settings=()):
@@ -51,13 +51,7 @@ def gpu_rows(model, prompt, tokens, off=(), sim=False, settings=()):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", nargs="?", default=None)
-    ap.add_argument("--arch", default=None)
-    ap.add_argument("--preset", default=None)
-    ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--type", default="Q4_K")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--dir", default="/tmp")
+    add_cut_args(ap)
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens (default 512, as check_logits)")
     ap.add_argument("--backend", default="cpu", choices=("cpu", "numpy"), help="the host reference")
     ap.add_argument("--off", action="append", default=[], metavar="A,B",
@@ -67,18 +61,15 @@ def main(argv=None) -> int:
                          "sgemm_min=1000000 (no cuBLAS products), tcq=False")
     ap.add_argument("--each", action="store_true", help="also each fused entry the default run reached, alone")
     ap.add_argument("--all", action="store_true", help="also every fused entry at once")
-    ap.add_argument("--sim", action="store_true", help="the sim device with NumPy stand-ins for the fused entries (a dry run: every distance the host's)")
+    ap.add_argument("--sim", action="store_true",
+                    help="the sim device with NumPy stand-ins for the fused entries (a dry run: every distance the "
+                         "host's)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from refengine.cuda.standin import numpy_twins
     from refengine.model import Model
     from refengine.runtime import Runtime
-    path = a.model
-    if path is None:
-        if not (a.arch and a.preset and a.layers):
-            ap.error("give the model file, or --arch, --preset and --layers of the random-packed cut")
-        from refengine.cuda.randmodel import cut_file
-        path = cut_file(a.dir, a.arch, a.preset, a.layers, a.type, a.override)
+    path = cut_path(ap, a)
     known = set(numpy_twins())
     groups = [tuple(n.strip() for n in g.split(",") if n.strip()) for g in a.off]
     for g in groups:

@@ -51,9 +51,8 @@ def host_rows(model, rt, prompt, tokens):
     return np.stack(rows)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("saved", help="the .npz written by graph_decode.py --save-logits")
+def add_cut_args(ap) -> None:
+    """The model file, or the random-packed cut to write (--arch, --preset, --layers, --type, --override, --dir)."""
     ap.add_argument("model", nargs="?", default=None, help="the model file (default: write the random-packed cut)")
     ap.add_argument("--arch", default=None)
     ap.add_argument("--preset", default=None)
@@ -61,6 +60,23 @@ def main(argv=None) -> int:
     ap.add_argument("--type", default="Q4_K")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--dir", default="/tmp")
+
+
+def cut_path(ap, a) -> str:
+    """`add_cut_args`' file: the model given, or the random-packed cut (written in --dir if it is not there)."""
+    if a.model is not None:
+        return a.model
+    if not (a.arch and a.preset and a.layers):
+        ap.error("give the model file, or --arch, --preset and --layers of the random-packed cut")
+    from refengine.cuda.randmodel import cut_file
+    print(f"the {a.arch} {a.preset} cut of {a.layers} layers (written if missing, in {a.dir})", flush=True)
+    return cut_file(a.dir, a.arch, a.preset, a.layers, a.type, a.override)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("saved", help="the .npz written by graph_decode.py --save-logits")
+    add_cut_args(ap)
     ap.add_argument("--backend", default="cpu", choices=("cpu", "numpy"))
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -68,13 +84,7 @@ def main(argv=None) -> int:
     from refengine.runtime import Runtime
 
     saved = np.load(a.saved)
-    path = a.model
-    if path is None:
-        if not (a.arch and a.preset and a.layers):
-            ap.error("give the model file, or --arch, --preset and --layers of the random-packed cut")
-        from refengine.cuda.randmodel import cut_file
-        print(f"the {a.arch} {a.preset} cut of {a.layers} layers (written if missing, in {a.dir})", flush=True)
-        path = cut_file(a.dir, a.arch, a.preset, a.layers, a.type, a.override)
+    path = cut_path(ap, a)
     fp = fingerprint(path)
     if fp != str(saved["fingerprint"]):
         print(f"{path}: fingerprint {fp} is not the saved file's {saved['fingerprint']} ({saved['model']}): "
