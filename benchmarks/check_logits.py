@@ -104,6 +104,9 @@ def main(argv=None) -> int:
     print(f"{rec['file']}: GPU vs {a.backend} ({rec['prompt_tokens']}-token prompt's last row, "
           f"{len(rels) - 1} decode steps) rel-RMS {', '.join(f'{r:.2e}' for r in rels)}, argmax equal {all(argmax)}"
           f" -> {'OK' if ok else 'FAIL'} (bar {TOL:g}; {secs:.0f} s on the host)", flush=True)
+    if max(rels) > 1e-6 and getattr(model.cfg, "n_expert", 0):     # above the kernels' usual rounding, a MoE model
+        print(f"  (a router's near-tie taken the other way may explain it: python benchmarks/route_ties.py {a.saved} "
+              f"{path} --flip auto)", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rec, f, indent=1)
