@@ -42,11 +42,14 @@ def rel_rms(got, want) -> float:
     return float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)))
 
 
-def host_rows(model, rt, prompt, tokens):
-    """The prompt's last logits row, then one row per decode token, on `rt`."""
+def host_rows(model, rt, prompt, tokens, before_token=None):
+    """The prompt's last logits row, then one row per decode token, on `rt` (before_token(): called before each
+    decode token's forward)."""
     st = model.new_state()
     rows = [model.forward(prompt, st, rt=rt, last_only=True)[-1]]
     for t in tokens:
+        if before_token is not None:
+            before_token()
         rows.append(model.forward([int(t)], st, rt=rt)[-1])
     return np.stack(rows)
 

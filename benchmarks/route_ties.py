@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_logits import fingerprint, rel_rms  # noqa: E402
+from check_logits import fingerprint, host_rows, rel_rms  # noqa: E402
 
 
 class RouteProbe:
@@ -62,15 +62,11 @@ def run(model, prompt, tokens, backend, flips=(), probe_out=None):
         probe_out.append(probe)
     saved, block.route = block.route, probe
     try:
-        st = model.new_state()
-        rt = Runtime(backend=backend)
-        rows = [model.forward(prompt, st, rt=rt, last_only=True)[-1]]
-        for t in tokens:
-            probe.step += 1
-            rows.append(model.forward([int(t)], st, rt=rt)[-1])
+        rows = host_rows(model, Runtime(backend=backend), prompt, tokens,
+                         before_token=lambda: setattr(probe, "step", probe.step + 1))
     finally:
         block.route = saved
-    return np.stack(rows), probe.gaps
+    return rows, probe.gaps
 
 
 def main(argv=None) -> int:

@@ -415,6 +415,11 @@ class Device:
         return self.put_tree(func(*self._host(args, op), **self._host(kwargs, op)))
 
     # ------------------------------------------------------------ ops with a row-walking statement
+    def fused_entry(self, op: str):
+        """The fused kernel `op` of this device (refengine/cuda/fused.py, or the sim's stand-ins), or None: `fused`
+        off, or `op` one of `fused_off` (KernelPolicy.fused_off: left to the NumPy statements)."""
+        return None if self.fused is None or op in self.fused_off else getattr(self.fused, op, None)
+
     def row_kernel(self, op: str, fn, args, kw):
         """fn(*args, **kw) for an op whose NumPy statement walks rows on the host (`ops.arrays.row_kernel`): a GPU
         runs `self.fused.<op>` (one kernel, the statement's steps; None: it does not take these arguments); the sim
@@ -429,7 +434,7 @@ class Device:
             out = self.wrap(redo())
             self.note(name, args, out, redo)
             return out
-        f = None if self.fused is None or op in self.fused_off else getattr(self.fused, op, None)
+        f = self.fused_entry(op)
         out = None if f is None else f(*args, **kw)
         if out is not None:
             return out

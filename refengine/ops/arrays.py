@@ -13,9 +13,8 @@ def fused_op(x, name: str):
     a small op whose NumPy statement takes several launches), or None: a host array, the sim device, `Device.fused`
     off, or this entry left out (`Device.fused_off`). The kernel itself returns None for a shape or dtype it does not
     take; the NumPy code then runs."""
-    dev = getattr(x, "dev", None)
-    fused = getattr(dev, "fused", None)
-    return None if fused is None or name in dev.fused_off else getattr(fused, name, None)
+    entry = getattr(getattr(x, "dev", None), "fused_entry", None)      # (`Device.fused_entry`)
+    return None if entry is None else entry(name)
 
 
 def row_kernel(op: str, fn, *args, **kw):
